@@ -1,0 +1,100 @@
+// Package runtime defines the driver interface every sandbox runtime
+// (runc, gvisor, vm) implements. Cubelet owns images, disks and networking;
+// a driver only turns a prepared root filesystem into a running, pausable,
+// stoppable sandbox.
+//
+// Contract for every implementation (checked by the conformance suite):
+//   - Start with an ID that already exists fails with errdefs.ErrAlreadyExists.
+//   - Stop is idempotent: stopping an absent sandbox returns nil, and after it
+//     returns nothing the driver created for that ID is left (process, cgroup,
+//     state dir).
+//   - State of an absent sandbox returns an error wrapping errdefs.ErrNotFound.
+//   - Verbs a driver cannot do return errdefs.ErrNotImplemented and are
+//     reported false in Capabilities.
+//   - Sandboxes outlive the cubelet process: nothing a driver starts may be
+//     tied to the caller's lifetime (no pipes held, no parent-death signal).
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// Capabilities says which verbs a driver supports.
+type Capabilities struct {
+	Pause      bool `json:"pause"`
+	Checkpoint bool `json:"checkpoint"`
+	Restore    bool `json:"restore"`
+}
+
+// Limits are the resource limits applied to the sandbox's cgroup.
+// Zero means "no limit".
+type Limits struct {
+	MilliCPU  int64 `json:"milli_cpu"` // 1000 = one vCPU
+	MemoryMiB int64 `json:"memory_mib"`
+	Pids      int64 `json:"pids"`
+}
+
+// Spec is everything a driver needs to start a sandbox.
+type Spec struct {
+	ID         string            // runtime-level ID, unique per node
+	BundleDir  string            // a directory owned by this sandbox for driver files (config.json, logs)
+	RootFS     string            // mounted root filesystem
+	Args       []string          // PID 1 (cube-agent) and its arguments
+	Env        []string          // KEY=VALUE
+	Cwd        string            // working directory of PID 1, "/" when empty
+	Hostname   string            // defaults to ID
+	Limits     Limits            //
+	CgroupPath string            // e.g. "/cube/<id>"; the driver creates and removes it
+	NetNSPath  string            // join this network namespace; "" = a new, empty one
+	Mounts     []Mount           // extra bind mounts
+	Labels     map[string]string // annotations, informational
+}
+
+// Mount is a bind mount from the host into the sandbox.
+type Mount struct {
+	Source      string
+	Destination string
+	ReadOnly    bool
+}
+
+// Status is what the runtime reports about a sandbox.
+type Status string
+
+const (
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped" // exists but its init has exited
+	StatusCreated Status = "created" // exists, not started
+)
+
+// State is a point-in-time view of one sandbox in the runtime.
+type State struct {
+	ID      string
+	PID     int
+	Status  Status
+	Created time.Time
+}
+
+// Driver is one runtime. All methods must be safe for concurrent use on
+// different IDs; the caller serialises calls for the same ID.
+type Driver interface {
+	Name() string
+	Capabilities() Capabilities
+	// Start cold-boots a sandbox from spec and returns once PID 1 runs.
+	Start(ctx context.Context, spec Spec) (State, error)
+	// Restore starts a sandbox from a memory checkpoint in dir.
+	Restore(ctx context.Context, spec Spec, dir string) (State, error)
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Checkpoint writes the sandbox's memory image to dir. With leaveRunning
+	// the sandbox keeps running afterwards.
+	Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error
+	// Stop kills every process of the sandbox and removes its runtime state
+	// and cgroup. Absent sandboxes are not an error.
+	Stop(ctx context.Context, id string) error
+	State(ctx context.Context, id string) (State, error)
+	// List returns every sandbox the driver knows of (including ones this
+	// process did not start: used by restart reconcile).
+	List(ctx context.Context) ([]State, error)
+}

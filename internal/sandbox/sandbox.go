@@ -1,0 +1,151 @@
+// Package sandbox holds the node's records: what a sandbox is, what it holds,
+// and what a template is. No gRPC, no storage: just the types every other
+// package agrees on.
+package sandbox
+
+import (
+	"crypto/rand"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+)
+
+// Resources are a sandbox's limits. Zero means the node default.
+type Resources struct {
+	MilliCPU  int64 `json:"milli_cpu,omitempty"`
+	MemoryMiB int64 `json:"memory_mib,omitempty"`
+	Pids      int64 `json:"pids,omitempty"`
+	DiskMiB   int64 `json:"disk_mib,omitempty"`
+}
+
+// Record is one sandbox as the store keeps it.
+//
+// Invariant: every resource field (Disk, Mount, Container) is written to the
+// store BEFORE the resource is created, so after a crash at any instant the
+// record names everything that might exist and reconcile can release it.
+// A field is cleared only after the resource is gone.
+type Record struct {
+	ID          string            `json:"id"`
+	TemplateID  string            `json:"template_id"`
+	Runtime     string            `json:"runtime"`
+	State       lifecycle.State   `json:"state"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Resources   Resources         `json:"resources"`
+	RequestID   string            `json:"request_id,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	// Error says why the sandbox is Failed or Unknown.
+	Error string `json:"error,omitempty"`
+
+	Disk      *Disk      `json:"disk,omitempty"`
+	Mount     *Mount     `json:"mount,omitempty"`
+	Container *Container `json:"container,omitempty"`
+}
+
+// Disk is the sandbox's own copy-on-write disk image in the pool.
+type Disk struct {
+	Path string `json:"path"`
+}
+
+// Mount is the disk loop-mounted as the container's root filesystem.
+type Mount struct {
+	Target     string `json:"target"`
+	Image      string `json:"image"`
+	LoopDevice string `json:"loop_device,omitempty"`
+}
+
+// Container is the runtime's view of the sandbox.
+type Container struct {
+	ID         string `json:"id"`
+	Bundle     string `json:"bundle"`
+	CgroupPath string `json:"cgroup_path"`
+	PID        int    `json:"pid,omitempty"`
+}
+
+// Clone returns a deep copy, so a record handed out is never shared with
+// the one being mutated by a running flow.
+func (r *Record) Clone() *Record {
+	c := *r
+	c.Labels = cloneMap(r.Labels)
+	c.Annotations = cloneMap(r.Annotations)
+	c.Env = cloneMap(r.Env)
+	if r.Disk != nil {
+		d := *r.Disk
+		c.Disk = &d
+	}
+	if r.Mount != nil {
+		m := *r.Mount
+		c.Mount = &m
+	}
+	if r.Container != nil {
+		k := *r.Container
+		c.Container = &k
+	}
+	return &c
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// Template is an imported image, ready to clone disks from.
+type Template struct {
+	ID         string    `json:"id"`
+	Digest     string    `json:"digest"`
+	Source     string    `json:"source"`
+	ImagePath  string    `json:"image_path"`
+	SizeBytes  int64     `json:"size_bytes"`
+	Entrypoint []string  `json:"entrypoint,omitempty"`
+	Cmd        []string  `json:"cmd,omitempty"`
+	Env        []string  `json:"env,omitempty"`
+	WorkingDir string    `json:"working_dir,omitempty"`
+	User       string    `json:"user,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+}
+
+// JournalEntry is a destroy that failed and is retried by the cleanup loop
+// until it succeeds.
+type JournalEntry struct {
+	SandboxID   string    `json:"sandbox_id"`
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error"`
+	NextAttempt time.Time `json:"next_attempt"`
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ValidateID checks a sandbox or template ID: a DNS label (lowercase
+// letters, digits, '-', 1-63 chars), because IDs end up in host names
+// (<port>-<id>.<domain>), cgroup paths and file names.
+func ValidateID(kind, id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("%s id %q: must be 1-63 lowercase letters, digits or '-', not starting or ending with '-': %w", kind, id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// NewID returns a random 20-character ID like E2B's.
+func NewID() string {
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	// IDs start with a letter so they never look like a number.
+	b[0] = idAlphabet[int(b[0])%26]
+	return string(b)
+}

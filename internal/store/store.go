@@ -1,0 +1,211 @@
+// Package store is cubelet's durable state: sandboxes, templates and the
+// cleanup journal in one bbolt file. Values are JSON of the typed records
+// in package sandbox.
+//
+// Writes go through bolt's Batch so concurrent creates coalesce their
+// fsyncs instead of queueing one per write.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+var (
+	bucketSandboxes = []byte("sandboxes")
+	bucketTemplates = []byte("templates")
+	bucketJournal   = []byte("journal")
+	bucketMeta      = []byte("meta")
+)
+
+// Store is the bbolt-backed state store. Safe for concurrent use.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the store at path. A second cubelet on
+// the same file fails fast instead of waiting forever for the lock.
+func Open(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open state store %s: %w", path, err)
+	}
+	db.MaxBatchDelay = 2 * time.Millisecond
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init state store: %w", err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database file.
+func (s *Store) Close() error { return s.db.Close() }
+
+func put(s *Store, bucket []byte, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Put([]byte(key), data)
+	})
+}
+
+func get[T any](s *Store, bucket []byte, kind, key string) (*T, error) {
+	var v T
+	err := s.db.View(func(tx *bolt.Tx) error {
+		data := tx.Bucket(bucket).Get([]byte(key))
+		if data == nil {
+			return fmt.Errorf("%s %q: %w", kind, key, errdefs.ErrNotFound)
+		}
+		return json.Unmarshal(data, &v)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+func list[T any](s *Store, bucket []byte) ([]*T, error) {
+	var out []*T
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(_, data []byte) error {
+			var v T
+			if err := json.Unmarshal(data, &v); err != nil {
+				return err
+			}
+			out = append(out, &v)
+			return nil
+		})
+	})
+	return out, err
+}
+
+func del(s *Store, bucket []byte, key string) error {
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Delete([]byte(key))
+	})
+}
+
+// CreateSandbox inserts a new record; an existing ID is ErrAlreadyExists.
+func (s *Store) CreateSandbox(r *sandbox.Record) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		if b.Get([]byte(r.ID)) != nil {
+			return fmt.Errorf("sandbox %q: %w", r.ID, errdefs.ErrAlreadyExists)
+		}
+		return b.Put([]byte(r.ID), data)
+	})
+}
+
+// PutSandbox writes a record, replacing any previous version.
+func (s *Store) PutSandbox(r *sandbox.Record) error { return put(s, bucketSandboxes, r.ID, r) }
+
+// GetSandbox reads one record; absent is ErrNotFound.
+func (s *Store) GetSandbox(id string) (*sandbox.Record, error) {
+	return get[sandbox.Record](s, bucketSandboxes, "sandbox", id)
+}
+
+// ListSandboxes returns every record, ordered by creation time.
+func (s *Store) ListSandboxes() ([]*sandbox.Record, error) {
+	out, err := list[sandbox.Record](s, bucketSandboxes)
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, err
+}
+
+// DeleteSandbox removes a record; absent is not an error.
+func (s *Store) DeleteSandbox(id string) error { return del(s, bucketSandboxes, id) }
+
+// CreateTemplate inserts a template; an existing ID is ErrAlreadyExists.
+func (s *Store) CreateTemplate(t *sandbox.Template) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketTemplates)
+		if b.Get([]byte(t.ID)) != nil {
+			return fmt.Errorf("template %q: %w", t.ID, errdefs.ErrAlreadyExists)
+		}
+		return b.Put([]byte(t.ID), data)
+	})
+}
+
+// GetTemplate reads one template; absent is ErrNotFound.
+func (s *Store) GetTemplate(id string) (*sandbox.Template, error) {
+	return get[sandbox.Template](s, bucketTemplates, "template", id)
+}
+
+// ListTemplates returns every template ordered by ID.
+func (s *Store) ListTemplates() ([]*sandbox.Template, error) {
+	out, err := list[sandbox.Template](s, bucketTemplates)
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, err
+}
+
+// DeleteTemplate removes a template record.
+func (s *Store) DeleteTemplate(id string) error { return del(s, bucketTemplates, id) }
+
+// PutJournal records (or updates) a pending cleanup.
+func (s *Store) PutJournal(e *sandbox.JournalEntry) error {
+	return put(s, bucketJournal, e.SandboxID, e)
+}
+
+// ListJournal returns the pending cleanups.
+func (s *Store) ListJournal() ([]*sandbox.JournalEntry, error) {
+	return list[sandbox.JournalEntry](s, bucketJournal)
+}
+
+// DeleteJournal removes a finished cleanup.
+func (s *Store) DeleteJournal(id string) error { return del(s, bucketJournal, id) }
+
+// FinishDestroy deletes the sandbox record and its journal entry in one
+// transaction, so a crash never leaves one without the other.
+func (s *Store) FinishDestroy(id string) error {
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSandboxes).Delete([]byte(id)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketJournal).Delete([]byte(id))
+	})
+}
+
+// Meta reads a small string value (node ID and the like); absent is "".
+func (s *Store) Meta(key string) (string, error) {
+	var v string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v = string(tx.Bucket(bucketMeta).Get([]byte(key)))
+		return nil
+	})
+	return v, err
+}
+
+// SetMeta writes a small string value.
+func (s *Store) SetMeta(key, value string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put([]byte(key), []byte(value))
+	})
+}
+
+// IsNotFound is a convenience for callers that only import store.
+func IsNotFound(err error) bool { return errors.Is(err, errdefs.ErrNotFound) }

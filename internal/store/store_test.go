@@ -1,0 +1,110 @@
+package store
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+func TestSandboxCRUDAndReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &sandbox.Record{ID: "sb1", State: lifecycle.Creating, CreatedAt: time.Now(),
+		Disk: &sandbox.Disk{Path: "/pool/sb1/disk.img"}}
+	if err := s.CreateSandbox(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(r); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("duplicate create: %v", err)
+	}
+	r.State = lifecycle.Running
+	if err := s.PutSandbox(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutJournal(&sandbox.JournalEntry{SandboxID: "sb1", Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.GetSandbox("sb1")
+	if err != nil || got.State != lifecycle.Running || got.Disk.Path != "/pool/sb1/disk.img" {
+		t.Fatalf("after reopen: %+v, %v", got, err)
+	}
+	if j, _ := s.ListJournal(); len(j) != 1 {
+		t.Fatalf("journal: %v", j)
+	}
+	if err := s.FinishDestroy("sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSandbox("sb1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("after delete: %v", err)
+	}
+	if j, _ := s.ListJournal(); len(j) != 0 {
+		t.Fatalf("journal after finish: %v", j)
+	}
+}
+
+func TestConcurrentCreates(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.CreateSandbox(&sandbox.Record{ID: fmt.Sprintf("sb%d", i)}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if l, _ := s.ListSandboxes(); len(l) != 50 {
+		t.Fatalf("got %d records", len(l))
+	}
+}
+
+func TestSecondOpenFailsFast(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	start := time.Now()
+	if _, err := Open(path); err == nil {
+		t.Fatal("second open succeeded")
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatal("second open waited too long")
+	}
+}
+
+func TestIDs(t *testing.T) {
+	for range 100 {
+		if err := sandbox.ValidateID("sandbox", sandbox.NewID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{"", "-a", "a-", "A", "a_b", "a/b", "../x", string(make([]byte, 64))} {
+		if err := sandbox.ValidateID("sandbox", bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
