@@ -1,0 +1,25 @@
+GO ?= go
+BIN ?= bin
+BINARIES = cubelet cubecli cube-agent
+
+.PHONY: all build generate test up clean
+
+all: build
+
+# Static binaries: cube-agent runs inside sandboxes whose rootfs has no libc.
+build:
+	@mkdir -p $(BIN)
+	@for b in $(BINARIES); do CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/$$b ./cmd/$$b || exit 1; done
+
+# Regenerate protobuf code with the buf and plugin versions pinned in go.mod.
+generate:
+	$(GO) run github.com/bufbuild/buf/cmd/buf generate
+
+test:
+	bash hack/test.sh
+
+up:
+	bash hack/up.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,348 @@
+package cubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/nsdial"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/workflow"
+)
+
+// AgentPort is where cube-agent serves the envd API inside every sandbox.
+const AgentPort = 49983
+
+// AgentPath is where templates carry the agent.
+const AgentPath = "/usr/local/bin/cube-agent"
+
+// node is what the actions share: filled in by the init flow, read-only
+// afterwards.
+type node struct {
+	cfg     *Config
+	pool    *storage.Pool
+	drivers map[string]runtime.Driver
+}
+
+func (n *node) driver(name string) (runtime.Driver, error) {
+	d, ok := n.drivers[name]
+	if !ok {
+		return nil, fmt.Errorf("runtime %q is not available on this node: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return d, nil
+}
+
+// registerActions lists every action cubelet knows. Flows in the config
+// pick from these by name.
+func registerActions(n *node, reg *workflow.Registry) {
+	reg.MustRegister(
+		&poolAction{n: n},
+		&runtimesAction{n: n},
+		&diskAction{n: n},
+		&rootfsAction{n: n},
+		&containerAction{n: n},
+		&agentAction{n: n},
+	)
+}
+
+// poolAction opens the reflink storage pool (init).
+type poolAction struct{ n *node }
+
+func (*poolAction) Name() string { return "pool" }
+
+func (a *poolAction) Init(ctx context.Context) error {
+	c := a.n.cfg
+	p, err := storage.OpenPool(ctx, storage.PoolConfig{
+		Dir:            c.PoolDir(),
+		ImageSizeBytes: c.Storage.PoolImageSizeMiB << 20,
+		AllowCopy:      c.Storage.AllowCopy,
+	})
+	if err != nil {
+		return err
+	}
+	a.n.pool = p
+	return nil
+}
+
+// runtimesAction finds the runtime drivers this node can run (init).
+type runtimesAction struct{ n *node }
+
+func (*runtimesAction) Name() string { return "runtimes" }
+
+func (a *runtimesAction) Init(context.Context) error {
+	c := a.n.cfg
+	if _, err := exec.LookPath(c.Runc.Binary); err != nil {
+		return fmt.Errorf("runc runtime: %w", err)
+	}
+	d, err := runc.New(runc.Config{Binary: c.Runc.Binary, Root: c.Runc.Root})
+	if err != nil {
+		return err
+	}
+	a.n.drivers = map[string]runtime.Driver{d.Name(): d}
+	if _, ok := a.n.drivers[c.Node.DefaultRuntime]; !ok {
+		return fmt.Errorf("node.default_runtime %q is not available: %w", c.Node.DefaultRuntime, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// diskAction gives the sandbox its own copy-on-write clone of the
+// template image.
+type diskAction struct{ n *node }
+
+func (*diskAction) Name() string { return "disk" }
+
+func (a *diskAction) Create(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	path := a.n.pool.SandboxDiskPath(rec.ID)
+	if err := t.Update(func(r *sandbox.Record) { r.Disk = &sandbox.Disk{Path: path} }); err != nil {
+		return err
+	}
+	if err := a.n.pool.Clone(ctx, t.Template.ImagePath, path); err != nil {
+		return fmt.Errorf("clone template disk: %w", err)
+	}
+	if want := rec.Resources.DiskMiB << 20; want > 0 {
+		if err := growExt4(ctx, path, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *diskAction) Destroy(_ context.Context, t *Task) error {
+	rec := t.Record()
+	if rec.Disk == nil {
+		return nil
+	}
+	if err := a.n.pool.RemoveSandboxDisk(rec.ID); err != nil {
+		return err
+	}
+	return t.Update(func(r *sandbox.Record) { r.Disk = nil })
+}
+
+// growExt4 enlarges an unmounted ext4 image to size bytes; a smaller size
+// than the image already has is left alone (shrinking would lose data).
+func growExt4(ctx context.Context, path string, size int64) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if size <= st.Size() {
+		return nil
+	}
+	if err := os.Truncate(path, size); err != nil {
+		return fmt.Errorf("grow disk: %w", err)
+	}
+	out, err := exec.CommandContext(ctx, "resize2fs", "-f", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("resize2fs: %v: %s", err, out)
+	}
+	return nil
+}
+
+// rootfsAction loop-mounts the sandbox disk as the container's root.
+type rootfsAction struct{ n *node }
+
+func (*rootfsAction) Name() string { return "rootfs" }
+
+func (a *rootfsAction) Create(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	if rec.Disk == nil {
+		return fmt.Errorf("rootfs: sandbox has no disk: %w", errdefs.ErrFailedPrecondition)
+	}
+	target := filepath.Join(a.n.cfg.SandboxRunDir(rec.ID), "rootfs")
+	if err := t.Update(func(r *sandbox.Record) {
+		r.Mount = &sandbox.Mount{Target: target, Image: rec.Disk.Path}
+	}); err != nil {
+		return err
+	}
+	dev, err := storage.MountDisk(ctx, rec.Disk.Path, target, false)
+	if err != nil {
+		return err
+	}
+	return t.Update(func(r *sandbox.Record) { r.Mount.LoopDevice = dev })
+}
+
+func (a *rootfsAction) Destroy(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	if rec.Mount == nil {
+		return nil
+	}
+	if err := storage.UnmountDisk(ctx, rec.Mount.Target, rec.Mount.Image); err != nil {
+		return err
+	}
+	return t.Update(func(r *sandbox.Record) { r.Mount = nil })
+}
+
+// containerAction runs the sandbox's PID 1 (cube-agent) in its runtime.
+type containerAction struct{ n *node }
+
+func (*containerAction) Name() string { return "container" }
+
+func (a *containerAction) Create(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	if rec.Mount == nil {
+		return fmt.Errorf("container: sandbox has no root filesystem: %w", errdefs.ErrFailedPrecondition)
+	}
+	d, err := a.n.driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	c := &sandbox.Container{
+		ID:         rec.ID,
+		Bundle:     filepath.Join(a.n.cfg.SandboxRunDir(rec.ID), "bundle"),
+		CgroupPath: a.n.cfg.CgroupPath(rec.ID),
+	}
+	if err := t.Update(func(r *sandbox.Record) { r.Container = c }); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.Bundle, 0o700); err != nil {
+		return err
+	}
+	st, err := d.Start(ctx, a.spec(rec, c, t.Template))
+	if err != nil {
+		return err
+	}
+	return t.Update(func(r *sandbox.Record) { r.Container.PID = st.PID })
+}
+
+func (a *containerAction) spec(rec *sandbox.Record, c *sandbox.Container, tmpl *sandbox.Template) runtime.Spec {
+	env := append([]string(nil), tmpl.Env...)
+	if len(env) == 0 {
+		env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	}
+	for k, v := range rec.Env {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, "CUBE_SANDBOX_ID="+rec.ID, "CUBE_TEMPLATE_ID="+rec.TemplateID)
+	return runtime.Spec{
+		ID:         c.ID,
+		BundleDir:  c.Bundle,
+		RootFS:     rec.Mount.Target,
+		Args:       []string{AgentPath, "--addr", ":" + strconv.Itoa(AgentPort)},
+		Env:        env,
+		Cwd:        "/",
+		Hostname:   rec.ID,
+		CgroupPath: c.CgroupPath,
+		Limits: runtime.Limits{
+			MilliCPU:  rec.Resources.MilliCPU,
+			MemoryMiB: rec.Resources.MemoryMiB,
+			Pids:      rec.Resources.Pids,
+		},
+		Labels: rec.Labels,
+	}
+}
+
+func (a *containerAction) Destroy(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	if rec.Container == nil {
+		return nil
+	}
+	d, err := a.n.driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	if err := d.Stop(ctx, rec.Container.ID); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(rec.Container.Bundle); err != nil {
+		return err
+	}
+	return t.Update(func(r *sandbox.Record) { r.Container = nil })
+}
+
+func (a *containerAction) Pause(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	d, err := a.n.driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	return settle(ctx, d, rec.Container.ID, runtime.StatusPaused, d.Pause(ctx, rec.Container.ID))
+}
+
+func (a *containerAction) Resume(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	d, err := a.n.driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	return settle(ctx, d, rec.Container.ID, runtime.StatusRunning, d.Resume(ctx, rec.Container.ID))
+}
+
+// settle makes pause and resume idempotent without an extra runtime call
+// on the hot path: only when the verb failed does it ask whether the
+// sandbox is already where the caller wants it (an undo of a verb that
+// never ran, or a retry after a crash).
+func settle(ctx context.Context, d runtime.Driver, id string, want runtime.Status, err error) error {
+	if err == nil {
+		return nil
+	}
+	if st, serr := d.State(ctx, id); serr == nil && st.Status == want {
+		return nil
+	}
+	return err
+}
+
+// agentAction waits until cube-agent answers /health inside the sandbox:
+// a sandbox is Running only when its agent is.
+type agentAction struct{ n *node }
+
+func (*agentAction) Name() string { return "agent" }
+
+func (a *agentAction) Create(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
+func (a *agentAction) Resume(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
+
+// Destroy has nothing to release: the agent dies with the container.
+func (a *agentAction) Destroy(context.Context, *Task) error { return nil }
+
+func (a *agentAction) wait(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	if rec.Container == nil || rec.Container.PID == 0 {
+		return fmt.Errorf("agent: sandbox has no running container: %w", errdefs.ErrFailedPrecondition)
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.Sandbox.AgentReadyTimeout.Duration)
+	defer cancel()
+	return WaitAgent(ctx, rec.Container.PID)
+}
+
+// WaitAgent polls the agent's /health in the network namespace of pid
+// until it answers, the process dies, or ctx ends.
+func WaitAgent(ctx context.Context, pid int) error {
+	client := nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid))
+	defer client.CloseIdleConnections()
+	url := fmt.Sprintf("http://127.0.0.1:%d/health", AgentPort)
+	delay := time.Millisecond
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				return nil
+			}
+			err = fmt.Errorf("health answered %s", resp.Status)
+		}
+		last = err
+		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(serr, os.ErrNotExist) {
+			return fmt.Errorf("agent: sandbox init (pid %d) exited before answering: %w", pid, errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent not ready: %v (last: %v): %w", ctx.Err(), last, errdefs.ErrUnavailable)
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+	}
+}

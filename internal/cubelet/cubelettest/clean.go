@@ -1,0 +1,61 @@
+package cubelettest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/cubesandbox/cube/internal/storage"
+)
+
+// forceClean removes, without the cubelet, everything an env's sandboxes
+// may hold: the safety net behind a failed test, never the thing tested.
+func forceClean(ctx context.Context, e *Env) {
+	c := e.Config
+	if out, err := exec.CommandContext(ctx, c.Runc.Binary, "--root", c.Runc.Root, "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			_ = exec.CommandContext(ctx, c.Runc.Binary, "--root", c.Runc.Root, "delete", "--force", id).Run()
+		}
+	}
+	runRoot := filepath.Join(c.Node.RunDir, "sandboxes")
+	ents, _ := os.ReadDir(runRoot)
+	for _, ent := range ents {
+		_ = storage.UnmountDisk(ctx, filepath.Join(runRoot, ent.Name(), "rootfs"),
+			filepath.Join(c.PoolDir(), "sandboxes", ent.Name(), "disk.img"))
+	}
+	for _, root := range cgroupRoots() {
+		dir := filepath.Join(root, c.Node.CgroupParent)
+		kids, _ := os.ReadDir(dir)
+		for _, k := range kids {
+			if k.IsDir() {
+				_ = os.Remove(filepath.Join(dir, k.Name()))
+			}
+		}
+		_ = os.Remove(dir)
+	}
+}
+
+// cgroupRoots lists the mount points of every cgroup hierarchy.
+func cgroupRoots() []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(pre)
+		if len(f) < 5 {
+			continue
+		}
+		if fs := strings.Fields(post); len(fs) > 0 && (fs[0] == "cgroup" || fs[0] == "cgroup2") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}

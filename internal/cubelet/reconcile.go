@@ -1,0 +1,297 @@
+package cubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/loopdev"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/storage"
+)
+
+// reconcileSummary is what a start-up reconcile did, logged as one line.
+type reconcileSummary struct {
+	Adopted, Failed, Unknown, Finished                  int
+	OrphanContainers, OrphanMounts, OrphanLoops, Orphan int
+	Errors                                              []string
+}
+
+// reconcile compares the store with what really exists on the node and
+// makes them agree:
+//   - Creating: the create never finished (cubelet died): undo it.
+//   - Destroying: finish the destroy.
+//   - Running/Paused/Unknown: ask the runtime; adopt what is alive in the
+//     state the runtime reports, mark what died Failed and release what it
+//     held (the record stays so the user can see why).
+//   - Anything on the node that no record names (containers, mounts, loop
+//     devices, disk and bundle directories, template files) is an orphan
+//     of a crash and is removed.
+func (s *Service) reconcile(ctx context.Context) error {
+	recs, err := s.store.ListSandboxes()
+	if err != nil {
+		return err
+	}
+	var sum reconcileSummary
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.ID] = true
+		s.boxes[rec.ID] = newEntry(rec)
+	}
+	for _, rec := range recs {
+		s.reconcileOne(ctx, rec, &sum)
+	}
+	s.sweepOrphans(ctx, known, &sum)
+	s.log.Info("reconcile done",
+		"adopted", sum.Adopted, "failed", sum.Failed, "unknown", sum.Unknown, "finished", sum.Finished,
+		"orphan_containers", sum.OrphanContainers, "orphan_mounts", sum.OrphanMounts,
+		"orphan_loops", sum.OrphanLoops, "orphan_files", sum.Orphan, "errors", len(sum.Errors))
+	for _, e := range sum.Errors {
+		s.log.Warn("reconcile", "err", e)
+	}
+	return nil
+}
+
+func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *reconcileSummary) {
+	e := s.boxes[rec.ID]
+	t := newTask(s.store, e, rec, nil)
+	switch rec.State {
+	case lifecycle.Creating, lifecycle.Destroying, lifecycle.Destroyed:
+		if _, err := s.engine.Run(ctx, FlowCleanup, t); err != nil {
+			_ = t.Update(func(r *sandbox.Record) { r.State = lifecycle.Destroying; r.Error = err.Error() })
+			s.journal(rec.ID, err)
+			sum.Errors = append(sum.Errors, fmt.Sprintf("%s: %v", rec.ID, err))
+			return
+		}
+		if err := s.store.FinishDestroy(rec.ID); err == nil {
+			delete(s.boxes, rec.ID)
+		}
+		sum.Finished++
+		return
+	case lifecycle.Failed:
+		if rec.Disk != nil || rec.Mount != nil || rec.Container != nil {
+			s.release(ctx, t, sum)
+		}
+		sum.Failed++
+		return
+	}
+
+	state, err := s.runtimeState(ctx, rec)
+	switch {
+	case err == nil && (state.Status == runtime.StatusRunning || state.Status == runtime.StatusPaused):
+		st := lifecycle.Running
+		if state.Status == runtime.StatusPaused {
+			st = lifecycle.Paused
+		}
+		_ = t.Update(func(r *sandbox.Record) {
+			r.State, r.Error = st, ""
+			r.Container.PID = state.PID
+		})
+		sum.Adopted++
+	case err == nil || errdefs.IsNotFound(err):
+		why := "sandbox died while cubelet was down"
+		if err == nil {
+			why += " (runtime status " + string(state.Status) + ")"
+		}
+		_ = t.Update(func(r *sandbox.Record) { r.State, r.Error = lifecycle.Failed, why })
+		s.release(ctx, t, sum)
+		sum.Failed++
+	default:
+		_ = t.Update(func(r *sandbox.Record) { r.State, r.Error = lifecycle.Unknown, err.Error() })
+		sum.Unknown++
+	}
+}
+
+func (s *Service) runtimeState(ctx context.Context, rec *sandbox.Record) (runtime.State, error) {
+	if rec.Container == nil {
+		return runtime.State{}, fmt.Errorf("no container: %w", errdefs.ErrNotFound)
+	}
+	d, err := s.node.driver(rec.Runtime)
+	if err != nil {
+		return runtime.State{}, err
+	}
+	return d.State(ctx, rec.Container.ID)
+}
+
+// release frees what a dead sandbox still holds, keeping its record.
+func (s *Service) release(ctx context.Context, t *Task, sum *reconcileSummary) {
+	if _, err := s.engine.Run(ctx, FlowCleanup, t); err != nil {
+		sum.Errors = append(sum.Errors, fmt.Sprintf("%s: release: %v", t.Record().ID, err))
+	}
+}
+
+func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *reconcileSummary) {
+	errf := func(f string, a ...any) { sum.Errors = append(sum.Errors, fmt.Sprintf(f, a...)) }
+	for name, d := range s.node.drivers {
+		states, err := d.List(ctx)
+		if err != nil {
+			errf("list %s containers: %v", name, err)
+			continue
+		}
+		for _, st := range states {
+			if known[st.ID] {
+				continue
+			}
+			if err := d.Stop(ctx, st.ID); err != nil {
+				errf("stop orphan container %s: %v", st.ID, err)
+				continue
+			}
+			sum.OrphanContainers++
+		}
+	}
+	runRoot := filepath.Join(s.cfg.Node.RunDir, "sandboxes")
+	for _, id := range dirNames(runRoot) {
+		if known[id] {
+			continue
+		}
+		target := filepath.Join(runRoot, id, "rootfs")
+		if m, _ := storage.IsMounted(target); m {
+			sum.OrphanMounts++
+		}
+		if err := storage.UnmountDisk(ctx, target, s.node.pool.SandboxDiskPath(id)); err != nil {
+			errf("unmount orphan %s: %v", target, err)
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(runRoot, id)); err != nil {
+			errf("remove %s: %v", id, err)
+			continue
+		}
+		sum.Orphan++
+	}
+	diskRoot := filepath.Dir(s.node.pool.SandboxDir("x"))
+	if devs, err := loopdev.List(); err == nil {
+		for _, d := range devs {
+			id := filepath.Base(filepath.Dir(d.BackingFile))
+			if strings.HasPrefix(d.BackingFile, diskRoot+"/") && !known[id] {
+				if err := loopdev.Detach(d.Path); err == nil {
+					sum.OrphanLoops++
+				}
+			}
+		}
+	}
+	for _, id := range dirNames(diskRoot) {
+		if known[id] {
+			continue
+		}
+		if err := s.node.pool.RemoveSandboxDisk(id); err != nil {
+			errf("remove orphan disk %s: %v", id, err)
+			continue
+		}
+		sum.Orphan++
+	}
+	s.sweepTemplates(sum)
+}
+
+// sweepTemplates removes template directories that no record names (an
+// import that died half-way) and the import scratch area.
+func (s *Service) sweepTemplates(sum *reconcileSummary) {
+	tmpls, err := s.store.ListTemplates()
+	if err != nil {
+		return
+	}
+	known := map[string]bool{}
+	for _, t := range tmpls {
+		known[t.ID] = true
+	}
+	root := filepath.Dir(filepath.Dir(s.node.pool.TemplateImagePath("x")))
+	for _, id := range dirNames(root) {
+		if !known[id] {
+			if os.RemoveAll(filepath.Join(root, id)) == nil {
+				sum.Orphan++
+			}
+		}
+	}
+	_ = os.RemoveAll(s.scratchDir())
+}
+
+func (s *Service) scratchDir() string { return filepath.Join(s.node.pool.Dir(), "tmp") }
+
+func dirNames(dir string) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// gcLoop retries journalled destroys with exponential backoff until they
+// succeed.
+func (s *Service) gcLoop() {
+	defer close(s.gcDone)
+	tick := time.NewTicker(s.cfg.GC.Interval.Duration)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stopGC:
+			return
+		case <-tick.C:
+		case <-s.kick:
+		}
+		s.runJournal(context.Background())
+	}
+}
+
+func (s *Service) runJournal(ctx context.Context) {
+	entries, err := s.store.ListJournal()
+	if err != nil {
+		s.log.Error("read cleanup journal", "err", err)
+		return
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].NextAttempt.Before(entries[j].NextAttempt) })
+	for _, j := range entries {
+		if time.Now().Before(j.NextAttempt) {
+			continue
+		}
+		s.retryCleanup(ctx, j)
+	}
+}
+
+func (s *Service) retryCleanup(ctx context.Context, j *sandbox.JournalEntry) {
+	s.mu.Lock()
+	e := s.boxes[j.SandboxID]
+	s.mu.Unlock()
+	if e == nil {
+		_ = s.store.DeleteJournal(j.SandboxID)
+		return
+	}
+	select {
+	case e.lock <- struct{}{}:
+	default:
+		return // someone is working on it (a user's delete): try next round
+	}
+	defer e.release()
+	t := newTask(s.store, e, e.rec.Load(), nil)
+	_, err := s.engine.Run(ctx, FlowCleanup, t)
+	if err == nil {
+		if err := s.store.FinishDestroy(j.SandboxID); err == nil {
+			s.forget(j.SandboxID)
+			s.log.Info("journalled destroy finished", "sandbox_id", j.SandboxID, "attempts", j.Attempts+1)
+		}
+		return
+	}
+	j.Attempts++
+	j.LastError = err.Error()
+	backoff := time.Second << min(j.Attempts, 16)
+	if backoff > s.cfg.GC.MaxBackoff.Duration {
+		backoff = s.cfg.GC.MaxBackoff.Duration
+	}
+	j.NextAttempt = time.Now().Add(backoff)
+	if perr := s.store.PutJournal(j); perr != nil {
+		err = errors.Join(err, perr)
+	}
+	s.log.Warn("journalled destroy failed again", "sandbox_id", j.SandboxID, "attempts", j.Attempts, "next_in", backoff, "err", err)
+}

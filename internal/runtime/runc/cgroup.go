@@ -1,0 +1,127 @@
+package runc
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// cgroupMounts returns the mount point of every cgroup hierarchy (v1
+// controllers, named v1 hierarchies and cgroup2) visible to this process.
+// It reads mountinfo instead of assuming a layout so that hybrid, pure v1
+// and pure v2 hosts are all handled by the same code.
+func cgroupMounts() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// Fields: id parent maj:min root mountpoint opts [optional...] - fstype source superopts
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+			continue
+		}
+		if fstype := fields[sep+1]; fstype == "cgroup" || fstype == "cgroup2" {
+			out = append(out, unescapeMountinfo(fields[4]))
+		}
+	}
+	return out, sc.Err()
+}
+
+// unescapeMountinfo undoes the kernel's octal escaping of space, tab,
+// newline and backslash in mountinfo paths.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			var v byte
+			ok := true
+			for _, c := range []byte(s[i+1 : i+4]) {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + (c - '0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// cgroupDirs lists the directories of cgroupPath that exist in any hierarchy.
+func cgroupDirs(cgroupPath string) ([]string, error) {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	var dirs []string
+	for _, m := range mounts {
+		d := filepath.Join(m, cgroupPath)
+		if d == m {
+			continue // never the hierarchy root
+		}
+		if _, err := os.Stat(d); err == nil {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs, nil
+}
+
+// removeCgroup removes cgroupPath from every hierarchy. runc normally does
+// this in delete, but it skips hierarchies it did not join (for example the
+// named systemd hierarchy on some versions) and gives up on EBUSY while the
+// last killed task is still being torn down; a short retry covers that.
+// It returns the directories it found (and removed unless err says otherwise).
+func removeCgroup(cgroupPath string, timeout time.Duration) (found []string, err error) {
+	dirs, err := cgroupDirs(cgroupPath)
+	if err != nil {
+		return nil, fmt.Errorf("find cgroup %s: %w", cgroupPath, err)
+	}
+	var errs []error
+	for _, d := range dirs {
+		if err := rmdirRetry(d, timeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return dirs, errors.Join(errs...)
+}
+
+func rmdirRetry(dir string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		// A cgroup directory is removed with rmdir(2) alone: its control
+		// files are not real files and cannot be unlinked.
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

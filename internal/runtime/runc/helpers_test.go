@@ -1,0 +1,137 @@
+package runc
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/runtime"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runc creates namespaces and cgroups")
+	}
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		t.Skip("needs /bin/busybox (busybox-static) for the test rootfs")
+	}
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// newTestDriver gives each test its own runc root, so parallel packages and
+// earlier crashed runs cannot collide with it.
+func newTestDriver(t *testing.T) *Driver {
+	t.Helper()
+	d, err := New(Config{Root: t.TempDir(), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// cgroupParent returns a cgroup parent unique to t and removes it from every
+// hierarchy when t ends (after the sandboxes in it were stopped).
+func cgroupParent(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	parent := "/cube-test-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		if _, err := removeCgroup(parent, 2*time.Second); err != nil {
+			t.Errorf("remove test cgroup parent: %v", err)
+		}
+	})
+	return parent
+}
+
+// busyboxRootFS builds a minimal rootfs: busybox plus the applets the tests
+// use, and an optional extra binary installed at dst.
+func busyboxRootFS(t *testing.T, dir string, extra map[string]string) string {
+	t.Helper()
+	root := filepath.Join(dir, "rootfs")
+	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc", "usr/local/bin"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, "/bin/busybox", filepath.Join(root, "bin/busybox"))
+	for _, applet := range []string{"sh", "sleep", "cat", "ls", "ps", "wget"} {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for src, dst := range extra {
+		copyFile(t, src, filepath.Join(root, dst))
+	}
+	return root
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sleepSpec returns a Spec running busybox sleep as PID 1 in its own
+// bundle, rootfs and cgroup under parent.
+func sleepSpec(t *testing.T, parent, id string) runtime.Spec {
+	dir := t.TempDir()
+	return runtime.Spec{
+		ID:         id,
+		BundleDir:  filepath.Join(dir, "bundle"),
+		RootFS:     busyboxRootFS(t, dir, nil),
+		Args:       []string{"/bin/sleep", "1000000"},
+		Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
+		CgroupPath: parent + "/" + id,
+		Limits:     runtime.Limits{MilliCPU: 250, MemoryMiB: 32, Pids: 32},
+	}
+}
+
+func assertNoChildCgroups(t *testing.T, parent string) {
+	t.Helper()
+	dirs, err := cgroupDirs(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.IsDir() {
+				t.Errorf("cgroup %s left behind", filepath.Join(d, e.Name()))
+			}
+		}
+	}
+}

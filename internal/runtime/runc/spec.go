@@ -1,0 +1,218 @@
+package runc
+
+import (
+	"fmt"
+	"maps"
+	"path"
+	"path/filepath"
+	"slices"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime"
+)
+
+const (
+	// cfsPeriod is the CFS period every sandbox gets; MilliCPU scales the
+	// quota against it. 100ms is the kernel default, so throttling behaves
+	// the way users expect from docker --cpus.
+	cfsPeriod uint64 = 100000
+	// nofile matches containerd/docker: language runtimes and dev servers
+	// inside a sandbox open many files, and the kernel's nr_open default
+	// caps it here anyway.
+	nofile uint64 = 1048576
+	// defaultCgroupParent holds sandboxes whose Spec names no cgroup, so
+	// they never land at the hierarchy root.
+	defaultCgroupParent = "/cube"
+)
+
+// defaultCaps mirrors containerd's default set. CAP_SYS_ADMIN stays out on
+// purpose: with it a sandbox can mount, and reach far into the host kernel.
+// The agent will want it for FIFREEZE before disk snapshots; when that lands
+// it should be granted narrowly (or done from the host side), not here.
+var defaultCaps = []string{
+	"CAP_CHOWN",
+	"CAP_DAC_OVERRIDE",
+	"CAP_FSETID",
+	"CAP_FOWNER",
+	"CAP_MKNOD",
+	"CAP_NET_RAW",
+	"CAP_SETGID",
+	"CAP_SETUID",
+	"CAP_SETFCAP",
+	"CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT",
+	"CAP_KILL",
+	"CAP_AUDIT_WRITE",
+}
+
+// maskedPaths and readonlyPaths are containerd's defaults: kernel
+// interfaces that leak host information or allow host-wide changes.
+var (
+	maskedPaths = []string{
+		"/proc/acpi",
+		"/proc/asound",
+		"/proc/kcore",
+		"/proc/keys",
+		"/proc/latency_stats",
+		"/proc/timer_list",
+		"/proc/timer_stats",
+		"/proc/sched_debug",
+		"/proc/scsi",
+		"/sys/firmware",
+		"/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus",
+		"/proc/fs",
+		"/proc/irq",
+		"/proc/sys",
+		"/proc/sysrq-trigger",
+	}
+)
+
+// SpecFor turns a runtime.Spec into the OCI runtime spec runc consumes. It is
+// pure (no host access) so that its output can be pinned by golden files.
+func SpecFor(s runtime.Spec) (*specs.Spec, error) {
+	if err := validate(s); err != nil {
+		return nil, err
+	}
+	cwd := s.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = s.ID
+	}
+
+	sp := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			Terminal: false,
+			User:     specs.User{UID: 0, GID: 0},
+			Args:     slices.Clone(s.Args),
+			Env:      slices.Clone(s.Env),
+			Cwd:      cwd,
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  slices.Clone(defaultCaps),
+				Effective: slices.Clone(defaultCaps),
+				Permitted: slices.Clone(defaultCaps),
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+		},
+		Root:        &specs.Root{Path: s.RootFS, Readonly: false},
+		Hostname:    hostname,
+		Mounts:      mountsFor(s.Mounts),
+		Annotations: maps.Clone(s.Labels),
+		Linux: &specs.Linux{
+			CgroupsPath: cgroupPathFor(s),
+			Resources:   resourcesFor(s.Limits),
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.CgroupNamespace},
+				{Type: specs.NetworkNamespace, Path: s.NetNSPath},
+			},
+			MaskedPaths:   slices.Clone(maskedPaths),
+			ReadonlyPaths: slices.Clone(readonlyPaths),
+		},
+	}
+	return sp, nil
+}
+
+func validate(s runtime.Spec) error {
+	switch {
+	case s.ID == "":
+		return fmt.Errorf("spec: empty ID: %w", errdefs.ErrInvalidArgument)
+	case len(s.Args) == 0:
+		return fmt.Errorf("spec %q: no Args: %w", s.ID, errdefs.ErrInvalidArgument)
+	case !filepath.IsAbs(s.RootFS):
+		return fmt.Errorf("spec %q: RootFS %q is not absolute: %w", s.ID, s.RootFS, errdefs.ErrInvalidArgument)
+	case s.CgroupPath != "" && !path.IsAbs(s.CgroupPath):
+		// runc resolves relative paths against its own cgroup, which
+		// differs between cubelet restarts; Stop could not find it again.
+		return fmt.Errorf("spec %q: CgroupPath %q is not absolute: %w", s.ID, s.CgroupPath, errdefs.ErrInvalidArgument)
+	}
+	for _, m := range s.Mounts {
+		if !filepath.IsAbs(m.Source) || !path.IsAbs(m.Destination) {
+			return fmt.Errorf("spec %q: mount %q->%q must be absolute: %w", s.ID, m.Source, m.Destination, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+func cgroupPathFor(s runtime.Spec) string {
+	if s.CgroupPath != "" {
+		return path.Clean(s.CgroupPath)
+	}
+	return path.Join(defaultCgroupParent, s.ID)
+}
+
+func mountsFor(extra []runtime.Mount) []specs.Mount {
+	ms := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+	}
+	for _, m := range extra {
+		opts := []string{"rbind", "rprivate"}
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		} else {
+			opts = append(opts, "rw")
+		}
+		ms = append(ms, specs.Mount{Destination: m.Destination, Type: "bind", Source: m.Source, Options: opts})
+	}
+	return ms
+}
+
+func resourcesFor(l runtime.Limits) *specs.LinuxResources {
+	r := &specs.LinuxResources{Devices: defaultDevices()}
+	if l.MilliCPU > 0 {
+		quota := l.MilliCPU * int64(cfsPeriod) / 1000
+		period := cfsPeriod
+		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if l.MemoryMiB > 0 {
+		limit := l.MemoryMiB << 20
+		// Swap equal to the limit means "no swap": in OCI, swap is
+		// memory+swap, and a sandbox silently swapping would make its
+		// memory limit meaningless.
+		swap := limit
+		r.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &swap}
+	}
+	if l.Pids > 0 {
+		pids := l.Pids
+		r.Pids = &specs.LinuxPids{Limit: &pids}
+	}
+	return r
+}
+
+// defaultDevices denies every device node, then allows the ones any
+// userland expects (what runc creates in /dev plus the pty multiplexers).
+func defaultDevices() []specs.LinuxDeviceCgroup {
+	c := func(major, minor int64) specs.LinuxDeviceCgroup {
+		return specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &major, Minor: &minor, Access: "rwm"}
+	}
+	ptsMajor := int64(136)
+	return []specs.LinuxDeviceCgroup{
+		{Allow: false, Access: "rwm"},
+		c(1, 3), // null
+		c(1, 5), // zero
+		c(1, 7), // full
+		c(1, 8), // random
+		c(1, 9), // urandom
+		c(5, 0), // tty
+		c(5, 2), // ptmx
+		{Allow: true, Type: "c", Major: &ptsMajor, Access: "rwm"}, // /dev/pts/*
+	}
+}

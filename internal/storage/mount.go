@@ -1,0 +1,160 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/loopdev"
+)
+
+// unmountRetries*: a sandbox's processes may take a moment to release the
+// rootfs after they are killed, so EBUSY is retried before the lazy detach.
+const (
+	unmountRetries = 5
+	unmountBackoff = 100 * time.Millisecond
+)
+
+// MountDisk loop-mounts the ext4 image on target (created if missing) and
+// returns the loop device. The device is autoclear: it frees itself when the
+// mount goes away. On failure everything MountDisk made is removed.
+func MountDisk(ctx context.Context, image, target string, readOnly bool) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(image); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("storage: disk image %s: %w", image, errdefs.ErrNotFound)
+		}
+		return "", fmt.Errorf("storage: disk image: %w", err)
+	}
+	if mounted, err := IsMounted(target); err != nil {
+		return "", err
+	} else if mounted {
+		return "", fmt.Errorf("storage: %s is already mounted: %w", target, errdefs.ErrAlreadyExists)
+	}
+	_, statErr := os.Lstat(target)
+	created := errors.Is(statErr, os.ErrNotExist)
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return "", fmt.Errorf("storage: create mount point: %w", err)
+	}
+	var flags uintptr
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	dev, err := loopdev.AttachAutoclear(ctx, image, readOnly, func(dev string) error {
+		if err := unix.Mount(dev, target, "ext4", flags, ""); err != nil {
+			return fmt.Errorf("storage: mount %s (%s) on %s: %w", image, dev, target, err)
+		}
+		return nil
+	})
+	if err != nil {
+		if created {
+			_ = os.Remove(target)
+		}
+		return "", err
+	}
+	return dev, nil
+}
+
+// UnmountDisk undoes MountDisk: it unmounts target (retrying EBUSY, then
+// detaching lazily), unbinds any loop device still backed by image (skipped
+// when image is ""), and removes the target directory. Calling it for
+// something already gone is not an error.
+//
+// A loop device backed by image but mounted elsewhere is switched to
+// autoclear by the kernel rather than torn away, so it survives until that
+// other mount goes.
+func UnmountDisk(ctx context.Context, target, image string) error {
+	var errs []error
+	if err := unmountAll(ctx, target); err != nil {
+		errs = append(errs, err)
+	}
+	if image != "" {
+		devs, err := loopdev.FindByBacking(image)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, d := range devs {
+			if err := loopdev.Detach(d.Path); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(errs) == 0 {
+		// Remove, not RemoveAll: if the unmount somehow did not happen,
+		// RemoveAll would delete the sandbox's files through the mount.
+		if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("storage: unmount %s: %w", target, err)
+	}
+	return nil
+}
+
+// unmountAll removes every mount stacked on target.
+func unmountAll(ctx context.Context, target string) error {
+	for range 16 {
+		mounted, err := IsMounted(target)
+		if err != nil || !mounted {
+			return err
+		}
+		if err := unmountOne(ctx, target); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("storage: %s: too many stacked mounts", target)
+}
+
+func unmountOne(ctx context.Context, target string) error {
+	for i := 0; ; i++ {
+		err := unix.Unmount(target, 0)
+		switch {
+		case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		case !errors.Is(err, unix.EBUSY):
+			return fmt.Errorf("umount %s: %w", target, err)
+		}
+		if i == unmountRetries || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(unmountBackoff):
+		}
+	}
+	slog.WarnContext(ctx, "mount still busy; detaching lazily", "target", target)
+	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("lazy umount %s: %w", target, err)
+	}
+	return nil
+}
+
+// IsMounted reports whether target is a mount point in this mount namespace.
+// A target that does not exist is not mounted.
+func IsMounted(target string) (bool, error) {
+	abs, err := filepath.Abs(target)
+	if err != nil {
+		return false, fmt.Errorf("storage: %w", err)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	} else if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(abs))
+	if err != nil {
+		return false, fmt.Errorf("storage: read mountinfo: %w", err)
+	}
+	return len(mounts) > 0, nil
+}
