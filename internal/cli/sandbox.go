@@ -60,6 +60,9 @@ func sandboxCreate(g *globals) *cobra.Command {
 		Short: "Create a sandbox and wait until its agent answers",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if req.TemplateId == "" {
+				return usageError{fmt.Errorf("--template is required")}
+			}
 			var err error
 			if req.Labels, err = parseKV(labels, "label"); err != nil {
 				return err
@@ -100,7 +103,6 @@ func sandboxCreate(g *globals) *cobra.Command {
 	f.StringArrayVarP(&envs, "env", "e", nil, "environment KEY=VALUE (repeatable)")
 	f.StringArrayVar(&annots, "annotation", nil, "annotation KEY=VALUE (repeatable)")
 	f.BoolVar(&showTimings, "timings", false, "print the duration of every action")
-	_ = cmd.MarkFlagRequired("template")
 	return cmd
 }
 

@@ -180,6 +180,7 @@ func (a *rootfsAction) Destroy(ctx context.Context, t *Task) error {
 	if err := storage.UnmountDisk(ctx, rec.Mount.Target, rec.Mount.Image); err != nil {
 		return err
 	}
+	removeIfEmpty(filepath.Dir(rec.Mount.Target))
 	return t.Update(func(r *sandbox.Record) { r.Mount = nil })
 }
 
@@ -257,6 +258,7 @@ func (a *containerAction) Destroy(ctx context.Context, t *Task) error {
 	if err := os.RemoveAll(rec.Container.Bundle); err != nil {
 		return err
 	}
+	removeIfEmpty(filepath.Dir(rec.Container.Bundle))
 	return t.Update(func(r *sandbox.Record) { r.Container = nil })
 }
 
@@ -346,3 +348,8 @@ func WaitAgent(ctx context.Context, pid int) error {
 		}
 	}
 }
+
+// removeIfEmpty removes a sandbox's run directory once the last thing in
+// it (bundle or rootfs mount point) is gone; whichever destroy runs last
+// gets it. ENOTEMPTY means another resource is still there: not an error.
+func removeIfEmpty(dir string) { _ = os.Remove(dir) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
@@ -118,7 +119,14 @@ func Dial(addr string) (*grpc.ClientConn, error) {
 	if strings.HasPrefix(addr, "/") {
 		target = "unix://" + addr
 	}
-	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// A short reconnect backoff: cubelet restarts in well under a second and
+	// callers (the CLI, the master) should not sit out gRPC's default 1 s+.
+	return grpc.NewClient(target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}))
 }
 
 // Client returns a typed client over conn.
