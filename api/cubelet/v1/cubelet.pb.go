@@ -173,7 +173,14 @@ type Sandbox struct {
 	UpdatedAt   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	Pid         int32                  `protobuf:"varint,11,opt,name=pid,proto3" json:"pid,omitempty"`
 	// Why the sandbox is Failed or Unknown.
-	Error         string `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
+	Error      string       `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
+	Network    *NetworkInfo `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	HostMounts []*HostMount `protobuf:"bytes,14,rep,name=host_mounts,json=hostMounts,proto3" json:"host_mounts,omitempty"`
+	// Snapshot this sandbox was cloned or rolled back from, if any.
+	SourceSnapshotId string `protobuf:"bytes,15,opt,name=source_snapshot_id,json=sourceSnapshotId,proto3" json:"source_snapshot_id,omitempty"`
+	// How a paused sandbox is paused: "memory" (frozen, resident) or "disk"
+	// (memory written to a snapshot and freed). Empty when not paused.
+	PauseMode     string `protobuf:"bytes,16,opt,name=pause_mode,json=pauseMode,proto3" json:"pause_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -292,6 +299,246 @@ func (x *Sandbox) GetError() string {
 	return ""
 }
 
+func (x *Sandbox) GetNetwork() *NetworkInfo {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Sandbox) GetHostMounts() []*HostMount {
+	if x != nil {
+		return x.HostMounts
+	}
+	return nil
+}
+
+func (x *Sandbox) GetSourceSnapshotId() string {
+	if x != nil {
+		return x.SourceSnapshotId
+	}
+	return ""
+}
+
+func (x *Sandbox) GetPauseMode() string {
+	if x != nil {
+		return x.PauseMode
+	}
+	return ""
+}
+
+// NetworkPolicy is a sandbox's egress policy. allow_out wins over
+// deny_out, as in E2B.
+type NetworkPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unset = the node default (allowed).
+	AllowInternetAccess *bool    `protobuf:"varint,1,opt,name=allow_internet_access,json=allowInternetAccess,proto3,oneof" json:"allow_internet_access,omitempty"`
+	AllowOut            []string `protobuf:"bytes,2,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`                    // CIDRs or IPs
+	DenyOut             []string `protobuf:"bytes,3,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`                       // CIDRs or IPs
+	MaxConnections      int32    `protobuf:"varint,4,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"` // 0 = unlimited
+	EgressKbps          int64    `protobuf:"varint,5,opt,name=egress_kbps,json=egressKbps,proto3" json:"egress_kbps,omitempty"`             // 0 = unlimited
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NetworkPolicy) GetAllowInternetAccess() bool {
+	if x != nil && x.AllowInternetAccess != nil {
+		return *x.AllowInternetAccess
+	}
+	return false
+}
+
+func (x *NetworkPolicy) GetAllowOut() []string {
+	if x != nil {
+		return x.AllowOut
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetDenyOut() []string {
+	if x != nil {
+		return x.DenyOut
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetMaxConnections() int32 {
+	if x != nil {
+		return x.MaxConnections
+	}
+	return 0
+}
+
+func (x *NetworkPolicy) GetEgressKbps() int64 {
+	if x != nil {
+		return x.EgressKbps
+	}
+	return 0
+}
+
+// NetworkInfo is where a sandbox sits on the node's network.
+type NetworkInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Address the host reaches the sandbox on (unique per node).
+	HostIp string `protobuf:"bytes,1,opt,name=host_ip,json=hostIp,proto3" json:"host_ip,omitempty"`
+	// Address the sandbox sees for itself (the same in every sandbox).
+	SandboxIp     string         `protobuf:"bytes,2,opt,name=sandbox_ip,json=sandboxIp,proto3" json:"sandbox_ip,omitempty"`
+	Netns         string         `protobuf:"bytes,3,opt,name=netns,proto3" json:"netns,omitempty"`
+	Policy        *NetworkPolicy `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkInfo) Reset() {
+	*x = NetworkInfo{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkInfo) ProtoMessage() {}
+
+func (x *NetworkInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkInfo.ProtoReflect.Descriptor instead.
+func (*NetworkInfo) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NetworkInfo) GetHostIp() string {
+	if x != nil {
+		return x.HostIp
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetSandboxIp() string {
+	if x != nil {
+		return x.SandboxIp
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *NetworkInfo) GetPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+// HostMount binds a host directory into the sandbox; the node config's
+// allow-list must permit the source.
+type HostMount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostMount) Reset() {
+	*x = HostMount{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostMount) ProtoMessage() {}
+
+func (x *HostMount) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostMount.ProtoReflect.Descriptor instead.
+func (*HostMount) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HostMount) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *HostMount) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *HostMount) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 // ActionTiming is how long one workflow action took.
 type ActionTiming struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -307,7 +554,7 @@ type ActionTiming struct {
 
 func (x *ActionTiming) Reset() {
 	*x = ActionTiming{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[2]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +566,7 @@ func (x *ActionTiming) String() string {
 func (*ActionTiming) ProtoMessage() {}
 
 func (x *ActionTiming) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[2]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +579,7 @@ func (x *ActionTiming) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActionTiming.ProtoReflect.Descriptor instead.
 func (*ActionTiming) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{2}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ActionTiming) GetFlow() string {
@@ -389,14 +636,16 @@ type CreateSandboxRequest struct {
 	Resources   *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
 	Env         map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Runtime driver; empty = the node default.
-	Runtime       string `protobuf:"bytes,8,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime       string         `protobuf:"bytes,8,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Network       *NetworkPolicy `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
+	HostMounts    []*HostMount   `protobuf:"bytes,10,rep,name=host_mounts,json=hostMounts,proto3" json:"host_mounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +657,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +670,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{3}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSandboxRequest) GetRequestId() string {
@@ -480,6 +729,20 @@ func (x *CreateSandboxRequest) GetRuntime() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetHostMounts() []*HostMount {
+	if x != nil {
+		return x.HostMounts
+	}
+	return nil
+}
+
 type CreateSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -490,7 +753,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +765,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +778,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{4}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -541,7 +804,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +816,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +829,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{5}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -585,7 +848,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +860,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +873,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{6}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -632,7 +895,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +907,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +920,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{7}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListSandboxesRequest) GetStates() []SandboxState {
@@ -683,7 +946,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +958,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +971,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{8}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -728,7 +991,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +1003,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +1016,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{9}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteSandboxRequest) GetRequestId() string {
@@ -779,7 +1042,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +1054,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +1067,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteSandboxResponse) GetTimings() []*ActionTiming {
@@ -824,7 +1087,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +1099,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1112,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PauseSandboxRequest) GetRequestId() string {
@@ -876,7 +1139,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1151,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1164,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -928,7 +1191,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1203,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1216,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResumeSandboxRequest) GetRequestId() string {
@@ -980,7 +1243,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1255,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1268,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1023,24 +1286,27 @@ func (x *ResumeSandboxResponse) GetTimings() []*ActionTiming {
 }
 
 type Template struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	Source        string                 `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Entrypoint    []string               `protobuf:"bytes,5,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
-	Cmd           []string               `protobuf:"bytes,6,rep,name=cmd,proto3" json:"cmd,omitempty"`
-	Env           []string               `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty"`
-	WorkingDir    string                 `protobuf:"bytes,8,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
-	User          string                 `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Digest     string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	Source     string                 `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	SizeBytes  int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Entrypoint []string               `protobuf:"bytes,5,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	Cmd        []string               `protobuf:"bytes,6,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	Env        []string               `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty"`
+	WorkingDir string                 `protobuf:"bytes,8,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	User       string                 `protobuf:"bytes,9,opt,name=user,proto3" json:"user,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Runtime    string                 `protobuf:"bytes,11,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// Whether creates from this template restore a warm memory snapshot.
+	Warm          bool `protobuf:"varint,12,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1318,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1331,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Template) GetId() string {
@@ -1138,18 +1404,39 @@ func (x *Template) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Template) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Template) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
+}
+
 type ImportTemplateRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
 	// A local OCI image layout directory or an OCI/docker-archive tar.
-	Source        string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// A registry reference (host/repo:tag or @sha256:digest) instead of source.
+	ImageRef string        `protobuf:"bytes,3,opt,name=image_ref,json=imageRef,proto3" json:"image_ref,omitempty"`
+	Auth     *RegistryAuth `protobuf:"bytes,4,opt,name=auth,proto3" json:"auth,omitempty"`
+	// Plain HTTP to the registry (loopback test registries).
+	Insecure bool `protobuf:"varint,5,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// Runtime the template is for; empty = the node default.
+	Runtime       string `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1448,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1461,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -1187,6 +1474,94 @@ func (x *ImportTemplateRequest) GetTemplateId() string {
 func (x *ImportTemplateRequest) GetSource() string {
 	if x != nil {
 		return x.Source
+	}
+	return ""
+}
+
+func (x *ImportTemplateRequest) GetImageRef() string {
+	if x != nil {
+		return x.ImageRef
+	}
+	return ""
+}
+
+func (x *ImportTemplateRequest) GetAuth() *RegistryAuth {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+func (x *ImportTemplateRequest) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *ImportTemplateRequest) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+type RegistryAuth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Username      string                 `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
+	Password      string                 `protobuf:"bytes,2,opt,name=password,proto3" json:"password,omitempty"`
+	Token         string                 `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegistryAuth) Reset() {
+	*x = RegistryAuth{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegistryAuth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegistryAuth) ProtoMessage() {}
+
+func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegistryAuth.ProtoReflect.Descriptor instead.
+func (*RegistryAuth) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RegistryAuth) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *RegistryAuth) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+func (x *RegistryAuth) GetToken() string {
+	if x != nil {
+		return x.Token
 	}
 	return ""
 }
@@ -1204,7 +1579,7 @@ type ImportProgress struct {
 
 func (x *ImportProgress) Reset() {
 	*x = ImportProgress{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1591,7 @@ func (x *ImportProgress) String() string {
 func (*ImportProgress) ProtoMessage() {}
 
 func (x *ImportProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1604,7 @@ func (x *ImportProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportProgress.ProtoReflect.Descriptor instead.
 func (*ImportProgress) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ImportProgress) GetPhase() string {
@@ -1280,7 +1655,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1667,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1680,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ImportTemplateResponse) GetEvent() isImportTemplateResponse_Event {
@@ -1357,7 +1732,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1744,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1757,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
 }
 
 type ListTemplatesResponse struct {
@@ -1394,7 +1769,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1781,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1794,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -1438,7 +1813,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1825,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1838,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetTemplateRequest) GetTemplateId() string {
@@ -1482,7 +1857,7 @@ type GetTemplateResponse struct {
 
 func (x *GetTemplateResponse) Reset() {
 	*x = GetTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1494,7 +1869,7 @@ func (x *GetTemplateResponse) String() string {
 func (*GetTemplateResponse) ProtoMessage() {}
 
 func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1507,7 +1882,7 @@ func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateResponse.ProtoReflect.Descriptor instead.
 func (*GetTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetTemplateResponse) GetTemplate() *Template {
@@ -1526,7 +1901,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1913,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1926,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -1569,7 +1944,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1956,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1969,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
 }
 
 type RuntimeInfo struct {
@@ -1609,7 +1984,7 @@ type RuntimeInfo struct {
 
 func (x *RuntimeInfo) Reset() {
 	*x = RuntimeInfo{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1996,7 @@ func (x *RuntimeInfo) String() string {
 func (*RuntimeInfo) ProtoMessage() {}
 
 func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +2009,7 @@ func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeInfo.ProtoReflect.Descriptor instead.
 func (*RuntimeInfo) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RuntimeInfo) GetName() string {
@@ -1673,7 +2048,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +2060,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +2073,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
 }
 
 type InfoResponse struct {
@@ -1721,7 +2096,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +2108,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +2121,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -1844,7 +2219,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2231,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2244,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Condition) GetType() string {
@@ -1901,7 +2276,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2288,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2301,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
 }
 
 type HealthResponse struct {
@@ -1939,7 +2314,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2326,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2339,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -1993,7 +2368,7 @@ type Flow struct {
 
 func (x *Flow) Reset() {
 	*x = Flow{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2380,7 @@ func (x *Flow) String() string {
 func (*Flow) ProtoMessage() {}
 
 func (x *Flow) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2393,7 @@ func (x *Flow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Flow.ProtoReflect.Descriptor instead.
 func (*Flow) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Flow) GetName() string {
@@ -2058,7 +2433,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2445,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2458,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Step) GetActions() []string {
@@ -2101,7 +2476,7 @@ type ListFlowsRequest struct {
 
 func (x *ListFlowsRequest) Reset() {
 	*x = ListFlowsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2488,7 @@ func (x *ListFlowsRequest) String() string {
 func (*ListFlowsRequest) ProtoMessage() {}
 
 func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2501,7 @@ func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsRequest.ProtoReflect.Descriptor instead.
 func (*ListFlowsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
 }
 
 type ListFlowsResponse struct {
@@ -2138,7 +2513,7 @@ type ListFlowsResponse struct {
 
 func (x *ListFlowsResponse) Reset() {
 	*x = ListFlowsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2525,7 @@ func (x *ListFlowsResponse) String() string {
 func (*ListFlowsResponse) ProtoMessage() {}
 
 func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2538,7 @@ func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsResponse.ProtoReflect.Descriptor instead.
 func (*ListFlowsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListFlowsResponse) GetFlows() []*Flow {
@@ -2184,7 +2559,7 @@ type SetFlowLimitRequest struct {
 
 func (x *SetFlowLimitRequest) Reset() {
 	*x = SetFlowLimitRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2571,7 @@ func (x *SetFlowLimitRequest) String() string {
 func (*SetFlowLimitRequest) ProtoMessage() {}
 
 func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2584,7 @@ func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitRequest.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SetFlowLimitRequest) GetFlow() string {
@@ -2235,7 +2610,7 @@ type SetFlowLimitResponse struct {
 
 func (x *SetFlowLimitResponse) Reset() {
 	*x = SetFlowLimitResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2622,7 @@ func (x *SetFlowLimitResponse) String() string {
 func (*SetFlowLimitResponse) ProtoMessage() {}
 
 func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2635,7 @@ func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitResponse.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SetFlowLimitResponse) GetFlow() *Flow {
@@ -2286,7 +2661,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2673,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2686,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ErrorDetail) GetReason() string {
@@ -2342,6 +2717,890 @@ func (x *ErrorDetail) GetField() string {
 	return ""
 }
 
+type UpdateSandboxNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Policy        *NetworkPolicy         `protobuf:"bytes,2,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxNetworkRequest) Reset() {
+	*x = UpdateSandboxNetworkRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
+
+func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *UpdateSandboxNetworkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *UpdateSandboxNetworkRequest) GetPolicy() *NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type UpdateSandboxNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxNetworkResponse) Reset() {
+	*x = UpdateSandboxNetworkResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
+
+func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type Snapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Lineage.
+	SandboxId        string                 `protobuf:"bytes,3,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ParentSnapshotId string                 `protobuf:"bytes,4,opt,name=parent_snapshot_id,json=parentSnapshotId,proto3" json:"parent_snapshot_id,omitempty"`
+	TemplateId       string                 `protobuf:"bytes,5,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	Labels           map[string]string      `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Bytes allocated by the snapshot's own files.
+	SizeBytes int64 `protobuf:"varint,8,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// Whether it holds a memory image (else disk only).
+	HasMemory     bool   `protobuf:"varint,9,opt,name=has_memory,json=hasMemory,proto3" json:"has_memory,omitempty"`
+	Runtime       string `protobuf:"bytes,10,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Snapshot) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Snapshot) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Snapshot) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetParentSnapshotId() string {
+	if x != nil {
+		return x.ParentSnapshotId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Snapshot) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Snapshot) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Snapshot) GetHasMemory() bool {
+	if x != nil {
+		return x.HasMemory
+	}
+	return false
+}
+
+func (x *Snapshot) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+type SnapshotSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	SandboxId string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Optional; generated when empty.
+	SnapshotId string            `protobuf:"bytes,3,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Name       string            `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Labels     map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Stop the sandbox after the snapshot instead of letting it run on.
+	Stop          bool `protobuf:"varint,6,opt,name=stop,proto3" json:"stop,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSandboxRequest) Reset() {
+	*x = SnapshotSandboxRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSandboxRequest) ProtoMessage() {}
+
+func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *SnapshotSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *SnapshotSandboxRequest) GetStop() bool {
+	if x != nil {
+		return x.Stop
+	}
+	return false
+}
+
+type SnapshotSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Timings       []*ActionTiming        `protobuf:"bytes,2,rep,name=timings,proto3" json:"timings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSandboxResponse) Reset() {
+	*x = SnapshotSandboxResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSandboxResponse) ProtoMessage() {}
+
+func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *SnapshotSandboxResponse) GetTimings() []*ActionTiming {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
+type ListSnapshotsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only snapshots of this sandbox, when set.
+	SandboxId     string            `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ListSnapshotsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListSnapshotsRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type ListSnapshotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsResponse) Reset() {
+	*x = ListSnapshotsResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+type GetSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotRequest) Reset() {
+	*x = GetSnapshotRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotRequest) ProtoMessage() {}
+
+func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *GetSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+type GetSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSnapshotResponse) Reset() {
+	*x = GetSnapshotResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSnapshotResponse) ProtoMessage() {}
+
+func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+type DeleteSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *DeleteSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+type DeleteSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotResponse) Reset() {
+	*x = DeleteSnapshotResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
+}
+
+type CloneSandboxRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	SnapshotId string                 `protobuf:"bytes,2,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// 1-100.
+	Count int32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	// Optional explicit IDs (len = count); generated when empty.
+	SandboxIds    []string          `protobuf:"bytes,4,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Annotations   map[string]string `protobuf:"bytes,6,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Env           map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Network       *NetworkPolicy    `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloneSandboxRequest) Reset() {
+	*x = CloneSandboxRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloneSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloneSandboxRequest) ProtoMessage() {}
+
+func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloneSandboxRequest.ProtoReflect.Descriptor instead.
+func (*CloneSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *CloneSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CloneSandboxRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *CloneSandboxRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *CloneSandboxRequest) GetSandboxIds() []string {
+	if x != nil {
+		return x.SandboxIds
+	}
+	return nil
+}
+
+func (x *CloneSandboxRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *CloneSandboxRequest) GetAnnotations() map[string]string {
+	if x != nil {
+		return x.Annotations
+	}
+	return nil
+}
+
+func (x *CloneSandboxRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *CloneSandboxRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+type CloneSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Timings       []*ActionTiming        `protobuf:"bytes,2,rep,name=timings,proto3" json:"timings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloneSandboxResponse) Reset() {
+	*x = CloneSandboxResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloneSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloneSandboxResponse) ProtoMessage() {}
+
+func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloneSandboxResponse.ProtoReflect.Descriptor instead.
+func (*CloneSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *CloneSandboxResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *CloneSandboxResponse) GetTimings() []*ActionTiming {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
+type RollbackSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	SandboxId     string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SnapshotId    string                 `protobuf:"bytes,3,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackSandboxRequest) Reset() {
+	*x = RollbackSandboxRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackSandboxRequest) ProtoMessage() {}
+
+func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackSandboxRequest.ProtoReflect.Descriptor instead.
+func (*RollbackSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *RollbackSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RollbackSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RollbackSandboxRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+type RollbackSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Timings       []*ActionTiming        `protobuf:"bytes,2,rep,name=timings,proto3" json:"timings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RollbackSandboxResponse) Reset() {
+	*x = RollbackSandboxResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackSandboxResponse) ProtoMessage() {}
+
+func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackSandboxResponse.ProtoReflect.Descriptor instead.
+func (*RollbackSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RollbackSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *RollbackSandboxResponse) GetTimings() []*ActionTiming {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
 var File_cubelet_v1_cubelet_proto protoreflect.FileDescriptor
 
 const file_cubelet_v1_cubelet_proto_rawDesc = "" +
@@ -2353,7 +3612,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\x03R\tmemoryMib\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x19\n" +
-	"\bdisk_mib\x18\x04 \x01(\x03R\adiskMib\"\xbb\x05\n" +
+	"\bdisk_mib\x18\x04 \x01(\x03R\adiskMib\"\xf3\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vtemplate_id\x18\x02 \x01(\tR\n" +
@@ -2370,7 +3629,13 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"updated_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x10\n" +
 	"\x03pid\x18\v \x01(\x05R\x03pid\x12\x14\n" +
-	"\x05error\x18\f \x01(\tR\x05error\x1a9\n" +
+	"\x05error\x18\f \x01(\tR\x05error\x121\n" +
+	"\anetwork\x18\r \x01(\v2\x17.cubelet.v1.NetworkInfoR\anetwork\x126\n" +
+	"\vhost_mounts\x18\x0e \x03(\v2\x15.cubelet.v1.HostMountR\n" +
+	"hostMounts\x12,\n" +
+	"\x12source_snapshot_id\x18\x0f \x01(\tR\x10sourceSnapshotId\x12\x1d\n" +
+	"\n" +
+	"pause_mode\x18\x10 \x01(\tR\tpauseMode\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -2379,14 +3644,32 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x01\n" +
+	"\rNetworkPolicy\x127\n" +
+	"\x15allow_internet_access\x18\x01 \x01(\bH\x00R\x13allowInternetAccess\x88\x01\x01\x12\x1b\n" +
+	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
+	"\bdeny_out\x18\x03 \x03(\tR\adenyOut\x12'\n" +
+	"\x0fmax_connections\x18\x04 \x01(\x05R\x0emaxConnections\x12\x1f\n" +
+	"\vegress_kbps\x18\x05 \x01(\x03R\n" +
+	"egressKbpsB\x18\n" +
+	"\x16_allow_internet_access\"\x8e\x01\n" +
+	"\vNetworkInfo\x12\x17\n" +
+	"\ahost_ip\x18\x01 \x01(\tR\x06hostIp\x12\x1d\n" +
+	"\n" +
+	"sandbox_ip\x18\x02 \x01(\tR\tsandboxIp\x12\x14\n" +
+	"\x05netns\x18\x03 \x01(\tR\x05netns\x121\n" +
+	"\x06policy\x18\x04 \x01(\v2\x19.cubelet.v1.NetworkPolicyR\x06policy\"b\n" +
+	"\tHostMount\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\xb1\x01\n" +
 	"\fActionTiming\x12\x12\n" +
 	"\x04flow\x18\x01 \x01(\tR\x04flow\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x05R\x04step\x12\x16\n" +
 	"\x06action\x18\x03 \x01(\tR\x06action\x12\x14\n" +
 	"\x05phase\x18\x04 \x01(\tR\x05phase\x125\n" +
 	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xcf\x04\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xbc\x05\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -2398,7 +3681,11 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\vannotations\x18\x05 \x03(\v21.cubelet.v1.CreateSandboxRequest.AnnotationsEntryR\vannotations\x123\n" +
 	"\tresources\x18\x06 \x01(\v2\x15.cubelet.v1.ResourcesR\tresources\x12;\n" +
 	"\x03env\x18\a \x03(\v2).cubelet.v1.CreateSandboxRequest.EnvEntryR\x03env\x12\x18\n" +
-	"\aruntime\x18\b \x01(\tR\aruntime\x1a9\n" +
+	"\aruntime\x18\b \x01(\tR\aruntime\x123\n" +
+	"\anetwork\x18\t \x01(\v2\x19.cubelet.v1.NetworkPolicyR\anetwork\x126\n" +
+	"\vhost_mounts\x18\n" +
+	" \x03(\v2\x15.cubelet.v1.HostMountR\n" +
+	"hostMounts\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -2446,7 +3733,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"z\n" +
 	"\x15ResumeSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
-	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\x9d\x02\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\xcb\x02\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x16\n" +
@@ -2463,11 +3750,21 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x04user\x18\t \x01(\tR\x04user\x129\n" +
 	"\n" +
 	"created_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"P\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
+	"\aruntime\x18\v \x01(\tR\aruntime\x12\x12\n" +
+	"\x04warm\x18\f \x01(\bR\x04warm\"\xd1\x01\n" +
 	"\x15ImportTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
-	"\x06source\x18\x02 \x01(\tR\x06source\"\x80\x01\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1b\n" +
+	"\timage_ref\x18\x03 \x01(\tR\bimageRef\x12,\n" +
+	"\x04auth\x18\x04 \x01(\v2\x18.cubelet.v1.RegistryAuthR\x04auth\x12\x1a\n" +
+	"\binsecure\x18\x05 \x01(\bR\binsecure\x12\x18\n" +
+	"\aruntime\x18\x06 \x01(\tR\aruntime\"\\\n" +
+	"\fRegistryAuth\x12\x1a\n" +
+	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x02 \x01(\tR\bpassword\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\"\x80\x01\n" +
 	"\x0eImportProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x14\n" +
 	"\x05layer\x18\x02 \x01(\x05R\x05layer\x12\x16\n" +
@@ -2546,7 +3843,101 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12=\n" +
 	"\rcurrent_state\x18\x03 \x01(\x0e2\x18.cubelet.v1.SandboxStateR\fcurrentState\x12\x14\n" +
-	"\x05field\x18\x04 \x01(\tR\x05field*\x8e\x02\n" +
+	"\x05field\x18\x04 \x01(\tR\x05field\"o\n" +
+	"\x1bUpdateSandboxNetworkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x121\n" +
+	"\x06policy\x18\x02 \x01(\v2\x19.cubelet.v1.NetworkPolicyR\x06policy\"M\n" +
+	"\x1cUpdateSandboxNetworkResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\"\xa4\x03\n" +
+	"\bSnapshot\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\x12,\n" +
+	"\x12parent_snapshot_id\x18\x04 \x01(\tR\x10parentSnapshotId\x12\x1f\n" +
+	"\vtemplate_id\x18\x05 \x01(\tR\n" +
+	"templateId\x128\n" +
+	"\x06labels\x18\x06 \x03(\v2 .cubelet.v1.Snapshot.LabelsEntryR\x06labels\x129\n" +
+	"\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\b \x01(\x03R\tsizeBytes\x12\x1d\n" +
+	"\n" +
+	"has_memory\x18\t \x01(\bR\thasMemory\x12\x18\n" +
+	"\aruntime\x18\n" +
+	" \x01(\tR\aruntime\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x02\n" +
+	"\x16SnapshotSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x1f\n" +
+	"\vsnapshot_id\x18\x03 \x01(\tR\n" +
+	"snapshotId\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12F\n" +
+	"\x06labels\x18\x05 \x03(\v2..cubelet.v1.SnapshotSandboxRequest.LabelsEntryR\x06labels\x12\x12\n" +
+	"\x04stop\x18\x06 \x01(\bR\x04stop\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x7f\n" +
+	"\x17SnapshotSandboxResponse\x120\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\x122\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\xb6\x01\n" +
+	"\x14ListSnapshotsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12D\n" +
+	"\x06labels\x18\x02 \x03(\v2,.cubelet.v1.ListSnapshotsRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"K\n" +
+	"\x15ListSnapshotsResponse\x122\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x14.cubelet.v1.SnapshotR\tsnapshots\"5\n" +
+	"\x12GetSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"G\n" +
+	"\x13GetSnapshotResponse\x120\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\"8\n" +
+	"\x15DeleteSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"\xc9\x04\n" +
+	"\x13CloneSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
+	"snapshotId\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x05R\x05count\x12\x1f\n" +
+	"\vsandbox_ids\x18\x04 \x03(\tR\n" +
+	"sandboxIds\x12C\n" +
+	"\x06labels\x18\x05 \x03(\v2+.cubelet.v1.CloneSandboxRequest.LabelsEntryR\x06labels\x12R\n" +
+	"\vannotations\x18\x06 \x03(\v20.cubelet.v1.CloneSandboxRequest.AnnotationsEntryR\vannotations\x12:\n" +
+	"\x03env\x18\a \x03(\v2(.cubelet.v1.CloneSandboxRequest.EnvEntryR\x03env\x123\n" +
+	"\anetwork\x18\b \x01(\v2\x19.cubelet.v1.NetworkPolicyR\anetwork\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10AnnotationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
+	"\x14CloneSandboxResponse\x121\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x13.cubelet.v1.SandboxR\tsandboxes\x122\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"w\n" +
+	"\x16RollbackSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x1f\n" +
+	"\vsnapshot_id\x18\x03 \x01(\tR\n" +
+	"snapshotId\"|\n" +
+	"\x17RollbackSandboxResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings*\x8e\x02\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -2556,7 +3947,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x18SANDBOX_STATE_DESTROYING\x10\x05\x12\x1b\n" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x06\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\a\x12\x19\n" +
-	"\x15SANDBOX_STATE_UNKNOWN\x10\b2\xfb\b\n" +
+	"\x15SANDBOX_STATE_UNKNOWN\x10\b2\xf0\r\n" +
 	"\x0eCubeletService\x12T\n" +
 	"\rCreateSandbox\x12 .cubelet.v1.CreateSandboxRequest\x1a!.cubelet.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -2564,7 +3955,14 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\rListSandboxes\x12 .cubelet.v1.ListSandboxesRequest\x1a!.cubelet.v1.ListSandboxesResponse\x12T\n" +
 	"\rDeleteSandbox\x12 .cubelet.v1.DeleteSandboxRequest\x1a!.cubelet.v1.DeleteSandboxResponse\x12Q\n" +
 	"\fPauseSandbox\x12\x1f.cubelet.v1.PauseSandboxRequest\x1a .cubelet.v1.PauseSandboxResponse\x12T\n" +
-	"\rResumeSandbox\x12 .cubelet.v1.ResumeSandboxRequest\x1a!.cubelet.v1.ResumeSandboxResponse\x12Y\n" +
+	"\rResumeSandbox\x12 .cubelet.v1.ResumeSandboxRequest\x1a!.cubelet.v1.ResumeSandboxResponse\x12i\n" +
+	"\x14UpdateSandboxNetwork\x12'.cubelet.v1.UpdateSandboxNetworkRequest\x1a(.cubelet.v1.UpdateSandboxNetworkResponse\x12Z\n" +
+	"\x0fSnapshotSandbox\x12\".cubelet.v1.SnapshotSandboxRequest\x1a#.cubelet.v1.SnapshotSandboxResponse\x12T\n" +
+	"\rListSnapshots\x12 .cubelet.v1.ListSnapshotsRequest\x1a!.cubelet.v1.ListSnapshotsResponse\x12N\n" +
+	"\vGetSnapshot\x12\x1e.cubelet.v1.GetSnapshotRequest\x1a\x1f.cubelet.v1.GetSnapshotResponse\x12W\n" +
+	"\x0eDeleteSnapshot\x12!.cubelet.v1.DeleteSnapshotRequest\x1a\".cubelet.v1.DeleteSnapshotResponse\x12Q\n" +
+	"\fCloneSandbox\x12\x1f.cubelet.v1.CloneSandboxRequest\x1a .cubelet.v1.CloneSandboxResponse\x12Z\n" +
+	"\x0fRollbackSandbox\x12\".cubelet.v1.RollbackSandboxRequest\x1a#.cubelet.v1.RollbackSandboxResponse\x12Y\n" +
 	"\x0eImportTemplate\x12!.cubelet.v1.ImportTemplateRequest\x1a\".cubelet.v1.ImportTemplateResponse0\x01\x12T\n" +
 	"\rListTemplates\x12 .cubelet.v1.ListTemplatesRequest\x1a!.cubelet.v1.ListTemplatesResponse\x12N\n" +
 	"\vGetTemplate\x12\x1e.cubelet.v1.GetTemplateRequest\x1a\x1f.cubelet.v1.GetTemplateResponse\x12W\n" +
@@ -2587,127 +3985,190 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 }
 
 var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
-	(SandboxState)(0),              // 0: cubelet.v1.SandboxState
-	(*Resources)(nil),              // 1: cubelet.v1.Resources
-	(*Sandbox)(nil),                // 2: cubelet.v1.Sandbox
-	(*ActionTiming)(nil),           // 3: cubelet.v1.ActionTiming
-	(*CreateSandboxRequest)(nil),   // 4: cubelet.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),  // 5: cubelet.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),      // 6: cubelet.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),     // 7: cubelet.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 8: cubelet.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 9: cubelet.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),   // 10: cubelet.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),  // 11: cubelet.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),    // 12: cubelet.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),   // 13: cubelet.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),   // 14: cubelet.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),  // 15: cubelet.v1.ResumeSandboxResponse
-	(*Template)(nil),               // 16: cubelet.v1.Template
-	(*ImportTemplateRequest)(nil),  // 17: cubelet.v1.ImportTemplateRequest
-	(*ImportProgress)(nil),         // 18: cubelet.v1.ImportProgress
-	(*ImportTemplateResponse)(nil), // 19: cubelet.v1.ImportTemplateResponse
-	(*ListTemplatesRequest)(nil),   // 20: cubelet.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),  // 21: cubelet.v1.ListTemplatesResponse
-	(*GetTemplateRequest)(nil),     // 22: cubelet.v1.GetTemplateRequest
-	(*GetTemplateResponse)(nil),    // 23: cubelet.v1.GetTemplateResponse
-	(*DeleteTemplateRequest)(nil),  // 24: cubelet.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil), // 25: cubelet.v1.DeleteTemplateResponse
-	(*RuntimeInfo)(nil),            // 26: cubelet.v1.RuntimeInfo
-	(*InfoRequest)(nil),            // 27: cubelet.v1.InfoRequest
-	(*InfoResponse)(nil),           // 28: cubelet.v1.InfoResponse
-	(*Condition)(nil),              // 29: cubelet.v1.Condition
-	(*HealthRequest)(nil),          // 30: cubelet.v1.HealthRequest
-	(*HealthResponse)(nil),         // 31: cubelet.v1.HealthResponse
-	(*Flow)(nil),                   // 32: cubelet.v1.Flow
-	(*Step)(nil),                   // 33: cubelet.v1.Step
-	(*ListFlowsRequest)(nil),       // 34: cubelet.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),      // 35: cubelet.v1.ListFlowsResponse
-	(*SetFlowLimitRequest)(nil),    // 36: cubelet.v1.SetFlowLimitRequest
-	(*SetFlowLimitResponse)(nil),   // 37: cubelet.v1.SetFlowLimitResponse
-	(*ErrorDetail)(nil),            // 38: cubelet.v1.ErrorDetail
-	nil,                            // 39: cubelet.v1.Sandbox.LabelsEntry
-	nil,                            // 40: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                            // 41: cubelet.v1.Sandbox.EnvEntry
-	nil,                            // 42: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 43: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                            // 44: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 45: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                            // 46: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 48: google.protobuf.Duration
+	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
+	(*Resources)(nil),                    // 1: cubelet.v1.Resources
+	(*Sandbox)(nil),                      // 2: cubelet.v1.Sandbox
+	(*NetworkPolicy)(nil),                // 3: cubelet.v1.NetworkPolicy
+	(*NetworkInfo)(nil),                  // 4: cubelet.v1.NetworkInfo
+	(*HostMount)(nil),                    // 5: cubelet.v1.HostMount
+	(*ActionTiming)(nil),                 // 6: cubelet.v1.ActionTiming
+	(*CreateSandboxRequest)(nil),         // 7: cubelet.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 8: cubelet.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 9: cubelet.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 10: cubelet.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 11: cubelet.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 12: cubelet.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 13: cubelet.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 14: cubelet.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 15: cubelet.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 16: cubelet.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 17: cubelet.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 18: cubelet.v1.ResumeSandboxResponse
+	(*Template)(nil),                     // 19: cubelet.v1.Template
+	(*ImportTemplateRequest)(nil),        // 20: cubelet.v1.ImportTemplateRequest
+	(*RegistryAuth)(nil),                 // 21: cubelet.v1.RegistryAuth
+	(*ImportProgress)(nil),               // 22: cubelet.v1.ImportProgress
+	(*ImportTemplateResponse)(nil),       // 23: cubelet.v1.ImportTemplateResponse
+	(*ListTemplatesRequest)(nil),         // 24: cubelet.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),        // 25: cubelet.v1.ListTemplatesResponse
+	(*GetTemplateRequest)(nil),           // 26: cubelet.v1.GetTemplateRequest
+	(*GetTemplateResponse)(nil),          // 27: cubelet.v1.GetTemplateResponse
+	(*DeleteTemplateRequest)(nil),        // 28: cubelet.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),       // 29: cubelet.v1.DeleteTemplateResponse
+	(*RuntimeInfo)(nil),                  // 30: cubelet.v1.RuntimeInfo
+	(*InfoRequest)(nil),                  // 31: cubelet.v1.InfoRequest
+	(*InfoResponse)(nil),                 // 32: cubelet.v1.InfoResponse
+	(*Condition)(nil),                    // 33: cubelet.v1.Condition
+	(*HealthRequest)(nil),                // 34: cubelet.v1.HealthRequest
+	(*HealthResponse)(nil),               // 35: cubelet.v1.HealthResponse
+	(*Flow)(nil),                         // 36: cubelet.v1.Flow
+	(*Step)(nil),                         // 37: cubelet.v1.Step
+	(*ListFlowsRequest)(nil),             // 38: cubelet.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),            // 39: cubelet.v1.ListFlowsResponse
+	(*SetFlowLimitRequest)(nil),          // 40: cubelet.v1.SetFlowLimitRequest
+	(*SetFlowLimitResponse)(nil),         // 41: cubelet.v1.SetFlowLimitResponse
+	(*ErrorDetail)(nil),                  // 42: cubelet.v1.ErrorDetail
+	(*UpdateSandboxNetworkRequest)(nil),  // 43: cubelet.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 44: cubelet.v1.UpdateSandboxNetworkResponse
+	(*Snapshot)(nil),                     // 45: cubelet.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),       // 46: cubelet.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),      // 47: cubelet.v1.SnapshotSandboxResponse
+	(*ListSnapshotsRequest)(nil),         // 48: cubelet.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 49: cubelet.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 50: cubelet.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 51: cubelet.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),        // 52: cubelet.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 53: cubelet.v1.DeleteSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 54: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 55: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 56: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 57: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 58: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 59: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 60: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 61: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 62: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 63: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 64: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 65: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 66: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 67: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 68: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 69: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 70: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 71: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 72: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 73: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,  // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	39, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	40, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	58, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	59, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
 	1,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	41, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	47, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	47, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
-	48, // 7: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	42, // 8: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	43, // 9: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	1,  // 10: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	44, // 11: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
-	2,  // 12: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	3,  // 13: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 14: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	0,  // 15: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	45, // 16: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
-	2,  // 17: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	3,  // 18: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 19: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	3,  // 20: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 21: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	3,  // 22: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	47, // 23: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	18, // 24: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
-	16, // 25: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
-	16, // 26: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	16, // 27: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
-	26, // 28: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	46, // 29: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
-	29, // 30: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
-	33, // 31: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
-	32, // 32: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
-	32, // 33: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
-	0,  // 34: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
-	4,  // 35: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	6,  // 36: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	8,  // 37: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	10, // 38: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	12, // 39: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	14, // 40: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	17, // 41: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	20, // 42: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	22, // 43: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	24, // 44: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	27, // 45: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	30, // 46: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	34, // 47: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	36, // 48: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	5,  // 49: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	7,  // 50: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	9,  // 51: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	11, // 52: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	13, // 53: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	15, // 54: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	19, // 55: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	21, // 56: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	23, // 57: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	25, // 58: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	28, // 59: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	31, // 60: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	35, // 61: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	37, // 62: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	49, // [49:63] is the sub-list for method output_type
-	35, // [35:49] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	60, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	72, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	72, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	4,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
+	5,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
+	3,  // 9: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
+	73, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	61, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	62, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	1,  // 13: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
+	63, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	3,  // 15: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	5,  // 16: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
+	2,  // 17: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	6,  // 18: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	2,  // 19: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	0,  // 20: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
+	64, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	2,  // 22: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	6,  // 23: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	2,  // 24: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	6,  // 25: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	2,  // 26: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	6,  // 27: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	72, // 28: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	21, // 29: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	22, // 30: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
+	19, // 31: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
+	19, // 32: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
+	19, // 33: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
+	30, // 34: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	65, // 35: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	33, // 36: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
+	37, // 37: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
+	36, // 38: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
+	36, // 39: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
+	0,  // 40: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
+	3,  // 41: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
+	2,  // 42: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	66, // 43: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	72, // 44: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	67, // 45: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	45, // 46: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	6,  // 47: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	68, // 48: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	45, // 49: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
+	45, // 50: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	69, // 51: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	70, // 52: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	71, // 53: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	3,  // 54: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	2,  // 55: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	6,  // 56: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	2,  // 57: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	6,  // 58: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	7,  // 59: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	9,  // 60: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	11, // 61: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	13, // 62: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	15, // 63: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	17, // 64: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	43, // 65: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	46, // 66: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	48, // 67: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	50, // 68: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	52, // 69: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	54, // 70: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	56, // 71: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	20, // 72: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	24, // 73: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	26, // 74: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	28, // 75: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	31, // 76: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	34, // 77: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	38, // 78: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	40, // 79: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	8,  // 80: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	10, // 81: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	12, // 82: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	14, // 83: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	16, // 84: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	18, // 85: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	44, // 86: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	47, // 87: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	49, // 88: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	51, // 89: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	53, // 90: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	55, // 91: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	57, // 92: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	23, // 93: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	25, // 94: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	27, // 95: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	29, // 96: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	32, // 97: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	35, // 98: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	39, // 99: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	41, // 100: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	80, // [80:101] is the sub-list for method output_type
+	59, // [59:80] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -2715,7 +4176,8 @@ func file_cubelet_v1_cubelet_proto_init() {
 	if File_cubelet_v1_cubelet_proto != nil {
 		return
 	}
-	file_cubelet_v1_cubelet_proto_msgTypes[18].OneofWrappers = []any{
+	file_cubelet_v1_cubelet_proto_msgTypes[2].OneofWrappers = []any{}
+	file_cubelet_v1_cubelet_proto_msgTypes[22].OneofWrappers = []any{
 		(*ImportTemplateResponse_Progress)(nil),
 		(*ImportTemplateResponse_Template)(nil),
 	}
@@ -2725,7 +4187,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   46,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

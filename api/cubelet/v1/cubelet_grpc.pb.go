@@ -19,20 +19,27 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	CubeletService_CreateSandbox_FullMethodName  = "/cubelet.v1.CubeletService/CreateSandbox"
-	CubeletService_GetSandbox_FullMethodName     = "/cubelet.v1.CubeletService/GetSandbox"
-	CubeletService_ListSandboxes_FullMethodName  = "/cubelet.v1.CubeletService/ListSandboxes"
-	CubeletService_DeleteSandbox_FullMethodName  = "/cubelet.v1.CubeletService/DeleteSandbox"
-	CubeletService_PauseSandbox_FullMethodName   = "/cubelet.v1.CubeletService/PauseSandbox"
-	CubeletService_ResumeSandbox_FullMethodName  = "/cubelet.v1.CubeletService/ResumeSandbox"
-	CubeletService_ImportTemplate_FullMethodName = "/cubelet.v1.CubeletService/ImportTemplate"
-	CubeletService_ListTemplates_FullMethodName  = "/cubelet.v1.CubeletService/ListTemplates"
-	CubeletService_GetTemplate_FullMethodName    = "/cubelet.v1.CubeletService/GetTemplate"
-	CubeletService_DeleteTemplate_FullMethodName = "/cubelet.v1.CubeletService/DeleteTemplate"
-	CubeletService_Info_FullMethodName           = "/cubelet.v1.CubeletService/Info"
-	CubeletService_Health_FullMethodName         = "/cubelet.v1.CubeletService/Health"
-	CubeletService_ListFlows_FullMethodName      = "/cubelet.v1.CubeletService/ListFlows"
-	CubeletService_SetFlowLimit_FullMethodName   = "/cubelet.v1.CubeletService/SetFlowLimit"
+	CubeletService_CreateSandbox_FullMethodName        = "/cubelet.v1.CubeletService/CreateSandbox"
+	CubeletService_GetSandbox_FullMethodName           = "/cubelet.v1.CubeletService/GetSandbox"
+	CubeletService_ListSandboxes_FullMethodName        = "/cubelet.v1.CubeletService/ListSandboxes"
+	CubeletService_DeleteSandbox_FullMethodName        = "/cubelet.v1.CubeletService/DeleteSandbox"
+	CubeletService_PauseSandbox_FullMethodName         = "/cubelet.v1.CubeletService/PauseSandbox"
+	CubeletService_ResumeSandbox_FullMethodName        = "/cubelet.v1.CubeletService/ResumeSandbox"
+	CubeletService_UpdateSandboxNetwork_FullMethodName = "/cubelet.v1.CubeletService/UpdateSandboxNetwork"
+	CubeletService_SnapshotSandbox_FullMethodName      = "/cubelet.v1.CubeletService/SnapshotSandbox"
+	CubeletService_ListSnapshots_FullMethodName        = "/cubelet.v1.CubeletService/ListSnapshots"
+	CubeletService_GetSnapshot_FullMethodName          = "/cubelet.v1.CubeletService/GetSnapshot"
+	CubeletService_DeleteSnapshot_FullMethodName       = "/cubelet.v1.CubeletService/DeleteSnapshot"
+	CubeletService_CloneSandbox_FullMethodName         = "/cubelet.v1.CubeletService/CloneSandbox"
+	CubeletService_RollbackSandbox_FullMethodName      = "/cubelet.v1.CubeletService/RollbackSandbox"
+	CubeletService_ImportTemplate_FullMethodName       = "/cubelet.v1.CubeletService/ImportTemplate"
+	CubeletService_ListTemplates_FullMethodName        = "/cubelet.v1.CubeletService/ListTemplates"
+	CubeletService_GetTemplate_FullMethodName          = "/cubelet.v1.CubeletService/GetTemplate"
+	CubeletService_DeleteTemplate_FullMethodName       = "/cubelet.v1.CubeletService/DeleteTemplate"
+	CubeletService_Info_FullMethodName                 = "/cubelet.v1.CubeletService/Info"
+	CubeletService_Health_FullMethodName               = "/cubelet.v1.CubeletService/Health"
+	CubeletService_ListFlows_FullMethodName            = "/cubelet.v1.CubeletService/ListFlows"
+	CubeletService_SetFlowLimit_FullMethodName         = "/cubelet.v1.CubeletService/SetFlowLimit"
 )
 
 // CubeletServiceClient is the client API for CubeletService service.
@@ -48,6 +55,17 @@ type CubeletServiceClient interface {
 	DeleteSandbox(ctx context.Context, in *DeleteSandboxRequest, opts ...grpc.CallOption) (*DeleteSandboxResponse, error)
 	PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*PauseSandboxResponse, error)
 	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*ResumeSandboxResponse, error)
+	// UpdateSandboxNetwork replaces a sandbox's egress policy atomically.
+	UpdateSandboxNetwork(ctx context.Context, in *UpdateSandboxNetworkRequest, opts ...grpc.CallOption) (*UpdateSandboxNetworkResponse, error)
+	// Snapshots: disk (always) and memory (where the runtime can checkpoint).
+	SnapshotSandbox(ctx context.Context, in *SnapshotSandboxRequest, opts ...grpc.CallOption) (*SnapshotSandboxResponse, error)
+	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
+	GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (*GetSnapshotResponse, error)
+	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error)
+	// CloneSandbox creates count new sandboxes from one snapshot.
+	CloneSandbox(ctx context.Context, in *CloneSandboxRequest, opts ...grpc.CallOption) (*CloneSandboxResponse, error)
+	// RollbackSandbox puts an existing sandbox back to a snapshot, keeping its ID.
+	RollbackSandbox(ctx context.Context, in *RollbackSandboxRequest, opts ...grpc.CallOption) (*RollbackSandboxResponse, error)
 	// ImportTemplate streams progress events and ends with the template.
 	ImportTemplate(ctx context.Context, in *ImportTemplateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImportTemplateResponse], error)
 	ListTemplates(ctx context.Context, in *ListTemplatesRequest, opts ...grpc.CallOption) (*ListTemplatesResponse, error)
@@ -122,6 +140,76 @@ func (c *cubeletServiceClient) ResumeSandbox(ctx context.Context, in *ResumeSand
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ResumeSandboxResponse)
 	err := c.cc.Invoke(ctx, CubeletService_ResumeSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) UpdateSandboxNetwork(ctx context.Context, in *UpdateSandboxNetworkRequest, opts ...grpc.CallOption) (*UpdateSandboxNetworkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateSandboxNetworkResponse)
+	err := c.cc.Invoke(ctx, CubeletService_UpdateSandboxNetwork_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) SnapshotSandbox(ctx context.Context, in *SnapshotSandboxRequest, opts ...grpc.CallOption) (*SnapshotSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotSandboxResponse)
+	err := c.cc.Invoke(ctx, CubeletService_SnapshotSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSnapshotsResponse)
+	err := c.cc.Invoke(ctx, CubeletService_ListSnapshots_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) GetSnapshot(ctx context.Context, in *GetSnapshotRequest, opts ...grpc.CallOption) (*GetSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSnapshotResponse)
+	err := c.cc.Invoke(ctx, CubeletService_GetSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteSnapshotResponse)
+	err := c.cc.Invoke(ctx, CubeletService_DeleteSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) CloneSandbox(ctx context.Context, in *CloneSandboxRequest, opts ...grpc.CallOption) (*CloneSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloneSandboxResponse)
+	err := c.cc.Invoke(ctx, CubeletService_CloneSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) RollbackSandbox(ctx context.Context, in *RollbackSandboxRequest, opts ...grpc.CallOption) (*RollbackSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RollbackSandboxResponse)
+	err := c.cc.Invoke(ctx, CubeletService_RollbackSandbox_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -230,6 +318,17 @@ type CubeletServiceServer interface {
 	DeleteSandbox(context.Context, *DeleteSandboxRequest) (*DeleteSandboxResponse, error)
 	PauseSandbox(context.Context, *PauseSandboxRequest) (*PauseSandboxResponse, error)
 	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error)
+	// UpdateSandboxNetwork replaces a sandbox's egress policy atomically.
+	UpdateSandboxNetwork(context.Context, *UpdateSandboxNetworkRequest) (*UpdateSandboxNetworkResponse, error)
+	// Snapshots: disk (always) and memory (where the runtime can checkpoint).
+	SnapshotSandbox(context.Context, *SnapshotSandboxRequest) (*SnapshotSandboxResponse, error)
+	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
+	GetSnapshot(context.Context, *GetSnapshotRequest) (*GetSnapshotResponse, error)
+	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error)
+	// CloneSandbox creates count new sandboxes from one snapshot.
+	CloneSandbox(context.Context, *CloneSandboxRequest) (*CloneSandboxResponse, error)
+	// RollbackSandbox puts an existing sandbox back to a snapshot, keeping its ID.
+	RollbackSandbox(context.Context, *RollbackSandboxRequest) (*RollbackSandboxResponse, error)
 	// ImportTemplate streams progress events and ends with the template.
 	ImportTemplate(*ImportTemplateRequest, grpc.ServerStreamingServer[ImportTemplateResponse]) error
 	ListTemplates(context.Context, *ListTemplatesRequest) (*ListTemplatesResponse, error)
@@ -267,6 +366,27 @@ func (UnimplementedCubeletServiceServer) PauseSandbox(context.Context, *PauseSan
 }
 func (UnimplementedCubeletServiceServer) ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSandbox not implemented")
+}
+func (UnimplementedCubeletServiceServer) UpdateSandboxNetwork(context.Context, *UpdateSandboxNetworkRequest) (*UpdateSandboxNetworkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateSandboxNetwork not implemented")
+}
+func (UnimplementedCubeletServiceServer) SnapshotSandbox(context.Context, *SnapshotSandboxRequest) (*SnapshotSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotSandbox not implemented")
+}
+func (UnimplementedCubeletServiceServer) ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSnapshots not implemented")
+}
+func (UnimplementedCubeletServiceServer) GetSnapshot(context.Context, *GetSnapshotRequest) (*GetSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSnapshot not implemented")
+}
+func (UnimplementedCubeletServiceServer) DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSnapshot not implemented")
+}
+func (UnimplementedCubeletServiceServer) CloneSandbox(context.Context, *CloneSandboxRequest) (*CloneSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloneSandbox not implemented")
+}
+func (UnimplementedCubeletServiceServer) RollbackSandbox(context.Context, *RollbackSandboxRequest) (*RollbackSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackSandbox not implemented")
 }
 func (UnimplementedCubeletServiceServer) ImportTemplate(*ImportTemplateRequest, grpc.ServerStreamingServer[ImportTemplateResponse]) error {
 	return status.Error(codes.Unimplemented, "method ImportTemplate not implemented")
@@ -417,6 +537,132 @@ func _CubeletService_ResumeSandbox_Handler(srv interface{}, ctx context.Context,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(CubeletServiceServer).ResumeSandbox(ctx, req.(*ResumeSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_UpdateSandboxNetwork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateSandboxNetworkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).UpdateSandboxNetwork(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_UpdateSandboxNetwork_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).UpdateSandboxNetwork(ctx, req.(*UpdateSandboxNetworkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_SnapshotSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).SnapshotSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_SnapshotSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).SnapshotSandbox(ctx, req.(*SnapshotSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_ListSnapshots_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSnapshotsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).ListSnapshots(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_ListSnapshots_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).ListSnapshots(ctx, req.(*ListSnapshotsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_GetSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).GetSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_GetSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).GetSnapshot(ctx, req.(*GetSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_DeleteSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).DeleteSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_DeleteSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).DeleteSnapshot(ctx, req.(*DeleteSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_CloneSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloneSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).CloneSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_CloneSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).CloneSandbox(ctx, req.(*CloneSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_RollbackSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).RollbackSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_RollbackSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).RollbackSandbox(ctx, req.(*RollbackSandboxRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -588,6 +834,34 @@ var CubeletService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSandbox",
 			Handler:    _CubeletService_ResumeSandbox_Handler,
+		},
+		{
+			MethodName: "UpdateSandboxNetwork",
+			Handler:    _CubeletService_UpdateSandboxNetwork_Handler,
+		},
+		{
+			MethodName: "SnapshotSandbox",
+			Handler:    _CubeletService_SnapshotSandbox_Handler,
+		},
+		{
+			MethodName: "ListSnapshots",
+			Handler:    _CubeletService_ListSnapshots_Handler,
+		},
+		{
+			MethodName: "GetSnapshot",
+			Handler:    _CubeletService_GetSnapshot_Handler,
+		},
+		{
+			MethodName: "DeleteSnapshot",
+			Handler:    _CubeletService_DeleteSnapshot_Handler,
+		},
+		{
+			MethodName: "CloneSandbox",
+			Handler:    _CubeletService_CloneSandbox_Handler,
+		},
+		{
+			MethodName: "RollbackSandbox",
+			Handler:    _CubeletService_RollbackSandbox_Handler,
 		},
 		{
 			MethodName: "ListTemplates",
