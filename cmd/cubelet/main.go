@@ -30,6 +30,7 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
 	if err := run(*cfgPath, log); err != nil {
 		log.Error("cubelet failed", "err", err)
 		os.Exit(1)

@@ -154,7 +154,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 		pid, err = readPid(pidFile)
 		if err == nil {
 			st = runtime.State{ID: s.ID, PID: pid, Status: runtime.StatusRunning, Created: time.Now()}
-			d.log.InfoContext(ctx, "started", "id", s.ID, "pid", pid, "took", time.Since(begin))
+			d.log.DebugContext(ctx, "started", "id", s.ID, "pid", pid, "took", time.Since(begin))
 			return st, nil
 		}
 	}
@@ -244,7 +244,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := d.destroy(ctx, id, cgroupPath); err != nil {
 		return err
 	}
-	d.log.InfoContext(ctx, "stopped", "id", id, "took", time.Since(begin))
+	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
 	return nil
 }
 
