@@ -1,8 +1,8 @@
 GO ?= go
 BIN ?= bin
-BINARIES = cubelet cubecli cube-agent
+BINARIES = cubelet cubecli cube-agent cube-bench
 
-.PHONY: all build generate test up clean
+.PHONY: all build generate test up clean bench
 
 all: build
 
@@ -23,3 +23,9 @@ up:
 
 clean:
 	rm -rf $(BIN)
+
+# Measure cubelet against the raw baselines and rewrite bench/RESULTS.md
+# (needs root; see docs/bench.md). E.g. make bench BENCH_FLAGS="--density-n 200".
+BENCH_FLAGS ?=
+bench: build
+	$(BIN)/cube-bench --markdown bench/RESULTS.md --json-out bench/results.json $(BENCH_FLAGS)

@@ -19,5 +19,20 @@ if ! git diff --quiet -- api/; then
 fi
 
 echo "== go test"
+# The base template's debootstrap build (about a minute on these machines,
+# then cached until an input changes) runs in CI; CUBE_TEST_BASE=0 skips it.
+export CUBE_TEST_BASE="${CUBE_TEST_BASE:-1}" CUBE_BASE_CACHE="${CUBE_BASE_CACHE:-/var/cache/cube/base}"
 # -p 2: the machines have 2 cores; packages that start sandboxes are heavy.
 go test -p 2 -count=1 -timeout 40m ./... "$@"
+
+# The unmodified E2B JS SDK (pinned in test/e2e/node/package-lock.json,
+# installed from the npm registry) against a real sandbox; docs/envd.md.
+# CUBE_TEST_NODE=0 skips it.
+if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
+  echo "== node e2e (e2b SDK)"
+  if ! node -e 'const [a,b,c]=process.versions.node.split(".").map(Number); process.exit(a>20||(a==20&&(b>18||(b==18&&c>=1)))?0:1)' 2>/dev/null; then
+    echo "the Node suite needs node >= 20.18.1 and npm (hack/deps.sh says how); CUBE_TEST_NODE=0 skips it"; exit 1
+  fi
+  npm ci --prefix test/e2e/node --no-audit --no-fund --loglevel=error
+  go run ./test/e2e/node/harness -- npm --prefix test/e2e/node test
+fi

@@ -13,6 +13,15 @@ BIN=$PWD/bin
 STATE=/var/lib/cube
 mkdir -p "$STATE/images" /var/log/cube
 layout=$(go run ./hack/busybox-image "$STATE/images")
+# The default template `base` (what E2B's Sandbox.create() asks for):
+# Debian bookworm + python3, bash, curl..., built with debootstrap from the
+# apt mirror this machine uses. About a minute the first time, then cached
+# in /var/cache/cube/base until an input changes (docs/templates.md).
+base_layout=""
+if [ "${CUBE_SKIP_BASE:-0}" != 1 ]; then
+  echo "building the base image (cached in /var/cache/cube/base)..."
+  base_layout=$(go run ./hack/base-image /var/cache/cube/base)
+fi
 
 "$BIN/cubelet" ${CUBELET_CONFIG:+--config "$CUBELET_CONFIG"} 2>&1 | tee -a /var/log/cube/cubelet.log &
 pid=$!
@@ -22,13 +31,23 @@ for _ in $(seq 1 300); do
   sleep 0.2
 done
 "$BIN/cubecli" node info
-if ! "$BIN/cubecli" template inspect busybox >/dev/null 2>&1; then
-  "$BIN/cubecli" template import busybox "$layout"
-fi
+# Imports are idempotent: the same image under the same ID is a no-op.
+import_template() {
+  local rc=0
+  "$BIN/cubecli" template import "$1" "$2" || rc=$?
+  if [ "$rc" = 4 ]; then
+    echo "template $1 exists from another image; keeping it ('cubecli template rm $1' and rerun to replace it)"
+  elif [ "$rc" != 0 ]; then
+    return "$rc"
+  fi
+}
+import_template busybox "$layout"
+[ -z "$base_layout" ] || import_template base "$base_layout"
 cat <<MSG
 
 cubelet is up (socket /run/cube/cubelet.sock, gRPC 127.0.0.1:9999, metrics 127.0.0.1:9998/metrics).
 Try:
+  $BIN/cubecli sandbox create --template base
   $BIN/cubecli sandbox create --template busybox
   $BIN/cubecli sandbox ls
 MSG

@@ -12,8 +12,12 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/initproc"
 )
 
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
 func main() {
 	addr := flag.String("addr", agent.DefaultAddr, "listen address of the agent API")
+	user := flag.String("default-user", "user", "user for requests that name none, until /init sets one (root when the sandbox lacks it)")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "cube-agent")
@@ -21,8 +25,11 @@ func main() {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// The Reaper is the only waiter in this process: the processes the
+	// API starts go through it too, so PID 1's reaping never steals their
+	// exit statuses.
 	reaper := initproc.NewReaper(log)
-	srv := agent.New(agent.Config{Addr: *addr, Logger: log})
+	srv := agent.New(agent.Config{Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version})
 
 	serveErr := make(chan error, 1)
 	go func() {

@@ -1,13 +1,23 @@
 // Package agent is cube-agent's API server: the envd-compatible endpoints
 // that cubelet, cubeproxy and the E2B SDKs talk to inside every sandbox.
 //
-// Only /health exists so far. The rest of envd (the Connect services
-// process.Process and filesystem.Filesystem, /files, /envs, /init) is meant
-// to be added as further handlers registered in routes, on the same mux, so
-// that one listener and one middleware chain serve everything.
+// One listener serves, behind one auth gate (auth.go):
+//
+//	GET  /health                 204 once serving (no auth)
+//	     /process.Process/*      Connect: start, connect, list, input, signals, PTY
+//	     /filesystem.Filesystem/* Connect: stat, mkdir, move, list, remove, watch
+//	GET  /files, POST /files     download, upload (multipart or octet-stream, gzip)
+//	GET  /envs                   variables set by /init
+//	POST /init                   env vars, access token, default user/workdir, clock
+//	GET  /metrics                CPU, memory, disk of the sandbox
+//	     /_cube/*                cubelet only, never proxied: info, fsfreeze, fsthaw, clock
+//
+// over HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge), as the
+// SDKs' Connect transports may use either. The wire contract is envd's, as
+// spoken by the pinned E2B SDK: docs/envd.md.
 //
 // The agent runs in every sandbox, so its resident size counts: keep
-// dependencies to the standard library and small, focused modules.
+// dependencies to the standard library, x/sys and connect-go.
 package agent
 
 import (
@@ -18,21 +28,62 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/api/envd/filesystem/filesystemconnect"
+	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	"github.com/cubesandbox/cube/internal/agent/fsfreeze"
+	"github.com/cubesandbox/cube/internal/agent/fsys"
+	"github.com/cubesandbox/cube/internal/agent/identity"
+	"github.com/cubesandbox/cube/internal/agent/procs"
+	"github.com/cubesandbox/cube/internal/agent/rpcerr"
+	"github.com/cubesandbox/cube/internal/agent/sysinfo"
 )
 
 // DefaultAddr is envd's port, which E2B clients hard-code.
 const DefaultAddr = ":49983"
 
+// EnvdVersion is the envd version the agent reports: the lowest at which
+// every feature the pinned SDK (e2b@2.51.0) gates is on — closeStdin
+// (0.5.2), octet-stream upload (0.5.7), file metadata (0.6.2), watch with
+// entries (0.6.3) and on network mounts (0.6.4) — and all are implemented.
+const EnvdVersion = "0.6.4"
+
+// maxMessageBytes bounds one Connect message the agent reads.
+const maxMessageBytes = 16 << 20
+
 // Config configures a Server.
 type Config struct {
 	Addr   string       // listen address; DefaultAddr when empty
 	Logger *slog.Logger // slog.Default() when nil
+	// Starter starts the processes clients ask for. In the sandbox it is
+	// PID 1's initproc.Reaper; nil disables the process service
+	// (FailedPrecondition).
+	Starter procs.Starter
+	// Users looks up the sandbox's users; its zero value reads /etc.
+	Users identity.DB
+	// DefaultUser acts for requests that name none, until /init sets
+	// another; "user" (E2B's) when empty, root when the sandbox lacks it.
+	DefaultUser string
+	// FreezePath is the mount /_cube/fsfreeze freezes; "/" when empty.
+	FreezePath string
+	// SetClock sets the real-time clock; clock_settime when nil.
+	SetClock func(unix.Timespec) error
+	// Version is the agent build, reported by /_cube/info.
+	Version string
 }
 
 // Server is the agent's HTTP server.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
+	users   identity.DB
+	state   *state
+	fs      *fsys.Service
+	freezer *fsfreeze.Freezer
+	sampler *sysinfo.Sampler
 	handler http.Handler
 }
 
@@ -41,20 +92,57 @@ func New(cfg Config) *Server {
 	if cfg.Addr == "" {
 		cfg.Addr = DefaultAddr
 	}
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "user"
+	}
+	if cfg.SetClock == nil {
+		cfg.SetClock = func(ts unix.Timespec) error { return unix.ClockSettime(unix.CLOCK_REALTIME, &ts) }
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log}
+	s := &Server{
+		cfg:     cfg,
+		log:     log,
+		users:   cfg.Users,
+		state:   &state{user: cfg.DefaultUser},
+		freezer: &fsfreeze.Freezer{Path: cfg.FreezePath, Log: log},
+		sampler: &sysinfo.Sampler{},
+	}
+	s.fs = fsys.New(cfg.Users, s.state, log)
 	mux := http.NewServeMux()
 	s.routes(mux)
-	s.handler = mux
+	s.handler = s.withAuth(mux)
 	return s
 }
 
 // routes is the one place endpoints are registered.
 func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("GET /envs", s.handleEnvs)
+	mux.HandleFunc("POST /init", s.handleInit)
+	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	mux.HandleFunc("GET /files", s.fs.Download)
+	mux.HandleFunc("POST /files", s.fs.Upload)
+
+	mux.HandleFunc("GET "+InternalPrefix+"info", s.handleInfo)
+	mux.HandleFunc("POST "+InternalPrefix+"fsfreeze", s.handleFreeze)
+	mux.HandleFunc("POST "+InternalPrefix+"fsthaw", s.handleThaw)
+	mux.HandleFunc("POST "+InternalPrefix+"clock", s.handleClock)
+
+	// Messages are commands, paths and stdin chunks: 16 MiB is plenty, and
+	// a client cannot make the agent buffer more.
+	opts := connect.WithHandlerOptions(
+		connect.WithInterceptors(rpcerr.Interceptor()),
+		connect.WithReadMaxBytes(maxMessageBytes),
+	)
+	var ps processconnect.ProcessHandler = processconnect.UnimplementedProcessHandler{}
+	if s.cfg.Starter != nil {
+		ps = procs.NewService(procs.NewManager(s.cfg.Starter, s.log), s.state)
+	}
+	mux.Handle(processconnect.NewProcessHandler(ps, opts))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(s.fs, opts))
 }
 
 // Handler returns the server's full handler, for tests and for embedding.
@@ -77,23 +165,37 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Serve is Run on an existing listener, which it closes.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
 		Handler:           s.handler,
+		Protocols:         protocols,
 		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Streams (process output, watches) are long-lived: no write
+		// timeout; idle keep-alive connections are closed after a while.
+		IdleTimeout: 5 * time.Minute,
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	s.log.Info("agent listening", "addr", ln.Addr().String())
+	s.log.Info("agent listening", "addr", ln.Addr().String(), "envd_version", EnvdVersion)
 	select {
 	case err := <-errc:
+		s.fs.Close()
 		return fmt.Errorf("agent: serve: %w", err)
 	case <-ctx.Done():
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
+	err := srv.Shutdown(shutdownCtx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Open streams (process output, watches) never go idle.
+		err = srv.Close()
+	}
+	s.fs.Close()
+	if err != nil {
 		return fmt.Errorf("agent: shutdown: %w", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {

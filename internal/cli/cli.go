@@ -117,7 +117,7 @@ func NewRoot(out io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.addr, "addr", def, "cubelet address: socket path, unix:///path or host:port (env CUBELET_ADDR)")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 5*time.Minute, "give up after this long")
-	root.AddCommand(sandboxCmd(g), templateCmd(g), nodeCmd(g), flowCmd(g))
+	root.AddCommand(sandboxCmd(g), templateCmd(g), nodeCmd(g), flowCmd(g), snapshotCmd(g))
 	return root
 }
 

@@ -18,6 +18,7 @@ func sandboxCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxInspect(g),
 		sandboxVerb(g, "pause", "Freeze a running sandbox"),
 		sandboxVerb(g, "resume", "Thaw a paused sandbox"),
+		sandboxClone(g), sandboxRollback(g),
 		sandboxRemove(g))
 	return cmd
 }
@@ -53,6 +54,7 @@ func sandboxCreate(g *globals) *cobra.Command {
 		res          pb.Resources
 		labels, envs []string
 		annots       []string
+		mounts       []string
 		showTimings  bool
 	)
 	cmd := &cobra.Command{
@@ -74,6 +76,9 @@ func sandboxCreate(g *globals) *cobra.Command {
 				return err
 			}
 			req.Resources = &res
+			if req.HostMounts, err = parseMounts(mounts); err != nil {
+				return err
+			}
 			return g.call(cmd, func(ctx context.Context, c pb.CubeletServiceClient) error {
 				resp, err := c.CreateSandbox(ctx, &req)
 				if err != nil {
@@ -102,6 +107,7 @@ func sandboxCreate(g *globals) *cobra.Command {
 	f.StringArrayVarP(&labels, "label", "l", nil, "label KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&envs, "env", "e", nil, "environment KEY=VALUE (repeatable)")
 	f.StringArrayVar(&annots, "annotation", nil, "annotation KEY=VALUE (repeatable)")
+	f.StringArrayVar(&mounts, "mount", nil, "bind a host path SRC:DST[:ro] (repeatable; the node's storage.host_mount_allow must permit SRC)")
 	f.BoolVar(&showTimings, "timings", false, "print the duration of every action")
 	return cmd
 }

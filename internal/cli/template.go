@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 )
@@ -28,35 +31,71 @@ func templateRow(t *pb.Template) []string {
 }
 
 func templateImport(g *globals) *cobra.Command {
-	var quiet bool
+	var (
+		quiet, insecure, passwordStdin bool
+		image, username, password      string
+	)
 	cmd := &cobra.Command{
-		Use:   "import ID SOURCE",
-		Short: "Import a local OCI image layout dir or OCI/docker tar as a template",
-		Args:  exactArgs(2, "a template ID and a source path"),
+		Use:   "import ID [SOURCE] | import ID --image REF",
+		Short: "Import a template from a local OCI layout dir or OCI/docker tar, or from a registry",
+		Long: `Import a template. SOURCE is a path on the cubelet's node: an OCI image
+layout directory or an OCI/docker-archive tar. --image pulls REF
+(host/repo:tag or host/repo@sha256:...) from a registry instead.
+
+Importing an existing ID again with the same image returns the existing
+template; an image already imported under another ID is reused (cloned),
+not extracted again. Progress (phase, layer i/N, bytes) goes to stderr.`,
+		Example: `  cubecli template import busybox /var/lib/cube/images/busybox-oci
+  cubecli template import app --image registry.example.com/team/app@sha256:<digest> --username ci --password-stdin <token.txt
+  cubecli template import dev --image 127.0.0.1:5000/dev:latest --insecure`,
+		Args: func(_ *cobra.Command, args []string) error {
+			switch {
+			case image == "" && len(args) != 2:
+				return usageError{fmt.Errorf("expected a template ID and a source path (or --image REF)")}
+			case image != "" && len(args) != 1:
+				return usageError{fmt.Errorf("expected a template ID only: --image replaces SOURCE")}
+			case image == "" && (username != "" || password != "" || passwordStdin || insecure):
+				return usageError{fmt.Errorf("--username, --password, --password-stdin and --insecure need --image")}
+			case password != "" && passwordStdin:
+				return usageError{fmt.Errorf("--password and --password-stdin are exclusive")}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &pb.ImportTemplateRequest{TemplateId: args[0], ImageRef: image, Insecure: insecure}
+			if len(args) == 2 {
+				req.Source = args[1]
+			}
+			if passwordStdin {
+				line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+				if err != nil && err != io.EOF {
+					return fmt.Errorf("read password from stdin: %w", err)
+				}
+				password = strings.TrimRight(line, "\r\n")
+			}
+			if username != "" || password != "" {
+				req.Auth = &pb.RegistryAuth{Username: username, Password: password}
+			}
 			return g.call(cmd, func(ctx context.Context, c pb.CubeletServiceClient) error {
-				stream, err := c.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: args[0], Source: args[1]})
+				stream, err := c.ImportTemplate(ctx, req)
 				if err != nil {
 					return err
 				}
-				progress := cmd.ErrOrStderr()
-				if quiet {
-					progress = io.Discard
-				}
+				pp := newProgressPrinter(cmd.ErrOrStderr(), quiet)
 				for {
 					ev, err := stream.Recv()
 					if err == io.EOF {
 						return fmt.Errorf("import ended without a template")
 					}
 					if err != nil {
-						fmt.Fprintln(progress)
+						pp.end()
 						return err
 					}
 					if p := ev.GetProgress(); p != nil {
-						fmt.Fprintf(progress, "\r%-40s", progressLine(p))
+						pp.show(p)
 						continue
 					}
-					fmt.Fprintln(progress)
+					pp.end()
 					t := ev.GetTemplate()
 					if g.json() {
 						return g.printJSON(t)
@@ -67,8 +106,57 @@ func templateImport(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
+	f := cmd.Flags()
+	f.BoolVarP(&quiet, "quiet", "q", false, "no progress output")
+	f.StringVar(&image, "image", "", "registry image reference to pull instead of a local SOURCE")
+	f.StringVar(&username, "username", "", "registry user name")
+	f.StringVar(&password, "password", "", "registry password or token (visible in ps: prefer --password-stdin)")
+	f.BoolVar(&passwordStdin, "password-stdin", false, "read the registry password or token from the first line of stdin")
+	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry")
 	return cmd
+}
+
+// progressPrinter rewrites one status line on a terminal; elsewhere (logs,
+// CI) it prints a line per phase or layer, never one per byte count.
+type progressPrinter struct {
+	w        io.Writer
+	tty      bool
+	last     string // phase+layer of the last line printed (non-tty)
+	shown    bool
+	disabled bool
+}
+
+func newProgressPrinter(w io.Writer, quiet bool) *progressPrinter {
+	p := &progressPrinter{w: w, disabled: quiet}
+	if f, ok := w.(*os.File); ok {
+		_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+		p.tty = err == nil
+	}
+	return p
+}
+
+func (p *progressPrinter) show(ev *pb.ImportProgress) {
+	if p.disabled {
+		return
+	}
+	line := progressLine(ev)
+	if p.tty {
+		fmt.Fprintf(p.w, "\r%-60s", line)
+		p.shown = true
+		return
+	}
+	key := fmt.Sprintf("%s %d", ev.Phase, ev.Layer)
+	if key != p.last {
+		p.last = key
+		fmt.Fprintln(p.w, line)
+	}
+}
+
+func (p *progressPrinter) end() {
+	if p.shown {
+		fmt.Fprintln(p.w)
+		p.shown = false
+	}
 }
 
 func progressLine(p *pb.ImportProgress) string {

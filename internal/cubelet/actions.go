@@ -32,6 +32,11 @@ type node struct {
 	cfg     *Config
 	pool    *storage.Pool
 	drivers map[string]runtime.Driver
+	// disks hands out ready template disks (diskpool.go); set after
+	// reconcile, nil until then (creates clone inline).
+	disks *storage.DiskPool
+	// net is the network-agent client (network.go), dialled on first use.
+	net netAgent
 }
 
 func (n *node) driver(name string) (runtime.Driver, error) {
@@ -52,6 +57,7 @@ func registerActions(n *node, reg *workflow.Registry) {
 		&rootfsAction{n: n},
 		&containerAction{n: n},
 		&agentAction{n: n},
+		&netAction{n: n},
 	)
 }
 
@@ -107,7 +113,7 @@ func (a *diskAction) Create(ctx context.Context, t *Task) error {
 	if err := t.Update(func(r *sandbox.Record) { r.Disk = &sandbox.Disk{Path: path} }); err != nil {
 		return err
 	}
-	if err := a.n.pool.Clone(ctx, t.Template.ImagePath, path); err != nil {
+	if err := a.n.templateDisk(ctx, t.Template, path); err != nil {
 		return fmt.Errorf("clone template disk: %w", err)
 	}
 	if want := rec.Resources.DiskMiB << 20; want > 0 {
@@ -209,7 +215,13 @@ func (a *containerAction) Create(ctx context.Context, t *Task) error {
 	if err := os.MkdirAll(c.Bundle, 0o700); err != nil {
 		return err
 	}
-	st, err := d.Start(ctx, a.spec(rec, c, t.Template))
+	spec := a.spec(rec, c, t.Template)
+	// Checked again right before the bind: a path component may have
+	// become a symlink since create validated it.
+	if spec.Mounts, err = a.n.hostMountsFor(rec.HostMounts); err != nil {
+		return err
+	}
+	st, err := d.Start(ctx, spec)
 	if err != nil {
 		return err
 	}
@@ -234,6 +246,7 @@ func (a *containerAction) spec(rec *sandbox.Record, c *sandbox.Container, tmpl *
 		Cwd:        "/",
 		Hostname:   rec.ID,
 		CgroupPath: c.CgroupPath,
+		NetNSPath:  rec.Network.RuntimeNetNS(),
 		Limits: runtime.Limits{
 			MilliCPU:  rec.Resources.MilliCPU,
 			MemoryMiB: rec.Resources.MemoryMiB,
@@ -313,6 +326,9 @@ func (a *agentAction) wait(ctx context.Context, t *Task) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.Sandbox.AgentReadyTimeout.Duration)
 	defer cancel()
+	if n := rec.Network; n != nil && n.HostIP != "" {
+		return WaitAgentVia(ctx, rec.Container.PID, n.HostIP)
+	}
 	return WaitAgent(ctx, rec.Container.PID)
 }
 

@@ -51,13 +51,28 @@ type Config struct {
 		Socket  string `toml:"socket"`
 		TCP     string `toml:"tcp"`
 		Metrics string `toml:"metrics"`
+		// Pprof serves net/http/pprof on the metrics listener (cube-bench
+		// --profile reads it). Off by default: profiles expose internals.
+		Pprof bool `toml:"pprof"`
 	} `toml:"api"`
 	Storage struct {
 		PoolImageSizeMiB    int64  `toml:"pool_image_size_mib"`
 		AllowCopy           bool   `toml:"allow_copy"`
 		AgentBinary         string `toml:"agent_binary"`
 		TemplateHeadroomMiB int64  `toml:"template_headroom_mib"`
+		// DiskPool and HostMountAllow: see config_storage.go.
+		DiskPool       DiskPoolConfig  `toml:"disk_pool"`
+		HostMountAllow []HostMountRule `toml:"host_mount_allow"`
 	} `toml:"storage"`
+
+	// Snapshots: retention and clone fan-out (config_storage.go).
+	Snapshots SnapshotConfig `toml:"snapshots"`
+
+	Registry struct {
+		// AuthFile is a docker config.json consulted for registry
+		// credentials when an import brings none.
+		AuthFile string `toml:"auth_file"`
+	} `toml:"registry"`
 	Runc struct {
 		Binary string `toml:"binary"`
 		Root   string `toml:"root"`
@@ -76,7 +91,10 @@ type Config struct {
 		Interval   Duration `toml:"interval"`
 		MaxBackoff Duration `toml:"max_backoff"`
 	} `toml:"gc"`
-	Flows workflow.Config `toml:"flows"`
+	Master MasterConfig `toml:"master"`
+	// Network: the node's network-agent (network.go).
+	Network NetworkConfig   `toml:"network"`
+	Flows   workflow.Config `toml:"flows"`
 }
 
 // LoadConfig returns the defaults with the file at path (if any) merged
@@ -170,7 +188,7 @@ func (c *Config) finish() error {
 	if c.GC.Interval.Duration <= 0 {
 		return bad("gc.interval must be positive")
 	}
-	return nil
+	return c.finishSnapshots()
 }
 
 // Paths derived from the config, in one place so the leak checker,

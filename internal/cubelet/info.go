@@ -90,6 +90,9 @@ func (s *Service) Health(ctx context.Context) (bool, []Condition) {
 		_, err := d.List(ctx)
 		add("runtime/"+name, err)
 	}
+	if err, on := s.networkHealth(ctx); on {
+		add("network-agent", err)
+	}
 	ok := true
 	for _, c := range conds {
 		ok = ok && c.OK

@@ -77,7 +77,7 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 		sum.Finished++
 		return
 	case lifecycle.Failed:
-		if rec.Disk != nil || rec.Mount != nil || rec.Container != nil {
+		if rec.Disk != nil || rec.Mount != nil || rec.Container != nil || rec.Network != nil {
 			s.release(ctx, t, sum)
 		}
 		sum.Failed++
@@ -188,6 +188,7 @@ func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *
 		sum.Orphan++
 	}
 	s.sweepTemplates(sum)
+	s.sweepNetworks(ctx, known, sum)
 }
 
 // sweepTemplates removes template directories that no record names (an
@@ -242,6 +243,7 @@ func (s *Service) gcLoop() {
 		case <-s.kick:
 		}
 		s.runJournal(context.Background())
+		s.snapshotGC(context.Background())
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/store"
 	"github.com/cubesandbox/cube/internal/workflow"
@@ -44,9 +45,12 @@ type Service struct {
 	tmplMu    sync.Mutex
 	importing map[string]bool // template IDs being imported
 
+	snaps snapRefs // in-flight users of snapshots (snapshots.go)
+
 	stopGC chan struct{}
 	gcDone chan struct{}
 	kick   chan struct{} // wakes the GC loop early
+	hb     *heartbeat    // nil when no master is configured
 }
 
 // New opens the store, runs the init flow, reconciles the store with what
@@ -87,7 +91,8 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
 
 	reg := workflow.NewRegistry()
 	registerActions(s.node, reg)
-	s.engine, err = workflow.New(reg, verbs(), cfg.Flows,
+	registerSnapshotActions(s.node, reg)
+	s.engine, err = workflow.New(reg, append(verbs(), snapshotVerbs()...), cfg.Flows,
 		workflow.WithMetrics(s.metrics, "cubelet"),
 		workflow.WithLogger(log),
 		workflow.WithFailpoints(true))
@@ -100,6 +105,12 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
 	if err := s.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	if err := s.startStorage(ctx); err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	if s.hb, err = s.startHeartbeat(); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	go s.gcLoop()
 	ok = true
 	return s, nil
@@ -108,8 +119,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
 // Close stops the background loops and closes the store. Sandboxes keep
 // running: a restarted cubelet adopts them.
 func (s *Service) Close() error {
+	s.hb.stop()
 	close(s.stopGC)
 	<-s.gcDone
+	s.stopStorage()
 	return s.store.Close()
 }
 
@@ -129,6 +142,10 @@ type CreateRequest struct {
 	Annotations map[string]string
 	Env         map[string]string
 	Resources   sandbox.Resources
+	// HostMounts are checked against storage.host_mount_allow.
+	HostMounts []sandbox.HostMount
+	// Network is the egress policy; nil = the default (internet allowed).
+	Network *policy.Policy
 }
 
 // Result is a sandbox and the timings of the flow that produced it.
@@ -226,6 +243,13 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if len(req.RequestID) > 128 {
 		return nil, fieldErr("request_id", "longer than 128 bytes")
 	}
+	var err error
+	if req.HostMounts, err = s.node.checkHostMounts(req.HostMounts); err != nil {
+		return nil, err
+	}
+	if err := s.checkNetworkPolicy(req.Network); err != nil {
+		return nil, err
+	}
 	tmpl, err := s.store.GetTemplate(req.TemplateID)
 	if err != nil {
 		return nil, err
@@ -249,7 +273,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
 		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
-		CreatedAt: now, UpdatedAt: now,
+		HostMounts: req.HostMounts, CreatedAt: now, UpdatedAt: now,
+		NetworkPolicy: req.Network,
 	}
 	e := newEntry(rec)
 	_ = e.acquire(context.Background()) // fresh entry: never blocks
@@ -285,7 +310,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 // released and goes to the cleanup journal.
 func (s *Service) failedCreate(t *Task, log *slog.Logger, cause error) {
 	rec := t.Record()
-	if rec.Disk == nil && rec.Mount == nil && rec.Container == nil {
+	if rec.Disk == nil && rec.Mount == nil && rec.Container == nil && rec.Network == nil {
 		if err := s.store.FinishDestroy(rec.ID); err != nil {
 			log.Error("remove record of failed create", "err", err)
 			return

@@ -43,6 +43,9 @@ type Task struct {
 	store    recordWriter
 	entry    *entry
 	Template *sandbox.Template
+	// snap is the snapshot verbs' state (snapshot, clone, rollback); nil
+	// for the other flows.
+	snap *snapOp
 
 	mu  sync.Mutex
 	rec *sandbox.Record

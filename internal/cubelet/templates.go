@@ -2,41 +2,75 @@ package cubelet
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/template"
 )
 
-// ImportTemplate turns a local OCI image (layout directory or OCI/docker
-// tar) into a template: an ext4 image with cube-agent injected. progress
-// (may be nil) sees every phase. The record is written only once the image
-// is complete, and a failed import removes what it wrote.
+// TemplateImport asks for a template from exactly one of a local image
+// (Source) or a registry image (ImageRef).
+type TemplateImport struct {
+	TemplateID string
+	Source     string // OCI image layout dir, or OCI/docker-archive tar, on this node
+	ImageRef   string // host/repo:tag or host/repo@sha256:<hex>
+	// Registry credentials (ImageRef only); none = [registry] auth_file,
+	// else anonymous. See template.Registry for how they combine.
+	Username, Password, Token string
+	Insecure                  bool // plain HTTP to the registry
+}
+
+// Failpoints of template import (tests drive its cleanup with them).
+const (
+	FailpointTemplateBuilt  = "template/import.image/after"  // image written, no record yet
+	FailpointTemplateReused = "template/import.reuse/after"  // image cloned, no record yet
+	FailpointTemplateRecord = "template/import.record/after" // record written (the import then fails)
+)
+
+// ImportTemplate imports a local image as template id (see
+// ImportTemplateFrom).
 func (s *Service) ImportTemplate(ctx context.Context, id, source string, progress func(template.Progress)) (*sandbox.Template, error) {
-	if err := sandbox.ValidateID("template", id); err != nil {
-		return nil, &FieldError{Field: "template_id", Msg: err.Error()}
+	return s.ImportTemplateFrom(ctx, TemplateImport{TemplateID: id, Source: source}, progress)
+}
+
+// ImportTemplateFrom turns an OCI image into a template: an ext4 image
+// with cube-agent injected. progress (may be nil) sees every phase.
+//
+// Imports are idempotent by digest: importing an existing ID again with
+// the image it was built from returns the existing template; with another
+// image it is ErrAlreadyExists. A new ID whose image digest (and node
+// agent) matches an existing template is not extracted again: its image is
+// a FICLONE of that template's (phase "reuse"), sharing every block until
+// a sandbox writes.
+//
+// The record is written only once the image is complete, and a failed
+// import removes what it wrote.
+func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, progress func(template.Progress)) (_ *sandbox.Template, err error) {
+	id := req.TemplateID
+	src, err := s.importSource(req)
+	if err != nil {
+		return nil, err
 	}
-	if source == "" {
-		return nil, fieldErr("source", "required")
-	}
-	if _, err := os.Stat(source); err != nil {
-		return nil, fieldErr("source", "%v", err)
-	}
-	if _, err := os.Stat(s.cfg.Storage.AgentBinary); err != nil {
+	agentDigest, err := fileDigest(s.cfg.Storage.AgentBinary)
+	if err != nil {
 		return nil, fmt.Errorf("cube-agent binary (storage.agent_binary): %v: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	if progress == nil {
+		progress = func(template.Progress) {}
 	}
 	s.tmplMu.Lock()
 	if s.importing[id] {
 		s.tmplMu.Unlock()
 		return nil, fmt.Errorf("template %q is being imported: %w", id, errdefs.ErrAlreadyExists)
-	}
-	if _, err := s.store.GetTemplate(id); err == nil {
-		s.tmplMu.Unlock()
-		return nil, fmt.Errorf("template %q: %w", id, errdefs.ErrAlreadyExists)
 	}
 	s.importing[id] = true
 	s.tmplMu.Unlock()
@@ -47,41 +81,153 @@ func (s *Service) ImportTemplate(ctx context.Context, id, source string, progres
 	}()
 
 	out := s.node.pool.TemplateImagePath(id)
-	dir := filepath.Dir(out)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
 	work, err := os.MkdirTemp(mkdirAll(s.scratchDir()), "import-"+id+"-")
 	if err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	if progress == nil {
-		progress = func(template.Progress) {}
-	}
-	meta, err := template.Import(ctx, template.ImportRequest{
-		Source:      source,
-		AgentBinary: s.cfg.Storage.AgentBinary,
-		HeadroomMiB: s.cfg.Storage.TemplateHeadroomMiB,
-		Output:      out,
-		WorkDir:     work,
-	}, progress)
+	src.AgentBinary, src.HeadroomMiB, src.Output, src.WorkDir = s.cfg.Storage.AgentBinary, s.cfg.Storage.TemplateHeadroomMiB, out, work
+
+	progress(template.Progress{Phase: "resolve"})
+	img, err := template.Resolve(ctx, src)
 	if err != nil {
-		os.RemoveAll(dir)
+		return nil, err
+	}
+	defer img.Close()
+	if t, err := s.store.GetTemplate(id); err == nil {
+		if t.Digest != img.Meta.Digest {
+			return nil, fmt.Errorf("template %q exists with image %s; %s is %s: %w", id, t.Digest, img.Source, img.Meta.Digest, errdefs.ErrAlreadyExists)
+		}
+		progress(template.Progress{Phase: "done"})
+		return t, nil
+	} else if !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+
+	// No record, and we hold the ID: whatever is in the directory is
+	// left over from an import that died.
+	dir := filepath.Dir(out)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	meta, reused, err := s.buildOrReuse(ctx, img, out, agentDigest, progress)
+	if err != nil {
 		return nil, err
 	}
 	t := &sandbox.Template{
-		ID: id, Digest: meta.Digest, Source: source, ImagePath: out, SizeBytes: meta.SizeBytes,
+		ID: id, Digest: meta.Digest, Source: img.Source, ImagePath: out, SizeBytes: meta.SizeBytes,
 		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir,
-		User: meta.User, CreatedAt: time.Now().UTC(),
+		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest,
 	}
 	if err := s.store.CreateTemplate(t); err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
-	s.log.Info("template imported", "template_id", id, "digest", meta.Digest, "bytes", meta.SizeBytes)
+	if err := failpoint.Eval(ctx, FailpointTemplateRecord); err != nil {
+		// As if the caller gave up right after the record: undo it.
+		return nil, errors.Join(err, s.store.DeleteTemplate(id))
+	}
+	s.log.Info("template imported", "template_id", id, "source", img.Source, "digest", meta.Digest, "bytes", meta.SizeBytes, "reused_from", reused)
 	return t, nil
+}
+
+// importSource validates the request into a template.ImportRequest
+// (paths and limits are filled in by the caller).
+func (s *Service) importSource(req TemplateImport) (template.ImportRequest, error) {
+	var r template.ImportRequest
+	if err := sandbox.ValidateID("template", req.TemplateID); err != nil {
+		return r, &FieldError{Field: "template_id", Msg: err.Error()}
+	}
+	switch {
+	case req.Source == "" && req.ImageRef == "":
+		return r, fieldErr("source", "a local source or an image_ref is required")
+	case req.Source != "" && req.ImageRef != "":
+		return r, fieldErr("image_ref", "give a local source or an image_ref, not both")
+	case req.Source != "":
+		if req.Username != "" || req.Password != "" || req.Token != "" || req.Insecure {
+			return r, fieldErr("auth", "registry credentials and insecure apply to image_ref only")
+		}
+		if _, err := os.Stat(req.Source); err != nil {
+			return r, fieldErr("source", "%v", err)
+		}
+		r.Source = req.Source
+	default:
+		r.Registry = &template.Registry{
+			Ref: req.ImageRef, Username: req.Username, Password: req.Password, Token: req.Token,
+			Insecure: req.Insecure, AuthFile: s.cfg.Registry.AuthFile,
+		}
+	}
+	return r, nil
+}
+
+// buildOrReuse clones an existing template built from the same image and
+// agent when there is one, and builds from the layers otherwise. It
+// returns the ID of the template reused, if any.
+func (s *Service) buildOrReuse(ctx context.Context, img *template.Resolved, out, agentDigest string, progress func(template.Progress)) (template.Meta, string, error) {
+	if from := s.reusable(img.Meta.Digest, agentDigest); from != nil {
+		progress(template.Progress{Phase: "reuse"})
+		err := s.node.pool.Clone(ctx, from.ImagePath, out)
+		if err == nil {
+			if err := failpoint.Eval(ctx, FailpointTemplateReused); err != nil {
+				return template.Meta{}, "", err
+			}
+			meta := img.Meta
+			meta.SizeBytes = from.SizeBytes
+			progress(template.Progress{Phase: "done", Layer: img.Layers, Layers: img.Layers})
+			return meta, from.ID, nil
+		}
+		if errdefs.IsCanceled(err) {
+			return template.Meta{}, "", err
+		}
+		// Deleted under us, most likely: build it after all.
+		s.log.Warn("template reuse failed; extracting the image", "from", from.ID, "err", err)
+	}
+	meta, err := img.Build(ctx, progress)
+	if err != nil {
+		return template.Meta{}, "", err
+	}
+	if err := failpoint.Eval(ctx, FailpointTemplateBuilt); err != nil {
+		return template.Meta{}, "", err
+	}
+	return meta, "", nil
+}
+
+// reusable returns a template built from digest with the same agent whose
+// image is present, or nil.
+func (s *Service) reusable(digest, agentDigest string) *sandbox.Template {
+	tmpls, err := s.store.ListTemplates()
+	if err != nil {
+		return nil
+	}
+	for _, t := range tmpls {
+		if t.Digest != digest || t.AgentDigest != agentDigest {
+			continue
+		}
+		if st, err := os.Stat(t.ImagePath); err == nil && st.Mode().IsRegular() {
+			return t
+		}
+	}
+	return nil
+}
+
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func mkdirAll(dir string) string {
@@ -120,10 +266,18 @@ func (s *Service) DeleteTemplate(ctx context.Context, id string) error {
 	if users > 0 {
 		return fmt.Errorf("template %q is used by %d sandbox(es): %w", id, users, errdefs.ErrFailedPrecondition)
 	}
+	// Snapshots keep their template: clones boot with its metadata.
+	if n, err := s.templateSnapshots(id); err != nil || n > 0 {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("template %q is referenced by %d snapshot(s); delete them first: %w", id, n, errdefs.ErrFailedPrecondition)
+	}
 	// Record first: a crash after it leaves only files, which reconcile
 	// sweeps; the other order could leave a record without its image.
 	if err := s.store.DeleteTemplate(id); err != nil {
 		return err
 	}
+	s.drainTemplateDisks(id)
 	return os.RemoveAll(filepath.Dir(t.ImagePath))
 }

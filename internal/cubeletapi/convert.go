@@ -58,6 +58,9 @@ func sandboxToPB(r *sandbox.Record) *pb.Sandbox {
 	if r.Container != nil {
 		out.Pid = int32(r.Container.PID)
 	}
+	out.SourceSnapshotId = r.SourceSnapshotID
+	out.HostMounts = hostMountsToPB(r.HostMounts)
+	out.Network = networkToPB(r)
 	return out
 }
 

@@ -32,6 +32,10 @@ func codeOf(err error) codes.Code {
 		return codes.Unimplemented
 	case errors.Is(err, errdefs.ErrAborted):
 		return codes.Aborted
+	case errors.Is(err, errdefs.ErrUnauthenticated):
+		return codes.Unauthenticated
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		return codes.PermissionDenied
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -70,6 +70,9 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 			}
 			w.WriteHeader(http.StatusNoContent)
 		})
+		if cfg.API.Pprof {
+			registerPprof(mux)
+		}
 		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = hs.Serve(l) }()
 	}

@@ -32,10 +32,16 @@ func resourcesFromPB(r *pb.Resources) sandbox.Resources {
 }
 
 func (s *Server) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest) (*pb.CreateSandboxResponse, error) {
+	netPolicy, err := networkPolicyFromPB("network", req.Network)
+	if err != nil {
+		return nil, ToGRPC(err, req.SandboxId)
+	}
 	res, err := s.svc.Create(ctx, cubelet.CreateRequest{
 		RequestID: req.RequestId, SandboxID: req.SandboxId, TemplateID: req.TemplateId,
 		Runtime: req.Runtime, Labels: req.Labels, Annotations: req.Annotations, Env: req.Env,
-		Resources: resourcesFromPB(req.Resources),
+		Resources:  resourcesFromPB(req.Resources),
+		HostMounts: hostMountsFromPB(req.HostMounts),
+		Network:    netPolicy,
 	})
 	if err != nil {
 		return nil, ToGRPC(err, req.SandboxId)
@@ -101,7 +107,11 @@ func (s *Server) ImportTemplate(req *pb.ImportTemplateRequest, stream pb.Cubelet
 			Phase: p.Phase, Layer: int32(p.Layer), Layers: int32(p.Layers), Bytes: p.Bytes, Total: p.Total,
 		}}})
 	}
-	t, err := s.svc.ImportTemplate(stream.Context(), req.TemplateId, req.Source, progress)
+	in := cubelet.TemplateImport{TemplateID: req.TemplateId, Source: req.Source, ImageRef: req.ImageRef, Insecure: req.Insecure}
+	if a := req.Auth; a != nil {
+		in.Username, in.Password, in.Token = a.Username, a.Password, a.Token
+	}
+	t, err := s.svc.ImportTemplateFrom(stream.Context(), in, progress)
 	if err != nil {
 		return ToGRPC(err, "")
 	}

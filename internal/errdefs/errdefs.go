@@ -21,6 +21,10 @@ var (
 	ErrNotImplemented     = errors.New("not implemented")
 	ErrInternal           = errors.New("internal")
 	ErrAborted            = errors.New("aborted")
+	// ErrUnauthenticated: credentials missing or wrong (a registry's 401).
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: credentials valid but not allowed (a registry's 403).
+	ErrPermissionDenied = errors.New("permission denied")
 )
 
 func IsInvalidArgument(err error) bool    { return errors.Is(err, ErrInvalidArgument) }

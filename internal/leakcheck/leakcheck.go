@@ -41,6 +41,11 @@ type Scope struct {
 	AllowMounts []string
 	// AllowLoopBacking are backing files whose loop devices may stay (the pool image).
 	AllowLoopBacking []string
+	// NetPrefix and NetnsDir scope a network-agent (net.go): host links
+	// named NetPrefix-*, the host nftables table NetPrefix, and namespaces
+	// pinned in NetnsDir.
+	NetPrefix string
+	NetnsDir  string
 }
 
 // Leak is one thing left behind.
@@ -115,6 +120,7 @@ func Check(ctx context.Context, s Scope) ([]Leak, error) {
 		return nil, err
 	}
 	leaks = append(leaks, processes(s)...)
+	leaks = append(leaks, netLeaks(s)...)
 
 	slices.SortFunc(leaks, func(a, b Leak) int {
 		return strings.Compare(a.String(), b.String())

@@ -7,10 +7,12 @@ import (
 	"crypto/rand"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/policy"
 )
 
 // Resources are a sandbox's limits. Zero means the node default.
@@ -23,7 +25,7 @@ type Resources struct {
 
 // Record is one sandbox as the store keeps it.
 //
-// Invariant: every resource field (Disk, Mount, Container) is written to the
+// Invariant: every resource field (Disk, Mount, Container, Network) is written to the
 // store BEFORE the resource is created, so after a crash at any instant the
 // record names everything that might exist and reconcile can release it.
 // A field is cleared only after the resource is gone.
@@ -41,10 +43,23 @@ type Record struct {
 	UpdatedAt   time.Time         `json:"updated_at"`
 	// Error says why the sandbox is Failed or Unknown.
 	Error string `json:"error,omitempty"`
+	// SourceSnapshotID is the snapshot the sandbox was cloned or last
+	// rolled back from.
+	SourceSnapshotID string `json:"source_snapshot_id,omitempty"`
+	// PrevState is the state a snapshot or rollback in progress returns
+	// the sandbox to; restart reconcile reads it after a crash mid-verb.
+	PrevState lifecycle.State `json:"prev_state,omitempty"`
+	// HostMounts are bound into the container (allow-listed at create).
+	HostMounts []HostMount `json:"host_mounts,omitempty"`
 
 	Disk      *Disk      `json:"disk,omitempty"`
 	Mount     *Mount     `json:"mount,omitempty"`
 	Container *Container `json:"container,omitempty"`
+	// Network is the sandbox's slot from network-agent (nil without one).
+	Network *Network `json:"network,omitempty"`
+	// NetworkPolicy is the egress policy asked for at create or by the
+	// last UpdateSandboxNetwork; nil = the default (internet allowed).
+	NetworkPolicy *policy.Policy `json:"network_policy,omitempty"`
 }
 
 // Disk is the sandbox's own copy-on-write disk image in the pool.
@@ -74,6 +89,7 @@ func (r *Record) Clone() *Record {
 	c.Labels = cloneMap(r.Labels)
 	c.Annotations = cloneMap(r.Annotations)
 	c.Env = cloneMap(r.Env)
+	c.HostMounts = slices.Clone(r.HostMounts)
 	if r.Disk != nil {
 		d := *r.Disk
 		c.Disk = &d
@@ -86,6 +102,11 @@ func (r *Record) Clone() *Record {
 		k := *r.Container
 		c.Container = &k
 	}
+	if r.Network != nil {
+		n := *r.Network
+		c.Network = &n
+	}
+	c.NetworkPolicy = clonePolicy(r.NetworkPolicy)
 	return &c
 }
 
@@ -113,6 +134,10 @@ type Template struct {
 	WorkingDir string    `json:"working_dir,omitempty"`
 	User       string    `json:"user,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
+	// AgentDigest is the sha256 of the cube-agent injected into the
+	// image: a later import of the same Digest reuses this image only
+	// while the node's agent is the same.
+	AgentDigest string `json:"agent_digest,omitempty"`
 }
 
 // JournalEntry is a destroy that failed and is retried by the cleanup loop

@@ -40,7 +40,7 @@ func Open(path string) (*Store, error) {
 	}
 	db.MaxBatchDelay = 2 * time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta} {
+		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta, bucketSnapshots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

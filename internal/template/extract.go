@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
 // root writes into a staging directory without ever following a path out
@@ -126,8 +128,22 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// streamErr classifies a failure reading the flattened stream: what the
+// layer readers already classified (a digest mismatch, an unreachable
+// registry, a cancelled import) keeps its class; anything else means the
+// image is broken.
+func streamErr(err error) error {
+	for _, kind := range []error{errdefs.ErrInvalidArgument, errdefs.ErrUnavailable, errdefs.ErrUnauthenticated,
+		errdefs.ErrPermissionDenied, errdefs.ErrNotFound, errdefs.ErrResourceExhausted, context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, kind) {
+			return fmt.Errorf("template: reading image layers: %w", err)
+		}
+	}
+	return invalid("reading image layers: %v", err)
+}
+
 // extractTo writes the flattened image stream into staging.
-func extractTo(ctx context.Context, stream io.Reader, staging string, tick func(bytes int64)) error {
+func extractTo(ctx context.Context, stream io.Reader, staging string) error {
 	r, err := openRoot(staging)
 	if err != nil {
 		return err
@@ -136,7 +152,6 @@ func extractTo(ctx context.Context, stream io.Reader, staging string, tick func(
 	cr := &countingReader{r: stream}
 	tr := tar.NewReader(cr)
 	var links []hardlink
-	var last int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -146,7 +161,7 @@ func extractTo(ctx context.Context, stream io.Reader, staging string, tick func(
 			break
 		}
 		if err != nil {
-			return invalid("reading image layers: %v", err)
+			return streamErr(err)
 		}
 		name, err := entryName(h.Name)
 		if err != nil {
@@ -161,16 +176,11 @@ func extractTo(ctx context.Context, stream io.Reader, staging string, tick func(
 		}
 		if err := r.writeEntry(h, name, tr); err != nil {
 			if cr.err != nil {
-				return invalid("reading image layers: %v", cr.err)
+				return streamErr(cr.err)
 			}
 			return fmt.Errorf("template: write %s: %w", name, err)
 		}
-		if cr.n-last >= 4<<20 {
-			last = cr.n
-			tick(cr.n)
-		}
 	}
-	tick(cr.n)
 	// Hardlinks last: their target may come from a lower layer, which the
 	// flattened stream lists after the link.
 	for _, l := range links {

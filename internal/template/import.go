@@ -3,11 +3,17 @@
 //
 // Import runs these phases, each reported through the progress callback:
 //
-//	resolve  read the source (OCI layout dir, docker-archive tar, OCI-archive tar)
-//	extract  flatten all layers (whiteouts applied) into a staging dir
+//	resolve  read the manifest and config (registry, OCI layout dir,
+//	         docker-archive tar, OCI-archive tar); no layer yet
+//	extract  stream every layer, verifying its digest, and flatten them
+//	         (whiteouts applied) into a staging dir
 //	inject   add /usr/local/bin/cube-agent and the files runtimes bind over
 //	mkfs     mkfs.ext4 -d staging into a temp file, renamed onto Output
 //	done
+//
+// Resolve and Build split Import in two so a caller can look at the
+// image's digest before paying for its layers (cubelet reuses a template
+// already built from the same digest).
 //
 // Staging lives in a private directory under WorkDir that is removed on
 // every return path; Output is either untouched or completely written.
@@ -23,6 +29,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -42,13 +49,15 @@ const (
 	blockSize          = 4096
 )
 
-// ImportRequest describes one template import.
+// ImportRequest describes one template import. Exactly one of Source and
+// Registry names the image.
 type ImportRequest struct {
-	Source      string // OCI image layout dir, or OCI-archive / docker-archive tar file
-	AgentBinary string // static cube-agent, injected at AgentPath mode 0755
-	HeadroomMiB int64  // free space left in the image; default 64
-	Output      string // ext4 raw image to write (replaced atomically)
-	WorkDir     string // scratch space; default the directory of Output
+	Source      string    // OCI image layout dir, or OCI-archive / docker-archive tar file
+	Registry    *Registry // an image in a registry
+	AgentBinary string    // static cube-agent, injected at AgentPath mode 0755
+	HeadroomMiB int64     // free space left in the image; default 64
+	Output      string    // ext4 raw image to write (replaced atomically)
+	WorkDir     string    // scratch space; default the directory of Output
 }
 
 // Meta is what the runtime needs from the image config.
@@ -62,68 +71,127 @@ type Meta struct {
 }
 
 // Progress reports where an import is. Phases are resolve, extract,
-// inject, mkfs and done. During extract, Layer counts layers opened so far
-// (the flattener walks from the top layer down) and Bytes counts
-// uncompressed bytes read; Total is 0 because the uncompressed size is not
-// known up front.
+// inject, mkfs and done (cubelet adds reuse). During extract, Layer counts
+// layers opened so far (the flattener walks from the top layer down) and
+// Bytes counts layer blob bytes read, out of Total, the sum of the layer
+// sizes the manifest declares (0 for docker archives, whose layers are
+// checked uncompressed and have no declared size).
 type Progress struct {
 	Phase         string
 	Layer, Layers int
 	Bytes, Total  int64
 }
 
-// Import writes req.Output from req.Source. A source that cannot be read as
-// an image yields errdefs.ErrInvalidArgument.
-func Import(ctx context.Context, req ImportRequest, progress func(Progress)) (meta Meta, err error) {
+// Import writes req.Output from the image req names. A source that cannot
+// be read as an image, or a layer that does not match its digest, yields
+// errdefs.ErrInvalidArgument; registry failures are classified as
+// ErrUnauthenticated, ErrPermissionDenied, ErrNotFound or ErrUnavailable.
+func Import(ctx context.Context, req ImportRequest, progress func(Progress)) (Meta, error) {
 	if progress == nil {
 		progress = func(Progress) {}
 	}
-	if req.Source == "" || req.Output == "" || req.AgentBinary == "" {
-		return Meta{}, invalid("Source, Output and AgentBinary are required")
+	progress(Progress{Phase: "resolve"})
+	r, err := Resolve(ctx, req)
+	if err != nil {
+		return Meta{}, err
+	}
+	meta, err := r.Build(ctx, progress)
+	if cerr := r.Close(); cerr != nil && err == nil {
+		return Meta{}, cerr
+	}
+	return meta, err
+}
+
+// Resolved is an image whose manifest and config have been read but none
+// of its layers. Close it when done.
+type Resolved struct {
+	Meta   Meta  // all but SizeBytes
+	Layers int   // number of layers
+	Bytes  int64 // sum of declared layer sizes; 0 when unknown
+	Source string
+
+	req      ImportRequest
+	img      v1.Image
+	byDiffID bool
+	scratch  string
+	headroom int64
+	log      *slog.Logger
+}
+
+// Resolve validates req and reads the image's manifest and config. For a
+// registry image ctx also bounds the layer downloads Build does later.
+func Resolve(ctx context.Context, req ImportRequest) (_ *Resolved, err error) {
+	if (req.Source == "") == (req.Registry == nil) {
+		return nil, invalid("exactly one of Source and Registry is required")
+	}
+	if req.Output == "" || req.AgentBinary == "" {
+		return nil, invalid("Output and AgentBinary are required")
 	}
 	if st, err := os.Stat(req.AgentBinary); err != nil || !st.Mode().IsRegular() {
-		return Meta{}, invalid("agent binary %s is not a regular file", req.AgentBinary)
+		return nil, invalid("agent binary %s is not a regular file", req.AgentBinary)
 	}
-	headroom := req.HeadroomMiB
-	if headroom <= 0 {
-		headroom = defaultHeadroomMiB
+	if req.Registry != nil {
+		if _, err := req.Registry.validate(); err != nil {
+			return nil, err
+		}
+	}
+	r := &Resolved{req: req, headroom: req.HeadroomMiB}
+	if r.headroom <= 0 {
+		r.headroom = defaultHeadroomMiB
 	}
 	workDir := req.WorkDir
 	if workDir == "" {
 		workDir = filepath.Dir(req.Output)
 	}
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
-		return Meta{}, fmt.Errorf("template: work dir: %w", err)
+		return nil, fmt.Errorf("template: work dir: %w", err)
 	}
-	scratch, err := os.MkdirTemp(workDir, ".import-*")
-	if err != nil {
-		return Meta{}, fmt.Errorf("template: scratch dir: %w", err)
+	if r.scratch, err = os.MkdirTemp(workDir, ".import-*"); err != nil {
+		return nil, fmt.Errorf("template: scratch dir: %w", err)
 	}
 	defer func() {
-		if rerr := os.RemoveAll(scratch); rerr != nil && err == nil {
-			err = fmt.Errorf("template: remove scratch: %w", rerr)
+		if err != nil {
+			_ = r.Close()
 		}
 	}()
-	log := slog.With("source", req.Source, "output", req.Output)
 
-	progress(Progress{Phase: "resolve"})
-	img, err := openSource(req.Source, scratch)
-	if err != nil {
-		return Meta{}, err
+	if req.Registry != nil {
+		r.Source = req.Registry.Ref
+		r.img, err = openRegistry(ctx, *req.Registry)
+	} else {
+		r.Source = req.Source
+		r.img, r.byDiffID, err = openSource(req.Source, r.scratch)
 	}
-	digest, err := img.Digest()
 	if err != nil {
-		return Meta{}, invalid("image digest: %v", err)
+		return nil, err
 	}
-	cf, err := img.ConfigFile()
+	r.log = slog.With("source", r.Source, "output", req.Output)
+	digest, err := r.img.Digest()
 	if err != nil {
-		return Meta{}, invalid("image config: %v", err)
+		return nil, imageErr(r, "image digest", err)
 	}
-	layers, err := img.Layers()
+	cf, err := r.img.ConfigFile()
 	if err != nil {
-		return Meta{}, invalid("image layers: %v", err)
+		return nil, imageErr(r, "image config", err)
 	}
-	meta = Meta{
+	if cf.OS != "" && cf.Architecture != "" && (cf.OS != "linux" || cf.Architecture != runtime.GOARCH) {
+		return nil, invalid("image %s is for %s/%s; this node runs linux/%s", r.Source, cf.OS, cf.Architecture, runtime.GOARCH)
+	}
+	layers, err := r.img.Layers()
+	if err != nil {
+		return nil, imageErr(r, "image layers", err)
+	}
+	r.Layers = len(layers)
+	if !r.byDiffID {
+		for _, l := range layers {
+			n, err := l.Size()
+			if err != nil {
+				return nil, imageErr(r, "layer size", err)
+			}
+			r.Bytes += n
+		}
+	}
+	r.Meta = Meta{
 		Digest:     digest.String(),
 		Entrypoint: cf.Config.Entrypoint,
 		Cmd:        cf.Config.Cmd,
@@ -131,73 +199,83 @@ func Import(ctx context.Context, req ImportRequest, progress func(Progress)) (me
 		WorkingDir: cf.Config.WorkingDir,
 		User:       cf.Config.User,
 	}
+	return r, nil
+}
 
-	staging := filepath.Join(scratch, "rootfs")
+// imageErr classifies a failure reading image metadata: registry errors
+// keep their class, anything else means the image is unusable.
+func imageErr(r *Resolved, what string, err error) error {
+	if r.req.Registry != nil {
+		return registryErr(r.Source, err)
+	}
+	return invalid("%s: %v", what, err)
+}
+
+// Close removes the scratch directory.
+func (r *Resolved) Close() error {
+	if r.scratch == "" {
+		return nil
+	}
+	if err := os.RemoveAll(r.scratch); err != nil {
+		return fmt.Errorf("template: remove scratch: %w", err)
+	}
+	r.scratch = ""
+	return nil
+}
+
+// Build streams the layers, verifying each, and writes Output. It may run
+// once per Resolved.
+func (r *Resolved) Build(ctx context.Context, progress func(Progress)) (Meta, error) {
+	if progress == nil {
+		progress = func(Progress) {}
+	}
+	if r.scratch == "" {
+		return Meta{}, fmt.Errorf("template: Build on a closed image: %w", errdefs.ErrFailedPrecondition)
+	}
+	staging := filepath.Join(r.scratch, "rootfs")
 	if err := os.Mkdir(staging, 0o755); err != nil {
 		return Meta{}, fmt.Errorf("template: staging: %w", err)
 	}
-	n := len(layers)
-	opened := 0
-	progress(Progress{Phase: "extract", Layers: n})
-	pimg := &progressImage{Image: img, opened: func() {
-		opened++
-		progress(Progress{Phase: "extract", Layer: opened, Layers: n})
-	}}
-	stream := mutate.Extract(pimg)
-	err = extractTo(ctx, stream, staging, func(b int64) {
-		progress(Progress{Phase: "extract", Layer: opened, Layers: n, Bytes: b})
-	})
+	rep := &reporter{fn: progress, cur: Progress{Phase: "extract", Layers: r.Layers, Total: r.Bytes}}
+	defer rep.stop()
+	rep.phase("extract")
+	v := &verifier{byDiffID: r.byDiffID, rep: rep}
+	stream := mutate.Extract(v.wrap(r.img))
+	err := extractTo(ctx, stream, staging)
+	if err == nil {
+		// The flattener stops at each tar's end marker; the digests
+		// cover the whole blob.
+		err = v.verifyAll()
+	}
 	// Closing the pipe stops the flattening goroutine if we bailed early.
 	_ = stream.Close()
+	v.closeAll()
 	if err != nil {
 		return Meta{}, err
 	}
 
-	progress(Progress{Phase: "inject"})
-	if err := prepareRootfs(staging, req.AgentBinary); err != nil {
+	rep.phase("inject")
+	if err := prepareRootfs(staging, r.req.AgentBinary); err != nil {
 		return Meta{}, err
 	}
 
-	progress(Progress{Phase: "mkfs"})
+	rep.phase("mkfs")
 	used, inodes, err := measure(staging)
 	if err != nil {
 		return Meta{}, err
 	}
-	size := imageSize(used, inodes, headroom)
-	if size, err = writeExt4(ctx, staging, req.Output, size, inodes, log); err != nil {
+	size := imageSize(used, inodes, r.headroom)
+	if size, err = writeExt4(ctx, staging, r.req.Output, size, inodes, r.log); err != nil {
 		return Meta{}, err
 	}
+	meta := r.Meta
 	meta.SizeBytes = size
-	log.Info("template imported", "digest", meta.Digest, "size_bytes", size, "layers", n)
-	progress(Progress{Phase: "done", Layer: n, Layers: n})
+	r.log.Info("template imported", "digest", meta.Digest, "size_bytes", size, "layers", r.Layers)
+	rep.mu.Lock()
+	rep.cur.Layer = r.Layers
+	rep.mu.Unlock()
+	rep.phase("done")
 	return meta, nil
-}
-
-type progressImage struct {
-	v1.Image
-	opened func()
-}
-
-func (p *progressImage) Layers() ([]v1.Layer, error) {
-	ls, err := p.Image.Layers()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]v1.Layer, len(ls))
-	for i, l := range ls {
-		out[i] = &progressLayer{Layer: l, opened: p.opened}
-	}
-	return out, nil
-}
-
-type progressLayer struct {
-	v1.Layer
-	opened func()
-}
-
-func (l *progressLayer) Uncompressed() (io.ReadCloser, error) {
-	l.opened()
-	return l.Layer.Uncompressed()
 }
 
 // prepareRootfs injects the agent and creates what every runtime expects

@@ -22,9 +22,23 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("template: "+format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// openSource resolves req.Source to one image. scratch is a private
-// directory the caller removes; an OCI archive is unpacked there.
-func openSource(src, scratch string) (v1.Image, error) {
+// openSource resolves a local source to one image. scratch is a private
+// directory the caller removes; an OCI archive is unpacked there. byDiffID
+// says the layers are to be verified uncompressed (docker archives, see
+// verify.go).
+func openSource(src, scratch string) (img v1.Image, byDiffID bool, err error) {
+	img, err = openLocal(src, scratch)
+	if err != nil {
+		return nil, false, err
+	}
+	_, isDocker := img.(dockerArchive)
+	return img, isDocker, nil
+}
+
+// dockerArchive marks images read from `docker save` tarballs.
+type dockerArchive struct{ v1.Image }
+
+func openLocal(src, scratch string) (v1.Image, error) {
 	st, err := os.Stat(src)
 	if err != nil {
 		return nil, invalid("source %s: %v", src, err)
@@ -50,7 +64,7 @@ func openSource(src, scratch string) (v1.Image, error) {
 		if err != nil {
 			return nil, invalid("docker archive %s: %v", src, err)
 		}
-		return img, nil
+		return dockerArchive{img}, nil
 	case names["oci-layout"]:
 		dir := filepath.Join(scratch, "oci")
 		if err := untarPlain(src, dir); err != nil {

@@ -83,7 +83,8 @@ func NewReaper(log *slog.Logger) *Reaper {
 }
 
 // Start starts cmd and registers it so its exit status is kept for
-// Process.Wait. Do not call cmd.Wait.
+// Process.Wait. Do not call cmd.Wait, and do not use cmd.Process
+// afterwards: its handle is released (signal by PID instead).
 func (r *Reaper) Start(cmd *exec.Cmd) (*Process, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -91,6 +92,9 @@ func (r *Reaper) Start(cmd *exec.Cmd) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{Pid: cmd.Process.Pid, done: make(chan struct{})}
+	// We wait by PID, never through os.Process, whose handle (a pidfd)
+	// would otherwise hold a descriptor until garbage collection.
+	_ = cmd.Process.Release()
 	r.waiters[p.Pid] = p
 	return p, nil
 }

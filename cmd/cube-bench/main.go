@@ -1,0 +1,135 @@
+// Command cube-bench measures cubelet (create-to-ready, pause, resume,
+// destroy, density, and snapshot/clone/E2B where the node has them) side
+// by side with the raw building blocks (bare runc, podman, the cgroup
+// freezer) in the same run. It only wires flags to package bench.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/cubesandbox/cube/internal/bench"
+)
+
+func main() {
+	o := bench.DefaultOptions()
+	var s bench.Setup
+	flag.StringVar(&s.Addr, "addr", "", "drive this running cubelet (socket path or host:port) instead of starting a private one")
+	flag.StringVar(&s.MetricsAddr, "metrics-addr", "", "with --addr: cubelet's metrics listener host:port (profiles, RSS)")
+	flag.IntVar(&s.CubeletPID, "cubelet-pid", 0, "with --addr: cubelet's PID (RSS from /proc instead of /metrics)")
+	flag.StringVar(&s.BinDir, "bin-dir", "", "directory with cubelet and cube-agent (default: next to cube-bench)")
+	flag.StringVar(&s.WorkDir, "work-dir", "", "scratch directory, removed at the end (default: $TMPDIR/cube-bench-<run>)")
+	scen := flag.String("scenarios", "all", "comma-separated scenarios; 'all' = every cube scenario (see --list)")
+	list := flag.Bool("list", false, "list the scenarios and exit")
+	flag.StringVar(&o.Template, "template", o.Template, "template to create sandboxes from")
+	flag.StringVar(&o.Runtime, "runtime", "runc", "cubelet runtime to create sandboxes with")
+	flag.IntVar(&o.N1, "n", o.N1, "samples of create-c1, pause, resume and destroy")
+	flag.IntVar(&o.N50, "n-c50", o.N50, "samples of create-c50")
+	flag.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "creates in flight in create-c50")
+	flag.IntVar(&o.MaxLive, "max-live", o.MaxLive, "most sandboxes a create scenario keeps up before destroying them (untimed)")
+	flag.IntVar(&o.BaselineN, "baseline-n", 0, "cap on baseline samples (0 = as many as the scenario)")
+	flag.BoolVar(&o.NoBaselines, "no-baselines", false, "skip the raw baselines")
+	flag.IntVar(&o.DensityN, "density-n", o.DensityN, "idle sandboxes in the density scenario")
+	flag.IntVar(&o.DensityConcurrency, "density-concurrency", o.DensityConcurrency, "creates in flight while filling the node")
+	flag.DurationVar(&o.DensitySettle, "density-settle", o.DensitySettle, "wait after the last density sandbox is up, before measuring")
+	flag.IntVar(&o.SnapshotN, "snapshot-n", o.SnapshotN, "samples of snapshot and clone-1")
+	flag.IntVar(&o.CloneCount, "clone-count", o.CloneCount, "sandboxes per CloneSandbox call in clone-n")
+	flag.StringVar(&o.ProfileDir, "profile", "", "write cubelet CPU and heap profiles per scenario under this directory")
+	flag.DurationVar(&o.ProfileWindow, "profile-window", o.ProfileWindow, "length of one CPU profile window")
+	output := flag.String("o", "table", "stdout format: table or json")
+	jsonOut := flag.String("json-out", "", "also write the JSON report to this file")
+	mdOut := flag.String("markdown", "", "also write the report as Markdown (bench/RESULTS.md) to this file")
+	quiet := flag.Bool("quiet", false, "no progress bar")
+	flag.Parse()
+
+	if *list {
+		for _, sc := range bench.Scenarios("") {
+			fmt.Printf("%-15s %-9s %s\n", sc.Name, sc.Kind, sc.Help)
+		}
+		return
+	}
+	if *output != "table" && *output != "json" {
+		fatal(fmt.Errorf("-o %q: want table or json", *output))
+	}
+	scenarios, err := bench.Resolve(strings.Split(*scen, ","))
+	if err != nil {
+		fatal(err)
+	}
+	if s.BinDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			fatal(err)
+		}
+		s.BinDir = filepath.Dir(exe)
+	}
+	s.Opts = o
+	if !*quiet {
+		s.Progress = bench.NewProgress(os.Stderr)
+	}
+	// Packages the bench reuses (storage, template) log through the
+	// default logger; their info lines would break the progress bar.
+	s.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	slog.SetDefault(s.Log)
+	if err := run(s, scenarios, *output, *jsonOut, *mdOut); err != nil {
+		fatal(err)
+	}
+}
+
+func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut string) (err error) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	env, cleanup, err := bench.Prepare(ctx, s)
+	if err != nil {
+		return err
+	}
+	rep := bench.Run(ctx, env, scenarios)
+	rep.Command = strings.Join(os.Args, " ")
+	if cerr := cleanup(ctx); cerr != nil {
+		rep.Notes = append(rep.Notes, "cleanup: "+cerr.Error())
+		err = fmt.Errorf("cleanup: %w", cerr)
+	}
+	write := func(path string, f func(io.Writer, *bench.Report) error) error {
+		if path == "" {
+			return nil
+		}
+		out, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := f(out, rep); err != nil {
+			out.Close()
+			return err
+		}
+		return out.Close()
+	}
+	if output == "json" {
+		if err := bench.WriteJSON(os.Stdout, rep); err != nil {
+			return err
+		}
+	} else if err := bench.WriteTable(os.Stdout, rep); err != nil {
+		return err
+	}
+	if err := write(jsonOut, bench.WriteJSON); err != nil {
+		return err
+	}
+	if err := write(mdOut, bench.WriteMarkdown); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted")
+	}
+	return err
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "cube-bench:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/leakcheck"
+)
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestScenariosTiny runs every scenario and baseline with tiny N against
+// a private cubelet, checks what each reports, and that neither the
+// scenarios nor the run's cleanup leave anything on the host. The first
+// create is made to fail (a failpoint in cubelet's create flow) to check
+// that failures are counted, not timed, and leak nothing.
+func TestScenariosTiny(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	t.Setenv("CUBE_FAILPOINTS", "create/agent=1*error(injected by cube-bench test)")
+	bin := cubelettest.Binaries(t)
+	o := DefaultOptions()
+	o.N1, o.N50, o.Concurrency, o.MaxLive = 3, 3, 2, 2 // create-c50: two rounds
+	o.DensityN, o.DensityConcurrency, o.DensitySettle = 3, 3, 100*time.Millisecond
+	o.SnapshotN, o.CloneCount = 2, 2
+	o.ProfileDir, o.ProfileWindow = t.TempDir(), time.Second
+	runID := NewRunID()
+	work := filepath.Join(os.TempDir(), "cube-bench-test-"+runID)
+	ctx := context.Background()
+	e, cleanup, err := Prepare(ctx, Setup{RunID: runID, BinDir: bin, WorkDir: work, Opts: o, Progress: NewProgress(testWriter{t})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleaned := false
+	t.Cleanup(func() {
+		if !cleaned {
+			_ = cleanup(ctx)
+		}
+	})
+
+	list, err := Resolve([]string{"all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := Run(ctx, e, list)
+	var tab strings.Builder
+	if err := WriteTable(&tab, rep); err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + tab.String())
+
+	// Scenarios clean up after themselves: check before the run's cleanup.
+	leakcheck.AssertNone(t, ctx, e.Node().Scope())
+	if e.rawNode != nil {
+		leakcheck.AssertNone(t, ctx, e.rawNode.scope())
+	}
+
+	byName := map[string]*Result{}
+	for _, r := range rep.Results {
+		byName[r.Scenario] = r
+	}
+	mustRun := []string{"create-c1", "create-c50", "pause", "resume", "destroy", "density",
+		"runc-run", "runc-pause", "runc-resume", "freezer-freeze", "freezer-thaw", "runc-delete"}
+	if _, err := exec.LookPath("podman"); err == nil {
+		mustRun = append(mustRun, "podman-run")
+	}
+	for _, name := range mustRun {
+		r := byName[name]
+		switch {
+		case r == nil:
+			t.Errorf("%s: no result", name)
+		case r.Error != "" || r.Skipped != "":
+			t.Errorf("%s: error %q, skipped %q", name, r.Error, r.Skipped)
+		case name != "density" && (r.Latency == nil || r.Latency.Min <= 0 || r.Latency.Max < r.Latency.P99):
+			t.Errorf("%s: bad latency %+v", name, r.Latency)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if c1 := byName["create-c1"]; c1.Failed != 1 || c1.Latency.N != 2 || len(c1.Notes) == 0 || !strings.Contains(c1.Notes[0], "injected") {
+		t.Errorf("create-c1 with one injected failure: failed=%d n=%d notes=%q", c1.Failed, c1.Latency.N, c1.Notes)
+	}
+	if c50 := byName["create-c50"]; c50.Latency.N != 3 || c50.Params.Concurrency != 2 {
+		t.Errorf("create-c50: %+v", c50)
+	}
+	for _, name := range []string{"pause", "resume", "destroy", "runc-pause", "freezer-thaw"} {
+		if n := byName[name].Latency.N; n != 3 {
+			t.Errorf("%s: %d samples, want 3", name, n)
+		}
+	}
+	wantCompare := map[string][]string{
+		"create-c1": {"runc-run"}, "create-c50": {"runc-run"}, "pause": {"runc-pause", "freezer-freeze"},
+		"resume": {"runc-resume", "freezer-thaw"}, "destroy": {"runc-delete"},
+	}
+	for name, bases := range wantCompare {
+		got := map[string]Comparison{}
+		for _, c := range byName[name].Compare {
+			got[c.Baseline] = c
+		}
+		for _, b := range bases {
+			if c, ok := got[b]; !ok || c.RatioAvg <= 0 || c.Skipped != "" {
+				t.Errorf("%s vs %s: %+v", name, b, c)
+			}
+		}
+		if _, ok := got["runsc-restore"]; ok {
+			t.Errorf("%s compared with a gVisor baseline on a runc run", name)
+		}
+	}
+	d := byName["density"].Density
+	if d == nil || d.Sandboxes != 3 || d.Processes < 3 || d.Total.Min <= 0 || d.PSS.Min <= 0 || d.Charged.Min <= 0 || d.CubeletRSS <= 0 {
+		t.Errorf("density: %+v", d)
+	}
+	// Snapshots, clones and the E2B round trip run where the node has
+	// them and are skipped with a reason otherwise: never a silent gap.
+	for _, name := range []string{"snapshot", "clone-1", "clone-n", "e2b"} {
+		r := byName[name]
+		if r == nil || (r.Skipped == "" && r.Error == "" && r.Latency == nil) || r.Error != "" {
+			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	if p := byName["create-c1"].Profiles; len(p) < 2 || !hasFile(p, "cpu-000.pb.gz") || !hasFile(p, "heap-end.pb.gz") {
+		t.Errorf("create-c1 profiles: %v", p)
+	}
+	if len(rep.Targets) == 0 || rep.Targets[0].Met == nil {
+		t.Errorf("targets not evaluated: %+v", rep.Targets)
+	}
+
+	rawScope := e.rawNode.scope()
+	podParent := ""
+	if e.pod != nil {
+		podParent = strings.TrimPrefix(e.pod.cgroupParent, "/")
+	}
+	cleaned = true
+	if err := cleanup(ctx); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	if _, err := os.Stat(work); !os.IsNotExist(err) {
+		t.Errorf("work dir %s still there: %v", work, err)
+	}
+	// Nothing of the run may survive: pools unmounted, their loop
+	// devices gone, every cgroup parent removed.
+	for _, s := range []leakcheck.Scope{e.Node().Scope(), rawScope, {DataDir: work, RunDir: work, CgroupName: podParent}} {
+		s.AllowMounts, s.AllowLoopBacking = nil, nil
+		leakcheck.AssertNone(t, ctx, s)
+	}
+	ms, _ := cgroupMounts()
+	for _, m := range ms {
+		for _, p := range []string{e.Node().CgroupParent, rawScope.CgroupName, podParent} {
+			if p == "" {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(m.dir, p)); err == nil {
+				t.Errorf("cgroup %s left in %s", p, m.dir)
+			}
+		}
+	}
+}
+
+func hasFile(files []string, base string) bool {
+	for _, f := range files {
+		if filepath.Base(f) == base {
+			return true
+		}
+	}
+	return false
+}

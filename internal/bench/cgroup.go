@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// cgroupMount is one mounted cgroup hierarchy.
+type cgroupMount struct {
+	dir         string
+	v2          bool
+	controllers []string // v1: the controllers (and name=...) of the hierarchy
+}
+
+// cgroupMounts lists every cgroup hierarchy from mountinfo, so hybrid,
+// pure v1 and pure v2 hosts are handled by the same code.
+func cgroupMounts() ([]cgroupMount, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []cgroupMount
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 {
+			continue
+		}
+		switch qf[0] {
+		case "cgroup2":
+			out = append(out, cgroupMount{dir: pf[4], v2: true})
+		case "cgroup":
+			var ctrls []string
+			for _, o := range strings.Split(qf[2], ",") {
+				if o != "rw" && o != "ro" && !strings.HasPrefix(o, "relatime") {
+					ctrls = append(ctrls, o)
+				}
+			}
+			out = append(out, cgroupMount{dir: pf[4], controllers: ctrls})
+		}
+	}
+	return out, sc.Err()
+}
+
+// cgroupDir returns where the cgroup of pid for controller lives: a v1
+// hierarchy carrying controller, else the v2 hierarchy. ok is false when
+// neither exists.
+func cgroupDir(pid int, controller string) (dir string, v2 bool, err error) {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return "", false, err
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", false, err
+	}
+	var v2path string
+	v1 := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			v2path = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			v1[c] = parts[2]
+		}
+	}
+	for _, m := range mounts {
+		if m.v2 {
+			continue
+		}
+		for _, c := range m.controllers {
+			if p, ok := v1[c]; ok && c == controller {
+				return filepath.Join(m.dir, p), false, nil
+			}
+		}
+	}
+	for _, m := range mounts {
+		if m.v2 && v2path != "" {
+			return filepath.Join(m.dir, v2path), true, nil
+		}
+	}
+	return "", false, fmt.Errorf("no %s cgroup for pid %d", controller, pid)
+}
+
+// removeCgroupEverywhere removes cgroupPath from every hierarchy (rmdir,
+// retried briefly: the kernel may hold a just-killed task's cgroup a moment).
+func removeCgroupEverywhere(cgroupPath string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		d := filepath.Join(m.dir, cgroupPath)
+		if d == m.dir {
+			continue
+		}
+		errs = append(errs, rmdirRetry(d, 2*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupTree removes cgroupPath and the cgroups directly under it,
+// in every hierarchy.
+func removeCgroupTree(cgroupPath string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		d := filepath.Join(m.dir, cgroupPath)
+		if d == m.dir {
+			continue
+		}
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if e.IsDir() {
+				errs = append(errs, rmdirRetry(filepath.Join(d, e.Name()), 2*time.Second))
+			}
+		}
+		errs = append(errs, rmdirRetry(d, 2*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+func rmdirRetry(dir string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := os.Remove(dir)
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// cgroupProcs lists the PIDs in a cgroup directory.
+func cgroupProcs(dir string) ([]int, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if p, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
+// freezer is the freezer of one cgroup: v1 freezer.state or v2
+// cgroup.freeze. freeze and thaw return once the kernel reports the new
+// state, which is when `runc pause` returns too.
+type freezer struct {
+	dir string
+	v2  bool
+}
+
+func freezerOf(pid int) (*freezer, error) {
+	dir, v2, err := cgroupDir(pid, "freezer")
+	if err != nil {
+		return nil, err
+	}
+	return &freezer{dir: dir, v2: v2}, nil
+}
+
+func (f *freezer) freeze() error { return f.set(true) }
+func (f *freezer) thaw() error   { return f.set(false) }
+
+func (f *freezer) set(frozen bool) error {
+	file, val, stateFile := "freezer.state", "FROZEN", "freezer.state"
+	if !frozen {
+		val = "THAWED"
+	}
+	if f.v2 {
+		file, stateFile, val = "cgroup.freeze", "cgroup.events", "1"
+		if !frozen {
+			val = "0"
+		}
+	}
+	if err := os.WriteFile(filepath.Join(f.dir, file), []byte(val), 0); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(filepath.Join(f.dir, stateFile))
+		if err != nil {
+			return err
+		}
+		s := string(b)
+		if f.v2 && strings.Contains(s, "frozen "+val+"\n") || !f.v2 && strings.TrimSpace(s) == val {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freezer %s: still %q", f.dir, strings.TrimSpace(s))
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}

@@ -1,0 +1,279 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+)
+
+// LabelKey marks every sandbox the bench creates (value: the run's ID),
+// so a run can find and remove what an interrupted scenario left.
+const LabelKey = "cube-bench"
+
+// create makes one sandbox and returns its ID and how long CreateSandbox
+// took: cubelet answers once the agent inside answers /health, so this is
+// create-to-ready as a client sees it. The flow's action timings go to at
+// (which may be nil).
+func (e *Env) create(ctx context.Context, at *actionTimes) (string, time.Duration, error) {
+	req := &pb.CreateSandboxRequest{
+		TemplateId: e.Opts.Template,
+		Runtime:    e.Opts.Runtime,
+		Labels:     map[string]string{LabelKey: e.RunID},
+	}
+	start := time.Now()
+	resp, err := e.Client.CreateSandbox(ctx, req)
+	d := time.Since(start)
+	if err != nil {
+		return "", 0, fmt.Errorf("create: %w", err)
+	}
+	at.add(resp.Timings)
+	return resp.Sandbox.Id, d, nil
+}
+
+// deleteAll removes sandboxes, c at a time. It runs to the end even when
+// ctx is cancelled: a bench that is interrupted must still clean up.
+func (e *Env) deleteAll(ctx context.Context, label string, ids []string, c int) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	prog := e.Progress
+	if label == "" {
+		prog = nil // inside another phase's bar
+	}
+	prog.Start(label, len(ids))
+	defer prog.Finish()
+	d := drive(ctx, prog, len(ids), c, func(ctx context.Context, i int) (time.Duration, error) {
+		_, err := e.Client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: ids[i]})
+		return 0, err
+	})
+	if d.failed > 0 {
+		return fmt.Errorf("delete %d of %d sandboxes failed: %w", d.failed, len(ids), errors.Join(d.errs...))
+	}
+	return nil
+}
+
+// fill creates n sandboxes on c workers (untimed setup for other
+// scenarios) and returns their IDs. On failure it removes what it made.
+func (e *Env) fill(ctx context.Context, label string, n, c int) ([]string, error) {
+	return e.fillTimed(ctx, label, n, c, nil)
+}
+
+// fillTimed is fill that also hands back the create latencies.
+func (e *Env) fillTimed(ctx context.Context, label string, n, c int, lat *[]time.Duration) ([]string, error) {
+	var (
+		mu  sync.Mutex
+		ids []string
+	)
+	e.Progress.Start(label, n)
+	d := drive(ctx, e.Progress, n, c, func(ctx context.Context, _ int) (time.Duration, error) {
+		id, dur, err := e.create(ctx, nil)
+		if err == nil {
+			mu.Lock()
+			ids = append(ids, id)
+			mu.Unlock()
+		}
+		return dur, err
+	})
+	e.Progress.Finish()
+	if lat != nil {
+		*lat = d.samples
+	}
+	if err := ctx.Err(); d.failed > 0 || err != nil {
+		derr := e.deleteAll(ctx, "cleanup", ids, c)
+		return nil, errors.Join(fmt.Errorf("%s: %d of %d creates failed: %w", label, d.failed, n, errors.Join(d.errs...)), err, derr)
+	}
+	return ids, nil
+}
+
+func init() {
+	Register(Scenario{
+		Name: "create-c1", Kind: KindCube,
+		Help:      "create-to-ready (CreateSandbox returns when the agent answers /health), one at a time",
+		Baselines: []string{"runc-run", "podman-run", "runsc-restore", "qemu-incoming"},
+		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Run:       runCreate("create-c1"),
+	})
+	Register(Scenario{
+		Name: "create-c50", Kind: KindCube,
+		Help:      "create-to-ready with --concurrency creates in flight (default 50)",
+		Baselines: []string{"runc-run", "runsc-restore", "qemu-incoming"},
+		Params:    func(o Options) Params { return Params{N: o.N50, Concurrency: o.Concurrency} },
+		Run:       runCreate("create-c50"),
+	})
+	Register(Scenario{
+		Name: "pause", Kind: KindCube,
+		Help:      "PauseSandbox of a running sandbox (cgroup freezer through the runtime)",
+		Baselines: []string{"runc-pause", "freezer-freeze"},
+		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+			return pauseResume(ctx, e, p, "pause")
+		},
+	})
+	Register(Scenario{
+		Name: "resume", Kind: KindCube,
+		Help:      "ResumeSandbox of a paused sandbox, until its agent answers /health again",
+		Baselines: []string{"runc-resume", "freezer-thaw"},
+		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+			return pauseResume(ctx, e, p, "resume")
+		},
+	})
+	Register(Scenario{
+		Name: "destroy", Kind: KindCube,
+		Help:      "DeleteSandbox of a running sandbox (process, rootfs mount, loop device, disk, record)",
+		Baselines: []string{"runc-delete"},
+		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Run:       runDestroy,
+	})
+}
+
+// runCreate times creates in rounds of at most MaxLive sandboxes: each
+// round's sandboxes stay up until the round ends and are then destroyed
+// (untimed) before the next round starts, so creates never overlap
+// destroys.
+func runCreate(name string) func(context.Context, *Env, Params) (*Result, error) {
+	return func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		var all driveResult
+		var at actionTimes
+		done := 0
+		for ri, n := range rounds(p.N, e.Opts.MaxLive) {
+			var (
+				mu  sync.Mutex
+				ids []string
+			)
+			label := name
+			if p.N > n {
+				label = fmt.Sprintf("%s %d-%d", name, done+1, done+n)
+			}
+			e.Progress.Start(label, n)
+			d := drive(ctx, e.Progress, n, p.Concurrency, func(ctx context.Context, _ int) (time.Duration, error) {
+				id, dur, err := e.create(ctx, &at)
+				if err == nil {
+					mu.Lock()
+					ids = append(ids, id)
+					mu.Unlock()
+				}
+				return dur, err
+			})
+			e.Progress.Finish()
+			if ri == 0 {
+				e.peak(ctx)
+			}
+			all.merge(d)
+			if err := e.deleteAll(ctx, "cleanup", ids, p.Concurrency); err != nil {
+				return nil, err
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			done += n
+		}
+		r, err := all.result(name, KindCube, p)
+		if err != nil {
+			return nil, err
+		}
+		r.Actions = at.stats()
+		if len(rounds(p.N, e.Opts.MaxLive)) > 1 {
+			r.Notes = append(r.Notes, fmt.Sprintf("created in rounds of at most %d live sandboxes (--max-live)", e.Opts.MaxLive))
+		}
+		return r, nil
+	}
+}
+
+// pauseResume cycles one sandbox through pause and resume N times; the
+// pause and resume scenarios share the cycles when both run.
+func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
+	if _, ok := e.recall(want, p); ok {
+		return recalled(e, want, p), nil
+	}
+	ids, err := e.fill(ctx, "pause/resume: setup", 1, 1)
+	if err != nil {
+		return nil, err
+	}
+	id := ids[0]
+	var pause, resume []time.Duration
+	var pat, rat actionTimes
+	e.Progress.Start("pause+resume", p.N)
+	var runErr error
+	for i := 0; i < p.N && runErr == nil; i++ {
+		start := time.Now()
+		presp, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id})
+		if err != nil {
+			runErr = fmt.Errorf("pause: %w", err)
+			break
+		}
+		pause = append(pause, time.Since(start))
+		pat.add(presp.Timings)
+		start = time.Now()
+		rresp, err := e.Client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id})
+		if err != nil {
+			runErr = fmt.Errorf("resume: %w", err)
+			break
+		}
+		resume = append(resume, time.Since(start))
+		rat.add(rresp.Timings)
+		e.Progress.Step(true)
+	}
+	e.Progress.Finish()
+	if err := e.deleteAll(ctx, "cleanup", ids, 1); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if runErr != nil {
+		return nil, runErr
+	}
+	e.remember("pause", p, pause)
+	e.remember("resume", p, resume)
+	e.rememberActions("pause", p, pat.stats())
+	e.rememberActions("resume", p, rat.stats())
+	return recalled(e, want, p), nil
+}
+
+// recalled is the Result of samples another scenario measured.
+func recalled(e *Env, name string, p Params) *Result {
+	s, _ := e.recall(name, p)
+	r := timed(name, KindCube, p, s, 0, 0)
+	r.Actions = e.recallActions(name, p)
+	return r
+}
+
+// runDestroy creates N sandboxes (untimed) and times deleting each, in
+// rounds of at most MaxLive.
+func runDestroy(ctx context.Context, e *Env, p Params) (*Result, error) {
+	var all driveResult
+	var at actionTimes
+	for _, n := range rounds(p.N, e.Opts.MaxLive) {
+		ids, err := e.fill(ctx, "destroy: setup", n, 4)
+		if err != nil {
+			return nil, err
+		}
+		e.Progress.Start("destroy", n)
+		// Not cancellable: a half-run destroy phase must still remove
+		// every sandbox it was given.
+		d := drive(context.WithoutCancel(ctx), e.Progress, n, p.Concurrency, func(ctx context.Context, i int) (time.Duration, error) {
+			start := time.Now()
+			resp, err := e.Client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: ids[i]})
+			if err != nil {
+				return 0, err
+			}
+			d := time.Since(start)
+			at.add(resp.Timings)
+			return d, nil
+		})
+		e.Progress.Finish()
+		all.merge(d)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	r, err := all.result("destroy", KindCube, p)
+	if err != nil {
+		return nil, err
+	}
+	r.Actions = at.stats()
+	return r, nil
+}

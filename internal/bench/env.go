@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+)
+
+// Options are the knobs of a run (cmd/cube-bench maps its flags onto them).
+type Options struct {
+	Template string // template every cube scenario creates from
+	Runtime  string // cubelet runtime; "" = the node default
+
+	N1          int // samples of the concurrency-1 scenarios (create-c1, pause, resume, destroy)
+	N50         int // samples of create-c50
+	Concurrency int // concurrency of create-c50
+	// MaxLive bounds how many sandboxes a create scenario keeps alive:
+	// when reached, it stops creating (no timing runs) and destroys them
+	// all before going on, so creates never overlap destroys and a large N
+	// does not need N sandboxes' worth of memory and loop devices.
+	MaxLive int
+	// BaselineN caps N of baseline runs (0 = same N as the cube scenario).
+	BaselineN int
+
+	DensityN           int // idle sandboxes started by the density scenario
+	DensityConcurrency int // creates in flight while filling the node
+	// DensitySettle is how long density waits once every sandbox is up, so
+	// agents finish starting (GC, lazy init) before memory is read.
+	DensitySettle time.Duration
+
+	SnapshotN  int // samples of snapshot, clone-1
+	CloneCount int // sandboxes per CloneSandbox call in clone-n
+
+	// NoBaselines skips the raw baselines (ratios are then not reported).
+	NoBaselines bool
+
+	// Raw baselines need the same image and agent cubelet was given.
+	ImageLayout string // busybox OCI layout (internal/testimage)
+	DockerTar   string // the same image as a docker-archive, for podman load
+	AgentBinary string // static cube-agent
+
+	// ProfileDir, when set, receives CPU and heap profiles of cubelet per
+	// cube scenario (needs Env.PprofURL).
+	ProfileDir    string
+	ProfileWindow time.Duration // length of one CPU profile window
+
+	// E2BAPI and E2BProxy point the e2b scenario at cubemaster's E2B API
+	// and cubeproxy; empty skips it.
+	E2BAPI, E2BProxy, E2BKey string
+}
+
+// DefaultOptions are the anchor's sizes: 100 creates at concurrency 1,
+// 1000 at concurrency 50, 1000 idle sandboxes.
+func DefaultOptions() Options {
+	return Options{
+		Template:           "busybox",
+		N1:                 100,
+		N50:                1000,
+		Concurrency:        50,
+		MaxLive:            200,
+		DensityN:           1000,
+		DensityConcurrency: 8,
+		DensitySettle:      3 * time.Second,
+		SnapshotN:          20,
+		CloneCount:         10,
+		ProfileWindow:      2 * time.Second,
+	}
+}
+
+// Env is what scenarios run against: a cubelet (its gRPC client and
+// whatever the bench knows about its process) and the scratch space for
+// raw baselines.
+type Env struct {
+	RunID    string // labels this run's sandboxes and names its cgroups
+	Client   pb.CubeletServiceClient
+	Opts     Options
+	Progress *Progress
+	Log      *slog.Logger
+	// WorkDir holds the raw baselines' pool, bundles and podman storage.
+	WorkDir string
+	// CubeletPID is cubelet's process (0 = unknown: its RSS is then read
+	// from /metrics).
+	CubeletPID int
+	// MetricsURL is cubelet's metrics listener ("http://127.0.0.1:9998"),
+	// "" if unknown. Profiles need [api] pprof = true there.
+	MetricsURL string
+
+	info *pb.InfoResponse
+	node *Node // the private cubelet, when the bench started one
+
+	rawOnce sync.Once
+	rawNode *rawNode
+	rawErr  error
+
+	podOnce sync.Once
+	pod     *podman
+	podErr  error
+
+	memoMu  sync.Mutex
+	memo    map[string][]time.Duration
+	memoAct map[string][]ActionStat
+
+	profiler *profiler // set by the runner while a scenario runs
+}
+
+// Node is the private cubelet the bench started (nil with Setup.Addr).
+func (e *Env) Node() *Node { return e.node }
+
+// Info returns the node's info, fetched once.
+func (e *Env) Info(ctx context.Context) (*pb.InfoResponse, error) {
+	if e.info != nil {
+		return e.info, nil
+	}
+	info, err := e.Client.Info(ctx, &pb.InfoRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("cubelet info: %w", err)
+	}
+	e.info = info
+	return info, nil
+}
+
+// Close releases what baselines set up (their pool, podman storage).
+func (e *Env) Close(ctx context.Context) error {
+	var errs []error
+	if e.pod != nil {
+		errs = append(errs, e.pod.close(ctx))
+	}
+	if e.rawNode != nil {
+		errs = append(errs, e.rawNode.close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// remember stores samples that a scenario measured for another one (pause
+// and resume come from the same cycles), under key+params.
+func (e *Env) remember(key string, p Params, s []time.Duration) {
+	e.memoMu.Lock()
+	defer e.memoMu.Unlock()
+	if e.memo == nil {
+		e.memo = map[string][]time.Duration{}
+	}
+	e.memo[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)] = s
+}
+
+func (e *Env) recall(key string, p Params) ([]time.Duration, bool) {
+	e.memoMu.Lock()
+	defer e.memoMu.Unlock()
+	s, ok := e.memo[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)]
+	return s, ok
+}
+
+func (e *Env) rememberActions(key string, p Params, a []ActionStat) {
+	e.memoMu.Lock()
+	defer e.memoMu.Unlock()
+	if e.memoAct == nil {
+		e.memoAct = map[string][]ActionStat{}
+	}
+	e.memoAct[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)] = a
+}
+
+func (e *Env) recallActions(key string, p Params) []ActionStat {
+	e.memoMu.Lock()
+	defer e.memoMu.Unlock()
+	return e.memoAct[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)]
+}
+
+// scratch makes a directory under WorkDir.
+func (e *Env) scratch(name string) (string, error) {
+	d := filepath.Join(e.WorkDir, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return "", err
+	}
+	return d, nil
+}
+
+// peak is called by scenarios when what they measure is at its height
+// (every sandbox up), so a heap profile shows cubelet's peak.
+func (e *Env) peak(ctx context.Context) {
+	if e.profiler != nil {
+		e.profiler.heap(ctx, "peak")
+	}
+}

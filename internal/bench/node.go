@@ -1,0 +1,245 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/leakcheck"
+	"github.com/cubesandbox/cube/internal/storage"
+)
+
+// NewRunID returns a short random ID for a run (sandbox labels, cgroup
+// and directory names).
+func NewRunID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NodeConfig says how to start a private cubelet.
+type NodeConfig struct {
+	RunID       string
+	BinDir      string // holds the cubelet and cube-agent binaries
+	Dir         string // everything the node makes lives under it
+	PoolSizeMiB int64  // apparent size of its loop-backed XFS pool (sparse)
+	ExtraTOML   string // appended to the generated config
+}
+
+// Node is a cubelet process the bench started in private directories: its
+// own data and run dirs (and so its own reflink pool, store and runc
+// root), its own cgroup parent, its socket, and a metrics listener with
+// pprof on. Nothing of it is shared with a cubelet already on the host.
+type Node struct {
+	Dir          string
+	ConfigPath   string
+	Socket       string
+	MetricsURL   string
+	DataDir      string
+	RunDir       string
+	CgroupParent string
+
+	cmd    *exec.Cmd
+	exited chan error
+	conn   *grpc.ClientConn
+	Client pb.CubeletServiceClient
+}
+
+// StartNode writes a config and starts cubelet, returning once its API
+// answers.
+func StartNode(ctx context.Context, cfg NodeConfig) (n *Node, err error) {
+	bin := filepath.Join(cfg.BinDir, "cubelet")
+	agent := filepath.Join(cfg.BinDir, "cube-agent")
+	for _, f := range []string{bin, agent} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("bench node: %w (run make build, or pass --bin-dir)", err)
+		}
+	}
+	if cfg.PoolSizeMiB == 0 {
+		cfg.PoolSizeMiB = 16384
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	n = &Node{
+		Dir:          cfg.Dir,
+		DataDir:      filepath.Join(cfg.Dir, "data"),
+		RunDir:       filepath.Join(cfg.Dir, "run"),
+		Socket:       filepath.Join(cfg.Dir, "run", "cubelet.sock"),
+		MetricsURL:   "http://" + port,
+		CgroupParent: "cube-bench-" + cfg.RunID,
+		ConfigPath:   filepath.Join(cfg.Dir, "cubelet.toml"),
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	toml := fmt.Sprintf(`[node]
+id = "bench-%s"
+data_dir = %q
+run_dir = %q
+cgroup_parent = %q
+[api]
+socket = %q
+tcp = ""
+metrics = %q
+pprof = true
+[storage]
+pool_image_size_mib = %d
+agent_binary = %q
+%s
+`, cfg.RunID, n.DataDir, n.RunDir, n.CgroupParent, n.Socket, port, cfg.PoolSizeMiB, agent, cfg.ExtraTOML)
+	if err := os.WriteFile(n.ConfigPath, []byte(toml), 0o644); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(cfg.Dir, "cubelet.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // the child has its own copy
+	n.cmd = exec.Command(bin, "--config", n.ConfigPath)
+	n.cmd.Stdout, n.cmd.Stderr = logf, logf
+	// Own process group: a Ctrl-C meant for cube-bench must not kill
+	// cubelet before the bench has removed its sandboxes through it.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start cubelet: %w", err)
+	}
+	n.exited = make(chan error, 1)
+	go func() { n.exited <- n.cmd.Wait() }()
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, n.Stop(context.WithoutCancel(ctx)), n.Teardown(context.WithoutCancel(ctx)))
+		}
+	}()
+	if n.conn, err = cubeletapi.Dial(n.Socket); err != nil {
+		return n, err
+	}
+	n.Client = cubeletapi.Client(n.conn)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, herr := n.Client.Health(hctx, &pb.HealthRequest{})
+		cancel()
+		if herr == nil {
+			return n, nil
+		}
+		select {
+		case werr := <-n.exited:
+			n.exited <- werr
+			return n, fmt.Errorf("cubelet exited during start-up (%v): %s", werr, tail(filepath.Join(cfg.Dir, "cubelet.log")))
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return n, fmt.Errorf("cubelet did not answer within 2m: %v", herr)
+		}
+	}
+}
+
+// PID is the cubelet process's PID.
+func (n *Node) PID() int { return n.cmd.Process.Pid }
+
+// Stop deletes every sandbox through the API, then stops cubelet.
+func (n *Node) Stop(ctx context.Context) error {
+	var errs []error
+	if n.Client != nil {
+		if resp, err := n.Client.ListSandboxes(ctx, &pb.ListSandboxesRequest{}); err == nil {
+			for _, s := range resp.Sandboxes {
+				if _, err := n.Client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: s.Id}); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	if n.conn != nil {
+		n.conn.Close()
+	}
+	if n.cmd != nil && n.cmd.Process != nil {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(15 * time.Second):
+			_ = n.cmd.Process.Kill()
+			<-n.exited
+			errs = append(errs, errors.New("cubelet ignored SIGTERM for 15s; killed"))
+		}
+		n.cmd = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Scope is what the leak checker inspects for this node.
+func (n *Node) Scope() leakcheck.Scope {
+	pool := filepath.Join(n.DataDir, "pool")
+	return leakcheck.Scope{
+		DataDir: n.DataDir, RunDir: n.RunDir, RuncRoot: filepath.Join(n.RunDir, "runc"),
+		CgroupName: n.CgroupParent, AllowMounts: []string{pool}, AllowLoopBacking: []string{pool + ".img"},
+	}
+}
+
+// Teardown removes, without cubelet, whatever its sandboxes may still
+// hold (a safety net behind Stop), then the pool and the directory.
+func (n *Node) Teardown(ctx context.Context) error {
+	var errs []error
+	runcRoot := filepath.Join(n.RunDir, "runc")
+	if out, err := exec.CommandContext(ctx, "runc", "--root", runcRoot, "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			_ = exec.CommandContext(ctx, "runc", "--root", runcRoot, "delete", "--force", id).Run()
+		}
+	}
+	pool := filepath.Join(n.DataDir, "pool")
+	ents, _ := os.ReadDir(filepath.Join(n.RunDir, "sandboxes"))
+	for _, ent := range ents {
+		errs = append(errs, storage.UnmountDisk(ctx, filepath.Join(n.RunDir, "sandboxes", ent.Name(), "rootfs"),
+			filepath.Join(pool, "sandboxes", ent.Name(), "disk.img")))
+	}
+	errs = append(errs, removeCgroupTree("/"+n.CgroupParent))
+	// Only a mounted pool: opening an unmounted one would make a new image.
+	if mounted, _ := storage.IsMounted(pool); mounted {
+		if p, err := storage.OpenPool(ctx, storage.PoolConfig{Dir: pool, ImageSizeBytes: 1 << 30}); err == nil {
+			errs = append(errs, p.Teardown(ctx))
+		}
+	}
+	if err := os.RemoveAll(n.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+func tail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(f)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}

@@ -1,0 +1,288 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/leakcheck"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/template"
+)
+
+// rawNode is the bench's own minimal node for the raw runc baselines: a
+// reflink pool of its own (a loop-mounted XFS image, like cubelet's), a
+// template image built from the same OCI image and agent binary as
+// cubelet's template, a runc root and a cgroup parent. Each baseline
+// container gets a fresh FICLONE of that image loop-mounted as its rootfs,
+// prepared before the clock starts: the baseline times runc and the agent,
+// on a rootfs in exactly the state cubelet gives its sandboxes.
+type rawNode struct {
+	dir          string
+	runc         string
+	runcRoot     string
+	cgroupParent string
+	image        string
+	pool         *storage.Pool
+	defaults     runtime.Limits
+	seq          atomic.Int64
+}
+
+// rawBox is one bare runc container of the agent.
+type rawBox struct {
+	n      *rawNode
+	id     string
+	disk   string
+	rootfs string
+	bundle string
+	cgroup string
+	pid    int
+}
+
+// raw sets the raw node up once per Env.
+func (e *Env) raw(ctx context.Context) (*rawNode, error) {
+	e.rawOnce.Do(func() { e.rawNode, e.rawErr = e.newRawNode(ctx) })
+	return e.rawNode, e.rawErr
+}
+
+func (e *Env) newRawNode(ctx context.Context) (*rawNode, error) {
+	bin, err := exec.LookPath("runc")
+	if err != nil {
+		return nil, skipf("runc is not installed")
+	}
+	if e.Opts.ImageLayout == "" || e.Opts.AgentBinary == "" {
+		return nil, skipf("raw baselines need the busybox image layout and the cube-agent binary")
+	}
+	dir, err := e.scratch("raw")
+	if err != nil {
+		return nil, err
+	}
+	defCfg, err := cubelet.ParseConfig(nil)
+	if err != nil {
+		return nil, err
+	}
+	d := defCfg.Sandbox
+	n := &rawNode{
+		dir:          dir,
+		runc:         bin,
+		runcRoot:     filepath.Join(dir, "runc"),
+		cgroupParent: "cube-bench-raw-" + e.RunID,
+		defaults:     runtime.Limits{MilliCPU: d.DefaultMilliCPU, MemoryMiB: d.DefaultMemoryMiB, Pids: d.DefaultPids},
+	}
+	n.pool, err = storage.OpenPool(ctx, storage.PoolConfig{Dir: filepath.Join(dir, "pool"), ImageSizeBytes: 8 << 30})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("raw baseline pool: %w", err)
+	}
+	n.image = filepath.Join(n.pool.Dir(), "templates", "raw", "rootfs.img")
+	if err := os.MkdirAll(filepath.Dir(n.image), 0o755); err != nil {
+		return nil, errors.Join(err, n.close(ctx))
+	}
+	// The same importer, image and agent as cubelet's template, with
+	// cubelet's default headroom, so both rootfs images are alike.
+	if _, err := template.Import(ctx, template.ImportRequest{
+		Source: e.Opts.ImageLayout, AgentBinary: e.Opts.AgentBinary,
+		HeadroomMiB: defCfg.Storage.TemplateHeadroomMiB, Output: n.image,
+	}, nil); err != nil {
+		return nil, errors.Join(fmt.Errorf("raw baseline template: %w", err), n.close(ctx))
+	}
+	return n, nil
+}
+
+// prepare clones and mounts a rootfs and writes the bundle: everything
+// before `runc run`, untimed.
+func (n *rawNode) prepare(ctx context.Context) (b *rawBox, err error) {
+	id := fmt.Sprintf("raw-%d", n.seq.Add(1))
+	b = &rawBox{
+		n:      n,
+		id:     id,
+		disk:   filepath.Join(n.pool.Dir(), "sandboxes", id, "disk.img"),
+		rootfs: filepath.Join(n.dir, "run", "sandboxes", id, "rootfs"),
+		bundle: filepath.Join(n.dir, "run", "sandboxes", id, "bundle"),
+		cgroup: "/" + n.cgroupParent + "/" + id,
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, b.destroy(context.WithoutCancel(ctx)))
+		}
+	}()
+	if err := n.pool.Clone(ctx, n.image, b.disk); err != nil {
+		return b, err
+	}
+	if _, err := storage.MountDisk(ctx, b.disk, b.rootfs, false); err != nil {
+		return b, err
+	}
+	// The spec cubelet's runc driver would write for a sandbox with the
+	// node's default limits: same namespaces, mounts, devices, limits.
+	sp, err := runc.SpecFor(runtime.Spec{
+		ID:         id,
+		BundleDir:  b.bundle,
+		RootFS:     b.rootfs,
+		Args:       []string{cubelet.AgentPath, "--addr", ":" + strconv.Itoa(cubelet.AgentPort)},
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CUBE_SANDBOX_ID=" + id},
+		Cwd:        "/",
+		Hostname:   id,
+		CgroupPath: b.cgroup,
+		Limits:     n.defaults,
+	})
+	if err != nil {
+		return b, err
+	}
+	fitRlimits(sp)
+	if err := os.MkdirAll(b.bundle, 0o700); err != nil {
+		return b, err
+	}
+	data, err := json.Marshal(sp)
+	if err != nil {
+		return b, err
+	}
+	return b, os.WriteFile(filepath.Join(b.bundle, "config.json"), data, 0o600)
+}
+
+// start is the bare `runc run -d`; it returns PID 1's host PID.
+func (b *rawBox) start(ctx context.Context) (int, error) {
+	console, err := os.OpenFile(filepath.Join(b.bundle, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer console.Close()
+	pidFile := filepath.Join(b.bundle, "init.pid")
+	cmd := exec.CommandContext(ctx, b.n.runc, "--root", b.n.runcRoot, "run", "-d", "--pid-file", pidFile, "--bundle", b.bundle, b.id)
+	cmd.Stdout, cmd.Stderr = console, console
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Run(); err != nil {
+		log, _ := os.ReadFile(console.Name())
+		return 0, fmt.Errorf("runc run %s: %w: %s", b.id, err, lastLine(log))
+	}
+	pid, err := readPidFile(pidFile)
+	if err != nil {
+		return 0, err
+	}
+	b.pid = pid
+	return pid, nil
+}
+
+// runcCmd runs one runc verb on the box.
+func (b *rawBox) runcCmd(ctx context.Context, args ...string) error {
+	full := append([]string{"--root", b.n.runcRoot}, args...)
+	out, err := exec.CommandContext(ctx, b.n.runc, full...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("runc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// destroy removes everything prepare and start made; safe to call on a
+// half-prepared box and twice.
+func (b *rawBox) destroy(ctx context.Context) error {
+	var errs []error
+	if _, err := os.Stat(filepath.Join(b.n.runcRoot, b.id)); err == nil {
+		errs = append(errs, b.runcCmd(ctx, "delete", "--force", b.id))
+	}
+	errs = append(errs, removeCgroupEverywhere(b.cgroup))
+	errs = append(errs, storage.UnmountDisk(ctx, b.rootfs, b.disk))
+	if err := os.RemoveAll(filepath.Dir(b.bundle)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(filepath.Dir(b.disk)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// close removes whatever containers are left, the pool and the directory.
+func (n *rawNode) close(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	if ents, err := os.ReadDir(n.runcRoot); err == nil {
+		for _, ent := range ents {
+			b := &rawBox{n: n, id: ent.Name()}
+			errs = append(errs, b.runcCmd(ctx, "delete", "--force", ent.Name()))
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(n.dir, "run", "sandboxes")); err == nil {
+		for _, ent := range ents {
+			rootfs := filepath.Join(n.dir, "run", "sandboxes", ent.Name(), "rootfs")
+			errs = append(errs, storage.UnmountDisk(ctx, rootfs, filepath.Join(n.pool.Dir(), "sandboxes", ent.Name(), "disk.img")))
+		}
+	}
+	errs = append(errs, removeCgroupTree("/"+n.cgroupParent))
+	if n.pool != nil {
+		errs = append(errs, n.pool.Teardown(ctx))
+	}
+	if err := os.RemoveAll(n.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// scope is what the leak checker inspects for the raw node: the same
+// layout as a cubelet's (pool/sandboxes, run/sandboxes, runc root).
+func (n *rawNode) scope() leakcheck.Scope {
+	pool := n.pool.Dir()
+	return leakcheck.Scope{
+		DataDir: n.dir, RunDir: filepath.Join(n.dir, "run"), RuncRoot: n.runcRoot, CgroupName: n.cgroupParent,
+		AllowMounts: []string{pool}, AllowLoopBacking: []string{pool + ".img"},
+	}
+}
+
+// fitRlimits lowers rlimits above this process's hard limits, as
+// cubelet's runc driver does: without CAP_SYS_RESOURCE runc cannot raise
+// them and the start would fail.
+func fitRlimits(sp *specs.Spec) {
+	res := map[string]int{"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC}
+	for i, rl := range sp.Process.Rlimits {
+		r, ok := res[rl.Type]
+		if !ok {
+			continue
+		}
+		var cur unix.Rlimit
+		if unix.Getrlimit(r, &cur) != nil || cur.Max == unix.RLIM_INFINITY {
+			continue
+		}
+		if rl.Hard > cur.Max {
+			sp.Process.Rlimits[i].Hard = cur.Max
+			sp.Process.Rlimits[i].Soft = min(rl.Soft, cur.Max)
+		}
+	}
+}
+
+func readPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid file %s: %q", path, b)
+	}
+	return pid, nil
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// waitAgent is cubelet's own readiness check (the same /health poll, the
+// same back-off), so baselines and cube scenarios stop the clock alike.
+func waitAgent(ctx context.Context, pid int) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return cubelet.WaitAgent(ctx, pid)
+}

@@ -1,0 +1,78 @@
+package bench
+
+import (
+	"time"
+)
+
+// Result is the outcome of one scenario run.
+type Result struct {
+	Scenario string `json:"scenario"`
+	Kind     Kind   `json:"kind"`
+	Params   Params `json:"params"`
+	// Latency is set for timed scenarios (nanoseconds in JSON).
+	Latency *Summary `json:"latency,omitempty"`
+	// Failed counts operations that returned an error (not in Latency).
+	Failed int `json:"failed,omitempty"`
+	// Wall is the duration of the measured phase; N/Wall is throughput.
+	Wall time.Duration `json:"wall_ns,omitempty"`
+	// Actions breaks a cube scenario's latency down by cubelet's
+	// workflow actions (from the timings the RPCs return).
+	Actions []ActionStat `json:"actions,omitempty"`
+	// Density is set by the density scenario.
+	Density *DensityReport `json:"density,omitempty"`
+	// Compare holds this scenario against each of its baselines.
+	Compare []Comparison `json:"compare,omitempty"`
+	// Skipped is why the scenario did not run; Error why it failed.
+	Skipped string   `json:"skipped,omitempty"`
+	Error   string   `json:"error,omitempty"`
+	Notes   []string `json:"notes,omitempty"`
+	// Profiles are the files written for this scenario.
+	Profiles []string `json:"profiles,omitempty"`
+
+	samples []time.Duration
+}
+
+// Comparison is a cube scenario against one baseline.
+type Comparison struct {
+	Baseline string `json:"baseline"`
+	// RatioAvg and RatioP50 are ours / baseline.
+	RatioAvg float64 `json:"ratio_avg,omitempty"`
+	RatioP50 float64 `json:"ratio_p50,omitempty"`
+	RatioP99 float64 `json:"ratio_p99,omitempty"`
+	// DeltaAvg and DeltaP50 are ours - baseline (what cube adds).
+	DeltaAvg time.Duration `json:"delta_avg_ns,omitempty"`
+	DeltaP50 time.Duration `json:"delta_p50_ns,omitempty"`
+	Skipped  string        `json:"skipped,omitempty"`
+}
+
+// timed builds a Result from latency samples.
+func timed(name string, kind Kind, p Params, samples []time.Duration, failed int, wall time.Duration) *Result {
+	s := Summarize(samples)
+	return &Result{Scenario: name, Kind: kind, Params: p, Latency: &s, Failed: failed, Wall: wall, samples: samples}
+}
+
+// compare fills a Comparison of ours against base.
+func compare(ours, base *Result) Comparison {
+	c := Comparison{Baseline: base.Scenario}
+	switch {
+	case base.Skipped != "":
+		c.Skipped = base.Skipped
+		return c
+	case base.Error != "":
+		c.Skipped = "baseline failed: " + base.Error
+		return c
+	case ours.Latency == nil || base.Latency == nil || base.Latency.N == 0 || ours.Latency.N == 0:
+		c.Skipped = "no samples"
+		return c
+	}
+	o, b := ours.Latency, base.Latency
+	ratio := func(x, y time.Duration) float64 {
+		if y <= 0 {
+			return 0
+		}
+		return float64(x) / float64(y)
+	}
+	c.RatioAvg, c.RatioP50, c.RatioP99 = ratio(o.Avg, b.Avg), ratio(o.P50, b.P50), ratio(o.P99, b.P99)
+	c.DeltaAvg, c.DeltaP50 = o.Avg-b.Avg, o.P50-b.P50
+	return c
+}

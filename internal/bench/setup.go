@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/testimage"
+)
+
+// Setup says what a run drives.
+type Setup struct {
+	// Addr is a running cubelet ("" = start a private one from BinDir).
+	Addr string
+	// MetricsAddr is that cubelet's metrics listener (host:port), for
+	// profiles and its RSS; CubeletPID, when known, is read from /proc.
+	MetricsAddr string
+	CubeletPID  int
+	// BinDir holds cubelet and cube-agent.
+	BinDir string
+	// WorkDir holds everything the run makes; removed at the end.
+	WorkDir  string
+	RunID    string
+	Opts     Options
+	Progress *Progress
+	Log      *slog.Logger
+	// NodeTOML is appended to a private cubelet's config.
+	NodeTOML string
+}
+
+// Prepare builds the test image, starts (or dials) the cubelet, makes
+// sure the template exists, and returns the Env with its cleanup, which
+// removes everything the run made (it must be called, also on failure of
+// the run itself).
+func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Context) error, err error) {
+	if s.RunID == "" {
+		s.RunID = NewRunID()
+	}
+	if s.WorkDir == "" {
+		s.WorkDir = filepath.Join(os.TempDir(), "cube-bench-"+s.RunID)
+	}
+	if s.Log == nil {
+		s.Log = slog.Default()
+	}
+	if err := os.MkdirAll(s.WorkDir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	e := &Env{RunID: s.RunID, Opts: s.Opts, Progress: s.Progress, Log: s.Log, WorkDir: s.WorkDir, CubeletPID: s.CubeletPID}
+	var node *Node
+	var closeConn func() error
+	cleanup = func(ctx context.Context) error {
+		ctx = context.WithoutCancel(ctx)
+		var errs []error
+		errs = append(errs, e.Close(ctx))
+		if node != nil {
+			errs = append(errs, node.Stop(ctx), node.Teardown(ctx))
+		}
+		if closeConn != nil {
+			errs = append(errs, closeConn())
+		}
+		if err := os.RemoveAll(s.WorkDir); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, cleanup(ctx))
+			cleanup = nil
+		}
+	}()
+
+	images := filepath.Join(s.WorkDir, "images")
+	if e.Opts.ImageLayout, err = testimage.Busybox(ctx, images); err != nil {
+		return nil, cleanup, err
+	}
+	e.Opts.DockerTar = filepath.Join(images, "busybox.tar")
+	if err := testimage.BusyboxDockerTar(ctx, e.Opts.DockerTar); err != nil {
+		return nil, cleanup, err
+	}
+	if e.Opts.AgentBinary == "" {
+		e.Opts.AgentBinary = filepath.Join(s.BinDir, "cube-agent")
+	}
+
+	if s.Addr == "" {
+		s.Progress.Note("starting a private cubelet in %s", filepath.Join(s.WorkDir, "node"))
+		// StartNode removes what it made when it fails.
+		nd, err := StartNode(ctx, NodeConfig{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: s.NodeTOML})
+		if err != nil {
+			return nil, cleanup, err
+		}
+		node = nd
+		e.Client, e.CubeletPID, e.MetricsURL = node.Client, node.PID(), node.MetricsURL
+		e.node = node
+	} else {
+		conn, err := cubeletapi.Dial(s.Addr)
+		if err != nil {
+			return nil, cleanup, err
+		}
+		closeConn = conn.Close
+		e.Client = cubeletapi.Client(conn)
+		if s.MetricsAddr != "" {
+			e.MetricsURL = "http://" + s.MetricsAddr
+		}
+	}
+	if _, err := e.Client.GetTemplate(ctx, &pb.GetTemplateRequest{TemplateId: e.Opts.Template}); status.Code(err) == codes.NotFound {
+		if e.Opts.Template != "busybox" {
+			return nil, cleanup, fmt.Errorf("template %q does not exist on the cubelet", e.Opts.Template)
+		}
+		// The baselines run this very image; import it so both sides
+		// start the same rootfs (the cubelet must be on this host).
+		s.Progress.Note("importing template busybox from %s", e.Opts.ImageLayout)
+		if err := importTemplate(ctx, e.Client, "busybox", e.Opts.ImageLayout); err != nil {
+			return nil, cleanup, err
+		}
+	} else if err != nil {
+		return nil, cleanup, fmt.Errorf("template %s: %w", e.Opts.Template, err)
+	}
+	return e, cleanup, nil
+}
+
+func importTemplate(ctx context.Context, c pb.CubeletServiceClient, id, source string) error {
+	st, err := c.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: id, Source: source})
+	if err != nil {
+		return err
+	}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			return fmt.Errorf("import template %s: %w", id, err)
+		}
+		if ev.GetTemplate() != nil {
+			return nil
+		}
+	}
+}

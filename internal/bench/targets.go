@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"fmt"
+	"time"
+)
+
+// Target is one of issue 8's targets, checked against a report.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	// Met is nil when the run did not measure what the target needs.
+	Met *bool `json:"met,omitempty"`
+}
+
+// Evaluate checks the report against the targets. The figures are noisy
+// on shared machines; this is what a reader checks first, not a test.
+func Evaluate(rep *Report) []Target {
+	find := func(name string) *Result {
+		for _, r := range rep.Results {
+			if r.Scenario == name && r.Skipped == "" && r.Error == "" {
+				return r
+			}
+		}
+		return nil
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+	met := func(b bool) *bool { return &b }
+	var out []Target
+	ratio := func(name, want string, limit float64, ours, base string, pick func(*Summary) time.Duration, strict bool) {
+		t := Target{Name: name, Want: want, Got: "not measured"}
+		o, b := find(ours), find(base)
+		if o != nil && b != nil && o.Latency != nil && b.Latency != nil && pick(b.Latency) > 0 {
+			r := float64(pick(o.Latency)) / float64(pick(b.Latency))
+			t.Got = fmt.Sprintf("%.2fx (%s vs %s)", r, ms(pick(o.Latency)), ms(pick(b.Latency)))
+			if strict {
+				t.Met = met(r < limit)
+			} else {
+				t.Met = met(r <= limit)
+			}
+		}
+		out = append(out, t)
+	}
+	avg := func(s *Summary) time.Duration { return s.Avg }
+	ratio("create-to-ready c=1 vs bare runc run -d + first /health", "<= 1.20x (avg)", 1.2, "create-c1", "runc-run", avg, false)
+	ratio("create-to-ready c=1 vs podman run", "< 1.00x (avg)", 1.0, "create-c1", "podman-run", avg, true)
+
+	t := Target{Name: "create-to-ready P99 at c=50 vs c=1 median", Want: "<= 3.00x", Got: "not measured"}
+	if c50, c1 := find("create-c50"), find("create-c1"); c50 != nil && c1 != nil && c1.Latency.P50 > 0 {
+		r := float64(c50.Latency.P99) / float64(c1.Latency.P50)
+		t.Got = fmt.Sprintf("%.2fx (P99 %s at c=%d vs P50 %s)", r, ms(c50.Latency.P99), c50.Params.Concurrency, ms(c1.Latency.P50))
+		t.Met = met(r <= 3)
+	}
+	out = append(out, t)
+
+	delta := func(name, ours, base string) {
+		t := Target{Name: name, Want: "<= +2 ms (avg)", Got: "not measured"}
+		if o, b := find(ours), find(base); o != nil && b != nil {
+			d := o.Latency.Avg - b.Latency.Avg
+			t.Got = fmt.Sprintf("%+.2f ms (%s vs %s)", float64(d)/1e6, ms(o.Latency.Avg), ms(b.Latency.Avg))
+			t.Met = met(d <= 2*time.Millisecond)
+		}
+		out = append(out, t)
+	}
+	delta("pause vs raw freezer write", "pause", "freezer-freeze")
+	delta("pause vs bare runc pause", "pause", "runc-pause")
+	delta("resume vs raw freezer write", "resume", "freezer-thaw")
+	delta("resume vs bare runc resume", "resume", "runc-resume")
+
+	d := find("density")
+	t = Target{Name: "host memory per idle runc sandbox", Want: "<= 8 MiB (avg, agent included)", Got: "not measured"}
+	c := Target{Name: "cubelet RSS with the density sandboxes up", Want: "< 200 MiB", Got: "not measured"}
+	if d != nil && d.Density != nil {
+		dr := d.Density
+		t.Got = fmt.Sprintf("%s avg, %s P99 over %d sandboxes", dr.Total.Avg.MiB(), dr.Total.P99.MiB(), dr.Sandboxes)
+		t.Met = met(dr.Total.Avg <= 8<<20)
+		c.Got = fmt.Sprintf("%s with %d sandboxes", dr.CubeletRSS.MiB(), dr.Sandboxes)
+		c.Met = met(dr.CubeletRSS < 200<<20)
+		if dr.Sandboxes < 1000 {
+			t.Name += fmt.Sprintf(" (N=%d, target N=1000)", dr.Sandboxes)
+			c.Name += fmt.Sprintf(" (N=%d, target N=1000)", dr.Sandboxes)
+		}
+	}
+	out = append(out, t, c)
+	out = append(out, Target{Name: "gVisor / VM create from a warm template snapshot vs bare restore", Want: "<= 1.20x", Got: "not measured: no gVisor or VM runtime on this node yet"})
+	return out
+}

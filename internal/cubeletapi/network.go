@@ -1,0 +1,68 @@
+package cubeletapi
+
+import (
+	"context"
+	"errors"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+func (s *Server) UpdateSandboxNetwork(ctx context.Context, req *pb.UpdateSandboxNetworkRequest) (*pb.UpdateSandboxNetworkResponse, error) {
+	if req.Policy == nil {
+		return nil, ToGRPC(&cubelet.FieldError{Field: "policy", Msg: "required"}, req.SandboxId)
+	}
+	p, err := networkPolicyFromPB("policy", req.Policy)
+	if err != nil {
+		return nil, ToGRPC(err, req.SandboxId)
+	}
+	r, err := s.svc.UpdateNetwork(ctx, req.SandboxId, *p)
+	if err != nil {
+		return nil, ToGRPC(err, req.SandboxId)
+	}
+	return &pb.UpdateSandboxNetworkResponse{Sandbox: sandboxToPB(r)}, nil
+}
+
+// networkPolicyFromPB validates an API policy; nil stays nil (the node
+// default). A bad entry is an InvalidArgument naming its field.
+func networkPolicyFromPB(field string, p *pb.NetworkPolicy) (*policy.Policy, error) {
+	if p == nil {
+		return nil, nil
+	}
+	v, err := policy.Parse(field, policy.Spec{
+		AllowInternet: p.AllowInternetAccess, Allow: p.AllowOut, Deny: p.DenyOut,
+		MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps,
+	})
+	var fe *policy.FieldError
+	if errors.As(err, &fe) {
+		return nil, &cubelet.FieldError{Field: fe.Field, Msg: fe.Msg}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+func networkPolicyToPB(p policy.Policy) *pb.NetworkPolicy {
+	s := p.Spec()
+	return &pb.NetworkPolicy{AllowInternetAccess: s.AllowInternet, AllowOut: s.Allow, DenyOut: s.Deny,
+		MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
+}
+
+func networkToPB(r *sandbox.Record) *pb.NetworkInfo {
+	if r.Network == nil && r.NetworkPolicy == nil {
+		return nil
+	}
+	out := &pb.NetworkInfo{}
+	if r.NetworkPolicy != nil {
+		out.Policy = networkPolicyToPB(*r.NetworkPolicy)
+	} else {
+		out.Policy = networkPolicyToPB(policy.Policy{})
+	}
+	if n := r.Network; n != nil {
+		out.HostIp, out.SandboxIp, out.Netns = n.HostIP, n.SandboxIP, n.NetNS
+	}
+	return out
+}

@@ -1,0 +1,163 @@
+// Package catalog is cubemaster's SQL catalog: nodes and the templates they
+// hold, sandboxes with their metadata, deadlines and events, snapshots, and
+// API keys.
+//
+// One schema serves SQLite (modernc.org/sqlite, embedded, the default) and
+// MySQL/MariaDB (github.com/go-sql-driver/mysql): the migrations under
+// migrations/ are written in the SQL both accept, and the Go code avoids
+// dialect-specific statements (no upsert syntax, no RETURNING, no
+// AUTO_INCREMENT). Times are unix milliseconds.
+//
+// Concurrent writers of one sandbox row use optimistic concurrency: every
+// row has a version, and Update retries when another writer got there first.
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"modernc.org/sqlite" // registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// Drivers the catalog supports.
+const (
+	SQLite = "sqlite"
+	MySQL  = "mysql"
+)
+
+// Catalog is an open catalog database.
+type Catalog struct {
+	db     *sql.DB
+	driver string
+}
+
+// Open connects to the database and applies every pending migration.
+//
+// For SQLite, dsn is a file path (its directory is created); the database
+// runs in WAL mode with one connection, so writers never see SQLITE_BUSY.
+// For MySQL, dsn is a go-sql-driver DSN (user:pass@tcp(host:3306)/cube);
+// clientFoundRows is forced on so UPDATE reports matched rows, as SQLite does.
+func Open(ctx context.Context, driver, dsn string) (*Catalog, error) {
+	var db *sql.DB
+	switch driver {
+	case SQLite:
+		if dsn == "" {
+			return nil, fmt.Errorf("catalog: sqlite needs a file path: %w", errdefs.ErrInvalidArgument)
+		}
+		path, _, _ := strings.Cut(strings.TrimPrefix(dsn, "file:"), "?")
+		if path != ":memory:" {
+			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+				return nil, err
+			}
+		}
+		var err error
+		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+		if err != nil {
+			return nil, err
+		}
+		// One connection: SQLite has one writer anyway, and a single
+		// connection turns lock upgrades into waits in Go, not errors.
+		db.SetMaxOpenConns(1)
+	case MySQL:
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("catalog: mysql dsn: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		cfg.ClientFoundRows = true
+		cfg.ParseTime = false
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			return nil, err
+		}
+		db = sql.OpenDB(conn)
+		db.SetMaxOpenConns(16)
+		db.SetConnMaxLifetime(5 * time.Minute)
+	default:
+		return nil, fmt.Errorf("catalog: driver %q: want %s or %s: %w", driver, SQLite, MySQL, errdefs.ErrInvalidArgument)
+	}
+	c := &Catalog{db: db, driver: driver}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("catalog: connect: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	if err := c.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes the database.
+func (c *Catalog) Close() error { return c.db.Close() }
+
+// Driver is the database driver in use.
+func (c *Catalog) Driver() string { return c.driver }
+
+// Ping checks the database answers.
+func (c *Catalog) Ping(ctx context.Context) error { return c.db.PingContext(ctx) }
+
+// tx runs fn in a transaction, committing when it returns nil.
+func (c *Catalog) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func ms(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v).UTC()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// isDuplicate reports whether err is a unique-key violation, in either
+// dialect.
+func isDuplicate(err error) bool {
+	if err == nil {
+		return false
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == 1062
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE || se.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+	}
+	return false
+}
+
+// placeholders returns "?, ?, ?" for n values.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}

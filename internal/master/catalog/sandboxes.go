@@ -1,0 +1,359 @@
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// Sandbox states the catalog records. A sandbox row exists from the moment
+// the master decides to create it (Creating, before any node is asked) until
+// it is gone from its node.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StatePaused   = "paused"
+)
+
+// Network is a sandbox's egress configuration as the API gave it.
+type Network struct {
+	AllowInternet *bool    `json:"allow_internet,omitempty"`
+	AllowOut      []string `json:"allow_out,omitempty"`
+	DenyOut       []string `json:"deny_out,omitempty"`
+	// AllowPublicTraffic=false means proxied traffic needs the traffic
+	// access token.
+	AllowPublicTraffic *bool `json:"allow_public_traffic,omitempty"`
+}
+
+// Sandbox is one catalog row.
+type Sandbox struct {
+	ID         string
+	Version    int64 // optimistic-concurrency counter, managed by the catalog
+	TemplateID string
+	Alias      string // the name the client asked for, when it was an alias
+	NodeID     string // empty until placed
+	State      string
+	MilliCPU   int64
+	MemoryMiB  int64
+	DiskMiB    int64
+	StartedAt  time.Time
+	// EndAt is the deadline: a running sandbox past it is killed, or
+	// paused when AutoPause.
+	EndAt              time.Time
+	AutoPause          bool
+	AutoResume         bool
+	EnvdAccessToken    string
+	TrafficAccessToken string
+	EnvdVersion        string // what the sandbox's agent reports
+	Network            Network
+	APIKeyID           string
+	Metadata           map[string]string
+}
+
+const sandboxCols = `id, version, template_id, alias, node_id, state, milli_cpu, memory_mib, disk_mib, started_at, end_at,
+auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id`
+
+func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
+	var sb Sandbox
+	var started, end int64
+	var ap, ar int
+	var network string
+	if err := s.Scan(&sb.ID, &sb.Version, &sb.TemplateID, &sb.Alias, &sb.NodeID, &sb.State, &sb.MilliCPU, &sb.MemoryMiB,
+		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID); err != nil {
+		return nil, err
+	}
+	sb.StartedAt, sb.EndAt = fromMS(started), fromMS(end)
+	sb.AutoPause, sb.AutoResume = ap != 0, ar != 0
+	if network != "" {
+		if err := json.Unmarshal([]byte(network), &sb.Network); err != nil {
+			return nil, fmt.Errorf("sandbox %s: network column: %w", sb.ID, err)
+		}
+	}
+	return &sb, nil
+}
+
+func (s *Sandbox) args() []any {
+	network, _ := json.Marshal(s.Network)
+	return []any{s.ID, s.Version, s.TemplateID, s.Alias, s.NodeID, s.State, s.MilliCPU, s.MemoryMiB, s.DiskMiB,
+		ms(s.StartedAt), ms(s.EndAt), b2i(s.AutoPause), b2i(s.AutoResume), s.EnvdAccessToken, s.TrafficAccessToken,
+		s.EnvdVersion, string(network), s.APIKeyID}
+}
+
+// CreateSandbox inserts a sandbox and its metadata. AlreadyExists if the ID
+// is taken.
+func (c *Catalog) CreateSandbox(ctx context.Context, s *Sandbox) error {
+	s.Version = 1
+	err := c.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(18)+`)`, s.args()...); err != nil {
+			return err
+		}
+		return putMetadata(ctx, tx, s.ID, s.Metadata)
+	})
+	if isDuplicate(err) {
+		return fmt.Errorf("sandbox %q: %w", s.ID, errdefs.ErrAlreadyExists)
+	}
+	return err
+}
+
+func putMetadata(ctx context.Context, tx *sql.Tx, id string, md map[string]string) error {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_metadata (sandbox_id, k, v) VALUES (?, ?, ?)`, id, k, md[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetSandbox returns one sandbox with its metadata.
+func (c *Catalog) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	s, err := scanSandbox(c.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := c.loadMetadata(ctx, []*Sandbox{s}); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (c *Catalog) loadMetadata(ctx context.Context, sbs []*Sandbox) error {
+	if len(sbs) == 0 {
+		return nil
+	}
+	byID := make(map[string]*Sandbox, len(sbs))
+	args := make([]any, 0, len(sbs))
+	for _, s := range sbs {
+		byID[s.ID] = s
+		s.Metadata = map[string]string{}
+		args = append(args, s.ID)
+	}
+	rows, err := c.db.QueryContext(ctx, `SELECT sandbox_id, k, v FROM sandbox_metadata WHERE sandbox_id IN (`+placeholders(len(args))+`)`, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, k, v string
+		if err := rows.Scan(&id, &k, &v); err != nil {
+			return err
+		}
+		byID[id].Metadata[k] = v
+	}
+	return rows.Err()
+}
+
+// ErrConflict means a row changed between read and write more times than
+// Update retries; the caller may retry the whole operation.
+var ErrConflict = fmt.Errorf("catalog: concurrent update: %w", errdefs.ErrAborted)
+
+// UpdateSandbox reads a sandbox, lets fn change it, and writes it back if
+// nobody else wrote it meanwhile (else it re-reads and calls fn again).
+// fn may return an error to abort. Metadata is not rewritten.
+func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (*Sandbox, error) {
+	for attempt := range 8 {
+		if attempt > 0 {
+			// Lost a race: back off a little, with jitter, so the writers
+			// do not collide again in lockstep.
+			time.Sleep(time.Duration(rand.IntN(1<<attempt)) * time.Millisecond)
+		}
+		s, err := c.GetSandbox(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(s); err != nil {
+			return nil, err
+		}
+		s.ID = id
+		old := s.Version
+		s.Version++
+		a := s.args()
+		res, err := c.db.ExecContext(ctx, `UPDATE sandboxes SET version = ?, template_id = ?, alias = ?, node_id = ?, state = ?,
+milli_cpu = ?, memory_mib = ?, disk_mib = ?, started_at = ?, end_at = ?, auto_pause = ?, auto_resume = ?,
+envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ? WHERE id = ? AND version = ?`,
+			append(a[1:], id, old)...)
+		if err != nil {
+			return nil, err
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("sandbox %q: %w", id, ErrConflict)
+}
+
+// DeleteSandbox removes a sandbox, its metadata and its events.
+func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
+	return c.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		}
+		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`} {
+			if _, err := tx.ExecContext(ctx, q, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Query selects sandboxes. Zero fields do not filter.
+type Query struct {
+	States       []string
+	Metadata     map[string]string // every pair must match
+	TemplateID   string            // the template ID or the alias used
+	NodeID       string
+	StartedAfter time.Time
+	Ascending    bool // oldest first; default newest first
+	Limit        int  // 0 = no limit
+	// After is the cursor of the last row of the previous page (NextToken).
+	After string
+}
+
+// cursor is an opaque page token: the (started_at, id) of the last row.
+func encodeCursor(s *Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(ms(s.StartedAt), 10) + "." + s.ID))
+}
+
+func decodeCursor(tok string) (int64, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err == nil {
+		at, id, ok := strings.Cut(string(b), ".")
+		if v, perr := strconv.ParseInt(at, 10, 64); ok && perr == nil && id != "" {
+			return v, id, nil
+		}
+	}
+	return 0, "", fmt.Errorf("nextToken %q is not a valid page token: %w", tok, errdefs.ErrInvalidArgument)
+}
+
+// ListSandboxes returns a page of matching sandboxes ordered by start time
+// (then ID), and the cursor of the next page ("" when this is the last).
+func (c *Catalog) ListSandboxes(ctx context.Context, q Query) ([]*Sandbox, string, error) {
+	var where []string
+	var args []any
+	if len(q.States) > 0 {
+		where = append(where, `state IN (`+placeholders(len(q.States))+`)`)
+		for _, s := range q.States {
+			args = append(args, s)
+		}
+	}
+	keys := make([]string, 0, len(q.Metadata))
+	for k := range q.Metadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		where = append(where, `EXISTS (SELECT 1 FROM sandbox_metadata m WHERE m.sandbox_id = sandboxes.id AND m.k = ? AND m.v = ?)`)
+		args = append(args, k, q.Metadata[k])
+	}
+	if q.TemplateID != "" {
+		where = append(where, `(template_id = ? OR alias = ?)`)
+		args = append(args, q.TemplateID, q.TemplateID)
+	}
+	if q.NodeID != "" {
+		where = append(where, `node_id = ?`)
+		args = append(args, q.NodeID)
+	}
+	if !q.StartedAfter.IsZero() {
+		where = append(where, `started_at >= ?`)
+		args = append(args, ms(q.StartedAfter))
+	}
+	order, cmp := "DESC", "<"
+	if q.Ascending {
+		order, cmp = "ASC", ">"
+	}
+	if q.After != "" {
+		at, id, err := decodeCursor(q.After)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, `(started_at `+cmp+` ? OR (started_at = ? AND id `+cmp+` ?))`)
+		args = append(args, at, at, id)
+	}
+	stmt := `SELECT ` + sandboxCols + ` FROM sandboxes`
+	if len(where) > 0 {
+		stmt += ` WHERE ` + strings.Join(where, ` AND `)
+	}
+	stmt += ` ORDER BY started_at ` + order + `, id ` + order
+	if q.Limit > 0 {
+		// One extra row tells whether there is a next page.
+		stmt += ` LIMIT ` + strconv.Itoa(q.Limit+1)
+	}
+	out, err := c.querySandboxes(ctx, stmt, args...)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit]
+		next = encodeCursor(out[len(out)-1])
+	}
+	if err := c.loadMetadata(ctx, out); err != nil {
+		return nil, "", err
+	}
+	return out, next, nil
+}
+
+func (c *Catalog) querySandboxes(ctx context.Context, stmt string, args ...any) ([]*Sandbox, error) {
+	rows, err := c.db.QueryContext(ctx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		s, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// Expired returns running sandboxes whose deadline is at or before now,
+// earliest first, at most limit.
+func (c *Catalog) Expired(ctx context.Context, now time.Time, limit int) ([]*Sandbox, error) {
+	return c.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? AND end_at <= ? ORDER BY end_at LIMIT `+strconv.Itoa(limit),
+		StateRunning, ms(now))
+}
+
+// CountByNode returns how many sandboxes the catalog places on each node.
+func (c *Catalog) CountByNode(ctx context.Context) (map[string]int, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT node_id, COUNT(*) FROM sandboxes GROUP BY node_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,123 @@
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// Snapshot is a sandbox snapshot, held by the node it was taken on.
+type Snapshot struct {
+	ID         string
+	Name       string // optional, unique when set
+	SandboxID  string
+	NodeID     string
+	TemplateID string
+	HasMemory  bool
+	// EnvdAccessToken is the token the snapshotted agent holds: a sandbox
+	// restored from the memory image needs it to be given a new one.
+	EnvdAccessToken string
+	CreatedAt       time.Time
+}
+
+const snapshotCols = `id, name, sandbox_id, node_id, template_id, has_memory, envd_access_token, created_at`
+
+func scanSnapshot(s interface{ Scan(...any) error }) (*Snapshot, error) {
+	var sn Snapshot
+	var mem int
+	var created int64
+	if err := s.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.NodeID, &sn.TemplateID, &mem, &sn.EnvdAccessToken, &created); err != nil {
+		return nil, err
+	}
+	sn.HasMemory, sn.CreatedAt = mem != 0, fromMS(created)
+	return &sn, nil
+}
+
+// CreateSnapshot records a snapshot. AlreadyExists if the ID is taken.
+func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
+	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(8)+`)`,
+		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt))
+	if isDuplicate(err) {
+		return fmt.Errorf("snapshot %q: %w", s.ID, errdefs.ErrAlreadyExists)
+	}
+	return err
+}
+
+// GetSnapshot finds a snapshot by ID or, failing that, by name (the newest
+// of that name).
+func (c *Catalog) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, error) {
+	s, err := scanSnapshot(c.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, idOrName))
+	if errors.Is(err, sql.ErrNoRows) {
+		s, err = scanSnapshot(c.db.QueryRowContext(ctx,
+			`SELECT `+snapshotCols+` FROM snapshots WHERE name = ? ORDER BY created_at DESC LIMIT 1`, idOrName))
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("snapshot %q: %w", idOrName, errdefs.ErrNotFound)
+	}
+	return s, err
+}
+
+// SnapshotQuery selects snapshots; zero fields do not filter.
+type SnapshotQuery struct {
+	SandboxID string
+	Name      string // matches the name or the ID
+	Limit     int
+	After     string // ID of the last row of the previous page
+}
+
+// ListSnapshots returns a page of snapshots by ID and the next page's token.
+func (c *Catalog) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]*Snapshot, string, error) {
+	stmt := `SELECT ` + snapshotCols + ` FROM snapshots WHERE id > ?`
+	args := []any{q.After}
+	if q.SandboxID != "" {
+		stmt += ` AND sandbox_id = ?`
+		args = append(args, q.SandboxID)
+	}
+	if q.Name != "" {
+		stmt += ` AND (name = ? OR id = ?)`
+		args = append(args, q.Name, q.Name)
+	}
+	stmt += ` ORDER BY id`
+	if q.Limit > 0 {
+		stmt += ` LIMIT ` + strconv.Itoa(q.Limit+1)
+	}
+	rows, err := c.db.QueryContext(ctx, stmt, args...)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []*Snapshot
+	for rows.Next() {
+		s, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if q.Limit > 0 && len(out) > q.Limit {
+		out = out[:q.Limit]
+		next = out[len(out)-1].ID
+	}
+	return out, next, nil
+}
+
+// DeleteSnapshot forgets a snapshot.
+func (c *Catalog) DeleteSnapshot(ctx context.Context, id string) error {
+	res, err := c.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}

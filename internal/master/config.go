@@ -1,0 +1,164 @@
+package master
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"time"
+
+	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+//go:embed default.toml
+var defaultTOML []byte
+
+// DefaultTOML returns the embedded default configuration.
+func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
+
+// Duration is a time.Duration written as "20s" in TOML.
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Config is cubemaster's configuration; default.toml documents every field.
+type Config struct {
+	API struct {
+		E2B        string `toml:"e2b"`
+		Node       string `toml:"node"`
+		Socket     string `toml:"socket"`
+		AdminToken string `toml:"admin_token"`
+	} `toml:"api"`
+	Proxy struct {
+		Listen string `toml:"listen"`
+		Domain string `toml:"domain"`
+	} `toml:"proxy"`
+	Catalog struct {
+		Driver string `toml:"driver"`
+		DSN    string `toml:"dsn"`
+	} `toml:"catalog"`
+	Nodes struct {
+		HeartbeatInterval Duration `toml:"heartbeat_interval"`
+		UnhealthyAfter    Duration `toml:"unhealthy_after"`
+		Token             string   `toml:"token"`
+	} `toml:"nodes"`
+	Sandbox struct {
+		DefaultTimeout   Duration `toml:"default_timeout"`
+		V1DefaultTimeout Duration `toml:"v1_default_timeout"`
+		MaxTimeout       Duration `toml:"max_timeout"`
+		MilliCPU         int64    `toml:"milli_cpu"`
+		MemoryMiB        int64    `toml:"memory_mib"`
+		ExpiryInterval   Duration `toml:"expiry_interval"`
+		EnvdVersion      string   `toml:"envd_version"`
+		CreateTimeout    Duration `toml:"create_timeout"`
+	} `toml:"sandbox"`
+	Templates struct {
+		Aliases map[string]string `toml:"aliases"`
+	} `toml:"templates"`
+	Scheduler scheduler.Config `toml:"scheduler"`
+	APIKeys   struct {
+		CacheTTL Duration `toml:"cache_ttl"`
+	} `toml:"apikeys"`
+}
+
+// LoadConfig returns the defaults with the file at path (if any) merged
+// over them. Unknown keys are an error.
+func LoadConfig(path string) (*Config, error) {
+	var data []byte
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+	}
+	c, err := ParseConfig(data)
+	if err != nil && path != "" {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, err
+}
+
+// ParseConfig is LoadConfig for TOML text in memory.
+func ParseConfig(data []byte) (*Config, error) {
+	var c Config
+	if err := toml.Unmarshal(defaultTOML, &c); err != nil {
+		return nil, fmt.Errorf("embedded config: %w", err)
+	}
+	if len(data) > 0 {
+		dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			var sme *toml.StrictMissingError
+			if errors.As(err, &sme) {
+				return nil, fmt.Errorf("%s: %w", sme.String(), errdefs.ErrInvalidArgument)
+			}
+			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	}
+	return &c, c.validate()
+}
+
+var versionRE = regexp.MustCompile(`^\d+\.\d+\.\d+$`)
+
+func (c *Config) validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("config: "+f+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	if c.Catalog.Driver != catalog.SQLite && c.Catalog.Driver != catalog.MySQL {
+		return bad("catalog.driver %q: want sqlite or mysql", c.Catalog.Driver)
+	}
+	if c.Catalog.DSN == "" {
+		return bad("catalog.dsn is required")
+	}
+	for name, d := range map[string]time.Duration{
+		"nodes.heartbeat_interval": c.Nodes.HeartbeatInterval.Duration, "nodes.unhealthy_after": c.Nodes.UnhealthyAfter.Duration,
+		"sandbox.default_timeout": c.Sandbox.DefaultTimeout.Duration, "sandbox.v1_default_timeout": c.Sandbox.V1DefaultTimeout.Duration,
+		"sandbox.max_timeout": c.Sandbox.MaxTimeout.Duration, "sandbox.expiry_interval": c.Sandbox.ExpiryInterval.Duration,
+		"sandbox.create_timeout": c.Sandbox.CreateTimeout.Duration, "apikeys.cache_ttl": c.APIKeys.CacheTTL.Duration,
+	} {
+		if d <= 0 {
+			return bad("%s must be positive", name)
+		}
+	}
+	if c.Nodes.UnhealthyAfter.Duration < c.Nodes.HeartbeatInterval.Duration {
+		return bad("nodes.unhealthy_after (%s) must be at least nodes.heartbeat_interval (%s)", c.Nodes.UnhealthyAfter, c.Nodes.HeartbeatInterval)
+	}
+	if c.Sandbox.DefaultTimeout.Duration > c.Sandbox.MaxTimeout.Duration || c.Sandbox.V1DefaultTimeout.Duration > c.Sandbox.MaxTimeout.Duration {
+		return bad("sandbox default timeouts exceed sandbox.max_timeout")
+	}
+	if c.Sandbox.MilliCPU <= 0 || c.Sandbox.MemoryMiB < 16 {
+		return bad("sandbox.milli_cpu must be positive and sandbox.memory_mib at least 16")
+	}
+	if !versionRE.MatchString(c.Sandbox.EnvdVersion) {
+		return bad("sandbox.envd_version %q: want MAJOR.MINOR.PATCH", c.Sandbox.EnvdVersion)
+	}
+	for alias, id := range c.Templates.Aliases {
+		if len(alias) == 0 || len(alias) > 128 {
+			return bad("templates.aliases: alias %q: 1-128 characters", alias)
+		}
+		if err := sandbox.ValidateID("template", id); err != nil {
+			return bad("templates.aliases.%s: %v", alias, err)
+		}
+	}
+	if c.API.E2B == "" && c.API.Node == "" && c.API.Socket == "" {
+		return bad("every API listener is disabled")
+	}
+	return nil
+}

@@ -1,0 +1,354 @@
+package master
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	// Template is a template ID, an alias (templates.aliases), or the ID
+	// or name of a snapshot.
+	Template string
+	// Timeout is the time to live; 0 = sandbox.default_timeout.
+	Timeout    time.Duration
+	Metadata   map[string]string
+	Env        map[string]string
+	AutoPause  bool
+	AutoResume bool
+	// Secure issues an envd access token the SDK must send.
+	Secure   bool
+	Network  catalog.Network
+	APIKeyID string
+}
+
+// FieldError is an InvalidArgument about one request field.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+func (e *FieldError) Unwrap() error { return errdefs.ErrInvalidArgument }
+
+func fieldErr(field, f string, a ...any) error { return &FieldError{Field: field, Msg: fmt.Sprintf(f, a...)} }
+
+// Limits on what clients store in the catalog.
+const (
+	maxMetadata      = 64
+	maxMetadataKey   = 128
+	maxMetadataValue = 512
+	maxEnv           = 256
+	maxEnvValue      = 128 << 10
+	maxNetworkRules  = 256
+)
+
+var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func validText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidateMetadata checks sandbox metadata (also used for list filters).
+func ValidateMetadata(md map[string]string) error {
+	if len(md) > maxMetadata {
+		return fieldErr("metadata", "%d entries, at most %d", len(md), maxMetadata)
+	}
+	for k, v := range md {
+		if k == "" || len(k) > maxMetadataKey || !validText(k) {
+			return fieldErr("metadata", "key %q: 1-%d printable characters", k, maxMetadataKey)
+		}
+		if len(v) > maxMetadataValue || !validText(v) {
+			return fieldErr("metadata", "value of %q: at most %d printable characters", k, maxMetadataValue)
+		}
+	}
+	return nil
+}
+
+func validateEnv(env map[string]string) error {
+	if len(env) > maxEnv {
+		return fieldErr("envVars", "%d entries, at most %d", len(env), maxEnv)
+	}
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return fieldErr("envVars", "invalid name %q", k)
+		}
+		if len(v) > maxEnvValue || strings.ContainsRune(v, 0) {
+			return fieldErr("envVars", "value of %q: at most %d bytes, no NUL", k, maxEnvValue)
+		}
+	}
+	return nil
+}
+
+// ValidateNetwork checks egress rules: CIDRs or IP addresses. Domain names
+// need the egress proxy, which does not exist yet.
+func ValidateNetwork(n catalog.Network) error {
+	for field, list := range map[string][]string{"network.allowOut": n.AllowOut, "network.denyOut": n.DenyOut} {
+		if len(list) > maxNetworkRules {
+			return fieldErr(field, "%d entries, at most %d", len(list), maxNetworkRules)
+		}
+		for _, e := range list {
+			if _, err := netip.ParsePrefix(e); err == nil {
+				continue
+			}
+			if _, err := netip.ParseAddr(e); err == nil {
+				continue
+			}
+			if strings.ContainsAny(e, "abcdefghijklmnopqrstuvwxyz*") {
+				return fieldErr(field, "%q: domain names are not supported yet, only CIDRs and IP addresses", e)
+			}
+			return fieldErr(field, "%q is not a CIDR or an IP address", e)
+		}
+	}
+	return nil
+}
+
+func (s *Service) validateTimeout(field string, d time.Duration) error {
+	if d < 0 {
+		return fieldErr(field, "must not be negative")
+	}
+	if d > s.cfg.Sandbox.MaxTimeout.Duration {
+		return fieldErr(field, "%s exceeds the maximum %s", d, s.cfg.Sandbox.MaxTimeout.Duration)
+	}
+	return nil
+}
+
+func token() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// resolveTemplate turns the name a client used into a template ID present
+// on some node, or a snapshot. Neither found: NotFound (a malformed name:
+// InvalidArgument).
+func (s *Service) resolveTemplate(ctx context.Context, name string) (tmpl string, snap *catalog.Snapshot, err error) {
+	if name == "" {
+		return "", nil, fieldErr("templateID", "required")
+	}
+	if !templateNameRE.MatchString(name) {
+		if _, alias := s.cfg.Templates.Aliases[name]; !alias {
+			return "", nil, fieldErr("templateID", "%q is not a valid template or snapshot name", name)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		present := map[string]bool{}
+		for _, n := range s.schedNodes() {
+			for t := range n.Templates {
+				present[t] = true
+			}
+		}
+		if present[name] {
+			return name, nil, nil
+		}
+		if id, ok := s.cfg.Templates.Aliases[name]; ok && present[id] {
+			return id, nil, nil
+		}
+		if snap, err := s.cat.GetSnapshot(ctx, name); err == nil {
+			return snap.TemplateID, snap, nil
+		} else if !errdefs.IsNotFound(err) {
+			return "", nil, err
+		}
+		// A template imported on a node since its last heartbeat: ask the
+		// nodes once before saying no.
+		if attempt > 0 || !s.refreshAllTemplates(ctx) {
+			return "", nil, fmt.Errorf("template %q not found: %w", name, errdefs.ErrNotFound)
+		}
+	}
+}
+
+// templateNameRE admits template IDs, snapshot IDs and snapshot names
+// (which may carry a namespace and a tag, as E2B's do).
+var templateNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
+// refreshAllTemplates re-reads every healthy node's templates, at most
+// once a second (misses from clients must not turn into a storm of node
+// calls). It reports whether it refreshed.
+func (s *Service) refreshAllTemplates(ctx context.Context) bool {
+	s.refreshMu.Lock()
+	if time.Since(s.lastRefresh) < time.Second {
+		s.refreshMu.Unlock()
+		return false
+	}
+	s.lastRefresh = time.Now()
+	s.refreshMu.Unlock()
+	for _, n := range s.schedNodes() {
+		if n.Healthy {
+			s.refreshTemplates(ctx, n.ID)
+		}
+	}
+	return true
+}
+
+// Create places a new sandbox on a node and returns it running.
+//
+// The catalog row is written (state creating) before any node is asked,
+// and records the node before the node is asked, so a master that dies
+// mid-create leaves a row that reconcile resolves. A node that refuses
+// (full, over its create limit, unreachable) is skipped for the next; a
+// node whose answer was lost is told to delete what it may have made
+// before the next is tried, so one ID never runs twice.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandbox, error) {
+	if req.Timeout == 0 {
+		req.Timeout = s.cfg.Sandbox.DefaultTimeout.Duration
+	}
+	if err := s.validateTimeout("timeout", req.Timeout); err != nil {
+		return nil, err
+	}
+	if err := ValidateMetadata(req.Metadata); err != nil {
+		return nil, err
+	}
+	if err := validateEnv(req.Env); err != nil {
+		return nil, err
+	}
+	if err := ValidateNetwork(req.Network); err != nil {
+		return nil, err
+	}
+	tmpl, snap, err := s.resolveTemplate(ctx, req.Template)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sb := &catalog.Sandbox{
+		ID: sandbox.NewID(), TemplateID: tmpl, State: catalog.StateCreating,
+		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, DiskMiB: s.templateSizeMiB(tmpl),
+		StartedAt: now, EndAt: now.Add(req.Timeout),
+		AutoPause: req.AutoPause, AutoResume: req.AutoResume,
+		Network: req.Network, APIKeyID: req.APIKeyID, Metadata: req.Metadata,
+	}
+	if req.Template != tmpl || snap != nil {
+		sb.Alias = req.Template
+	}
+	if req.Secure {
+		sb.EnvdAccessToken = token()
+	}
+	if p := req.Network.AllowPublicTraffic; p != nil && !*p {
+		sb.TrafficAccessToken = token()
+	}
+	if snap != nil {
+		return s.createFromSnapshot(ctx, sb, snap, req.Env)
+	}
+	if err := s.cat.CreateSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	s.creating.Store(sb.ID, true)
+	defer s.creating.Delete(sb.ID)
+	// The create runs to its end even if the client goes away: a half-made
+	// sandbox is worse than an unwanted one, which its deadline collects.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Sandbox.CreateTimeout.Duration)
+	defer cancel()
+	start := time.Now()
+	var created *cubeletpb.Sandbox
+	node, err := s.sched.Place(cctx, s.schedNodes(), scheduler.Request{TemplateID: tmpl, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB},
+		func(ctx context.Context, n *scheduler.Node) error {
+			var err error
+			created, err = s.createOn(ctx, n.ID, sb, req.Env)
+			return err
+		})
+	if err != nil {
+		s.forgetFailed(sb.ID)
+		var nn *scheduler.NoNodeError
+		if errors.As(err, &nn) && errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("template %q not found on any node: %w", req.Template, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	sb.NodeID = node.ID
+	if err := s.initAgent(cctx, sb, created, req.Env, ""); err != nil {
+		s.log.Error("agent init failed; destroying the new sandbox", "sandbox_id", sb.ID, "node_id", node.ID, "err", err)
+		s.destroyOn(node.ID, sb.ID)
+		s.forgetFailed(sb.ID)
+		return nil, err
+	}
+	up, err := s.cat.UpdateSandbox(cctx, sb.ID, func(r *catalog.Sandbox) error {
+		r.State, r.NodeID, r.EnvdVersion = catalog.StateRunning, node.ID, sb.EnvdVersion
+		// The deadline counts from when the sandbox is ready.
+		r.EndAt = time.Now().UTC().Add(req.Timeout)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.event(sb.ID, "info", "sandbox created", map[string]string{"node": node.ID, "template": tmpl, "duration": time.Since(start).String()})
+	s.log.Info("sandbox created", "sandbox_id", sb.ID, "node_id", node.ID, "template", tmpl, "duration", time.Since(start))
+	return up, nil
+}
+
+// createOn asks one node to create the sandbox.
+func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string) (*cubeletpb.Sandbox, error) {
+	c, err := s.client(nodeID)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error { r.NodeID = nodeID; return nil }); err != nil {
+		return nil, err
+	}
+	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
+	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
+		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
+		Labels:    map[string]string{ManagedLabel: ManagedValue},
+		Env:       env,
+		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
+		Network:   networkPolicy(sb.Network),
+	})
+	err = fromGRPC(nodeID, err)
+	done(err == nil)
+	if err != nil {
+		s.log.Warn("node refused create", "sandbox_id", sb.ID, "node_id", nodeID, "err", err)
+		if maybeCreated(err) {
+			s.destroyOn(nodeID, sb.ID)
+		}
+		return nil, err
+	}
+	return resp.Sandbox, nil
+}
+
+// destroyOn deletes a sandbox from a node, best effort: used to undo.
+// What it cannot delete, the node's next reconcile does (the sandbox
+// carries the managed label and has no catalog row).
+func (s *Service) destroyOn(nodeID, id string) {
+	c, err := s.client(nodeID)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: id, SandboxId: id}); err != nil {
+		if err := fromGRPC(nodeID, err); !errdefs.IsNotFound(err) {
+			s.log.Warn("undo create: delete on node failed; its reconcile will", "sandbox_id", id, "node_id", nodeID, "err", err)
+		}
+	}
+}
+
+// forgetFailed removes the row of a create that did not happen.
+func (s *Service) forgetFailed(id string) {
+	if err := s.cat.DeleteSandbox(context.Background(), id); err != nil && !errdefs.IsNotFound(err) {
+		s.log.Error("remove row of failed create", "sandbox_id", id, "err", err)
+	}
+}
+
+func networkPolicy(n catalog.Network) *cubeletpb.NetworkPolicy {
+	return &cubeletpb.NetworkPolicy{AllowInternetAccess: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+}

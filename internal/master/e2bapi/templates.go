@@ -1,0 +1,68 @@
+package e2bapi
+
+import (
+	"net/http"
+
+	"github.com/cubesandbox/cube/internal/master"
+)
+
+// Templates are imported on nodes (cubecli template import), not built
+// through this API: the build endpoints are not served.
+
+func (h *Handler) templateJSON(t master.Template) templateJSON {
+	names := append([]string{t.ID}, t.Aliases...)
+	aliases := t.Aliases
+	if aliases == nil {
+		aliases = []string{}
+	}
+	return templateJSON{
+		TemplateID: t.ID, BuildID: t.Digest, BuildStatus: "ready", BuildCount: 1,
+		CPUCount: cpuCount(h.cfg.MilliCPU), MemoryMB: h.cfg.MemoryMiB, DiskSizeMB: (t.SizeBytes + 1<<20 - 1) >> 20,
+		EnvdVersion: h.cfg.EnvdVersion, Aliases: aliases, Names: names,
+		CreatedAt: timeJSON(t.CreatedAt), UpdatedAt: timeJSON(t.CreatedAt),
+	}
+}
+
+func (h *Handler) listTemplates(w http.ResponseWriter, r *http.Request) {
+	ts := h.b.Templates()
+	out := make([]templateJSON, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, h.templateJSON(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) getTemplate(w http.ResponseWriter, r *http.Request) {
+	t, err := h.b.GetTemplate(r.Context(), r.PathValue("templateID"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	tj := h.templateJSON(t)
+	writeJSON(w, http.StatusOK, templateWithBuilds{
+		TemplateID: tj.TemplateID, Aliases: tj.Aliases, Names: tj.Names, CreatedAt: tj.CreatedAt, UpdatedAt: tj.UpdatedAt,
+		Builds: []templateBuild{{
+			BuildID: tj.BuildID, Status: "ready", CPUCount: tj.CPUCount, MemoryMB: tj.MemoryMB, DiskSizeMB: tj.DiskSizeMB,
+			EnvdVersion: tj.EnvdVersion, CreatedAt: tj.CreatedAt, UpdatedAt: tj.UpdatedAt, FinishedAt: tj.CreatedAt,
+		}},
+	})
+}
+
+// deleteTemplate deletes a snapshot or a template (E2B's SDK deletes
+// snapshots through this path too).
+func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if _, err := h.b.DeleteTemplate(r.Context(), r.PathValue("templateID")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request) {
+	t, err := h.b.GetTemplate(r.Context(), r.PathValue("alias"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, templateAlias{TemplateID: t.ID})
+}

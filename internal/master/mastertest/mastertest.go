@@ -1,0 +1,324 @@
+// Package mastertest runs real cubemasters and real cubelets for tests: a
+// master on a private SQLite catalog with its APIs on loopback ports and a
+// private socket, and any number of in-process cubelets (each with its own
+// data dir, XFS pool, runc root and cgroup parent, from cubelettest) that
+// register with it and heartbeat.
+package mastertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/server"
+)
+
+// Master is a running cubemaster.
+type Master struct {
+	Dir    string
+	Config *master.Config
+	Server *server.Server
+	Socket string
+	Admin  masterpb.AdminServiceClient
+	conn   *grpc.ClientConn
+	t      testing.TB
+}
+
+// Log is a slog.Logger writing to t.
+func Log(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// StartMaster starts a master for t with extra TOML merged over the test
+// defaults (fast heartbeats and deadline checks).
+func StartMaster(t testing.TB, extraTOML string) *Master {
+	t.Helper()
+	cubelettest.RequireRoot(t)
+	dir, err := os.MkdirTemp("", "cube-master-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	m := &Master{Dir: dir, Socket: filepath.Join(dir, "master.sock"), t: t}
+	toml := fmt.Sprintf(`
+[api]
+e2b = "127.0.0.1:0"
+node = ""
+socket = %q
+[proxy]
+listen = "127.0.0.1:0"
+domain = "cube.test"
+[catalog]
+dsn = %q
+[nodes]
+heartbeat_interval = "200ms"
+unhealthy_after = "1s"
+[sandbox]
+expiry_interval = "100ms"
+memory_mib = 64
+`, m.Socket, filepath.Join(dir, "catalog.db"))
+	m.Config, err = master.ParseConfig([]byte(toml + "\n" + extraTOML))
+	if err != nil {
+		t.Fatalf("master config: %v", err)
+	}
+	m.Start(t)
+	t.Cleanup(func() { m.Stop(t) })
+	return m
+}
+
+// Start (re)starts the master on its catalog.
+func (m *Master) Start(t testing.TB) {
+	t.Helper()
+	srv, err := server.Start(context.Background(), m.Config, Log(t))
+	if err != nil {
+		t.Fatalf("start master: %v", err)
+	}
+	m.Server = srv
+	conn, err := grpc.NewClient("unix://"+m.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.conn, m.Admin = conn, masterpb.NewAdminServiceClient(conn)
+	waitFor(t, 10*time.Second, "master socket", func() bool {
+		_, err := m.Admin.ListNodes(context.Background(), &masterpb.ListNodesRequest{})
+		return err == nil
+	})
+}
+
+// Stop stops the master; sandboxes and cubelets keep running. Idempotent.
+func (m *Master) Stop(t testing.TB) {
+	if m.Server == nil {
+		return
+	}
+	m.conn.Close()
+	if err := m.Server.Stop(); err != nil {
+		t.Errorf("stop master: %v", err)
+	}
+	m.Server = nil
+}
+
+// APIKey creates an API key through the admin API.
+func (m *Master) APIKey(t testing.TB) string {
+	t.Helper()
+	resp, err := m.Admin.CreateAPIKey(context.Background(), &masterpb.CreateAPIKeyRequest{Name: fmt.Sprintf("test-%d", time.Now().UnixNano())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Secret
+}
+
+// Node returns the admin view of one node.
+func (m *Master) Node(t testing.TB, id string) *masterpb.Node {
+	t.Helper()
+	resp, err := m.Admin.ListNodes(context.Background(), &masterpb.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range resp.Nodes {
+		if n.Report.NodeId == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// WaitHealthy waits until every node is registered and healthy.
+func (m *Master) WaitHealthy(t testing.TB, nodes ...*Node) {
+	t.Helper()
+	for _, n := range nodes {
+		waitFor(t, 15*time.Second, "node "+n.ID+" healthy", func() bool {
+			v := m.Node(t, n.ID)
+			return v != nil && v.Healthy
+		})
+	}
+}
+
+// Node is a real cubelet registered with a master.
+type Node struct {
+	ID     string
+	Env    *cubelettest.Env
+	Svc    *cubelet.Service
+	Client cubeletpb.CubeletServiceClient
+	stop   context.CancelFunc
+	done   chan struct{}
+	closed bool
+}
+
+// StartNode starts a cubelet that registers with m and has the busybox
+// test image imported as each of templates.
+func StartNode(t testing.TB, m *Master, templates ...string) *Node {
+	t.Helper()
+	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = \"unix://%s\"\nheartbeat_interval = \"200ms\"\n", m.Socket))
+	n := &Node{ID: env.Config.Node.ID, Env: env}
+	n.Start(t)
+	for _, id := range templates {
+		env.ImportBusybox(t, n.Svc, id)
+	}
+	conn, err := cubeletapi.Dial(env.Config.API.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	n.Client = cubeletapi.Client(conn)
+	return n
+}
+
+// Start (re)starts the cubelet and its API. The cubelet is closed at the
+// end of the test unless Stop closed it first.
+func (n *Node) Start(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	svc, err := cubelet.New(ctx, n.Env.Config, Log(t).With("node", n.ID))
+	if err != nil {
+		t.Fatalf("start cubelet: %v", err)
+	}
+	n.Svc, n.closed = svc, false
+	t.Cleanup(func() { n.Stop(t) })
+	n.StartAPI(t)
+}
+
+// StartAPI serves the cubelet's gRPC API.
+func (n *Node) StartAPI(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop, n.done = cancel, make(chan struct{})
+	svc, done := n.Svc, n.done
+	go func() { _ = cubeletapi.Serve(ctx, svc, Log(t)); close(done) }()
+	t.Cleanup(n.StopAPI)
+	waitFor(t, 10*time.Second, "cubelet socket", func() bool {
+		_, err := os.Stat(n.Env.Config.API.Socket)
+		return err == nil
+	})
+}
+
+// StopAPI stops serving the gRPC API; the cubelet (and its heartbeats)
+// keep running. Idempotent.
+func (n *Node) StopAPI() {
+	if n.stop != nil {
+		n.stop()
+		<-n.done
+		n.stop = nil
+	}
+}
+
+// Stop stops the API and the cubelet: heartbeats stop, sandboxes keep
+// running. Idempotent.
+func (n *Node) Stop(t testing.TB) {
+	n.StopAPI()
+	if n.closed {
+		return
+	}
+	n.closed = true
+	if err := n.Svc.Close(); err != nil {
+		t.Errorf("close cubelet: %v", err)
+	}
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WaitFor polls ok every 20 ms until it holds or d passes.
+func WaitFor(t testing.TB, d time.Duration, what string, ok func() bool) { t.Helper(); waitFor(t, d, what, ok) }
+
+// Client is an E2B REST client with one API key.
+type Client struct {
+	Base string
+	Key  string
+	HC   *http.Client
+}
+
+// API returns a REST client for the master's E2B API.
+func (m *Master) API(key string) *Client {
+	return &Client{Base: "http://" + m.Server.E2BAddr, Key: key, HC: &http.Client{Timeout: 2 * time.Minute}}
+}
+
+// Do sends a request with a JSON body (nil for none) and decodes a JSON
+// answer into out (nil to ignore). It returns the response with its body
+// read into Body.
+func (c *Client) Do(t testing.TB, method, path string, body, out any) *Response {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		if s, ok := body.(string); ok {
+			rd = strings.NewReader(s)
+		} else {
+			b, err := json.Marshal(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rd = bytes.NewReader(b)
+		}
+	}
+	req, err := http.NewRequest(method, c.Base+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Key != "" {
+		req.Header.Set("X-API-KEY", c.Key)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.HC.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode/100 == 2 && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
+		}
+	}
+	return &Response{Response: resp, Body: data}
+}
+
+// Response is an answer with its body.
+type Response struct {
+	*http.Response
+	Body []byte
+}
+
+// Error decodes an E2B error body.
+func (r *Response) Error() (code int, message string) {
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	_ = json.Unmarshal(r.Body, &e)
+	return e.Code, e.Message
+}

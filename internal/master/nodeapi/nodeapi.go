@@ -1,0 +1,317 @@
+// Package nodeapi is cubemaster's gRPC edge: the NodeService cubelets
+// register and heartbeat on, and the AdminService cubecli uses. Both are
+// thin adapters over master.Service; errors become status codes here.
+//
+// Where they are served:
+//
+//   - the unix socket (api.socket, mode 0600: root only) serves both;
+//   - the TCP address (api.node) serves NodeService, and AdminService only
+//     when api.admin_token is set, to callers presenting it.
+//
+// When nodes.token is set, every NodeService call must carry it.
+package nodeapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+)
+
+// ToGRPC classifies err once, here.
+func ToGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		code = codes.InvalidArgument
+	case errdefs.IsNotFound(err):
+		code = codes.NotFound
+	case errdefs.IsAlreadyExists(err):
+		code = codes.AlreadyExists
+	case errdefs.IsFailedPrecondition(err):
+		code = codes.FailedPrecondition
+	case errdefs.IsResourceExhausted(err):
+		code = codes.ResourceExhausted
+	case errdefs.IsUnavailable(err):
+		code = codes.Unavailable
+	case errdefs.IsNotImplemented(err):
+		code = codes.Unimplemented
+	case errors.Is(err, errdefs.ErrAborted):
+		code = codes.Aborted
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}
+
+// NodeServer implements masterpb.NodeServiceServer.
+type NodeServer struct {
+	masterpb.UnimplementedNodeServiceServer
+	svc *master.Service
+}
+
+// Register implements NodeService.
+func (n *NodeServer) Register(ctx context.Context, req *masterpb.RegisterRequest) (*masterpb.RegisterResponse, error) {
+	if err := n.svc.Register(ctx, req.Node); err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.RegisterResponse{HeartbeatInterval: durationpb.New(n.svc.Config().Nodes.HeartbeatInterval.Duration)}, nil
+}
+
+// Heartbeat implements NodeService.
+func (n *NodeServer) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) (*masterpb.HeartbeatResponse, error) {
+	ok, err := n.svc.Heartbeat(ctx, req.Node)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.HeartbeatResponse{Registered: ok, HeartbeatInterval: durationpb.New(n.svc.Config().Nodes.HeartbeatInterval.Duration)}, nil
+}
+
+// AdminServer implements masterpb.AdminServiceServer.
+type AdminServer struct {
+	masterpb.UnimplementedAdminServiceServer
+	svc *master.Service
+}
+
+func ts(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func nodeToPB(v master.NodeView) *masterpb.Node {
+	return &masterpb.Node{
+		Report: v.Report, Healthy: v.Healthy, Reason: v.Reason, Schedulable: v.Schedulable,
+		RegisteredAt: ts(v.RegisteredAt), LastHeartbeat: ts(v.LastHeartbeat), Sandboxes: int32(v.Sandboxes),
+	}
+}
+
+// ListNodes implements AdminService.
+func (a *AdminServer) ListNodes(ctx context.Context, _ *masterpb.ListNodesRequest) (*masterpb.ListNodesResponse, error) {
+	views, err := a.svc.Nodes(ctx)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	out := &masterpb.ListNodesResponse{}
+	for _, v := range views {
+		out.Nodes = append(out.Nodes, nodeToPB(v))
+	}
+	return out, nil
+}
+
+// SetNodeSchedulable implements AdminService.
+func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetNodeSchedulableRequest) (*masterpb.SetNodeSchedulableResponse, error) {
+	v, err := a.svc.SetSchedulable(ctx, req.NodeId, req.Schedulable)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.SetNodeSchedulableResponse{Node: nodeToPB(v)}, nil
+}
+
+func keyToPB(k *catalog.APIKey) *masterpb.APIKey {
+	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt)}
+}
+
+// CreateAPIKey implements AdminService.
+func (a *AdminServer) CreateAPIKey(ctx context.Context, req *masterpb.CreateAPIKeyRequest) (*masterpb.CreateAPIKeyResponse, error) {
+	k, secret, err := a.svc.Keys().Create(ctx, req.Name)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.CreateAPIKeyResponse{Key: keyToPB(k), Secret: secret}, nil
+}
+
+// ListAPIKeys implements AdminService.
+func (a *AdminServer) ListAPIKeys(ctx context.Context, _ *masterpb.ListAPIKeysRequest) (*masterpb.ListAPIKeysResponse, error) {
+	keys, err := a.svc.Keys().List(ctx)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	out := &masterpb.ListAPIKeysResponse{}
+	for _, k := range keys {
+		out.Keys = append(out.Keys, keyToPB(k))
+	}
+	return out, nil
+}
+
+// DeleteAPIKey implements AdminService.
+func (a *AdminServer) DeleteAPIKey(ctx context.Context, req *masterpb.DeleteAPIKeyRequest) (*masterpb.DeleteAPIKeyResponse, error) {
+	if _, err := a.svc.Keys().Delete(ctx, req.Key); err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.DeleteAPIKeyResponse{}, nil
+}
+
+// ListSandboxes implements AdminService.
+func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandboxesRequest) (*masterpb.ListSandboxesResponse, error) {
+	sbs, err := a.svc.ListAll(ctx, catalog.Query{States: req.States, Metadata: req.Metadata, NodeID: req.NodeId, Ascending: true})
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	out := &masterpb.ListSandboxesResponse{}
+	for _, s := range sbs {
+		out.Sandboxes = append(out.Sandboxes, &masterpb.Sandbox{
+			SandboxId: s.ID, TemplateId: s.TemplateID, Alias: s.Alias, NodeId: s.NodeID, State: s.State,
+			Metadata: s.Metadata, StartedAt: ts(s.StartedAt), EndAt: ts(s.EndAt),
+			MilliCpu: s.MilliCPU, MemoryMib: s.MemoryMiB, AutoPause: s.AutoPause,
+		})
+	}
+	return out, nil
+}
+
+func templateToPB(t master.Template) *masterpb.ClusterTemplate {
+	return &masterpb.ClusterTemplate{TemplateId: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, Nodes: t.Nodes, CreatedAt: ts(t.CreatedAt)}
+}
+
+// ListTemplates implements AdminService.
+func (a *AdminServer) ListTemplates(context.Context, *masterpb.ListTemplatesRequest) (*masterpb.ListTemplatesResponse, error) {
+	out := &masterpb.ListTemplatesResponse{}
+	for _, t := range a.svc.Templates() {
+		out.Templates = append(out.Templates, templateToPB(t))
+	}
+	return out, nil
+}
+
+// ImportTemplate implements AdminService.
+func (a *AdminServer) ImportTemplate(ctx context.Context, req *masterpb.ImportTemplateRequest) (*masterpb.ImportTemplateResponse, error) {
+	t, err := a.svc.ImportTemplate(ctx, req.TemplateId, req.Source, req.NodeId)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.ImportTemplateResponse{Template: templateToPB(t)}, nil
+}
+
+// DeleteTemplate implements AdminService.
+func (a *AdminServer) DeleteTemplate(ctx context.Context, req *masterpb.DeleteTemplateRequest) (*masterpb.DeleteTemplateResponse, error) {
+	nodes, err := a.svc.DeleteTemplate(ctx, req.TemplateId)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.DeleteTemplateResponse{Nodes: nodes}, nil
+}
+
+func tokenOK(ctx context.Context, header, want string) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get(header) {
+		if subtle.ConstantTimeCompare([]byte(v), []byte(want)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// guard checks the node token on NodeService calls and, when adminToken
+// is set, the admin token on AdminService calls.
+func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasPrefix(info.FullMethod, "/master.v1.NodeService/"):
+			if nodeToken != "" && !tokenOK(ctx, masterpb.NodeTokenHeader, nodeToken) {
+				return nil, status.Error(codes.Unauthenticated, "missing or wrong node token (master nodes.token)")
+			}
+		case strings.HasPrefix(info.FullMethod, "/master.v1.AdminService/"):
+			if adminToken != "" && !tokenOK(ctx, masterpb.AdminTokenHeader, adminToken) {
+				return nil, status.Error(codes.Unauthenticated, "missing or wrong admin token")
+			}
+		}
+		return h(ctx, req)
+	}
+}
+
+// Serve runs the socket and TCP listeners until ctx ends.
+func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
+	cfg := svc.Config()
+	var servers []*grpc.Server
+	var lis []net.Listener
+	closeAll := func() {
+		for _, l := range lis {
+			l.Close()
+		}
+	}
+	if p := cfg.API.Socket; p != "" {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		_ = os.Remove(p)
+		l, err := net.Listen("unix", p)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", p, err)
+		}
+		if err := os.Chmod(p, 0o600); err != nil {
+			l.Close()
+			return err
+		}
+		lis = append(lis, l)
+		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
+		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
+		masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
+		servers = append(servers, gs)
+	}
+	if a := cfg.API.Node; a != "" {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen %s: %w", a, err)
+		}
+		lis = append(lis, l)
+		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)))
+		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
+		if cfg.API.AdminToken != "" {
+			masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
+		}
+		servers = append(servers, gs)
+	}
+	errc := make(chan error, len(lis))
+	for i, l := range lis {
+		log.Info("cubemaster node API listening", "addr", l.Addr().String())
+		go func() { errc <- servers[i].Serve(l) }()
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	for _, gs := range servers {
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(5 * time.Second):
+			gs.Stop()
+		}
+	}
+	if p := cfg.API.Socket; p != "" {
+		_ = os.Remove(p)
+	}
+	if errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,145 @@
+package master
+
+import (
+	"context"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+)
+
+// dropUnplaced removes rows of creates that never reached a node (the
+// master died between writing the row and picking a node).
+func (s *Service) dropUnplaced(ctx context.Context) error {
+	rows, _, err := s.cat.ListSandboxes(ctx, catalog.Query{States: []string{catalog.StateCreating}})
+	if err != nil {
+		return err
+	}
+	for _, sb := range rows {
+		if sb.NodeID == "" {
+			s.log.Info("reconcile: dropping a create that never reached a node", "sandbox_id", sb.ID)
+			if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// reconcileAll reconciles every node known at start-up, retrying the ones
+// that cannot be reached until each has been done once.
+func (s *Service) reconcileAll(ctx context.Context) {
+	s.reg.mu.Lock()
+	todo := map[string]bool{}
+	for id := range s.reg.nodes {
+		todo[id] = true
+	}
+	s.reg.mu.Unlock()
+	for len(todo) > 0 {
+		for id := range todo {
+			if err := s.reconcileNode(ctx, id); err == nil {
+				delete(todo, id)
+			} else if ctx.Err() == nil {
+				s.log.Debug("reconcile: node not reachable yet", "node_id", id, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// reconcileNode makes the catalog agree with what a node really holds:
+//
+//   - a row whose sandbox the node no longer has is dropped;
+//   - a row still "creating" with no create in flight here (the master
+//     died mid-create, the client never got it) is destroyed and dropped;
+//   - a row whose state differs from the node's (paused vs running) takes
+//     the node's;
+//   - a sandbox carrying the managed label with no row (a kill while the
+//     node was away, or an undo that could not reach it) is destroyed.
+//
+// Sandboxes made on the node without the master (cubecli) are left alone.
+func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
+	c, err := s.client(nodeID)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	resp, err := c.ListSandboxes(ctx, &cubeletpb.ListSandboxesRequest{})
+	if err != nil {
+		return fromGRPC(nodeID, err)
+	}
+	onNode := map[string]*cubeletpb.Sandbox{}
+	for _, sb := range resp.Sandboxes {
+		onNode[sb.Id] = sb
+	}
+	rows, _, err := s.cat.ListSandboxes(ctx, catalog.Query{NodeID: nodeID})
+	if err != nil {
+		return err
+	}
+	rowIDs := map[string]bool{}
+	var dropped, fixed, orphans int
+	for _, row := range rows {
+		rowIDs[row.ID] = true
+		if _, inFlight := s.creating.Load(row.ID); inFlight {
+			continue
+		}
+		unlock, err := s.locks.lock(ctx, row.ID)
+		if err != nil {
+			return err
+		}
+		// Re-read under the lock: a verb may have finished meanwhile.
+		cur, err := s.cat.GetSandbox(ctx, row.ID)
+		if err != nil {
+			unlock()
+			continue
+		}
+		nsb := onNode[row.ID]
+		switch {
+		case nsb == nil:
+			s.log.Warn("reconcile: sandbox gone from its node; dropping it", "sandbox_id", row.ID, "node_id", nodeID, "state", cur.State)
+			_ = s.cat.DeleteSandbox(ctx, row.ID)
+			dropped++
+		case cur.State == catalog.StateCreating:
+			s.log.Warn("reconcile: destroying a create the master did not finish", "sandbox_id", row.ID, "node_id", nodeID)
+			s.destroyOn(nodeID, row.ID)
+			_ = s.cat.DeleteSandbox(ctx, row.ID)
+			dropped++
+		default:
+			want := ""
+			switch nsb.State {
+			case cubeletpb.SandboxState_SANDBOX_STATE_RUNNING:
+				want = catalog.StateRunning
+			case cubeletpb.SandboxState_SANDBOX_STATE_PAUSED:
+				want = catalog.StatePaused
+			}
+			if want != "" && want != cur.State {
+				s.log.Info("reconcile: sandbox state from its node", "sandbox_id", row.ID, "catalog", cur.State, "node", want)
+				if _, err := s.cat.UpdateSandbox(ctx, row.ID, func(r *catalog.Sandbox) error { r.State = want; return nil }); err == nil {
+					fixed++
+				}
+			}
+		}
+		s.routes.drop(row.ID)
+		unlock()
+	}
+	for id, nsb := range onNode {
+		if rowIDs[id] || nsb.Labels[ManagedLabel] != ManagedValue {
+			continue
+		}
+		if _, err := s.cat.GetSandbox(ctx, id); err == nil {
+			continue // placed on this node since the listing
+		}
+		s.log.Warn("reconcile: destroying a managed sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID)
+		s.destroyOn(nodeID, id)
+		orphans++
+	}
+	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),
+		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans)
+	return nil
+}

@@ -1,0 +1,417 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/scheduler"
+)
+
+// registry is the master's live view of its nodes. The catalog holds the
+// same facts durably (so a restarted master knows where every sandbox is
+// before the first heartbeat); the registry adds what only matters while
+// running: connections to each cubelet and placements not yet reflected
+// in a heartbeat.
+//
+// A node is healthy while its last heartbeat is younger than
+// nodes.unhealthy_after and it reported every condition OK. An unhealthy
+// node gets no new sandboxes; its existing ones stay in the catalog.
+type registry struct {
+	mu    sync.Mutex
+	nodes map[string]*nodeState
+}
+
+type nodeState struct {
+	report      *masterpb.NodeReport
+	lastSeen    time.Time
+	registered  time.Time
+	schedulable bool
+	conn        *grpc.ClientConn
+	client      cubeletpb.CubeletServiceClient
+	// pending are placements made since the node's last heartbeat: the
+	// scheduler counts them on top of the reported allocation so that a
+	// burst of creates does not all pick the same node.
+	pending map[string]reservation
+	healthy bool // as last logged
+}
+
+type reservation struct {
+	cpu, mem  int64
+	template  string
+	committed time.Time // zero while the create is in flight
+}
+
+var nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+func validateReport(r *masterpb.NodeReport) error {
+	if r == nil {
+		return fmt.Errorf("node report missing: %w", errdefs.ErrInvalidArgument)
+	}
+	if !nodeIDRE.MatchString(r.NodeId) {
+		return fmt.Errorf("node id %q: 1-64 letters, digits, '.', '_' or '-': %w", r.NodeId, errdefs.ErrInvalidArgument)
+	}
+	if r.Address == "" {
+		return fmt.Errorf("node %s: address missing: %w", r.NodeId, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// dialNode connects to a cubelet: "unix:///path", "/path" or "host:port".
+func dialNode(addr string) (*grpc.ClientConn, error) {
+	target := addr
+	if strings.HasPrefix(addr, "/") {
+		target = "unix://" + addr
+	}
+	return grpc.NewClient(target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}))
+}
+
+// setAddress (re)connects a node when its address changed. Caller holds mu.
+func (n *nodeState) setAddress(addr string) error {
+	if n.conn != nil && n.conn.Target() == addr || n.conn != nil && n.conn.Target() == "unix://"+addr {
+		return nil
+	}
+	conn, err := dialNode(addr)
+	if err != nil {
+		return fmt.Errorf("node address %q: %v: %w", addr, err, errdefs.ErrInvalidArgument)
+	}
+	if n.conn != nil {
+		n.conn.Close()
+	}
+	n.conn, n.client = conn, cubeletpb.NewCubeletServiceClient(conn)
+	return nil
+}
+
+// loadNodes fills the registry from the catalog at start-up.
+func (s *Service) loadNodes(ctx context.Context) error {
+	nodes, err := s.cat.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	for _, n := range nodes {
+		var rep masterpb.NodeReport
+		if err := protojson.Unmarshal(n.Report, &rep); err != nil {
+			s.log.Warn("catalog node report unreadable; waiting for its next registration", "node_id", n.ID, "err", err)
+			continue
+		}
+		ns := &nodeState{report: &rep, lastSeen: n.LastHeartbeat, registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
+		if err := ns.setAddress(n.Address); err != nil {
+			s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
+			continue
+		}
+		ns.healthy = s.healthOf(ns, time.Now()) == ""
+		s.reg.nodes[n.ID] = ns
+	}
+	return nil
+}
+
+func reportTemplates(r *masterpb.NodeReport) []catalog.NodeTemplate {
+	out := make([]catalog.NodeTemplate, 0, len(r.Templates))
+	for _, t := range r.Templates {
+		out = append(out, catalog.NodeTemplate{NodeID: r.NodeId, TemplateID: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.AsTime()})
+	}
+	return out
+}
+
+// Register records a (re)started cubelet and reconciles the catalog with
+// the sandboxes it really has (in the background: registration must not
+// wait on a call back to the node).
+func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
+	if err := validateReport(r); err != nil {
+		return err
+	}
+	now := time.Now()
+	if err := s.putNode(ctx, r, now, true); err != nil {
+		return err
+	}
+	s.log.Info("node registered", "node_id", r.NodeId, "address", r.Address, "version", r.Version, "templates", len(r.Templates))
+	s.goBackground(func(ctx context.Context) {
+		if err := s.reconcileNode(ctx, r.NodeId); err != nil {
+			s.log.Warn("reconcile node", "node_id", r.NodeId, "err", err)
+		}
+	})
+	return nil
+}
+
+// Heartbeat records a node's report. It returns false when the node is not
+// registered (the cubelet then registers again).
+func (s *Service) Heartbeat(ctx context.Context, r *masterpb.NodeReport) (bool, error) {
+	if err := validateReport(r); err != nil {
+		return false, err
+	}
+	s.reg.mu.Lock()
+	_, known := s.reg.nodes[r.NodeId]
+	s.reg.mu.Unlock()
+	if !known {
+		return false, nil
+	}
+	return true, s.putNode(ctx, r, time.Now(), false)
+}
+
+func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.Time, registered bool) error {
+	raw, err := protojson.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := s.cat.PutNode(ctx, &catalog.Node{ID: r.NodeId, Address: r.Address, Report: raw, RegisteredAt: now, LastHeartbeat: now},
+		reportTemplates(r), registered); err != nil {
+		return fmt.Errorf("record node %s: %w", r.NodeId, err)
+	}
+	// A node new to this process keeps the cordon the catalog remembers.
+	schedulable := true
+	s.reg.mu.Lock()
+	_, known := s.reg.nodes[r.NodeId]
+	s.reg.mu.Unlock()
+	if !known {
+		if cn, err := s.cat.GetNode(ctx, r.NodeId); err == nil {
+			schedulable = cn.Schedulable
+		}
+	}
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[r.NodeId]
+	if ns == nil {
+		ns = &nodeState{schedulable: schedulable, registered: now, pending: map[string]reservation{}}
+	}
+	if err := ns.setAddress(r.Address); err != nil {
+		return err
+	}
+	if registered {
+		ns.registered = now
+	}
+	ns.report, ns.lastSeen = r, now
+	// The report now includes every create that finished before it.
+	for id, p := range ns.pending {
+		if !p.committed.IsZero() {
+			delete(ns.pending, id)
+		}
+	}
+	s.reg.nodes[r.NodeId] = ns
+	s.noteHealth(r.NodeId, ns, now)
+	return nil
+}
+
+// healthOf returns "" for a healthy node, else why not. Caller holds mu.
+func (s *Service) healthOf(ns *nodeState, now time.Time) string {
+	if age := now.Sub(ns.lastSeen); age > s.cfg.Nodes.UnhealthyAfter.Duration {
+		return fmt.Sprintf("no heartbeat for %s", age.Round(time.Second))
+	}
+	if ns.report != nil && !ns.report.Ok {
+		var bad []string
+		for _, c := range ns.report.Conditions {
+			if !c.Ok {
+				bad = append(bad, c.Type+": "+c.Message)
+			}
+		}
+		return "conditions failing: " + strings.Join(bad, "; ")
+	}
+	return ""
+}
+
+// noteHealth logs a node's health transitions. Caller holds mu.
+func (s *Service) noteHealth(id string, ns *nodeState, now time.Time) {
+	reason := s.healthOf(ns, now)
+	if healthy := reason == ""; healthy != ns.healthy {
+		ns.healthy = healthy
+		if healthy {
+			s.log.Info("node healthy", "node_id", id)
+		} else {
+			s.log.Warn("node unhealthy: no new sandboxes go there", "node_id", id, "reason", reason)
+		}
+	}
+}
+
+// watchHealth notices nodes that go silent (nothing else would: a silent
+// node sends nothing).
+func (s *Service) watchHealth(ctx context.Context) {
+	tick := time.NewTicker(max(s.cfg.Nodes.UnhealthyAfter.Duration/4, 50*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			s.reg.mu.Lock()
+			for id, ns := range s.reg.nodes {
+				s.noteHealth(id, ns, now)
+			}
+			s.reg.mu.Unlock()
+		}
+	}
+}
+
+// client returns the gRPC client of a node.
+func (s *Service) client(nodeID string) (cubeletpb.CubeletServiceClient, error) {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[nodeID]
+	if ns == nil || ns.client == nil {
+		return nil, fmt.Errorf("node %q is not registered: %w", nodeID, errdefs.ErrUnavailable)
+	}
+	return ns.client, nil
+}
+
+// nodeHealthy reports whether a node is registered and healthy.
+func (s *Service) nodeHealthy(nodeID string) bool {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[nodeID]
+	return ns != nil && s.healthOf(ns, time.Now()) == ""
+}
+
+// schedNodes is the scheduler's view of every node, pending placements
+// included.
+func (s *Service) schedNodes() []*scheduler.Node {
+	now := time.Now()
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	out := make([]*scheduler.Node, 0, len(s.reg.nodes))
+	for id, ns := range s.reg.nodes {
+		r := ns.report
+		n := &scheduler.Node{
+			ID: id, Healthy: s.healthOf(ns, now) == "", Schedulable: ns.schedulable,
+			Templates: map[string]bool{}, TemplateSandboxes: map[string]int{},
+			MilliCPU: int64(r.Cpus) * 1000, MemoryMiB: r.MemoryBytes >> 20,
+			AllocMilliCPU: r.AllocatedMilliCpu, AllocMemoryMiB: r.AllocatedMemoryMib,
+			MaxMilliCPU: r.MaxMilliCpu, MaxMemoryMiB: r.MaxMemoryMib,
+		}
+		for _, rt := range r.Runtimes {
+			n.Runtimes = append(n.Runtimes, rt.Name)
+		}
+		for _, t := range r.Templates {
+			n.Templates[t.Id] = true
+		}
+		for st, c := range r.SandboxesByState {
+			if st != "destroyed" {
+				n.Sandboxes += int(c)
+			}
+		}
+		for t, c := range r.SandboxesByTemplate {
+			n.TemplateSandboxes[t] = int(c)
+		}
+		for _, p := range ns.pending {
+			n.AllocMilliCPU += p.cpu
+			n.AllocMemoryMiB += p.mem
+			n.Sandboxes++
+			n.TemplateSandboxes[p.template]++
+		}
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// reserve counts a placement against a node until its next heartbeat; the
+// returned func is called with the create's outcome.
+func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(ok bool) {
+	s.reg.mu.Lock()
+	if ns := s.reg.nodes[nodeID]; ns != nil {
+		ns.pending[sandboxID] = reservation{cpu: cpu, mem: mem, template: template}
+	}
+	s.reg.mu.Unlock()
+	return func(ok bool) {
+		s.reg.mu.Lock()
+		defer s.reg.mu.Unlock()
+		ns := s.reg.nodes[nodeID]
+		if ns == nil {
+			return
+		}
+		if !ok {
+			delete(ns.pending, sandboxID)
+			return
+		}
+		p := ns.pending[sandboxID]
+		p.committed = time.Now()
+		ns.pending[sandboxID] = p
+	}
+}
+
+// NodeView is a node as the admin API shows it.
+type NodeView struct {
+	Report        *masterpb.NodeReport
+	Healthy       bool
+	Reason        string
+	Schedulable   bool
+	RegisteredAt  time.Time
+	LastHeartbeat time.Time
+	Sandboxes     int
+}
+
+// Nodes lists every registered node.
+func (s *Service) Nodes(ctx context.Context) ([]NodeView, error) {
+	counts, err := s.cat.CountByNode(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	out := make([]NodeView, 0, len(s.reg.nodes))
+	for id, ns := range s.reg.nodes {
+		reason := s.healthOf(ns, now)
+		out = append(out, NodeView{
+			Report: ns.report, Healthy: reason == "", Reason: reason, Schedulable: ns.schedulable,
+			RegisteredAt: ns.registered, LastHeartbeat: ns.lastSeen, Sandboxes: counts[id],
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Report.NodeId < out[j].Report.NodeId })
+	return out, nil
+}
+
+// SetSchedulable cordons or uncordons a node.
+func (s *Service) SetSchedulable(ctx context.Context, nodeID string, on bool) (NodeView, error) {
+	if err := s.cat.SetSchedulable(ctx, nodeID, on); err != nil {
+		return NodeView{}, err
+	}
+	s.reg.mu.Lock()
+	if ns := s.reg.nodes[nodeID]; ns != nil {
+		ns.schedulable = on
+	}
+	s.reg.mu.Unlock()
+	s.log.Info("node schedulable changed", "node_id", nodeID, "schedulable", on)
+	views, err := s.Nodes(ctx)
+	if err != nil {
+		return NodeView{}, err
+	}
+	for _, v := range views {
+		if v.Report.NodeId == nodeID {
+			return v, nil
+		}
+	}
+	return NodeView{}, fmt.Errorf("node %q: %w", nodeID, errdefs.ErrNotFound)
+}
+
+// isLocal reports whether a node runs on this machine in this PID
+// namespace, so its sandboxes' /proc/<pid>/ns/net are ours to enter.
+func (s *Service) isLocal(nodeID string) bool {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[nodeID]
+	return ns != nil && ns.report.BootId != "" && ns.report.BootId == s.self.bootID && ns.report.PidNamespace == s.self.pidNS
+}
+
+// nodeRow is a node's catalog row from its live state.
+func nodeRow(r *masterpb.NodeReport, ns *nodeState) *catalog.Node {
+	raw, _ := protojson.Marshal(r)
+	return &catalog.Node{ID: r.NodeId, Address: r.Address, Report: raw, RegisteredAt: ns.registered, LastHeartbeat: ns.lastSeen}
+}

@@ -1,0 +1,221 @@
+package master
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/proxy"
+)
+
+// routeTTL bounds how long a resolved target is reused. Verbs that move a
+// sandbox (pause, resume, kill) drop its entry at once; the TTL only
+// matters for changes the master did not make.
+const routeTTL = 30 * time.Second
+
+type routeCache struct {
+	mu sync.Mutex
+	m  map[string]routeEntry
+}
+
+type routeEntry struct {
+	t       *proxy.Target
+	expires time.Time
+}
+
+func newRouteCache() *routeCache { return &routeCache{m: map[string]routeEntry{}} }
+
+func (c *routeCache) get(id string) *proxy.Target {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[id]
+	if !ok || time.Now().After(e.expires) {
+		delete(c.m, id)
+		return nil
+	}
+	return e.t
+}
+
+func (c *routeCache) put(id string, t *proxy.Target) {
+	c.mu.Lock()
+	c.m[id] = routeEntry{t: t, expires: time.Now().Add(routeTTL)}
+	c.mu.Unlock()
+}
+
+func (c *routeCache) drop(id string) {
+	c.mu.Lock()
+	delete(c.m, id)
+	c.mu.Unlock()
+}
+
+var _ proxy.Resolver = (*Service)(nil)
+
+// Resolve implements proxy.Resolver: where a running sandbox can be
+// reached. A paused one is FailedPrecondition (the route answers 409; the
+// cubeproxy of the next issue resumes it instead).
+func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error) {
+	if t := s.routes.get(id); t != nil {
+		return t, nil
+	}
+	sb, err := s.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	switch sb.State {
+	case catalog.StateRunning:
+	case catalog.StatePaused:
+		return nil, fmt.Errorf("sandbox %s is paused; connect to it to resume it: %w", id, errdefs.ErrFailedPrecondition)
+	default:
+		return nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	t, err := s.targetFor(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	s.routes.put(id, t)
+	return t, nil
+}
+
+// targetFor asks the sandbox's node where it is, whatever its state.
+func (s *Service) targetFor(ctx context.Context, sb *catalog.Sandbox) (*proxy.Target, error) {
+	c, err := s.client(sb.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.GetSandbox(ctx, &cubeletpb.GetSandboxRequest{SandboxId: sb.ID})
+	if err != nil {
+		return nil, fromGRPC(sb.NodeID, err)
+	}
+	return s.target(sb, resp.Sandbox), nil
+}
+
+func (s *Service) target(sb *catalog.Sandbox, pb *cubeletpb.Sandbox) *proxy.Target {
+	t := &proxy.Target{SandboxID: sb.ID, NodeID: sb.NodeID, HostIP: pb.GetNetwork().GetHostIp()}
+	if pb.Pid > 0 && s.isLocal(sb.NodeID) {
+		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", pb.Pid)
+	}
+	if n := sb.Network.AllowPublicTraffic; n != nil && !*n {
+		t.TrafficAccessToken = sb.TrafficAccessToken
+	}
+	return t
+}
+
+// agentClient talks HTTP to the cube-agent (envd) in sandboxes, through
+// the same dialer as the route: its transport's host is the sandbox ID.
+type agentClient struct {
+	s  *Service
+	hc *http.Client
+	tr *http.Transport
+}
+
+type agentTargetKey struct{}
+
+func newAgentClient(s *Service) *agentClient {
+	tr := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			t, ok := ctx.Value(agentTargetKey{}).(*proxy.Target)
+			if !ok {
+				return nil, fmt.Errorf("agent call without a target: %w", errdefs.ErrInternal)
+			}
+			_, ps, _ := net.SplitHostPort(addr)
+			port, _ := strconv.Atoi(ps)
+			return s.dialer.DialSandbox(ctx, t, port)
+		},
+		// No pooling: every call may be for a sandbox whose network
+		// namespace was just created or restored.
+		DisableKeepAlives: true,
+	}
+	return &agentClient{s: s, tr: tr, hc: &http.Client{Transport: tr, Timeout: 15 * time.Second}}
+}
+
+func (a *agentClient) close() { a.tr.CloseIdleConnections() }
+
+// do sends one request to the agent of t. token, when set, goes in
+// X-Access-Token.
+func (a *agentClient) do(ctx context.Context, t *proxy.Target, method, path, token string, body any, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	ctx = context.WithValue(ctx, agentTargetKey{}, t)
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+net.JoinHostPort(t.SandboxID, strconv.Itoa(proxy.AgentPort))+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("agent of %s: %v: %w", t.SandboxID, err, errdefs.ErrUnavailable)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode/100 != 2 {
+		return resp.StatusCode, fmt.Errorf("agent of %s: %s %s: %s: %s", t.SandboxID, method, path, resp.Status, bytes.TrimSpace(data))
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("agent of %s: %s: %w", t.SandboxID, path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// agentInfo is cube-agent's GET /_cube/info.
+type agentInfo struct {
+	EnvdVersion string `json:"envdVersion"`
+}
+
+// agentInit is envd's POST /init body.
+type agentInit struct {
+	EnvVars     map[string]string `json:"envVars,omitempty"`
+	AccessToken *string           `json:"accessToken,omitempty"`
+	Timestamp   *time.Time        `json:"timestamp,omitempty"`
+}
+
+// initAgent reads the agent's envd version and hands it the sandbox's
+// environment and access token. oldToken is the token the agent may
+// already hold (a clone restored from a snapshot of a secured sandbox).
+func (s *Service) initAgent(ctx context.Context, sb *catalog.Sandbox, pb *cubeletpb.Sandbox, env map[string]string, oldToken string) error {
+	t := s.target(sb, pb)
+	var info agentInfo
+	code, err := s.agents.do(ctx, t, http.MethodGet, "/_cube/info", oldToken, nil, &info)
+	switch {
+	case err == nil && versionRE.MatchString(info.EnvdVersion):
+		sb.EnvdVersion = info.EnvdVersion
+	case code == http.StatusNotFound || err == nil:
+		sb.EnvdVersion = s.cfg.Sandbox.EnvdVersion // an agent without the endpoint
+	default:
+		return err
+	}
+	if sb.EnvdAccessToken == "" && len(env) == 0 && oldToken == "" {
+		return nil
+	}
+	now := time.Now().UTC()
+	req := agentInit{EnvVars: env, Timestamp: &now}
+	tok := sb.EnvdAccessToken
+	req.AccessToken = &tok
+	if _, err := s.agents.do(ctx, t, http.MethodPost, "/init", oldToken, req, nil); err != nil {
+		return fmt.Errorf("initialise agent: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+// Package server runs a whole cubemaster: the service and its three edges
+// (the node/admin gRPC API, the E2B REST API, the built-in data-plane
+// route). cmd/cubemaster and the tests start it the same way.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/e2bapi"
+	"github.com/cubesandbox/cube/internal/master/nodeapi"
+	"github.com/cubesandbox/cube/internal/proxy"
+)
+
+// Server is a running cubemaster.
+type Server struct {
+	Service *master.Service
+	// Addresses actually bound (useful when the config says port 0).
+	E2BAddr, ProxyAddr string
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	errs   []error
+}
+
+// Start opens the catalog and serves every configured listener. Stop (or
+// ctx ending) shuts it down.
+func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...master.Option) (*Server, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	svc, err := master.New(ctx, cfg, log, opts...)
+	if err != nil {
+		return nil, err
+	}
+	var lis []net.Listener
+	listen := func(addr string) (net.Listener, error) {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range lis {
+				l.Close()
+			}
+			svc.Close()
+			return nil, fmt.Errorf("listen %s: %w", addr, err)
+		}
+		lis = append(lis, l)
+		return l, nil
+	}
+	var e2bLn, proxyLn net.Listener
+	if cfg.API.E2B != "" {
+		if e2bLn, err = listen(cfg.API.E2B); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Proxy.Listen != "" {
+		if proxyLn, err = listen(cfg.Proxy.Listen); err != nil {
+			return nil, err
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	s := &Server{Service: svc, cancel: cancel}
+	s.run(func() error { return nodeapi.Serve(rctx, svc, log) })
+	if e2bLn != nil {
+		s.E2BAddr = e2bLn.Addr().String()
+		api := e2bapi.New(svc, e2bapi.Config{
+			Domain: cfg.Proxy.Domain, EnvdVersion: cfg.Sandbox.EnvdVersion, V1DefaultTimeout: cfg.Sandbox.V1DefaultTimeout.Duration,
+			MilliCPU: cfg.Sandbox.MilliCPU, MemoryMiB: cfg.Sandbox.MemoryMiB,
+		}, log)
+		log.Info("E2B API listening", "addr", s.E2BAddr)
+		s.run(func() error { return e2bapi.Serve(rctx, api, e2bLn) })
+	}
+	if proxyLn != nil {
+		s.ProxyAddr = proxyLn.Addr().String()
+		route := proxy.New(proxy.Config{Resolver: svc, Domain: cfg.Proxy.Domain, Log: log})
+		log.Info("sandbox route listening", "addr", s.ProxyAddr, "domain", cfg.Proxy.Domain)
+		s.run(func() error { return route.Serve(rctx, proxyLn) })
+	}
+	return s, nil
+}
+
+func (s *Server) run(fn func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := fn(); err != nil {
+			s.mu.Lock()
+			s.errs = append(s.errs, err)
+			s.mu.Unlock()
+			s.cancel() // one edge down takes the whole master down
+		}
+	}()
+}
+
+// Wait blocks until every edge has stopped, then closes the service.
+func (s *Server) Wait() error {
+	s.wg.Wait()
+	err := s.Service.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(append(s.errs, err)...)
+}
+
+// Stop shuts every edge down and closes the service.
+func (s *Server) Stop() error {
+	s.cancel()
+	return s.Wait()
+}

@@ -1,0 +1,224 @@
+// Package master is cubemaster: the control plane that places sandboxes on
+// nodes and keeps track of them. Service is the in-process API; its edges
+// are package nodeapi (gRPC for cubelets and cubecli) and package e2bapi
+// (the E2B-compatible REST API), and it serves as the Resolver of the
+// data-plane route (package proxy).
+//
+// The SQL catalog is the source of truth for what the cluster should hold:
+// every sandbox row is written before its node is asked to create it, so a
+// master that dies at any instant finds, on restart, every sandbox it may
+// have started (see reconcile.go). The nodes are the truth for what runs.
+//
+// Lifecycle of a sandbox as the catalog sees it:
+//
+//	        create                pause
+//	(none) --------> creating ---> running <------> paused
+//	                    |            |      resume/     |
+//	                    | failed     | kill,  connect   | kill
+//	                    v            v expiry           v
+//	                 (none)        (none)             (none)
+//
+// Deadlines: a running sandbox past its end_at is killed, or paused when it
+// was created with autoPause (expiry.go). A paused sandbox has no deadline
+// until it runs again.
+package master
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/master/apikey"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/proxy"
+)
+
+// ManagedLabel marks the sandboxes cubemaster creates, so a node's
+// reconcile can tell them from sandboxes made with cubecli directly.
+const (
+	ManagedLabel = "cube.managed-by"
+	ManagedValue = "cubemaster"
+)
+
+// Service is cubemaster.
+type Service struct {
+	cfg    *Config
+	log    *slog.Logger
+	cat    *catalog.Catalog
+	keys   *apikey.Keys
+	sched  *scheduler.Scheduler
+	reg    *registry
+	self   identity
+	dialer proxy.Dialer
+	agents *agentClient
+	routes *routeCache
+
+	locks keyedMutex
+
+	refreshMu   sync.Mutex
+	lastRefresh time.Time // templates re-read from the nodes
+	// creating holds the IDs of creates in flight in this process, so
+	// reconcile leaves their rows alone.
+	creating sync.Map
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// identity is this machine and PID namespace: a node with the same one
+// runs here, and its sandboxes' network namespaces can be entered.
+type identity struct{ bootID, pidNS string }
+
+func selfIdentity() identity {
+	var id identity
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		id.bootID = strings.TrimSpace(string(b))
+	}
+	id.pidNS, _ = os.Readlink("/proc/self/ns/pid")
+	return id
+}
+
+// Option adjusts a Service.
+type Option func(*Service)
+
+// WithDialer replaces the dialer used to reach sandboxes (agent calls and
+// the route).
+func WithDialer(d proxy.Dialer) Option { return func(s *Service) { s.dialer = d } }
+
+// New opens the catalog (applying migrations), loads the nodes it knows,
+// and starts the background loops: node health, deadlines, and a
+// reconcile of every known node.
+func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*Service, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	cat, err := catalog.Open(ctx, cfg.Catalog.Driver, cfg.Catalog.DSN)
+	if err != nil {
+		return nil, err
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	s := &Service{
+		cfg: cfg, log: log, cat: cat,
+		keys:   apikey.New(cat, cfg.APIKeys.CacheTTL.Duration, log),
+		sched:  scheduler.New(cfg.Scheduler),
+		reg:    &registry{nodes: map[string]*nodeState{}},
+		self:   selfIdentity(),
+		dialer: proxy.NetDialer{},
+		routes: newRouteCache(),
+		ctx:    bg, cancel: cancel,
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.agents = newAgentClient(s)
+	if err := s.loadNodes(ctx); err != nil {
+		cancel()
+		cat.Close()
+		return nil, err
+	}
+	if err := s.dropUnplaced(ctx); err != nil {
+		cancel()
+		cat.Close()
+		return nil, err
+	}
+	s.goBackground(s.watchHealth)
+	s.goBackground(s.expiryLoop)
+	s.goBackground(s.reconcileAll)
+	log.Info("cubemaster catalog open", "driver", cfg.Catalog.Driver, "nodes", len(s.reg.nodes))
+	return s, nil
+}
+
+// goBackground runs fn until Close.
+func (s *Service) goBackground(fn func(ctx context.Context)) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		fn(s.ctx)
+	}()
+}
+
+// Close stops the background loops and closes node connections and the
+// catalog. Sandboxes are untouched.
+func (s *Service) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	s.agents.close()
+	s.reg.mu.Lock()
+	for _, ns := range s.reg.nodes {
+		if ns.conn != nil {
+			ns.conn.Close()
+		}
+	}
+	s.reg.mu.Unlock()
+	return s.cat.Close()
+}
+
+// Config is the configuration the service runs with.
+func (s *Service) Config() *Config { return s.cfg }
+
+// Keys is the API key store.
+func (s *Service) Keys() *apikey.Keys { return s.keys }
+
+// Ping checks the catalog answers (GET /health).
+func (s *Service) Ping(ctx context.Context) error { return s.cat.Ping(ctx) }
+
+// event appends to a sandbox's log; failures are only logged.
+func (s *Service) event(sandboxID, level, msg string, fields map[string]string) {
+	if err := s.cat.AddEvent(context.Background(), catalog.Event{SandboxID: sandboxID, Level: level, Message: msg, Fields: fields}); err != nil {
+		s.log.Warn("record sandbox event", "sandbox_id", sandboxID, "err", err)
+	}
+}
+
+// keyedMutex is one mutex per key, created on demand and dropped when
+// unused: verbs on one sandbox run one at a time in this process, verbs on
+// different sandboxes never wait for each other.
+type keyedMutex struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	ch   chan struct{}
+	refs int
+}
+
+// lock takes the key's lock or gives up when ctx ends.
+func (k *keyedMutex) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedEntry{}
+	}
+	e := k.m[key]
+	if e == nil {
+		e = &keyedEntry{ch: make(chan struct{}, 1)}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	release := func() {
+		k.mu.Lock()
+		e.refs--
+		if e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+	select {
+	case e.ch <- struct{}{}:
+		return func() { <-e.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, fmt.Errorf("sandbox %s is busy: %w", key, ctx.Err())
+	}
+}
+
+// VerifyAPIKey checks a presented X-API-Key.
+func (s *Service) VerifyAPIKey(ctx context.Context, secret string) (*catalog.APIKey, error) {
+	return s.keys.Verify(ctx, secret)
+}

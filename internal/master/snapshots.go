@@ -1,0 +1,255 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// Snapshots live on the node that took them; the catalog records which
+// node, so creates from a snapshot (Sandbox.create(snapshotID)) and forks
+// go there. Runtimes without memory checkpoints take disk-only snapshots
+// (their clones boot fresh from the disk); nodes that cannot snapshot at
+// all answer Unimplemented, which the API reports as 501.
+
+// Snapshot takes a persistent snapshot of a sandbox. name is optional; a
+// later snapshot with the same name takes the name over.
+func (s *Service) Snapshot(ctx context.Context, id, name string) (*catalog.Snapshot, error) {
+	if name != "" && !templateNameRE.MatchString(name) {
+		return nil, fieldErr("name", "%q: 1-128 letters, digits, '.', '_', ':', '/' or '-'", name)
+	}
+	sb, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return s.snapshot(ctx, sb, name)
+}
+
+func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string) (*catalog.Snapshot, error) {
+	if sb.State != catalog.StateRunning && sb.State != catalog.StatePaused {
+		return nil, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	snapID := sandbox.NewID()
+	var resp *cubeletpb.SnapshotSandboxResponse
+	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+		var err error
+		resp, err = c.SnapshotSandbox(ctx, &cubeletpb.SnapshotSandboxRequest{
+			RequestId: sb.ID, SandboxId: sb.ID, SnapshotId: snapID, Name: name,
+			Labels: map[string]string{ManagedLabel: ManagedValue},
+		})
+		return err
+	})
+	if errdefs.IsNotImplemented(err) {
+		return nil, fmt.Errorf("snapshots are not supported by node %s yet: %w", sb.NodeID, errdefs.ErrNotImplemented)
+	}
+	if err != nil {
+		return nil, err
+	}
+	snap := &catalog.Snapshot{
+		ID: resp.Snapshot.GetId(), Name: name, SandboxID: sb.ID, NodeID: sb.NodeID, TemplateID: sb.TemplateID,
+		HasMemory: resp.Snapshot.GetHasMemory(), EnvdAccessToken: sb.EnvdAccessToken, CreatedAt: time.Now().UTC(),
+	}
+	if snap.ID == "" {
+		snap.ID = snapID
+	}
+	if err := s.cat.CreateSnapshot(ctx, snap); err != nil {
+		// Without a row nobody could find it: remove it from the node.
+		_ = s.onNode(context.WithoutCancel(ctx), sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+			_, err := c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID})
+			return err
+		})
+		return nil, err
+	}
+	s.event(sb.ID, "info", "snapshot taken", map[string]string{"snapshot": snap.ID, "memory": fmt.Sprint(snap.HasMemory)})
+	return snap, nil
+}
+
+// ListSnapshots returns a page of snapshots.
+func (s *Service) ListSnapshots(ctx context.Context, q catalog.SnapshotQuery) ([]*catalog.Snapshot, string, error) {
+	return s.cat.ListSnapshots(ctx, q)
+}
+
+// DeleteSnapshot deletes a snapshot from its node and the catalog.
+func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	snap, err := s.cat.GetSnapshot(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	c, err := s.client(snap.NodeID)
+	if err == nil {
+		_, err = c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID})
+		err = fromGRPC(snap.NodeID, err)
+	}
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	return s.cat.DeleteSnapshot(ctx, snap.ID)
+}
+
+// ForkResult is one fork: the new sandbox, or why it did not start.
+type ForkResult struct {
+	Sandbox *catalog.Sandbox
+	Err     error
+}
+
+// Fork snapshots a running sandbox in place (it keeps its ID and deadline)
+// and starts count new sandboxes from the snapshot on the same node.
+// Each fork succeeds or fails on its own.
+func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
+	if count == 0 {
+		count = 1
+	}
+	if count < 1 || count > 100 {
+		return nil, fieldErr("count", "%d: want 1-100", count)
+	}
+	if timeout == 0 {
+		timeout = s.cfg.Sandbox.V1DefaultTimeout.Duration
+	}
+	if err := s.validateTimeout("timeout", timeout); err != nil {
+		return nil, err
+	}
+	src, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if src.State != catalog.StateRunning {
+		unlock()
+		return nil, fmt.Errorf("sandbox %s is %s; only a running sandbox can be forked: %w", id, src.State, errdefs.ErrFailedPrecondition)
+	}
+	snap, err := s.snapshot(ctx, src, "")
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	children := make([]*catalog.Sandbox, count)
+	for i := range children {
+		children[i] = s.childOf(src, snap, timeout)
+	}
+	out := s.cloneOnto(ctx, snap, children, nil)
+	// The clones are independent copies; the fork's snapshot is not the
+	// client's to see.
+	if err := s.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID); err != nil {
+		s.log.Warn("fork: could not delete its snapshot; it stays listed", "snapshot_id", snap.ID, "err", err)
+	}
+	return out, nil
+}
+
+// childOf is the row of a new sandbox cloned from snap, inheriting the
+// source's settings.
+func (s *Service) childOf(src *catalog.Sandbox, snap *catalog.Snapshot, timeout time.Duration) *catalog.Sandbox {
+	now := time.Now().UTC()
+	c := &catalog.Sandbox{
+		ID: sandbox.NewID(), TemplateID: snap.TemplateID, Alias: snap.Name, NodeID: snap.NodeID, State: catalog.StateCreating,
+		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, StartedAt: now, EndAt: now.Add(timeout),
+	}
+	if src != nil {
+		c.AutoPause, c.AutoResume, c.Network, c.APIKeyID = src.AutoPause, src.AutoResume, src.Network, src.APIKeyID
+		c.Metadata = src.Metadata
+		if src.EnvdAccessToken != "" {
+			c.EnvdAccessToken = token()
+		}
+		if src.TrafficAccessToken != "" {
+			c.TrafficAccessToken = token()
+		}
+	}
+	return c
+}
+
+// createFromSnapshot is Create when the template named a snapshot.
+func (s *Service) createFromSnapshot(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, env map[string]string) (*catalog.Sandbox, error) {
+	if !s.nodeHealthy(snap.NodeID) {
+		return nil, fmt.Errorf("snapshot %s is on node %s, which is unhealthy: %w", snap.ID, snap.NodeID, errdefs.ErrUnavailable)
+	}
+	sb.NodeID = snap.NodeID
+	res := s.cloneOnto(ctx, snap, []*catalog.Sandbox{sb}, env)
+	return res[0].Sandbox, res[0].Err
+}
+
+// cloneOnto creates the given rows as clones of snap on its node: rows
+// first, then one CloneSandbox call, then each agent is initialised with
+// its own token.
+func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []*catalog.Sandbox, env map[string]string) []ForkResult {
+	out := make([]ForkResult, len(rows))
+	fail := func(i int, err error) {
+		out[i].Err = err
+		s.forgetFailed(rows[i].ID)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Sandbox.CreateTimeout.Duration)
+	defer cancel()
+	ids := make([]string, 0, len(rows))
+	var written []int
+	for i, r := range rows {
+		if err := s.cat.CreateSandbox(ctx, r); err != nil {
+			out[i].Err = err
+			continue
+		}
+		s.creating.Store(r.ID, true)
+		defer s.creating.Delete(r.ID)
+		ids = append(ids, r.ID)
+		written = append(written, i)
+	}
+	if len(ids) == 0 {
+		return out
+	}
+	c, err := s.client(snap.NodeID)
+	var resp *cubeletpb.CloneSandboxResponse
+	if err == nil {
+		resp, err = c.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
+			RequestId: ids[0], SnapshotId: snap.ID, Count: int32(len(ids)), SandboxIds: ids,
+			Labels: map[string]string{ManagedLabel: ManagedValue}, Env: env, Network: networkPolicy(rows[written[0]].Network),
+		})
+		err = fromGRPC(snap.NodeID, err)
+	}
+	if errdefs.IsNotImplemented(err) {
+		err = fmt.Errorf("creating sandboxes from snapshots is not supported by node %s yet: %w", snap.NodeID, errdefs.ErrNotImplemented)
+	}
+	if err != nil {
+		if maybeCreated(err) {
+			for _, id := range ids {
+				s.destroyOn(snap.NodeID, id)
+			}
+		}
+		for _, i := range written {
+			fail(i, err)
+		}
+		return out
+	}
+	made := map[string]*cubeletpb.Sandbox{}
+	for _, pb := range resp.Sandboxes {
+		made[pb.Id] = pb
+	}
+	for _, i := range written {
+		r := rows[i]
+		pb := made[r.ID]
+		if pb == nil {
+			fail(i, fmt.Errorf("node %s did not start clone %s: %w", snap.NodeID, r.ID, errdefs.ErrInternal))
+			continue
+		}
+		if err := s.initAgent(ctx, r, pb, env, snap.EnvdAccessToken); err != nil {
+			s.destroyOn(snap.NodeID, r.ID)
+			fail(i, err)
+			continue
+		}
+		timeout := r.EndAt.Sub(r.StartedAt)
+		up, err := s.cat.UpdateSandbox(ctx, r.ID, func(x *catalog.Sandbox) error {
+			x.State, x.EnvdVersion = catalog.StateRunning, r.EnvdVersion
+			x.StartedAt = time.Now().UTC()
+			x.EndAt = x.StartedAt.Add(timeout)
+			return nil
+		})
+		if err != nil {
+			s.destroyOn(snap.NodeID, r.ID)
+			fail(i, err)
+			continue
+		}
+		out[i].Sandbox = up
+		s.event(r.ID, "info", "sandbox created from snapshot", map[string]string{"node": snap.NodeID, "snapshot": snap.ID})
+	}
+	return out
+}

@@ -1,0 +1,256 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// Template is a template across the cluster: the nodes holding it.
+type Template struct {
+	ID        string
+	Digest    string
+	SizeBytes int64
+	CreatedAt time.Time
+	Nodes     []string
+	Aliases   []string
+}
+
+// Templates lists every template some node holds, from the nodes' reports.
+func (s *Service) Templates() []Template {
+	byID := map[string]*Template{}
+	s.reg.mu.Lock()
+	for id, ns := range s.reg.nodes {
+		for _, t := range ns.report.Templates {
+			tt := byID[t.Id]
+			if tt == nil {
+				tt = &Template{ID: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.AsTime()}
+				byID[t.Id] = tt
+			}
+			tt.Nodes = append(tt.Nodes, id)
+		}
+	}
+	s.reg.mu.Unlock()
+	for alias, id := range s.cfg.Templates.Aliases {
+		if t := byID[id]; t != nil {
+			t.Aliases = append(t.Aliases, alias)
+		}
+	}
+	out := make([]Template, 0, len(byID))
+	for _, t := range byID {
+		sort.Strings(t.Nodes)
+		sort.Strings(t.Aliases)
+		out = append(out, *t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// GetTemplate returns one template by ID or alias.
+func (s *Service) GetTemplate(_ context.Context, name string) (Template, error) {
+	id := name
+	if a, ok := s.cfg.Templates.Aliases[name]; ok {
+		id = a
+	}
+	for _, t := range s.Templates() {
+		if t.ID == id {
+			return t, nil
+		}
+	}
+	return Template{}, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
+}
+
+// templateSizeMiB is a template's image size, rounded up.
+func (s *Service) templateSizeMiB(id string) int64 {
+	for _, t := range s.Templates() {
+		if t.ID == id {
+			return (t.SizeBytes + 1<<20 - 1) >> 20
+		}
+	}
+	return 0
+}
+
+// DeleteTemplate deletes a snapshot with this ID, else the template from
+// every node that holds it (E2B deletes snapshots through the template
+// endpoint). A template in use on a node is FailedPrecondition.
+func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, error) {
+	if _, err := s.cat.GetSnapshot(ctx, name); err == nil {
+		return nil, s.DeleteSnapshot(ctx, name)
+	}
+	t, err := s.GetTemplate(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var done []string
+	var errs []error
+	for _, node := range t.Nodes {
+		c, err := s.client(node)
+		if err == nil {
+			_, err = c.DeleteTemplate(ctx, &cubeletpb.DeleteTemplateRequest{TemplateId: t.ID})
+			err = fromGRPC(node, err)
+		}
+		if err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err)
+			continue
+		}
+		done = append(done, node)
+		s.refreshTemplates(ctx, node)
+	}
+	if len(errs) > 0 {
+		return done, errors.Join(errs...)
+	}
+	return done, nil
+}
+
+// ImportTemplate imports a template on one node, or on every healthy node
+// when nodeID is empty. source must exist on each target node.
+func (s *Service) ImportTemplate(ctx context.Context, id, source, nodeID string) (Template, error) {
+	if err := sandbox.ValidateID("template", id); err != nil {
+		return Template{}, err
+	}
+	if source == "" {
+		return Template{}, fieldErr("source", "required")
+	}
+	var targets []string
+	if nodeID != "" {
+		if _, err := s.client(nodeID); err != nil {
+			return Template{}, fmt.Errorf("node %q: %w", nodeID, errdefs.ErrNotFound)
+		}
+		targets = []string{nodeID}
+	} else {
+		for _, n := range s.schedNodes() {
+			if n.Healthy {
+				targets = append(targets, n.ID)
+			}
+		}
+		if len(targets) == 0 {
+			return Template{}, fmt.Errorf("no healthy node to import on: %w", errdefs.ErrUnavailable)
+		}
+	}
+	var errs []error
+	for _, node := range targets {
+		if err := s.importOn(ctx, node, id, source); err != nil {
+			errs = append(errs, err)
+		}
+		s.refreshTemplates(ctx, node)
+	}
+	if len(errs) > 0 {
+		return Template{}, errors.Join(errs...)
+	}
+	return s.GetTemplate(ctx, id)
+}
+
+func (s *Service) importOn(ctx context.Context, node, id, source string) error {
+	c, err := s.client(node)
+	if err != nil {
+		return err
+	}
+	stream, err := c.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: id, Source: source})
+	if err != nil {
+		return fromGRPC(node, err)
+	}
+	for {
+		_, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fromGRPC(node, err)
+		}
+	}
+}
+
+// refreshTemplates updates the master's view of a node's templates right
+// away, instead of at its next heartbeat.
+func (s *Service) refreshTemplates(ctx context.Context, node string) {
+	c, err := s.client(node)
+	if err != nil {
+		return
+	}
+	resp, err := c.ListTemplates(ctx, &cubeletpb.ListTemplatesRequest{})
+	if err != nil {
+		return
+	}
+	s.reg.mu.Lock()
+	ns := s.reg.nodes[node]
+	if ns == nil {
+		s.reg.mu.Unlock()
+		return
+	}
+	// Reports are shared read-only: replace, never modify.
+	rep := proto.Clone(ns.report).(*masterpb.NodeReport)
+	rep.Templates = nil
+	for _, t := range resp.Templates {
+		rep.Templates = append(rep.Templates, &masterpb.TemplateRef{Id: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt})
+	}
+	ns.report = rep
+	row := nodeRow(rep, ns)
+	s.reg.mu.Unlock()
+	_ = s.cat.PutNode(ctx, row, reportTemplates(rep), false)
+}
+
+// Metric is one resource sample of a sandbox, from its agent.
+type Metric struct {
+	Timestamp  time.Time
+	CPUCount   int
+	CPUUsedPct float64
+	MemUsed    int64
+	MemTotal   int64
+	MemCache   int64
+	DiskUsed   int64
+	DiskTotal  int64
+}
+
+// envdMetrics is envd's GET /metrics body.
+type envdMetrics struct {
+	Timestamp  int64   `json:"ts"`
+	CPUCount   int     `json:"cpu_count"`
+	CPUUsedPct float64 `json:"cpu_used_pct"`
+	MemTotal   int64   `json:"mem_total"`
+	MemUsed    int64   `json:"mem_used"`
+	MemCache   int64   `json:"mem_cache"`
+	DiskUsed   int64   `json:"disk_used"`
+	DiskTotal  int64   `json:"disk_total"`
+}
+
+// Metrics samples a running sandbox's resource use now (the agent keeps no
+// history). A paused sandbox, or an agent without /metrics, has none.
+func (s *Service) Metrics(ctx context.Context, id string) ([]Metric, error) {
+	sb, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != catalog.StateRunning {
+		return nil, nil
+	}
+	t, err := s.Resolve(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var m envdMetrics
+	code, err := s.agents.do(ctx, t, http.MethodGet, "/metrics", sb.EnvdAccessToken, nil, &m)
+	if code == http.StatusNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ts := time.Now().UTC()
+	if m.Timestamp > 0 {
+		ts = time.Unix(m.Timestamp, 0).UTC()
+	}
+	return []Metric{{Timestamp: ts, CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed, MemTotal: m.MemTotal,
+		MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal}}, nil
+}

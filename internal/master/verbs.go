@@ -1,0 +1,285 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+)
+
+// visible hides sandboxes that are still being created: to clients a
+// sandbox exists once Create returned it.
+func visible(sb *catalog.Sandbox) bool { return sb.State != catalog.StateCreating }
+
+// Get returns one sandbox.
+func (s *Service) Get(ctx context.Context, id string) (*catalog.Sandbox, error) {
+	sb, err := s.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !visible(sb) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// List returns a page of sandboxes; with no states, running and paused.
+func (s *Service) List(ctx context.Context, q catalog.Query) ([]*catalog.Sandbox, string, error) {
+	if len(q.States) == 0 {
+		q.States = []string{catalog.StateRunning, catalog.StatePaused}
+	}
+	for _, st := range q.States {
+		if st != catalog.StateRunning && st != catalog.StatePaused {
+			return nil, "", fieldErr("state", "%q: want running or paused", st)
+		}
+	}
+	if err := ValidateMetadata(q.Metadata); err != nil {
+		return nil, "", err
+	}
+	return s.cat.ListSandboxes(ctx, q)
+}
+
+// ListAll is the admin listing: every row, creating ones included.
+func (s *Service) ListAll(ctx context.Context, q catalog.Query) ([]*catalog.Sandbox, error) {
+	out, _, err := s.cat.ListSandboxes(ctx, q)
+	return out, err
+}
+
+// lockSandbox takes the sandbox's verb lock and reads its row.
+func (s *Service) lockSandbox(ctx context.Context, id string) (*catalog.Sandbox, func(), error) {
+	unlock, err := s.locks.lock(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, err := s.Get(ctx, id)
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return sb, unlock, nil
+}
+
+// Kill destroys a sandbox. If its node is gone (unhealthy and
+// unreachable), the row is dropped anyway and the node deletes the sandbox
+// when it registers again (reconcile: managed sandboxes without a row).
+func (s *Service) Kill(ctx context.Context, id string) error {
+	sb, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.kill(ctx, sb, "killed")
+}
+
+func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) error {
+	s.routes.drop(sb.ID)
+	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+		_, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
+		return err
+	})
+	switch {
+	case err == nil, errdefs.IsNotFound(err):
+	case errdefs.IsUnavailable(err) && !s.nodeHealthy(sb.NodeID):
+		s.log.Warn("node unreachable; sandbox dropped from the catalog, the node deletes it when it returns",
+			"sandbox_id", sb.ID, "node_id", sb.NodeID, "err", err)
+	default:
+		return err
+	}
+	if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	s.log.Info("sandbox "+why, "sandbox_id", sb.ID, "node_id", sb.NodeID)
+	return nil
+}
+
+// onNode calls the sandbox's node with errors classified.
+func (s *Service) onNode(ctx context.Context, sb *catalog.Sandbox, fn func(context.Context, cubeletpb.CubeletServiceClient) error) error {
+	c, err := s.client(sb.NodeID)
+	if err != nil {
+		return err
+	}
+	return fromGRPC(sb.NodeID, fn(ctx, c))
+}
+
+// Pause freezes a running sandbox. Already paused: FailedPrecondition.
+func (s *Service) Pause(ctx context.Context, id string) error {
+	sb, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return s.pause(ctx, sb)
+}
+
+func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
+	if sb.State != catalog.StateRunning {
+		return fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	s.routes.drop(sb.ID)
+	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+		_, err := c.PauseSandbox(ctx, &cubeletpb.PauseSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
+		return err
+	})
+	if err != nil && !s.nodeSays(ctx, sb, cubeletpb.SandboxState_SANDBOX_STATE_PAUSED) {
+		return err
+	}
+	if _, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error { r.State = catalog.StatePaused; return nil }); err != nil {
+		return err
+	}
+	s.event(sb.ID, "info", "sandbox paused", nil)
+	return nil
+}
+
+// nodeSays reports whether the node holds the sandbox in state want: a
+// verb that "failed" because the sandbox already was where the caller
+// wanted it (another master call raced) is not a failure.
+func (s *Service) nodeSays(ctx context.Context, sb *catalog.Sandbox, want cubeletpb.SandboxState) bool {
+	var got cubeletpb.SandboxState
+	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+		resp, err := c.GetSandbox(ctx, &cubeletpb.GetSandboxRequest{SandboxId: sb.ID})
+		if err == nil {
+			got = resp.Sandbox.State
+		}
+		return err
+	})
+	return err == nil && got == want
+}
+
+// Resume thaws a paused sandbox and gives it a new deadline. Running:
+// FailedPrecondition (E2B answers 409).
+func (s *Service) Resume(ctx context.Context, id string, timeout time.Duration) (*catalog.Sandbox, error) {
+	if timeout == 0 {
+		timeout = s.cfg.Sandbox.V1DefaultTimeout.Duration
+	}
+	if err := s.validateTimeout("timeout", timeout); err != nil {
+		return nil, err
+	}
+	sb, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if sb.State != catalog.StatePaused {
+		return nil, fmt.Errorf("sandbox %s is already %s: %w", id, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	return s.resume(ctx, sb, timeout)
+}
+
+func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
+	s.routes.drop(sb.ID)
+	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+		_, err := c.ResumeSandbox(ctx, &cubeletpb.ResumeSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
+		return err
+	})
+	if err != nil && !s.nodeSays(ctx, sb, cubeletpb.SandboxState_SANDBOX_STATE_RUNNING) {
+		return nil, err
+	}
+	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
+		r.State, r.EndAt = catalog.StateRunning, time.Now().UTC().Add(timeout)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.event(sb.ID, "info", "sandbox resumed", map[string]string{"timeout": timeout.String()})
+	return up, nil
+}
+
+// Connect returns a sandbox ready to use: a running one gets its deadline
+// extended to at least now+timeout (never shortened); a paused one is
+// resumed with deadline now+timeout. resumed says which happened.
+func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration) (sb *catalog.Sandbox, resumed bool, err error) {
+	if timeout == 0 {
+		timeout = s.cfg.Sandbox.DefaultTimeout.Duration
+	}
+	if err := s.validateTimeout("timeout", timeout); err != nil {
+		return nil, false, err
+	}
+	sb, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	defer unlock()
+	if sb.State == catalog.StatePaused {
+		sb, err = s.resume(ctx, sb, timeout)
+		return sb, err == nil, err
+	}
+	sb, err = s.extend(ctx, id, timeout, false)
+	return sb, false, err
+}
+
+// SetTimeout sets the deadline to now+timeout, shorter or longer.
+func (s *Service) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
+	if timeout <= 0 {
+		return fieldErr("timeout", "must be at least one second")
+	}
+	if err := s.validateTimeout("timeout", timeout); err != nil {
+		return err
+	}
+	_, err := s.extend(ctx, id, timeout, true)
+	if err == nil {
+		s.event(id, "info", "timeout set", map[string]string{"timeout": timeout.String()})
+	}
+	return err
+}
+
+// Refresh extends the deadline to now+d unless it is already later.
+func (s *Service) Refresh(ctx context.Context, id string, d time.Duration) error {
+	if d == 0 {
+		d = s.cfg.Sandbox.V1DefaultTimeout.Duration
+	}
+	if err := s.validateTimeout("duration", d); err != nil {
+		return err
+	}
+	_, err := s.extend(ctx, id, d, false)
+	return err
+}
+
+func (s *Service) extend(ctx context.Context, id string, d time.Duration, allowShorter bool) (*catalog.Sandbox, error) {
+	return s.cat.UpdateSandbox(ctx, id, func(r *catalog.Sandbox) error {
+		if !visible(r) {
+			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		}
+		if end := time.Now().UTC().Add(d); allowShorter || end.After(r.EndAt) {
+			r.EndAt = end
+		}
+		return nil
+	})
+}
+
+// UpdateNetwork replaces a sandbox's egress rules.
+func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Network) error {
+	if err := ValidateNetwork(n); err != nil {
+		return err
+	}
+	sb, unlock, err := s.lockSandbox(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+		_, err := c.UpdateSandboxNetwork(ctx, &cubeletpb.UpdateSandboxNetworkRequest{SandboxId: id, Policy: networkPolicy(n)})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	// The traffic rule is not an egress rule: keep it.
+	n.AllowPublicTraffic = sb.Network.AllowPublicTraffic
+	_, err = s.cat.UpdateSandbox(ctx, id, func(r *catalog.Sandbox) error { r.Network = n; return nil })
+	if err == nil {
+		s.event(id, "info", "network updated", nil)
+	}
+	return err
+}
+
+// Events returns a sandbox's lifecycle log.
+func (s *Service) Events(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error) {
+	if _, err := s.Get(ctx, q.SandboxID); err != nil {
+		return nil, err
+	}
+	return s.cat.ListEvents(ctx, q)
+}

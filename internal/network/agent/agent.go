@@ -1,0 +1,322 @@
+// Package agent is network-agent: it owns every network slot on the node.
+// Agent is the in-process API; package agentapi is a thin gRPC adapter
+// over it, so tests and cubelet's test environment can run it in-process.
+//
+// Concurrency: operations on one sandbox are serialised by a per-sandbox
+// lock; different sandboxes never wait on each other except for the short
+// critical sections of a.mu (maps and the pool). Reconcile excludes every
+// other operation (a.opMu).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/network/ipam"
+	"github.com/cubesandbox/cube/internal/network/nft"
+	"github.com/cubesandbox/cube/internal/network/nl"
+	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/network/slot"
+	"github.com/cubesandbox/cube/internal/network/slotstore"
+)
+
+// Agent is one node's network-agent.
+type Agent struct {
+	cfg     *Config
+	log     *slog.Logger
+	store   *slotstore.Store
+	space   *ipam.Space
+	metrics *metrics
+
+	opMu  sync.RWMutex // held shared by every operation, exclusively by Reconcile
+	locks keyedLock    // per sandbox
+
+	mu        sync.Mutex
+	slots     map[int]*slotstore.Record // every record in the store
+	bySandbox map[string]int
+	pool      map[network.Kind][]int // ready slots, oldest first
+	filling   map[network.Kind]int   // pooled slots being created
+
+	ready    atomic.Bool
+	kick     chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	fillDone chan struct{}
+}
+
+// New validates cfg, opens the store, sets up the host (forwarding, the
+// host nftables table), reconciles the store with the kernel and starts
+// the pool filler.
+func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Agent, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	// Before anything is written: a refused config leaves nothing behind.
+	if err := checkOverlap(cfg); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{cfg.NetnsDir(), cfg.DataDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	space, err := ipam.New(cfg.CIDR())
+	if err != nil {
+		return nil, err
+	}
+	st, err := slotstore.Open(cfg.StorePath())
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg: cfg, log: log, store: st, space: space, metrics: newMetrics(),
+		slots: map[int]*slotstore.Record{}, bySandbox: map[string]int{},
+		pool: map[network.Kind][]int{}, filling: map[network.Kind]int{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), fillDone: make(chan struct{}),
+	}
+	a.metrics.register(a)
+	ok := false
+	defer func() {
+		if !ok {
+			st.Close()
+		}
+	}()
+	if err := a.checkIdentity(); err != nil {
+		return nil, err
+	}
+	if err := a.setupHost(); err != nil {
+		return nil, err
+	}
+	sum, err := a.reconcile(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	log.Info("network-agent reconciled", "adopted", sum.Adopted, "repaired", sum.Repaired,
+		"released", sum.Released, "orphans", sum.Orphans, "errors", len(sum.Errors))
+	for _, e := range sum.Errors {
+		log.Warn("reconcile", "err", e)
+	}
+	go a.fillLoop()
+	a.ready.Store(true)
+	ok = true
+	return a, nil
+}
+
+// checkIdentity refuses to start when the node CIDR or prefix changed
+// while slots exist: their addresses and names derive from both.
+func (a *Agent) checkIdentity() error {
+	recs, err := a.store.List()
+	if err != nil {
+		return err
+	}
+	for k, want := range map[string]string{"node_cidr": a.cfg.CIDR().String(), "prefix": a.cfg.Prefix} {
+		have, err := a.store.Meta(k)
+		if err != nil {
+			return err
+		}
+		if have != "" && have != want && len(recs) > 0 {
+			return fmt.Errorf("%s changed from %s to %s while %d slots exist: release them (network-agent --purge) first: %w",
+				k, have, want, len(recs), errdefs.ErrFailedPrecondition)
+		}
+		if err := a.store.SetMeta(k, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupHost enables forwarding and installs the host table.
+func (a *Agent) setupHost() error {
+	if a.cfg.IPForward {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable ip_forward: %w", err)
+		}
+	}
+	return nft.ApplyHost(nft.Host{Table: a.cfg.Prefix, LinkPrefix: a.linkPrefix(), NodeCIDR: a.cfg.CIDR()})
+}
+
+func (a *Agent) linkPrefix() string { return a.cfg.Prefix + "-" }
+
+// checkOverlap refuses a node CIDR that overlaps an address or route the
+// host already has on a link that is not one of ours: slots would shadow
+// that network (or it them).
+func checkOverlap(cfg *Config) error {
+	links, err := nl.Dump(netlink.LinkList)
+	if err != nil {
+		return err
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	ours := func(idx int) bool {
+		n, ok := names[idx]
+		_, slot := slotOfLink(cfg.Prefix, n)
+		return ok && slot
+	}
+	cidr := cfg.CIDR()
+	routes, err := nl.Dump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range routes {
+		if r.Dst == nil || ours(r.LinkIndex) {
+			continue
+		}
+		p, ok := netip.AddrFromSlice(r.Dst.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := r.Dst.Mask.Size()
+		if bits == 0 {
+			continue // a default route overlaps everything by design
+		}
+		if rp := netip.PrefixFrom(p.Unmap(), bits); rp.Overlaps(cidr) {
+			return fmt.Errorf("node_cidr %s overlaps route %s dev %s: %w", cidr, rp, names[r.LinkIndex], errdefs.ErrInvalidArgument)
+		}
+	}
+	addrs, err := nl.Dump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
+	if err != nil {
+		return err
+	}
+	for _, ad := range addrs {
+		if ours(ad.LinkIndex) {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(ad.IP); ok && cidr.Contains(ip.Unmap()) {
+			return fmt.Errorf("node_cidr %s holds %s, an address of %s: %w", cidr, ip, names[ad.LinkIndex], errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// slotOfLink returns the slot number of one of this agent's host links or
+// namespace pins (<prefix>-<n>).
+func (a *Agent) slotOfLink(name string) (int, bool) { return slotOfLink(a.cfg.Prefix, name) }
+
+func slotOfLink(prefix, name string) (int, bool) {
+	rest, ok := cutPrefix(name, prefix+"-")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest)
+	return i, err == nil && strconv.Itoa(i) == rest
+}
+
+func cutPrefix(s, p string) (string, bool) {
+	if len(s) > len(p) && s[:len(p)] == p {
+		return s[len(p):], true
+	}
+	return "", false
+}
+
+// Close stops the pool filler and closes the store. Slots stay: their
+// sandboxes keep their network, and a restarted agent adopts them.
+func (a *Agent) Close() error {
+	a.ready.Store(false)
+	a.stopFill()
+	return a.store.Close()
+}
+
+// stopFill stops the pool filler and waits for it.
+func (a *Agent) stopFill() {
+	a.stopOnce.Do(func() { close(a.stop) })
+	<-a.fillDone
+}
+
+// Purge stops the pool filler, releases every slot (pooled and assigned)
+// and removes the host table: what an uninstall or a test's cleanup wants.
+func (a *Agent) Purge(ctx context.Context) error {
+	a.stopFill()
+	a.opMu.Lock()
+	defer a.opMu.Unlock()
+	a.mu.Lock()
+	idxs := make([]int, 0, len(a.slots))
+	for i := range a.slots {
+		idxs = append(idxs, i)
+	}
+	a.mu.Unlock()
+	var errs []error
+	for _, i := range idxs {
+		errs = append(errs, a.releaseSlot(ctx, i))
+	}
+	errs = append(errs, nft.DeleteTable(-1, a.cfg.Prefix))
+	return errors.Join(errs...)
+}
+
+// Config returns the configuration the agent runs with.
+func (a *Agent) Config() *Config { return a.cfg }
+
+// layout locates a slot's kernel objects.
+func (a *Agent) layout(i int, kind network.Kind) slot.Layout {
+	addrs, _ := a.space.Addrs(i) // i came from the space
+	return slot.Layout{Index: i, Kind: kind, Dir: a.cfg.NetnsDir(), Prefix: a.cfg.Prefix, Addrs: addrs, NodeCIDR: a.cfg.CIDR()}
+}
+
+// view turns a record into the API's Network.
+func (a *Agent) view(r *slotstore.Record) *network.Network {
+	l := a.layout(r.Index, r.Kind)
+	n := &network.Network{
+		SandboxID: r.SandboxID, Kind: r.Kind, Slot: r.Index,
+		HostIP: l.Addrs.HostIP.String(), GatewayIP: l.Addrs.Gateway.String(), SandboxIP: slot.SandboxIP.String(),
+		NetNS: l.RuntimeNS(), SlotNetNS: l.SlotNS(), HostLink: l.HostLink(),
+		Policy: r.Policy.Clone(), AssignedAt: r.AssignedAt, FromPool: r.FromPool,
+	}
+	if r.Kind == network.VM {
+		n.Tap = slot.TapName
+	}
+	return n
+}
+
+// keyedLock is a mutex per key, dropped when nobody holds or waits for it.
+type keyedLock struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedLock) lock(key string) func() {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedEntry{}
+	}
+	e := k.m[key]
+	if e == nil {
+		e = &keyedEntry{}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+}
+
+// for tests and health: the policy every pooled slot holds.
+var poolPolicy = policy.DenyAll()

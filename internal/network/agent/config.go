@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network/ipam"
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+//go:embed default.toml
+var defaultTOML []byte
+
+// DefaultTOML returns the embedded defaults (network-agent --print-config).
+func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
+
+// Config is network-agent's configuration; default.toml documents it.
+type Config struct {
+	NodeCIDR  string `toml:"node_cidr"`
+	Prefix    string `toml:"prefix"`
+	RunDir    string `toml:"run_dir"`
+	DataDir   string `toml:"data_dir"`
+	IPForward bool   `toml:"ip_forward"`
+	API       struct {
+		Socket string `toml:"socket"`
+		HTTP   string `toml:"http"`
+	} `toml:"api"`
+	Pool struct {
+		Size            int     `toml:"size"`
+		VMSize          int     `toml:"vm_size"`
+		RefillPerSecond float64 `toml:"refill_per_second"`
+	} `toml:"pool"`
+
+	cidr netip.Prefix
+}
+
+// Defaults returns the embedded configuration, validated.
+func Defaults() *Config {
+	c, err := ParseConfig(nil)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// LoadConfig returns the defaults with the file at path (if any) merged
+// over them; unknown keys are an error.
+func LoadConfig(path string) (*Config, error) {
+	var data []byte
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+	}
+	c, err := ParseConfig(data)
+	if err != nil && path != "" {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, err
+}
+
+// ParseConfig is LoadConfig for TOML already in memory.
+func ParseConfig(data []byte) (*Config, error) {
+	var c Config
+	if err := toml.Unmarshal(defaultTOML, &c); err != nil {
+		return nil, fmt.Errorf("embedded config: %w", err)
+	}
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		var sme *toml.StrictMissingError
+		if errors.As(err, &sme) {
+			return nil, fmt.Errorf("%s: %w", sme.String(), errdefs.ErrInvalidArgument)
+		}
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
+
+// Validate checks every field; the config of a test or of main may be
+// built in code, so New calls it too.
+func (c *Config) Validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("config: "+f+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	p, err := netip.ParsePrefix(c.NodeCIDR)
+	if err != nil {
+		return bad("node_cidr %q: %v", c.NodeCIDR, err)
+	}
+	if err := policy.CheckNodeCIDR(p); err != nil {
+		return fmt.Errorf("config: node_cidr: %w", err)
+	}
+	space, err := ipam.New(p)
+	if err != nil {
+		return fmt.Errorf("config: node_cidr: %w", err)
+	}
+	c.cidr = p
+	if !prefixRE.MatchString(c.Prefix) {
+		// Link names are <prefix>-<slot>, at most 15 bytes (IFNAMSIZ-1).
+		return bad("prefix %q must be 1-8 lowercase letters or digits, starting with a letter", c.Prefix)
+	}
+	for name, d := range map[string]string{"run_dir": c.RunDir, "data_dir": c.DataDir} {
+		if !filepath.IsAbs(d) {
+			return bad("%s %q must be an absolute path", name, d)
+		}
+	}
+	switch {
+	case c.Pool.Size < 0 || c.Pool.VMSize < 0:
+		return bad("pool sizes must not be negative")
+	case c.Pool.Size+c.Pool.VMSize > space.Size():
+		return bad("pool of %d slots is larger than node_cidr %s, which holds %d", c.Pool.Size+c.Pool.VMSize, p, space.Size())
+	case c.Pool.RefillPerSecond <= 0:
+		return bad("pool.refill_per_second must be positive")
+	}
+	return nil
+}
+
+// CIDR is the validated node CIDR.
+func (c *Config) CIDR() netip.Prefix { return c.cidr }
+
+// NetnsDir is where slot namespaces are pinned.
+func (c *Config) NetnsDir() string { return filepath.Join(c.RunDir, "netns") }
+
+// StorePath is the slot store.
+func (c *Config) StorePath() string { return filepath.Join(c.DataDir, "network.db") }

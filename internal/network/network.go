@@ -1,0 +1,71 @@
+// Package network holds what network-agent and its clients (cubelet)
+// agree on: a sandbox's slot as the API describes it. The agent itself
+// lives in the subpackages:
+//
+//	policy     egress policy: validation and the decision order (pure)
+//	ipam       node CIDR → per-slot /30 blocks (pure)
+//	netnsdir   pinned network namespaces, running code inside them
+//	nft        nftables rule sets through netlink
+//	slot       one slot's kernel objects: converge (create/repair), release
+//	slotstore  the agent's bbolt state, one record per slot
+//	agent      the daemon: ensure/release/update, pool, reconcile, metrics
+//	agentapi   its gRPC and HTTP edges
+//	client     the gRPC client cubelet uses
+//	nettest    test helpers: a "world" namespace, probes, a started agent
+//
+// See docs/network.md for the design and the operator's view.
+package network
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+// Kind is what runs in a slot.
+type Kind string
+
+const (
+	// Container: the sandbox's processes run in an inner namespace whose
+	// eth0 has the fixed sandbox address.
+	Container Kind = "container"
+	// VM: a TAP in the slot namespace; the guest takes the fixed address
+	// and the VM monitor runs in the slot namespace.
+	VM Kind = "vm"
+)
+
+// ParseKind accepts "" (= container), "container" and "vm".
+func ParseKind(s string) (Kind, error) {
+	switch Kind(s) {
+	case "", Container:
+		return Container, nil
+	case VM:
+		return VM, nil
+	}
+	return "", fmt.Errorf("slot kind %q: want %q or %q: %w", s, Container, VM, errdefs.ErrInvalidArgument)
+}
+
+// Network is one sandbox's slot.
+type Network struct {
+	SandboxID string
+	Kind      Kind
+	Slot      int
+	// HostIP is where the host reaches the sandbox: every TCP port the
+	// sandbox listens on answers there. Unique per node.
+	HostIP string
+	// GatewayIP is the host end of the slot's veth pair.
+	GatewayIP string
+	// SandboxIP is the address the sandbox has: the same in every sandbox.
+	SandboxIP string
+	// NetNS is the namespace the sandbox's runtime joins.
+	NetNS string
+	// SlotNetNS holds the slot's NAT and policy; the sandbox never joins it.
+	SlotNetNS  string
+	Tap        string // VM slots
+	HostLink   string
+	Policy     policy.Policy
+	AssignedAt time.Time
+	FromPool   bool
+}

@@ -1,0 +1,187 @@
+package nft
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/network/netnsdir"
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// nsFixture pins a scratch namespace for one test.
+func nsFixture(t *testing.T) (path string, fd int) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces")
+	}
+	path = filepath.Join(t.TempDir(), "ns")
+	if err := netnsdir.Create(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Close()
+		if err := netnsdir.Remove(path); err != nil {
+			t.Error(err)
+		}
+	})
+	return path, int(f.Fd())
+}
+
+// listTable runs the nft binary inside the namespace: tests only, to
+// compare what the kernel holds with the golden file.
+func listTable(t *testing.T, nsPath, table string) string {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft binary not installed (hack/deps.sh installs it for tests)")
+	}
+	var out []byte
+	err := netnsdir.Do(nsPath, func() error {
+		var err error
+		out, err = exec.Command("nft", "list", "table", "ip", table).CombinedOutput()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("nft list: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run with -update)", err)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from the kernel's rule set (run with -update if intended):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func testSlot(p policy.Policy) Slot {
+	return Slot{
+		Uplink:    "up0",
+		Gateway:   netip.MustParseAddr("10.200.0.13"),
+		HostIP:    netip.MustParseAddr("10.200.0.14"),
+		SandboxIP: netip.MustParseAddr("169.254.0.21"),
+		NodeCIDR:  netip.MustParsePrefix("10.200.0.0/16"),
+		Policy:    p,
+	}
+}
+
+func TestSlotGolden(t *testing.T) {
+	path, fd := nsFixture(t)
+	no := false
+	p, err := policy.Parse("", policy.Spec{
+		AllowInternet:  &no,
+		Allow:          []string{"198.51.100.0/24", "0.0.0.0/1"},
+		Deny:           []string{"198.51.100.7", "240.0.0.0/4"},
+		MaxConnections: 100, EgressKbps: 8000,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplySlot(fd, testSlot(p)); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "slot.nft", listTable(t, path, SlotTable))
+
+	// A second apply replaces the table (no duplicate rules, old elements gone).
+	if err := ApplySlot(fd, testSlot(policy.Policy{})); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "slot-default.nft", listTable(t, path, SlotTable))
+	ts, err := Tables(fd)
+	if err != nil || len(ts) != 1 {
+		t.Fatalf("tables %v %v", ts, err)
+	}
+}
+
+// A rejected batch must leave the previous rule set whole: the
+// transaction is all or nothing.
+func TestSlotApplyAtomic(t *testing.T) {
+	path, fd := nsFixture(t)
+	if err := ApplySlot(fd, testSlot(policy.Policy{})); err != nil {
+		t.Fatal(err)
+	}
+	before := listTable(t, path, SlotTable)
+	bad := testSlot(policy.Policy{})
+	// Overlapping elements are refused by the kernel's interval set.
+	bad.Policy.Deny = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.0.0/16")}
+	if err := ApplySlot(fd, bad); err == nil {
+		t.Fatal("overlapping set elements were accepted")
+	}
+	if after := listTable(t, path, SlotTable); after != before {
+		t.Fatalf("failed apply changed the rule set:\n%s", after)
+	}
+}
+
+func TestHostGolden(t *testing.T) {
+	path, _ := nsFixture(t)
+	// ApplyHost works on the caller's namespace: run it inside the
+	// scratch one so the test never touches the real host's rules.
+	err := netnsdir.Do(path, func() error {
+		return ApplyHost(Host{Table: "cubetest", LinkPrefix: "cubetest-", NodeCIDR: netip.MustParsePrefix("10.200.0.0/16")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "host.nft", listTable(t, path, "cubetest"))
+	if err := netnsdir.Do(path, func() error { return DeleteTable(-1, "cubetest") }); err != nil {
+		t.Fatal(err)
+	}
+	if err := netnsdir.Do(path, func() error { return DeleteTable(-1, "cubetest") }); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+// UpdateSlotPolicy must leave exactly what a fresh ApplySlot would: it is
+// a shortcut, not a different rule set.
+func TestUpdateSlotPolicyEqualsApply(t *testing.T) {
+	pathA, fdA := nsFixture(t)
+	pathB, fdB := nsFixture(t)
+	no := false
+	from := policy.DenyAll()
+	steps := []policy.Spec{
+		{},
+		{AllowInternet: &no, Allow: []string{"198.51.100.0/24"}},
+		{Deny: []string{"203.0.113.7", "8.8.0.0/16"}, Allow: []string{"8.8.8.8"}},
+		{Deny: []string{"203.0.113.7"}, MaxConnections: 5}, // a knob: rules change
+		{MaxConnections: 5, EgressKbps: 100},
+		{AllowInternet: &no, MaxConnections: 5, EgressKbps: 100},
+	}
+	if err := ApplySlot(fdA, testSlot(from)); err != nil {
+		t.Fatal(err)
+	}
+	for i, sp := range steps {
+		to, err := policy.Parse("", sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := UpdateSlotPolicy(fdA, testSlot(to), from); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if err := ApplySlot(fdB, testSlot(to)); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := listTable(t, pathA, SlotTable), listTable(t, pathB, SlotTable); a != b {
+			t.Fatalf("step %d: update and apply differ:\n--- update\n%s\n--- apply\n%s", i, a, b)
+		}
+		from = to
+	}
+}

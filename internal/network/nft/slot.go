@@ -1,0 +1,341 @@
+// Package nft writes the nftables rule sets of network-agent through
+// netlink (github.com/google/nftables; no nft binary at run time):
+//
+//   - one table "slot" inside every slot namespace: NAT between the
+//     sandbox's fixed address and the slot's host-facing address, and the
+//     sandbox's egress policy;
+//   - one table named after the agent's link prefix in the host namespace:
+//     what keeps sandboxes off the host and off each other even while the
+//     agent is down, and the masquerade of sandbox traffic leaving the node.
+//
+// Every Apply replaces its whole table in one netlink batch, which the
+// kernel commits as one transaction: a packet sees the old rule set or the
+// new one, never a mix, and a failed Apply leaves the old one in place.
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+// SlotTable is the name of the table inside every slot namespace.
+const SlotTable = "slot"
+
+// Slot is what the slot table is built from.
+type Slot struct {
+	Uplink    string     // the slot end of the veth pair to the host
+	Gateway   netip.Addr // the host end's address: the only source allowed to open connections to the sandbox
+	HostIP    netip.Addr // the slot's host-facing address
+	SandboxIP netip.Addr // the sandbox's fixed address
+	NodeCIDR  netip.Prefix
+	Policy    policy.Policy
+}
+
+// ApplySlot replaces the slot table in the namespace open at nsFD.
+//
+// The rule set, in nft syntax (see testdata/slot.nft for the exact one):
+//
+//	prerouting (nat):  iifname uplink ip saddr GW ip daddr HOSTIP dnat to SANDBOXIP
+//	postrouting (nat): oifname uplink ip saddr SANDBOXIP snat to HOSTIP
+//	input:   lo and established only: nobody talks to the slot itself
+//	forward: policy drop
+//	    ct state invalid drop
+//	    ct status dnat accept                 host → sandbox ports, both ways
+//	    iifname != uplink limit rate over …   bandwidth knob
+//	    ct state established,related accept
+//	    iifname uplink drop                   nothing else comes in
+//	    ct state new jump egress              the sandbox opens a connection
+//	egress: the decision of package policy, first match wins
+//	    ip daddr @blocked drop
+//	    ct count over N drop                  connection limit
+//	    ip daddr @allow accept
+//	    ip daddr @deny drop
+//	    ip daddr @private drop
+//	    ip daddr @internet accept             {0.0.0.0/0} or empty
+//
+// Everything a policy's lists and its internet switch change lives in set
+// elements, so UpdateSlotPolicy can change them without touching a rule.
+//
+// When the table already holds exactly the chains and sets of this rule
+// set, ApplySlot flushes every chain and set and refills them in the same
+// single transaction (no hook is unregistered and registered again); a
+// table that holds anything else (tampered with, or from an older
+// version) is replaced. Either way the commit waits for an RCU grace
+// period because rules are deleted (~10 ms here), which is why policy
+// changes go through UpdateSlotPolicy.
+func ApplySlot(nsFD int, s Slot) error {
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable}
+	refill, err := sameShape(c, t)
+	if err != nil {
+		return err
+	}
+	if refill {
+		c.AddTable(t)
+	} else {
+		replaceTable(c, t)
+	}
+
+	var id uint32
+	set := func(name string, ps []netip.Prefix) (*nftables.Set, error) {
+		id++
+		st := &nftables.Set{Table: t, Name: name, ID: id, KeyType: nftables.TypeIPAddr, Interval: true}
+		ps = slices.Clone(ps)
+		slices.SortFunc(ps, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+		if err := c.AddSet(st, nil); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+		if refill {
+			c.FlushSet(st)
+		}
+		if elems := intervalElements(ps); len(elems) > 0 {
+			if err := c.SetAddElements(st, elems); err != nil {
+				return nil, fmt.Errorf("set %s: %w", name, err)
+			}
+		}
+		return st, nil
+	}
+	blocked, err := set("blocked", policy.Blocked(s.NodeCIDR))
+	if err != nil {
+		return err
+	}
+	private, err := set("private", policy.Private)
+	if err != nil {
+		return err
+	}
+	allow, err := set("allow", s.Policy.Allow)
+	if err != nil {
+		return err
+	}
+	deny, err := set("deny", s.Policy.Deny)
+	if err != nil {
+		return err
+	}
+	internet, err := set("internet", internetSet(s.Policy))
+	if err != nil {
+		return err
+	}
+
+	up := ifname(s.Uplink)
+	accept_ := nftables.ChainPolicyAccept
+	drop_ := nftables.ChainPolicyDrop
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept_})
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept_})
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &drop_})
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop_})
+	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
+	if refill {
+		for _, ch := range []*nftables.Chain{pre, post, in, fwd, egress} {
+			c.FlushChain(ch)
+		}
+	}
+
+	add := func(ch *nftables.Chain, e ...any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(e...)}) }
+
+	add(pre, iifname(expr.CmpOpEq, up), saddr(s.Gateway), daddr(s.HostIP),
+		&expr.Immediate{Register: 1, Data: s.SandboxIP.AsSlice()},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1})
+	add(post, oifname(expr.CmpOpEq, up), saddr(s.SandboxIP),
+		&expr.Immediate{Register: 1, Data: s.HostIP.AsSlice()},
+		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1})
+
+	add(in, iifname(expr.CmpOpEq, ifname("lo")), accept())
+	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
+
+	add(fwd, ctState(expr.CtStateBitINVALID), drop())
+	add(fwd, ctStatusDNAT(), accept())
+	if kbps := s.Policy.EgressKbps; kbps > 0 {
+		// The kernel's byte bucket holds one second of the rate plus the
+		// burst; the burst must exceed the largest (GSO) packet, or a slow
+		// rate could never pass one.
+		rate := uint64(kbps) * 1000 / 8 // bytes per second
+		add(fwd, iifname(expr.CmpOpNeq, up),
+			&expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Unit: expr.LimitTimeSecond, Over: true, Burst: limitBurst},
+			drop())
+	}
+	add(fwd, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
+	add(fwd, iifname(expr.CmpOpEq, up), drop())
+	add(fwd, ctState(expr.CtStateBitNEW), jump(egress.Name))
+
+	p := s.Policy
+	add(egress, daddrInSet(blocked), drop())
+	if p.MaxConnections > 0 {
+		add(egress, &expr.Connlimit{Count: uint32(p.MaxConnections), Flags: nftConnlimitInvert}, drop())
+	}
+	add(egress, daddrInSet(allow), accept())
+	add(egress, daddrInSet(deny), drop())
+	add(egress, daddrInSet(private), drop())
+	add(egress, daddrInSet(internet), accept())
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("apply slot rules: %w", err)
+	}
+	return nil
+}
+
+// limitBurst is the egress limit's burst in bytes: two 64 KiB GSO packets.
+const limitBurst = 128 << 10
+
+var everything = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+
+func internetSet(p policy.Policy) []netip.Prefix {
+	if p.InternetAllowed() {
+		return everything
+	}
+	return nil
+}
+
+// UpdateSlotPolicy changes the slot table in the namespace open at nsFD
+// from policy prev to s.Policy. When only the lists or the internet switch
+// differ (the rules stay the same), it rewrites set elements only: one
+// transaction, no rule deleted, so no RCU grace period to wait for. Any
+// other change, or a table that is not in the expected shape, goes
+// through ApplySlot.
+func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
+	if prev.MaxConnections != s.Policy.MaxConnections || prev.EgressKbps != s.Policy.EgressKbps {
+		return ApplySlot(nsFD, s)
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable}
+	if ok, err := sameShape(c, t); err != nil || !ok {
+		if err != nil {
+			return err
+		}
+		return ApplySlot(nsFD, s)
+	}
+	for _, x := range []struct {
+		name string
+		ps   []netip.Prefix
+	}{{"allow", s.Policy.Allow}, {"deny", s.Policy.Deny}, {"internet", internetSet(s.Policy)}} {
+		st := &nftables.Set{Table: t, Name: x.name, KeyType: nftables.TypeIPAddr, Interval: true}
+		c.FlushSet(st)
+		if elems := intervalElements(x.ps); len(elems) > 0 {
+			if err := c.SetAddElements(st, elems); err != nil {
+				return fmt.Errorf("set %s: %w", x.name, err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("update slot policy: %w", err)
+	}
+	return nil
+}
+
+// slotChains and slotSets are the names ApplySlot creates.
+var (
+	slotChains = []string{"egress", "forward", "input", "postrouting", "prerouting"}
+	slotSets   = []string{"allow", "blocked", "deny", "internet", "private"}
+)
+
+// sameShape reports whether table t exists and holds exactly the chains
+// and sets of a slot rule set (so it can be refilled in place).
+func sameShape(c *nftables.Conn, t *nftables.Table) (bool, error) {
+	chains, err := c.ListChainsOfTableFamily(t.Family)
+	if err != nil {
+		return false, fmt.Errorf("list chains: %w", err)
+	}
+	var names []string
+	for _, ch := range chains {
+		if ch.Table.Name == t.Name {
+			names = append(names, ch.Name)
+		}
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, slotChains) {
+		return false, nil
+	}
+	sets, err := c.GetSets(t)
+	if err != nil {
+		return false, fmt.Errorf("list sets: %w", err)
+	}
+	names = names[:0]
+	for _, st := range sets {
+		names = append(names, st.Name)
+	}
+	slices.Sort(names)
+	return slices.Equal(names, slotSets), nil
+}
+
+// nftConnlimitInvert makes connlimit match when the count is OVER the
+// limit (`ct count over N`); without it, it matches up to N.
+const nftConnlimitInvert = 1
+
+// replaceTable queues "create if missing, delete, create" so that the
+// table's new content lands in the same transaction as the removal of the
+// old one.
+func replaceTable(c *nftables.Conn, t *nftables.Table) {
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+}
+
+// HasTable reports whether the namespace open at nsFD (-1: the caller's)
+// has an IPv4 table called name.
+func HasTable(nsFD int, name string) (bool, error) {
+	tables, err := Tables(nsFD)
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(tables, name), nil
+}
+
+// Tables lists the IPv4 tables of the namespace open at nsFD (-1: the
+// caller's).
+func Tables(nsFD int) ([]string, error) {
+	var opts []nftables.ConnOption
+	if nsFD >= 0 {
+		opts = append(opts, nftables.WithNetNSFd(nsFD))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return nil, fmt.Errorf("list nft tables: %w", err)
+	}
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Name)
+	}
+	return out, nil
+}
+
+// DeleteTable removes the IPv4 table name from the namespace open at nsFD
+// (-1: the caller's); a missing table is not an error.
+func DeleteTable(nsFD int, name string) error {
+	ok, err := HasTable(nsFD, name)
+	if err != nil || !ok {
+		return err
+	}
+	var opts []nftables.ConnOption
+	if nsFD >= 0 {
+		opts = append(opts, nftables.WithNetNSFd(nsFD))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return err
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: name})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete nft table %s: %w", name, err)
+	}
+	return nil
+}

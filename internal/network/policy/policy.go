@@ -1,0 +1,269 @@
+// Package policy is a sandbox's egress policy: its validated form, the
+// address ranges every policy blocks, and the order in which the rules
+// decide. It is pure (no kernel access) so that cubelet can validate a
+// create request without talking to network-agent.
+//
+// Decision for a new outbound connection to address D, first match wins:
+//
+//  1. D in Blocked (host, node CIDR = every slot, link-local/metadata,
+//     loopback, multicast/reserved)        → drop, whatever the policy
+//  2. connection limit exceeded            → drop
+//  3. D in Allow                           → accept   (allow wins, as in E2B)
+//  4. D in Deny                            → drop
+//  5. internet off                         → drop
+//  6. D in Private (RFC 1918, CGNAT)       → drop
+//  7. → accept
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// Limits on a policy's size: nftables sets are cheap, but a policy is
+// part of every create request and stored per sandbox.
+const (
+	MaxEntries        = 1024
+	MaxConnections    = 1 << 20
+	MaxEgressKbps     = 100 << 20 // 100 Gbit/s
+	minEgressKbps     = 8
+	defaultAllowInet  = true
+	describeMaxPrefix = 3
+)
+
+// Policy is a sandbox's egress policy, validated and normalised: every
+// prefix is IPv4 and masked, lists are sorted and hold no overlaps.
+type Policy struct {
+	// AllowInternet unset (nil) means allowed.
+	AllowInternet  *bool          `json:"allow_internet,omitempty"`
+	Allow          []netip.Prefix `json:"allow,omitempty"`
+	Deny           []netip.Prefix `json:"deny,omitempty"`
+	MaxConnections int32          `json:"max_connections,omitempty"`
+	EgressKbps     int64          `json:"egress_kbps,omitempty"`
+}
+
+// Spec is a policy as a request carries it (strings straight from the
+// API), before Parse.
+type Spec struct {
+	AllowInternet  *bool
+	Allow, Deny    []string
+	MaxConnections int32
+	EgressKbps     int64
+}
+
+// InternetAllowed resolves the unset default.
+func (p Policy) InternetAllowed() bool {
+	if p.AllowInternet == nil {
+		return defaultAllowInet
+	}
+	return *p.AllowInternet
+}
+
+// Equal reports whether two policies decide identically.
+func (p Policy) Equal(o Policy) bool {
+	return p.InternetAllowed() == o.InternetAllowed() &&
+		slices.Equal(p.Allow, o.Allow) && slices.Equal(p.Deny, o.Deny) &&
+		p.MaxConnections == o.MaxConnections && p.EgressKbps == o.EgressKbps
+}
+
+// IsDefault reports whether p is the default policy (internet allowed, no
+// lists, no limits): what a node without network-agent gives anyway.
+func (p Policy) IsDefault() bool { return p.Equal(Policy{}) }
+
+// Spec returns p in request form.
+func (p Policy) Spec() Spec {
+	s := Spec{MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps}
+	if p.AllowInternet != nil {
+		v := *p.AllowInternet
+		s.AllowInternet = &v
+	}
+	for _, a := range p.Allow {
+		s.Allow = append(s.Allow, a.String())
+	}
+	for _, d := range p.Deny {
+		s.Deny = append(s.Deny, d.String())
+	}
+	return s
+}
+
+// Clone returns a deep copy.
+func (p Policy) Clone() Policy {
+	c := p
+	if p.AllowInternet != nil {
+		v := *p.AllowInternet
+		c.AllowInternet = &v
+	}
+	c.Allow = slices.Clone(p.Allow)
+	c.Deny = slices.Clone(p.Deny)
+	return c
+}
+
+// DenyAll is the policy of a slot no sandbox has yet: nothing leaves.
+func DenyAll() Policy {
+	f := false
+	return Policy{AllowInternet: &f}
+}
+
+// FieldError is an InvalidArgument naming the request field at fault, so
+// the API can put it in its error detail.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+func (e *FieldError) Unwrap() error { return errdefs.ErrInvalidArgument }
+
+// Parse validates a request's policy. field prefixes error field names
+// ("network" → "network.allow_out[2]").
+func Parse(field string, s Spec) (Policy, error) {
+	bad := func(f, format string, a ...any) error {
+		return &FieldError{Field: join(field, f), Msg: fmt.Sprintf(format, a...)}
+	}
+	p := Policy{MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
+	if s.AllowInternet != nil {
+		v := *s.AllowInternet
+		p.AllowInternet = &v
+	}
+	switch {
+	case s.MaxConnections < 0:
+		return Policy{}, bad("max_connections", "%d is negative", s.MaxConnections)
+	case s.MaxConnections > MaxConnections:
+		return Policy{}, bad("max_connections", "%d exceeds %d", s.MaxConnections, MaxConnections)
+	case s.EgressKbps < 0:
+		return Policy{}, bad("egress_kbps", "%d is negative", s.EgressKbps)
+	case s.EgressKbps > MaxEgressKbps:
+		return Policy{}, bad("egress_kbps", "%d exceeds %d", s.EgressKbps, MaxEgressKbps)
+	case s.EgressKbps > 0 && s.EgressKbps < minEgressKbps:
+		return Policy{}, bad("egress_kbps", "%d is below the %d kbps minimum (0 = unlimited)", s.EgressKbps, minEgressKbps)
+	}
+	var err error
+	if p.Allow, err = parseList(join(field, "allow_out"), s.Allow, true); err != nil {
+		return Policy{}, err
+	}
+	if p.Deny, err = parseList(join(field, "deny_out"), s.Deny, false); err != nil {
+		return Policy{}, err
+	}
+	return p, nil
+}
+
+func join(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "." + b
+}
+
+// parseList parses CIDRs or bare addresses. It rejects what a user most
+// likely got wrong rather than guessing: IPv6 (sandboxes have none), host
+// bits set ("10.1.2.3/8"), and entries that overlap another entry of the
+// same list (ambiguous intent, and nftables interval sets refuse them).
+// An allow entry wholly inside an always-blocked range would silently do
+// nothing, so it is an error too.
+func parseList(field string, in []string, allow bool) ([]netip.Prefix, error) {
+	if len(in) > MaxEntries {
+		return nil, &FieldError{Field: field, Msg: fmt.Sprintf("%d entries, at most %d", len(in), MaxEntries)}
+	}
+	out := make([]netip.Prefix, 0, len(in))
+	for i, raw := range in {
+		p, err := ParsePrefix(raw)
+		if err != nil {
+			return nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: err.Error()}
+		}
+		if allow {
+			if b, ok := within(p, alwaysBlocked); ok {
+				return nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i),
+					Msg: fmt.Sprintf("%s is inside %s, which no sandbox may reach", p, b)}
+			}
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, comparePrefix)
+	for i := 1; i < len(out); i++ {
+		if out[i-1].Overlaps(out[i]) {
+			return nil, &FieldError{Field: field, Msg: fmt.Sprintf("%s overlaps %s", out[i], out[i-1])}
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// ParsePrefix parses one IPv4 CIDR or address (an address is a /32).
+func ParsePrefix(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not a CIDR: %v", s, err)
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not an IP address or CIDR", s)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if a := p.Addr(); !a.Is4() || a.Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is not IPv4 (sandboxes have no IPv6)", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
+	}
+	return p, nil
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits(), b.Bits())
+}
+
+// within returns the entry of set that wholly contains p.
+func within(p netip.Prefix, set []netip.Prefix) (netip.Prefix, bool) {
+	for _, b := range set {
+		if b.Bits() <= p.Bits() && b.Contains(p.Addr()) {
+			return b, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// String is a short human form for logs.
+func (p Policy) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "internet=%v", p.InternetAllowed())
+	list := func(name string, l []netip.Prefix) {
+		if len(l) == 0 {
+			return
+		}
+		fmt.Fprintf(&b, " %s=", name)
+		for i, x := range l {
+			if i == describeMaxPrefix {
+				fmt.Fprintf(&b, ",+%d", len(l)-i)
+				break
+			}
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(x.String())
+		}
+	}
+	list("allow", p.Allow)
+	list("deny", p.Deny)
+	if p.MaxConnections > 0 {
+		fmt.Fprintf(&b, " max_conns=%d", p.MaxConnections)
+	}
+	if p.EgressKbps > 0 {
+		fmt.Fprintf(&b, " egress_kbps=%d", p.EgressKbps)
+	}
+	return b.String()
+}

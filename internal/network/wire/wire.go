@@ -1,0 +1,153 @@
+// Package wire converts between network-agent's protobuf API and the
+// in-process types (package network, policy, errdefs), for both ends: the
+// server (agentapi) and the client cubelet uses. It imports nothing of the
+// agent itself, so the client stays light.
+package wire
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/cubesandbox/cube/api/network/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+// KindFromPB maps the API kind (unspecified = container).
+func KindFromPB(k pb.SlotKind) network.Kind {
+	if k == pb.SlotKind_SLOT_KIND_VM {
+		return network.VM
+	}
+	return network.Container
+}
+
+// KindToPB maps a kind to the API.
+func KindToPB(k network.Kind) pb.SlotKind {
+	if k == network.VM {
+		return pb.SlotKind_SLOT_KIND_VM
+	}
+	return pb.SlotKind_SLOT_KIND_CONTAINER
+}
+
+// PolicyFromPB validates an API policy (nil = the default policy).
+func PolicyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
+	if p == nil {
+		return policy.Policy{}, nil
+	}
+	return policy.Parse(field, policy.Spec{AllowInternet: p.AllowInternetAccess, Allow: p.AllowOut, Deny: p.DenyOut,
+		MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps})
+}
+
+// PolicyToPB maps a policy to the API.
+func PolicyToPB(p policy.Policy) *pb.Policy {
+	s := p.Spec()
+	return &pb.Policy{AllowInternetAccess: s.AllowInternet, AllowOut: s.Allow, DenyOut: s.Deny,
+		MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
+}
+
+// NetworkToPB maps a slot to the API.
+func NetworkToPB(n *network.Network) *pb.Network {
+	out := &pb.Network{
+		SandboxId: n.SandboxID, Kind: KindToPB(n.Kind), Slot: int32(n.Slot),
+		HostIp: n.HostIP, GatewayIp: n.GatewayIP, SandboxIp: n.SandboxIP,
+		Netns: n.NetNS, SlotNetns: n.SlotNetNS, Tap: n.Tap, HostLink: n.HostLink,
+		Policy: PolicyToPB(n.Policy), FromPool: n.FromPool,
+	}
+	if !n.AssignedAt.IsZero() {
+		out.AssignedAt = timestamppb.New(n.AssignedAt)
+	}
+	return out
+}
+
+// NetworkFromPB maps an API slot back (the client side).
+func NetworkFromPB(p *pb.Network) (*network.Network, error) {
+	if p == nil {
+		return nil, errors.New("network-agent returned no network")
+	}
+	pol, err := PolicyFromPB("policy", p.Policy)
+	if err != nil {
+		return nil, err
+	}
+	n := &network.Network{
+		SandboxID: p.SandboxId, Kind: KindFromPB(p.Kind), Slot: int(p.Slot),
+		HostIP: p.HostIp, GatewayIP: p.GatewayIp, SandboxIP: p.SandboxIp,
+		NetNS: p.Netns, SlotNetNS: p.SlotNetns, Tap: p.Tap, HostLink: p.HostLink,
+		Policy: pol, FromPool: p.FromPool,
+	}
+	if p.AssignedAt != nil {
+		n.AssignedAt = p.AssignedAt.AsTime()
+	}
+	return n, nil
+}
+
+var codeOf = []struct {
+	is   func(error) bool
+	code codes.Code
+}{
+	{errdefs.IsInvalidArgument, codes.InvalidArgument},
+	{errdefs.IsNotFound, codes.NotFound},
+	{errdefs.IsAlreadyExists, codes.AlreadyExists},
+	{errdefs.IsFailedPrecondition, codes.FailedPrecondition},
+	{errdefs.IsResourceExhausted, codes.ResourceExhausted},
+	{errdefs.IsUnavailable, codes.Unavailable},
+	{errdefs.IsNotImplemented, codes.Unimplemented},
+	{func(err error) bool { return errors.Is(err, context.DeadlineExceeded) }, codes.DeadlineExceeded},
+	{func(err error) bool { return errors.Is(err, context.Canceled) }, codes.Canceled},
+}
+
+// ToGRPC classifies err once, here.
+func ToGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	for _, c := range codeOf {
+		if c.is(err) {
+			return status.Error(c.code, err.Error())
+		}
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// FromGRPC turns a status error back into one wrapping the errdefs
+// sentinel, so callers of the client classify with errdefs as usual.
+func FromGRPC(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return err
+	}
+	for _, c := range []struct {
+		code codes.Code
+		err  error
+	}{
+		{codes.InvalidArgument, errdefs.ErrInvalidArgument},
+		{codes.NotFound, errdefs.ErrNotFound},
+		{codes.AlreadyExists, errdefs.ErrAlreadyExists},
+		{codes.FailedPrecondition, errdefs.ErrFailedPrecondition},
+		{codes.ResourceExhausted, errdefs.ErrResourceExhausted},
+		{codes.Unavailable, errdefs.ErrUnavailable},
+		{codes.Unimplemented, errdefs.ErrNotImplemented},
+		{codes.DeadlineExceeded, context.DeadlineExceeded},
+		{codes.Canceled, context.Canceled},
+	} {
+		if st.Code() == c.code {
+			return &remoteError{msg: st.Message(), kind: c.err}
+		}
+	}
+	return &remoteError{msg: st.Message(), kind: errdefs.ErrInternal}
+}
+
+type remoteError struct {
+	msg  string
+	kind error
+}
+
+func (e *remoteError) Error() string { return "network-agent: " + e.msg }
+func (e *remoteError) Unwrap() error { return e.kind }

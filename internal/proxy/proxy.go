@@ -1,0 +1,342 @@
+// Package proxy is the data-plane route: it takes HTTP requests meant for a
+// port of a sandbox and passes them through to it. It is the seed of
+// cubeproxy; today cubemaster runs it in-process.
+//
+// A request names its sandbox and port in one of two ways, as the E2B SDKs
+// do:
+//
+//   - the headers E2b-Sandbox-Id and E2b-Sandbox-Port (what the SDK sends
+//     when E2B_SANDBOX_URL points every sandbox at one URL), or
+//   - the Host <port>-<sandboxID>.<domain> (the SDK's default, and what
+//     sandbox.getHost(port) returns).
+//
+// The Resolver says where the sandbox is (a Target); the Dialer opens the
+// connection. Both are interfaces so that cubeproxy can bring a route cache
+// fed by the master and its own dialer. Bodies stream in both directions
+// (FlushInterval -1): Connect server streams and long downloads are never
+// buffered. HTTP/1.1 (including WebSocket upgrades) goes out as HTTP/1.1;
+// HTTP/2 cleartext (h2c) comes in and goes out as h2c.
+package proxy
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/nsdial"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// Headers the E2B SDKs send to name the sandbox and port.
+const (
+	HeaderSandboxID     = "E2b-Sandbox-Id"
+	HeaderSandboxPort   = "E2b-Sandbox-Port"
+	HeaderTrafficToken  = "E2b-Traffic-Access-Token"
+	AgentPort           = 49983
+	agentInternalPrefix = "/_cube/" // cube-agent's cubelet-only endpoints
+)
+
+// Target is where a sandbox can be reached.
+type Target struct {
+	SandboxID string
+	NodeID    string
+	// HostIP is the sandbox's address as the node sees it (a network-agent
+	// slot): the proxy dials HostIP:port. Empty when the sandbox has none.
+	HostIP string
+	// NetNS is the sandbox's network namespace on this machine
+	// (/proc/<pid>/ns/net): without a HostIP, the proxy dials
+	// 127.0.0.1:port inside it. Empty when the sandbox is on another machine.
+	NetNS string
+	// TrafficAccessToken, when set, must come with every request in the
+	// E2b-Traffic-Access-Token header.
+	TrafficAccessToken string
+}
+
+// Resolver finds where a sandbox is. Its errors use errdefs: NotFound (no
+// such sandbox), FailedPrecondition (paused or not running), Unavailable
+// (its node cannot be reached from here).
+type Resolver interface {
+	Resolve(ctx context.Context, sandboxID string) (*Target, error)
+}
+
+// Dialer opens a TCP connection to a port of a sandbox.
+type Dialer interface {
+	DialSandbox(ctx context.Context, t *Target, port int) (net.Conn, error)
+}
+
+// NetDialer is the default Dialer: the sandbox's host IP when it has one,
+// else its network namespace when it is on this machine.
+type NetDialer struct {
+	Timeout time.Duration // per connection attempt; 10 s when zero
+}
+
+// DialSandbox implements Dialer.
+func (d NetDialer) DialSandbox(ctx context.Context, t *Target, port int) (net.Conn, error) {
+	timeout := d.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	switch {
+	case t.HostIP != "":
+		var nd net.Dialer
+		return nd.DialContext(ctx, "tcp", net.JoinHostPort(t.HostIP, strconv.Itoa(port)))
+	case t.NetNS != "":
+		return nsdial.DialContext(ctx, t.NetNS, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	}
+	return nil, fmt.Errorf("sandbox %s on node %s has no address reachable from here: %w", t.SandboxID, t.NodeID, errdefs.ErrUnavailable)
+}
+
+// Config configures a Handler.
+type Config struct {
+	Resolver Resolver
+	Dialer   Dialer // NetDialer{} when nil
+	// Domain is the suffix of <port>-<sandboxID>.<domain> hosts.
+	Domain string
+	Log    *slog.Logger
+}
+
+// Handler is the route, an http.Handler.
+type Handler struct {
+	cfg    Config
+	log    *slog.Logger
+	h1, h2 *http.Transport
+	rp     *httputil.ReverseProxy
+}
+
+type ctxKey struct{}
+
+// routed is what ServeHTTP learned about a request, handed to the
+// transport's dialer through the request context.
+type routed struct {
+	target *Target
+	port   int
+}
+
+// New returns a Handler.
+func New(cfg Config) *Handler {
+	if cfg.Dialer == nil {
+		cfg.Dialer = NetDialer{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	h := &Handler{cfg: cfg, log: cfg.Log}
+	dial := func(ctx context.Context, _, addr string) (net.Conn, error) {
+		// The URL host is "<sandboxID>:<port>", so pooled connections are
+		// never shared between sandboxes or ports. The target resolved for
+		// the request rides in its context; a dial without it (which the
+		// transport does not do today) resolves again.
+		id, portStr, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		port, _ := strconv.Atoi(portStr)
+		if r, ok := ctx.Value(ctxKey{}).(routed); ok && r.target.SandboxID == id && r.port == port {
+			return cfg.Dialer.DialSandbox(ctx, r.target, port)
+		}
+		t, err := cfg.Resolver.Resolve(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return cfg.Dialer.DialSandbox(ctx, t, port)
+	}
+	h.h1 = &http.Transport{
+		Proxy: nil, DialContext: dial, ForceAttemptHTTP2: false,
+		MaxIdleConnsPerHost: 32, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 0,
+	}
+	h.h2 = &http.Transport{Proxy: nil, DialContext: dial, IdleConnTimeout: 90 * time.Second}
+	h.h2.Protocols = new(http.Protocols)
+	h.h2.Protocols.SetUnencryptedHTTP2(true)
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:       rewrite,
+		Transport:     transportFor{h1: h.h1, h2: h.h2},
+		FlushInterval: -1,
+		ErrorHandler:  h.proxyError,
+		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
+	}
+	return h
+}
+
+// transportFor sends HTTP/2 requests over h2c and the rest over HTTP/1.1.
+type transportFor struct{ h1, h2 *http.Transport }
+
+func (t transportFor) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.ProtoMajor == 2 {
+		return t.h2.RoundTrip(r)
+	}
+	return t.h1.RoundTrip(r)
+}
+
+func rewrite(pr *httputil.ProxyRequest) {
+	r := pr.In.Context().Value(ctxKey{}).(routed)
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = net.JoinHostPort(r.target.SandboxID, strconv.Itoa(r.port))
+	// The service in the sandbox sees the host the client used.
+	pr.Out.Host = pr.In.Host
+	pr.Out.Header.Del(HeaderTrafficToken)
+	pr.SetXForwarded()
+}
+
+// Close drops idle upstream connections.
+func (h *Handler) Close() {
+	h.h1.CloseIdleConnections()
+	h.h2.CloseIdleConnections()
+}
+
+// ParseHost splits "<port>-<sandboxID>.<domain>[:port]" into sandbox ID and
+// port. domain "" accepts any domain.
+func ParseHost(host, domain string) (id string, port int, ok bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, rest, found := strings.Cut(host, ".")
+	if !found {
+		return "", 0, false
+	}
+	if domain != "" {
+		if d, _, err := net.SplitHostPort(domain); err == nil {
+			domain = d
+		}
+		if !strings.EqualFold(rest, domain) {
+			return "", 0, false
+		}
+	}
+	p, id, found := strings.Cut(label, "-")
+	if !found {
+		return "", 0, false
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 || sandbox.ValidateID("sandbox", id) != nil {
+		return "", 0, false
+	}
+	return id, port, true
+}
+
+// route finds which sandbox and port a request is for.
+func (h *Handler) route(r *http.Request) (string, int, error) {
+	if id := r.Header.Get(HeaderSandboxID); id != "" {
+		ps := r.Header.Get(HeaderSandboxPort)
+		port, err := strconv.Atoi(ps)
+		if err != nil || port < 1 || port > 65535 {
+			return "", 0, fmt.Errorf("%s %q is not a port: %w", HeaderSandboxPort, ps, errdefs.ErrInvalidArgument)
+		}
+		if err := sandbox.ValidateID("sandbox", id); err != nil {
+			return "", 0, err
+		}
+		return id, port, nil
+	}
+	if id, port, ok := ParseHost(r.Host, h.cfg.Domain); ok {
+		return id, port, nil
+	}
+	return "", 0, fmt.Errorf("no sandbox in the request: want the %s and %s headers or a <port>-<sandboxID>.%s host: %w",
+		HeaderSandboxID, HeaderSandboxPort, h.cfg.Domain, errdefs.ErrInvalidArgument)
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, port, err := h.route(r)
+	if err != nil {
+		writeError(w, "", err)
+		return
+	}
+	if port == AgentPort && strings.HasPrefix(r.URL.Path, agentInternalPrefix) {
+		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentInternalPrefix, errdefs.ErrNotFound))
+		return
+	}
+	t, err := h.cfg.Resolver.Resolve(r.Context(), id)
+	if err != nil {
+		writeError(w, id, err)
+		return
+	}
+	if t.TrafficAccessToken != "" && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
+		writeError(w, id, errUnauthorized)
+		return
+	}
+	ctx := context.WithValue(r.Context(), ctxKey{}, routed{target: t, port: port})
+	h.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func tokenEqual(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+var errUnauthorized = errors.New("missing or wrong traffic access token (" + HeaderTrafficToken + ")")
+
+func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	id := ""
+	if rt, ok := r.Context().Value(ctxKey{}).(routed); ok {
+		id = rt.target.SandboxID
+	}
+	if errors.Is(err, context.Canceled) {
+		// The client went away; nobody reads the answer.
+		return
+	}
+	h.log.Debug("proxy upstream error", "sandbox_id", id, "err", err)
+	// Whatever failed between us and the sandbox (refused, reset, gone),
+	// the client sees 502, which the E2B SDKs read as "the sandbox is gone
+	// or not ready".
+	writeJSON(w, http.StatusBadGateway, id, fmt.Sprintf("sandbox %s: port unreachable: %v", id, err))
+}
+
+// writeError answers a routing failure the way E2B's proxy does: JSON with
+// the sandbox ID, a message and the HTTP status as code.
+func writeError(w http.ResponseWriter, id string, err error) {
+	code := http.StatusBadGateway
+	switch {
+	case errors.Is(err, errUnauthorized):
+		code = http.StatusUnauthorized
+	case errdefs.IsInvalidArgument(err):
+		code = http.StatusBadRequest
+	case errdefs.IsFailedPrecondition(err):
+		code = http.StatusConflict
+	case errdefs.IsNotFound(err), errdefs.IsUnavailable(err):
+		// E2B answers 502 for a sandbox that is not there, and the SDKs
+		// map 502 to "sandbox not found or timed out".
+		code = http.StatusBadGateway
+	}
+	writeJSON(w, code, id, err.Error())
+}
+
+func writeJSON(w http.ResponseWriter, code int, id, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(struct {
+		SandboxID string `json:"sandboxId,omitempty"`
+		Message   string `json:"message"`
+		Code      int    `json:"code"`
+	}{id, msg, code})
+}
+
+// Serve serves the handler on ln (HTTP/1.1 and h2c) until ctx ends.
+func (h *Handler) Serve(ctx context.Context, ln net.Listener) error {
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: protocols, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	h.Close()
+	return nil
+}

@@ -1,0 +1,40 @@
+package sandbox
+
+import "github.com/cubesandbox/cube/internal/network/policy"
+
+// Network is the sandbox's network slot on a node with network-agent. The
+// net action records it (Kind only) BEFORE asking network-agent for the
+// slot, and fills in the rest once it has one; destroy clears it after the
+// slot is released. The policy the sandbox asked for is
+// Record.NetworkPolicy, which outlives the slot.
+type Network struct {
+	Kind string `json:"kind"` // "container" or "vm"
+	Slot int    `json:"slot,omitempty"`
+	// HostIP is where the host reaches the sandbox (every TCP port it
+	// listens on): what the proxy and cubelet dial.
+	HostIP    string `json:"host_ip,omitempty"`
+	GatewayIP string `json:"gateway_ip,omitempty"`
+	// SandboxIP is the address the sandbox sees for itself.
+	SandboxIP string `json:"sandbox_ip,omitempty"`
+	// NetNS is the namespace the runtime joins.
+	NetNS     string `json:"netns,omitempty"`
+	SlotNetNS string `json:"slot_netns,omitempty"`
+}
+
+// RuntimeNetNS is the namespace the sandbox's runtime must join, "" for
+// a sandbox without a slot (the runtime makes a fresh, empty one).
+func (n *Network) RuntimeNetNS() string {
+	if n == nil {
+		return ""
+	}
+	return n.NetNS
+}
+
+// clonePolicy deep-copies an optional policy.
+func clonePolicy(p *policy.Policy) *policy.Policy {
+	if p == nil {
+		return nil
+	}
+	c := p.Clone()
+	return &c
+}

@@ -1,0 +1,188 @@
+// Command harness runs a command (the Node suite) against a real cube
+// sandbox: it starts a private cubelet in-process, imports the busybox
+// template (plus a bash shim the E2B SDK needs), creates a sandbox,
+// initialises its agent the way cubelet will (access token, default user,
+// env), forwards a host port into the sandbox's network namespace, and
+// serves the single control-plane call the SDK makes. Then it runs the
+// command with the E2B_* variables pointing there, tears everything down,
+// checks for leaks, and exits with the command's status.
+//
+//	go run ./test/e2e/node/harness -- npm --prefix test/e2e/node test
+//
+// It also reports the closing-note figure it can see from outside: the
+// agent's resident size, idle and after the suite.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/nsdial"
+)
+
+func main() {
+	agentBin := flag.String("agent", "", "prebuilt static cube-agent; built from ./cmd/cube-agent when empty")
+	verbose := flag.Bool("v", false, "log cubelet and the harness at info level")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: harness [-agent path] [-v] -- command [args...]\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "e2e-harness")
+	os.Exit(run(*agentBin, flag.Args(), log))
+}
+
+func run(agentBin string, command []string, log *slog.Logger) (code int) {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "harness: needs root (loop devices, mounts, cgroups, runc)")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "harness: %v\n", err)
+		return 1
+	}
+
+	setupCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	n, err := startNode(setupCtx, agentBin, log)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		if err := n.teardown(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "harness: teardown: %v\n", err)
+			code = max(code, 1)
+		}
+	}()
+	sb, err := n.createSandbox(setupCtx)
+	if err != nil {
+		return fail(err)
+	}
+	pid := sb.Container.PID
+	netns := fmt.Sprintf("/proc/%d/ns/net", pid)
+	agentAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(cubelet.AgentPort))
+	fwd, err := nsdial.Forward("127.0.0.1:0", netns, agentAddr, log)
+	if err != nil {
+		return fail(err)
+	}
+	defer fwd.Close()
+	agent := nsdial.HTTPClient(netns)
+	defer agent.CloseIdleConnections()
+
+	var info struct {
+		EnvdVersion string `json:"envdVersion"`
+	}
+	if err := call(setupCtx, agent, "GET", "http://"+agentAddr+"/_cube/info", "", nil, &info); err != nil {
+		return fail(fmt.Errorf("agent info: %w", err))
+	}
+	token := randHex(16)
+	initBody, _ := json.Marshal(map[string]any{
+		"accessToken": token,
+		"defaultUser": "user",
+		"envVars":     map[string]string{"CUBE_SANDBOX_ID": sb.ID, "CUBE_E2E": "1"},
+		"timestamp":   time.Now().UTC(),
+	})
+	if err := call(setupCtx, agent, "POST", "http://"+agentAddr+"/init", "", initBody, nil); err != nil {
+		return fail(fmt.Errorf("agent init: %w", err))
+	}
+	time.Sleep(time.Second) // let the agent settle before measuring it idle
+	idleRSS := vmRSS(pid)
+
+	apiKey := "e2b_" + randHex(16)
+	api := &fakeAPI{apiKey: apiKey, sandboxID: sb.ID, templateID: sb.TemplateID, envdVersion: info.EnvdVersion, accessToken: token, started: time.Now()}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fail(err)
+	}
+	apiSrv := &http.Server{Handler: api.handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = apiSrv.Serve(ln) }()
+	defer apiSrv.Close()
+
+	fmt.Fprintf(os.Stderr, "harness: sandbox %s (agent pid %d, envd %s) at http://%s; API at http://%s\n",
+		sb.ID, pid, info.EnvdVersion, fwd.Addr(), ln.Addr())
+	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL=http://"+ln.Addr().String(),
+		"E2B_SANDBOX_URL=http://"+fwd.Addr(),
+		"E2B_API_KEY="+apiKey,
+		"CUBE_SANDBOX_ID="+sb.ID,
+		"CUBE_ENVD_VERSION="+info.EnvdVersion,
+	)
+	runErr := cmd.Run()
+	fmt.Fprintf(os.Stderr, "harness: figure: cube-agent RSS idle %d KiB, after the suite %d KiB\n", idleRSS, vmRSS(pid))
+	if runErr != nil {
+		var ee *exec.ExitError
+		if errors.As(runErr, &ee) {
+			return max(ee.ExitCode(), 1)
+		}
+		return fail(runErr)
+	}
+	return 0
+}
+
+// call does one JSON request to the agent; out may be nil.
+func call(ctx context.Context, c *http.Client, method, url, token string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, b)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// vmRSS is a process's resident set in KiB (0 when gone).
+func vmRSS(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
+}
