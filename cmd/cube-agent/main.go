@@ -29,7 +29,10 @@ func main() {
 	// API starts go through it too, so PID 1's reaping never steals their
 	// exit statuses.
 	reaper := initproc.NewReaper(log)
-	srv := agent.New(agent.Config{Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version})
+	srv := agent.New(agent.Config{
+		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
+		Env: agent.SandboxEnv(os.Environ()),
+	})
 
 	serveErr := make(chan error, 1)
 	go func() {

@@ -81,6 +81,7 @@ func TestConformance(t *testing.T) {
 	srv := New(Config{
 		Starter: reaper,
 		Users:   db,
+		Env:     SandboxEnv([]string{"CUBE_CREATE_VAR=from config", "HOME=/not/the/user's", "PATH=/x"}),
 		Logger:  slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		SetClock: func(unix.Timespec) error {
 			t.Error("the suite must never set the host's clock")
@@ -105,7 +106,10 @@ func TestConformance(t *testing.T) {
 			t.Error("server did not stop")
 		}
 	})
-	agenttest.Run(t, agenttest.Target{URL: "http://" + ln.Addr().String(), UserHome: home, RootOnly: rootOnly})
+	agenttest.Run(t, agenttest.Target{
+		URL: "http://" + ln.Addr().String(), UserHome: home, RootOnly: rootOnly,
+		Env: map[string]string{"CUBE_CREATE_VAR": "from config"},
+	})
 }
 
 type testWriter struct{ t testing.TB }

@@ -25,8 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -54,6 +56,26 @@ const EnvdVersion = "0.6.4"
 // maxMessageBytes bounds one Connect message the agent reads.
 const maxMessageBytes = 16 << 20
 
+// SandboxEnv picks, from the agent's own environment, the variables every
+// process should inherit: all but PATH (passed on separately, first) and
+// the per-user ones (HOME, USER, LOGNAME) and shell state (PWD, SHLVL),
+// which belong to whoever a process runs as.
+func SandboxEnv(environ []string) map[string]string {
+	out := map[string]string{}
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			continue
+		}
+		switch k {
+		case "PATH", "HOME", "USER", "LOGNAME", "PWD", "OLDPWD", "SHLVL", "_":
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
+
 // Config configures a Server.
 type Config struct {
 	Addr   string       // listen address; DefaultAddr when empty
@@ -73,6 +95,10 @@ type Config struct {
 	SetClock func(unix.Timespec) error
 	// Version is the agent build, reported by /_cube/info.
 	Version string
+	// Env seeds the sandbox-wide variables (those /init adds to): the
+	// environment the runtime started the sandbox with, so the variables
+	// a sandbox was created with reach every process, as in docker exec.
+	Env map[string]string
 }
 
 // Server is the agent's HTTP server.
@@ -106,7 +132,7 @@ func New(cfg Config) *Server {
 		cfg:     cfg,
 		log:     log,
 		users:   cfg.Users,
-		state:   &state{user: cfg.DefaultUser},
+		state:   &state{user: cfg.DefaultUser, env: maps.Clone(cfg.Env)},
 		freezer: &fsfreeze.Freezer{Path: cfg.FreezePath, Log: log},
 		sampler: &sysinfo.Sampler{},
 	}

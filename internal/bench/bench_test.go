@@ -136,6 +136,30 @@ func TestScenariosTiny(t *testing.T) {
 		t.Errorf("targets not evaluated: %+v", rep.Targets)
 	}
 
+	// An interrupted run (Ctrl-C) stops mid-phase and still removes what
+	// it made: once inside a baseline, once inside a cube scenario.
+	c50, _ := Lookup("create-c50")
+	e.Opts.N50, e.Opts.Concurrency, e.Opts.MaxLive, e.Opts.ProfileDir = 8, 4, 8, ""
+	for _, noBase := range []bool{false, true} {
+		e.Opts.NoBaselines = noBase
+		cctx, cancel := context.WithCancel(ctx)
+		timer := time.AfterFunc(300*time.Millisecond, cancel)
+		irep := Run(cctx, e, []*Scenario{c50})
+		timer.Stop()
+		cancel()
+		if len(irep.Results) == 0 {
+			t.Errorf("interrupted run (no baselines: %v) ran nothing", noBase)
+		}
+		for _, r := range irep.Results {
+			t.Logf("interrupted %s: %s", r.Scenario, r.Error)
+			if r.Error == "" {
+				t.Errorf("interrupted run (no baselines: %v): %s has no error: %+v", noBase, r.Scenario, r)
+			}
+		}
+		leakcheck.AssertNone(t, ctx, e.Node().Scope())
+		leakcheck.AssertNone(t, ctx, e.rawNode.scope())
+	}
+
 	rawScope := e.rawNode.scope()
 	podParent := ""
 	if e.pod != nil {

@@ -84,8 +84,10 @@ func (e *Env) fillTimed(ctx context.Context, label string, n, c int, lat *[]time
 		*lat = d.samples
 	}
 	if err := ctx.Err(); d.failed > 0 || err != nil {
-		derr := e.deleteAll(ctx, "cleanup", ids, c)
-		return nil, errors.Join(fmt.Errorf("%s: %d of %d creates failed: %w", label, d.failed, n, errors.Join(d.errs...)), err, derr)
+		if d.failed > 0 {
+			err = errors.Join(fmt.Errorf("%s: %d of %d creates failed: %w", label, d.failed, n, errors.Join(d.errs...)), err)
+		}
+		return nil, errors.Join(err, e.deleteAll(ctx, "cleanup", ids, c))
 	}
 	return ids, nil
 }

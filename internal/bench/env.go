@@ -50,10 +50,6 @@ type Options struct {
 	// cube scenario (needs Env.PprofURL).
 	ProfileDir    string
 	ProfileWindow time.Duration // length of one CPU profile window
-
-	// E2BAPI and E2BProxy point the e2b scenario at cubemaster's E2B API
-	// and cubeproxy; empty skips it.
-	E2BAPI, E2BProxy, E2BKey string
 }
 
 // DefaultOptions are the anchor's sizes: 100 creates at concurrency 1,

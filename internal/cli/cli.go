@@ -118,6 +118,7 @@ func NewRoot(out io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 5*time.Minute, "give up after this long")
 	root.AddCommand(sandboxCmd(g), templateCmd(g), nodeCmd(g), flowCmd(g), snapshotCmd(g))
+	addCluster(root, g)
 	return root
 }
 

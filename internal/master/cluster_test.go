@@ -77,7 +77,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("retry when a healthy node is unreachable", func(t *testing.T) {
 		a.StopAPI() // heartbeats go on: the master still sees A healthy
-		defer a.StartAPI(t)
+		defer a.StartAPI()
 		if v := m.Node(t, a.ID); !v.Healthy {
 			t.Fatalf("A unhealthy: %s", v.Reason)
 		}
@@ -128,7 +128,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("heartbeat loss", func(t *testing.T) {
-		a.Stop(t)
+		a.Stop()
 		mastertest.WaitFor(t, 5*time.Second, "A unhealthy", func() bool { return !m.Node(t, a.ID).Healthy })
 		if v := m.Node(t, a.ID); !strings.Contains(v.Reason, "no heartbeat") {
 			t.Fatalf("reason: %q", v.Reason)
@@ -137,7 +137,7 @@ func TestCluster(t *testing.T) {
 		if n := count(got); n["A"] != 0 {
 			t.Fatalf("placement %v: a sandbox went to the silent node", n)
 		}
-		a.Start(t)
+		a.Start()
 		m.WaitHealthy(t, a)
 		sb := create(t, "busybox") // A has the fewest sandboxes again
 		if names[sb.NodeID] != "A" {
@@ -153,7 +153,7 @@ func TestCluster(t *testing.T) {
 				break
 			}
 		}
-		c.Stop(t)
+		c.Stop()
 		mastertest.WaitFor(t, 5*time.Second, "C unhealthy", func() bool { return !m.Node(t, c.ID).Healthy })
 		if err := svc().Kill(ctx, onC.ID); err != nil {
 			t.Fatalf("kill on a dead node: %v", err)
@@ -161,7 +161,7 @@ func TestCluster(t *testing.T) {
 		if _, err := svc().Get(ctx, onC.ID); !errdefs.IsNotFound(err) {
 			t.Fatalf("row kept: %v", err)
 		}
-		c.Start(t)
+		c.Start()
 		mastertest.WaitFor(t, 15*time.Second, "C's reconcile to destroy the orphan", func() bool {
 			_, err := c.Client.GetSandbox(ctx, &cubeletpb.GetSandboxRequest{SandboxId: onC.ID})
 			return err != nil && strings.Contains(err.Error(), "not found")
@@ -174,8 +174,8 @@ func TestCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m.Stop(t)
-		m.Start(t)
+		m.Stop()
+		m.Start()
 		after, _, err := svc().List(ctx, catalog.Query{Ascending: true})
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc"
+
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
@@ -45,7 +47,9 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 func (e *FieldError) Unwrap() error { return errdefs.ErrInvalidArgument }
 
-func fieldErr(field, f string, a ...any) error { return &FieldError{Field: field, Msg: fmt.Sprintf(f, a...)} }
+func fieldErr(field, f string, a ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(f, a...)}
+}
 
 // Limits on what clients store in the catalog.
 const (
@@ -328,14 +332,18 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 // destroyOn deletes a sandbox from a node, best effort: used to undo.
 // What it cannot delete, the node's next reconcile does (the sandbox
 // carries the managed label and has no catalog row).
-func (s *Service) destroyOn(nodeID, id string) {
+//
+// It fails fast when the node cannot be reached, except from reconcile,
+// which passes grpc.WaitForReady: the node just registered and its
+// connection may still be coming up.
+func (s *Service) destroyOn(nodeID, id string, opts ...grpc.CallOption) {
 	c, err := s.client(nodeID)
 	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: id, SandboxId: id}); err != nil {
+	if _, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: id, SandboxId: id}, opts...); err != nil {
 		if err := fromGRPC(nodeID, err); !errdefs.IsNotFound(err) {
 			s.log.Warn("undo create: delete on node failed; its reconcile will", "sandbox_id", id, "node_id", nodeID, "err", err)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"google.golang.org/grpc"
+
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
@@ -68,9 +70,10 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	resp, err := c.ListSandboxes(ctx, &cubeletpb.ListSandboxesRequest{})
+	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer lcancel()
+	// Wait for the connection: the node may have just (re)started.
+	resp, err := c.ListSandboxes(lctx, &cubeletpb.ListSandboxesRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		return fromGRPC(nodeID, err)
 	}
@@ -107,7 +110,7 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 			dropped++
 		case cur.State == catalog.StateCreating:
 			s.log.Warn("reconcile: destroying a create the master did not finish", "sandbox_id", row.ID, "node_id", nodeID)
-			s.destroyOn(nodeID, row.ID)
+			s.destroyOn(nodeID, row.ID, grpc.WaitForReady(true))
 			_ = s.cat.DeleteSandbox(ctx, row.ID)
 			dropped++
 		default:
@@ -136,7 +139,7 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 			continue // placed on this node since the listing
 		}
 		s.log.Warn("reconcile: destroying a managed sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID)
-		s.destroyOn(nodeID, id)
+		s.destroyOn(nodeID, id, grpc.WaitForReady(true))
 		orphans++
 	}
 	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),

@@ -146,8 +146,20 @@ func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
 	}
 	s.log.Info("node registered", "node_id", r.NodeId, "address", r.Address, "version", r.Version, "templates", len(r.Templates))
 	s.goBackground(func(ctx context.Context) {
-		if err := s.reconcileNode(ctx, r.NodeId); err != nil {
-			s.log.Warn("reconcile node", "node_id", r.NodeId, "err", err)
+		for attempt := 1; ; attempt++ {
+			err := s.reconcileNode(ctx, r.NodeId)
+			if err == nil || ctx.Err() != nil {
+				return
+			}
+			if attempt == 5 {
+				s.log.Warn("reconcile node failed; it runs again at the node's next registration", "node_id", r.NodeId, "err", err)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(attempt) * time.Second):
+			}
 		}
 	})
 	return nil

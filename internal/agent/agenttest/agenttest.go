@@ -42,6 +42,9 @@ type Target struct {
 	UserHome string
 	// RootOnly is a directory only root may enter (mode 0700).
 	RootOnly string
+	// Env are variables the sandbox was created with: every process
+	// must see them.
+	Env map[string]string
 	// Sandbox says the agent runs in a real runc sandbox: no
 	// CAP_SYS_ADMIN or CAP_SYS_TIME, a small disk, PID 1.
 	Sandbox bool

@@ -203,10 +203,9 @@ func (h *harness) testWatchDir(t *testing.T) {
 	flat, stopFlat := watch(false, false)
 	defer stopFlat()
 
-	if _, err := h.fs.MakeDir(ctx, as(h, "user", &fspb.MakeDirRequest{Path: dir + "/sub"})); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond) // the new subdirectory's watch is added on its create event
+	// The subdirectory and its file come in one go (the upload creates
+	// both): the file's create is reported although it may precede the
+	// new directory's watch.
 	h.upload(t, "user", dir+"/sub/f.txt", []byte("data"))
 	h.upload(t, "user", dir+"/top.txt", []byte("data"))
 	if _, err := h.fs.Remove(ctx, as(h, "user", &fspb.RemoveRequest{Path: dir + "/top.txt"})); err != nil {
@@ -234,12 +233,14 @@ func (h *harness) testWatchDir(t *testing.T) {
 	if ev.e.GetType() != fspb.FileType_FILE_TYPE_DIRECTORY {
 		t.Errorf("create event entry: %v", ev.e)
 	}
-	wait(rec, "sub/f.txt", fspb.EventType_EVENT_TYPE_CREATE)
-	ev = wait(rec, "sub/f.txt", fspb.EventType_EVENT_TYPE_WRITE)
+	ev = wait(rec, "sub/f.txt", fspb.EventType_EVENT_TYPE_CREATE)
 	if ev.e.GetPath() != dir+"/sub/f.txt" {
-		t.Errorf("write event entry: %v", ev.e)
+		t.Errorf("create event entry: %v", ev.e)
 	}
 	wait(rec, "top.txt", fspb.EventType_EVENT_TYPE_REMOVE)
+	// After the directory's create event its watch exists: writes are seen.
+	h.upload(t, "user", dir+"/sub/g.txt", []byte("more"))
+	wait(rec, "sub/g.txt", fspb.EventType_EVENT_TYPE_WRITE)
 
 	wait(flat, "sub", fspb.EventType_EVENT_TYPE_CREATE)
 	for _, ev := range drain(flat, "top.txt", fspb.EventType_EVENT_TYPE_REMOVE) {

@@ -64,6 +64,12 @@ func (h *harness) testEnvCwdUser(t *testing.T) {
 	if want := "bar baz|/tmp|1000:1000|" + h.tg.UserHome + "|user|user\n"; r.stdout != want {
 		t.Errorf("as user: %q, want %q", r.stdout, want)
 	}
+	for k, v := range h.tg.Env {
+		r, err := h.run(ctxT(t), h.proc, as(h, "", sh(`printf %s "$`+k+`"`)))
+		if err != nil || r.stdout != v {
+			t.Errorf("sandbox env %s = %q (%v), want %q", k, r.stdout, err, v)
+		}
+	}
 	// No cwd: the user's home. No user: the default user ("user").
 	r, err = h.run(ctxT(t), h.proc, as(h, "", sh("pwd; id -u")))
 	if err != nil || r.stdout != h.tg.UserHome+"\n1000\n" {

@@ -25,6 +25,7 @@ func TestSandboxConformance(t *testing.T) {
 	defer cancel()
 	res, err := svc.Create(ctx, cubelet.CreateRequest{
 		TemplateID: "busybox",
+		Env:        map[string]string{"CUBE_CREATE_VAR": "from create"},
 		Resources:  sandbox.Resources{MilliCPU: 1000, MemoryMiB: 256, Pids: 512},
 	})
 	if err != nil {
@@ -40,6 +41,7 @@ func TestSandboxConformance(t *testing.T) {
 			},
 			UserHome: "/home/user",
 			RootOnly: "/root",
+			Env:      map[string]string{"CUBE_CREATE_VAR": "from create", "CUBE_SANDBOX_ID": id},
 			Sandbox:  true,
 		})
 	})

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -272,7 +273,7 @@ func (s *Service) writeFile(u *identity.User, target string, src io.Reader, meta
 			return err
 		}
 		undo := func() {
-			if statErr != nil {
+			if errors.Is(statErr, fs.ErrNotExist) { // ours: we created it
 				_ = os.Remove(path)
 			}
 			if created != "" {

@@ -147,11 +147,11 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRe
 	}
 	var entries []*pb.EntryInfo
 	err = identity.AsUser(u, func() error {
-		real, err := filepath.EvalSymlinks(path)
+		target, err := filepath.EvalSymlinks(path)
 		if err != nil {
 			return rpcerr.FromOS(err)
 		}
-		fi, err := os.Stat(real)
+		fi, err := os.Stat(target)
 		if err != nil {
 			return rpcerr.FromOS(err)
 		}
@@ -161,9 +161,9 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRe
 		names := s.db.Names()
 		// Entries are reported under the path as asked (through the
 		// symlink, if it was one), read from where it really points.
-		var walk func(shown, real string, level int) error
-		walk = func(shown, real string, level int) error {
-			des, err := os.ReadDir(real)
+		var walk func(shown, dir string, level int) error
+		walk = func(shown, dir string, level int) error {
+			des, err := os.ReadDir(dir)
 			if err != nil {
 				if level == 1 {
 					return rpcerr.FromOS(err)
@@ -178,14 +178,14 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRe
 				p := filepath.Join(shown, de.Name())
 				entries = append(entries, entryFromInfo(p, fi, names))
 				if de.IsDir() && level < depth {
-					if err := walk(p, filepath.Join(real, de.Name()), level+1); err != nil {
+					if err := walk(p, filepath.Join(dir, de.Name()), level+1); err != nil {
 						return err
 					}
 				}
 			}
 			return nil
 		}
-		return walk(path, real, 1)
+		return walk(path, target, 1)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", path, err)

@@ -4,9 +4,9 @@
 //
 // Recursion is done here, as inotify has none: every directory under the
 // root gets its own watch, and a directory that appears later (created or
-// moved in) is walked and watched when its event arrives. Entries created
-// inside it before its watch was added produce no events; that race is
-// inherent to inotify and documented in docs/envd.md.
+// moved in) is walked and watched when its event arrives, before that event
+// is passed on; what the walk finds is reported as created, since inotify
+// never reports what was made before the watch existed.
 package inotify
 
 import (
@@ -101,7 +101,8 @@ func New(dir string, recursive bool, as func(func() error) error) (*Watcher, err
 			return err
 		}
 		if recursive {
-			return w.addTree(w.root)
+			_, err := w.addTree(w.root)
+			return err
 		}
 		return nil
 	})
@@ -152,17 +153,23 @@ func (w *Watcher) add(dir string) error {
 	return nil
 }
 
-// addTree watches every directory below dir. Subdirectories that vanish
-// or cannot be read meanwhile are skipped: they are not ours to fail on.
-func (w *Watcher) addTree(dir string) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+// addTree watches every directory below dir and returns every entry it
+// saw there. Subdirectories that vanish or cannot be read meanwhile are
+// skipped: they are not ours to fail on.
+func (w *Watcher) addTree(dir string) ([]string, error) {
+	var seen []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if p == dir {
 				return err
 			}
 			return filepath.SkipDir
 		}
-		if p == dir || !d.IsDir() {
+		if p == dir {
+			return nil
+		}
+		seen = append(seen, p)
+		if !d.IsDir() {
 			return nil
 		}
 		if err := w.add(p); err != nil {
@@ -170,6 +177,7 @@ func (w *Watcher) addTree(dir string) error {
 		}
 		return nil
 	})
+	return seen, err
 }
 
 func (w *Watcher) loop() {
@@ -241,14 +249,27 @@ func (w *Watcher) handle(wd int, m uint32, name string) (stop bool) {
 	}
 	switch {
 	case m&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+		if !w.recursive || m&unix.IN_ISDIR == 0 {
+			emit(Create)
+			break
+		}
+		// A new directory: watch it (and what is already in it) before
+		// reporting it, so a client that saw the event can rely on the
+		// watch; and report what was created in it before the watch
+		// existed, which inotify itself never will. An entry created
+		// during the walk may be reported twice.
+		var found []string
+		_ = w.as(func() error {
+			if err := w.add(path); err != nil {
+				return err
+			}
+			found, _ = w.addTree(path)
+			return nil
+		})
 		emit(Create)
-		if w.recursive && m&unix.IN_ISDIR != 0 {
-			_ = w.as(func() error {
-				if err := w.add(path); err != nil {
-					return err
-				}
-				return w.addTree(path)
-			})
+		for _, p := range found {
+			path = p
+			emit(Create)
 		}
 	case m&unix.IN_MODIFY != 0:
 		emit(Write)

@@ -117,8 +117,11 @@ func (m *Manager) Start(o StartOptions) (*Proc, *Subscription, error) {
 			},
 		},
 	}
+	if err := checkPTYSize(o.PTY); err != nil {
+		return nil, nil, err
+	}
 	p := &Proc{Tag: o.Tag, Config: cfg, subs: map[*Subscription]struct{}{}, closed: make(chan struct{})}
-	io, err := p.prepareIO(cmd, o)
+	pio, err := p.prepareIO(cmd, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -127,7 +130,7 @@ func (m *Manager) Start(o StartOptions) (*Proc, *Subscription, error) {
 	m.mu.Lock()
 	if o.Tag != "" && m.tags[o.Tag] != nil { // lost a race for the tag
 		m.mu.Unlock()
-		io.abort()
+		pio.abort()
 		return nil, nil, fmt.Errorf("a process tagged %q is already running: %w", o.Tag, errdefs.ErrAlreadyExists)
 	}
 	err = failpoint.Eval(context.Background(), FailpointStart)
@@ -137,7 +140,7 @@ func (m *Manager) Start(o StartOptions) (*Proc, *Subscription, error) {
 	}
 	if err != nil {
 		m.mu.Unlock()
-		io.abort()
+		pio.abort()
 		return nil, nil, fmt.Errorf("start %q in %s as %s: %w: %w", cfg.GetCmd(), cwd, o.User.Name, err, errdefs.ErrInvalidArgument)
 	}
 	p.PID, p.proc = uint32(rp.Pid), rp
@@ -146,16 +149,16 @@ func (m *Manager) Start(o StartOptions) (*Proc, *Subscription, error) {
 		m.tags[o.Tag] = p
 	}
 	m.mu.Unlock()
-	io.started()
+	pio.started()
 
 	m.log.Info("process started", "pid", p.PID, "cmd", cfg.GetCmd(), "user", o.User.Name, "pty", o.PTY != nil, "tag", o.Tag)
-	go m.supervise(p, io, o.Timeout)
+	go m.supervise(p, pio, o.Timeout)
 	return p, sub, nil
 }
 
 // supervise waits for the exit, drains the output, unregisters the process
 // and publishes its end.
-func (m *Manager) supervise(p *Proc, io *procIO, timeout time.Duration) {
+func (m *Manager) supervise(p *Proc, pio *procIO, timeout time.Duration) {
 	var killer *time.Timer
 	if timeout > 0 {
 		killer = time.AfterFunc(timeout, func() {
@@ -168,11 +171,11 @@ func (m *Manager) supervise(p *Proc, io *procIO, timeout time.Duration) {
 		killer.Stop()
 	}
 	deadline := time.Now().Add(drainGrace)
-	for _, r := range io.readers {
+	for _, r := range pio.readers {
 		_ = r.SetReadDeadline(deadline)
 	}
-	io.wg.Wait()
-	p.closeIO(io.readers)
+	pio.wg.Wait()
+	p.closeIO(pio.readers)
 
 	m.mu.Lock()
 	delete(m.procs, p.PID)
@@ -223,7 +226,7 @@ type procIO struct {
 }
 
 func (p *Proc) prepareIO(cmd *exec.Cmd, o StartOptions) (*procIO, error) {
-	io := &procIO{p: p}
+	pio := &procIO{p: p}
 	if o.PTY != nil {
 		size := o.PTY.GetSize()
 		master, slave, err := openPTY(uint16(size.GetCols()), uint16(size.GetRows()))
@@ -234,14 +237,14 @@ func (p *Proc) prepareIO(cmd *exec.Cmd, o StartOptions) (*procIO, error) {
 		cmd.SysProcAttr.Setctty = true
 		cmd.SysProcAttr.Ctty = 0 // the child's fd 0
 		p.pty, p.isPTY = master, true
-		io.readers = []*os.File{master}
-		io.childEnds = []*os.File{slave}
-		io.pumps = []func(){func() {
+		pio.readers = []*os.File{master}
+		pio.childEnds = []*os.File{slave}
+		pio.pumps = []func(){func() {
 			p.pump(master, ptyChunk, func(b []byte) *pb.ProcessEvent_DataEvent {
 				return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Pty{Pty: b}}
 			})
 		}}
-		return io, nil
+		return pio, nil
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -254,19 +257,19 @@ func (p *Proc) prepareIO(cmd *exec.Cmd, o StartOptions) (*procIO, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	io.readers = []*os.File{outR, errR}
-	io.childEnds = []*os.File{outW, errW}
+	pio.readers = []*os.File{outR, errR}
+	pio.childEnds = []*os.File{outW, errW}
 	if o.Stdin {
 		inR, inW, err := os.Pipe()
 		if err != nil {
-			io.abort()
+			pio.abort()
 			return nil, err
 		}
 		cmd.Stdin = inR
 		p.stdin = inW
-		io.childEnds = append(io.childEnds, inR)
+		pio.childEnds = append(pio.childEnds, inR)
 	} // else nil: exec gives the child /dev/null
-	io.pumps = []func(){
+	pio.pumps = []func(){
 		func() {
 			p.pump(outR, pipeChunk, func(b []byte) *pb.ProcessEvent_DataEvent {
 				return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
@@ -278,33 +281,44 @@ func (p *Proc) prepareIO(cmd *exec.Cmd, o StartOptions) (*procIO, error) {
 			})
 		},
 	}
-	return io, nil
+	return pio, nil
 }
 
 // started closes the child's ends in the parent (so EOF arrives when the
 // child and its descendants close theirs) and starts reading.
-func (io *procIO) started() {
-	for _, f := range io.childEnds {
+func (pio *procIO) started() {
+	for _, f := range pio.childEnds {
 		f.Close()
 	}
-	for _, pump := range io.pumps {
-		io.wg.Go(pump)
+	for _, pump := range pio.pumps {
+		pio.wg.Go(pump)
 	}
 }
 
 // abort releases everything when the process never started.
-func (io *procIO) abort() {
-	for _, f := range io.childEnds {
+func (pio *procIO) abort() {
+	for _, f := range pio.childEnds {
 		f.Close()
 	}
-	for _, f := range io.readers {
+	for _, f := range pio.readers {
 		f.Close()
 	}
-	if io.p.stdin != nil {
-		io.p.stdin.Close()
-		io.p.stdin = nil
+	if pio.p.stdin != nil {
+		pio.p.stdin.Close()
+		pio.p.stdin = nil
 	}
-	io.p.pty = nil
+	pio.p.pty = nil
+}
+
+// checkPTYSize refuses sizes a terminal cannot have (winsize is 16-bit).
+func checkPTYSize(p *pb.PTY) error {
+	if p == nil {
+		return nil
+	}
+	if c, r := p.GetSize().GetCols(), p.GetSize().GetRows(); c > 0xffff || r > 0xffff {
+		return fmt.Errorf("pty size %dx%d is too large: %w", c, r, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // buildEnv is envd's order: PATH from the agent, the user's identity, the

@@ -228,6 +228,9 @@ func (s *Service) Update(_ context.Context, req *connect.Request[pb.UpdateReques
 	if req.Msg.Pty == nil {
 		return nil, fmt.Errorf("update needs a pty size: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := checkPTYSize(req.Msg.Pty); err != nil {
+		return nil, err
+	}
 	size := req.Msg.GetPty().GetSize()
 	if err := p.Resize(uint16(size.GetCols()), uint16(size.GetRows())); err != nil {
 		return nil, err

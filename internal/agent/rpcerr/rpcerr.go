@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
@@ -180,10 +179,4 @@ func WriteHTTPStatus(w http.ResponseWriter, status int, msg string) {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}{status, msg})
-}
-
-// IsNotExist reports whether err means "no such file", before or after
-// classification.
-func IsNotExist(err error) bool {
-	return errors.Is(err, os.ErrNotExist) || errdefs.IsNotFound(err)
 }

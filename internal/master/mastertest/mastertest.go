@@ -77,7 +77,7 @@ domain = "cube.test"
 dsn = %q
 [nodes]
 heartbeat_interval = "200ms"
-unhealthy_after = "1s"
+unhealthy_after = "3s"
 [sandbox]
 expiry_interval = "100ms"
 memory_mib = 64
@@ -86,13 +86,15 @@ memory_mib = 64
 	if err != nil {
 		t.Fatalf("master config: %v", err)
 	}
-	m.Start(t)
-	t.Cleanup(func() { m.Stop(t) })
+	m.Start()
+	t.Cleanup(m.Stop)
 	return m
 }
 
-// Start (re)starts the master on its catalog.
-func (m *Master) Start(t testing.TB) {
+// Start (re)starts the master on its catalog. It logs to, and fails, the
+// test that started the master (not a subtest that may end first).
+func (m *Master) Start() {
+	t := m.t
 	t.Helper()
 	srv, err := server.Start(context.Background(), m.Config, Log(t))
 	if err != nil {
@@ -111,13 +113,13 @@ func (m *Master) Start(t testing.TB) {
 }
 
 // Stop stops the master; sandboxes and cubelets keep running. Idempotent.
-func (m *Master) Stop(t testing.TB) {
+func (m *Master) Stop() {
 	if m.Server == nil {
 		return
 	}
 	m.conn.Close()
 	if err := m.Server.Stop(); err != nil {
-		t.Errorf("stop master: %v", err)
+		m.t.Errorf("stop master: %v", err)
 	}
 	m.Server = nil
 }
@@ -167,6 +169,7 @@ type Node struct {
 	stop   context.CancelFunc
 	done   chan struct{}
 	closed bool
+	t      testing.TB // the test that owns the node: logs, cleanups
 }
 
 // StartNode starts a cubelet that registers with m and has the busybox
@@ -174,8 +177,9 @@ type Node struct {
 func StartNode(t testing.TB, m *Master, templates ...string) *Node {
 	t.Helper()
 	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = \"unix://%s\"\nheartbeat_interval = \"200ms\"\n", m.Socket))
-	n := &Node{ID: env.Config.Node.ID, Env: env}
-	n.Start(t)
+	n := &Node{ID: env.Config.Node.ID, Env: env, t: t}
+	t.Cleanup(n.Stop)
+	n.Start()
 	for _, id := range templates {
 		env.ImportBusybox(t, n.Svc, id)
 	}
@@ -189,8 +193,9 @@ func StartNode(t testing.TB, m *Master, templates ...string) *Node {
 }
 
 // Start (re)starts the cubelet and its API. The cubelet is closed at the
-// end of the test unless Stop closed it first.
-func (n *Node) Start(t testing.TB) {
+// end of the owning test unless Stop closed it first.
+func (n *Node) Start() {
+	t := n.t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -199,18 +204,17 @@ func (n *Node) Start(t testing.TB) {
 		t.Fatalf("start cubelet: %v", err)
 	}
 	n.Svc, n.closed = svc, false
-	t.Cleanup(func() { n.Stop(t) })
-	n.StartAPI(t)
+	n.StartAPI()
 }
 
 // StartAPI serves the cubelet's gRPC API.
-func (n *Node) StartAPI(t testing.TB) {
+func (n *Node) StartAPI() {
+	t := n.t
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	n.stop, n.done = cancel, make(chan struct{})
 	svc, done := n.Svc, n.done
 	go func() { _ = cubeletapi.Serve(ctx, svc, Log(t)); close(done) }()
-	t.Cleanup(n.StopAPI)
 	waitFor(t, 10*time.Second, "cubelet socket", func() bool {
 		_, err := os.Stat(n.Env.Config.API.Socket)
 		return err == nil
@@ -229,14 +233,14 @@ func (n *Node) StopAPI() {
 
 // Stop stops the API and the cubelet: heartbeats stop, sandboxes keep
 // running. Idempotent.
-func (n *Node) Stop(t testing.TB) {
+func (n *Node) Stop() {
 	n.StopAPI()
-	if n.closed {
+	if n.closed || n.Svc == nil {
 		return
 	}
 	n.closed = true
 	if err := n.Svc.Close(); err != nil {
-		t.Errorf("close cubelet: %v", err)
+		n.t.Errorf("close cubelet: %v", err)
 	}
 }
 
@@ -252,7 +256,10 @@ func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
 }
 
 // WaitFor polls ok every 20 ms until it holds or d passes.
-func WaitFor(t testing.TB, d time.Duration, what string, ok func() bool) { t.Helper(); waitFor(t, d, what, ok) }
+func WaitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	waitFor(t, d, what, ok)
+}
 
 // Client is an E2B REST client with one API key.
 type Client struct {

@@ -252,11 +252,20 @@ func (a *Agent) Purge(ctx context.Context) error {
 		idxs = append(idxs, i)
 	}
 	a.mu.Unlock()
-	var errs []error
-	for _, i := range idxs {
-		errs = append(errs, a.releaseSlot(ctx, i))
+	// Releases mostly wait for RCU grace periods (link and mount
+	// teardown), not CPU: run several at once.
+	errs := make([]error, len(idxs)+1)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for k, i := range idxs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[k] = a.releaseSlot(ctx, i)
+		})
 	}
-	errs = append(errs, nft.DeleteTable(-1, a.cfg.Prefix))
+	wg.Wait()
+	errs[len(idxs)] = nft.DeleteTable(-1, a.cfg.Prefix)
 	return errors.Join(errs...)
 }
 

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/network"
@@ -12,8 +14,8 @@ import (
 // so that Ensure only assigns one (a record write and one nftables
 // transaction) instead of building one. Ready slots hold the deny-all
 // policy. One background loop refills it, never faster than
-// Pool.RefillPerSecond, and backs off while creation fails (the CIDR is
-// full, the kernel refuses). Released slots are not reused: they are torn
+// Pool.RefillPerSecond and with at most fillWorkers at once, and backs
+// off while creation fails (the CIDR is full, the kernel refuses). Released slots are not reused: they are torn
 // down and the pool makes fresh ones, so nothing of one sandbox (conntrack
 // entries, neighbour caches, a process still in its namespace) can ever
 // reach the next.
@@ -33,10 +35,16 @@ func (a *Agent) kickFill() {
 func (a *Agent) fillLoop() {
 	defer close(a.fillDone)
 	interval := time.Duration(float64(time.Second) / a.cfg.Pool.RefillPerSecond)
-	var last time.Time
-	var backoff time.Duration
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	// Building a slot mostly waits on the kernel (RCU grace periods for
+	// links, mounts and rules), so a few are built at once; the rate limit
+	// still spaces their starts.
+	sem := make(chan struct{}, fillWorkers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var last time.Time
+	var failures atomic.Int32
 	for {
 		kind, ok := a.claimFill()
 		if !ok {
@@ -48,23 +56,38 @@ func (a *Agent) fillLoop() {
 			}
 			continue
 		}
-		if wait := time.Until(last.Add(interval)) + backoff; wait > 0 {
-			select {
-			case <-a.stop:
-				a.unclaimFill(kind)
-				return
-			case <-time.After(wait):
-			}
+		backoff := time.Duration(0)
+		if n := failures.Load(); n > 0 {
+			backoff = min(100*time.Millisecond<<min(n, 9), 30*time.Second)
+		}
+		wait := time.Until(last.Add(interval)) + backoff
+		select {
+		case <-a.stop:
+			a.unclaimFill(kind)
+			return
+		case <-time.After(max(wait, 0)):
+		}
+		select {
+		case <-a.stop:
+			a.unclaimFill(kind)
+			return
+		case sem <- struct{}{}:
 		}
 		last = time.Now()
-		if err := a.fillOne(kind); err != nil {
-			backoff = min(2*backoff+100*time.Millisecond, 30*time.Second)
-			a.log.Warn("pool refill failed", "kind", kind, "err", err, "retry_in", backoff)
-		} else {
-			backoff = 0
-		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := a.fillOne(kind); err != nil {
+				n := failures.Add(1)
+				a.log.Warn("pool refill failed", "kind", kind, "err", err, "failures", n)
+			} else {
+				failures.Store(0)
+			}
+		})
 	}
 }
+
+// fillWorkers is how many pooled slots are built at once.
+const fillWorkers = 4
 
 // claimFill picks a kind whose pool is below target and counts the slot
 // about to be made, so the pool never overshoots.

@@ -20,13 +20,22 @@ func p50(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// releaseAll releases every assigned slot, several at a time (as a node
+// destroying many sandboxes would).
 func releaseAll(t *testing.T, a *agent.Agent) {
 	t.Helper()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
 	for _, n := range a.List(ctx) {
-		if _, err := a.Release(ctx, n.SandboxID); err != nil {
-			t.Error(err)
-		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if ok, err := a.Release(ctx, n.SandboxID); err != nil || !ok {
+				t.Errorf("release %s: %v %v", n.SandboxID, ok, err)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // TestPoolBurst: 200 creates in a burst all get pooled slots; the p50 of
@@ -68,7 +77,11 @@ func TestPoolBurst(t *testing.T) {
 		}
 	}
 
-	// The same pool, one create at a time (no queueing behind the burst).
+	// The same pool once refilled, one create at a time (no queueing
+	// behind the burst, no refill competing for the CPU).
+	if err := pooled.Agent.WaitPool(wctx, network.Container, burst+20); err != nil {
+		t.Fatal("pool never refilled")
+	}
 	seq := make([]time.Duration, 20)
 	for i := range seq {
 		t0 := time.Now()
@@ -99,6 +112,11 @@ func TestPoolBurst(t *testing.T) {
 	releaseAll(t, pooled.Agent)
 	releaseAll(t, cold.Agent)
 	t.Logf("released %d slots in %v", burst+len(seq)+len(coldLat), time.Since(t0))
+	// Stop the refill now rather than let it rebuild 220 slots only for the
+	// cleanup to tear them down.
+	if err := pooled.Agent.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestPoolRefillRate: the pool refills in the background, never faster

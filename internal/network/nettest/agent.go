@@ -112,8 +112,7 @@ func randomCIDR(bits int) string {
 func Start(t testing.TB, o Options) *Env {
 	t.Helper()
 	cfg, dir := NewConfig(t, o)
-	e := &Env{Dir: dir, Config: cfg, Socket: cfg.API.Socket,
-		log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	e := &Env{Dir: dir, Config: cfg, Socket: cfg.API.Socket, log: testLogger(t)}
 	t.Cleanup(func() { e.teardown(t) })
 	var err error
 	for try := 0; try < 5; try++ {
@@ -220,6 +219,10 @@ func (e *Env) teardown(t testing.TB) {
 	e.Stop(t)
 	e.AssertNoLeaks(t)
 	_ = os.RemoveAll(e.Dir)
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 type testWriter struct{ t testing.TB }

@@ -2,6 +2,7 @@ package nft
 
 import (
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -160,6 +161,7 @@ func TestUpdateSlotPolicyEqualsApply(t *testing.T) {
 	steps := []policy.Spec{
 		{},
 		{AllowInternet: &no, Allow: []string{"198.51.100.0/24"}},
+		{AllowInternet: &no, Allow: []string{"198.51.100.0/24", "8.8.8.8"}}, // only grows
 		{Deny: []string{"203.0.113.7", "8.8.0.0/16"}, Allow: []string{"8.8.8.8"}},
 		{Deny: []string{"203.0.113.7"}, MaxConnections: 5}, // a knob: rules change
 		{MaxConnections: 5, EgressKbps: 100},
@@ -183,5 +185,32 @@ func TestUpdateSlotPolicyEqualsApply(t *testing.T) {
 			t.Fatalf("step %d: update and apply differ:\n--- update\n%s\n--- apply\n%s", i, a, b)
 		}
 		from = to
+	}
+}
+
+// A table someone emptied of its chains (sets left) is replaced, not
+// added to.
+func TestSlotApplyOverTamperedTable(t *testing.T) {
+	path, fd := nsFixture(t)
+	if err := ApplySlot(fd, testSlot(policy.Policy{})); err != nil {
+		t.Fatal(err)
+	}
+	want := listTable(t, path, SlotTable)
+	err := netnsdir.Do(path, func() error {
+		for _, ch := range []string{"prerouting", "postrouting", "input", "forward", "egress"} {
+			if out, err := exec.Command("nft", "delete", "chain", "ip", SlotTable, ch).CombinedOutput(); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplySlot(fd, testSlot(policy.Policy{})); err != nil {
+		t.Fatal(err)
+	}
+	if got := listTable(t, path, SlotTable); got != want {
+		t.Fatalf("after re-apply:\n%s", got)
 	}
 }

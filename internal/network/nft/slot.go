@@ -77,14 +77,14 @@ func ApplySlot(nsFD int, s Slot) error {
 		return err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable}
-	refill, err := sameShape(c, t)
+	exists, refill, err := shape(c, t)
 	if err != nil {
 		return err
 	}
-	if refill {
-		c.AddTable(t)
-	} else {
+	if exists && !refill {
 		replaceTable(c, t)
+	} else {
+		c.AddTable(t)
 	}
 
 	var id uint32
@@ -201,10 +201,12 @@ func internetSet(p policy.Policy) []netip.Prefix {
 
 // UpdateSlotPolicy changes the slot table in the namespace open at nsFD
 // from policy prev to s.Policy. When only the lists or the internet switch
-// differ (the rules stay the same), it rewrites set elements only: one
-// transaction, no rule deleted, so no RCU grace period to wait for. Any
-// other change, or a table that is not in the expected shape, goes
-// through ApplySlot.
+// differ (the rules stay the same), it rewrites set elements only, in one
+// transaction. Deleting anything (a rule, a set element) makes the commit
+// wait for an RCU grace period (~10 ms here), so a set that only gains
+// elements gets just the new ones: assigning a pooled slot (deny-all:
+// every set empty) never deletes. Any other change, or a table that is
+// not in the expected shape, goes through ApplySlot.
 func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 	if prev.MaxConnections != s.Policy.MaxConnections || prev.EgressKbps != s.Policy.EgressKbps {
 		return ApplySlot(nsFD, s)
@@ -214,19 +216,28 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 		return err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable}
-	if ok, err := sameShape(c, t); err != nil || !ok {
+	if _, ok, err := shape(c, t); err != nil || !ok {
 		if err != nil {
 			return err
 		}
 		return ApplySlot(nsFD, s)
 	}
 	for _, x := range []struct {
-		name string
-		ps   []netip.Prefix
-	}{{"allow", s.Policy.Allow}, {"deny", s.Policy.Deny}, {"internet", internetSet(s.Policy)}} {
+		name     string
+		old, new []netip.Prefix
+	}{
+		{"allow", prev.Allow, s.Policy.Allow},
+		{"deny", prev.Deny, s.Policy.Deny},
+		{"internet", internetSet(prev), internetSet(s.Policy)},
+	} {
 		st := &nftables.Set{Table: t, Name: x.name, KeyType: nftables.TypeIPAddr, Interval: true}
-		c.FlushSet(st)
-		if elems := intervalElements(x.ps); len(elems) > 0 {
+		add := x.new
+		if removed, added := diff(x.old, x.new); len(removed) == 0 {
+			add = added
+		} else {
+			c.FlushSet(st)
+		}
+		if elems := intervalElements(add); len(elems) > 0 {
 			if err := c.SetAddElements(st, elems); err != nil {
 				return fmt.Errorf("set %s: %w", x.name, err)
 			}
@@ -238,18 +249,33 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 	return nil
 }
 
+// diff returns what is in old but not in new, and in new but not in old.
+func diff(old, new []netip.Prefix) (removed, added []netip.Prefix) {
+	for _, p := range old {
+		if !slices.Contains(new, p) {
+			removed = append(removed, p)
+		}
+	}
+	for _, p := range new {
+		if !slices.Contains(old, p) {
+			added = append(added, p)
+		}
+	}
+	return removed, added
+}
+
 // slotChains and slotSets are the names ApplySlot creates.
 var (
 	slotChains = []string{"egress", "forward", "input", "postrouting", "prerouting"}
 	slotSets   = []string{"allow", "blocked", "deny", "internet", "private"}
 )
 
-// sameShape reports whether table t exists and holds exactly the chains
-// and sets of a slot rule set (so it can be refilled in place).
-func sameShape(c *nftables.Conn, t *nftables.Table) (bool, error) {
+// shape reports whether table t exists and whether it holds exactly the
+// chains and sets of a slot rule set (so it can be refilled in place).
+func shape(c *nftables.Conn, t *nftables.Table) (exists, same bool, err error) {
 	chains, err := c.ListChainsOfTableFamily(t.Family)
 	if err != nil {
-		return false, fmt.Errorf("list chains: %w", err)
+		return false, false, fmt.Errorf("list chains: %w", err)
 	}
 	var names []string
 	for _, ch := range chains {
@@ -257,20 +283,26 @@ func sameShape(c *nftables.Conn, t *nftables.Table) (bool, error) {
 			names = append(names, ch.Name)
 		}
 	}
+	if len(names) == 0 {
+		// No chains: the table is absent or holds only sets (tampered
+		// with: replace it). An absent table makes GetSets fail.
+		sets, err := c.GetSets(t)
+		return err == nil && len(sets) > 0, false, nil
+	}
 	slices.Sort(names)
 	if !slices.Equal(names, slotChains) {
-		return false, nil
+		return true, false, nil
 	}
 	sets, err := c.GetSets(t)
 	if err != nil {
-		return false, fmt.Errorf("list sets: %w", err)
+		return true, false, fmt.Errorf("list sets: %w", err)
 	}
 	names = names[:0]
 	for _, st := range sets {
 		names = append(names, st.Name)
 	}
 	slices.Sort(names)
-	return slices.Equal(names, slotSets), nil
+	return true, slices.Equal(names, slotSets), nil
 }
 
 // nftConnlimitInvert makes connlimit match when the count is OVER the

@@ -68,7 +68,7 @@ test('commands.run: envs, cwd, user', async () => {
 test('commands.run: streaming callbacks', async () => {
   const out = []
   const err = []
-  const r = await sbx.commands.run('for i in 1 2 3; do echo $i; sleep 0.05; done; echo e >&2', {
+  const r = await sbx.commands.run('for i in 1 2 3; do echo $i; sleep 0.1; done; echo e >&2', {
     onStdout: (d) => out.push(d),
     onStderr: (d) => err.push(d),
   })

@@ -112,7 +112,7 @@ func run(agentBin string, command []string, log *slog.Logger) (code int) {
 		return fail(fmt.Errorf("agent init: %w", err))
 	}
 	time.Sleep(time.Second) // let the agent settle before measuring it idle
-	idleRSS := vmRSS(pid)
+	idleRSS := rss(pid)
 
 	apiKey := "e2b_" + randHex(16)
 	api := &fakeAPI{apiKey: apiKey, sandboxID: sb.ID, templateID: sb.TemplateID, envdVersion: info.EnvdVersion, accessToken: token, started: time.Now()}
@@ -136,7 +136,7 @@ func run(agentBin string, command []string, log *slog.Logger) (code int) {
 		"CUBE_ENVD_VERSION="+info.EnvdVersion,
 	)
 	runErr := cmd.Run()
-	fmt.Fprintf(os.Stderr, "harness: figure: cube-agent RSS idle %d KiB, after the suite %d KiB\n", idleRSS, vmRSS(pid))
+	fmt.Fprintf(os.Stderr, "harness: figure: cube-agent RSS idle %s; after the suite %s\n", idleRSS, rss(pid))
 	if runErr != nil {
 		var ee *exec.ExitError
 		if errors.As(runErr, &ee) {
@@ -172,17 +172,20 @@ func call(ctx context.Context, c *http.Client, method, url, token string, body [
 	return nil
 }
 
-// vmRSS is a process's resident set in KiB (0 when gone).
-func vmRSS(pid int) int {
+// rss describes a process's resident set: total, anonymous (heap,
+// stacks) and file-backed (the binary's pages; each sandbox has its own
+// copy of the agent, so they are not shared between sandboxes).
+func rss(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		return "gone"
 	}
+	kib := map[string]int{}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return n
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.HasPrefix(k, "Rss") || k == "VmRSS" {
+			kib[k], _ = strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
 		}
 	}
-	return 0
+	return fmt.Sprintf("%d KiB (anon %d, file %d)", kib["VmRSS"], kib["RssAnon"], kib["RssFile"])
 }

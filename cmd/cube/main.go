@@ -1,0 +1,110 @@
+// Command cube runs a whole single-node system in one command:
+//
+//	cube up     start network-agent (if built), cubemaster (E2B API +
+//	            sandbox route) and cubelet, import the default template,
+//	            print the E2B environment, keep serving until Ctrl-C
+//	cube env    print the environment of the running system
+//	cube down   stop a running `cube up` (sandboxes keep running)
+//
+// It only wires flags to package launcher.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/launcher"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	exe, _ := os.Executable()
+	cfg := launcher.Config{Out: os.Stdout}
+	fs := flag.NewFlagSet("cube "+os.Args[1], flag.ExitOnError)
+	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/cube", "state: catalog, storage pool, configs, API key")
+	fs.StringVar(&cfg.RunDir, "run-dir", "/run/cube", "sockets and the launcher lock")
+	fs.StringVar(&cfg.LogDir, "log-dir", "/var/log/cube", "one log file per daemon")
+	fs.StringVar(&cfg.BinDir, "bin-dir", filepath.Dir(exe), "where cubelet, cubemaster, cube-agent and network-agent are")
+	fs.StringVar(&cfg.APIAddr, "api", "127.0.0.1:3000", "E2B API listen address (E2B_API_URL)")
+	fs.StringVar(&cfg.ProxyAddr, "proxy", "127.0.0.1:8081", "sandbox route listen address (E2B_SANDBOX_URL)")
+	fs.StringVar(&cfg.Domain, "domain", "", "sandbox host domain (E2B_DOMAIN); empty = localhost:<route port>")
+	fs.StringVar(&cfg.Template, "template", "busybox", "default template (alias \"base\"), imported when missing")
+	fs.StringVar(&cfg.TemplateSource, "template-source", "", "OCI layout or image tar for the default template; empty = build busybox from busybox-static")
+	masterExtra := fs.String("master-config", "", "TOML file appended to the generated cubemaster config")
+	cubeletExtra := fs.String("cubelet-config", "", "TOML file appended to the generated cubelet config")
+	debug := fs.Bool("debug", false, "debug logging")
+	_ = fs.Parse(os.Args[2:])
+	for _, x := range []struct {
+		path string
+		dst  *string
+	}{{*masterExtra, &cfg.ExtraMasterTOML}, {*cubeletExtra, &cfg.ExtraCubeletTOML}} {
+		if x.path != "" {
+			b, err := os.ReadFile(x.path)
+			if err != nil {
+				fail(err.Error())
+			}
+			*x.dst = "\n" + string(b)
+		}
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "cube")
+
+	switch os.Args[1] {
+	case "up":
+		if os.Geteuid() != 0 {
+			fail("cube up must run as root (cubelet manages mounts, cgroups and runc)")
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		err := launcher.Up(ctx, cfg)
+		if errors.Is(err, launcher.ErrAlreadyRunning) {
+			env, eerr := launcher.Env(cfg)
+			if eerr != nil {
+				fail(err.Error())
+			}
+			fmt.Fprintln(os.Stderr, "cube is already running; its environment:")
+			launcher.PrintEnv(os.Stdout, env, filepath.Join(cfg.StateDir, "launcher", "env"))
+			return
+		}
+		if err != nil {
+			fail(err.Error())
+		}
+	case "env":
+		env, err := launcher.Env(cfg)
+		if err != nil {
+			fail(err.Error())
+		}
+		for _, v := range env {
+			fmt.Printf("export %s=%s\n", v.Name, v.Value)
+		}
+	case "down":
+		if err := launcher.Down(cfg, time.Minute); err != nil {
+			fail(err.Error())
+		}
+	default:
+		usage()
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: cube up|env|down [flags]   (cube up -h for the flags)")
+	os.Exit(2)
+}
+
+func fail(msg string) {
+	fmt.Fprintln(os.Stderr, "cube:", msg)
+	os.Exit(1)
+}

@@ -1,0 +1,331 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+)
+
+// Cluster commands talk to cubemaster (its admin API) instead of the local
+// cubelet:
+//
+//	cubecli apikey create NAME | ls | rm KEY
+//	cubecli node ls | cordon NODE | uncordon NODE
+//	cubecli sandbox ls --all-nodes
+//	cubecli template ls|import|rm --all-nodes   (import: --node N for one node)
+//
+// The master is --master (env CUBEMASTER_ADDR): its unix socket (the
+// default, root only) or host:port with --admin-token (env CUBEMASTER_TOKEN).
+
+type cluster struct {
+	g     *globals
+	addr  string
+	token string
+}
+
+// addCluster adds the cluster commands and the --all-nodes forms of the
+// node commands that have one.
+func addCluster(root *cobra.Command, g *globals) {
+	c := &cluster{g: g}
+	def := os.Getenv("CUBEMASTER_ADDR")
+	if def == "" {
+		def = "/run/cube/cubemaster.sock"
+	}
+	root.PersistentFlags().StringVar(&c.addr, "master", def, "cubemaster admin address: socket path, unix:///path or host:port (env CUBEMASTER_ADDR)")
+	root.PersistentFlags().StringVar(&c.token, "admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster admin token, for host:port (env CUBEMASTER_TOKEN)")
+	root.AddCommand(apikeyCmd(c))
+	if node := findCmd(root, "node"); node != nil {
+		node.AddCommand(nodeList(c), nodeCordon(c, "cordon", false), nodeCordon(c, "uncordon", true))
+	}
+	allNodes(findCmd(root, "sandbox", "ls"), "list the catalog of cubemaster: every sandbox on every node", c.sandboxList)
+	allNodes(findCmd(root, "template", "ls"), "list the templates of every node, through cubemaster", c.templateList)
+	allNodes(findCmd(root, "template", "rm"), "remove the template from every node that has it, through cubemaster", c.templateRemove)
+	if imp := findCmd(root, "template", "import"); imp != nil {
+		imp.Flags().String("node", "", "with --all-nodes: import on this node only")
+		allNodes(imp, "import on every healthy node (SOURCE must exist on each), through cubemaster", c.templateImport)
+	}
+}
+
+func findCmd(root *cobra.Command, path ...string) *cobra.Command {
+	cmd, rest, err := root.Find(path)
+	if err != nil || len(rest) > 0 || cmd == root {
+		return nil
+	}
+	return cmd
+}
+
+// allNodes gives a node command an --all-nodes flag that runs cluster
+// instead of the command's own RunE.
+func allNodes(cmd *cobra.Command, usage string, cluster func(*cobra.Command, []string) error) {
+	if cmd == nil {
+		return
+	}
+	var all bool
+	cmd.Flags().BoolVar(&all, "all-nodes", false, usage)
+	own := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if all {
+			return cluster(cmd, args)
+		}
+		return own(cmd, args)
+	}
+}
+
+// call dials cubemaster's admin API and runs fn with a deadline.
+func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a masterpb.AdminServiceClient) error) error {
+	target := c.addr
+	if strings.HasPrefix(target, "/") {
+		target = "unix://" + target
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return usageError{fmt.Errorf("--master %q: %v", c.addr, err)}
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), c.g.timeout)
+	defer cancel()
+	if c.token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, masterpb.AdminTokenHeader, c.token)
+	}
+	return fn(ctx, masterpb.NewAdminServiceClient(conn))
+}
+
+func apikeyCmd(c *cluster) *cobra.Command {
+	cmd := &cobra.Command{Use: "apikey", Short: "API keys for the E2B API (X-API-Key), through cubemaster"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a key; its secret is printed once and only its hash is kept",
+		Args:  exactArgs(1, "a key name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0]})
+				if err != nil {
+					return err
+				}
+				if c.g.json() {
+					return c.g.printJSON(resp)
+				}
+				fmt.Fprintln(c.g.out, resp.Secret)
+				return nil
+			})
+		},
+	}, &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List keys (never their secrets)",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				resp, err := a.ListAPIKeys(ctx, &masterpb.ListAPIKeysRequest{})
+				if err != nil {
+					return err
+				}
+				if c.g.json() {
+					return c.g.printJSON(resp)
+				}
+				rows := [][]string{}
+				for _, k := range resp.Keys {
+					used := "never"
+					if k.LastUsedAt != nil {
+						used = age(k.LastUsedAt.AsTime()) + " ago"
+					}
+					rows = append(rows, []string{k.Id, k.Name, k.Prefix + "…", age(k.CreatedAt.AsTime()), used})
+				}
+				c.g.table([]string{"ID", "NAME", "PREFIX", "AGE", "LAST USED"}, rows)
+				return nil
+			})
+		},
+	}, &cobra.Command{
+		Use:     "rm KEY",
+		Aliases: []string{"delete"},
+		Short:   "Revoke a key by ID or name",
+		Args:    exactArgs(1, "a key ID or name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				if _, err := a.DeleteAPIKey(ctx, &masterpb.DeleteAPIKeyRequest{Key: args[0]}); err != nil {
+					return err
+				}
+				if !c.g.json() {
+					fmt.Fprintln(c.g.out, args[0])
+				}
+				return nil
+			})
+		},
+	})
+	return cmd
+}
+
+func nodeRow(n *masterpb.Node) []string {
+	r := n.Report
+	health := "healthy"
+	if !n.Healthy {
+		health = "unhealthy: " + n.Reason
+	}
+	sched := "yes"
+	if !n.Schedulable {
+		sched = "cordoned"
+	}
+	var rts []string
+	for _, rt := range r.Runtimes {
+		rts = append(rts, rt.Name)
+	}
+	seen := "-"
+	if n.LastHeartbeat != nil {
+		seen = age(n.LastHeartbeat.AsTime()) + " ago"
+	}
+	return []string{r.NodeId, health, sched, r.Address, strings.Join(rts, ","),
+		fmt.Sprintf("%d/%d", r.AllocatedMilliCpu, r.Cpus*1000), fmt.Sprintf("%dMiB/%s", r.AllocatedMemoryMib, bytesHuman(r.MemoryBytes)),
+		fmt.Sprint(n.Sandboxes), fmt.Sprint(len(r.Templates)), seen}
+}
+
+var nodeHeaders = []string{"NODE", "HEALTH", "SCHEDULABLE", "ADDRESS", "RUNTIMES", "CPU(m)", "MEMORY", "SANDBOXES", "TEMPLATES", "HEARTBEAT"}
+
+func nodeList(c *cluster) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the nodes registered with cubemaster, with health and usage",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				resp, err := a.ListNodes(ctx, &masterpb.ListNodesRequest{})
+				if err != nil {
+					return err
+				}
+				if c.g.json() {
+					return c.g.printJSON(resp)
+				}
+				rows := [][]string{}
+				for _, n := range resp.Nodes {
+					rows = append(rows, nodeRow(n))
+				}
+				c.g.table(nodeHeaders, rows)
+				return nil
+			})
+		},
+	}
+}
+
+func nodeCordon(c *cluster, verb string, on bool) *cobra.Command {
+	short := "Stop placing new sandboxes on a node (its sandboxes keep running)"
+	if on {
+		short = "Place new sandboxes on a node again"
+	}
+	return &cobra.Command{
+		Use:   verb + " NODE",
+		Short: short,
+		Args:  exactArgs(1, "a node ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				resp, err := a.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: args[0], Schedulable: on})
+				if err != nil {
+					return err
+				}
+				if c.g.json() {
+					return c.g.printJSON(resp.Node)
+				}
+				c.g.table(nodeHeaders, [][]string{nodeRow(resp.Node)})
+				return nil
+			})
+		},
+	}
+}
+
+func (c *cluster) sandboxList(cmd *cobra.Command, _ []string) error {
+	states, _ := cmd.Flags().GetStringSlice("state")
+	labels, _ := cmd.Flags().GetStringArray("label")
+	md, err := parseKV(labels, "label")
+	if err != nil {
+		return err
+	}
+	req := &masterpb.ListSandboxesRequest{Metadata: md}
+	for _, s := range states {
+		req.States = append(req.States, strings.ToLower(s))
+	}
+	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+		resp, err := a.ListSandboxes(ctx, req)
+		if err != nil {
+			return err
+		}
+		if c.g.json() {
+			return c.g.printJSON(resp)
+		}
+		rows := [][]string{}
+		for _, s := range resp.Sandboxes {
+			left := "-"
+			if s.State == "running" && s.EndAt != nil {
+				left = time.Until(s.EndAt.AsTime()).Round(time.Second).String()
+			}
+			rows = append(rows, []string{s.SandboxId, s.TemplateId, s.State, s.NodeId,
+				fmt.Sprintf("%.2f", float64(s.MilliCpu)/1000), fmt.Sprintf("%dMiB", s.MemoryMib),
+				age(s.StartedAt.AsTime()), left, labelsString(s.Metadata)})
+		}
+		c.g.table([]string{"ID", "TEMPLATE", "STATE", "NODE", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
+		return nil
+	})
+}
+
+func (c *cluster) printTemplates(ts []*masterpb.ClusterTemplate) error {
+	if c.g.json() {
+		return c.g.printJSON(&masterpb.ListTemplatesResponse{Templates: ts})
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].TemplateId < ts[j].TemplateId })
+	rows := [][]string{}
+	for _, t := range ts {
+		d := t.Digest
+		if len(d) > 19 {
+			d = d[:19]
+		}
+		rows = append(rows, []string{t.TemplateId, d, bytesHuman(t.SizeBytes), strings.Join(t.Nodes, ",")})
+	}
+	c.g.table([]string{"ID", "DIGEST", "SIZE", "NODES"}, rows)
+	return nil
+}
+
+func (c *cluster) templateList(cmd *cobra.Command, _ []string) error {
+	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+		resp, err := a.ListTemplates(ctx, &masterpb.ListTemplatesRequest{})
+		if err != nil {
+			return err
+		}
+		return c.printTemplates(resp.Templates)
+	})
+}
+
+func (c *cluster) templateImport(cmd *cobra.Command, args []string) error {
+	if img, _ := cmd.Flags().GetString("image"); img != "" || len(args) != 2 {
+		return usageError{fmt.Errorf("--all-nodes imports ID SOURCE (a path present on each node); --image is for one node's cubelet")}
+	}
+	node, _ := cmd.Flags().GetString("node")
+	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+		resp, err := a.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: args[0], Source: args[1], NodeId: node})
+		if err != nil {
+			return err
+		}
+		return c.printTemplates([]*masterpb.ClusterTemplate{resp.Template})
+	})
+}
+
+func (c *cluster) templateRemove(cmd *cobra.Command, args []string) error {
+	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+		resp, err := a.DeleteTemplate(ctx, &masterpb.DeleteTemplateRequest{TemplateId: args[0]})
+		if err != nil {
+			return err
+		}
+		if c.g.json() {
+			return c.g.printJSON(resp)
+		}
+		fmt.Fprintf(c.g.out, "%s removed from %s\n", args[0], strings.Join(resp.Nodes, ","))
+		return nil
+	})
+}

@@ -1,0 +1,100 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/cli"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+)
+
+// TestClusterCLI drives the cluster commands against a real cubemaster
+// and a real cubelet registered with it.
+func TestClusterCLI(t *testing.T) {
+	m := mastertest.StartMaster(t, "")
+	node := mastertest.StartNode(t, m, "busybox")
+	m.WaitHealthy(t, node)
+	run := func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		code := cli.Main(append([]string{"--master", m.Socket, "--addr", node.Env.Config.API.Socket}, args...), &out, &errb)
+		return out.String(), errb.String(), code
+	}
+
+	out, errOut, code := run("apikey", "create", "ci")
+	secret := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(secret, "e2b_") {
+		t.Fatalf("apikey create: %d %q %s", code, out, errOut)
+	}
+	if _, err := m.Server.Service.VerifyAPIKey(context.Background(), secret); err != nil {
+		t.Fatalf("created key does not verify: %v", err)
+	}
+	if _, _, code := run("apikey", "create", "ci"); code != cli.ExitAlreadyExists {
+		t.Fatalf("duplicate key name: %d", code)
+	}
+	out, _, _ = run("apikey", "ls")
+	if !strings.Contains(out, "ci") || strings.Contains(out, secret) {
+		t.Fatalf("apikey ls shows the secret or misses the key:\n%s", out)
+	}
+
+	out, _, code = run("node", "ls")
+	if code != 0 || !strings.Contains(out, node.ID) || !strings.Contains(out, "healthy") {
+		t.Fatalf("node ls: %d\n%s", code, out)
+	}
+	if out, _, code = run("node", "cordon", node.ID); code != 0 || !strings.Contains(out, "cordoned") {
+		t.Fatalf("cordon: %d\n%s", code, out)
+	}
+	if _, _, code = run("node", "uncordon", node.ID); code != 0 {
+		t.Fatalf("uncordon: %d", code)
+	}
+	if _, _, code = run("node", "cordon", "nosuchnode"); code != cli.ExitNotFound {
+		t.Fatalf("cordon unknown: %d", code)
+	}
+
+	sb, err := m.Server.Service.Create(context.Background(), master.CreateRequest{Template: "busybox", Metadata: map[string]string{"team": "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Server.Service.Kill(context.Background(), sb.ID)
+	out, _, code = run("sandbox", "ls", "--all-nodes", "-l", "team=a")
+	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") {
+		t.Fatalf("sandbox ls --all-nodes: %d\n%s", code, out)
+	}
+	out, _, _ = run("sandbox", "ls", "--all-nodes", "-l", "team=b", "-o", "json")
+	var empty struct{ Sandboxes []any }
+	if json.Unmarshal([]byte(out), &empty) != nil || len(empty.Sandboxes) != 0 {
+		t.Fatalf("filtered list: %s", out)
+	}
+
+	if out, _, code = run("template", "import", "--all-nodes", "second", node.Env.Image); code != 0 || !strings.Contains(out, node.ID) {
+		t.Fatalf("template import --all-nodes: %d\n%s", code, out)
+	}
+	out, _, _ = run("template", "ls", "--all-nodes")
+	if !strings.Contains(out, "second") || !strings.Contains(out, "busybox") {
+		t.Fatalf("template ls --all-nodes:\n%s", out)
+	}
+	if _, _, code = run("template", "rm", "--all-nodes", "busybox"); code != cli.ExitFailedPrecondition {
+		t.Fatalf("rm a template in use: %d", code)
+	}
+	if out, _, code = run("template", "rm", "--all-nodes", "second"); code != 0 || !strings.Contains(out, node.ID) {
+		t.Fatalf("template rm --all-nodes: %d %s", code, out)
+	}
+	// The node command without --all-nodes still talks to the cubelet.
+	if out, _, _ = run("template", "ls"); strings.Contains(out, "second") {
+		t.Fatalf("template still on the node:\n%s", out)
+	}
+
+	if _, _, code = run("apikey", "rm", "ci"); code != 0 {
+		t.Fatalf("apikey rm: %d", code)
+	}
+	if _, _, code = run("apikey", "rm", "ci"); code != cli.ExitNotFound {
+		t.Fatalf("apikey rm twice: %d", code)
+	}
+	var outb, errb bytes.Buffer
+	if code := cli.Main([]string{"--master", "/nonexistent.sock", "--timeout", "1s", "node", "ls"}, &outb, &errb); code != cli.ExitUnavailable {
+		t.Fatalf("unreachable master: %d %s", code, errb.String())
+	}
+}

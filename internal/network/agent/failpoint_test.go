@@ -1,0 +1,100 @@
+package agent_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/failpoint"
+	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/network/agent"
+	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+// TestFailuresUndo: an Ensure that fails at any step (every failpoint a
+// slot create, assign or release passes, found by tracking) leaves no
+// slot, record or kernel object behind; a Release that fails keeps the
+// slot for a retry, which then succeeds.
+func TestFailuresUndo(t *testing.T) {
+	e := nettest.Start(t, nettest.Options{})
+	a := e.Agent
+
+	// Discover every point a cold container and VM ensure and a release pass.
+	failpoint.Track()
+	ensure(t, a, "probe", network.Container, policy.Policy{})
+	ensure(t, a, "probe-vm", network.VM, policy.Policy{})
+	releaseAll(t, a)
+	points := failpoint.Names()
+	failpoint.Reset()
+	var create, release []string
+	for _, p := range points {
+		if strings.Contains(p, "release") {
+			release = append(release, p)
+		} else if strings.HasPrefix(p, "slot/") || strings.HasPrefix(p, "network/create") {
+			create = append(create, p)
+		}
+	}
+	if len(create) < 8 || len(release) < 3 {
+		t.Fatalf("too few failpoints found: create %v release %v", create, release)
+	}
+
+	for _, p := range create {
+		t.Run(p, func(t *testing.T) {
+			defer failpoint.Reset()
+			if err := failpoint.Enable(p, "error"); err != nil {
+				t.Fatal(err)
+			}
+			kind := network.Container
+			if strings.Contains(p, "tap") {
+				kind = network.VM
+			}
+			_, _, err := a.Ensure(ctx, agent.EnsureRequest{SandboxID: "fails", Kind: kind})
+			if !errors.Is(err, failpoint.ErrInjected) {
+				t.Fatalf("ensure: %v", err)
+			}
+			if l := a.List(ctx); len(l) != 0 {
+				t.Fatalf("slot kept after a failed ensure: %+v", l)
+			}
+			e.AssertNoSlots(t)
+		})
+	}
+	for _, p := range release {
+		t.Run(p, func(t *testing.T) {
+			defer failpoint.Reset()
+			ensure(t, a, "rel", network.Container, policy.Policy{})
+			if err := failpoint.Enable(p, "1*error"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Release(ctx, "rel"); !errors.Is(err, failpoint.ErrInjected) {
+				t.Fatalf("release: %v", err)
+			}
+			if _, err := a.Get(ctx, "rel"); err != nil {
+				t.Fatalf("a failed release forgot the slot: %v", err)
+			}
+			if ok, err := a.Release(ctx, "rel"); !ok || err != nil {
+				t.Fatalf("retry: %v %v", ok, err)
+			}
+			e.AssertNoSlots(t)
+		})
+	}
+}
+
+// TestAssignFailureUndo: a pooled slot whose policy cannot be applied is
+// released, not handed out or returned to the pool.
+func TestAssignFailureUndo(t *testing.T) {
+	e := nettest.Start(t, nettest.Options{PoolSize: 1, RefillPerSecond: 1})
+	if err := e.Agent.WaitPool(ctx, network.Container, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer failpoint.Reset()
+	if err := failpoint.Enable("network/assign/policy", "1*error"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Agent.Ensure(ctx, agent.EnsureRequest{SandboxID: "a1"}); !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("ensure: %v", err)
+	}
+	if l := e.Agent.List(ctx); len(l) != 0 || e.Agent.PoolReady(network.Container) != 0 {
+		t.Fatalf("after failed assign: %v, %d pooled", l, e.Agent.PoolReady(network.Container))
+	}
+}

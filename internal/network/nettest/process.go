@@ -1,0 +1,155 @@
+package nettest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/cubesandbox/cube/internal/failpoint"
+	"github.com/cubesandbox/cube/internal/network/client"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds cmd/network-agent once per test process (with the test's
+// own build settings, so the build cache already holds its packages).
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cube-netbin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "network-agent")
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/network-agent")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build network-agent: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Process is network-agent running as a process on an Env's state.
+type Process struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+// NewProcessEnv makes an Env whose agent the test runs as processes
+// (StartProcess); its cleanup purges whatever they left.
+func NewProcessEnv(t testing.TB, o Options) *Env {
+	t.Helper()
+	cfg, dir := NewConfig(t, o)
+	e := &Env{Dir: dir, Config: cfg, Socket: cfg.API.Socket, started: true,
+		log: testLogger(t)}
+	t.Cleanup(func() { e.teardown(t) })
+	return e
+}
+
+// StartProcess runs network-agent on the env's state with the given
+// failpoints (CUBE_FAILPOINTS syntax) and waits until it answers Health.
+func (e *Env) StartProcess(t testing.TB, failpoints string) *Process {
+	t.Helper()
+	p := e.spawn(t, failpoints)
+	p.waitHealthy(t, e.Socket)
+	return p
+}
+
+// SpawnProcess is StartProcess without waiting: for failpoints that fire
+// in the background (the pool filler) and may kill it during start-up.
+func (e *Env) SpawnProcess(t testing.TB, failpoints string) *Process {
+	t.Helper()
+	return e.spawn(t, failpoints)
+}
+
+func (e *Env) spawn(t testing.TB, failpoints string) *Process {
+	t.Helper()
+	data, err := toml.Marshal(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(e.Dir, "agent.toml")
+	if err := os.WriteFile(cfgPath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := &Process{done: make(chan struct{})}
+	p.cmd = exec.Command(Binary(t), "--config", cfgPath)
+	p.cmd.Env = append(os.Environ(), failpoint.EnvVar+"="+failpoints)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { p.Kill() })
+	return p
+}
+
+func (p *Process) waitHealthy(t testing.TB, socket string) {
+	t.Helper()
+	c, err := client.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		h, err := c.Health(ctx)
+		cancel()
+		if err == nil && h.Ok {
+			return
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("network-agent exited during start-up: %v\n%s", p.err, p.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("network-agent not healthy: %v\n%s", err, p.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Exited waits up to d for the process to exit (a failpoint killed it).
+func (p *Process) Exited(d time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// Output is what the process logged.
+func (p *Process) Output() string { return p.out.String() }
+
+// Kill SIGKILLs the process and waits for it.
+func (p *Process) Kill() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	<-p.done
+}
