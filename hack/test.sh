@@ -35,4 +35,6 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   fi
   npm ci --prefix test/e2e/node --no-audit --no-fund --loglevel=error
   go run ./test/e2e/node/harness -- npm --prefix test/e2e/node test
+  echo "== node e2e: control plane (e2b SDK against cube up's system)"
+  go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
 fi

@@ -36,6 +36,7 @@ func main() {
 	flag.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "creates in flight in create-c50")
 	flag.IntVar(&o.MaxLive, "max-live", o.MaxLive, "most sandboxes a create scenario keeps up before destroying them (untimed)")
 	flag.IntVar(&o.BaselineN, "baseline-n", 0, "cap on baseline samples (0 = as many as the scenario)")
+	flag.IntVar(&o.Chunks, "chunks", o.Chunks, "run each scenario and its baselines in this many alternating chunks (1 = one after the other)")
 	flag.BoolVar(&o.NoBaselines, "no-baselines", false, "skip the raw baselines")
 	flag.IntVar(&o.DensityN, "density-n", o.DensityN, "idle sandboxes in the density scenario")
 	flag.IntVar(&o.DensityConcurrency, "density-concurrency", o.DensityConcurrency, "creates in flight while filling the node")

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,8 +41,19 @@ func main() {
 	fs.StringVar(&cfg.Domain, "domain", "", "sandbox host domain (E2B_DOMAIN); empty = localhost:<route port>")
 	fs.StringVar(&cfg.Template, "template", "busybox", "default template (alias \"base\"), imported when missing")
 	fs.StringVar(&cfg.TemplateSource, "template-source", "", "OCI layout or image tar for the default template; empty = build busybox from busybox-static")
-	masterExtra := fs.String("master-config", "", "TOML file appended to the generated cubemaster config")
-	cubeletExtra := fs.String("cubelet-config", "", "TOML file appended to the generated cubelet config")
+	fs.Func("import", "ID=SOURCE: one more template imported when missing (repeatable)", func(v string) error {
+		id, src, ok := strings.Cut(v, "=")
+		if !ok || id == "" || src == "" {
+			return fmt.Errorf("want ID=SOURCE, not %q", v)
+		}
+		if cfg.Imports == nil {
+			cfg.Imports = map[string]string{}
+		}
+		cfg.Imports[id] = src
+		return nil
+	})
+	masterExtra := fs.String("master-config", "", "TOML file merged over the generated cubemaster config")
+	cubeletExtra := fs.String("cubelet-config", "", "TOML file merged over the generated cubelet config")
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[2:])
 	for _, x := range []struct {

@@ -45,6 +45,26 @@ func (a *actionTimes) add(ts []*pb.ActionTiming) {
 	}
 }
 
+// merge adds o's timings (o may be nil).
+func (a *actionTimes) merge(o *actionTimes) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string][]time.Duration{}
+	}
+	for _, k := range o.order {
+		if _, ok := a.m[k]; !ok {
+			a.order = append(a.order, k)
+		}
+		a.m[k] = append(a.m[k], o.m[k]...)
+	}
+}
+
 func (a *actionTimes) stats() []ActionStat {
 	if a == nil {
 		return nil

@@ -162,8 +162,8 @@ func runRuncRun(ctx context.Context, e *Env, p Params) (*Result, error) {
 // with the freezer directly; each of the four baselines reuses the cycles
 // measured for the first one asked for.
 func rawCycle(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
-	if s, ok := e.recall(want, p); ok {
-		return timed(want, KindBaseline, p, s, 0, 0), nil
+	if b, ok := e.recall(want, p); ok {
+		return b.result(want, KindBaseline, p), nil
 	}
 	boxes, err := prepareBoxes(ctx, e, 1, 1, true)
 	if err != nil {
@@ -206,17 +206,17 @@ func rawCycle(ctx context.Context, e *Env, p Params, want string) (*Result, erro
 			}
 			e.Progress.Step(true)
 		}
-		e.remember("runc-pause", p, rp)
-		e.remember("runc-resume", p, rr)
-		e.remember("freezer-freeze", p, ff)
-		e.remember("freezer-thaw", p, ft)
+		e.remember("runc-pause", p, batch{samples: rp})
+		e.remember("runc-resume", p, batch{samples: rr})
+		e.remember("freezer-freeze", p, batch{samples: ff})
+		e.remember("freezer-thaw", p, batch{samples: ft})
 		return nil
 	}()
 	if err := errors.Join(runErr, destroyBoxes(ctx, e, boxes, 1)); err != nil {
 		return nil, err
 	}
-	s, _ := e.recall(want, p)
-	return timed(want, KindBaseline, p, s, 0, 0), nil
+	got, _ := e.recall(want, p)
+	return got.result(want, KindBaseline, p), nil
 }
 
 // runRuncDelete times `runc delete --force` of running containers; the

@@ -151,8 +151,9 @@ func TestScenariosTiny(t *testing.T) {
 			t.Errorf("interrupted run (no baselines: %v) ran nothing", noBase)
 		}
 		for _, r := range irep.Results {
+			// Baseline chunks that finished before the interrupt stand.
 			t.Logf("interrupted %s: %s", r.Scenario, r.Error)
-			if r.Error == "" {
+			if r.Kind == KindCube && r.Error == "" {
 				t.Errorf("interrupted run (no baselines: %v): %s has no error: %+v", noBase, r.Scenario, r)
 			}
 		}

@@ -179,7 +179,7 @@ func runCreate(name string) func(context.Context, *Env, Params) (*Result, error)
 		if err != nil {
 			return nil, err
 		}
-		r.Actions = at.stats()
+		r.acts = &at
 		if len(rounds(p.N, e.Opts.MaxLive)) > 1 {
 			r.Notes = append(r.Notes, fmt.Sprintf("created in rounds of at most %d live sandboxes (--max-live)", e.Opts.MaxLive))
 		}
@@ -190,8 +190,8 @@ func runCreate(name string) func(context.Context, *Env, Params) (*Result, error)
 // pauseResume cycles one sandbox through pause and resume N times; the
 // pause and resume scenarios share the cycles when both run.
 func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
-	if _, ok := e.recall(want, p); ok {
-		return recalled(e, want, p), nil
+	if b, ok := e.recall(want, p); ok {
+		return b.result(want, KindCube, p), nil
 	}
 	ids, err := e.fill(ctx, "pause/resume: setup", 1, 1)
 	if err != nil {
@@ -228,19 +228,10 @@ func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, e
 	if runErr != nil {
 		return nil, runErr
 	}
-	e.remember("pause", p, pause)
-	e.remember("resume", p, resume)
-	e.rememberActions("pause", p, pat.stats())
-	e.rememberActions("resume", p, rat.stats())
-	return recalled(e, want, p), nil
-}
-
-// recalled is the Result of samples another scenario measured.
-func recalled(e *Env, name string, p Params) *Result {
-	s, _ := e.recall(name, p)
-	r := timed(name, KindCube, p, s, 0, 0)
-	r.Actions = e.recallActions(name, p)
-	return r
+	e.remember("pause", p, batch{pause, &pat})
+	e.remember("resume", p, batch{resume, &rat})
+	b, _ := e.recall(want, p)
+	return b.result(want, KindCube, p), nil
 }
 
 // runDestroy creates N sandboxes (untimed) and times deleting each, in
@@ -276,6 +267,6 @@ func runDestroy(ctx context.Context, e *Env, p Params) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.Actions = at.stats()
+	r.acts = &at
 	return r, nil
 }

@@ -28,6 +28,9 @@ type Options struct {
 	MaxLive int
 	// BaselineN caps N of baseline runs (0 = same N as the cube scenario).
 	BaselineN int
+	// Chunks splits a cube scenario and its baselines into this many
+	// alternating runs (1 = baselines first, then the scenario).
+	Chunks int
 
 	DensityN           int // idle sandboxes started by the density scenario
 	DensityConcurrency int // creates in flight while filling the node
@@ -61,6 +64,7 @@ func DefaultOptions() Options {
 		N50:                1000,
 		Concurrency:        50,
 		MaxLive:            200,
+		Chunks:             10,
 		DensityN:           1000,
 		DensityConcurrency: 8,
 		DensitySettle:      3 * time.Second,
@@ -99,9 +103,8 @@ type Env struct {
 	pod     *podman
 	podErr  error
 
-	memoMu  sync.Mutex
-	memo    map[string][]time.Duration
-	memoAct map[string][]ActionStat
+	memoMu sync.Mutex
+	memo   map[string][]batch
 
 	profiler *profiler // set by the runner while a scenario runs
 }
@@ -134,37 +137,36 @@ func (e *Env) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// remember stores samples that a scenario measured for another one (pause
-// and resume come from the same cycles), under key+params.
-func (e *Env) remember(key string, p Params, s []time.Duration) {
+// batch is one run's samples (and the action timings behind them).
+type batch struct {
+	samples []time.Duration
+	acts    *actionTimes
+}
+
+// remember queues samples that a scenario measured for another one
+// (pause and resume come from the same cycles; so do the four pause and
+// resume baselines). recall takes the oldest queued batch for key, so
+// interleaved chunks pair up in order.
+func (e *Env) remember(key string, p Params, b batch) {
 	e.memoMu.Lock()
 	defer e.memoMu.Unlock()
 	if e.memo == nil {
-		e.memo = map[string][]time.Duration{}
+		e.memo = map[string][]batch{}
 	}
-	e.memo[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)] = s
+	k := cacheKey(key, p)
+	e.memo[k] = append(e.memo[k], b)
 }
 
-func (e *Env) recall(key string, p Params) ([]time.Duration, bool) {
+func (e *Env) recall(key string, p Params) (batch, bool) {
 	e.memoMu.Lock()
 	defer e.memoMu.Unlock()
-	s, ok := e.memo[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)]
-	return s, ok
-}
-
-func (e *Env) rememberActions(key string, p Params, a []ActionStat) {
-	e.memoMu.Lock()
-	defer e.memoMu.Unlock()
-	if e.memoAct == nil {
-		e.memoAct = map[string][]ActionStat{}
+	k := cacheKey(key, p)
+	q := e.memo[k]
+	if len(q) == 0 {
+		return batch{}, false
 	}
-	e.memoAct[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)] = a
-}
-
-func (e *Env) recallActions(key string, p Params) []ActionStat {
-	e.memoMu.Lock()
-	defer e.memoMu.Unlock()
-	return e.memoAct[fmt.Sprintf("%s/%d/%d", key, p.N, p.Concurrency)]
+	e.memo[k] = q[1:]
+	return q[0], true
 }
 
 // scratch makes a directory under WorkDir.

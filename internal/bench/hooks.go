@@ -170,7 +170,7 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 	}
 	r, err := d.result("snapshot", KindCube, p)
 	if r != nil {
-		r.Actions = at.stats()
+		r.acts = &at
 	}
 	return r, err
 }
@@ -214,7 +214,7 @@ func runClone(ctx context.Context, e *Env, p Params, name string, count int) (*R
 	}
 	r, err := d.result(name, KindCube, p)
 	if r != nil {
-		r.Actions = at.stats()
+		r.acts = &at
 	}
 	return r, err
 }

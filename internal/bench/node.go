@@ -20,6 +20,7 @@ import (
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubeletapi"
 	"github.com/cubesandbox/cube/internal/leakcheck"
+	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/storage"
 )
 
@@ -213,13 +214,32 @@ func (n *Node) Teardown(ctx context.Context) error {
 	// Only a mounted pool: opening an unmounted one would make a new image.
 	if mounted, _ := storage.IsMounted(pool); mounted {
 		if p, err := storage.OpenPool(ctx, storage.PoolConfig{Dir: pool, ImageSizeBytes: 1 << 30}); err == nil {
-			errs = append(errs, p.Teardown(ctx))
+			errs = append(errs, p.Teardown(ctx), waitLoopGone(pool+".img", 10*time.Second))
 		}
 	}
 	if err := os.RemoveAll(n.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// waitLoopGone waits until no loop device is backed by image. A pool's
+// loop device outlives its unmount for a moment when sandbox disks inside
+// it were unmounted just before: the kernel releases their loop devices
+// asynchronously, and until then the pool is busy, so its teardown could
+// only switch its device to autoclear.
+func waitLoopGone(image string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		devs, err := loopdev.FindByBacking(image)
+		if err != nil || len(devs) == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("loop device %s still backed by %s after %s", devs[0].Path, image, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func freePort() (string, error) {

@@ -223,7 +223,7 @@ func (n *rawNode) close(ctx context.Context) error {
 	}
 	errs = append(errs, removeCgroupTree("/"+n.cgroupParent))
 	if n.pool != nil {
-		errs = append(errs, n.pool.Teardown(ctx))
+		errs = append(errs, n.pool.Teardown(ctx), waitLoopGone(n.pool.Dir()+".img", 10*time.Second))
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		errs = append(errs, err)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,23 @@ func TestReportAndTargets(t *testing.T) {
 	}
 	if !strings.Contains(js.String(), `"scenario": "create-c1"`) || !strings.Contains(js.String(), `"ratio_avg": 1.09`) {
 		t.Errorf("json:\n%s", js.String())
+	}
+}
+
+func TestSplit(t *testing.T) {
+	for _, c := range []struct {
+		n, k int
+		want string
+	}{
+		{100, 10, "[10 10 10 10 10 10 10 10 10 10]"},
+		{7, 3, "[3 2 2]"},
+		{3, 10, "[1 1 1]"},
+		{5, 1, "[5]"},
+		{5, 0, "[5]"},
+		{0, 4, "[0]"},
+	} {
+		if got := fmt.Sprint(split(c.n, c.k)); got != c.want {
+			t.Errorf("split(%d, %d) = %s, want %s", c.n, c.k, got, c.want)
+		}
 	}
 }

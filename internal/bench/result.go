@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -30,6 +31,58 @@ type Result struct {
 	Profiles []string `json:"profiles,omitempty"`
 
 	samples []time.Duration
+	acts    *actionTimes // raw action timings behind Actions
+}
+
+func (b batch) result(name string, kind Kind, p Params) *Result {
+	r := timed(name, kind, p, b.samples, 0, 0)
+	r.acts = b.acts
+	return r
+}
+
+// finish computes what is derived from the raw samples.
+func (r *Result) finish() {
+	if r.acts != nil {
+		r.Actions = r.acts.stats()
+	}
+	if r.Error == "" && r.Latency != nil && r.Latency.N == 0 && r.Failed > 0 {
+		r.Error = fmt.Sprintf("all %d operations failed", r.Failed)
+	}
+}
+
+// mergeResults joins the chunks of one interleaved scenario into one
+// Result. A chunk that failed fails the whole.
+func mergeResults(s *Scenario, p Params, parts []*Result) *Result {
+	out := &Result{Scenario: s.Name, Kind: s.Kind, Params: p}
+	var samples []time.Duration
+	acts := &actionTimes{}
+	notes := map[string]bool{}
+	for _, r := range parts {
+		switch {
+		case r.Error != "":
+			out.Error = r.Error
+			return out
+		case r.Skipped != "":
+			out.Skipped = r.Skipped
+			return out
+		}
+		samples = append(samples, r.samples...)
+		out.Failed += r.Failed
+		out.Wall += r.Wall
+		acts.merge(r.acts)
+		for _, n := range r.Notes {
+			if !notes[n] && len(notes) < keepErrors+1 {
+				notes[n] = true
+				out.Notes = append(out.Notes, n)
+			}
+		}
+	}
+	sum := Summarize(samples)
+	out.Latency, out.samples, out.acts = &sum, samples, acts
+	if len(parts) > 1 {
+		out.Notes = append(out.Notes, fmt.Sprintf("measured in %d chunks interleaved with its baselines (--chunks)", len(parts)))
+	}
+	return out
 }
 
 // Comparison is a cube scenario against one baseline.

@@ -23,9 +23,9 @@ type Report struct {
 	Notes    []string  `json:"notes,omitempty"`
 }
 
-// Run runs the scenarios in order. Before each cube scenario it runs that
-// scenario's baselines (those of the runtime in use, each once per set of
-// Params), and compares. A failing or skipped scenario is reported and the
+// Run runs the scenarios in order. Each cube scenario runs interleaved
+// with its baselines (those of the runtime in use, each once per set of
+// Params) and is compared with them. A failing or skipped scenario is reported and the
 // run goes on; only ctx ending stops it.
 func Run(ctx context.Context, e *Env, list []*Scenario) *Report {
 	rep := &Report{RunID: e.RunID, Started: time.Now().UTC(), Options: e.Opts}
@@ -46,57 +46,7 @@ func Run(ctx context.Context, e *Env, list []*Scenario) *Report {
 			rep.Results = append(rep.Results, r)
 			continue
 		}
-		if s.Probe != nil {
-			if err := s.Probe(ctx, e); err != nil {
-				rep.Results = append(rep.Results, failed(s, p, err))
-				e.Progress.Note("%s: %s", s.Name, err)
-				continue
-			}
-		}
-		var bases []*Result
-		for _, bn := range s.Baselines {
-			b, ok := Lookup(bn)
-			if !ok || e.Opts.NoBaselines || (b.Runtime != "" && b.Runtime != rt) {
-				continue
-			}
-			bp := p
-			if e.Opts.BaselineN > 0 && bp.N > e.Opts.BaselineN {
-				bp.N = e.Opts.BaselineN
-			}
-			r, ok := cache[cacheKey(bn, bp)]
-			if !ok {
-				r = runOne(ctx, e, b, bp)
-				cache[cacheKey(bn, bp)] = r
-				rep.Results = append(rep.Results, r)
-			}
-			bases = append(bases, r)
-		}
-		var prof *profiler
-		if e.Opts.ProfileDir != "" {
-			var err error
-			if e.MetricsURL == "" {
-				err = errors.New("cubelet's metrics address is unknown (--metrics-addr)")
-			} else {
-				prof, err = startProfiler(ctx, e.MetricsURL, filepath.Join(e.Opts.ProfileDir, s.Name), e.Opts.ProfileWindow)
-			}
-			if err != nil {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("%s: no profile: %v", s.Name, err))
-			}
-		}
-		e.profiler = prof
-		r := runOne(ctx, e, s, p)
-		e.profiler = nil
-		if prof != nil {
-			files, err := prof.finish(ctx)
-			r.Profiles = files
-			if err != nil {
-				r.Notes = append(r.Notes, "profile: "+err.Error())
-			}
-		}
-		for _, b := range bases {
-			r.Compare = append(r.Compare, compare(r, b))
-		}
-		rep.Results = append(rep.Results, r)
+		runCube(ctx, e, s, p, rt, cache, rep)
 	}
 	if n, err := e.sweep(ctx); err != nil || n > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("swept %d sandboxes a scenario left behind (err: %v)", n, err))
@@ -105,6 +55,97 @@ func Run(ctx context.Context, e *Env, list []*Scenario) *Report {
 	rep.Machine.LoadEnd = loadAvg()
 	rep.Targets = Evaluate(rep)
 	return rep
+}
+
+// runCube runs a cube scenario with its baselines and appends the results
+// (and the baselines measured for it) to rep. cache holds the baselines
+// measured so far, by name and Params.
+func runCube(ctx context.Context, e *Env, s *Scenario, p Params, rt string, cache map[string]*Result, rep *Report) {
+	if s.Probe != nil {
+		if err := s.Probe(ctx, e); err != nil {
+			rep.Results = append(rep.Results, failed(s, p, err))
+			e.Progress.Note("%s: %s", s.Name, err)
+			return
+		}
+	}
+	// This runtime's baselines: measured with the same Params (N capped
+	// by BaselineN) unless an earlier scenario already did.
+	type pending struct {
+		s     *Scenario
+		p     Params
+		parts []*Result
+	}
+	var fresh []*pending
+	var bases []string
+	for _, bn := range s.Baselines {
+		b, ok := Lookup(bn)
+		if !ok || e.Opts.NoBaselines || (b.Runtime != "" && b.Runtime != rt) {
+			continue
+		}
+		bp := p
+		if e.Opts.BaselineN > 0 && bp.N > e.Opts.BaselineN {
+			bp.N = e.Opts.BaselineN
+		}
+		bases = append(bases, cacheKey(bn, bp))
+		if _, ok := cache[cacheKey(bn, bp)]; ok {
+			continue
+		}
+		if b.Probe != nil {
+			if err := b.Probe(ctx, e); err != nil {
+				e.Progress.Note("%s: %s", b.Name, err)
+				r := failed(b, bp, err)
+				cache[cacheKey(bn, bp)] = r
+				rep.Results = append(rep.Results, r)
+				continue
+			}
+		}
+		fresh = append(fresh, &pending{s: b, p: bp})
+	}
+	// Baselines and the scenario run in alternating chunks, so a
+	// shared machine's load swings hit both sides alike and the
+	// ratios hold even when absolute times drift.
+	chunks := []int{p.N}
+	if len(fresh) > 0 {
+		chunks = split(p.N, e.Opts.Chunks)
+	}
+	prof := e.startProfile(ctx, s.Name, rep)
+	var ours []*Result
+	for i, n := range chunks {
+		for _, f := range fresh {
+			if bn := split(f.p.N, len(chunks))[i]; bn > 0 {
+				f.parts = append(f.parts, runPart(ctx, e, f.s, Params{N: bn, Concurrency: f.p.Concurrency}))
+			}
+		}
+		r := runPart(ctx, e, s, Params{N: n, Concurrency: p.Concurrency})
+		ours = append(ours, r)
+		if r.Error != "" || r.Skipped != "" || ctx.Err() != nil {
+			break
+		}
+	}
+	e.profiler = nil
+	for _, f := range fresh {
+		r := mergeResults(f.s, f.p, f.parts)
+		r.finish()
+		cache[cacheKey(f.s.Name, f.p)] = r
+		rep.Results = append(rep.Results, r)
+	}
+	r := ours[0]
+	if len(ours) > 1 {
+		r = mergeResults(s, p, ours)
+	}
+	r.Params = p
+	r.finish()
+	if prof != nil {
+		files, err := prof.finish(ctx)
+		r.Profiles = files
+		if err != nil {
+			r.Notes = append(r.Notes, "profile: "+err.Error())
+		}
+	}
+	for _, k := range bases {
+		r.Compare = append(r.Compare, compare(r, cache[k]))
+	}
+	rep.Results = append(rep.Results, r)
 }
 
 func cacheKey(name string, p Params) string { return fmt.Sprintf("%s/%d/%d", name, p.N, p.Concurrency) }
@@ -116,6 +157,16 @@ func runOne(ctx context.Context, e *Env, s *Scenario, p Params) *Result {
 			return failed(s, p, err)
 		}
 	}
+	r := runPart(ctx, e, s, p)
+	r.finish()
+	return r
+}
+
+// runPart runs s once with p (already probed).
+func runPart(ctx context.Context, e *Env, s *Scenario, p Params) *Result {
+	if err := ctx.Err(); err != nil {
+		return failed(s, p, err)
+	}
 	r, err := s.Run(ctx, e, p)
 	if err != nil {
 		e.Progress.Note("%s: %s", s.Name, err)
@@ -123,6 +174,44 @@ func runOne(ctx context.Context, e *Env, s *Scenario, p Params) *Result {
 	}
 	r.Scenario, r.Kind, r.Params = s.Name, s.Kind, p
 	return r
+}
+
+// split divides n into k near-equal parts (k <= 1, or k > n: fewer parts
+// of at least one, except that n == 0 gives one part of zero).
+func split(n, k int) []int {
+	if k < 1 {
+		k = 1
+	}
+	if k > n {
+		k = max(n, 1)
+	}
+	out := make([]int, k)
+	for i := range out {
+		out[i] = n / k
+		if i < n%k {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// startProfile starts capturing cubelet's profiles for scenario name when
+// --profile is on; nil otherwise (a reason goes to the report's notes).
+func (e *Env) startProfile(ctx context.Context, name string, rep *Report) *profiler {
+	if e.Opts.ProfileDir == "" {
+		return nil
+	}
+	if e.MetricsURL == "" {
+		rep.Notes = append(rep.Notes, name+": no profile: cubelet's metrics address is unknown (--metrics-addr)")
+		return nil
+	}
+	prof, err := startProfiler(ctx, e.MetricsURL, filepath.Join(e.Opts.ProfileDir, name), e.Opts.ProfileWindow)
+	if err != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: no profile: %v", name, err))
+		return nil
+	}
+	e.profiler = prof
+	return prof
 }
 
 // failed is the Result of a scenario that was skipped or failed.

@@ -50,7 +50,9 @@ func TestSnapshotCLI(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[1], "k=v") {
 		t.Fatalf("snapshot ls:\n%s", out)
 	}
-	var list struct{ Snapshots []struct{ ID, SandboxID string } }
+	var list struct {
+		Snapshots []struct{ ID, SandboxID string }
+	}
 	if err := json.Unmarshal([]byte(must("snapshot", "ls", "-o", "json", "-l", "k=v")), &list); err != nil || len(list.Snapshots) != 1 || list.Snapshots[0].SandboxID != "snap-src" {
 		t.Fatalf("snapshot ls json: %v %+v", err, list)
 	}
@@ -61,7 +63,9 @@ func TestSnapshotCLI(t *testing.T) {
 	if !strings.Contains(out, "cl-a") || !strings.Contains(out, "cl-b") || !strings.Contains(out, "running") {
 		t.Fatalf("sandbox clone:\n%s", out)
 	}
-	var rb struct{ Sandbox struct{ ID, SourceSnapshotID, State string } }
+	var rb struct {
+		Sandbox struct{ ID, SourceSnapshotID, State string }
+	}
 	if err := json.Unmarshal([]byte(must("sandbox", "rollback", "snap-src", "s1", "-o", "json")), &rb); err != nil ||
 		rb.Sandbox.SourceSnapshotID != "s1" || rb.Sandbox.State != "SANDBOX_STATE_RUNNING" {
 		t.Fatalf("sandbox rollback json: %v %+v", err, rb)

@@ -139,7 +139,7 @@ func TestSnapshotConfigValidation(t *testing.T) {
 	if r := c.Storage.HostMountAllow; len(r) != 2 || !r[0].ReadOnly || r[1].Prefix != "/srv/b" {
 		t.Fatalf("host_mount_allow: %+v", r)
 	}
-	if c.Storage.DiskPool.Size != 8 || c.Snapshots.CloneParallelism != 8 {
+	if c.Storage.DiskPool.Size != 16 || c.Snapshots.CloneParallelism != 8 {
 		t.Fatalf("defaults: %+v %+v", c.Storage.DiskPool, c.Snapshots)
 	}
 }

@@ -84,6 +84,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			s.stopStorage() // the disk pool's refiller, if it started
 			st.Close()
 		}
 	}()

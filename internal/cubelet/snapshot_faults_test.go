@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
@@ -208,5 +210,80 @@ func TestSnapshotFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertSnapshotFiles(t, env, svc)
+	env.AssertNoLeaks(t)
+}
+
+// TestSnapshotRetentionAndRefs: node-wide count and age retention (after
+// each snapshot and from the GC loop), and a snapshot deleted while a
+// clone reads it keeps its files until the clone is done.
+func TestSnapshotRetentionAndRefs(t *testing.T) {
+	env := cubelettest.New(t, "[snapshots]\nmax_per_node = 3\nmax_age = \"6s\"\n")
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	ctx := context.Background()
+	a := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "ret-a"})
+	b := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "ret-b"})
+	var taken []string
+	for i := range 5 {
+		sb := a
+		if i%2 == 1 {
+			sb = b
+		}
+		taken = append(taken, mustSnapshot(t, svc, cubelet.SnapshotRequest{SandboxID: sb.ID, SnapshotID: fmt.Sprintf("ret-%d", i)}).ID)
+		if ids := listSnaps(t, svc, ""); len(ids) > 3 {
+			t.Fatalf("after snapshot %d: %d snapshots kept, max_per_node is 3", i, len(ids))
+		}
+	}
+	if ids := listSnaps(t, svc, ""); len(ids) != 3 || ids[0] != taken[2] || ids[2] != taken[4] {
+		t.Fatalf("retention kept %v, want the newest 3 of %v", ids, taken)
+	}
+	assertSnapshotFiles(t, env, svc)
+
+	// Delete a snapshot while a clone of it is between its disk and its
+	// container: the clone still succeeds, the files outlive the record
+	// until it is done.
+	inject(t, "clone/container", "1*sleep(1s)")
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.Clone(ctx, cubelet.CloneRequest{SnapshotID: taken[4], Count: 1, SandboxIDs: []string{"ret-clone"}})
+		done <- err
+	}()
+	dir := filepath.Join(env.Config.PoolDir(), "snapshots", taken[4])
+	for {
+		if _, err := svc.Get(ctx, "ret-clone"); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := svc.DeleteSnapshot(ctx, taken[4]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.GetSnapshot(ctx, taken[4]); !errdefs.IsNotFound(err) {
+		t.Fatalf("deleted snapshot still listed: %v", err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("files of a snapshot in use removed: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("clone of a snapshot deleted meanwhile: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("files of the deleted snapshot outlived its last user: %v", err)
+	}
+
+	// Age: the GC loop removes the rest once they are older than 6s.
+	deadline := time.Now().Add(15 * time.Second)
+	for len(listSnaps(t, svc, "")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("max_age: snapshots still there: %v", listSnaps(t, svc, ""))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	assertSnapshotFiles(t, env, svc)
+	for _, id := range []string{a.ID, b.ID, "ret-clone"} {
+		if _, err := svc.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	env.AssertNoLeaks(t)
 }

@@ -60,6 +60,9 @@ type Config struct {
 	// OCI layout (empty = the busybox image built from busybox-static).
 	Template       string
 	TemplateSource string
+	// Imports are more templates (ID -> OCI layout or image tar) imported
+	// when the node lacks them.
+	Imports map[string]string
 	// Extra TOML appended to the generated daemon configs (settings the
 	// flags do not cover; tests use it for private cgroups and ports).
 	ExtraMasterTOML  string
@@ -203,8 +206,13 @@ func Up(ctx context.Context, cfg Config) error {
 	}); err != nil {
 		return err
 	}
-	if err := cfg.ensureTemplate(ctx, nodec); err != nil {
+	if err := cfg.ensureTemplate(ctx, nodec, cfg.Template, cfg.TemplateSource); err != nil {
 		return err
+	}
+	for id, src := range cfg.Imports {
+		if err := cfg.ensureTemplate(ctx, nodec, id, src); err != nil {
+			return err
+		}
 	}
 	if err := waitFor(ctx, time.Minute, "the node to register with cubemaster", func(ctx context.Context) error {
 		resp, err := adminc.ListNodes(ctx, &masterpb.ListNodesRequest{})
@@ -341,22 +349,22 @@ func merge(dst, src map[string]any) {
 	}
 }
 
-// ensureTemplate imports the default template when the node lacks it.
-func (cfg *Config) ensureTemplate(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
-	if _, err := c.GetTemplate(ctx, &cubeletpb.GetTemplateRequest{TemplateId: cfg.Template}); err == nil {
+// ensureTemplate imports a template when the node lacks it; an empty
+// source means the busybox image built from busybox-static.
+func (cfg *Config) ensureTemplate(ctx context.Context, c cubeletpb.CubeletServiceClient, id, src string) error {
+	if _, err := c.GetTemplate(ctx, &cubeletpb.GetTemplateRequest{TemplateId: id}); err == nil {
 		return nil
 	} else if status.Code(err) != codes.NotFound {
-		return fmt.Errorf("template %s: %w", cfg.Template, err)
+		return fmt.Errorf("template %s: %w", id, err)
 	}
-	src := cfg.TemplateSource
 	if src == "" {
 		var err error
 		if src, err = testimage.Busybox(ctx, filepath.Join(cfg.StateDir, "images")); err != nil {
 			return fmt.Errorf("build the default template image: %w", err)
 		}
 	}
-	cfg.Log.Info("importing the default template", "template", cfg.Template, "source", src)
-	stream, err := c.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: cfg.Template, Source: src})
+	cfg.Log.Info("importing a template", "template", id, "source", src)
+	stream, err := c.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: id, Source: src})
 	if err != nil {
 		return err
 	}
@@ -364,7 +372,7 @@ func (cfg *Config) ensureTemplate(ctx context.Context, c cubeletpb.CubeletServic
 		if _, err := stream.Recv(); err == io.EOF {
 			return nil
 		} else if err != nil {
-			return fmt.Errorf("import template %s: %w", cfg.Template, err)
+			return fmt.Errorf("import template %s: %w", id, err)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -280,7 +281,11 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	sb.NodeID = node.ID
-	if err := s.initAgent(cctx, sb, created, req.Env, ""); err != nil {
+	err = failpoint.Eval(cctx, "master/create/placed")
+	if err == nil {
+		err = s.initAgent(cctx, sb, created, req.Env, "")
+	}
+	if err != nil {
 		s.log.Error("agent init failed; destroying the new sandbox", "sandbox_id", sb.ID, "node_id", node.ID, "err", err)
 		s.destroyOn(node.ID, sb.ID)
 		s.forgetFailed(sb.ID)
@@ -357,6 +362,12 @@ func (s *Service) forgetFailed(id string) {
 	}
 }
 
+// networkPolicy is the node's form of the egress rules; nil when the
+// sandbox keeps the node default (nodes refuse policies they cannot
+// apply, e.g. without a network-agent, so none is sent unless asked for).
 func networkPolicy(n catalog.Network) *cubeletpb.NetworkPolicy {
+	if n.AllowInternet == nil && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 {
+		return nil
+	}
 	return &cubeletpb.NetworkPolicy{AllowInternetAccess: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
 }

@@ -185,8 +185,16 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	if err != nil {
 		return err
 	}
+	// The template rows are rewritten only when the set changed: most
+	// heartbeats just move last_heartbeat.
+	templates := reportTemplates(r)
+	s.reg.mu.Lock()
+	if ns := s.reg.nodes[r.NodeId]; ns != nil && !registered && sameTemplates(ns.report.Templates, r.Templates) {
+		templates = nil
+	}
+	s.reg.mu.Unlock()
 	if err := s.cat.PutNode(ctx, &catalog.Node{ID: r.NodeId, Address: r.Address, Report: raw, RegisteredAt: now, LastHeartbeat: now},
-		reportTemplates(r), registered); err != nil {
+		templates, registered); err != nil {
 		return fmt.Errorf("record node %s: %w", r.NodeId, err)
 	}
 	// A node new to this process keeps the cordon the catalog remembers.
@@ -426,4 +434,16 @@ func (s *Service) isLocal(nodeID string) bool {
 func nodeRow(r *masterpb.NodeReport, ns *nodeState) *catalog.Node {
 	raw, _ := protojson.Marshal(r)
 	return &catalog.Node{ID: r.NodeId, Address: r.Address, Report: raw, RegisteredAt: ns.registered, LastHeartbeat: ns.lastSeen}
+}
+
+func sameTemplates(a, b []*masterpb.TemplateRef) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Id != b[i].Id || a[i].Digest != b[i].Digest {
+			return false
+		}
+	}
+	return true
 }

@@ -44,7 +44,7 @@ func (s *Service) Templates() []Template {
 	}
 	s.reg.mu.Unlock()
 	for alias, id := range s.cfg.Templates.Aliases {
-		if t := byID[id]; t != nil {
+		if t := byID[id]; t != nil && alias != id {
 			t.Aliases = append(t.Aliases, alias)
 		}
 	}

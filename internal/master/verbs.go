@@ -7,6 +7,7 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
@@ -86,6 +87,9 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 		s.log.Warn("node unreachable; sandbox dropped from the catalog, the node deletes it when it returns",
 			"sandbox_id", sb.ID, "node_id", sb.NodeID, "err", err)
 	default:
+		return err
+	}
+	if err := failpoint.Eval(ctx, "master/kill/deleted"); err != nil {
 		return err
 	}
 	if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {

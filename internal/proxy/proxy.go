@@ -57,8 +57,8 @@ type Target struct {
 	// (/proc/<pid>/ns/net): without a HostIP, the proxy dials
 	// 127.0.0.1:port inside it. Empty when the sandbox is on another machine.
 	NetNS string
-	// TrafficAccessToken, when set, must come with every request in the
-	// E2b-Traffic-Access-Token header.
+	// TrafficAccessToken, when set, must come with every request to the
+	// sandbox's ports (all but envd's) in the E2b-Traffic-Access-Token header.
 	TrafficAccessToken string
 }
 
@@ -260,7 +260,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, id, err)
 		return
 	}
-	if t.TrafficAccessToken != "" && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
+	// The traffic token guards the sandbox's own ports; envd's port has its
+	// own access token (X-Access-Token, checked by the agent), and the SDKs
+	// never send the traffic token there.
+	if t.TrafficAccessToken != "" && port != AgentPort && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
 		writeError(w, id, errUnauthorized)
 		return
 	}

@@ -163,6 +163,10 @@ func TestRoute(t *testing.T) {
 		if resp.StatusCode != 200 || resp.Header.Get("X-Token-Seen") != "" {
 			t.Fatalf("right token: %d, token forwarded: %q", resp.StatusCode, resp.Header.Get("X-Token-Seen"))
 		}
+		// envd's port is guarded by the agent's own token, not this one.
+		if resp, _ := get("49983-secret.cube.test", nil, "/health"); resp.StatusCode == http.StatusUnauthorized {
+			t.Fatal("traffic token demanded on the envd port")
+		}
 	})
 	t.Run("errors", func(t *testing.T) {
 		for _, tc := range []struct {

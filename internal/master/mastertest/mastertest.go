@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	toml "github.com/pelletier/go-toml/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -65,7 +66,7 @@ func StartMaster(t testing.TB, extraTOML string) *Master {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	m := &Master{Dir: dir, Socket: filepath.Join(dir, "master.sock"), t: t}
-	toml := fmt.Sprintf(`
+	base := fmt.Sprintf(`
 [api]
 e2b = "127.0.0.1:0"
 node = ""
@@ -82,7 +83,11 @@ unhealthy_after = "3s"
 expiry_interval = "100ms"
 memory_mib = 64
 `, m.Socket, filepath.Join(dir, "catalog.db"))
-	m.Config, err = master.ParseConfig([]byte(toml + "\n" + extraTOML))
+	merged, err := mergeTOML(base, extraTOML)
+	if err != nil {
+		t.Fatalf("extra master config: %v", err)
+	}
+	m.Config, err = master.ParseConfig([]byte(merged))
 	if err != nil {
 		t.Fatalf("master config: %v", err)
 	}
@@ -328,4 +333,31 @@ func (r *Response) Error() (code int, message string) {
 	}
 	_ = json.Unmarshal(r.Body, &e)
 	return e.Code, e.Message
+}
+
+// mergeTOML lays extra over base table by table (concatenating would
+// define a table twice).
+func mergeTOML(base, extra string) (string, error) {
+	var b, e map[string]any
+	if err := toml.Unmarshal([]byte(base), &b); err != nil {
+		return "", err
+	}
+	if err := toml.Unmarshal([]byte(extra), &e); err != nil {
+		return "", err
+	}
+	merge(b, e)
+	out, err := toml.Marshal(b)
+	return string(out), err
+}
+
+func merge(dst, src map[string]any) {
+	for k, v := range src {
+		if sm, ok := v.(map[string]any); ok {
+			if dm, ok := dst[k].(map[string]any); ok {
+				merge(dm, sm)
+				continue
+			}
+		}
+		dst[k] = v
+	}
 }

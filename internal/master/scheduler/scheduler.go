@@ -86,7 +86,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Weights:       Weights{Load: 1, Locality: 0.3, Spread: 0.5},
-		CPUOvercommit: 4, MemoryOvercommit: 1, MaxAttempts: 3,
+		CPUOvercommit: 32, MemoryOvercommit: 4, MaxAttempts: 3,
 	}
 }
 

@@ -25,8 +25,16 @@ func node(id string, mod ...func(*scheduler.Node)) *scheduler.Node {
 
 var req = scheduler.Request{TemplateID: "busybox", MilliCPU: 1000, MemoryMiB: 512}
 
+// testConfig is the default with round overcommit factors the cases
+// below compute with.
+func testConfig() scheduler.Config {
+	c := scheduler.DefaultConfig()
+	c.CPUOvercommit, c.MemoryOvercommit = 4, 1
+	return c
+}
+
 func newSched() *scheduler.Scheduler {
-	return scheduler.New(scheduler.DefaultConfig()).WithRand(rand.New(rand.NewPCG(1, 2)))
+	return scheduler.New(testConfig()).WithRand(rand.New(rand.NewPCG(1, 2)))
 }
 
 func TestFilter(t *testing.T) {
@@ -63,7 +71,7 @@ func TestFilter(t *testing.T) {
 	if cands, _ := newSched().Rank(nodes, req); len(cands) != 2 {
 		t.Errorf("any runtime: %d candidates", len(cands))
 	}
-	cfg := scheduler.DefaultConfig()
+	cfg := testConfig()
 	cfg.MaxSandboxesPerNode = 3
 	if cands, _ := scheduler.New(cfg).Rank([]*scheduler.Node{node("busy", func(n *scheduler.Node) { n.Sandboxes = 3 })}, req); len(cands) != 0 {
 		t.Error("sandbox count limit ignored")
@@ -108,7 +116,7 @@ func TestScore(t *testing.T) {
 	})
 	t.Run("ties spread out", func(t *testing.T) {
 		first := map[string]int{}
-		s := scheduler.New(scheduler.DefaultConfig())
+		s := scheduler.New(testConfig())
 		for range 200 {
 			cands, _ := s.Rank([]*scheduler.Node{node("a"), node("b"), node("c")}, req)
 			first[cands[0].Node.ID]++
@@ -160,7 +168,7 @@ func TestPlaceRetry(t *testing.T) {
 		t.Fatalf("all refuse: %v", err)
 	}
 	// MaxAttempts bounds the tries.
-	cfg := scheduler.DefaultConfig()
+	cfg := testConfig()
 	cfg.MaxAttempts = 2
 	_, _ = scheduler.New(cfg).Place(ctx, nodes, req, try(all))
 	if len(tried) != 2 {

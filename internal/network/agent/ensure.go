@@ -57,6 +57,11 @@ func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Netwo
 	if i, ok := a.bySandbox[req.SandboxID]; ok {
 		r := a.slots[i].Clone()
 		a.mu.Unlock()
+		if r.State != slotstore.Assigned {
+			// A release that failed half-way: finish it first.
+			return nil, false, fmt.Errorf("slot %d of sandbox %s is %s: release it again first: %w",
+				i, req.SandboxID, r.State, errdefs.ErrFailedPrecondition)
+		}
 		if r.Kind != kind || !r.Policy.Equal(req.Policy) {
 			return nil, false, fmt.Errorf("sandbox %s already has a %s slot with policy [%s], not a %s slot with [%s] (use UpdatePolicy to change a policy): %w",
 				req.SandboxID, r.Kind, r.Policy, kind, req.Policy, errdefs.ErrAlreadyExists)
@@ -71,7 +76,15 @@ func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Netwo
 	if pooled {
 		source = "pool"
 		r, err = a.assignPooled(ctx, i, req.SandboxID, req.Policy)
-	} else {
+		if err != nil && ctx.Err() == nil {
+			// A broken pooled slot (released by assignPooled) must not fail
+			// the sandbox: build one instead.
+			a.metrics.errors.WithLabelValues("assign_pooled").Inc()
+			a.log.Warn("pooled slot unusable; creating one", "slot", i, "sandbox_id", req.SandboxID, "err", err)
+			pooled = false
+		}
+	}
+	if !pooled {
 		source = "cold"
 		r, err = a.createFor(ctx, kind, req.SandboxID, req.Policy)
 	}

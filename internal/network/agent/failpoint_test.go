@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/agent"
@@ -72,6 +73,9 @@ func TestFailuresUndo(t *testing.T) {
 			if _, err := a.Get(ctx, "rel"); err != nil {
 				t.Fatalf("a failed release forgot the slot: %v", err)
 			}
+			if _, _, err := a.Ensure(ctx, agent.EnsureRequest{SandboxID: "rel"}); !errdefs.IsFailedPrecondition(err) {
+				t.Fatalf("ensure of a half-released slot: %v", err)
+			}
 			if ok, err := a.Release(ctx, "rel"); !ok || err != nil {
 				t.Fatalf("retry: %v %v", ok, err)
 			}
@@ -81,20 +85,27 @@ func TestFailuresUndo(t *testing.T) {
 }
 
 // TestAssignFailureUndo: a pooled slot whose policy cannot be applied is
-// released, not handed out or returned to the pool.
+// released, neither handed out nor returned to the pool, and the sandbox
+// gets a slot built for it instead.
 func TestAssignFailureUndo(t *testing.T) {
 	e := nettest.Start(t, nettest.Options{PoolSize: 1, RefillPerSecond: 1})
 	if err := e.Agent.WaitPool(ctx, network.Container, 1); err != nil {
 		t.Fatal(err)
 	}
+	pooled := e.Agent.PoolReady(network.Container)
 	defer failpoint.Reset()
 	if err := failpoint.Enable("network/assign/policy", "1*error"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.Agent.Ensure(ctx, agent.EnsureRequest{SandboxID: "a1"}); !errors.Is(err, failpoint.ErrInjected) {
-		t.Fatalf("ensure: %v", err)
+	n, _, err := e.Agent.Ensure(ctx, agent.EnsureRequest{SandboxID: "a1"})
+	if err != nil || n.FromPool {
+		t.Fatalf("ensure: %+v %v", n, err)
 	}
-	if l := e.Agent.List(ctx); len(l) != 0 || e.Agent.PoolReady(network.Container) != 0 {
+	if l := e.Agent.List(ctx); len(l) != 1 || e.Agent.PoolReady(network.Container) != 0 || pooled != 1 {
 		t.Fatalf("after failed assign: %v, %d pooled", l, e.Agent.PoolReady(network.Container))
 	}
+	if n.Slot == 0 {
+		t.Fatal("the broken pooled slot (0) was handed out")
+	}
+	releaseAll(t, e.Agent)
 }

@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -113,6 +112,10 @@ func TestPolicy(t *testing.T) {
 		if err != nil || !strings.Contains(line, "169.254.0.21") {
 			t.Fatalf("host → neighbour host IP: %q %v", line, err)
 		}
+		// Nothing is exposed beyond the host: the world (routed through the
+		// host, like any other machine) cannot open a connection to a slot.
+		wp := probe{t: t, ns: w.NS, port: hostPort}
+		wp.blocked(netip.MustParseAddr(nb.HostIP))
 	})
 
 	t.Run("internet off: nothing leaves", func(t *testing.T) {
@@ -213,6 +216,21 @@ func TestPolicy(t *testing.T) {
 		probe{t: t, ns: sb.NetNS, port: w.Port}.blocked(w.Addrs[2])
 	})
 
+	t.Run("a clone's new slot enforces its source's policy", func(t *testing.T) {
+		// What cubelet's clone flow does: the net action ensures a slot for
+		// the new sandbox with the policy its record carries (copied from
+		// the source), before the clone's container starts.
+		src := mustPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{cidr32(w.Addrs[2])}})
+		update(t, a, "sb-a", policy.Spec{AllowInternet: &no, Allow: []string{cidr32(w.Addrs[2])}})
+		clone := ensure(t, a, "sb-a-clone", network.Container, src)
+		defer a.Release(ctx, "sb-a-clone")
+		for _, ns := range []string{sb.NetNS, clone.NetNS} {
+			p := probe{t: t, ns: ns, port: w.Port}
+			p.ok(w.Addrs[2])
+			p.blocked(w.Addrs[0], w.Addrs[1])
+		}
+	})
+
 	t.Run("bandwidth limit", func(t *testing.T) {
 		// The kernel's bucket holds one second of the rate plus the burst
 		// (128 KiB), so the transfer must be well over that.
@@ -252,5 +270,4 @@ func TestPolicy(t *testing.T) {
 		}
 		probe{t: t, ns: sb.NetNS, port: w.Port}.blocked(w.Addrs[0])
 	})
-	_ = fmt.Sprint()
 }

@@ -1,0 +1,175 @@
+package master_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+)
+
+// TestFaults drives the master's failure paths with failpoints and with
+// the states a master that died mid-operation leaves behind, and checks
+// that the node ends up holding exactly what the catalog says (the leak
+// checker has the last word).
+func TestFaults(t *testing.T) {
+	m := mastertest.StartMaster(t, "")
+	node := mastertest.StartNode(t, m, "busybox")
+	m.WaitHealthy(t, node)
+	ctx := context.Background()
+	svc := func() *master.Service { return m.Server.Service }
+	onNode := func(id string) bool {
+		_, err := node.Client.GetSandbox(ctx, &cubeletpb.GetSandboxRequest{SandboxId: id})
+		return err == nil
+	}
+	nodeCount := func() int {
+		resp, err := node.Client.ListSandboxes(ctx, &cubeletpb.ListSandboxesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(resp.Sandboxes)
+	}
+
+	t.Run("create fails after the node made the sandbox", func(t *testing.T) {
+		if err := failpoint.Enable("master/create/placed", "1*error(agent unreachable)"); err != nil {
+			t.Fatal(err)
+		}
+		defer failpoint.Disable("master/create/placed")
+		_, err := svc().Create(ctx, master.CreateRequest{Template: "busybox"})
+		if !errors.Is(err, failpoint.ErrInjected) {
+			t.Fatalf("create: %v", err)
+		}
+		if n := nodeCount(); n != 0 {
+			t.Fatalf("%d sandbox(es) left on the node", n)
+		}
+		if rows, _ := svc().ListAll(ctx, catalog.Query{}); len(rows) != 0 {
+			t.Fatalf("%d catalog row(s) left", len(rows))
+		}
+	})
+
+	t.Run("kill fails between the node and the catalog", func(t *testing.T) {
+		sb, err := svc().Create(ctx, master.CreateRequest{Template: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := failpoint.Enable("master/kill/deleted", "1*error"); err != nil {
+			t.Fatal(err)
+		}
+		defer failpoint.Disable("master/kill/deleted")
+		if err := svc().Kill(ctx, sb.ID); !errors.Is(err, failpoint.ErrInjected) {
+			t.Fatalf("kill: %v", err)
+		}
+		if onNode(sb.ID) {
+			t.Fatal("node still has the sandbox")
+		}
+		// The row outlived its sandbox; killing again finishes the job
+		// (the node answers NotFound, which kill accepts).
+		if err := svc().Kill(ctx, sb.ID); err != nil {
+			t.Fatalf("second kill: %v", err)
+		}
+		if _, err := svc().Get(ctx, sb.ID); !errdefs.IsNotFound(err) {
+			t.Fatalf("row: %v", err)
+		}
+	})
+
+	t.Run("restart after a crash mid-create and mid-kill", func(t *testing.T) {
+		// What a master killed at the worst moments leaves: a row still
+		// "creating" whose sandbox the node made; a managed sandbox whose
+		// row a kill already dropped; a row whose sandbox a kill already
+		// destroyed; a row "creating" that never reached a node. Plus a
+		// sandbox made with cubecli directly, which is not the master's.
+		m.Stop()
+		cat, err := catalog.Open(ctx, catalog.SQLite, m.Config.Catalog.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		rows := []*catalog.Sandbox{
+			{ID: "half-created", TemplateID: "busybox", NodeID: node.ID, State: catalog.StateCreating, StartedAt: now, EndAt: now.Add(time.Hour)},
+			{ID: "already-gone", TemplateID: "busybox", NodeID: node.ID, State: catalog.StateRunning, StartedAt: now, EndAt: now.Add(time.Hour)},
+			{ID: "never-placed", TemplateID: "busybox", State: catalog.StateCreating, StartedAt: now, EndAt: now.Add(time.Hour)},
+			{ID: "kept", TemplateID: "busybox", NodeID: node.ID, State: catalog.StateRunning, StartedAt: now, EndAt: now.Add(time.Hour)},
+		}
+		for _, r := range rows {
+			if err := cat.CreateSandbox(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cat.Close()
+		managed := map[string]string{master.ManagedLabel: master.ManagedValue}
+		for _, id := range []string{"half-created", "orphan", "kept"} {
+			if _, err := node.Client.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{SandboxId: id, TemplateId: "busybox", Labels: managed}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := node.Client.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{SandboxId: "by-hand", TemplateId: "busybox"}); err != nil {
+			t.Fatal(err)
+		}
+		// "kept" is paused on the node, running in the catalog: the node wins.
+		if _, err := node.Client.PauseSandbox(ctx, &cubeletpb.PauseSandboxRequest{SandboxId: "kept"}); err != nil {
+			t.Fatal(err)
+		}
+
+		m.Start()
+		mastertest.WaitFor(t, 20*time.Second, "reconcile", func() bool {
+			return !onNode("half-created") && !onNode("orphan")
+		})
+		for _, id := range []string{"half-created", "already-gone", "never-placed"} {
+			if _, err := svc().Get(ctx, id); !errdefs.IsNotFound(err) {
+				t.Errorf("row %s: %v", id, err)
+			}
+		}
+		mastertest.WaitFor(t, 10*time.Second, "kept's state from the node", func() bool {
+			sb, err := svc().Get(ctx, "kept")
+			return err == nil && sb.State == catalog.StatePaused
+		})
+		if !onNode("by-hand") || !onNode("kept") {
+			t.Fatal("reconcile destroyed a sandbox it should have kept")
+		}
+		if err := svc().Kill(ctx, "kept"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.Client.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{SandboxId: "by-hand"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("refused creates leave nothing", func(t *testing.T) {
+		// Every node refuses (its API is down while it still heartbeats):
+		// 503-class error, no row, nothing on the node.
+		node.StopAPI()
+		_, err := svc().Create(ctx, master.CreateRequest{Template: "busybox"})
+		node.StartAPI()
+		if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "no node can take the sandbox") {
+			t.Fatalf("create with the only node unreachable: %v", err)
+		}
+		if rows, _ := svc().ListAll(ctx, catalog.Query{}); len(rows) != 0 {
+			t.Fatalf("%d catalog row(s) left", len(rows))
+		}
+	})
+	t.Run("a master with a fresh catalog gets its nodes back", func(t *testing.T) {
+		m.Stop()
+		m.Config.Catalog.DSN += ".fresh"
+		m.Start()
+		// The cubelet's next heartbeat is answered "not registered" and it
+		// registers again on its own.
+		m.WaitHealthy(t, node)
+		if _, err := svc().Create(ctx, master.CreateRequest{Template: "busybox"}); err != nil {
+			t.Fatalf("create on the re-registered node: %v", err)
+		}
+		rows, _ := svc().ListAll(ctx, catalog.Query{})
+		for _, r := range rows {
+			if err := svc().Kill(ctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	node.Env.AssertNoLeaks(t)
+}

@@ -1,0 +1,268 @@
+// Command system runs a command (the Node control-plane suite) against a
+// whole single-node cube: it builds cubelet, cubemaster and cube-agent,
+// starts them with the launcher (`cube up`'s code) in private directories,
+// ports and cgroups, with a template the E2B SDK can drive (busybox plus
+// a bash shim), then runs the command with E2B_API_URL, E2B_SANDBOX_URL
+// and E2B_API_KEY set, kills what the command left, stops the system,
+// checks for leaks and exits with the command's status.
+//
+//	go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/cubesandbox/cube/internal/launcher"
+	"github.com/cubesandbox/cube/internal/leakcheck"
+	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testimage"
+)
+
+func main() {
+	verbose := flag.Bool("v", false, "show the daemons' logs")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "system: needs root (loop devices, mounts, cgroups, runc)")
+		os.Exit(2)
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "e2e-system")
+	os.Exit(run(flag.Args(), *verbose, log))
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func build(dir string) error {
+	for _, b := range []string{"cubelet", "cubemaster", "cube-agent"} {
+		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b), "./cmd/"+b)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s (run from the repository root): %w\n%s", b, err, out)
+		}
+	}
+	return nil
+}
+
+func run(command []string, verbose bool, log *slog.Logger) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "system:", err)
+		return 1
+	}
+	id := randHex(4)
+	root := filepath.Join(os.TempDir(), "cube-e2e-system-"+id)
+	bin := filepath.Join(root, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return fail(err)
+	}
+	cfg := launcher.Config{
+		StateDir: filepath.Join(root, "state"), RunDir: filepath.Join(root, "run"), LogDir: filepath.Join(root, "log"), BinDir: bin,
+		Template: "e2b", TemplateSource: filepath.Join(root, "image"),
+		ExtraMasterTOML: "[api]\nnode = \"\"\n",
+		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"e2e-%[1]s\"\ncgroup_parent = \"cube-e2e-%[1]s\"\n[api]\ntcp = \"\"\nmetrics = \"\"\n"+
+			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 64\n[gc]\ninterval = \"200ms\"\n", id),
+		Out: io.Discard, Log: log,
+	}
+	scope := leakcheck.Scope{
+		DataDir: cfg.StateDir, RunDir: cfg.RunDir, RuncRoot: filepath.Join(cfg.RunDir, "runc"), CgroupName: "cube-e2e-" + id,
+		AllowMounts: []string{filepath.Join(cfg.StateDir, "pool")}, AllowLoopBacking: []string{filepath.Join(cfg.StateDir, "pool.img")},
+	}
+	defer func() {
+		if p, err := storage.OpenPool(context.Background(), storage.PoolConfig{Dir: filepath.Join(cfg.StateDir, "pool"), ImageSizeBytes: 1 << 30}); err == nil {
+			_ = p.Teardown(context.Background())
+		}
+		os.RemoveAll(root)
+	}()
+	if err := build(bin); err != nil {
+		return fail(err)
+	}
+	if err := writeE2BImage(cfg.TemplateSource); err != nil {
+		return fail(err)
+	}
+	var err error
+	if cfg.APIAddr, err = freeAddr(); err != nil {
+		return fail(err)
+	}
+	if cfg.ProxyAddr, err = freeAddr(); err != nil {
+		return fail(err)
+	}
+	if !verbose {
+		// The daemons' output goes to their log files only.
+		devnull, _ := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		stderr := os.Stderr
+		os.Stderr = devnull
+		defer func() { os.Stderr = stderr }()
+		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		cfg.Log = log
+	}
+	upCtx, cancelUp := context.WithCancel(ctx)
+	defer cancelUp()
+	upDone := make(chan error, 1)
+	go func() { upDone <- launcher.Up(upCtx, cfg) }()
+	var env map[string]string
+	deadline := time.Now().Add(5 * time.Minute)
+	for env == nil {
+		select {
+		case err := <-upDone:
+			return fail(fmt.Errorf("cube up: %v (logs in %s)", err, cfg.LogDir))
+		case <-time.After(200 * time.Millisecond):
+		}
+		if vars, err := launcher.Env(cfg); err == nil && healthy(vars) {
+			env = map[string]string{}
+			for _, v := range vars {
+				env[v.Name] = v.Value
+			}
+		}
+		if time.Now().After(deadline) {
+			cancelUp()
+			return fail(fmt.Errorf("cube up did not come up in 5m (logs in %s)", cfg.LogDir))
+		}
+	}
+
+	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],
+		"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template)
+	code := 0
+	if err := cmd.Run(); err != nil {
+		code = 1
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stdout, "system: command failed: %v (daemon logs in %s)\n", err, cfg.LogDir)
+	}
+	if left := killAll(env); left > 0 {
+		fmt.Fprintf(os.Stdout, "system: the command left %d sandbox(es); killed\n", left)
+	}
+	cancelUp()
+	if err := <-upDone; err != nil {
+		fmt.Fprintln(os.Stdout, "system: cube up:", err)
+		code = max(code, 1)
+	}
+	if leaks, err := leakcheck.Check(context.Background(), scope); err != nil || len(leaks) > 0 {
+		fmt.Fprintf(os.Stdout, "system: leaks after the run: %v %v\n", leaks, err)
+		code = max(code, 1)
+	}
+	return code
+}
+
+func healthy(vars []launcher.Var) bool {
+	for _, v := range vars {
+		if v.Name == "E2B_API_URL" {
+			resp, err := http.Get(v.Value + "/health")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		}
+	}
+	return false
+}
+
+// killAll kills every sandbox through the API and returns how many.
+func killAll(env map[string]string) int {
+	req, _ := http.NewRequest("GET", env["E2B_API_URL"]+"/v2/sandboxes", nil)
+	req.Header.Set("X-API-Key", env["E2B_API_KEY"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var list []struct{ SandboxID string }
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	for _, s := range list {
+		req, _ := http.NewRequest("DELETE", env["E2B_API_URL"]+"/sandboxes/"+s.SandboxID, nil)
+		req.Header.Set("X-API-Key", env["E2B_API_KEY"])
+		if r, err := http.DefaultClient.Do(req); err == nil {
+			r.Body.Close()
+		}
+	}
+	return len(list)
+}
+
+// bashShim stands in for bash in the busybox template: the E2B SDK runs
+// commands as `/bin/bash -l -c CMD`, which busybox's sh understands (the
+// same shim as test/e2e/node/harness; a real template ships real bash).
+const bashShim = "#!/bin/sh\nexec /bin/sh \"$@\"\n"
+
+func writeE2BImage(dir string) error {
+	base, err := testimage.BusyboxImage()
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/bash", Mode: 0o755, Size: int64(len(bashShim)),
+		ModTime: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), Format: tar.FormatPAX}); err != nil {
+		return err
+	}
+	if _, err := tw.Write([]byte(bashShim)); err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return err
+	}
+	img, err := mutate.AppendLayers(base, layer)
+	if err != nil {
+		return err
+	}
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	return p.AppendImage(img)
+}
