@@ -21,7 +21,9 @@ import (
 // resolverFunc is a Resolver from a function.
 type resolverFunc func(ctx context.Context, id string) (*proxy.Target, error)
 
-func (f resolverFunc) Resolve(ctx context.Context, id string) (*proxy.Target, error) { return f(ctx, id) }
+func (f resolverFunc) Resolve(ctx context.Context, id string) (*proxy.Target, error) {
+	return f(ctx, id)
+}
 
 // upstream is a real HTTP server (HTTP/1.1 and h2c) playing the service
 // inside a sandbox.
