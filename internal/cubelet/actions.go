@@ -85,7 +85,7 @@ type runtimesAction struct{ n *node }
 
 func (*runtimesAction) Name() string { return "runtimes" }
 
-func (a *runtimesAction) Init(context.Context) error {
+func (a *runtimesAction) Init(ctx context.Context) error {
 	c := a.n.cfg
 	if _, err := exec.LookPath(c.Runc.Binary); err != nil {
 		return fmt.Errorf("runc runtime: %w", err)
@@ -95,6 +95,9 @@ func (a *runtimesAction) Init(context.Context) error {
 		return err
 	}
 	a.n.drivers = map[string]runtime.Driver{d.Name(): d}
+	if g := a.gvisor(ctx); g != nil {
+		a.n.drivers[g.Name()] = g
+	}
 	if _, ok := a.n.drivers[c.Node.DefaultRuntime]; !ok {
 		return fmt.Errorf("node.default_runtime %q is not available: %w", c.Node.DefaultRuntime, errdefs.ErrInvalidArgument)
 	}

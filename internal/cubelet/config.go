@@ -77,6 +77,8 @@ type Config struct {
 		Binary string `toml:"binary"`
 		Root   string `toml:"root"`
 	} `toml:"runc"`
+	// Gvisor: the runsc driver (gvisor_config.go).
+	Gvisor GvisorConfig `toml:"gvisor"`
 	Sandbox struct {
 		DefaultMilliCPU   int64    `toml:"default_milli_cpu"`
 		DefaultMemoryMiB  int64    `toml:"default_memory_mib"`
@@ -168,6 +170,9 @@ func (c *Config) finish() error {
 	}
 	if c.Runc.Root == "" {
 		c.Runc.Root = filepath.Join(c.Node.RunDir, "runc")
+	}
+	if c.Gvisor.Root == "" {
+		c.Gvisor.Root = filepath.Join(c.Node.RunDir, "runsc")
 	}
 	if c.Storage.AgentBinary == "" {
 		exe, err := os.Executable()

@@ -155,7 +155,8 @@ func (s *Service) advertise() string {
 // templates and health.
 func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 	r := &masterpb.NodeReport{
-		NodeId: s.cfg.Node.ID, Address: s.advertise(), Version: Version,
+		GeneratedAt: timestamppb.Now(),
+		NodeId:      s.cfg.Node.ID, Address: s.advertise(), Version: Version,
 		DefaultRuntime: s.cfg.Node.DefaultRuntime,
 		MaxMilliCpu:    s.cfg.Sandbox.MaxMilliCPU, MaxMemoryMib: s.cfg.Sandbox.MaxMemoryMiB,
 		SandboxesByState: map[string]int32{}, SandboxesByTemplate: map[string]int32{},

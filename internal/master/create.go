@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -266,7 +267,17 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	defer cancel()
 	start := time.Now()
 	var created *cubeletpb.Sandbox
-	node, err := s.sched.Place(cctx, s.schedNodes(), scheduler.Request{TemplateID: tmpl, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB},
+	nodes := s.schedNodes()
+	sreq := scheduler.Request{TemplateID: tmpl, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB}
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		cands, rejs := s.sched.Rank(nodes, sreq)
+		var order []string
+		for _, c := range cands {
+			order = append(order, fmt.Sprintf("%s=%.3f(load %.2f, locality %.0f, spread %.2f)", c.Node.ID, c.Score, c.Load, c.Locality, c.Spread))
+		}
+		s.log.Debug("placement", "sandbox_id", sb.ID, "candidates", order, "rejected", rejs)
+	}
+	node, err := s.sched.Place(cctx, nodes, sreq,
 		func(ctx context.Context, n *scheduler.Node) error {
 			var err error
 			created, err = s.createOn(ctx, n.ID, sb, req.Env)
@@ -323,7 +334,11 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 		Network:   networkPolicy(sb.Network),
 	})
 	err = fromGRPC(nodeID, err)
-	done(err == nil)
+	var created time.Time
+	if err == nil {
+		created = resp.Sandbox.GetCreatedAt().AsTime()
+	}
+	done(created)
 	if err != nil {
 		s.log.Warn("node refused create", "sandbox_id", sb.ID, "node_id", nodeID, "err", err)
 		if maybeCreated(err) {

@@ -50,9 +50,12 @@ type nodeState struct {
 }
 
 type reservation struct {
-	cpu, mem  int64
-	template  string
-	committed time.Time // zero while the create is in flight
+	cpu, mem int64
+	template string
+	// created is when the node recorded the sandbox (the node's clock;
+	// zero while the create is in flight): a report generated at or after
+	// it counts the sandbox, and the reservation is dropped.
+	created time.Time
 }
 
 var nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
@@ -220,9 +223,10 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 		ns.registered = now
 	}
 	ns.report, ns.lastSeen = r, now
-	// The report now includes every create that finished before it.
+	// Drop the placements the report already counts.
+	gen := r.GetGeneratedAt().AsTime()
 	for id, p := range ns.pending {
-		if !p.committed.IsZero() {
+		if !p.created.IsZero() && (r.GeneratedAt == nil || !gen.Before(p.created)) {
 			delete(ns.pending, id)
 		}
 	}
@@ -341,27 +345,28 @@ func (s *Service) schedNodes() []*scheduler.Node {
 	return out
 }
 
-// reserve counts a placement against a node until its next heartbeat; the
-// returned func is called with the create's outcome.
-func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(ok bool) {
+// reserve counts a placement against a node until a heartbeat counts it;
+// the returned func is called with the create's outcome: the node's
+// creation time of the sandbox, or zero when the create failed.
+func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(created time.Time) {
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[nodeID]; ns != nil {
 		ns.pending[sandboxID] = reservation{cpu: cpu, mem: mem, template: template}
 	}
 	s.reg.mu.Unlock()
-	return func(ok bool) {
+	return func(created time.Time) {
 		s.reg.mu.Lock()
 		defer s.reg.mu.Unlock()
 		ns := s.reg.nodes[nodeID]
 		if ns == nil {
 			return
 		}
-		if !ok {
+		if created.IsZero() {
 			delete(ns.pending, sandboxID)
 			return
 		}
 		p := ns.pending[sandboxID]
-		p.committed = time.Now()
+		p.created = created
 		ns.pending[sandboxID] = p
 	}
 }

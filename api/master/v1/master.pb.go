@@ -56,8 +56,11 @@ type NodeReport struct {
 	Templates           []*TemplateRef   `protobuf:"bytes,19,rep,name=templates,proto3" json:"templates,omitempty"`
 	Ok                  bool             `protobuf:"varint,20,opt,name=ok,proto3" json:"ok,omitempty"`
 	Conditions          []*v1.Condition  `protobuf:"bytes,21,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// When the node took this report (the node's clock): every sandbox
+	// created on the node at or before it is counted above.
+	GeneratedAt   *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeReport) Reset() {
@@ -233,6 +236,13 @@ func (x *NodeReport) GetOk() bool {
 func (x *NodeReport) GetConditions() []*v1.Condition {
 	if x != nil {
 		return x.Conditions
+	}
+	return nil
+}
+
+func (x *NodeReport) GetGeneratedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.GeneratedAt
 	}
 	return nil
 }
@@ -1686,7 +1696,7 @@ var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
-	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\b\n" +
+	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\b\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -1712,7 +1722,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x02ok\x18\x14 \x01(\bR\x02ok\x125\n" +
 	"\n" +
 	"conditions\x18\x15 \x03(\v2\x15.cubelet.v1.ConditionR\n" +
-	"conditions\x1aC\n" +
+	"conditions\x12=\n" +
+	"\fgenerated_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +
@@ -1897,55 +1908,56 @@ var file_master_v1_master_proto_depIdxs = []int32{
 	29, // 2: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	1,  // 3: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
 	33, // 4: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	34, // 5: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
-	0,  // 6: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	35, // 7: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	0,  // 8: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	35, // 9: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	0,  // 10: master.v1.Node.report:type_name -> master.v1.NodeReport
-	34, // 11: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	34, // 12: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	6,  // 13: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	6,  // 14: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	34, // 15: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	34, // 16: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	11, // 17: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	11, // 18: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	30, // 19: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	34, // 20: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	34, // 21: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	31, // 22: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	18, // 23: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	34, // 24: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	21, // 25: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	21, // 26: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	2,  // 27: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	4,  // 28: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	7,  // 29: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	9,  // 30: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	12, // 31: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	14, // 32: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	16, // 33: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	19, // 34: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	22, // 35: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	24, // 36: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	26, // 37: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	3,  // 38: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	5,  // 39: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	8,  // 40: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	10, // 41: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	13, // 42: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	15, // 43: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	17, // 44: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	20, // 45: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	23, // 46: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	25, // 47: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	27, // 48: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	34, // 5: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	34, // 6: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 7: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
+	35, // 8: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	0,  // 9: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
+	35, // 10: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	0,  // 11: master.v1.Node.report:type_name -> master.v1.NodeReport
+	34, // 12: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	34, // 13: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	6,  // 14: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	6,  // 15: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	34, // 16: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	34, // 17: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	11, // 18: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	11, // 19: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	30, // 20: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	34, // 21: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	34, // 22: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	31, // 23: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	18, // 24: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	34, // 25: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	21, // 26: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	21, // 27: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	2,  // 28: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	4,  // 29: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	7,  // 30: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	9,  // 31: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	12, // 32: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	14, // 33: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	16, // 34: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	19, // 35: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	22, // 36: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	24, // 37: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	26, // 38: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	3,  // 39: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	5,  // 40: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	8,  // 41: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	10, // 42: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	13, // 43: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	15, // 44: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	17, // 45: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	20, // 46: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	23, // 47: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	25, // 48: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	27, // 49: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	39, // [39:50] is the sub-list for method output_type
+	28, // [28:39] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }

@@ -43,9 +43,13 @@ type Master struct {
 	t      testing.TB
 }
 
-// Log is a slog.Logger writing to t.
+// Log is a slog.Logger writing to t (debug level with CUBE_TEST_DEBUG=1).
 func Log(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	level := slog.LevelInfo
+	if os.Getenv("CUBE_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
 type testWriter struct{ t testing.TB }
@@ -154,27 +158,41 @@ func (m *Master) Node(t testing.TB, id string) *masterpb.Node {
 	return nil
 }
 
-// WaitHealthy waits until every node is registered and healthy.
+// WaitHealthy waits until every node is registered, healthy, and has
+// reported each template it was started with.
 func (m *Master) WaitHealthy(t testing.TB, nodes ...*Node) {
 	t.Helper()
 	for _, n := range nodes {
-		waitFor(t, 15*time.Second, "node "+n.ID+" healthy", func() bool {
+		waitFor(t, 15*time.Second, "node "+n.ID+" healthy with its templates", func() bool {
 			v := m.Node(t, n.ID)
-			return v != nil && v.Healthy
+			if v == nil || !v.Healthy {
+				return false
+			}
+			have := map[string]bool{}
+			for _, tr := range v.Report.Templates {
+				have[tr.Id] = true
+			}
+			for _, id := range n.Templates {
+				if !have[id] {
+					return false
+				}
+			}
+			return true
 		})
 	}
 }
 
 // Node is a real cubelet registered with a master.
 type Node struct {
-	ID     string
-	Env    *cubelettest.Env
-	Svc    *cubelet.Service
-	Client cubeletpb.CubeletServiceClient
-	stop   context.CancelFunc
-	done   chan struct{}
-	closed bool
-	t      testing.TB // the test that owns the node: logs, cleanups
+	ID        string
+	Templates []string // imported at start
+	Env       *cubelettest.Env
+	Svc       *cubelet.Service
+	Client    cubeletpb.CubeletServiceClient
+	stop      context.CancelFunc
+	done      chan struct{}
+	closed    bool
+	t         testing.TB // the test that owns the node: logs, cleanups
 }
 
 // StartNode starts a cubelet that registers with m and has the busybox
@@ -182,7 +200,7 @@ type Node struct {
 func StartNode(t testing.TB, m *Master, templates ...string) *Node {
 	t.Helper()
 	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = \"unix://%s\"\nheartbeat_interval = \"200ms\"\n", m.Socket))
-	n := &Node{ID: env.Config.Node.ID, Env: env, t: t}
+	n := &Node{ID: env.Config.Node.ID, Env: env, Templates: templates, t: t}
 	t.Cleanup(n.Stop)
 	n.Start()
 	for _, id := range templates {

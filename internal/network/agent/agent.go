@@ -327,5 +327,6 @@ func (k *keyedLock) lock(key string) func() {
 	}
 }
 
-// for tests and health: the policy every pooled slot holds.
+// poolPolicy is what a slot holds until a sandbox gets it: nothing leaves.
+// Its sets are all empty, so assigning a pooled slot only adds elements.
 var poolPolicy = policy.DenyAll()

@@ -1,0 +1,518 @@
+// Package gvisor is the runtime.Driver for gVisor sandboxes, driven through
+// the runsc CLI with github.com/containerd/go-runc (runsc speaks runc's
+// command line; the global flags runsc adds go in Runc.ExtraArgs).
+//
+// Every sandbox is one runsc container whose bundle is Spec.BundleDir:
+//
+//	BundleDir/config.json  OCI spec (runc.SpecFor, adjusted for gVisor)
+//	BundleDir/console.log  stdout+stderr of PID 1 and of runsc (a file, never a pipe)
+//	BundleDir/runsc.log    runsc's own log for the last run/restore/checkpoint
+//	BundleDir/debug/       runsc --debug-log output, only with Config.Debug
+//
+// runsc keeps its state under Config.Root, so a restarted cubelet can List
+// and Stop sandboxes it did not start.
+//
+// Global flags: runsc decides the platform and the network stack from
+// flags, not from the spec, and a later subcommand (checkpoint, restore,
+// delete) must repeat the ones the sandbox was created with or it fails
+// ("cannot run with network enabled in root network namespace"). The
+// network mode is therefore derived from the bundle's config.json on every
+// call: a spec naming a network namespace path runs with --network=sandbox
+// (gVisor's netstack takes over that namespace's interfaces), any other
+// with --network=none (loopback only). --network=host is never used: a
+// hostinet sandbox cannot be checkpointed.
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	gorunc "github.com/containerd/go-runc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/runc"
+)
+
+// cgroupRemoveTimeout bounds how long Stop waits for the kernel to release
+// a cgroup whose last task was just killed.
+const cgroupRemoveTimeout = 2 * time.Second
+
+// CheckpointFile is the memory image runsc writes into a checkpoint dir.
+const CheckpointFile = "checkpoint.img"
+
+// Config configures a Driver.
+type Config struct {
+	Binary   string // runsc executable; "runsc" (from PATH) when empty
+	Root     string // runsc --root; required, absolute
+	Platform string // runsc --platform; "ptrace" when empty (no KVM needed)
+	// Debug passes --debug --debug-log=<bundle>/debug/ to run and restore:
+	// the place to look when a sandbox dies right after start.
+	Debug  bool
+	Logger *slog.Logger // slog.Default() when nil
+}
+
+// Driver runs sandboxes as runsc containers. Like the runc driver it keeps
+// no in-memory state: runsc's root and each bundle hold everything.
+type Driver struct {
+	bin, root, platform string
+	debug               bool
+	log                 *slog.Logger
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// New checks that runsc exists and creates Root.
+func New(cfg Config) (*Driver, error) {
+	if cfg.Root == "" || !filepath.IsAbs(cfg.Root) {
+		return nil, fmt.Errorf("gvisor: root %q must be an absolute path: %w", cfg.Root, errdefs.ErrInvalidArgument)
+	}
+	bin := cfg.Binary
+	if bin == "" {
+		bin = "runsc"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", errdefs.ErrUnavailable, err)
+	}
+	platform := cfg.Platform
+	if platform == "" {
+		platform = "ptrace"
+	}
+	switch platform {
+	case "ptrace", "kvm", "systrap":
+	default:
+		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, kvm or systrap: %w", platform, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: create root: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, log: log.With("runtime", "gvisor")}, nil
+}
+
+// Name implements runtime.Driver.
+func (d *Driver) Name() string { return "gvisor" }
+
+// Capabilities implements runtime.Driver: runsc checkpoints and restores
+// a whole sandbox, memory included, without CRIU.
+func (d *Driver) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Pause: true, Checkpoint: true, Restore: true}
+}
+
+// rsc returns a go-runc handle for one call. network is "none" or
+// "sandbox"; logFile, when set, receives runsc's own log.
+func (d *Driver) rsc(network, logFile string) *gorunc.Runc {
+	r := &gorunc.Runc{
+		Command: d.bin,
+		Root:    d.root,
+		// Own process group and no PdeathSignal: cubelet dying must not
+		// reach runsc between fork and detach.
+		Setpgid:   true,
+		ExtraArgs: []string{"--platform=" + d.platform, "--network=" + network},
+	}
+	if logFile != "" {
+		r.Log = logFile
+	}
+	return r
+}
+
+// Start implements runtime.Driver.
+func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, error) {
+	if err := ctx.Err(); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor start %s: %w", s.ID, err)
+	}
+	spec, err := SpecFor(s)
+	if err != nil {
+		return runtime.State{}, err
+	}
+	return d.launch(ctx, s.ID, s.BundleDir, spec, "")
+}
+
+// Restore implements runtime.Driver: a new sandbox from the memory image
+// in dir (written by Checkpoint), on s.RootFS. The root filesystem must
+// hold the files the checkpointed sandbox had open, which a CubeCoW clone
+// of the disk taken while the sandbox was stopped does.
+func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runtime.State, error) {
+	if !filepath.IsAbs(dir) {
+		return runtime.State{}, fmt.Errorf("gvisor restore %s: image dir %q is not absolute: %w", s.ID, dir, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", s.ID, dir, errdefs.ErrNotFound)
+	}
+	spec, err := SpecFor(s)
+	if err != nil {
+		return runtime.State{}, err
+	}
+	return d.launch(ctx, s.ID, s.BundleDir, spec, dir)
+}
+
+// launch runs (image == "") or restores a sandbox. On any failure it
+// removes what runsc created for s.ID, unless the failure is that s.ID
+// exists already: that sandbox belongs to someone else.
+func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec, image string) (runtime.State, error) {
+	begin := time.Now()
+	verb := "start"
+	if image != "" {
+		verb = "restore"
+	}
+	if err := ctx.Err(); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
+	}
+	if !filepath.IsAbs(bundle) {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: BundleDir %q is not absolute: %w", verb, id, bundle, errdefs.ErrInvalidArgument)
+	}
+	// Before touching the bundle: a duplicate would otherwise rewrite the
+	// running sandbox's config.
+	if _, err := d.State(ctx, id); err == nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, errdefs.ErrAlreadyExists)
+	} else if !errdefs.IsNotFound(err) {
+		return runtime.State{}, err
+	}
+	if err := writeBundle(bundle, spec); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
+	}
+	console, err := os.OpenFile(filepath.Join(bundle, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
+	}
+	// runsc and the sandbox get their own copies at fork.
+	defer console.Close()
+	logFile := filepath.Join(bundle, "runsc.log")
+	_ = os.Remove(logFile)
+
+	r := d.rsc(networkFor(spec), logFile)
+	if d.debug {
+		r.ExtraArgs = append(r.ExtraArgs, "--debug", "--debug-log="+filepath.Join(bundle, "debug")+"/")
+	}
+	io := fileIO{console}
+	if image == "" {
+		_, err = r.Run(ctx, id, bundle, &gorunc.CreateOpts{IO: io, Detach: true})
+	} else {
+		_, err = r.Restore(ctx, id, bundle, &gorunc.RestoreOpts{
+			CheckpointOpts: gorunc.CheckpointOpts{ImagePath: image},
+			IO:             io,
+			Detach:         true,
+		})
+	}
+	var st runtime.State
+	if err == nil {
+		st, err = d.State(ctx, id)
+		// A detached run returns once the sandbox was started; under load
+		// PID 1 can already be gone by then (a bad entrypoint, or the
+		// sandbox killed while booting). Say so now, with the reason
+		// runsc or PID 1 printed, instead of letting the caller wait for
+		// an agent that will never answer.
+		if err == nil && st.Status != runtime.StatusRunning {
+			err = fmt.Errorf("gvisor %s %s: sandbox is %s right after %s: %w: %s",
+				verb, id, st.Status, verb, errdefs.ErrUnavailable, tail(filepath.Join(bundle, "console.log"), 512))
+		}
+	}
+	if err == nil {
+		d.log.DebugContext(ctx, verb+"ed", "id", id, "pid", st.PID, "took", time.Since(begin))
+		return st, nil
+	}
+	err = d.classify(ctx, verb, id, err, tail(logFile, 512))
+	if !errdefs.IsAlreadyExists(err) {
+		// Detached from ctx: the caller's ctx may be why we are here,
+		// and the rollback must still finish.
+		if cerr := d.destroy(context.WithoutCancel(ctx), id, networkFor(spec), spec.Linux.CgroupsPath); cerr != nil {
+			d.log.WarnContext(ctx, "rollback of failed "+verb, "id", id, "error", cerr)
+			err = errors.Join(err, cerr)
+		}
+	}
+	return runtime.State{}, err
+}
+
+// Pause freezes the sandbox (memory stays resident).
+func (d *Driver) Pause(ctx context.Context, id string) error {
+	c, err := d.container(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := d.rsc(networkOf(c.Bundle), "").Pause(ctx, id); err != nil {
+		return d.classify(ctx, "pause", id, err, "")
+	}
+	return nil
+}
+
+// Resume thaws a paused sandbox.
+func (d *Driver) Resume(ctx context.Context, id string) error {
+	c, err := d.container(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, id); err != nil {
+		return d.classify(ctx, "resume", id, err, "")
+	}
+	return nil
+}
+
+// Checkpoint writes the sandbox's memory image to dir/checkpoint.img.
+//
+// A running sandbox is stopped by the checkpoint (runsc flushes its file
+// caches to the gofer first, so the disk under it is consistent with the
+// image while it stays stopped). With leaveRunning it is then restored in
+// place from that image under the same ID and bundle: this runsc version's
+// own --leave-running never returns. A paused sandbox is checkpointed
+// without being stopped and stays paused.
+func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
+	begin := time.Now()
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("gvisor checkpoint %s: dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
+	}
+	c, err := d.container(ctx, id)
+	if err != nil {
+		return err
+	}
+	if c.Status != "running" && c.Status != "paused" {
+		return fmt.Errorf("gvisor checkpoint %s: sandbox is %s: %w", id, c.Status, errdefs.ErrFailedPrecondition)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
+	}
+	network := networkOf(c.Bundle)
+	logFile := filepath.Join(c.Bundle, "runsc.log")
+	if err := d.rsc(network, logFile).Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: dir}); err != nil {
+		return d.classify(ctx, "checkpoint", id, err, tail(logFile, 512))
+	}
+	d.log.DebugContext(ctx, "checkpointed", "id", id, "dir", dir, "took", time.Since(begin))
+	if !leaveRunning || c.Status == "paused" {
+		return nil
+	}
+	_, err = d.RestoreInPlace(ctx, id, dir)
+	return err
+}
+
+// RestoreInPlace replaces the (stopped) sandbox id by one restored from
+// the memory image in dir, reusing its bundle, so the ID, spec, root
+// filesystem and network namespace stay the same. A still running id is
+// killed first. The bundle's config.json is reused as written.
+func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.State, error) {
+	c, err := d.container(ctx, id)
+	if err != nil {
+		return runtime.State{}, err
+	}
+	spec, err := readSpec(c.Bundle)
+	if err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
+	}
+	if err := d.Stop(ctx, id); err != nil {
+		return runtime.State{}, err
+	}
+	return d.launch(ctx, id, c.Bundle, spec, dir)
+}
+
+// Stop kills every process of the sandbox (sandbox, gofer and the
+// container's processes) and removes runsc's state and the cgroup.
+// Stopping an absent sandbox is a no-op.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	begin := time.Now()
+	c, err := d.container(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	network := networkOf(c.Bundle)
+	// runsc delete --force panics on a paused sandbox ("invalid state
+	// transition: paused => stopped") after killing it half-way; thaw
+	// first so delete takes its normal path.
+	if c.Status == "paused" {
+		if err := d.rsc(network, "").Resume(ctx, id); err != nil {
+			d.log.WarnContext(ctx, "resume before stop", "id", id, "error", err)
+		}
+	}
+	var cgroupPath string
+	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil {
+		cgroupPath = sp.Linux.CgroupsPath
+	}
+	if err := d.destroy(ctx, id, network, cgroupPath); err != nil {
+		return err
+	}
+	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
+	return nil
+}
+
+// destroy force-deletes id (runsc kills the sandbox and gofer processes
+// and waits for them) and removes cgroupPath everywhere.
+func (d *Driver) destroy(ctx context.Context, id, network, cgroupPath string) error {
+	if err := d.rsc(network, "").Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil {
+		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	if cgroupPath == "" {
+		return nil
+	}
+	if _, err := runc.RemoveCgroup(cgroupPath, cgroupRemoveTimeout); err != nil {
+		return fmt.Errorf("gvisor stop %s: %w", id, err)
+	}
+	return nil
+}
+
+// State implements runtime.Driver.
+func (d *Driver) State(ctx context.Context, id string) (runtime.State, error) {
+	c, err := d.container(ctx, id)
+	if err != nil {
+		return runtime.State{}, err
+	}
+	return toState(c), nil
+}
+
+func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, error) {
+	if id == "" {
+		return nil, fmt.Errorf("gvisor: empty sandbox ID: %w", errdefs.ErrInvalidArgument)
+	}
+	c, err := d.rsc("none", "").State(ctx, id)
+	if err != nil {
+		return nil, d.classify(ctx, "state", id, err, "")
+	}
+	return c, nil
+}
+
+// List implements runtime.Driver; it reads runsc's root, so it also sees
+// sandboxes other processes started there.
+func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
+	cs, err := d.rsc("none", "").List(ctx)
+	if err != nil {
+		return nil, d.classify(ctx, "list", "", err, "")
+	}
+	out := make([]runtime.State, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, toState(c))
+	}
+	return out, nil
+}
+
+func toState(c *gorunc.Container) runtime.State {
+	st := runtime.State{ID: c.ID, PID: c.Pid, Created: c.Created}
+	switch c.Status {
+	case "running":
+		st.Status = runtime.StatusRunning
+	case "paused":
+		st.Status = runtime.StatusPaused
+	case "stopped":
+		st.Status = runtime.StatusStopped
+	case "created":
+		st.Status = runtime.StatusCreated
+	default:
+		st.Status = runtime.Status(c.Status)
+	}
+	return st
+}
+
+// classify maps a runsc failure onto errdefs by its message (runsc exits
+// 128 for every failure).
+func (d *Driver) classify(ctx context.Context, verb, id string, err error, detail string) error {
+	msg := err.Error()
+	if detail != "" {
+		msg += ": " + detail
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("gvisor %s %s: %w: %s", verb, id, cerr, msg)
+	}
+	if errors.Is(err, errdefs.ErrUnavailable) {
+		return err
+	}
+	var kind error
+	switch {
+	case strings.Contains(msg, "file does not exist"), strings.Contains(msg, "does not exist"):
+		kind = errdefs.ErrNotFound
+	case strings.Contains(msg, "already exists"):
+		kind = errdefs.ErrAlreadyExists
+	case strings.Contains(msg, "not running"), strings.Contains(msg, "not paused"),
+		strings.Contains(msg, "invalid state"), strings.Contains(msg, "is stopped"),
+		strings.Contains(msg, "cannot pause"), strings.Contains(msg, "cannot resume"):
+		kind = errdefs.ErrFailedPrecondition
+	default:
+		kind = errdefs.ErrInternal
+	}
+	return fmt.Errorf("gvisor %s %s: %w: %s", verb, id, kind, strings.TrimSpace(msg))
+}
+
+func writeBundle(dir string, spec *specs.Spec) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(spec, "", "\t")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+}
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var sp specs.Spec
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", bundle, err)
+	}
+	return &sp, nil
+}
+
+// networkOf is the --network mode of the sandbox whose bundle is bundle.
+func networkOf(bundle string) string {
+	sp, err := readSpec(bundle)
+	if err != nil {
+		return "none"
+	}
+	return networkFor(sp)
+}
+
+func networkFor(sp *specs.Spec) string {
+	if sp.Linux != nil {
+		for _, ns := range sp.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+				return "sandbox"
+			}
+		}
+	}
+	return "none"
+}
+
+// tail returns at most n bytes from the end of a file, for error messages.
+func tail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		_, _ = f.Seek(st.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
+}
+
+// fileIO hands runsc (and through it the sandbox) a plain file for stdout
+// and stderr and /dev/null for stdin: runsc passes them on to the
+// sandbox, so a pipe would tie the sandbox to this process and make the
+// detached run wait for it.
+type fileIO struct{ f *os.File }
+
+func (fileIO) Close() error          { return nil }
+func (fileIO) Stdin() io.WriteCloser { return nil }
+func (fileIO) Stdout() io.ReadCloser { return nil }
+func (fileIO) Stderr() io.ReadCloser { return nil }
+func (o fileIO) Set(cmd *exec.Cmd)   { cmd.Stdout, cmd.Stderr = o.f, o.f }
