@@ -88,6 +88,9 @@ func UnmountDisk(ctx context.Context, target, image string) error {
 				errs = append(errs, err)
 			}
 		}
+		if len(devs) > 0 && len(errs) == 0 {
+			waitDetached(ctx, image)
+		}
 	}
 	if len(errs) == 0 {
 		// Remove, not RemoveAll: if the unmount somehow did not happen,
@@ -157,4 +160,25 @@ func IsMounted(target string) (bool, error) {
 		return false, fmt.Errorf("storage: read mountinfo: %w", err)
 	}
 	return len(mounts) > 0, nil
+}
+
+// waitDetached waits until no loop device is backed by image. The kernel
+// clears an autoclear device asynchronously after the last unmount, so
+// without this wait a caller that removes the image next would leave a
+// device backed by a deleted file for a moment, and a crash right then
+// would leak it. Best effort: after a lazy unmount the device legitimately
+// lives on until the last holder closes it, and autoclear frees it then.
+func waitDetached(ctx context.Context, image string) {
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		devs, err := loopdev.FindByBacking(image)
+		if err != nil || len(devs) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
