@@ -10,6 +10,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
@@ -28,6 +29,9 @@ type CloneRequest struct {
 	Annotations map[string]string
 	// Env is merged over the environment the snapshot's sandbox had.
 	Env map[string]string
+	// Network replaces the egress policy the snapshot's sandbox had; nil
+	// keeps that one.
+	Network *policy.Policy
 }
 
 // CloneResult is the new sandboxes, in request order, and the timings of
@@ -64,6 +68,13 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 	if err != nil {
 		return nil, fmt.Errorf("template of snapshot %s: %w", sn.ID, err)
 	}
+	netPolicy := sn.NetworkPolicy
+	if req.Network != nil {
+		netPolicy = req.Network
+	}
+	if err := s.checkNetworkPolicy(netPolicy); err != nil {
+		return nil, err
+	}
 	env := maps.Clone(sn.Env)
 	if len(req.Env) > 0 && env == nil {
 		env = map[string]string{}
@@ -77,7 +88,7 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 			ID: req.SandboxIDs[i], TemplateID: sn.TemplateID, Runtime: sn.Runtime,
 			State: lifecycle.Creating, Labels: maps.Clone(req.Labels), Annotations: maps.Clone(req.Annotations),
 			Env: maps.Clone(env), Resources: sn.Resources, RequestID: req.RequestID,
-			SourceSnapshotID: sn.ID, CreatedAt: now, UpdatedAt: now,
+			SourceSnapshotID: sn.ID, CreatedAt: now, UpdatedAt: now, NetworkPolicy: netPolicy,
 		}
 		e := newEntry(rec)
 		_ = e.acquire(context.Background()) // fresh entry: never blocks

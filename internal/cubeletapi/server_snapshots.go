@@ -49,14 +49,14 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotReque
 }
 
 func (s *Server) CloneSandbox(ctx context.Context, req *pb.CloneSandboxRequest) (*pb.CloneSandboxResponse, error) {
-	if req.Network != nil {
-		// Refused rather than ignored: a clone must not run with a
-		// looser egress policy than its caller asked for.
-		return nil, ToGRPC(&cubelet.FieldError{Field: "network", Msg: "a network policy for clones is not supported yet"}, "")
+	netPolicy, err := networkPolicyFromPB("network", req.Network)
+	if err != nil {
+		return nil, ToGRPC(err, "")
 	}
 	res, err := s.svc.Clone(ctx, cubelet.CloneRequest{
 		RequestID: req.RequestId, SnapshotID: req.SnapshotId, Count: int(req.Count),
 		SandboxIDs: req.SandboxIds, Labels: req.Labels, Annotations: req.Annotations, Env: req.Env,
+		Network: netPolicy,
 	})
 	if err != nil {
 		return nil, ToGRPC(err, "")

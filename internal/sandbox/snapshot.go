@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"github.com/cubesandbox/cube/internal/network/policy"
 	"maps"
 	"time"
 )
@@ -40,6 +41,9 @@ type Snapshot struct {
 	// What a clone of the snapshot inherits from its sandbox.
 	Resources Resources         `json:"resources"`
 	Env       map[string]string `json:"env,omitempty"`
+	// NetworkPolicy is the sandbox's egress policy when it was taken: a
+	// clone of a locked-down sandbox must not come up with internet.
+	NetworkPolicy *policy.Policy `json:"network_policy,omitempty"`
 }
 
 // SnapshotState is where a snapshot is in its own short life.
