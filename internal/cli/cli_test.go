@@ -89,7 +89,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("bad output format: %d", code)
 	}
 	out, _, code = run(t, sock, "flow", "set-limit", "create", "3")
-	if code != 0 || !strings.Contains(out, "disk > rootfs > container > agent") {
+	if code != 0 || !strings.Contains(out, "disk+net > rootfs > container > agent") {
 		t.Fatalf("flow set-limit: %d\n%s", code, out)
 	}
 	if _, _, code = run(t, sock, "template", "rm", "busybox"); code != cli.ExitFailedPrecondition {
