@@ -74,6 +74,32 @@ func DefaultOptions() Options {
 	}
 }
 
+// Validate rejects sizes a run cannot use.
+func (o Options) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"n", o.N1}, {"n-c50", o.N50}, {"concurrency", o.Concurrency}, {"max-live", o.MaxLive},
+		{"density-n", o.DensityN}, {"density-concurrency", o.DensityConcurrency},
+		{"snapshot-n", o.SnapshotN}, {"clone-count", o.CloneCount}, {"chunks", o.Chunks},
+	} {
+		if f.v < 1 {
+			return fmt.Errorf("--%s %d: must be at least 1", f.name, f.v)
+		}
+	}
+	if o.BaselineN < 0 {
+		return fmt.Errorf("--baseline-n %d: must not be negative", o.BaselineN)
+	}
+	if o.CloneCount > 100 {
+		return fmt.Errorf("--clone-count %d: CloneSandbox takes at most 100", o.CloneCount)
+	}
+	if o.Template == "" {
+		return errors.New("--template is empty")
+	}
+	return nil
+}
+
 // Env is what scenarios run against: a cubelet (its gRPC client and
 // whatever the bench knows about its process) and the scratch space for
 // raw baselines.

@@ -124,3 +124,23 @@ func TestSplit(t *testing.T) {
 		}
 	}
 }
+
+func TestOptionsValidate(t *testing.T) {
+	if err := DefaultOptions().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for name, mod := range map[string]func(*Options){
+		"--n 0":              func(o *Options) { o.N1 = 0 },
+		"--concurrency -1":   func(o *Options) { o.Concurrency = -1 },
+		"--chunks 0":         func(o *Options) { o.Chunks = 0 },
+		"--clone-count 101":  func(o *Options) { o.CloneCount = 101 },
+		"--baseline-n -1":    func(o *Options) { o.BaselineN = -1 },
+		"--template (empty)": func(o *Options) { o.Template = "" },
+	} {
+		o := DefaultOptions()
+		mod(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+}

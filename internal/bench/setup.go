@@ -41,6 +41,9 @@ type Setup struct {
 // removes everything the run made (it must be called, also on failure of
 // the run itself).
 func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Context) error, err error) {
+	if err := s.Opts.Validate(); err != nil {
+		return nil, nil, err
+	}
 	if s.RunID == "" {
 		s.RunID = NewRunID()
 	}

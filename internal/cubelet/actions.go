@@ -224,7 +224,7 @@ func (a *containerAction) Create(ctx context.Context, t *Task) error {
 	if spec.Mounts, err = a.n.hostMountsFor(rec.HostMounts); err != nil {
 		return err
 	}
-	st, err := d.Start(ctx, spec)
+	st, err := launch(ctx, d, t, spec)
 	if err != nil {
 		return err
 	}

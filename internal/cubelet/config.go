@@ -78,7 +78,7 @@ type Config struct {
 		Root   string `toml:"root"`
 	} `toml:"runc"`
 	// Gvisor: the runsc driver (gvisor_config.go).
-	Gvisor GvisorConfig `toml:"gvisor"`
+	Gvisor  GvisorConfig `toml:"gvisor"`
 	Sandbox struct {
 		DefaultMilliCPU   int64    `toml:"default_milli_cpu"`
 		DefaultMemoryMiB  int64    `toml:"default_memory_mib"`

@@ -10,4 +10,8 @@ type GvisorConfig struct {
 	Platform string `toml:"platform"`
 	// Debug keeps runsc debug logs in each sandbox's bundle.
 	Debug bool `toml:"debug"`
+	// Checkpoint turns on memory snapshots (snapshot = checkpoint, clone
+	// and rollback = restore). Off by default: Debian 12's runsc cannot
+	// checkpoint a sandbox whose agent listens on TCP (docs/gvisor.md).
+	Checkpoint bool `toml:"checkpoint"`
 }

@@ -208,6 +208,9 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if _, ok := s.node.drivers[req.Runtime]; !ok {
 		return nil, fieldErr("runtime", "%q is not available on this node", req.Runtime)
 	}
+	if err := s.runtimeUsable(req.Runtime); err != nil {
+		return nil, err
+	}
 	c := s.cfg.Sandbox
 	r := &req.Resources
 	for _, l := range []struct {

@@ -11,7 +11,8 @@
 //
 // Files:
 //
-//	<state>/launcher/cubemaster.toml, cubelet.toml   generated configs
+//	<state>/launcher/cubemaster.toml, cubelet.toml,
+//	  network-agent.toml                             generated configs
 //	<state>/launcher/api-key                         the key it prints (0600)
 //	<state>/launcher/env                             the E2B_* variables, to source
 //	<state>/images/                                  the default template's OCI layout
@@ -146,6 +147,16 @@ func Up(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	netCfg := filepath.Join(cfg.launcherDir(), "network-agent.toml")
+	if withNetwork {
+		// Its state follows the launcher's directories; the rest (node
+		// CIDR, pool) keeps network-agent's defaults.
+		nt := fmt.Sprintf("# Written by cube up; regenerated at every start.\nrun_dir = %q\ndata_dir = %q\n[api]\nsocket = %q\n",
+			filepath.Join(cfg.RunDir, "network"), filepath.Join(cfg.StateDir, "network"), filepath.Join(cfg.RunDir, "network-agent.sock"))
+		if err := os.WriteFile(netCfg, []byte(nt), 0o600); err != nil {
+			return err
+		}
+	}
 
 	var children []*child
 	defer func() {
@@ -171,7 +182,7 @@ func Up(ctx context.Context, cfg Config) error {
 		return c, nil
 	}
 	if withNetwork {
-		if _, err := start("network-agent"); err != nil {
+		if _, err := start("network-agent", "--config", netCfg); err != nil {
 			return err
 		}
 	}

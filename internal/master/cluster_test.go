@@ -138,7 +138,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("heartbeat loss", func(t *testing.T) {
 		a.Stop()
-		mastertest.WaitFor(t, 5*time.Second, "A unhealthy", func() bool { return !m.Node(t, a.ID).Healthy })
+		mastertest.WaitFor(t, 10*time.Second, "A unhealthy", func() bool { return !m.Node(t, a.ID).Healthy })
 		if v := m.Node(t, a.ID); !strings.Contains(v.Reason, "no heartbeat") {
 			t.Fatalf("reason: %q", v.Reason)
 		}
@@ -163,7 +163,7 @@ func TestCluster(t *testing.T) {
 			}
 		}
 		c.Stop()
-		mastertest.WaitFor(t, 5*time.Second, "C unhealthy", func() bool { return !m.Node(t, c.ID).Healthy })
+		mastertest.WaitFor(t, 10*time.Second, "C unhealthy", func() bool { return !m.Node(t, c.ID).Healthy })
 		if err := svc().Kill(ctx, onC.ID); err != nil {
 			t.Fatalf("kill on a dead node: %v", err)
 		}
@@ -213,7 +213,14 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("kill everything", func(t *testing.T) {
-		for _, s := range all {
+		rows, err := svc().ListAll(ctx, catalog.Query{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != len(all) {
+			t.Errorf("catalog has %d sandboxes, the test made %d", len(rows), len(all))
+		}
+		for _, s := range rows {
 			if err := svc().Kill(ctx, s.ID); err != nil {
 				t.Errorf("kill %s: %v", s.ID, err)
 			}

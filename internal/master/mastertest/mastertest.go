@@ -82,7 +82,7 @@ domain = "cube.test"
 dsn = %q
 [nodes]
 heartbeat_interval = "200ms"
-unhealthy_after = "3s"
+unhealthy_after = "5s"
 [sandbox]
 expiry_interval = "100ms"
 memory_mib = 64

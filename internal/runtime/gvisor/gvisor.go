@@ -58,7 +58,15 @@ type Config struct {
 	Platform string // runsc --platform; "ptrace" when empty (no KVM needed)
 	// Debug passes --debug --debug-log=<bundle>/debug/ to run and restore:
 	// the place to look when a sandbox dies right after start.
-	Debug  bool
+	Debug bool
+	// Checkpoint enables Checkpoint and Restore (memory snapshots). Off,
+	// they return ErrNotImplemented and Capabilities says so, and callers
+	// fall back to disk-only snapshots. runsc 20221219 (Debian 12) cannot
+	// save a sandbox in which a process waits on a TCP listener through
+	// epoll (every Go server, cube-agent included: "endpoint still has
+	// waiters upon save"), and the failed checkpoint kills the sandbox;
+	// enable it with a runsc that can. See docs/gvisor.md.
+	Checkpoint bool
 	Logger *slog.Logger // slog.Default() when nil
 }
 
@@ -66,7 +74,7 @@ type Config struct {
 // no in-memory state: runsc's root and each bundle hold everything.
 type Driver struct {
 	bin, root, platform string
-	debug               bool
+	debug, checkpoint   bool
 	log                 *slog.Logger
 }
 
@@ -101,16 +109,23 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, log: log.With("runtime", "gvisor")}, nil
+	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, log: log.With("runtime", "gvisor")}, nil
 }
 
 // Name implements runtime.Driver.
 func (d *Driver) Name() string { return "gvisor" }
 
 // Capabilities implements runtime.Driver: runsc checkpoints and restores
-// a whole sandbox, memory included, without CRIU.
+// a whole sandbox, memory included, without CRIU (when Config.Checkpoint).
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Checkpoint: true, Restore: true}
+	return runtime.Capabilities{Pause: true, Checkpoint: d.checkpoint, Restore: d.checkpoint}
+}
+
+func (d *Driver) memoryOff(verb, id string) error {
+	if d.checkpoint {
+		return nil
+	}
+	return fmt.Errorf("gvisor %s %s: memory snapshots are disabled ([gvisor] checkpoint): %w", verb, id, errdefs.ErrNotImplemented)
 }
 
 // rsc returns a go-runc handle for one call. network is "none" or
@@ -147,6 +162,9 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 // hold the files the checkpointed sandbox had open, which a CubeCoW clone
 // of the disk taken while the sandbox was stopped does.
 func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runtime.State, error) {
+	if err := d.memoryOff("restore", s.ID); err != nil {
+		return runtime.State{}, err
+	}
 	if !filepath.IsAbs(dir) {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: image dir %q is not absolute: %w", s.ID, dir, errdefs.ErrInvalidArgument)
 	}
@@ -194,20 +212,7 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	logFile := filepath.Join(bundle, "runsc.log")
 	_ = os.Remove(logFile)
 
-	r := d.rsc(networkFor(spec), logFile)
-	if d.debug {
-		r.ExtraArgs = append(r.ExtraArgs, "--debug", "--debug-log="+filepath.Join(bundle, "debug")+"/")
-	}
-	io := fileIO{console}
-	if image == "" {
-		_, err = r.Run(ctx, id, bundle, &gorunc.CreateOpts{IO: io, Detach: true})
-	} else {
-		_, err = r.Restore(ctx, id, bundle, &gorunc.RestoreOpts{
-			CheckpointOpts: gorunc.CheckpointOpts{ImagePath: image},
-			IO:             io,
-			Detach:         true,
-		})
-	}
+	err = d.runDetached(ctx, id, bundle, networkFor(spec), logFile, image, console)
 	var st runtime.State
 	if err == nil {
 		st, err = d.State(ctx, id)
@@ -249,11 +254,17 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	return nil
 }
 
-// Resume thaws a paused sandbox.
+// Resume thaws a paused sandbox. In a network namespace it first takes
+// the namespace's addresses away from the host kernel again (releaseAddrs).
 func (d *Driver) Resume(ctx context.Context, id string) error {
 	c, err := d.container(ctx, id)
 	if err != nil {
 		return err
+	}
+	if sp, err := readSpec(c.Bundle); err == nil {
+		if err := releaseAddrs(sp); err != nil {
+			return fmt.Errorf("gvisor resume %s: %w", id, err)
+		}
 	}
 	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, id); err != nil {
 		return d.classify(ctx, "resume", id, err, "")
@@ -271,6 +282,9 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 // without being stopped and stays paused.
 func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	begin := time.Now()
+	if err := d.memoryOff("checkpoint", id); err != nil {
+		return err
+	}
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("gvisor checkpoint %s: dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
 	}
@@ -286,8 +300,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	}
 	network := networkOf(c.Bundle)
 	logFile := filepath.Join(c.Bundle, "runsc.log")
-	if err := d.rsc(network, logFile).Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: dir}); err != nil {
-		return d.classify(ctx, "checkpoint", id, err, tail(logFile, 512))
+	if err := d.runCheckpoint(ctx, id, dir, network, logFile); err != nil {
+		return err
 	}
 	d.log.DebugContext(ctx, "checkpointed", "id", id, "dir", dir, "took", time.Since(begin))
 	if !leaveRunning || c.Status == "paused" {
@@ -297,11 +311,51 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	return err
 }
 
+// connRetries bounds how often Checkpoint retries while a TCP connection
+// through the sandbox's network device is still closing.
+const connRetries = 10
+
+// checkpoint runs runsc checkpoint. This runsc cannot save a TCP
+// connection that runs over a host network device (the slot's veth), and
+// fails without touching the sandbox; a connection the client just closed
+// is gone a few milliseconds later, so the failure is retried briefly
+// before it is reported as FailedPrecondition.
+func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile string) error {
+	for attempt := 0; ; attempt++ {
+		err := d.rsc(network, logFile).Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: dir})
+		if err == nil {
+			return nil
+		}
+		msg := err.Error() + tail(logFile, 4096)
+		if !strings.Contains(msg, "cannot be saved in connected state") {
+			err = d.classify(ctx, "checkpoint", id, err, tail(logFile, 512))
+			if c, serr := d.container(context.WithoutCancel(ctx), id); serr == nil && c.Status == "stopped" {
+				// runsc stops the sandbox before it finds it cannot
+				// save it; the caller must know it is gone.
+				err = fmt.Errorf("%w (runsc stopped the sandbox)", err)
+			}
+			return err
+		}
+		if attempt == connRetries {
+			return fmt.Errorf("gvisor checkpoint %s: the sandbox holds open TCP connections over its network device, which this runsc cannot save: %w",
+				id, errdefs.ErrFailedPrecondition)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("gvisor checkpoint %s: %w", id, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // RestoreInPlace replaces the (stopped) sandbox id by one restored from
 // the memory image in dir, reusing its bundle, so the ID, spec, root
 // filesystem and network namespace stay the same. A still running id is
 // killed first. The bundle's config.json is reused as written.
 func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.State, error) {
+	if err := d.memoryOff("restore", id); err != nil {
+		return runtime.State{}, err
+	}
 	c, err := d.container(ctx, id)
 	if err != nil {
 		return runtime.State{}, err

@@ -42,7 +42,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 func newTestDriver(t *testing.T) *Driver {
 	t.Helper()
 	root := t.TempDir()
-	d, err := New(Config{Root: root, Debug: os.Getenv("CUBE_GVISOR_DEBUG") != "", Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	d, err := New(Config{Root: root, Checkpoint: true, Debug: os.Getenv("CUBE_GVISOR_DEBUG") != "", Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -298,3 +298,49 @@ func TestFailedRestoreLeavesNothing(t *testing.T) {
 		t.Fatalf("State after cancelled restore = %v, want NotFound", err)
 	}
 }
+
+// TestCheckpointDisabled: with Config.Checkpoint off the driver says so
+// and the memory verbs are ErrNotImplemented.
+func TestCheckpointDisabled(t *testing.T) {
+	requireRunsc(t)
+	d, err := New(Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := d.Capabilities(); c.Checkpoint || c.Restore || !c.Pause {
+		t.Fatalf("capabilities %+v", c)
+	}
+	if err := d.Checkpoint(t.Context(), "x", t.TempDir(), true); !errdefs.IsNotImplemented(err) {
+		t.Fatalf("Checkpoint = %v", err)
+	}
+	if _, err := d.Restore(t.Context(), shellSpec(t, "/cube-x", "x", "true"), t.TempDir()); !errdefs.IsNotImplemented(err) {
+		t.Fatalf("Restore = %v", err)
+	}
+	if _, err := New(Config{Root: t.TempDir(), Platform: "qemu"}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("New(platform qemu) = %v", err)
+	}
+}
+
+// TestSandboxNetwork runs a sandbox in a named network namespace
+// (--network=sandbox through the netns shim), checkpoints and restores it
+// there.
+func TestSandboxNetwork(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	ns := fmt.Sprintf("cube-gvtest-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	spec := shellSpec(t, parent, "net-sb", counterScript)
+	spec.NetNSPath = "/run/netns/" + ns
+	stopAtEnd(t, d, spec.ID)
+	if _, err := d.Start(t.Context(), spec); err != nil {
+		t.Fatalf("Start in a netns: %v", err)
+	}
+	before := readState(t, d, spec.ID)
+	if err := d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true); err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	wantContinued(t, d, spec.ID, before)
+}
