@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # README quick start, first command: install what is needed, build, start
-# the single-node system with embedded defaults, import the default
-# template, and keep serving (Ctrl-C stops cubelet; sandboxes keep running
-# and are adopted by the next start).
+# the whole single-node system with embedded defaults, import the default
+# templates, and keep serving.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
-[ "$(id -u)" = 0 ] || { echo "run as root (cubelet manages mounts, cgroups and runc)"; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "run as root (cubelet manages mounts, cgroups, namespaces and runc)"; exit 1; }
 bash hack/deps.sh
 make -s build
 BIN=$PWD/bin
@@ -23,32 +22,11 @@ if [ "${CUBE_SKIP_BASE:-0}" != 1 ]; then
   base_layout=$(go run ./hack/base-image /var/cache/cube/base)
 fi
 
-"$BIN/cubelet" ${CUBELET_CONFIG:+--config "$CUBELET_CONFIG"} 2>&1 | tee -a /var/log/cube/cubelet.log &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid' INT TERM
-for _ in $(seq 1 300); do
-  "$BIN/cubecli" node info >/dev/null 2>&1 && break
-  sleep 0.2
-done
-"$BIN/cubecli" node info
-# Imports are idempotent: the same image under the same ID is a no-op.
-import_template() {
-  local rc=0
-  "$BIN/cubecli" template import "$1" "$2" || rc=$?
-  if [ "$rc" = 4 ]; then
-    echo "template $1 exists from another image; keeping it ('cubecli template rm $1' and rerun to replace it)"
-  elif [ "$rc" != 0 ]; then
-    return "$rc"
-  fi
-}
-import_template busybox "$layout"
-[ -z "$base_layout" ] || import_template base "$base_layout"
-cat <<MSG
-
-cubelet is up (socket /run/cube/cubelet.sock, gRPC 127.0.0.1:9999, metrics 127.0.0.1:9998/metrics).
-Try:
-  $BIN/cubecli sandbox create --template base
-  $BIN/cubecli sandbox create --template busybox
-  $BIN/cubecli sandbox ls
-MSG
-wait $pid
+# One supervised process group: network-agent, cubelet, cubemaster (E2B
+# API on :3000) and the sandbox route (:8081). It prints the E2B_* variables
+# to use and keeps serving; Ctrl-C stops the daemons, sandboxes keep running
+# and are adopted by the next start (docs/control-plane.md).
+if [ -n "$base_layout" ]; then
+  exec "$BIN/cube" up --template base --template-source "$base_layout" --import busybox="$layout" "$@"
+fi
+exec "$BIN/cube" up --template busybox --template-source "$layout" "$@"
