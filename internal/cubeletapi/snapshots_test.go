@@ -62,7 +62,7 @@ func TestSnapshotRPCs(t *testing.T) {
 		{"snapshot bad id", err2(c.SnapshotSandbox(ctx, &pb.SnapshotSandboxRequest{SandboxId: "rpc", SnapshotId: "BAD"})), codes.InvalidArgument, "snapshot_id"},
 		{"snapshot dup", err2(c.SnapshotSandbox(ctx, &pb.SnapshotSandboxRequest{SandboxId: "rpc", SnapshotId: "rpc-snap"})), codes.AlreadyExists, ""},
 		{"clone count", err2(c.CloneSandbox(ctx, &pb.CloneSandboxRequest{SnapshotId: "rpc-snap", Count: 101})), codes.InvalidArgument, "count"},
-		{"clone network", err2(c.CloneSandbox(ctx, &pb.CloneSandboxRequest{SnapshotId: "rpc-snap", Count: 1, Network: &pb.NetworkPolicy{}})), codes.InvalidArgument, "network"},
+		{"clone bad network", err2(c.CloneSandbox(ctx, &pb.CloneSandboxRequest{SnapshotId: "rpc-snap", Count: 1, Network: &pb.NetworkPolicy{AllowOut: []string{"not-a-cidr"}}})), codes.InvalidArgument, "network.allow_out[0]"},
 		{"rollback unknown", err2(c.RollbackSandbox(ctx, &pb.RollbackSandboxRequest{SandboxId: "rpc", SnapshotId: "nope"})), codes.NotFound, ""},
 		{"host mount rw under ro rule", err2(c.CreateSandbox(ctx, &pb.CreateSandboxRequest{TemplateId: "busybox",
 			HostMounts: []*pb.HostMount{{Source: hostDir, Destination: "/host"}}})), codes.InvalidArgument, "host_mounts[0].source"},
