@@ -186,7 +186,7 @@ func (a *rootfsAction) Destroy(ctx context.Context, t *Task) error {
 	if rec.Mount == nil {
 		return nil
 	}
-	if err := storage.UnmountDisk(ctx, rec.Mount.Target, rec.Mount.Image); err != nil {
+	if err := storage.UnmountDiskDev(ctx, rec.Mount.Target, rec.Mount.Image, rec.Mount.LoopDevice); err != nil {
 		return err
 	}
 	removeIfEmpty(filepath.Dir(rec.Mount.Target))

@@ -245,3 +245,17 @@ func FindByBacking(file string) ([]Device, error) {
 	}
 	return out, nil
 }
+
+// BackingOf returns the backing file of one loop device ("" when the
+// device is unbound or absent) without scanning every device: destroy
+// paths know their device and must not cost O(devices on the host).
+func BackingOf(devPath string) (string, error) {
+	data, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(devPath), "loop", "backing_file"))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("loopdev: %w", err)
+	}
+	return strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)"), nil
+}

@@ -74,12 +74,19 @@ func MountDisk(ctx context.Context, image, target string, readOnly bool) (string
 // autoclear by the kernel rather than torn away, so it survives until that
 // other mount goes.
 func UnmountDisk(ctx context.Context, target, image string) error {
+	return UnmountDiskDev(ctx, target, image, "")
+}
+
+// UnmountDiskDev is UnmountDisk for a caller that recorded the loop device
+// MountDisk returned: only that device is checked, instead of scanning
+// every loop device on the host (which dominated destroy at scale).
+func UnmountDiskDev(ctx context.Context, target, image, dev string) error {
 	var errs []error
 	if err := unmountAll(ctx, target); err != nil {
 		errs = append(errs, err)
 	}
 	if image != "" {
-		devs, err := loopdev.FindByBacking(image)
+		devs, err := devicesBackedBy(image, dev)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -89,7 +96,7 @@ func UnmountDisk(ctx context.Context, target, image string) error {
 			}
 		}
 		if len(devs) > 0 && len(errs) == 0 {
-			waitDetached(ctx, image)
+			waitDetached(ctx, image, dev)
 		}
 	}
 	if len(errs) == 0 {
@@ -168,10 +175,10 @@ func IsMounted(target string) (bool, error) {
 // device backed by a deleted file for a moment, and a crash right then
 // would leak it. Best effort: after a lazy unmount the device legitimately
 // lives on until the last holder closes it, and autoclear frees it then.
-func waitDetached(ctx context.Context, image string) {
+func waitDetached(ctx context.Context, image, dev string) {
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
-		devs, err := loopdev.FindByBacking(image)
+		devs, err := devicesBackedBy(image, dev)
 		if err != nil || len(devs) == 0 {
 			return
 		}
@@ -181,4 +188,24 @@ func waitDetached(ctx context.Context, image string) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// devicesBackedBy lists the loop devices backed by image: just dev when
+// the caller knows it, else every device on the host.
+func devicesBackedBy(image, dev string) ([]loopdev.Device, error) {
+	if dev == "" {
+		return loopdev.FindByBacking(image)
+	}
+	backing, err := loopdev.BackingOf(dev)
+	if err != nil || backing == "" {
+		return nil, err
+	}
+	abs, _ := filepath.Abs(image)
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	if backing != abs {
+		return nil, nil
+	}
+	return []loopdev.Device{{Path: dev, BackingFile: backing}}, nil
 }
