@@ -1,6 +1,6 @@
 GO ?= go
 BIN ?= bin
-BINARIES = cubelet cubecli cube-agent cube-bench network-agent cubemaster cube
+BINARIES = cubelet cubecli cube-agent cube-bench network-agent cubemaster cube cubeproxy
 
 .PHONY: all build generate test up clean bench
 

@@ -6,6 +6,7 @@ PKGS=(runc xfsprogs e2fsprogs busybox-static util-linux iproute2 ca-certificates
   mariadb-server # the catalog tests start a private server (CI must have it)
   podman         # cube-bench's podman-run baseline (Debian's podman, with runc)
   debootstrap    # builds the default `base` template (hack/base-image)
+  runsc          # the gvisor runtime (gVisor, --platform=ptrace: no KVM needed)
   docker-registry # the template tests' loopback registry (started per test)
   nftables)        # tests only: nft lists rule sets for golden files (network-agent uses netlink)
 missing=()

@@ -36,5 +36,8 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   npm ci --prefix test/e2e/node --no-audit --no-fund --loglevel=error
   go run ./test/e2e/node/harness -- npm --prefix test/e2e/node test
   echo "== node e2e: control plane (e2b SDK against cube up's system)"
-  go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
+  # E2B_SANDBOX_URL is cubemaster's in-process cubeproxy; CUBE_TEST_PROXY=standalone
+  # runs the suite through a separate cmd/cubeproxy process instead.
+  proxy_flag=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && proxy_flag="-standalone-proxy"
+  go run ./test/e2e/node/system $proxy_flag -- npm --prefix test/e2e/node run test:controlplane
 fi

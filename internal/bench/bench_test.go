@@ -161,6 +161,27 @@ func TestScenariosTiny(t *testing.T) {
 		leakcheck.AssertNone(t, ctx, e.rawNode.scope())
 	}
 
+	// --addr: drive the same cubelet as an already running one; its RSS
+	// then comes from /metrics.
+	ae, acleanup, err := Prepare(ctx, Setup{
+		Addr: e.Node().Socket, MetricsAddr: strings.TrimPrefix(e.Node().MetricsURL, "http://"),
+		BinDir: bin, WorkDir: work + "-addr", Opts: o,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ae.Opts.NoBaselines, ae.Opts.DensityN, ae.Opts.N1 = true, 1, 1
+	dens, _ := Lookup("density")
+	c1, _ := Lookup("create-c1")
+	arep := Run(ctx, ae, []*Scenario{c1, dens})
+	if err := acleanup(ctx); err != nil {
+		t.Errorf("--addr cleanup: %v", err)
+	}
+	if len(arep.Results) != 2 || arep.Results[0].Error != "" || arep.Results[1].Density == nil || arep.Results[1].Density.CubeletRSS <= 0 {
+		t.Errorf("--addr run: %+v", arep.Results)
+	}
+	leakcheck.AssertNone(t, ctx, e.Node().Scope())
+
 	rawScope := e.rawNode.scope()
 	podParent := ""
 	if e.pod != nil {

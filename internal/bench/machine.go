@@ -58,8 +58,10 @@ func DescribeMachine(ctx context.Context, e *Env) Machine {
 	}
 	m.Runc = firstLine(ctx, "runc", "--version")
 	m.Podman = firstLine(ctx, "podman", "--version")
-	_, err := os.Stat("/dev/kvm")
-	m.KVM = err == nil
+	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
+		f.Close()
+		m.KVM = true
+	}
 	m.Cgroups = cgroupMode()
 	if e != nil && e.Client != nil {
 		if info, err := e.Info(ctx); err == nil {

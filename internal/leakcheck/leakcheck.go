@@ -29,13 +29,17 @@ const (
 	KindRunc    = "runc"
 	KindFile    = "file"
 	KindProcess = "process"
+	KindRunsc   = "runsc"
 )
 
 // Scope is what one test suite (or one cubelet) owns.
 type Scope struct {
-	DataDir    string
-	RunDir     string
-	RuncRoot   string
+	DataDir  string
+	RunDir   string
+	RuncRoot string
+	// RunscRoot is the gvisor driver's runsc --root (runsc.go): state
+	// files in it and sandbox/gofer processes started with it are leaks.
+	RunscRoot  string
 	CgroupName string // cgroup parent directly under each hierarchy root, e.g. "cube-test-abc"
 	// AllowMounts are mount targets that may stay (the pool mount itself).
 	AllowMounts []string
@@ -121,6 +125,7 @@ func Check(ctx context.Context, s Scope) ([]Leak, error) {
 	}
 	leaks = append(leaks, processes(s)...)
 	leaks = append(leaks, netLeaks(s)...)
+	leaks = append(leaks, runscLeaks(s)...)
 
 	slices.SortFunc(leaks, func(a, b Leak) int {
 		return strings.Compare(a.String(), b.String())

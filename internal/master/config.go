@@ -50,6 +50,11 @@ type Config struct {
 	Proxy struct {
 		Listen string `toml:"listen"`
 		Domain string `toml:"domain"`
+		// TLS for the in-process cubeproxy: a certificate and key, or a
+		// self-signed certificate made at start (development).
+		TLSCert       string `toml:"tls_cert"`
+		TLSKey        string `toml:"tls_key"`
+		TLSSelfSigned bool   `toml:"tls_self_signed"`
 	} `toml:"proxy"`
 	Catalog struct {
 		Driver string `toml:"driver"`

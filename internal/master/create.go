@@ -34,6 +34,9 @@ type CreateRequest struct {
 	Env        map[string]string
 	AutoPause  bool
 	AutoResume bool
+	// IdleTimeout pauses the sandbox after this long without traffic
+	// (cube's extension); 0: no idle policy.
+	IdleTimeout time.Duration
 	// Secure issues an envd access token the SDK must send.
 	Secure   bool
 	Network  catalog.Network
@@ -223,6 +226,14 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err := s.validateTimeout("timeout", req.Timeout); err != nil {
 		return nil, err
 	}
+	if req.IdleTimeout < 0 {
+		return nil, fieldErr("idleTimeout", "must not be negative")
+	}
+	if req.IdleTimeout > 0 {
+		if err := s.validateTimeout("idleTimeout", req.IdleTimeout); err != nil {
+			return nil, err
+		}
+	}
 	if err := ValidateMetadata(req.Metadata); err != nil {
 		return nil, err
 	}
@@ -241,7 +252,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		ID: sandbox.NewID(), TemplateID: tmpl, State: catalog.StateCreating,
 		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, DiskMiB: s.templateSizeMiB(tmpl),
 		StartedAt: now, EndAt: now.Add(req.Timeout),
-		AutoPause: req.AutoPause, AutoResume: req.AutoResume,
+		AutoPause: req.AutoPause, AutoResume: req.AutoResume, IdleTimeout: req.IdleTimeout,
 		Network: req.Network, APIKeyID: req.APIKeyID, Metadata: req.Metadata,
 	}
 	if req.Template != tmpl || snap != nil {

@@ -24,8 +24,9 @@ import (
 const routeTTL = 30 * time.Second
 
 type routeCache struct {
-	mu sync.Mutex
-	m  map[string]routeEntry
+	mu  sync.Mutex
+	m   map[string]routeEntry
+	hub *routeHub // proxy replicas watching for changes
 }
 
 type routeEntry struct {
@@ -33,7 +34,7 @@ type routeEntry struct {
 	expires time.Time
 }
 
-func newRouteCache() *routeCache { return &routeCache{m: map[string]routeEntry{}} }
+func newRouteCache() *routeCache { return &routeCache{m: map[string]routeEntry{}, hub: newRouteHub()} }
 
 func (c *routeCache) get(id string) *proxy.Target {
 	c.mu.Lock()
@@ -52,10 +53,14 @@ func (c *routeCache) put(id string, t *proxy.Target) {
 	c.mu.Unlock()
 }
 
+// drop forgets a route here and in every watching proxy. Verbs call it
+// before they act and again once the catalog records the new state, so a
+// proxy that resolved in between does not keep the old answer.
 func (c *routeCache) drop(id string) {
 	c.mu.Lock()
 	delete(c.m, id)
 	c.mu.Unlock()
+	c.hub.publish(id)
 }
 
 var _ proxy.Resolver = (*Service)(nil)

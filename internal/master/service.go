@@ -57,6 +57,8 @@ type Service struct {
 	dialer proxy.Dialer
 	agents *agentClient
 	routes *routeCache
+	// activity feeds the idle policy (proxyroutes.go).
+	activity *activity
 
 	locks keyedMutex
 
@@ -105,13 +107,14 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	bg, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		cfg: cfg, log: log, cat: cat,
-		keys:   apikey.New(cat, cfg.APIKeys.CacheTTL.Duration, log),
-		sched:  scheduler.New(cfg.Scheduler),
-		reg:    &registry{nodes: map[string]*nodeState{}},
-		self:   selfIdentity(),
-		dialer: proxy.NetDialer{},
-		routes: newRouteCache(),
-		ctx:    bg, cancel: cancel,
+		keys:     apikey.New(cat, cfg.APIKeys.CacheTTL.Duration, log),
+		sched:    scheduler.New(cfg.Scheduler),
+		reg:      &registry{nodes: map[string]*nodeState{}},
+		self:     selfIdentity(),
+		dialer:   proxy.NetDialer{},
+		routes:   newRouteCache(),
+		activity: newActivity(),
+		ctx:      bg, cancel: cancel,
 	}
 	for _, o := range opts {
 		o(s)
@@ -129,6 +132,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	}
 	s.goBackground(s.watchHealth)
 	s.goBackground(s.expiryLoop)
+	s.goBackground(s.idleLoop)
 	s.goBackground(s.reconcileAll)
 	log.Info("cubemaster catalog open", "driver", cfg.Catalog.Driver, "nodes", len(s.reg.nodes))
 	return s, nil

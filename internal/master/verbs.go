@@ -55,6 +55,7 @@ func (s *Service) lockSandbox(ctx context.Context, id string) (*catalog.Sandbox,
 	if err != nil {
 		return nil, nil, err
 	}
+	s.activity.touch(id, time.Now()) // API traffic keeps a sandbox awake
 	sb, err := s.Get(ctx, id)
 	if err != nil {
 		unlock()
@@ -95,6 +96,8 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 	if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
+	s.routes.drop(sb.ID)
+	s.activity.forget(sb.ID)
 	s.log.Info("sandbox "+why, "sandbox_id", sb.ID, "node_id", sb.NodeID)
 	return nil
 }
@@ -133,6 +136,7 @@ func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
 	if _, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error { r.State = catalog.StatePaused; return nil }); err != nil {
 		return err
 	}
+	s.routes.drop(sb.ID)
 	s.event(sb.ID, "info", "sandbox paused", nil)
 	return nil
 }
@@ -188,6 +192,8 @@ func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.
 	if err != nil {
 		return nil, err
 	}
+	s.routes.drop(sb.ID)
+	s.activity.touch(sb.ID, time.Now())
 	s.event(sb.ID, "info", "sandbox resumed", map[string]string{"timeout": timeout.String()})
 	return up, nil
 }
@@ -243,6 +249,7 @@ func (s *Service) Refresh(ctx context.Context, id string, d time.Duration) error
 }
 
 func (s *Service) extend(ctx context.Context, id string, d time.Duration, allowShorter bool) (*catalog.Sandbox, error) {
+	s.activity.touch(id, time.Now())
 	return s.cat.UpdateSandbox(ctx, id, func(r *catalog.Sandbox) error {
 		if !visible(r) {
 			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)

@@ -224,6 +224,10 @@ func ParseHost(host, domain string) (id string, port int, ok bool) {
 	return id, port, true
 }
 
+// Route says which sandbox and port a request is for, as ServeHTTP routes
+// it (cubeproxy labels its metrics and access log with it).
+func (h *Handler) Route(r *http.Request) (sandboxID string, port int, err error) { return h.route(r) }
+
 // route finds which sandbox and port a request is for.
 func (h *Handler) route(r *http.Request) (string, int, error) {
 	if id := r.Header.Get(HeaderSandboxID); id != "" {

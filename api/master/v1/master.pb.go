@@ -24,6 +24,411 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ResolveRouteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Resume        bool                   `protobuf:"varint,2,opt,name=resume,proto3" json:"resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRouteRequest) Reset() {
+	*x = ResolveRouteRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRouteRequest) ProtoMessage() {}
+
+func (x *ResolveRouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRouteRequest.ProtoReflect.Descriptor instead.
+func (*ResolveRouteRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ResolveRouteRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResolveRouteRequest) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+type ResolveRouteResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	NodeId    string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The sandbox's address (network-agent slot); empty when it has none.
+	HostIp string `protobuf:"bytes,3,opt,name=host_ip,json=hostIp,proto3" json:"host_ip,omitempty"`
+	// Init PID of the sandbox and the identity of its node's machine and PID
+	// namespace: a proxy on the same one dials through /proc/<pid>/ns/net.
+	Pid              int64  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	NodeBootId       string `protobuf:"bytes,5,opt,name=node_boot_id,json=nodeBootId,proto3" json:"node_boot_id,omitempty"`
+	NodePidNamespace string `protobuf:"bytes,6,opt,name=node_pid_namespace,json=nodePidNamespace,proto3" json:"node_pid_namespace,omitempty"`
+	// Required in E2b-Traffic-Access-Token when set.
+	TrafficAccessToken string `protobuf:"bytes,7,opt,name=traffic_access_token,json=trafficAccessToken,proto3" json:"traffic_access_token,omitempty"`
+	// The master resumed the sandbox for this call.
+	Resumed       bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRouteResponse) Reset() {
+	*x = ResolveRouteResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRouteResponse) ProtoMessage() {}
+
+func (x *ResolveRouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRouteResponse.ProtoReflect.Descriptor instead.
+func (*ResolveRouteResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ResolveRouteResponse) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResolveRouteResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ResolveRouteResponse) GetHostIp() string {
+	if x != nil {
+		return x.HostIp
+	}
+	return ""
+}
+
+func (x *ResolveRouteResponse) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ResolveRouteResponse) GetNodeBootId() string {
+	if x != nil {
+		return x.NodeBootId
+	}
+	return ""
+}
+
+func (x *ResolveRouteResponse) GetNodePidNamespace() string {
+	if x != nil {
+		return x.NodePidNamespace
+	}
+	return ""
+}
+
+func (x *ResolveRouteResponse) GetTrafficAccessToken() string {
+	if x != nil {
+		return x.TrafficAccessToken
+	}
+	return ""
+}
+
+func (x *ResolveRouteResponse) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
+}
+
+type WatchRoutesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRoutesRequest) Reset() {
+	*x = WatchRoutesRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRoutesRequest) ProtoMessage() {}
+
+func (x *WatchRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRoutesRequest.ProtoReflect.Descriptor instead.
+func (*WatchRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{2}
+}
+
+type RouteEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Reset_    bool                   `protobuf:"varint,1,opt,name=reset,proto3" json:"reset,omitempty"`
+	SandboxId string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// paused, resumed, killed, moved.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteEvent) Reset() {
+	*x = RouteEvent{}
+	mi := &file_master_v1_master_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteEvent) ProtoMessage() {}
+
+func (x *RouteEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteEvent.ProtoReflect.Descriptor instead.
+func (*RouteEvent) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RouteEvent) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+func (x *RouteEvent) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RouteEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type SandboxActivity struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Requests and streams open now.
+	InFlight int32 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Requests since the last report.
+	Requests      int64 `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxActivity) Reset() {
+	*x = SandboxActivity{}
+	mi := &file_master_v1_master_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxActivity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxActivity) ProtoMessage() {}
+
+func (x *SandboxActivity) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxActivity.ProtoReflect.Descriptor instead.
+func (*SandboxActivity) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SandboxActivity) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxActivity) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *SandboxActivity) GetRequests() int64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+type ReportActivityRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Who reports (a cubeproxy replica's name): open counts are per proxy.
+	ProxyId       string             `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	Sandboxes     []*SandboxActivity `protobuf:"bytes,2,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportActivityRequest) Reset() {
+	*x = ReportActivityRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportActivityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportActivityRequest) ProtoMessage() {}
+
+func (x *ReportActivityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportActivityRequest.ProtoReflect.Descriptor instead.
+func (*ReportActivityRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReportActivityRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *ReportActivityRequest) GetSandboxes() []*SandboxActivity {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+type ReportActivityResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportActivityResponse) Reset() {
+	*x = ReportActivityResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportActivityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportActivityResponse) ProtoMessage() {}
+
+func (x *ReportActivityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportActivityResponse.ProtoReflect.Descriptor instead.
+func (*ReportActivityResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{6}
+}
+
 // NodeReport is everything a cubelet tells the master about its node.
 type NodeReport struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -65,7 +470,7 @@ type NodeReport struct {
 
 func (x *NodeReport) Reset() {
 	*x = NodeReport{}
-	mi := &file_master_v1_master_proto_msgTypes[0]
+	mi := &file_master_v1_master_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -77,7 +482,7 @@ func (x *NodeReport) String() string {
 func (*NodeReport) ProtoMessage() {}
 
 func (x *NodeReport) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[0]
+	mi := &file_master_v1_master_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -90,7 +495,7 @@ func (x *NodeReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeReport.ProtoReflect.Descriptor instead.
 func (*NodeReport) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{0}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NodeReport) GetNodeId() string {
@@ -260,7 +665,7 @@ type TemplateRef struct {
 
 func (x *TemplateRef) Reset() {
 	*x = TemplateRef{}
-	mi := &file_master_v1_master_proto_msgTypes[1]
+	mi := &file_master_v1_master_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +677,7 @@ func (x *TemplateRef) String() string {
 func (*TemplateRef) ProtoMessage() {}
 
 func (x *TemplateRef) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[1]
+	mi := &file_master_v1_master_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +690,7 @@ func (x *TemplateRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateRef.ProtoReflect.Descriptor instead.
 func (*TemplateRef) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{1}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TemplateRef) GetId() string {
@@ -325,7 +730,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[2]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +742,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[2]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +755,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{2}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterRequest) GetNode() *NodeReport {
@@ -370,7 +775,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[3]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +787,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[3]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +800,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{3}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterResponse) GetHeartbeatInterval() *durationpb.Duration {
@@ -414,7 +819,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[4]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +831,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[4]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +844,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{4}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HeartbeatRequest) GetNode() *NodeReport {
@@ -459,7 +864,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[5]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +876,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[5]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +889,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{5}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatResponse) GetRegistered() bool {
@@ -519,7 +924,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_master_v1_master_proto_msgTypes[6]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -531,7 +936,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[6]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -544,7 +949,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{6}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Node) GetReport() *NodeReport {
@@ -604,7 +1009,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[7]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +1021,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[7]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +1034,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{7}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
 }
 
 type ListNodesResponse struct {
@@ -641,7 +1046,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +1058,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +1071,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -686,7 +1091,7 @@ type SetNodeSchedulableRequest struct {
 
 func (x *SetNodeSchedulableRequest) Reset() {
 	*x = SetNodeSchedulableRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +1103,7 @@ func (x *SetNodeSchedulableRequest) String() string {
 func (*SetNodeSchedulableRequest) ProtoMessage() {}
 
 func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +1116,7 @@ func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetNodeSchedulableRequest) GetNodeId() string {
@@ -737,7 +1142,7 @@ type SetNodeSchedulableResponse struct {
 
 func (x *SetNodeSchedulableResponse) Reset() {
 	*x = SetNodeSchedulableResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +1154,7 @@ func (x *SetNodeSchedulableResponse) String() string {
 func (*SetNodeSchedulableResponse) ProtoMessage() {}
 
 func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +1167,7 @@ func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetNodeSchedulableResponse) GetNode() *Node {
@@ -787,7 +1192,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +1204,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +1217,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *APIKey) GetId() string {
@@ -859,7 +1264,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1276,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1289,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -905,7 +1310,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1322,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1335,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -955,7 +1360,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1372,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1385,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
 }
 
 type ListAPIKeysResponse struct {
@@ -992,7 +1397,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1409,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1422,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1037,7 +1442,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1454,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1467,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -1080,7 +1485,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1497,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1510,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 // Sandbox is one catalog entry.
@@ -1116,20 +1521,23 @@ type Sandbox struct {
 	Alias      string                 `protobuf:"bytes,3,opt,name=alias,proto3" json:"alias,omitempty"`
 	NodeId     string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// creating, running, paused.
-	State         string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
-	Metadata      map[string]string      `protobuf:"bytes,6,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	EndAt         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=end_at,json=endAt,proto3" json:"end_at,omitempty"`
-	MilliCpu      int64                  `protobuf:"varint,9,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
-	MemoryMib     int64                  `protobuf:"varint,10,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	AutoPause     bool                   `protobuf:"varint,11,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
+	State      string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	Metadata   map[string]string      `protobuf:"bytes,6,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	StartedAt  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	EndAt      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=end_at,json=endAt,proto3" json:"end_at,omitempty"`
+	MilliCpu   int64                  `protobuf:"varint,9,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
+	MemoryMib  int64                  `protobuf:"varint,10,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	AutoPause  bool                   `protobuf:"varint,11,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
+	AutoResume bool                   `protobuf:"varint,12,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
+	// Pause after this long without traffic or open requests; 0: never.
+	IdleTimeout   *durationpb.Duration `protobuf:"bytes,13,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1549,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1562,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -1234,6 +1642,20 @@ func (x *Sandbox) GetAutoPause() bool {
 	return false
 }
 
+func (x *Sandbox) GetAutoResume() bool {
+	if x != nil {
+		return x.AutoResume
+	}
+	return false
+}
+
+func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
 type ListSandboxesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Any of these states; empty = all.
@@ -1247,7 +1669,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1681,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1694,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -1305,7 +1727,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1739,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1752,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1354,7 +1776,7 @@ type ClusterTemplate struct {
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1788,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1801,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -1425,7 +1847,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1859,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1872,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 type ListTemplatesResponse struct {
@@ -1462,7 +1884,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1896,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1909,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -1510,7 +1932,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1944,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1957,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -1568,7 +1990,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +2002,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +2015,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -1612,7 +2034,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +2046,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +2059,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -1657,7 +2079,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +2091,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +2104,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -1696,7 +2118,38 @@ var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
-	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\b\n" +
+	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\x13ResolveRouteRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06resume\x18\x02 \x01(\bR\x06resume\"\x95\x02\n" +
+	"\x14ResolveRouteResponse\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x17\n" +
+	"\ahost_ip\x18\x03 \x01(\tR\x06hostIp\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\x03R\x03pid\x12 \n" +
+	"\fnode_boot_id\x18\x05 \x01(\tR\n" +
+	"nodeBootId\x12,\n" +
+	"\x12node_pid_namespace\x18\x06 \x01(\tR\x10nodePidNamespace\x120\n" +
+	"\x14traffic_access_token\x18\a \x01(\tR\x12trafficAccessToken\x12\x18\n" +
+	"\aresumed\x18\b \x01(\bR\aresumed\"\x14\n" +
+	"\x12WatchRoutesRequest\"Y\n" +
+	"\n" +
+	"RouteEvent\x12\x14\n" +
+	"\x05reset\x18\x01 \x01(\bR\x05reset\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"i\n" +
+	"\x0fSandboxActivity\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\x05R\binFlight\x12\x1a\n" +
+	"\brequests\x18\x03 \x01(\x03R\brequests\"l\n" +
+	"\x15ReportActivityRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
+	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
+	"\x16ReportActivityResponse\"\xda\b\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -1782,7 +2235,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x11.master.v1.APIKeyR\x04keys\"'\n" +
 	"\x13DeleteAPIKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x16\n" +
-	"\x14DeleteAPIKeyResponse\"\xd2\x03\n" +
+	"\x14DeleteAPIKeyResponse\"\xb1\x04\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -1800,7 +2253,10 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"memory_mib\x18\n" +
 	" \x01(\x03R\tmemoryMib\x12\x1d\n" +
 	"\n" +
-	"auto_pause\x18\v \x01(\bR\tautoPause\x1a;\n" +
+	"auto_pause\x18\v \x01(\bR\tautoPause\x12\x1f\n" +
+	"\vauto_resume\x18\f \x01(\bR\n" +
+	"autoResume\x12<\n" +
+	"\fidle_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x01\n" +
@@ -1849,7 +2305,11 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1f.master.v1.ListSandboxesRequest\x1a .master.v1.ListSandboxesResponse\x12R\n" +
 	"\rListTemplates\x12\x1f.master.v1.ListTemplatesRequest\x1a .master.v1.ListTemplatesResponse\x12U\n" +
 	"\x0eImportTemplate\x12 .master.v1.ImportTemplateRequest\x1a!.master.v1.ImportTemplateResponse\x12U\n" +
-	"\x0eDeleteTemplate\x12 .master.v1.DeleteTemplateRequest\x1a!.master.v1.DeleteTemplateResponseB4Z2github.com/cubesandbox/cube/api/master/v1;masterv1b\x06proto3"
+	"\x0eDeleteTemplate\x12 .master.v1.DeleteTemplateRequest\x1a!.master.v1.DeleteTemplateResponse2\xfd\x01\n" +
+	"\fRouteService\x12O\n" +
+	"\fResolveRoute\x12\x1e.master.v1.ResolveRouteRequest\x1a\x1f.master.v1.ResolveRouteResponse\x12E\n" +
+	"\vWatchRoutes\x12\x1d.master.v1.WatchRoutesRequest\x1a\x15.master.v1.RouteEvent0\x01\x12U\n" +
+	"\x0eReportActivity\x12 .master.v1.ReportActivityRequest\x1a!.master.v1.ReportActivityResponseB4Z2github.com/cubesandbox/cube/api/master/v1;masterv1b\x06proto3"
 
 var (
 	file_master_v1_master_proto_rawDescOnce sync.Once
@@ -1863,101 +2323,116 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_master_v1_master_proto_goTypes = []any{
-	(*NodeReport)(nil),                 // 0: master.v1.NodeReport
-	(*TemplateRef)(nil),                // 1: master.v1.TemplateRef
-	(*RegisterRequest)(nil),            // 2: master.v1.RegisterRequest
-	(*RegisterResponse)(nil),           // 3: master.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),           // 4: master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 5: master.v1.HeartbeatResponse
-	(*Node)(nil),                       // 6: master.v1.Node
-	(*ListNodesRequest)(nil),           // 7: master.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),          // 8: master.v1.ListNodesResponse
-	(*SetNodeSchedulableRequest)(nil),  // 9: master.v1.SetNodeSchedulableRequest
-	(*SetNodeSchedulableResponse)(nil), // 10: master.v1.SetNodeSchedulableResponse
-	(*APIKey)(nil),                     // 11: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 12: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 13: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 14: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 15: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 16: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 17: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 18: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 19: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 20: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 21: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 22: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 23: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 24: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 25: master.v1.ImportTemplateResponse
-	(*DeleteTemplateRequest)(nil),      // 26: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 27: master.v1.DeleteTemplateResponse
-	nil,                                // 28: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 29: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 30: master.v1.Sandbox.MetadataEntry
-	nil,                                // 31: master.v1.ListSandboxesRequest.MetadataEntry
-	(*v1.RuntimeInfo)(nil),             // 32: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 33: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 34: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 35: google.protobuf.Duration
+	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
+	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
+	(*WatchRoutesRequest)(nil),         // 2: master.v1.WatchRoutesRequest
+	(*RouteEvent)(nil),                 // 3: master.v1.RouteEvent
+	(*SandboxActivity)(nil),            // 4: master.v1.SandboxActivity
+	(*ReportActivityRequest)(nil),      // 5: master.v1.ReportActivityRequest
+	(*ReportActivityResponse)(nil),     // 6: master.v1.ReportActivityResponse
+	(*NodeReport)(nil),                 // 7: master.v1.NodeReport
+	(*TemplateRef)(nil),                // 8: master.v1.TemplateRef
+	(*RegisterRequest)(nil),            // 9: master.v1.RegisterRequest
+	(*RegisterResponse)(nil),           // 10: master.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),           // 11: master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 12: master.v1.HeartbeatResponse
+	(*Node)(nil),                       // 13: master.v1.Node
+	(*ListNodesRequest)(nil),           // 14: master.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 15: master.v1.ListNodesResponse
+	(*SetNodeSchedulableRequest)(nil),  // 16: master.v1.SetNodeSchedulableRequest
+	(*SetNodeSchedulableResponse)(nil), // 17: master.v1.SetNodeSchedulableResponse
+	(*APIKey)(nil),                     // 18: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 19: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 20: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 21: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 22: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 23: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 24: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 25: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 26: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 27: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 28: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 29: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 30: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 31: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 32: master.v1.ImportTemplateResponse
+	(*DeleteTemplateRequest)(nil),      // 33: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 34: master.v1.DeleteTemplateResponse
+	nil,                                // 35: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 36: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 37: master.v1.Sandbox.MetadataEntry
+	nil,                                // 38: master.v1.ListSandboxesRequest.MetadataEntry
+	(*v1.RuntimeInfo)(nil),             // 39: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 40: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 42: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
-	32, // 0: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	28, // 1: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	29, // 2: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
-	1,  // 3: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	33, // 4: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	34, // 5: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
-	34, // 6: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
-	0,  // 7: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	35, // 8: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	0,  // 9: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	35, // 10: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	0,  // 11: master.v1.Node.report:type_name -> master.v1.NodeReport
-	34, // 12: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	34, // 13: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	6,  // 14: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	6,  // 15: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	34, // 16: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	34, // 17: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	11, // 18: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	11, // 19: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	30, // 20: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	34, // 21: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	34, // 22: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	31, // 23: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	18, // 24: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	34, // 25: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	21, // 26: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	21, // 27: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	2,  // 28: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	4,  // 29: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	7,  // 30: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	9,  // 31: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	12, // 32: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	14, // 33: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	16, // 34: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	19, // 35: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	22, // 36: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	24, // 37: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	26, // 38: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	3,  // 39: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	5,  // 40: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	8,  // 41: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	10, // 42: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	13, // 43: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	15, // 44: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	17, // 45: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	20, // 46: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	23, // 47: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	25, // 48: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	27, // 49: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	39, // [39:50] is the sub-list for method output_type
-	28, // [28:39] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
+	39, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	35, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	36, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	8,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
+	40, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	41, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	41, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 8: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
+	42, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 10: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
+	42, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 12: master.v1.Node.report:type_name -> master.v1.NodeReport
+	41, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	41, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	13, // 15: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	13, // 16: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	41, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	41, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	18, // 19: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	18, // 20: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	37, // 21: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	41, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	41, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	42, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	38, // 25: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	25, // 26: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	41, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	28, // 28: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	28, // 29: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	9,  // 30: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	11, // 31: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	14, // 32: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	16, // 33: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	19, // 34: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	21, // 35: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	23, // 36: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	26, // 37: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	29, // 38: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	31, // 39: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	33, // 40: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 41: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 42: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 43: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	10, // 44: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	12, // 45: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	15, // 46: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	17, // 47: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	20, // 48: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	22, // 49: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	24, // 50: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	27, // 51: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	30, // 52: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	32, // 53: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	34, // 54: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 55: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 56: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 57: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	44, // [44:58] is the sub-list for method output_type
+	30, // [30:44] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -1971,9 +2446,9 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   39,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_master_v1_master_proto_goTypes,
 		DependencyIndexes: file_master_v1_master_proto_depIdxs,

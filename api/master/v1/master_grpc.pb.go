@@ -595,3 +595,211 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "master/v1/master.proto",
 }
+
+const (
+	RouteService_ResolveRoute_FullMethodName   = "/master.v1.RouteService/ResolveRoute"
+	RouteService_WatchRoutes_FullMethodName    = "/master.v1.RouteService/WatchRoutes"
+	RouteService_ReportActivity_FullMethodName = "/master.v1.RouteService/ReportActivity"
+)
+
+// RouteServiceClient is the client API for RouteService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// RouteService is what cubeproxy replicas call: where a sandbox is (and, for
+// sandboxes created with autoResume, resume it first), a stream of
+// invalidations, and the traffic they saw (for the idle policy). It is
+// served where AdminService is, with the same token.
+type RouteServiceClient interface {
+	// ResolveRoute says where a running sandbox is. A paused sandbox is
+	// resumed first when resume is set and it was created with autoResume;
+	// otherwise FailedPrecondition. Unknown: NotFound.
+	ResolveRoute(ctx context.Context, in *ResolveRouteRequest, opts ...grpc.CallOption) (*ResolveRouteResponse, error)
+	// WatchRoutes streams the IDs of sandboxes whose route changed (paused,
+	// resumed, killed, moved). The first message is a reset: drop every
+	// cached route (the stream may have missed changes before it began).
+	WatchRoutes(ctx context.Context, in *WatchRoutesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RouteEvent], error)
+	// ReportActivity tells the master which sandboxes saw proxied traffic
+	// and how many requests or streams are open on each.
+	ReportActivity(ctx context.Context, in *ReportActivityRequest, opts ...grpc.CallOption) (*ReportActivityResponse, error)
+}
+
+type routeServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewRouteServiceClient(cc grpc.ClientConnInterface) RouteServiceClient {
+	return &routeServiceClient{cc}
+}
+
+func (c *routeServiceClient) ResolveRoute(ctx context.Context, in *ResolveRouteRequest, opts ...grpc.CallOption) (*ResolveRouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveRouteResponse)
+	err := c.cc.Invoke(ctx, RouteService_ResolveRoute_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *routeServiceClient) WatchRoutes(ctx context.Context, in *WatchRoutesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RouteEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RouteService_ServiceDesc.Streams[0], RouteService_WatchRoutes_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRoutesRequest, RouteEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RouteService_WatchRoutesClient = grpc.ServerStreamingClient[RouteEvent]
+
+func (c *routeServiceClient) ReportActivity(ctx context.Context, in *ReportActivityRequest, opts ...grpc.CallOption) (*ReportActivityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportActivityResponse)
+	err := c.cc.Invoke(ctx, RouteService_ReportActivity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RouteServiceServer is the server API for RouteService service.
+// All implementations must embed UnimplementedRouteServiceServer
+// for forward compatibility.
+//
+// RouteService is what cubeproxy replicas call: where a sandbox is (and, for
+// sandboxes created with autoResume, resume it first), a stream of
+// invalidations, and the traffic they saw (for the idle policy). It is
+// served where AdminService is, with the same token.
+type RouteServiceServer interface {
+	// ResolveRoute says where a running sandbox is. A paused sandbox is
+	// resumed first when resume is set and it was created with autoResume;
+	// otherwise FailedPrecondition. Unknown: NotFound.
+	ResolveRoute(context.Context, *ResolveRouteRequest) (*ResolveRouteResponse, error)
+	// WatchRoutes streams the IDs of sandboxes whose route changed (paused,
+	// resumed, killed, moved). The first message is a reset: drop every
+	// cached route (the stream may have missed changes before it began).
+	WatchRoutes(*WatchRoutesRequest, grpc.ServerStreamingServer[RouteEvent]) error
+	// ReportActivity tells the master which sandboxes saw proxied traffic
+	// and how many requests or streams are open on each.
+	ReportActivity(context.Context, *ReportActivityRequest) (*ReportActivityResponse, error)
+	mustEmbedUnimplementedRouteServiceServer()
+}
+
+// UnimplementedRouteServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedRouteServiceServer struct{}
+
+func (UnimplementedRouteServiceServer) ResolveRoute(context.Context, *ResolveRouteRequest) (*ResolveRouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveRoute not implemented")
+}
+func (UnimplementedRouteServiceServer) WatchRoutes(*WatchRoutesRequest, grpc.ServerStreamingServer[RouteEvent]) error {
+	return status.Error(codes.Unimplemented, "method WatchRoutes not implemented")
+}
+func (UnimplementedRouteServiceServer) ReportActivity(context.Context, *ReportActivityRequest) (*ReportActivityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportActivity not implemented")
+}
+func (UnimplementedRouteServiceServer) mustEmbedUnimplementedRouteServiceServer() {}
+func (UnimplementedRouteServiceServer) testEmbeddedByValue()                      {}
+
+// UnsafeRouteServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to RouteServiceServer will
+// result in compilation errors.
+type UnsafeRouteServiceServer interface {
+	mustEmbedUnimplementedRouteServiceServer()
+}
+
+func RegisterRouteServiceServer(s grpc.ServiceRegistrar, srv RouteServiceServer) {
+	// If the following call panics, it indicates UnimplementedRouteServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&RouteService_ServiceDesc, srv)
+}
+
+func _RouteService_ResolveRoute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveRouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RouteServiceServer).ResolveRoute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RouteService_ResolveRoute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RouteServiceServer).ResolveRoute(ctx, req.(*ResolveRouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RouteService_WatchRoutes_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRoutesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RouteServiceServer).WatchRoutes(m, &grpc.GenericServerStream[WatchRoutesRequest, RouteEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RouteService_WatchRoutesServer = grpc.ServerStreamingServer[RouteEvent]
+
+func _RouteService_ReportActivity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportActivityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RouteServiceServer).ReportActivity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RouteService_ReportActivity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RouteServiceServer).ReportActivity(ctx, req.(*ReportActivityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// RouteService_ServiceDesc is the grpc.ServiceDesc for RouteService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var RouteService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "master.v1.RouteService",
+	HandlerType: (*RouteServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ResolveRoute",
+			Handler:    _RouteService_ResolveRoute_Handler,
+		},
+		{
+			MethodName: "ReportActivity",
+			Handler:    _RouteService_ReportActivity_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchRoutes",
+			Handler:       _RouteService_WatchRoutes_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "master/v1/master.proto",
+}

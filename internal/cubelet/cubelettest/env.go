@@ -165,6 +165,7 @@ func (e *Env) Scope() leakcheck.Scope {
 		DataDir:          c.Node.DataDir,
 		RunDir:           c.Node.RunDir,
 		RuncRoot:         c.Runc.Root,
+		RunscRoot:        c.Gvisor.Root,
 		CgroupName:       c.Node.CgroupParent,
 		AllowMounts:      []string{c.PoolDir()},
 		AllowLoopBacking: []string{c.PoolDir() + ".img"},

@@ -99,6 +99,9 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 	if body.Secure != nil && *body.Secure {
 		req.Secure = true
 	}
+	if req.IdleTimeout, err = seconds("idleTimeout", body.IdleTimeout); err != nil {
+		return req, err
+	}
 	req.AutoPause = body.AutoPause != nil && *body.AutoPause
 	if body.AutoResume != nil && body.AutoResume.Enabled {
 		if !req.AutoPause {

@@ -101,6 +101,9 @@ type newSandbox struct {
 	MCP                 json.RawMessage   `json:"mcp"`
 	IAM                 json.RawMessage   `json:"iam"`
 	VolumeMounts        []volumeMount     `json:"volumeMounts"`
+	// IdleTimeout (seconds) is cube's extension: pause the sandbox after
+	// this long without API or proxied traffic and nothing in flight.
+	IdleTimeout *int64 `json:"idleTimeout"`
 }
 
 type autoResume struct {

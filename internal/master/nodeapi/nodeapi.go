@@ -180,7 +180,8 @@ func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandb
 		out.Sandboxes = append(out.Sandboxes, &masterpb.Sandbox{
 			SandboxId: s.ID, TemplateId: s.TemplateID, Alias: s.Alias, NodeId: s.NodeID, State: s.State,
 			Metadata: s.Metadata, StartedAt: ts(s.StartedAt), EndAt: ts(s.EndAt),
-			MilliCpu: s.MilliCPU, MemoryMib: s.MemoryMiB, AutoPause: s.AutoPause,
+			MilliCpu: s.MilliCPU, MemoryMib: s.MemoryMiB, AutoPause: s.AutoPause, AutoResume: s.AutoResume,
+			IdleTimeout: idleTimeout(s.IdleTimeout),
 		})
 	}
 	return out, nil
@@ -236,7 +237,7 @@ func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 			if nodeToken != "" && !tokenOK(ctx, masterpb.NodeTokenHeader, nodeToken) {
 				return nil, status.Error(codes.Unauthenticated, "missing or wrong node token (master nodes.token)")
 			}
-		case strings.HasPrefix(info.FullMethod, "/master.v1.AdminService/"):
+		case strings.HasPrefix(info.FullMethod, "/master.v1.AdminService/"), strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/"):
 			if adminToken != "" && !tokenOK(ctx, masterpb.AdminTokenHeader, adminToken) {
 				return nil, status.Error(codes.Unauthenticated, "missing or wrong admin token")
 			}
@@ -272,6 +273,7 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
+		masterpb.RegisterRouteServiceServer(gs, &RouteServer{svc: svc})
 		servers = append(servers, gs)
 	}
 	if a := cfg.API.Node; a != "" {
@@ -281,10 +283,12 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 			return fmt.Errorf("listen %s: %w", a, err)
 		}
 		lis = append(lis, l)
-		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)))
+		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
+			grpc.StreamInterceptor(streamGuard(cfg.API.AdminToken)))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		if cfg.API.AdminToken != "" {
 			masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
+			masterpb.RegisterRouteServiceServer(gs, &RouteServer{svc: svc})
 		}
 		servers = append(servers, gs)
 	}
@@ -314,4 +318,11 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 		err = nil
 	}
 	return err
+}
+
+func idleTimeout(d time.Duration) *durationpb.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return durationpb.New(d)
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/cubesandbox/cube/internal/cubeproxy"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
 	"github.com/cubesandbox/cube/internal/master/nodeapi"
@@ -22,6 +23,8 @@ type Server struct {
 	Service *master.Service
 	// Addresses actually bound (useful when the config says port 0).
 	E2BAddr, ProxyAddr string
+	// Proxy is the in-process cubeproxy (nil when the plain route runs).
+	Proxy *cubeproxy.Server
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -58,7 +61,10 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 			return nil, err
 		}
 	}
-	if cfg.Proxy.Listen != "" {
+	// With an admin socket, the route is cubeproxy in-process: it listens
+	// itself, below, once the socket is served.
+	inProcessProxy := cfg.Proxy.Listen != "" && cfg.API.Socket != ""
+	if cfg.Proxy.Listen != "" && !inProcessProxy {
 		if proxyLn, err = listen(cfg.Proxy.Listen); err != nil {
 			return nil, err
 		}
@@ -74,6 +80,13 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		}, log)
 		log.Info("E2B API listening", "addr", s.E2BAddr)
 		s.run(func() error { return e2bapi.Serve(rctx, api, e2bLn) })
+	}
+	if inProcessProxy {
+		if err := s.startProxy(rctx, cfg, log); err != nil {
+			s.cancel()
+			_ = s.Wait()
+			return nil, err
+		}
 	}
 	if proxyLn != nil {
 		s.ProxyAddr = proxyLn.Addr().String()

@@ -67,7 +67,7 @@ type Config struct {
 	// waiters upon save"), and the failed checkpoint kills the sandbox;
 	// enable it with a runsc that can. See docs/gvisor.md.
 	Checkpoint bool
-	Logger *slog.Logger // slog.Default() when nil
+	Logger     *slog.Logger // slog.Default() when nil
 }
 
 // Driver runs sandboxes as runsc containers. Like the runc driver it keeps
@@ -203,6 +203,9 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	if err := writeBundle(bundle, spec); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
 	}
+	if err := saveNet(spec, bundle); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
+	}
 	console, err := os.OpenFile(filepath.Join(bundle, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
@@ -227,14 +230,14 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 		}
 	}
 	if err == nil {
-		d.log.DebugContext(ctx, verb+"ed", "id", id, "pid", st.PID, "took", time.Since(begin))
+		d.log.DebugContext(ctx, verb, "id", id, "pid", st.PID, "took", time.Since(begin))
 		return st, nil
 	}
 	err = d.classify(ctx, verb, id, err, tail(logFile, 512))
 	if !errdefs.IsAlreadyExists(err) {
 		// Detached from ctx: the caller's ctx may be why we are here,
 		// and the rollback must still finish.
-		if cerr := d.destroy(context.WithoutCancel(ctx), id, networkFor(spec), spec.Linux.CgroupsPath); cerr != nil {
+		if cerr := d.destroy(context.WithoutCancel(ctx), id, bundle, spec); cerr != nil {
 			d.log.WarnContext(ctx, "rollback of failed "+verb, "id", id, "error", cerr)
 			err = errors.Join(err, cerr)
 		}
@@ -394,11 +397,12 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 			d.log.WarnContext(ctx, "resume before stop", "id", id, "error", err)
 		}
 	}
-	var cgroupPath string
-	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil {
-		cgroupPath = sp.Linux.CgroupsPath
+	sp, err := readSpec(c.Bundle)
+	if err != nil {
+		// No spec: nothing to give back, and runsc still deletes.
+		sp = &specs.Spec{}
 	}
-	if err := d.destroy(ctx, id, network, cgroupPath); err != nil {
+	if err := d.destroy(ctx, id, c.Bundle, sp); err != nil {
 		return err
 	}
 	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
@@ -406,17 +410,21 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 }
 
 // destroy force-deletes id (runsc kills the sandbox and gofer processes
-// and waits for them) and removes cgroupPath everywhere.
-func (d *Driver) destroy(ctx context.Context, id, network, cgroupPath string) error {
-	if err := d.rsc(network, "").Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil {
+// and waits for them), gives the network namespace its addresses back and
+// removes the cgroup everywhere.
+func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec) error {
+	if err := d.rsc(networkFor(sp), "").Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
 			return err
 		}
 	}
-	if cgroupPath == "" {
+	if err := restoreNet(sp, bundle); err != nil {
+		return fmt.Errorf("gvisor stop %s: %w", id, err)
+	}
+	if sp.Linux == nil || sp.Linux.CgroupsPath == "" {
 		return nil
 	}
-	if _, err := runc.RemoveCgroup(cgroupPath, cgroupRemoveTimeout); err != nil {
+	if _, err := runc.RemoveCgroup(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
 		return fmt.Errorf("gvisor stop %s: %w", id, err)
 	}
 	return nil

@@ -344,3 +344,50 @@ func TestSandboxNetwork(t *testing.T) {
 	}
 	wantContinued(t, d, spec.ID, before)
 }
+
+// TestCheckpointWhilePaused is the snapshot flow cubelet runs: freeze,
+// checkpoint (the sandbox stays paused), copy the disk, thaw. The
+// original carries on, and a restore on the copy holds its memory and
+// the files it wrote before the freeze.
+func TestCheckpointWhilePaused(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	id := "mem-paused"
+	spec := startCounter(t, d, parent, id)
+	if _, err := execIn(t.Context(), d, id, "/bin/sh", "-c", "echo before > /tmp/mark"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Pause(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	if err := d.Checkpoint(t.Context(), id, dir, true); err != nil {
+		t.Fatalf("Checkpoint while paused: %v", err)
+	}
+	if st, err := d.State(t.Context(), id); err != nil || st.Status != runtime.StatusPaused {
+		t.Fatalf("after checkpoint: %+v, %v; want still paused", st, err)
+	}
+	clone := spec
+	clone.ID, clone.CgroupPath = "mem-paused-clone", parent+"/mem-paused-clone"
+	base := t.TempDir()
+	clone.BundleDir, clone.RootFS = filepath.Join(base, "bundle"), filepath.Join(base, "rootfs")
+	if out, err := exec.Command("cp", "-a", spec.RootFS, clone.RootFS).CombinedOutput(); err != nil {
+		t.Fatalf("copy rootfs: %v: %s", err, out)
+	}
+	if err := d.Resume(t.Context(), id); err != nil {
+		t.Fatalf("Resume after checkpoint: %v", err)
+	}
+	before := readState(t, d, id)
+	wantContinued(t, d, id, before)
+	stopAtEnd(t, d, clone.ID)
+	if _, err := d.Restore(t.Context(), clone, dir); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	got := readState(t, d, clone.ID)
+	if got.value != before.value {
+		t.Fatalf("clone holds %q, original %q", got.value, before.value)
+	}
+	if out, err := execIn(t.Context(), d, clone.ID, "/bin/cat", "/tmp/mark"); err != nil || strings.TrimSpace(out) != "before" {
+		t.Fatalf("clone /tmp/mark = %q, %v", out, err)
+	}
+}

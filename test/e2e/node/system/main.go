@@ -6,7 +6,11 @@
 // and E2B_API_KEY set, kills what the command left, stops the system,
 // checks for leaks and exits with the command's status.
 //
+// E2B_SANDBOX_URL is cubemaster's in-process cubeproxy; with
+// -standalone-proxy it is a separate cmd/cubeproxy process instead.
+//
 //	go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
+//	go run ./test/e2e/node/system -standalone-proxy -- npm --prefix test/e2e/node run test:controlplane
 package main
 
 import (
@@ -43,6 +47,7 @@ import (
 
 func main() {
 	verbose := flag.Bool("v", false, "show the daemons' logs")
+	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
 		flag.PrintDefaults()
@@ -64,6 +69,8 @@ func main() {
 	os.Exit(run(flag.Args(), *verbose, log))
 }
 
+var standaloneProxy bool
+
 func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -80,7 +87,7 @@ func freeAddr() (string, error) {
 }
 
 func build(dir string) error {
-	for _, b := range []string{"cubelet", "cubemaster", "cube-agent"} {
+	for _, b := range []string{"cubelet", "cubemaster", "cube-agent", "cubeproxy"} {
 		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b), "./cmd/"+b)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -167,6 +174,36 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 	}
 
+	if standaloneProxy {
+		addr, err := freeAddr()
+		if err != nil {
+			return fail(err)
+		}
+		pctx, stopProxy := context.WithCancel(ctx)
+		defer stopProxy()
+		p := exec.CommandContext(pctx, filepath.Join(bin, "cubeproxy"), "--master", filepath.Join(cfg.RunDir, "cubemaster.sock"),
+			"--listen", addr, "--domain", env["E2B_DOMAIN"])
+		p.Cancel = func() error { return p.Process.Signal(syscall.SIGTERM) }
+		if verbose {
+			p.Stderr = os.Stderr
+		}
+		if err := p.Start(); err != nil {
+			return fail(err)
+		}
+		defer func() { stopProxy(); _ = p.Wait() }()
+		env["E2B_SANDBOX_URL"] = "http://" + addr
+		for i := 0; ; i++ {
+			if resp, err := http.Get(env["E2B_SANDBOX_URL"] + "/health"); err == nil {
+				resp.Body.Close()
+				break
+			}
+			if i > 100 {
+				return fail(fmt.Errorf("cubeproxy did not come up"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		fmt.Fprintln(os.Stdout, "system: E2B_SANDBOX_URL is a standalone cubeproxy at", env["E2B_SANDBOX_URL"])
+	}
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],

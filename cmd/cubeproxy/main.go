@@ -1,0 +1,63 @@
+// Command cubeproxy is the sandbox data plane on its own: it routes
+// <port>-<sandboxID>.<domain> hosts and E2b-Sandbox-Id/Port headers to
+// sandboxes, with a route cache fed by cubemaster, auto-resume, TLS,
+// Prometheus metrics and access logs (package cubeproxy). It only wires
+// flags to that package; run as many replicas as you like.
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubeproxy"
+)
+
+func main() {
+	var cfg cubeproxy.Config
+	flag.StringVar(&cfg.Listen, "listen", "127.0.0.1:8082", "proxy address")
+	flag.StringVar(&cfg.Domain, "domain", "localhost", "sandbox host suffix: <port>-<sandboxID>.<domain>")
+	flag.StringVar(&cfg.MetricsListen, "metrics", "", "extra address serving /metrics (the proxy address serves it too)")
+	flag.StringVar(&cfg.ID, "id", "", "replica name in activity reports (default host-pid)")
+	flag.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "TLS certificate (PEM)")
+	flag.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "TLS key (PEM)")
+	flag.BoolVar(&cfg.TLS.SelfSigned, "tls-self-signed", false, "serve TLS with a self-signed certificate made at start (development)")
+	masterAddr := flag.String("master", envOr("CUBEMASTER_ADDR", "/run/cube/cubemaster.sock"), "cubemaster's admin API: unix socket path or host:port")
+	token := flag.String("admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster's api.admin_token (host:port only)")
+	debug := flag.Bool("debug", false, "debug logging")
+	flag.Parse()
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+	conn, err := cubeproxy.DialMaster(*masterAddr, *token)
+	if err != nil {
+		log.Error("cubeproxy: master", "err", err)
+		os.Exit(1)
+	}
+	defer conn.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := cubeproxy.Start(ctx, cfg, masterpb.NewRouteServiceClient(conn), log)
+	if err != nil {
+		log.Error("cubeproxy failed to start", "err", err)
+		os.Exit(1)
+	}
+	if err := srv.Wait(); err != nil {
+		log.Error("cubeproxy stopped with an error", "err", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

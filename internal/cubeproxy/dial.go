@@ -1,0 +1,36 @@
+package cubeproxy
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+)
+
+// DialMaster connects to the master's RouteService: addr is a unix socket
+// path ("/run/cube/cubemaster.sock" or "unix:///…"), served to root
+// without a token, or host:port, which needs the master's api.admin_token.
+func DialMaster(addr, token string) (*grpc.ClientConn, error) {
+	target := addr
+	if strings.HasPrefix(addr, "/") {
+		target = "unix://" + addr
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if token != "" {
+		withToken := func(ctx context.Context) context.Context {
+			return metadata.AppendToOutgoingContext(ctx, masterpb.AdminTokenHeader, token)
+		}
+		opts = append(opts,
+			grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				return invoker(withToken(ctx), method, req, reply, cc, o...)
+			}),
+			grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
+				return streamer(withToken(ctx), desc, cc, method, o...)
+			}))
+	}
+	return grpc.NewClient(target, opts...)
+}

@@ -1,0 +1,209 @@
+package cubeproxy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/proxy"
+)
+
+// Routes is a proxy.Resolver backed by the master's RouteService: a cache
+// of where sandboxes are, emptied entry by entry by the master's
+// WatchRoutes stream (a sandbox paused, resumed, killed or moved) and
+// wholesale whenever that stream breaks, since changes may have been
+// missed. While the stream is down nothing is cached: every request asks
+// the master, so a replica never serves a stale route for longer than ttl.
+//
+// A miss asks the master with resume=true: a paused sandbox created with
+// autoResume is resumed and then served. Concurrent misses for one sandbox
+// share one call (singleflight), so a burst triggers one resume per
+// replica, and the master's per-sandbox lock makes it one per cluster.
+type Routes struct {
+	client  masterpb.RouteServiceClient
+	log     *slog.Logger
+	ttl     time.Duration
+	self    identity
+	metrics *Metrics
+
+	mu      sync.Mutex
+	m       map[string]cached
+	gen     uint64 // bumped on every invalidation; a resolve started before one is not cached
+	watched atomic.Bool
+	sf      singleflight.Group
+}
+
+type cached struct {
+	t       *proxy.Target
+	expires time.Time
+}
+
+// identity is this machine and PID namespace: a sandbox on a node with the
+// same one can be reached through /proc/<pid>/ns/net.
+type identity struct{ bootID, pidNS string }
+
+func selfIdentity() identity {
+	var id identity
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		id.bootID = strings.TrimSpace(string(b))
+	}
+	id.pidNS, _ = os.Readlink("/proc/self/ns/pid")
+	return id
+}
+
+// resolveTimeout bounds one ResolveRoute call, an auto-resume included. It
+// does not follow the client's context: the resume other requests wait on
+// must not fail because the first client hung up.
+const resolveTimeout = 60 * time.Second
+
+var _ proxy.Resolver = (*Routes)(nil)
+
+// NewRoutes returns a Routes; Watch must run for it to cache.
+func NewRoutes(client masterpb.RouteServiceClient, ttl time.Duration, m *Metrics, log *slog.Logger) *Routes {
+	if ttl <= 0 {
+		ttl = 30 * time.Second
+	}
+	return &Routes{client: client, log: log, ttl: ttl, self: selfIdentity(), metrics: m, m: map[string]cached{}}
+}
+
+// Resolve implements proxy.Resolver.
+func (r *Routes) Resolve(ctx context.Context, id string) (*proxy.Target, error) {
+	r.mu.Lock()
+	e, ok := r.m[id]
+	gen := r.gen
+	r.mu.Unlock()
+	if ok && time.Now().Before(e.expires) {
+		return e.t, nil
+	}
+	ch := r.sf.DoChan(id, func() (any, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
+		defer cancel()
+		resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id, Resume: true})
+		if err != nil {
+			return nil, fromGRPC(err)
+		}
+		if resp.Resumed {
+			r.metrics.resumed(id)
+			r.log.Info("sandbox auto-resumed", "sandbox_id", id)
+		}
+		t := r.target(resp)
+		r.mu.Lock()
+		if r.watched.Load() && r.gen == gen {
+			r.m[id] = cached{t: t, expires: time.Now().Add(r.ttl)}
+		}
+		r.mu.Unlock()
+		return t, nil
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(*proxy.Target), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (r *Routes) target(resp *masterpb.ResolveRouteResponse) *proxy.Target {
+	t := &proxy.Target{SandboxID: resp.SandboxId, NodeID: resp.NodeId, HostIP: resp.HostIp, TrafficAccessToken: resp.TrafficAccessToken}
+	if resp.Pid > 0 && resp.NodeBootId != "" && resp.NodeBootId == r.self.bootID && resp.NodePidNamespace == r.self.pidNS {
+		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", resp.Pid)
+	}
+	return t
+}
+
+func (r *Routes) invalidate(id string) {
+	r.mu.Lock()
+	r.gen++
+	if id == "" {
+		clear(r.m)
+	} else {
+		delete(r.m, id)
+	}
+	r.mu.Unlock()
+}
+
+// Len is the number of cached routes.
+func (r *Routes) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.m)
+}
+
+// Watch follows the master's invalidations until ctx ends, reconnecting
+// with backoff. Caching is on only while the stream is up.
+func (r *Routes) Watch(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := r.watchOnce(ctx)
+		r.watched.Store(false)
+		r.invalidate("")
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("route watch broken; not caching until it is back", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+func (r *Routes) watchOnce(ctx context.Context) error {
+	// WaitForReady: while the master is unreachable the call waits for it
+	// instead of failing at once (Resolve calls still fail fast).
+	stream, err := r.client.WatchRoutes(ctx, &masterpb.WatchRoutesRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return err
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if ev.Reset_ {
+			r.invalidate("")
+			r.watched.Store(true)
+			continue
+		}
+		r.invalidate(ev.SandboxId)
+	}
+}
+
+// fromGRPC classifies a master error for proxy.writeError.
+func fromGRPC(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("master: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	var kind error
+	switch st.Code() {
+	case codes.NotFound:
+		kind = errdefs.ErrNotFound
+	case codes.FailedPrecondition:
+		kind = errdefs.ErrFailedPrecondition
+	case codes.InvalidArgument:
+		kind = errdefs.ErrInvalidArgument
+	default:
+		kind = errdefs.ErrUnavailable
+	}
+	return fmt.Errorf("%s: %w", st.Message(), kind)
+}
+
+// Watching reports whether the invalidation stream is up (routes are cached).
+func (r *Routes) Watching() bool { return r.watched.Load() }

@@ -1,0 +1,175 @@
+// Package cubeproxy is the sandbox data plane as a service of its own: the
+// route of package proxy (host and header routing, streaming, WebSocket,
+// h2c, traffic tokens) behind a route cache fed by the master (Routes),
+// with auto-resume, TLS, Prometheus metrics, access logs, and activity
+// reports that drive the master's idle policy. cmd/cubeproxy runs it
+// alone; cubemaster runs one in-process over its own socket. Any number of
+// replicas can run against one master: they share nothing but the master.
+package cubeproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/proxy"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Listen is the proxy's address (host:port; port 0 picks one).
+	Listen string
+	// Domain is the suffix of <port>-<sandboxID>.<domain> hosts.
+	Domain string
+	TLS    TLSConfig
+	// MetricsListen, when set, serves /metrics there too. The proxy's own
+	// listener serves /metrics and /health to requests naming no sandbox.
+	MetricsListen string
+	// ID names this replica in activity reports; the host name and PID
+	// when empty.
+	ID string
+	// CacheTTL bounds how long a cached route lives (30 s when zero).
+	CacheTTL time.Duration
+	// ReportInterval is how often activity goes to the master (1 s when zero).
+	ReportInterval time.Duration
+	// Dialer reaches sandboxes (proxy.NetDialer when nil).
+	Dialer proxy.Dialer
+}
+
+// Server is a running cubeproxy.
+type Server struct {
+	// Addr and MetricsAddr are the addresses actually bound.
+	Addr, MetricsAddr string
+	Routes            *Routes
+	Metrics           *Metrics
+	// TLS is the configuration served, nil for cleartext.
+	TLS *tls.Config
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	err    error
+}
+
+// Start listens and serves until ctx ends or Stop.
+func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.ID == "" {
+		h, _ := os.Hostname()
+		cfg.ID = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if cfg.ReportInterval <= 0 {
+		cfg.ReportInterval = time.Second
+	}
+	s := &Server{Metrics: NewMetrics()}
+	var err error
+	if cfg.TLS.enabled() {
+		if s.TLS, err = cfg.TLS.load(cfg.Domain); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	var mln net.Listener
+	if cfg.MetricsListen != "" {
+		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("listen %s: %w", cfg.MetricsListen, err)
+		}
+		s.MetricsAddr = mln.Addr().String()
+	}
+	s.Addr = ln.Addr().String()
+	s.Routes = NewRoutes(client, cfg.CacheTTL, s.Metrics, log)
+	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
+	act := newActivity()
+	local := http.NewServeMux()
+	local.Handle("GET /metrics", s.Metrics.Handler())
+	local.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	h := &observe{route: route, metrics: s.Metrics, act: act, log: log, local: local}
+
+	rctx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	s.goRun(func() error { s.Routes.Watch(rctx); return nil })
+	s.goRun(func() error { act.report(rctx, client, cfg.ID, cfg.ReportInterval, log); return nil })
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	if s.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
+	srv := &http.Server{Handler: h, Protocols: protocols, TLSConfig: s.TLS, ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	s.goRun(func() error { return serve(rctx, srv, ln, s.TLS != nil) })
+	if mln != nil {
+		msrv := &http.Server{Handler: local, ReadHeaderTimeout: 10 * time.Second}
+		s.goRun(func() error { return serve(rctx, msrv, mln, false) })
+	}
+	s.goRun(func() error { <-rctx.Done(); route.Close(); return nil })
+	log.Info("cubeproxy listening", "addr", s.Addr, "domain", cfg.Domain, "tls", s.TLS != nil, "metrics", s.MetricsAddr, "id", cfg.ID)
+	return s, nil
+}
+
+func serve(ctx context.Context, srv *http.Server, ln net.Listener, withTLS bool) error {
+	errc := make(chan error, 1)
+	go func() {
+		if withTLS {
+			errc <- srv.ServeTLS(ln, "", "")
+		} else {
+			errc <- srv.Serve(ln)
+		}
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func (s *Server) goRun(fn func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := fn(); err != nil {
+			s.mu.Lock()
+			s.err = errors.Join(s.err, err)
+			s.mu.Unlock()
+			s.cancel()
+		}
+	}()
+}
+
+// Wait blocks until the server has stopped and returns why.
+func (s *Server) Wait() error {
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Stop shuts the server down; open exchanges get 5 s to finish.
+func (s *Server) Stop() error {
+	s.cancel()
+	return s.Wait()
+}

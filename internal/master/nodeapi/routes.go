@@ -1,0 +1,74 @@
+package nodeapi
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// RouteServer implements masterpb.RouteServiceServer for cubeproxy
+// replicas. It is served wherever AdminService is, behind the same token.
+type RouteServer struct {
+	masterpb.UnimplementedRouteServiceServer
+	svc *master.Service
+}
+
+// ResolveRoute implements RouteService.
+func (r *RouteServer) ResolveRoute(ctx context.Context, req *masterpb.ResolveRouteRequest) (*masterpb.ResolveRouteResponse, error) {
+	if err := sandbox.ValidateID("sandbox_id", req.SandboxId); err != nil {
+		return nil, ToGRPC(err)
+	}
+	ri, err := r.svc.ResolveRoute(ctx, req.SandboxId, req.Resume)
+	if err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.ResolveRouteResponse{
+		SandboxId: ri.SandboxID, NodeId: ri.NodeID, HostIp: ri.HostIP, Pid: ri.PID,
+		NodeBootId: ri.NodeBootID, NodePidNamespace: ri.NodePID,
+		TrafficAccessToken: ri.TrafficAccessToken, Resumed: ri.Resumed,
+	}, nil
+}
+
+// WatchRoutes implements RouteService: a reset, then one event per change.
+func (r *RouteServer) WatchRoutes(_ *masterpb.WatchRoutesRequest, stream grpc.ServerStreamingServer[masterpb.RouteEvent]) error {
+	if err := stream.Send(&masterpb.RouteEvent{Reset_: true}); err != nil {
+		return err
+	}
+	err := r.svc.WatchRoutes(stream.Context(), func(id string) error {
+		return stream.Send(&masterpb.RouteEvent{SandboxId: id, Reason: "changed"})
+	})
+	return ToGRPC(err)
+}
+
+// ReportActivity implements RouteService.
+func (r *RouteServer) ReportActivity(ctx context.Context, req *masterpb.ReportActivityRequest) (*masterpb.ReportActivityResponse, error) {
+	acts := make([]master.Activity, 0, len(req.Sandboxes))
+	for _, a := range req.Sandboxes {
+		if err := sandbox.ValidateID("sandboxes.sandbox_id", a.SandboxId); err != nil {
+			return nil, ToGRPC(err)
+		}
+		acts = append(acts, master.Activity{SandboxID: a.SandboxId, InFlight: int(a.InFlight), Requests: a.Requests})
+	}
+	if err := r.svc.ReportActivity(ctx, req.ProxyId, acts); err != nil {
+		return nil, ToGRPC(err)
+	}
+	return &masterpb.ReportActivityResponse{}, nil
+}
+
+// streamGuard is guard for streaming calls (WatchRoutes).
+func streamGuard(adminToken string) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/") && adminToken != "" &&
+			!tokenOK(ss.Context(), masterpb.AdminTokenHeader, adminToken) {
+			return status.Error(codes.Unauthenticated, "missing or wrong admin token")
+		}
+		return h(srv, ss)
+	}
+}

@@ -1,0 +1,284 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+)
+
+// This file is the master's side of cubeproxy (issue 7): where a sandbox
+// is for a proxy replica (resuming sandboxes created with autoResume), and
+// a hub that tells every replica's route cache when a route changes.
+
+// RouteInfo is where a running sandbox can be reached, in terms any proxy
+// can use: a host IP, or a PID whose network namespace a proxy on the same
+// machine (boot ID and PID namespace) can enter.
+type RouteInfo struct {
+	SandboxID, NodeID   string
+	HostIP              string
+	PID                 int64
+	NodeBootID, NodePID string // the node's machine and PID namespace
+	TrafficAccessToken  string // required on proxied traffic when set
+	Resumed             bool   // this call resumed the sandbox
+}
+
+// ResolveRoute says where a sandbox is. A paused one is resumed first
+// (with sandbox.default_timeout as its new deadline) when resume is set and
+// it was created with autoResume; otherwise it is FailedPrecondition, which
+// proxies answer 409. Concurrent calls for one sandbox resume it once: the
+// verb lock serialises them and the later ones find it running.
+func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool) (*RouteInfo, error) {
+	sb, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	resumed := false
+	if sb.State == catalog.StatePaused {
+		if !resume || !sb.AutoResume {
+			return nil, fmt.Errorf("sandbox %s is paused and was not created with autoResume; resume or connect to it first: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		if sb, resumed, err = s.Connect(ctx, id, 0); err != nil {
+			return nil, fmt.Errorf("auto-resume %s: %w", id, err)
+		}
+		if resumed {
+			s.event(id, "info", "sandbox auto-resumed by proxied traffic", nil)
+			s.log.Info("sandbox auto-resumed by proxied traffic", "sandbox_id", id)
+		}
+	}
+	if sb.State != catalog.StateRunning {
+		return nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	c, err := s.client(sb.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.GetSandbox(ctx, &cubeletpb.GetSandboxRequest{SandboxId: id})
+	if err != nil {
+		return nil, fromGRPC(sb.NodeID, err)
+	}
+	t := s.target(sb, resp.Sandbox)
+	ri := &RouteInfo{
+		SandboxID: id, NodeID: sb.NodeID, HostIP: t.HostIP, PID: int64(resp.Sandbox.Pid),
+		TrafficAccessToken: t.TrafficAccessToken, Resumed: resumed,
+	}
+	s.reg.mu.Lock()
+	if ns := s.reg.nodes[sb.NodeID]; ns != nil && ns.report != nil {
+		ri.NodeBootID, ri.NodePID = ns.report.BootId, ns.report.PidNamespace
+	}
+	s.reg.mu.Unlock()
+	return ri, nil
+}
+
+// routeHub fans route invalidations out to watchers (proxy replicas).
+// A watcher that falls behind is dropped with its channel closed: it must
+// reconnect and start from a reset, as after any disconnect.
+type routeHub struct {
+	mu   sync.Mutex
+	subs map[chan string]struct{}
+}
+
+func newRouteHub() *routeHub { return &routeHub{subs: map[chan string]struct{}{}} }
+
+func (h *routeHub) publish(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs {
+		select {
+		case ch <- id:
+		default:
+			delete(h.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+// WatchRoutes calls fn with the ID of every sandbox whose route changes
+// (paused, resumed, killed) until ctx ends or fn fails. It returns
+// errdefs.ErrAborted when the watcher fell behind and must start again.
+func (s *Service) WatchRoutes(ctx context.Context, fn func(sandboxID string) error) error {
+	ch := make(chan string, 1024)
+	h := s.routes.hub
+	h.mu.Lock()
+	h.subs[ch] = struct{}{}
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		if _, ok := h.subs[ch]; ok {
+			delete(h.subs, ch)
+			close(ch)
+		}
+		h.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.ctx.Done():
+			return fmt.Errorf("master shutting down: %w", errdefs.ErrUnavailable)
+		case id, ok := <-ch:
+			if !ok {
+				return fmt.Errorf("route watcher fell behind: %w", errdefs.ErrAborted)
+			}
+			if err := fn(id); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Activity is one proxy's view of one sandbox's traffic.
+type Activity struct {
+	SandboxID string
+	InFlight  int   // requests and streams open now
+	Requests  int64 // since the last report
+}
+
+// activity is what the idle policy knows: when each sandbox last saw
+// traffic (API verbs or proxied requests) and how many requests each proxy
+// holds open. It lives in memory: a restarted master gives every sandbox a
+// full idle period again, which errs on the side of keeping it running.
+type activity struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+	open map[string]map[string]openCount // sandbox -> proxy -> count
+}
+
+type openCount struct {
+	n  int
+	at time.Time
+}
+
+// openStale is how long an open count from a proxy that stopped reporting
+// keeps a sandbox awake.
+const openStale = 15 * time.Second
+
+func newActivity() *activity {
+	return &activity{last: map[string]time.Time{}, open: map[string]map[string]openCount{}}
+}
+
+func (a *activity) touch(id string, now time.Time) {
+	a.mu.Lock()
+	a.last[id] = now
+	a.mu.Unlock()
+}
+
+// idleSince is when the sandbox was last active, or ok=false when it is
+// busy now. A sandbox never seen counts as active now.
+func (a *activity) idleSince(id string, now time.Time) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for p, c := range a.open[id] {
+		if now.Sub(c.at) > openStale {
+			delete(a.open[id], p)
+			continue
+		}
+		if c.n > 0 {
+			return time.Time{}, false
+		}
+	}
+	t, ok := a.last[id]
+	if !ok {
+		a.last[id] = now
+		t = now
+	}
+	return t, true
+}
+
+func (a *activity) forget(id string) {
+	a.mu.Lock()
+	delete(a.last, id)
+	delete(a.open, id)
+	a.mu.Unlock()
+}
+
+// ReportActivity records what a proxy replica saw since its last report.
+func (s *Service) ReportActivity(_ context.Context, proxyID string, acts []Activity) error {
+	if proxyID == "" {
+		return fieldErr("proxy_id", "is required")
+	}
+	now := time.Now()
+	a := s.activity
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, act := range acts {
+		if act.InFlight < 0 || act.Requests < 0 {
+			return fieldErr("sandboxes", "negative counts for %s", act.SandboxID)
+		}
+		if act.Requests > 0 || act.InFlight > 0 {
+			a.last[act.SandboxID] = now
+		}
+		m := a.open[act.SandboxID]
+		if m == nil {
+			m = map[string]openCount{}
+			a.open[act.SandboxID] = m
+		}
+		m[proxyID] = openCount{n: act.InFlight, at: now}
+	}
+	return nil
+}
+
+// idleLoop pauses running sandboxes that have an idle timeout and have had
+// no traffic and nothing open for that long.
+func (s *Service) idleLoop(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.Sandbox.ExpiryInterval.Duration)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		sbs, _, err := s.cat.ListSandboxes(ctx, catalog.Query{States: []string{catalog.StateRunning}})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("idle: list sandboxes", "err", err)
+			}
+			continue
+		}
+		now := time.Now()
+		for _, sb := range sbs {
+			if sb.IdleTimeout <= 0 {
+				continue
+			}
+			since, idle := s.activity.idleSince(sb.ID, now)
+			if !idle || now.Sub(since) < sb.IdleTimeout {
+				continue
+			}
+			if err := s.pauseIdle(ctx, sb.ID); err != nil && ctx.Err() == nil {
+				s.log.Warn("idle pause failed; will retry", "sandbox_id", sb.ID, "err", err)
+			}
+		}
+	}
+}
+
+func (s *Service) pauseIdle(ctx context.Context, id string) error {
+	unlock, err := s.locks.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	sb, err := s.Get(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// Re-check under the lock: a request may have arrived meanwhile.
+	since, idle := s.activity.idleSince(id, time.Now())
+	if sb.State != catalog.StateRunning || !idle || time.Since(since) < sb.IdleTimeout {
+		return nil
+	}
+	if err := s.pause(ctx, sb); err != nil {
+		return err
+	}
+	s.activity.forget(id)
+	s.event(id, "info", "idle: sandbox paused", map[string]string{"idle_timeout": sb.IdleTimeout.String()})
+	s.log.Info("sandbox paused: idle", "sandbox_id", id, "idle_timeout", sb.IdleTimeout)
+	return nil
+}

@@ -1,0 +1,34 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/master"
+)
+
+// startProxy runs cubeproxy in-process, talking to this master over its
+// admin socket exactly as a standalone replica would over TCP.
+func (s *Server) startProxy(ctx context.Context, cfg *master.Config, log *slog.Logger) error {
+	conn, err := cubeproxy.DialMaster(cfg.API.Socket, "")
+	if err != nil {
+		return err
+	}
+	p, err := cubeproxy.Start(ctx, cubeproxy.Config{
+		Listen: cfg.Proxy.Listen, Domain: cfg.Proxy.Domain, ID: "cubemaster",
+		TLS: cubeproxy.TLSConfig{CertFile: cfg.Proxy.TLSCert, KeyFile: cfg.Proxy.TLSKey, SelfSigned: cfg.Proxy.TLSSelfSigned},
+	}, masterpb.NewRouteServiceClient(conn), log.With("component", "cubeproxy"))
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	s.ProxyAddr, s.Proxy = p.Addr, p
+	s.run(func() error {
+		defer conn.Close()
+		<-ctx.Done()
+		return p.Stop()
+	})
+	return nil
+}
