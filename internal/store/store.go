@@ -38,7 +38,11 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state store %s: %w", path, err)
 	}
-	db.MaxBatchDelay = 2 * time.Millisecond
+	// A batch commits when this delay expires: a long delay is pure latency
+	// for a lone caller (every state write of a create waited for it).
+	// Coalescing under load does not need it: callers that arrive while a
+	// commit's fsync runs form the next batch anyway.
+	db.MaxBatchDelay = 100 * time.Microsecond
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta, bucketSnapshots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {

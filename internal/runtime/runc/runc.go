@@ -187,8 +187,13 @@ func (d *Driver) Checkpoint(context.Context, string, string, bool) error {
 // Pause freezes every process of the sandbox (cgroup freezer).
 func (d *Driver) Pause(ctx context.Context, id string) error {
 	begin := time.Now()
-	if err := d.rc.Pause(ctx, id); err != nil {
-		return d.classify(ctx, "pause", id, err, "")
+	if err := d.freeze(ctx, id, true); err != nil {
+		if !errors.Is(err, errNoFreezer) {
+			return fmt.Errorf("pause %s: %w", id, err)
+		}
+		if err := d.rc.Pause(ctx, id); err != nil {
+			return d.classify(ctx, "pause", id, err, "")
+		}
 	}
 	d.log.DebugContext(ctx, "paused", "id", id, "took", time.Since(begin))
 	return nil
@@ -197,8 +202,13 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 // Resume thaws a paused sandbox.
 func (d *Driver) Resume(ctx context.Context, id string) error {
 	begin := time.Now()
-	if err := d.rc.Resume(ctx, id); err != nil {
-		return d.classify(ctx, "resume", id, err, "")
+	if err := d.freeze(ctx, id, false); err != nil {
+		if !errors.Is(err, errNoFreezer) {
+			return fmt.Errorf("resume %s: %w", id, err)
+		}
+		if err := d.rc.Resume(ctx, id); err != nil {
+			return d.classify(ctx, "resume", id, err, "")
+		}
 	}
 	d.log.DebugContext(ctx, "resumed", "id", id, "took", time.Since(begin))
 	return nil
