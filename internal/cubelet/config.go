@@ -92,6 +92,11 @@ type Config struct {
 	GC struct {
 		Interval   Duration `toml:"interval"`
 		MaxBackoff Duration `toml:"max_backoff"`
+		// TemplatesUnusedAfter removes templates no sandbox or snapshot has
+		// used for this long (templategc.go); 0 = never.
+		TemplatesUnusedAfter Duration `toml:"templates_unused_after"`
+		// KeepTemplates are never collected.
+		KeepTemplates []string `toml:"keep_templates"`
 	} `toml:"gc"`
 	Master MasterConfig `toml:"master"`
 	// Network: the node's network-agent (network.go).

@@ -244,6 +244,7 @@ func (s *Service) gcLoop() {
 		}
 		s.runJournal(context.Background())
 		s.snapshotGC(context.Background())
+		s.templateGC(context.Background())
 	}
 }
 

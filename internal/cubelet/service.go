@@ -44,6 +44,8 @@ type Service struct {
 
 	tmplMu    sync.Mutex
 	importing map[string]bool // template IDs being imported
+	// unusedSince is when template GC first saw each template unused.
+	unusedSince map[string]time.Time
 
 	snaps snapRefs // in-flight users of snapshots (snapshots.go)
 

@@ -233,7 +233,7 @@ func (s *Service) idleLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		sbs, _, err := s.cat.ListSandboxes(ctx, catalog.Query{States: []string{catalog.StateRunning}})
+		sbs, err := s.cat.WithIdleTimeout(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Error("idle: list sandboxes", "err", err)

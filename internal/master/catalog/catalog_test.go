@@ -46,6 +46,7 @@ func TestCatalog(t *testing.T) {
 		{"Paging", testPaging},
 		{"ConcurrentUpdates", testConcurrentUpdates},
 		{"Expired", testExpired},
+		{"IdleTimeout", testIdleTimeout},
 		{"Snapshots", testSnapshots},
 		{"APIKeys", testAPIKeys},
 		{"Events", testEvents},

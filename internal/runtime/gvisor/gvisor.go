@@ -275,14 +275,17 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	return nil
 }
 
-// Checkpoint writes the sandbox's memory image to dir/checkpoint.img.
+// Checkpoint writes the sandbox's memory image to dir/checkpoint.img and
+// leaves the sandbox stopped; with leaveRunning it is then restored in
+// place from that image (RestoreInPlace) and put back in the state it had,
+// running or paused. (runsc's own --leave-running never returns in this
+// version.)
 //
-// A running sandbox is stopped by the checkpoint (runsc flushes its file
-// caches to the gofer first, so the disk under it is consistent with the
-// image while it stays stopped). With leaveRunning it is then restored in
-// place from that image under the same ID and bundle: this runsc version's
-// own --leave-running never returns. A paused sandbox is checkpointed
-// without being stopped and stays paused.
+// A paused sandbox is thawed right before the checkpoint: runsc
+// checkpoints a paused sandbox but then cannot stop it ("invalid state
+// transition"), and the sandbox hangs half-saved. The checkpoint freezes
+// the sandbox itself and flushes gVisor's file caches to the gofer, so the
+// disk, while the sandbox stays stopped, matches the image.
 func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	begin := time.Now()
 	if err := d.memoryOff("checkpoint", id); err != nil {
@@ -302,16 +305,30 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
 	}
 	network := networkOf(c.Bundle)
+	paused := c.Status == "paused"
+	if paused {
+		if err := d.rsc(network, "").Resume(ctx, id); err != nil {
+			return d.classify(ctx, "resume before checkpoint", id, err, "")
+		}
+	}
 	logFile := filepath.Join(c.Bundle, "runsc.log")
 	if err := d.runCheckpoint(ctx, id, dir, network, logFile); err != nil {
+		if paused {
+			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), id)
+		}
 		return err
 	}
 	d.log.DebugContext(ctx, "checkpointed", "id", id, "dir", dir, "took", time.Since(begin))
-	if !leaveRunning || c.Status == "paused" {
+	if !leaveRunning {
 		return nil
 	}
-	_, err = d.RestoreInPlace(ctx, id, dir)
-	return err
+	if _, err := d.RestoreInPlace(ctx, id, dir); err != nil {
+		return err
+	}
+	if paused {
+		return d.Pause(ctx, id)
+	}
+	return nil
 }
 
 // connRetries bounds how often Checkpoint retries while a TCP connection

@@ -50,16 +50,6 @@ func TestMeasure(t *testing.T) {
 		readState(t, d, id)
 		img := filepath.Join(t.TempDir(), "img")
 		timed("snapshot: driver Checkpoint(leaveRunning)", func() error { return d.Checkpoint(ctx, id, img, true) })
-		imgP := filepath.Join(t.TempDir(), "img")
-		timed("snapshot while paused (cubelet's way): driver Pause+Checkpoint+Resume", func() error {
-			if err := d.Pause(ctx, id); err != nil {
-				return err
-			}
-			if err := d.Checkpoint(ctx, id, imgP, true); err != nil {
-				return err
-			}
-			return d.Resume(ctx, id)
-		})
 		timed("pause (freeze): driver Pause", func() error { return d.Pause(ctx, id) })
 		timed("resume (thaw): driver Resume", func() error { return d.Resume(ctx, id) })
 		img2 := filepath.Join(t.TempDir(), "img")
@@ -85,15 +75,6 @@ func TestMeasure(t *testing.T) {
 		timed("create (cold): runsc run -detach", func() error { return raw("run", "-detach", "--bundle", spec.BundleDir, rid) })
 		time.Sleep(200 * time.Millisecond)
 		rimg := filepath.Join(t.TempDir(), "img")
-		rimgP := filepath.Join(t.TempDir(), "img")
-		timed("snapshot while paused (cubelet's way): runsc pause+checkpoint+resume", func() error {
-			for _, args := range [][]string{{"pause", rid}, {"checkpoint", "--image-path", rimgP, rid}, {"resume", rid}} {
-				if err := raw(args...); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
 		timed("pause (freeze): runsc pause", func() error { return raw("pause", rid) })
 		timed("resume (thaw): runsc resume", func() error { return raw("resume", rid) })
 		timed("pause-to-disk: runsc checkpoint", func() error { return raw("checkpoint", "--image-path", rimg, rid) })

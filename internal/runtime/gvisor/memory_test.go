@@ -345,10 +345,10 @@ func TestSandboxNetwork(t *testing.T) {
 	wantContinued(t, d, spec.ID, before)
 }
 
-// TestCheckpointWhilePaused is the snapshot flow cubelet runs: freeze,
-// checkpoint (the sandbox stays paused), copy the disk, thaw. The
-// original carries on, and a restore on the copy holds its memory and
-// the files it wrote before the freeze.
+// TestCheckpointWhilePaused is the snapshot flow cubelet runs on a
+// frozen sandbox: checkpoint (the sandbox stops), copy the disk, restore
+// in place, thaw. The original carries on where it was, and a restore on
+// the copy holds its memory and the files it wrote before the freeze.
 func TestCheckpointWhilePaused(t *testing.T) {
 	requireRunsc(t)
 	d, parent := newTestDriver(t), cgroupParent(t)
@@ -361,11 +361,11 @@ func TestCheckpointWhilePaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(t.TempDir(), "img")
-	if err := d.Checkpoint(t.Context(), id, dir, true); err != nil {
+	if err := d.Checkpoint(t.Context(), id, dir, false); err != nil {
 		t.Fatalf("Checkpoint while paused: %v", err)
 	}
-	if st, err := d.State(t.Context(), id); err != nil || st.Status != runtime.StatusPaused {
-		t.Fatalf("after checkpoint: %+v, %v; want still paused", st, err)
+	if st, err := d.State(t.Context(), id); err != nil || st.Status != runtime.StatusStopped {
+		t.Fatalf("after checkpoint: %+v, %v; want stopped", st, err)
 	}
 	clone := spec
 	clone.ID, clone.CgroupPath = "mem-paused-clone", parent+"/mem-paused-clone"
@@ -374,8 +374,8 @@ func TestCheckpointWhilePaused(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", spec.RootFS, clone.RootFS).CombinedOutput(); err != nil {
 		t.Fatalf("copy rootfs: %v: %s", err, out)
 	}
-	if err := d.Resume(t.Context(), id); err != nil {
-		t.Fatalf("Resume after checkpoint: %v", err)
+	if _, err := d.RestoreInPlace(t.Context(), id, dir); err != nil {
+		t.Fatalf("RestoreInPlace: %v", err)
 	}
 	before := readState(t, d, id)
 	wantContinued(t, d, id, before)
@@ -389,5 +389,19 @@ func TestCheckpointWhilePaused(t *testing.T) {
 	}
 	if out, err := execIn(t.Context(), d, clone.ID, "/bin/cat", "/tmp/mark"); err != nil || strings.TrimSpace(out) != "before" {
 		t.Fatalf("clone /tmp/mark = %q, %v", out, err)
+	}
+	// leaveRunning on a paused sandbox brings it back paused.
+	if err := d.Pause(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Checkpoint(t.Context(), id, filepath.Join(t.TempDir(), "img"), true); err != nil {
+		t.Fatalf("Checkpoint(leaveRunning) while paused: %v", err)
+	}
+	if st, err := d.State(t.Context(), id); err != nil || st.Status != runtime.StatusPaused {
+		ents, _ := os.ReadDir(d.root)
+		for _, e := range ents {
+			t.Log("root has", e.Name())
+		}
+		t.Fatalf("after checkpoint: %+v, %v; want paused again", st, err)
 	}
 }
