@@ -2,8 +2,12 @@ package cubelet
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
 // launch starts the sandbox's container: restored from the memory image
@@ -31,4 +35,44 @@ func memoryImage(d runtime.Driver, t *Task) string {
 		return ""
 	}
 	return sn.MemoryDir
+}
+
+// inPlaceRestorer is a driver that can restart a checkpointed sandbox from
+// its memory image under the same ID, bundle and namespaces (gvisor).
+type inPlaceRestorer interface {
+	RestoreInPlace(ctx context.Context, id, dir string) (runtime.State, error)
+}
+
+// restoreInPlace brings back the sandbox the memory action's checkpoint
+// stopped, once the disk copy is done (or the snapshot is undone): from
+// the image just written, then paused again if it was paused, with its
+// agent answering when running. Nothing to do when no checkpoint stopped it.
+func restoreInPlace(ctx context.Context, n *node, t *Task) error {
+	o, err := op(t)
+	if err != nil || !o.checkpointed {
+		return err
+	}
+	rec := t.Record()
+	d, err := n.driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	r, ok := d.(inPlaceRestorer)
+	if !ok {
+		return fmt.Errorf("runtime %s checkpointed but cannot restore in place: %w", rec.Runtime, errdefs.ErrInternal)
+	}
+	st, err := r.RestoreInPlace(ctx, rec.Container.ID, o.snap.MemoryDir)
+	if err != nil {
+		return err
+	}
+	o.checkpointed = false
+	// The restored container runs: nothing is frozen any more.
+	o.froze = false
+	if err := t.Update(func(r *sandbox.Record) { r.Container.PID = st.PID }); err != nil {
+		return err
+	}
+	if o.prev == lifecycle.Paused {
+		return d.Pause(ctx, rec.Container.ID)
+	}
+	return (&agentAction{n: n}).wait(ctx, t)
 }

@@ -57,6 +57,9 @@ type snapOp struct {
 	prev lifecycle.State
 	// froze: the snapshot flow paused a running container.
 	froze bool
+	// checkpointed: the memory action's checkpoint stopped the container;
+	// the thaw action (or the memory action's undo) restores it in place.
+	checkpointed bool
 	// stopped, swapped: how far a rollback got.
 	stopped, swapped bool
 	// prevSource is the sandbox's SourceSnapshotID before a rollback.
@@ -239,16 +242,22 @@ func (a *memoryAction) Snapshot(ctx context.Context, t *Task) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := d.Checkpoint(ctx, rec.Container.ID, dir, true); err != nil {
+	// Not leave-running: the container stays stopped until the disk is
+	// copied, so disk and memory image agree (memory.go).
+	if err := d.Checkpoint(ctx, rec.Container.ID, dir, false); err != nil {
 		return err
 	}
+	o.checkpointed = true
 	o.snap.HasMemory = true
 	return nil
 }
 
-func (a *memoryAction) UndoSnapshot(_ context.Context, t *Task) error {
+func (a *memoryAction) UndoSnapshot(ctx context.Context, t *Task) error {
 	o, err := op(t)
 	if err != nil {
+		return err
+	}
+	if err := restoreInPlace(ctx, a.n, t); err != nil {
 		return err
 	}
 	o.snap.HasMemory = false
@@ -262,7 +271,12 @@ type thawAction struct{ n *node }
 
 func (*thawAction) Name() string { return "thaw" }
 
-func (a *thawAction) Snapshot(ctx context.Context, t *Task) error { return thaw(ctx, a.n, t) }
+func (a *thawAction) Snapshot(ctx context.Context, t *Task) error {
+	if err := restoreInPlace(ctx, a.n, t); err != nil {
+		return err
+	}
+	return thaw(ctx, a.n, t)
+}
 
 // UndoSnapshot is nothing: the container action's undo thaws whatever is
 // still frozen.

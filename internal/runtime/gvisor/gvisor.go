@@ -251,7 +251,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Pause(ctx, id); err != nil {
+	if err := d.rsc(networkOf(c.Bundle), "").Pause(ctx, runscID(id)); err != nil {
 		return d.classify(ctx, "pause", id, err, "")
 	}
 	return nil
@@ -269,7 +269,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 			return fmt.Errorf("gvisor resume %s: %w", id, err)
 		}
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, id); err != nil {
+	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, runscID(id)); err != nil {
 		return d.classify(ctx, "resume", id, err, "")
 	}
 	return nil
@@ -307,14 +307,14 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	network := networkOf(c.Bundle)
 	paused := c.Status == "paused"
 	if paused {
-		if err := d.rsc(network, "").Resume(ctx, id); err != nil {
+		if err := d.rsc(network, "").Resume(ctx, runscID(id)); err != nil {
 			return d.classify(ctx, "resume before checkpoint", id, err, "")
 		}
 	}
 	logFile := filepath.Join(c.Bundle, "runsc.log")
 	if err := d.runCheckpoint(ctx, id, dir, network, logFile); err != nil {
 		if paused {
-			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), id)
+			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), runscID(id))
 		}
 		return err
 	}
@@ -342,7 +342,7 @@ const connRetries = 10
 // before it is reported as FailedPrecondition.
 func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile string) error {
 	for attempt := 0; ; attempt++ {
-		err := d.rsc(network, logFile).Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: dir})
+		err := d.rsc(network, logFile).Checkpoint(ctx, runscID(id), &gorunc.CheckpointOpts{ImagePath: dir})
 		if err == nil {
 			return nil
 		}
@@ -410,7 +410,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	// transition: paused => stopped") after killing it half-way; thaw
 	// first so delete takes its normal path.
 	if c.Status == "paused" {
-		if err := d.rsc(network, "").Resume(ctx, id); err != nil {
+		if err := d.rsc(network, "").Resume(ctx, runscID(id)); err != nil {
 			d.log.WarnContext(ctx, "resume before stop", "id", id, "error", err)
 		}
 	}
@@ -430,7 +430,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 // and waits for them), gives the network namespace its addresses back and
 // removes the cgroup everywhere.
 func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec) error {
-	if err := d.rsc(networkFor(sp), "").Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil {
+	if err := d.rsc(networkFor(sp), "").Delete(ctx, runscID(id), &gorunc.DeleteOpts{Force: true}); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -460,12 +460,19 @@ func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, e
 	if id == "" {
 		return nil, fmt.Errorf("gvisor: empty sandbox ID: %w", errdefs.ErrInvalidArgument)
 	}
-	c, err := d.rsc("none", "").State(ctx, id)
+	c, err := d.rsc("none", "").State(ctx, runscID(id))
 	if err != nil {
 		return nil, d.classify(ctx, "state", id, err, "")
 	}
+	c.ID = id
 	return c, nil
 }
+
+// runscID is the runsc container ID of sandbox id. This runsc resolves
+// IDs by prefix and refuses one that is the prefix of another ("sb-1"
+// while "sb-10" exists is "ambiguous"); the terminator, which sandbox IDs
+// never contain, makes no runsc ID a prefix of another.
+func runscID(id string) string { return id + "." }
 
 // List implements runtime.Driver; it reads runsc's root, so it also sees
 // sandboxes other processes started there.
@@ -476,6 +483,7 @@ func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
 	}
 	out := make([]runtime.State, 0, len(cs))
 	for _, c := range cs {
+		c.ID = strings.TrimSuffix(c.ID, ".")
 		out = append(out, toState(c))
 	}
 	return out, nil

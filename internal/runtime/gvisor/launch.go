@@ -36,9 +36,9 @@ func (d *Driver) runDetached(ctx context.Context, id, bundle, network, logFile, 
 		args = append(args, "--debug", "--debug-log="+filepath.Join(bundle, "debug")+"/")
 	}
 	if image == "" {
-		args = append(args, "run", "--detach", "--bundle", bundle, id)
+		args = append(args, "run", "--detach", "--bundle", bundle, runscID(id))
 	} else {
-		args = append(args, "restore", "--image-path", image, "--detach", "--bundle", bundle, id)
+		args = append(args, "restore", "--image-path", image, "--detach", "--bundle", bundle, runscID(id))
 	}
 	var cmd *exec.Cmd
 	if network == "sandbox" {

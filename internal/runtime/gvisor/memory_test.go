@@ -34,7 +34,7 @@ func execIn(ctx context.Context, d *Driver, id string, args ...string) (string, 
 	if err != nil {
 		return "", err
 	}
-	argv := append([]string{"--root", d.root, "--platform=" + d.platform, "--network=" + networkOf(c.Bundle), "exec", id}, args...)
+	argv := append([]string{"--root", d.root, "--platform=" + d.platform, "--network=" + networkOf(c.Bundle), "exec", runscID(id)}, args...)
 	out, err := exec.CommandContext(ctx, d.bin, argv...).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("runsc exec %s %v: %w: %s", id, args, err, out)
