@@ -224,6 +224,9 @@ func (a *containerAction) Create(ctx context.Context, t *Task) error {
 	if spec.Mounts, err = a.n.hostMountsFor(rec.HostMounts); err != nil {
 		return err
 	}
+	if m, ok := a.n.sharedAgent(); ok {
+		spec.Mounts = append(spec.Mounts, m)
+	}
 	st, err := launch(ctx, d, t, spec)
 	if err != nil {
 		return err
@@ -372,3 +375,19 @@ func WaitAgent(ctx context.Context, pid int) error {
 // it (bundle or rootfs mount point) is gone; whichever destroy runs last
 // gets it. ENOTEMPTY means another resource is still there: not an error.
 func removeIfEmpty(dir string) { _ = os.Remove(dir) }
+
+// sharedAgent is the read-only bind of the node's cube-agent over the
+// template's copy: the sandbox's disk copy of the binary would otherwise
+// be cached once per sandbox (its own file) and again under the loop
+// device's backing file. Skipped when the binary is missing, so a node
+// whose agent_binary went away still boots sandboxes from the template.
+func (n *node) sharedAgent() (runtime.Mount, bool) {
+	c := n.cfg.Storage
+	if !c.ShareAgentBinary || c.AgentBinary == "" {
+		return runtime.Mount{}, false
+	}
+	if st, err := os.Stat(c.AgentBinary); err != nil || !st.Mode().IsRegular() {
+		return runtime.Mount{}, false
+	}
+	return runtime.Mount{Source: c.AgentBinary, Destination: AgentPath, ReadOnly: true}, true
+}

@@ -60,6 +60,9 @@ type Config struct {
 		AllowCopy           bool   `toml:"allow_copy"`
 		AgentBinary         string `toml:"agent_binary"`
 		TemplateHeadroomMiB int64  `toml:"template_headroom_mib"`
+		// ShareAgentBinary binds agent_binary read-only over the template's
+		// copy, so every sandbox maps one page-cached file (actions.go).
+		ShareAgentBinary bool `toml:"share_agent_binary"`
 		// DiskPool and HostMountAllow: see config_storage.go.
 		DiskPool       DiskPoolConfig  `toml:"disk_pool"`
 		HostMountAllow []HostMountRule `toml:"host_mount_allow"`
