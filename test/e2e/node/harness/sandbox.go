@@ -16,6 +16,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testimage"
 )
 
 // node is a private cubelet with its own data dir (and loop-backed XFS
@@ -89,7 +90,7 @@ max_backoff = "2s"
 // one sandbox from it.
 func (n *node) createSandbox(ctx context.Context) (*sandbox.Record, error) {
 	img := filepath.Join(n.dir, "e2b-busybox-oci")
-	if err := writeE2BImage(img); err != nil {
+	if err := testimage.WriteE2BBusybox(img); err != nil {
 		return nil, fmt.Errorf("template image: %w", err)
 	}
 	if _, err := n.svc.ImportTemplate(ctx, "e2b-busybox", img, nil); err != nil {

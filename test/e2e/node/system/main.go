@@ -14,8 +14,6 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -32,12 +30,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/cubesandbox/cube/internal/launcher"
 	"github.com/cubesandbox/cube/internal/leakcheck"
@@ -131,7 +123,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	if err := build(bin); err != nil {
 		return fail(err)
 	}
-	if err := writeE2BImage(cfg.TemplateSource); err != nil {
+	if err := testimage.WriteE2BBusybox(cfg.TemplateSource); err != nil {
 		return fail(err)
 	}
 	var err error
@@ -264,42 +256,4 @@ func killAll(env map[string]string) int {
 		}
 	}
 	return len(list)
-}
-
-// bashShim stands in for bash in the busybox template: the E2B SDK runs
-// commands as `/bin/bash -l -c CMD`, which busybox's sh understands (the
-// same shim as test/e2e/node/harness; a real template ships real bash).
-const bashShim = "#!/bin/sh\nexec /bin/sh \"$@\"\n"
-
-func writeE2BImage(dir string) error {
-	base, err := testimage.BusyboxImage()
-	if err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "bin/bash", Mode: 0o755, Size: int64(len(bashShim)),
-		ModTime: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC), Format: tar.FormatPAX}); err != nil {
-		return err
-	}
-	if _, err := tw.Write([]byte(bashShim)); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return err
-	}
-	img, err := mutate.AppendLayers(base, layer)
-	if err != nil {
-		return err
-	}
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		return err
-	}
-	return p.AppendImage(img)
 }

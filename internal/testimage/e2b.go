@@ -1,4 +1,4 @@
-package main
+package testimage
 
 import (
 	"archive/tar"
@@ -13,19 +13,18 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-
-	"github.com/cubesandbox/cube/internal/testimage"
 )
 
-// bashShim stands in for bash in the busybox template: the E2B SDK runs
-// every command as `/bin/bash -l -c CMD` and every PTY as `/bin/bash -i -l`,
-// and busybox's ash understands both. A real template ships real bash.
+// bashShim stands in for bash in the busybox image: the E2B SDK runs every
+// command as `/bin/bash -l -c CMD` and every PTY as `/bin/bash -i -l`, and
+// busybox's ash understands both. A real template (base) ships real bash.
 const bashShim = "#!/bin/sh\n# cube e2e: the E2B SDK wants bash; busybox ash speaks the flags it uses.\nexec /bin/sh \"$@\"\n"
 
-// writeE2BImage writes the busybox test image plus /bin/bash as an OCI
-// layout at dir.
-func writeE2BImage(dir string) error {
-	base, err := testimage.BusyboxImage()
+// WriteE2BBusybox writes the busybox test image plus a /bin/bash shim as
+// an OCI layout at dir (replacing what is there): the smallest image the
+// unmodified E2B SDK can drive.
+func WriteE2BBusybox(dir string) error {
+	base, err := BusyboxImage()
 	if err != nil {
 		return err
 	}
