@@ -4,12 +4,13 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/runtime/runc"
 )
 
 // cgroupMount is one mounted cgroup hierarchy.
@@ -99,60 +100,29 @@ func cgroupDir(pid int, controller string) (dir string, v2 bool, err error) {
 	return "", false, fmt.Errorf("no %s cgroup for pid %d", controller, pid)
 }
 
-// removeCgroupEverywhere removes cgroupPath from every hierarchy (rmdir,
-// retried briefly: the kernel may hold a just-killed task's cgroup a moment).
-func removeCgroupEverywhere(cgroupPath string) error {
-	mounts, err := cgroupMounts()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, m := range mounts {
-		d := filepath.Join(m.dir, cgroupPath)
-		if d == m.dir {
-			continue
-		}
-		errs = append(errs, rmdirRetry(d, 2*time.Second))
-	}
-	return errors.Join(errs...)
-}
-
 // removeCgroupTree removes cgroupPath and the cgroups directly under it,
 // in every hierarchy.
 func removeCgroupTree(cgroupPath string) error {
-	mounts, err := cgroupMounts()
+	dirs, err := runc.CgroupDirs(cgroupPath)
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, m := range mounts {
-		d := filepath.Join(m.dir, cgroupPath)
-		if d == m.dir {
-			continue
-		}
+	kids := map[string]bool{}
+	for _, d := range dirs {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			if e.IsDir() {
-				errs = append(errs, rmdirRetry(filepath.Join(d, e.Name()), 2*time.Second))
+				kids[e.Name()] = true
 			}
 		}
-		errs = append(errs, rmdirRetry(d, 2*time.Second))
 	}
-	return errors.Join(errs...)
-}
-
-func rmdirRetry(dir string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := os.Remove(dir)
-		if err == nil || errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("remove cgroup %s: %w", dir, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var errs []error
+	for k := range kids {
+		_, err := runc.RemoveCgroup(filepath.Join(cgroupPath, k), 2*time.Second)
+		errs = append(errs, err)
 	}
+	_, err = runc.RemoveCgroup(cgroupPath, 2*time.Second)
+	return errors.Join(append(errs, err)...)
 }
 
 // cgroupProcs lists the PIDs in a cgroup directory.

@@ -194,7 +194,8 @@ func (b *rawBox) destroy(ctx context.Context) error {
 	if _, err := os.Stat(filepath.Join(b.n.runcRoot, b.id)); err == nil {
 		errs = append(errs, b.runcCmd(ctx, "delete", "--force", b.id))
 	}
-	errs = append(errs, removeCgroupEverywhere(b.cgroup))
+	_, err := runc.RemoveCgroup(b.cgroup, 2*time.Second)
+	errs = append(errs, err)
 	errs = append(errs, storage.UnmountDisk(ctx, b.rootfs, b.disk))
 	if err := os.RemoveAll(filepath.Dir(b.bundle)); err != nil {
 		errs = append(errs, err)

@@ -342,8 +342,14 @@ func (a *agentAction) wait(ctx context.Context, t *Task) error {
 // until it answers, the process dies, or ctx ends.
 func WaitAgent(ctx context.Context, pid int) error {
 	client := nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid))
+	return pollHealth(ctx, client, fmt.Sprintf("http://127.0.0.1:%d/health", AgentPort), pid)
+}
+
+// pollHealth GETs url with a doubling delay (1 ms to 20 ms) until it
+// answers 2xx, the sandbox's init (pid) dies, or ctx ends. Both ways of
+// reaching the agent (its netns, or its slot's host IP) use it.
+func pollHealth(ctx context.Context, client *http.Client, url string, pid int) error {
 	defer client.CloseIdleConnections()
-	url := fmt.Sprintf("http://127.0.0.1:%d/health", AgentPort)
 	delay := time.Millisecond
 	var last error
 	for {
@@ -362,7 +368,7 @@ func WaitAgent(ctx context.Context, pid int) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("agent not ready: %v (last: %v): %w", ctx.Err(), last, errdefs.ErrUnavailable)
+			return fmt.Errorf("agent not ready at %s: %v (last: %v): %w", url, ctx.Err(), last, errdefs.ErrUnavailable)
 		case <-time.After(delay):
 		}
 		if delay < 20*time.Millisecond {

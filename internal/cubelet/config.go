@@ -3,15 +3,12 @@ package cubelet
 import (
 	"bytes"
 	_ "embed"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
-
-	toml "github.com/pelletier/go-toml/v2"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/tomlconfig"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
 
@@ -23,20 +20,7 @@ var defaultTOML []byte
 func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
 
 // Duration is a time.Duration written as "20s" in TOML.
-type Duration struct{ time.Duration }
-
-// UnmarshalText implements encoding.TextUnmarshaler.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	d.Duration = v
-	return nil
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+type Duration = tomlconfig.Duration
 
 // Config is cubelet's configuration. See default.toml for every field.
 type Config struct {
@@ -111,50 +95,30 @@ type Config struct {
 // over them. Unknown keys in the file are an error: a typo must not
 // silently fall back to a default.
 func LoadConfig(path string) (*Config, error) {
-	var c Config
-	if err := toml.Unmarshal(defaultTOML, &c); err != nil {
-		return nil, fmt.Errorf("embedded config: %w", err)
-	}
+	var data []byte
 	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
 			return nil, fmt.Errorf("read config: %w", err)
 		}
-		if err := c.merge(data); err != nil {
-			return nil, fmt.Errorf("config %s: %w", path, err)
-		}
 	}
-	if err := c.finish(); err != nil {
-		return nil, err
+	c, err := ParseConfig(data)
+	if err != nil && path != "" {
+		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	return &c, nil
+	return c, err
 }
 
 // ParseConfig is LoadConfig for TOML text already in memory.
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
-	if err := toml.Unmarshal(defaultTOML, &c); err != nil {
-		return nil, err
-	}
-	if err := c.merge(data); err != nil {
+	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
 		return nil, err
 	}
 	if err := c.finish(); err != nil {
 		return nil, err
 	}
 	return &c, nil
-}
-
-func (c *Config) merge(data []byte) error {
-	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
-	if err := dec.Decode(c); err != nil {
-		var sme *toml.StrictMissingError
-		if errors.As(err, &sme) {
-			return fmt.Errorf("%s: %w", sme.String(), errdefs.ErrInvalidArgument)
-		}
-		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	return nil
 }
 
 func (c *Config) finish() error {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -260,31 +259,6 @@ func WaitAgentVia(ctx context.Context, pid int, hostIP string) error {
 		Proxy:       nil,
 		DialContext: (&net.Dialer{Timeout: time.Second}).DialContext,
 	}}
-	defer client.CloseIdleConnections()
 	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(AgentPort)) + "/health"
-	delay := time.Millisecond
-	var last error
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				return nil
-			}
-			err = fmt.Errorf("health answered %s", resp.Status)
-		}
-		last = err
-		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(serr, os.ErrNotExist) {
-			return fmt.Errorf("agent: sandbox init (pid %d) exited before answering: %w", pid, errdefs.ErrUnavailable)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("agent not ready at %s: %v (last: %v): %w", url, ctx.Err(), last, errdefs.ErrUnavailable)
-		case <-time.After(delay):
-		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
-		}
-	}
+	return pollHealth(ctx, client, url, pid)
 }

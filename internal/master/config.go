@@ -3,18 +3,16 @@ package master
 import (
 	"bytes"
 	_ "embed"
-	"errors"
 	"fmt"
 	"os"
 	"regexp"
 	"time"
 
-	toml "github.com/pelletier/go-toml/v2"
-
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/tomlconfig"
 )
 
 //go:embed default.toml
@@ -24,20 +22,7 @@ var defaultTOML []byte
 func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
 
 // Duration is a time.Duration written as "20s" in TOML.
-type Duration struct{ time.Duration }
-
-// UnmarshalText implements encoding.TextUnmarshaler.
-func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	if err != nil {
-		return err
-	}
-	d.Duration = v
-	return nil
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+type Duration = tomlconfig.Duration
 
 // Config is cubemaster's configuration; default.toml documents every field.
 type Config struct {
@@ -104,18 +89,8 @@ func LoadConfig(path string) (*Config, error) {
 // ParseConfig is LoadConfig for TOML text in memory.
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
-	if err := toml.Unmarshal(defaultTOML, &c); err != nil {
-		return nil, fmt.Errorf("embedded config: %w", err)
-	}
-	if len(data) > 0 {
-		dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			var sme *toml.StrictMissingError
-			if errors.As(err, &sme) {
-				return nil, fmt.Errorf("%s: %w", sme.String(), errdefs.ErrInvalidArgument)
-			}
-			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-		}
+	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
+		return nil, err
 	}
 	return &c, c.validate()
 }

@@ -3,18 +3,16 @@ package agent
 import (
 	"bytes"
 	_ "embed"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 
-	toml "github.com/pelletier/go-toml/v2"
-
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/ipam"
 	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/tomlconfig"
 )
 
 //go:embed default.toml
@@ -72,16 +70,8 @@ func LoadConfig(path string) (*Config, error) {
 // ParseConfig is LoadConfig for TOML already in memory.
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
-	if err := toml.Unmarshal(defaultTOML, &c); err != nil {
-		return nil, fmt.Errorf("embedded config: %w", err)
-	}
-	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		var sme *toml.StrictMissingError
-		if errors.As(err, &sme) {
-			return nil, fmt.Errorf("%s: %w", sme.String(), errdefs.ErrInvalidArgument)
-		}
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
+		return nil, err
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
