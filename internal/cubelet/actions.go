@@ -326,16 +326,9 @@ func (a *agentAction) Resume(ctx context.Context, t *Task) error { return a.wait
 func (a *agentAction) Destroy(context.Context, *Task) error { return nil }
 
 func (a *agentAction) wait(ctx context.Context, t *Task) error {
-	rec := t.Record()
-	if rec.Container == nil || rec.Container.PID == 0 {
-		return fmt.Errorf("agent: sandbox has no running container: %w", errdefs.ErrFailedPrecondition)
-	}
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.Sandbox.AgentReadyTimeout.Duration)
 	defer cancel()
-	if n := rec.Network; n != nil && n.HostIP != "" {
-		return WaitAgentVia(ctx, rec.Container.PID, n.HostIP)
-	}
-	return WaitAgent(ctx, rec.Container.PID)
+	return a.n.waitAgent(ctx, t.Record())
 }
 
 // WaitAgent polls the agent's /health in the network namespace of pid

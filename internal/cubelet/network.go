@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -255,10 +254,7 @@ func (s *Service) sweepNetworks(ctx context.Context, known map[string]bool, sum 
 // sandbox's init (pid) dies, or ctx ends. This is the path the proxy
 // uses, so a sandbox is Running only when it is reachable that way.
 func WaitAgentVia(ctx context.Context, pid int, hostIP string) error {
-	client := &http.Client{Transport: &http.Transport{
-		Proxy:       nil,
-		DialContext: (&net.Dialer{Timeout: time.Second}).DialContext,
-	}}
+	client := hostIPClient()
 	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(AgentPort)) + "/health"
 	return pollHealth(ctx, client, url, pid)
 }

@@ -25,6 +25,9 @@ type Capabilities struct {
 	Pause      bool `json:"pause"`
 	Checkpoint bool `json:"checkpoint"`
 	Restore    bool `json:"restore"`
+	// BootsDisk: the runtime boots Spec.Disk itself (a VM) instead of
+	// running processes on a host-mounted Spec.RootFS.
+	BootsDisk bool `json:"boots_disk"`
 }
 
 // Limits are the resource limits applied to the sandbox's cgroup.
@@ -39,7 +42,8 @@ type Limits struct {
 type Spec struct {
 	ID         string            // runtime-level ID, unique per node
 	BundleDir  string            // a directory owned by this sandbox for driver files (config.json, logs)
-	RootFS     string            // mounted root filesystem
+	RootFS     string            // mounted root filesystem (container runtimes)
+	Disk       string            // raw ext4 image booted as the root disk (VM runtimes; RootFS is empty then)
 	Args       []string          // PID 1 (cube-agent) and its arguments
 	Env        []string          // KEY=VALUE
 	Cwd        string            // working directory of PID 1, "/" when empty
