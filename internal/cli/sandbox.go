@@ -88,6 +88,9 @@ func sandboxCreate(g *globals) *cobra.Command {
 					return g.printJSON(resp)
 				}
 				g.table(sandboxHeaders, [][]string{sandboxRow(resp.Sandbox)})
+				for _, w := range resp.Warnings {
+					fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
+				}
 				if showTimings {
 					g.printTimings(resp.Timings)
 				}

@@ -16,24 +16,32 @@ import (
 
 func templateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Aliases: []string{"tpl"}, Short: "Import and manage templates"}
-	cmd.AddCommand(templateImport(g), templateList(g), templateInspect(g), templateRemove(g))
+	cmd.AddCommand(templateImport(g), templateList(g), templateInspect(g), templateWarm(g), templateRemove(g))
 	return cmd
 }
 
-var templateHeaders = []string{"ID", "DIGEST", "SIZE", "AGE", "SOURCE"}
+var templateHeaders = []string{"ID", "DIGEST", "SIZE", "RUNTIME", "WARM", "AGE", "SOURCE"}
 
 func templateRow(t *pb.Template) []string {
 	d := t.Digest
 	if len(d) > 19 {
 		d = d[:19]
 	}
-	return []string{t.Id, d, bytesHuman(t.SizeBytes), age(t.CreatedAt.AsTime()), t.Source}
+	rt := t.Runtime
+	if rt == "" {
+		rt = "(default)"
+	}
+	warm := "no"
+	if t.Warm {
+		warm = "yes"
+	}
+	return []string{t.Id, d, bytesHuman(t.SizeBytes), rt, warm, age(t.CreatedAt.AsTime()), t.Source}
 }
 
 func templateImport(g *globals) *cobra.Command {
 	var (
-		quiet, insecure, passwordStdin bool
-		image, username, password      string
+		quiet, insecure, passwordStdin, warm bool
+		image, username, password, runtime   string
 	)
 	cmd := &cobra.Command{
 		Use:   "import ID [SOURCE] | import ID --image REF",
@@ -62,7 +70,7 @@ not extracted again. Progress (phase, layer i/N, bytes) goes to stderr.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &pb.ImportTemplateRequest{TemplateId: args[0], ImageRef: image, Insecure: insecure}
+			req := &pb.ImportTemplateRequest{TemplateId: args[0], ImageRef: image, Insecure: insecure, Runtime: runtime, Warm: warm}
 			if len(args) == 2 {
 				req.Source = args[1]
 			}
@@ -113,6 +121,38 @@ not extracted again. Progress (phase, layer i/N, bytes) goes to stderr.`,
 	f.StringVar(&password, "password", "", "registry password or token (visible in ps: prefer --password-stdin)")
 	f.BoolVar(&passwordStdin, "password-stdin", false, "read the registry password or token from the first line of stdin")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry")
+	f.StringVar(&runtime, "runtime", "", "runtime creates from this template use when they name none (node default when empty)")
+	f.BoolVar(&warm, "warm", false, "warm the template after the import (see 'template warm')")
+	return cmd
+}
+
+func templateWarm(g *globals) *cobra.Command {
+	var runtime string
+	cmd := &cobra.Command{
+		Use:   "warm ID",
+		Short: "Boot the template once and keep a memory snapshot: creates from it restore instead of booting",
+		Long: `Boot a sandbox from the template, wait for its agent, take a memory
+snapshot and destroy the sandbox. Creates from the template (on that
+runtime) then restore the snapshot instead of booting. Warming again
+replaces the snapshot; deleting the template deletes it. The runtime must
+take memory snapshots (gvisor with checkpoints on, vm); runc cannot.`,
+		Example: `  cubecli template warm base --runtime vm`,
+		Args:    exactArgs(1, "a template ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.call(cmd, func(ctx context.Context, c pb.CubeletServiceClient) error {
+				resp, err := c.WarmTemplate(ctx, &pb.WarmTemplateRequest{TemplateId: args[0], Runtime: runtime})
+				if err != nil {
+					return err
+				}
+				if g.json() {
+					return g.printJSON(resp.Template)
+				}
+				g.table(templateHeaders, [][]string{templateRow(resp.Template)})
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&runtime, "runtime", "", "runtime to warm it on (the template's, else the node default)")
 	return cmd
 }
 
@@ -218,6 +258,7 @@ func templateInspect(g *globals) *cobra.Command {
 					{"ID", t.Id}, {"Digest", t.Digest}, {"Source", t.Source}, {"Size", bytesHuman(t.SizeBytes)},
 					{"Entrypoint", strings.Join(t.Entrypoint, " ")}, {"Cmd", strings.Join(t.Cmd, " ")},
 					{"WorkingDir", t.WorkingDir}, {"User", t.User}, {"Env", strings.Join(t.Env, " ")},
+					{"Runtime", t.Runtime}, {"Warm snapshot", t.WarmSnapshotId},
 				})
 				return nil
 			})

@@ -39,6 +39,13 @@ type node struct {
 	net netAgent
 }
 
+// bootsDisk: the runtime boots the sandbox disk itself (a VM), so
+// cubelet does not mount it.
+func (n *node) bootsDisk(runtime string) bool {
+	d, ok := n.drivers[runtime]
+	return ok && d.Capabilities().BootsDisk
+}
+
 func (n *node) driver(name string) (runtime.Driver, error) {
 	d, ok := n.drivers[name]
 	if !ok {
@@ -168,6 +175,9 @@ func (a *rootfsAction) Create(ctx context.Context, t *Task) error {
 	if rec.Disk == nil {
 		return fmt.Errorf("rootfs: sandbox has no disk: %w", errdefs.ErrFailedPrecondition)
 	}
+	if a.n.bootsDisk(rec.Runtime) {
+		return nil // the VM mounts its disk itself
+	}
 	target := filepath.Join(a.n.cfg.SandboxRunDir(rec.ID), "rootfs")
 	if err := t.Update(func(r *sandbox.Record) {
 		r.Mount = &sandbox.Mount{Target: target, Image: rec.Disk.Path}
@@ -200,12 +210,12 @@ func (*containerAction) Name() string { return "container" }
 
 func (a *containerAction) Create(ctx context.Context, t *Task) error {
 	rec := t.Record()
-	if rec.Mount == nil {
-		return fmt.Errorf("container: sandbox has no root filesystem: %w", errdefs.ErrFailedPrecondition)
-	}
 	d, err := a.n.driver(rec.Runtime)
 	if err != nil {
 		return err
+	}
+	if boots := d.Capabilities().BootsDisk; (boots && rec.Disk == nil) || (!boots && rec.Mount == nil) {
+		return fmt.Errorf("container: sandbox has no root filesystem: %w", errdefs.ErrFailedPrecondition)
 	}
 	c := &sandbox.Container{
 		ID:         rec.ID,
@@ -224,7 +234,7 @@ func (a *containerAction) Create(ctx context.Context, t *Task) error {
 	if spec.Mounts, err = a.n.hostMountsFor(rec.HostMounts); err != nil {
 		return err
 	}
-	if m, ok := a.n.sharedAgent(); ok {
+	if m, ok := a.n.sharedAgent(); ok && !d.Capabilities().BootsDisk {
 		spec.Mounts = append(spec.Mounts, m)
 	}
 	st, err := launch(ctx, d, t, spec)
@@ -243,10 +253,17 @@ func (a *containerAction) spec(rec *sandbox.Record, c *sandbox.Container, tmpl *
 		env = append(env, k+"="+v)
 	}
 	env = append(env, "CUBE_SANDBOX_ID="+rec.ID, "CUBE_TEMPLATE_ID="+rec.TemplateID)
+	var rootfs, disk string
+	if rec.Mount != nil {
+		rootfs = rec.Mount.Target
+	} else if rec.Disk != nil {
+		disk = rec.Disk.Path
+	}
 	return runtime.Spec{
 		ID:         c.ID,
 		BundleDir:  c.Bundle,
-		RootFS:     rec.Mount.Target,
+		RootFS:     rootfs,
+		Disk:       disk,
 		Args:       []string{AgentPath, "--addr", ":" + strconv.Itoa(AgentPort)},
 		Env:        env,
 		Cwd:        "/",

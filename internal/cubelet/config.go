@@ -65,7 +65,9 @@ type Config struct {
 		Root   string `toml:"root"`
 	} `toml:"runc"`
 	// Gvisor: the runsc driver (gvisor_config.go).
-	Gvisor  GvisorConfig `toml:"gvisor"`
+	Gvisor GvisorConfig `toml:"gvisor"`
+	// VM: the QEMU driver (vm_config.go).
+	VM      VMConfig `toml:"vm"`
 	Sandbox struct {
 		DefaultMilliCPU   int64    `toml:"default_milli_cpu"`
 		DefaultMemoryMiB  int64    `toml:"default_memory_mib"`
@@ -142,6 +144,9 @@ func (c *Config) finish() error {
 	}
 	if c.Runc.Root == "" {
 		c.Runc.Root = filepath.Join(c.Node.RunDir, "runc")
+	}
+	if c.VM.Root == "" {
+		c.VM.Root = filepath.Join(c.Node.RunDir, "vm")
 	}
 	if c.Gvisor.Root == "" {
 		c.Gvisor.Root = filepath.Join(c.Node.RunDir, "runsc")

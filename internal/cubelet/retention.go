@@ -25,10 +25,17 @@ func (s *Service) enforceRetention(ctx context.Context, sandboxID string) {
 	if c.MaxAge.Duration == 0 && c.MaxPerSandbox == 0 && c.MaxPerNode == 0 {
 		return
 	}
-	all, err := s.ListSnapshots(ctx, SnapshotFilter{})
+	listed, err := s.ListSnapshots(ctx, SnapshotFilter{})
 	if err != nil {
 		s.log.Warn("retention: list snapshots", "err", err)
 		return
+	}
+	// Warm snapshots belong to their template, not to retention.
+	all := listed[:0:0]
+	for _, sn := range listed {
+		if sn.WarmFor == "" {
+			all = append(all, sn)
+		}
 	}
 	doomed := map[string]bool{}
 	if c.MaxAge.Duration > 0 {

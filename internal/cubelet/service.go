@@ -149,12 +149,17 @@ type CreateRequest struct {
 	HostMounts []sandbox.HostMount
 	// Network is the egress policy; nil = the default (internet allowed).
 	Network *policy.Policy
+	// cold boots even when the template is warm (warming it).
+	cold bool
 }
 
 // Result is a sandbox and the timings of the flow that produced it.
 type Result struct {
 	Sandbox *sandbox.Record
 	Timings []workflow.Timing
+	// Warm: restored from the template's warm snapshot (warm.go).
+	Warm     bool
+	Warnings []string
 }
 
 // FieldError is an InvalidArgument about one request field.
@@ -204,6 +209,13 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if err := sandbox.ValidateID("template", req.TemplateID); err != nil {
 		return nil, &FieldError{Field: "template_id", Msg: err.Error()}
 	}
+	tmpl, err := s.store.GetTemplate(req.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	if req.Runtime == "" {
+		req.Runtime = tmpl.Runtime
+	}
 	if req.Runtime == "" {
 		req.Runtime = s.cfg.Node.DefaultRuntime
 	}
@@ -249,15 +261,10 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if len(req.RequestID) > 128 {
 		return nil, fieldErr("request_id", "longer than 128 bytes")
 	}
-	var err error
 	if req.HostMounts, err = s.node.checkHostMounts(req.HostMounts); err != nil {
 		return nil, err
 	}
 	if err := s.checkNetworkPolicy(req.Network); err != nil {
-		return nil, err
-	}
-	tmpl, err := s.store.GetTemplate(req.TemplateID)
-	if err != nil {
 		return nil, err
 	}
 	return tmpl, nil
@@ -273,6 +280,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 	}
 	if req.SandboxID == "" {
 		req.SandboxID = sandbox.NewID()
+	}
+	if sn := s.warmSnapshotFor(tmpl, &req); sn != nil {
+		return s.createWarm(ctx, req, sn)
 	}
 	now := time.Now().UTC()
 	rec := &sandbox.Record{

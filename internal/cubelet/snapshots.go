@@ -242,6 +242,9 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if err := warmOf(sn); err != nil {
+		return err
+	}
 	return s.removeSnapshot(sn, "deleted")
 }
 
@@ -358,7 +361,8 @@ func (s *Service) templateSnapshots(templateID string) (int, error) {
 	}
 	n := 0
 	for _, sn := range all {
-		if sn.TemplateID == templateID {
+		// Its own warm snapshot goes with the template.
+		if sn.TemplateID == templateID && sn.WarmFor != templateID {
 			n++
 		}
 	}

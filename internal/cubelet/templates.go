@@ -27,6 +27,11 @@ type TemplateImport struct {
 	// else anonymous. See template.Registry for how they combine.
 	Username, Password, Token string
 	Insecure                  bool // plain HTTP to the registry
+	// Runtime creates from the template run on when they name none
+	// ("" = the node default).
+	Runtime string
+	// Warm: warm the template once imported (WarmTemplate).
+	Warm bool
 }
 
 // Failpoints of template import (tests drive its cleanup with them).
@@ -59,6 +64,11 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	src, err := s.importSource(req)
 	if err != nil {
 		return nil, err
+	}
+	if req.Runtime != "" {
+		if _, err := s.node.driver(req.Runtime); err != nil {
+			return nil, &FieldError{Field: "runtime", Msg: err.Error()}
+		}
 	}
 	agentDigest, err := fileDigest(s.cfg.Storage.AgentBinary)
 	if err != nil {
@@ -125,7 +135,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	t := &sandbox.Template{
 		ID: id, Digest: meta.Digest, Source: img.Source, ImagePath: out, SizeBytes: meta.SizeBytes,
 		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir,
-		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest,
+		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest, Runtime: req.Runtime,
 	}
 	if err := s.store.CreateTemplate(t); err != nil {
 		return nil, err
@@ -272,6 +282,9 @@ func (s *Service) DeleteTemplate(ctx context.Context, id string) error {
 			return err
 		}
 		return fmt.Errorf("template %q is referenced by %d snapshot(s); delete them first: %w", id, n, errdefs.ErrFailedPrecondition)
+	}
+	if t.WarmSnapshotID != "" {
+		s.dropWarmSnapshot(t.WarmSnapshotID, "deleted with its template")
 	}
 	// Record first: a crash after it leaves only files, which reconcile
 	// sweeps; the other order could leave a record without its image.

@@ -68,7 +68,8 @@ func templateToPB(t *sandbox.Template) *pb.Template {
 	return &pb.Template{
 		Id: t.ID, Digest: t.Digest, Source: t.Source, SizeBytes: t.SizeBytes,
 		Entrypoint: t.Entrypoint, Cmd: t.Cmd, Env: t.Env, WorkingDir: t.WorkingDir, User: t.User,
-		CreatedAt: timestamppb.New(t.CreatedAt),
+		CreatedAt: timestamppb.New(t.CreatedAt), Runtime: t.Runtime,
+		Warm: t.WarmSnapshotID != "", WarmSnapshotId: t.WarmSnapshotID,
 	}
 }
 

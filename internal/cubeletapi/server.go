@@ -5,6 +5,7 @@ package cubeletapi
 
 import (
 	"context"
+	"fmt"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
@@ -46,7 +47,12 @@ func (s *Server) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest
 	if err != nil {
 		return nil, ToGRPC(err, req.SandboxId)
 	}
-	return &pb.CreateSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(cubelet.FlowCreate, res.Timings)}, nil
+	flow := cubelet.FlowCreate
+	if res.Warm {
+		flow = cubelet.FlowClone
+	}
+	return &pb.CreateSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(flow, res.Timings),
+		Warm: res.Warm, Warnings: res.Warnings}, nil
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *pb.GetSandboxRequest) (*pb.GetSandboxResponse, error) {
@@ -107,7 +113,7 @@ func (s *Server) ImportTemplate(req *pb.ImportTemplateRequest, stream pb.Cubelet
 			Phase: p.Phase, Layer: int32(p.Layer), Layers: int32(p.Layers), Bytes: p.Bytes, Total: p.Total,
 		}}})
 	}
-	in := cubelet.TemplateImport{TemplateID: req.TemplateId, Source: req.Source, ImageRef: req.ImageRef, Insecure: req.Insecure}
+	in := cubelet.TemplateImport{TemplateID: req.TemplateId, Source: req.Source, ImageRef: req.ImageRef, Insecure: req.Insecure, Runtime: req.Runtime}
 	if a := req.Auth; a != nil {
 		in.Username, in.Password, in.Token = a.Username, a.Password, a.Token
 	}
@@ -115,7 +121,23 @@ func (s *Server) ImportTemplate(req *pb.ImportTemplateRequest, stream pb.Cubelet
 	if err != nil {
 		return ToGRPC(err, "")
 	}
+	if req.Warm {
+		progress(template.Progress{Phase: "warm"})
+		w, err := s.svc.WarmTemplate(stream.Context(), t.ID, req.Runtime)
+		if err != nil {
+			return ToGRPC(fmt.Errorf("template %s imported, but warming it failed: %w", t.ID, err), "")
+		}
+		t = w.Template
+	}
 	return stream.Send(&pb.ImportTemplateResponse{Event: &pb.ImportTemplateResponse_Template{Template: templateToPB(t)}})
+}
+
+func (s *Server) WarmTemplate(ctx context.Context, req *pb.WarmTemplateRequest) (*pb.WarmTemplateResponse, error) {
+	res, err := s.svc.WarmTemplate(ctx, req.TemplateId, req.Runtime)
+	if err != nil {
+		return nil, ToGRPC(err, "")
+	}
+	return &pb.WarmTemplateResponse{Template: templateToPB(res.Template), Timings: timingsToPB("warm", res.Timings)}, nil
 }
 
 func (s *Server) ListTemplates(ctx context.Context, _ *pb.ListTemplatesRequest) (*pb.ListTemplatesResponse, error) {

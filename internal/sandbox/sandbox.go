@@ -138,6 +138,12 @@ type Template struct {
 	// image: a later import of the same Digest reuses this image only
 	// while the node's agent is the same.
 	AgentDigest string `json:"agent_digest,omitempty"`
+	// Runtime is what creates from this template run on when they name
+	// none ("" = the node default).
+	Runtime string `json:"runtime,omitempty"`
+	// WarmSnapshotID is a memory snapshot of a sandbox booted from this
+	// template (WarmTemplate): creates restore it instead of booting.
+	WarmSnapshotID string `json:"warm_snapshot_id,omitempty"`
 }
 
 // JournalEntry is a destroy that failed and is retried by the cleanup loop

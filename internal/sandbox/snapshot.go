@@ -34,6 +34,9 @@ type Snapshot struct {
 	// MemoryDir is the runtime's memory image ("" when disk only).
 	MemoryDir string `json:"memory_dir,omitempty"`
 	HasMemory bool   `json:"has_memory"`
+	// WarmFor is the template whose warm snapshot this is: retention
+	// never removes it, and it goes with the template (or a re-warm).
+	WarmFor string `json:"warm_for,omitempty"`
 	// SizeBytes is what the snapshot's files have allocated (st_blocks),
 	// extents shared with other clones included.
 	SizeBytes int64 `json:"size_bytes"`

@@ -155,6 +155,9 @@ func (s *Store) CreateTemplate(t *sandbox.Template) error {
 	})
 }
 
+// PutTemplate replaces an existing template record.
+func (s *Store) PutTemplate(t *sandbox.Template) error { return put(s, bucketTemplates, t.ID, t) }
+
 // GetTemplate reads one template; absent is ErrNotFound.
 func (s *Store) GetTemplate(id string) (*sandbox.Template, error) {
 	return get[sandbox.Template](s, bucketTemplates, "template", id)

@@ -744,9 +744,14 @@ func (x *CreateSandboxRequest) GetHostMounts() []*HostMount {
 }
 
 type CreateSandboxResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Timings       []*ActionTiming        `protobuf:"bytes,2,rep,name=timings,proto3" json:"timings,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Timings []*ActionTiming        `protobuf:"bytes,2,rep,name=timings,proto3" json:"timings,omitempty"`
+	// Set when the create restored the template's warm snapshot.
+	Warm bool `protobuf:"varint,3,opt,name=warm,proto3" json:"warm,omitempty"`
+	// What the create did differently from what was asked (e.g. a warm
+	// restore keeps the snapshot's CPU/memory shape).
+	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -791,6 +796,20 @@ func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
 func (x *CreateSandboxResponse) GetTimings() []*ActionTiming {
 	if x != nil {
 		return x.Timings
+	}
+	return nil
+}
+
+func (x *CreateSandboxResponse) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
+}
+
+func (x *CreateSandboxResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
 	}
 	return nil
 }
@@ -1299,9 +1318,10 @@ type Template struct {
 	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	Runtime    string                 `protobuf:"bytes,11,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Whether creates from this template restore a warm memory snapshot.
-	Warm          bool `protobuf:"varint,12,opt,name=warm,proto3" json:"warm,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Warm           bool   `protobuf:"varint,12,opt,name=warm,proto3" json:"warm,omitempty"`
+	WarmSnapshotId string `protobuf:"bytes,13,opt,name=warm_snapshot_id,json=warmSnapshotId,proto3" json:"warm_snapshot_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Template) Reset() {
@@ -1418,6 +1438,13 @@ func (x *Template) GetWarm() bool {
 	return false
 }
 
+func (x *Template) GetWarmSnapshotId() string {
+	if x != nil {
+		return x.WarmSnapshotId
+	}
+	return ""
+}
+
 type ImportTemplateRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
@@ -1429,7 +1456,9 @@ type ImportTemplateRequest struct {
 	// Plain HTTP to the registry (loopback test registries).
 	Insecure bool `protobuf:"varint,5,opt,name=insecure,proto3" json:"insecure,omitempty"`
 	// Runtime the template is for; empty = the node default.
-	Runtime       string `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime string `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// Warm the template after the import (see WarmTemplate).
+	Warm          bool `protobuf:"varint,7,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1506,6 +1535,119 @@ func (x *ImportTemplateRequest) GetRuntime() string {
 	return ""
 }
 
+func (x *ImportTemplateRequest) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
+}
+
+type WarmTemplateRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	// Runtime to warm it on; empty = the template's runtime, else the node
+	// default. It must be able to take memory snapshots.
+	Runtime       string `protobuf:"bytes,2,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmTemplateRequest) Reset() {
+	*x = WarmTemplateRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmTemplateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmTemplateRequest) ProtoMessage() {}
+
+func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmTemplateRequest.ProtoReflect.Descriptor instead.
+func (*WarmTemplateRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WarmTemplateRequest) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *WarmTemplateRequest) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+type WarmTemplateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Template      *Template              `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	Timings       []*ActionTiming        `protobuf:"bytes,2,rep,name=timings,proto3" json:"timings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmTemplateResponse) Reset() {
+	*x = WarmTemplateResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmTemplateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmTemplateResponse) ProtoMessage() {}
+
+func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmTemplateResponse.ProtoReflect.Descriptor instead.
+func (*WarmTemplateResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WarmTemplateResponse) GetTemplate() *Template {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+func (x *WarmTemplateResponse) GetTimings() []*ActionTiming {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
 type RegistryAuth struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Username      string                 `protobuf:"bytes,1,opt,name=username,proto3" json:"username,omitempty"`
@@ -1517,7 +1659,7 @@ type RegistryAuth struct {
 
 func (x *RegistryAuth) Reset() {
 	*x = RegistryAuth{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1671,7 @@ func (x *RegistryAuth) String() string {
 func (*RegistryAuth) ProtoMessage() {}
 
 func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1684,7 @@ func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryAuth.ProtoReflect.Descriptor instead.
 func (*RegistryAuth) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegistryAuth) GetUsername() string {
@@ -1579,7 +1721,7 @@ type ImportProgress struct {
 
 func (x *ImportProgress) Reset() {
 	*x = ImportProgress{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1733,7 @@ func (x *ImportProgress) String() string {
 func (*ImportProgress) ProtoMessage() {}
 
 func (x *ImportProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1746,7 @@ func (x *ImportProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportProgress.ProtoReflect.Descriptor instead.
 func (*ImportProgress) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ImportProgress) GetPhase() string {
@@ -1655,7 +1797,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1809,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1822,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ImportTemplateResponse) GetEvent() isImportTemplateResponse_Event {
@@ -1732,7 +1874,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1886,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1899,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
 }
 
 type ListTemplatesResponse struct {
@@ -1769,7 +1911,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1923,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1936,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -1813,7 +1955,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +1967,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +1980,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetTemplateRequest) GetTemplateId() string {
@@ -1857,7 +1999,7 @@ type GetTemplateResponse struct {
 
 func (x *GetTemplateResponse) Reset() {
 	*x = GetTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +2011,7 @@ func (x *GetTemplateResponse) String() string {
 func (*GetTemplateResponse) ProtoMessage() {}
 
 func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +2024,7 @@ func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateResponse.ProtoReflect.Descriptor instead.
 func (*GetTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetTemplateResponse) GetTemplate() *Template {
@@ -1901,7 +2043,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2055,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2068,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -1944,7 +2086,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2098,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2111,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
 }
 
 type RuntimeInfo struct {
@@ -1984,7 +2126,7 @@ type RuntimeInfo struct {
 
 func (x *RuntimeInfo) Reset() {
 	*x = RuntimeInfo{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2138,7 @@ func (x *RuntimeInfo) String() string {
 func (*RuntimeInfo) ProtoMessage() {}
 
 func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2151,7 @@ func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeInfo.ProtoReflect.Descriptor instead.
 func (*RuntimeInfo) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RuntimeInfo) GetName() string {
@@ -2048,7 +2190,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2202,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2215,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
 }
 
 type InfoResponse struct {
@@ -2096,7 +2238,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2250,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2263,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -2219,7 +2361,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2373,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2386,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Condition) GetType() string {
@@ -2276,7 +2418,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2288,7 +2430,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2301,7 +2443,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
 }
 
 type HealthResponse struct {
@@ -2314,7 +2456,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2468,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2481,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -2368,7 +2510,7 @@ type Flow struct {
 
 func (x *Flow) Reset() {
 	*x = Flow{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2522,7 @@ func (x *Flow) String() string {
 func (*Flow) ProtoMessage() {}
 
 func (x *Flow) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2535,7 @@ func (x *Flow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Flow.ProtoReflect.Descriptor instead.
 func (*Flow) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Flow) GetName() string {
@@ -2433,7 +2575,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2587,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2600,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Step) GetActions() []string {
@@ -2476,7 +2618,7 @@ type ListFlowsRequest struct {
 
 func (x *ListFlowsRequest) Reset() {
 	*x = ListFlowsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2630,7 @@ func (x *ListFlowsRequest) String() string {
 func (*ListFlowsRequest) ProtoMessage() {}
 
 func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2643,7 @@ func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsRequest.ProtoReflect.Descriptor instead.
 func (*ListFlowsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
 }
 
 type ListFlowsResponse struct {
@@ -2513,7 +2655,7 @@ type ListFlowsResponse struct {
 
 func (x *ListFlowsResponse) Reset() {
 	*x = ListFlowsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2667,7 @@ func (x *ListFlowsResponse) String() string {
 func (*ListFlowsResponse) ProtoMessage() {}
 
 func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2680,7 @@ func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsResponse.ProtoReflect.Descriptor instead.
 func (*ListFlowsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListFlowsResponse) GetFlows() []*Flow {
@@ -2559,7 +2701,7 @@ type SetFlowLimitRequest struct {
 
 func (x *SetFlowLimitRequest) Reset() {
 	*x = SetFlowLimitRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2713,7 @@ func (x *SetFlowLimitRequest) String() string {
 func (*SetFlowLimitRequest) ProtoMessage() {}
 
 func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2726,7 @@ func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitRequest.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SetFlowLimitRequest) GetFlow() string {
@@ -2610,7 +2752,7 @@ type SetFlowLimitResponse struct {
 
 func (x *SetFlowLimitResponse) Reset() {
 	*x = SetFlowLimitResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2764,7 @@ func (x *SetFlowLimitResponse) String() string {
 func (*SetFlowLimitResponse) ProtoMessage() {}
 
 func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2777,7 @@ func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitResponse.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetFlowLimitResponse) GetFlow() *Flow {
@@ -2661,7 +2803,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2815,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2828,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ErrorDetail) GetReason() string {
@@ -2727,7 +2869,7 @@ type UpdateSandboxNetworkRequest struct {
 
 func (x *UpdateSandboxNetworkRequest) Reset() {
 	*x = UpdateSandboxNetworkRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2881,7 @@ func (x *UpdateSandboxNetworkRequest) String() string {
 func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2894,7 @@ func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdateSandboxNetworkRequest) GetSandboxId() string {
@@ -2778,7 +2920,7 @@ type UpdateSandboxNetworkResponse struct {
 
 func (x *UpdateSandboxNetworkResponse) Reset() {
 	*x = UpdateSandboxNetworkResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2932,7 @@ func (x *UpdateSandboxNetworkResponse) String() string {
 func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2945,7 @@ func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
@@ -2834,7 +2976,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2846,7 +2988,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2859,7 +3001,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Snapshot) GetId() string {
@@ -2948,7 +3090,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3102,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3115,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SnapshotSandboxRequest) GetRequestId() string {
@@ -3028,7 +3170,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3040,7 +3182,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3053,7 +3195,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -3081,7 +3223,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3235,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3248,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -3132,7 +3274,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +3286,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +3299,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -3176,7 +3318,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3188,7 +3330,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3201,7 +3343,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetSnapshotRequest) GetSnapshotId() string {
@@ -3220,7 +3362,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +3374,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +3387,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3264,7 +3406,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3276,7 +3418,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3289,7 +3431,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -3307,7 +3449,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3319,7 +3461,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3332,7 +3474,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
 }
 
 type CloneSandboxRequest struct {
@@ -3353,7 +3495,7 @@ type CloneSandboxRequest struct {
 
 func (x *CloneSandboxRequest) Reset() {
 	*x = CloneSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3365,7 +3507,7 @@ func (x *CloneSandboxRequest) String() string {
 func (*CloneSandboxRequest) ProtoMessage() {}
 
 func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3378,7 +3520,7 @@ func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CloneSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CloneSandboxRequest) GetRequestId() string {
@@ -3447,7 +3589,7 @@ type CloneSandboxResponse struct {
 
 func (x *CloneSandboxResponse) Reset() {
 	*x = CloneSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3601,7 @@ func (x *CloneSandboxResponse) String() string {
 func (*CloneSandboxResponse) ProtoMessage() {}
 
 func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3614,7 @@ func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CloneSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CloneSandboxResponse) GetSandboxes() []*Sandbox {
@@ -3500,7 +3642,7 @@ type RollbackSandboxRequest struct {
 
 func (x *RollbackSandboxRequest) Reset() {
 	*x = RollbackSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3654,7 @@ func (x *RollbackSandboxRequest) String() string {
 func (*RollbackSandboxRequest) ProtoMessage() {}
 
 func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3667,7 @@ func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxRequest.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RollbackSandboxRequest) GetRequestId() string {
@@ -3559,7 +3701,7 @@ type RollbackSandboxResponse struct {
 
 func (x *RollbackSandboxResponse) Reset() {
 	*x = RollbackSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3571,7 +3713,7 @@ func (x *RollbackSandboxResponse) String() string {
 func (*RollbackSandboxResponse) ProtoMessage() {}
 
 func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,7 +3726,7 @@ func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxResponse.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RollbackSandboxResponse) GetSandbox() *Sandbox {
@@ -3694,10 +3836,12 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
 	"\x15CreateSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
-	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"2\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\x12\x12\n" +
+	"\x04warm\x18\x03 \x01(\bR\x04warm\x12\x1a\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"2\n" +
 	"\x11GetSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"C\n" +
@@ -3733,7 +3877,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"z\n" +
 	"\x15ResumeSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
-	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\xcb\x02\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\xf5\x02\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x16\n" +
@@ -3752,7 +3896,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"created_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
 	"\aruntime\x18\v \x01(\tR\aruntime\x12\x12\n" +
-	"\x04warm\x18\f \x01(\bR\x04warm\"\xd1\x01\n" +
+	"\x04warm\x18\f \x01(\bR\x04warm\x12(\n" +
+	"\x10warm_snapshot_id\x18\r \x01(\tR\x0ewarmSnapshotId\"\xe5\x01\n" +
 	"\x15ImportTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
@@ -3760,7 +3905,15 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\timage_ref\x18\x03 \x01(\tR\bimageRef\x12,\n" +
 	"\x04auth\x18\x04 \x01(\v2\x18.cubelet.v1.RegistryAuthR\x04auth\x12\x1a\n" +
 	"\binsecure\x18\x05 \x01(\bR\binsecure\x12\x18\n" +
-	"\aruntime\x18\x06 \x01(\tR\aruntime\"\\\n" +
+	"\aruntime\x18\x06 \x01(\tR\aruntime\x12\x12\n" +
+	"\x04warm\x18\a \x01(\bR\x04warm\"P\n" +
+	"\x13WarmTemplateRequest\x12\x1f\n" +
+	"\vtemplate_id\x18\x01 \x01(\tR\n" +
+	"templateId\x12\x18\n" +
+	"\aruntime\x18\x02 \x01(\tR\aruntime\"|\n" +
+	"\x14WarmTemplateResponse\x120\n" +
+	"\btemplate\x18\x01 \x01(\v2\x14.cubelet.v1.TemplateR\btemplate\x122\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\\\n" +
 	"\fRegistryAuth\x12\x1a\n" +
 	"\busername\x18\x01 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\x02 \x01(\tR\bpassword\x12\x14\n" +
@@ -3947,7 +4100,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x18SANDBOX_STATE_DESTROYING\x10\x05\x12\x1b\n" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x06\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\a\x12\x19\n" +
-	"\x15SANDBOX_STATE_UNKNOWN\x10\b2\xf0\r\n" +
+	"\x15SANDBOX_STATE_UNKNOWN\x10\b2\xc3\x0e\n" +
 	"\x0eCubeletService\x12T\n" +
 	"\rCreateSandbox\x12 .cubelet.v1.CreateSandboxRequest\x1a!.cubelet.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -3966,7 +4119,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x0eImportTemplate\x12!.cubelet.v1.ImportTemplateRequest\x1a\".cubelet.v1.ImportTemplateResponse0\x01\x12T\n" +
 	"\rListTemplates\x12 .cubelet.v1.ListTemplatesRequest\x1a!.cubelet.v1.ListTemplatesResponse\x12N\n" +
 	"\vGetTemplate\x12\x1e.cubelet.v1.GetTemplateRequest\x1a\x1f.cubelet.v1.GetTemplateResponse\x12W\n" +
-	"\x0eDeleteTemplate\x12!.cubelet.v1.DeleteTemplateRequest\x1a\".cubelet.v1.DeleteTemplateResponse\x129\n" +
+	"\x0eDeleteTemplate\x12!.cubelet.v1.DeleteTemplateRequest\x1a\".cubelet.v1.DeleteTemplateResponse\x12Q\n" +
+	"\fWarmTemplate\x12\x1f.cubelet.v1.WarmTemplateRequest\x1a .cubelet.v1.WarmTemplateResponse\x129\n" +
 	"\x04Info\x12\x17.cubelet.v1.InfoRequest\x1a\x18.cubelet.v1.InfoResponse\x12?\n" +
 	"\x06Health\x12\x19.cubelet.v1.HealthRequest\x1a\x1a.cubelet.v1.HealthResponse\x12H\n" +
 	"\tListFlows\x12\x1c.cubelet.v1.ListFlowsRequest\x1a\x1d.cubelet.v1.ListFlowsResponse\x12Q\n" +
@@ -3985,7 +4139,7 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 }
 
 var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
 	(*Resources)(nil),                    // 1: cubelet.v1.Resources
@@ -4008,167 +4162,173 @@ var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(*ResumeSandboxResponse)(nil),        // 18: cubelet.v1.ResumeSandboxResponse
 	(*Template)(nil),                     // 19: cubelet.v1.Template
 	(*ImportTemplateRequest)(nil),        // 20: cubelet.v1.ImportTemplateRequest
-	(*RegistryAuth)(nil),                 // 21: cubelet.v1.RegistryAuth
-	(*ImportProgress)(nil),               // 22: cubelet.v1.ImportProgress
-	(*ImportTemplateResponse)(nil),       // 23: cubelet.v1.ImportTemplateResponse
-	(*ListTemplatesRequest)(nil),         // 24: cubelet.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),        // 25: cubelet.v1.ListTemplatesResponse
-	(*GetTemplateRequest)(nil),           // 26: cubelet.v1.GetTemplateRequest
-	(*GetTemplateResponse)(nil),          // 27: cubelet.v1.GetTemplateResponse
-	(*DeleteTemplateRequest)(nil),        // 28: cubelet.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),       // 29: cubelet.v1.DeleteTemplateResponse
-	(*RuntimeInfo)(nil),                  // 30: cubelet.v1.RuntimeInfo
-	(*InfoRequest)(nil),                  // 31: cubelet.v1.InfoRequest
-	(*InfoResponse)(nil),                 // 32: cubelet.v1.InfoResponse
-	(*Condition)(nil),                    // 33: cubelet.v1.Condition
-	(*HealthRequest)(nil),                // 34: cubelet.v1.HealthRequest
-	(*HealthResponse)(nil),               // 35: cubelet.v1.HealthResponse
-	(*Flow)(nil),                         // 36: cubelet.v1.Flow
-	(*Step)(nil),                         // 37: cubelet.v1.Step
-	(*ListFlowsRequest)(nil),             // 38: cubelet.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),            // 39: cubelet.v1.ListFlowsResponse
-	(*SetFlowLimitRequest)(nil),          // 40: cubelet.v1.SetFlowLimitRequest
-	(*SetFlowLimitResponse)(nil),         // 41: cubelet.v1.SetFlowLimitResponse
-	(*ErrorDetail)(nil),                  // 42: cubelet.v1.ErrorDetail
-	(*UpdateSandboxNetworkRequest)(nil),  // 43: cubelet.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 44: cubelet.v1.UpdateSandboxNetworkResponse
-	(*Snapshot)(nil),                     // 45: cubelet.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),       // 46: cubelet.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),      // 47: cubelet.v1.SnapshotSandboxResponse
-	(*ListSnapshotsRequest)(nil),         // 48: cubelet.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 49: cubelet.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 50: cubelet.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 51: cubelet.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),        // 52: cubelet.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),       // 53: cubelet.v1.DeleteSnapshotResponse
-	(*CloneSandboxRequest)(nil),          // 54: cubelet.v1.CloneSandboxRequest
-	(*CloneSandboxResponse)(nil),         // 55: cubelet.v1.CloneSandboxResponse
-	(*RollbackSandboxRequest)(nil),       // 56: cubelet.v1.RollbackSandboxRequest
-	(*RollbackSandboxResponse)(nil),      // 57: cubelet.v1.RollbackSandboxResponse
-	nil,                                  // 58: cubelet.v1.Sandbox.LabelsEntry
-	nil,                                  // 59: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                                  // 60: cubelet.v1.Sandbox.EnvEntry
-	nil,                                  // 61: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 62: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                  // 63: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 64: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 65: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	nil,                                  // 66: cubelet.v1.Snapshot.LabelsEntry
-	nil,                                  // 67: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	nil,                                  // 68: cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	nil,                                  // 69: cubelet.v1.CloneSandboxRequest.LabelsEntry
-	nil,                                  // 70: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	nil,                                  // 71: cubelet.v1.CloneSandboxRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 72: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 73: google.protobuf.Duration
+	(*WarmTemplateRequest)(nil),          // 21: cubelet.v1.WarmTemplateRequest
+	(*WarmTemplateResponse)(nil),         // 22: cubelet.v1.WarmTemplateResponse
+	(*RegistryAuth)(nil),                 // 23: cubelet.v1.RegistryAuth
+	(*ImportProgress)(nil),               // 24: cubelet.v1.ImportProgress
+	(*ImportTemplateResponse)(nil),       // 25: cubelet.v1.ImportTemplateResponse
+	(*ListTemplatesRequest)(nil),         // 26: cubelet.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),        // 27: cubelet.v1.ListTemplatesResponse
+	(*GetTemplateRequest)(nil),           // 28: cubelet.v1.GetTemplateRequest
+	(*GetTemplateResponse)(nil),          // 29: cubelet.v1.GetTemplateResponse
+	(*DeleteTemplateRequest)(nil),        // 30: cubelet.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),       // 31: cubelet.v1.DeleteTemplateResponse
+	(*RuntimeInfo)(nil),                  // 32: cubelet.v1.RuntimeInfo
+	(*InfoRequest)(nil),                  // 33: cubelet.v1.InfoRequest
+	(*InfoResponse)(nil),                 // 34: cubelet.v1.InfoResponse
+	(*Condition)(nil),                    // 35: cubelet.v1.Condition
+	(*HealthRequest)(nil),                // 36: cubelet.v1.HealthRequest
+	(*HealthResponse)(nil),               // 37: cubelet.v1.HealthResponse
+	(*Flow)(nil),                         // 38: cubelet.v1.Flow
+	(*Step)(nil),                         // 39: cubelet.v1.Step
+	(*ListFlowsRequest)(nil),             // 40: cubelet.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),            // 41: cubelet.v1.ListFlowsResponse
+	(*SetFlowLimitRequest)(nil),          // 42: cubelet.v1.SetFlowLimitRequest
+	(*SetFlowLimitResponse)(nil),         // 43: cubelet.v1.SetFlowLimitResponse
+	(*ErrorDetail)(nil),                  // 44: cubelet.v1.ErrorDetail
+	(*UpdateSandboxNetworkRequest)(nil),  // 45: cubelet.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 46: cubelet.v1.UpdateSandboxNetworkResponse
+	(*Snapshot)(nil),                     // 47: cubelet.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),       // 48: cubelet.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),      // 49: cubelet.v1.SnapshotSandboxResponse
+	(*ListSnapshotsRequest)(nil),         // 50: cubelet.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 51: cubelet.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 52: cubelet.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 53: cubelet.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),        // 54: cubelet.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 55: cubelet.v1.DeleteSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 56: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 57: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 58: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 59: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 60: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 61: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 62: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 63: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 64: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 65: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 66: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 67: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 68: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 69: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 70: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 71: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 72: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 73: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 74: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 75: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,  // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	58, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	59, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	60, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	61, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
 	1,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	60, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	72, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	72, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	74, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	74, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
 	5,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
 	3,  // 9: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
-	73, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	61, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	62, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	75, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	63, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	64, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
 	1,  // 13: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	63, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	65, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
 	3,  // 15: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
 	5,  // 16: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
 	2,  // 17: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	6,  // 18: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	2,  // 19: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	0,  // 20: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	64, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	66, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
 	2,  // 22: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
 	6,  // 23: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	2,  // 24: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	6,  // 25: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	2,  // 26: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	6,  // 27: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	72, // 28: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	21, // 29: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	22, // 30: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
-	19, // 31: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
-	19, // 32: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	19, // 33: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
-	30, // 34: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	65, // 35: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
-	33, // 36: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
-	37, // 37: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
-	36, // 38: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
-	36, // 39: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
-	0,  // 40: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
-	3,  // 41: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
-	2,  // 42: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	66, // 43: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
-	72, // 44: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	67, // 45: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	45, // 46: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	6,  // 47: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	68, // 48: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	45, // 49: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
-	45, // 50: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	69, // 51: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
-	70, // 52: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	71, // 53: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
-	3,  // 54: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	2,  // 55: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	6,  // 56: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 57: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	6,  // 58: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	7,  // 59: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	9,  // 60: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	11, // 61: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	13, // 62: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	15, // 63: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	17, // 64: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	43, // 65: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
-	46, // 66: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
-	48, // 67: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
-	50, // 68: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
-	52, // 69: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
-	54, // 70: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
-	56, // 71: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
-	20, // 72: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	24, // 73: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	26, // 74: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	28, // 75: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	31, // 76: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	34, // 77: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	38, // 78: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	40, // 79: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	8,  // 80: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	10, // 81: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	12, // 82: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	14, // 83: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	16, // 84: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	18, // 85: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	44, // 86: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
-	47, // 87: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
-	49, // 88: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
-	51, // 89: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
-	53, // 90: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
-	55, // 91: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
-	57, // 92: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
-	23, // 93: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	25, // 94: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	27, // 95: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	29, // 96: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	32, // 97: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	35, // 98: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	39, // 99: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	41, // 100: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	80, // [80:101] is the sub-list for method output_type
-	59, // [59:80] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	74, // 28: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	23, // 29: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	19, // 30: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
+	6,  // 31: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
+	24, // 32: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
+	19, // 33: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
+	19, // 34: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
+	19, // 35: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
+	32, // 36: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	67, // 37: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	35, // 38: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
+	39, // 39: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
+	38, // 40: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
+	38, // 41: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
+	0,  // 42: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
+	3,  // 43: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
+	2,  // 44: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	68, // 45: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	74, // 46: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	69, // 47: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	47, // 48: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	6,  // 49: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	70, // 50: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	47, // 51: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
+	47, // 52: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	71, // 53: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	72, // 54: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	73, // 55: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	3,  // 56: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	2,  // 57: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	6,  // 58: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	2,  // 59: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	6,  // 60: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	7,  // 61: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	9,  // 62: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	11, // 63: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	13, // 64: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	15, // 65: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	17, // 66: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	45, // 67: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	48, // 68: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	50, // 69: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	52, // 70: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	54, // 71: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	56, // 72: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	58, // 73: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	20, // 74: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	26, // 75: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	28, // 76: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	30, // 77: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	21, // 78: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
+	33, // 79: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	36, // 80: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	40, // 81: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	42, // 82: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	8,  // 83: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	10, // 84: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	12, // 85: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	14, // 86: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	16, // 87: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	18, // 88: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	46, // 89: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	49, // 90: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	51, // 91: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	53, // 92: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	55, // 93: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	57, // 94: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	59, // 95: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	25, // 96: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	27, // 97: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	29, // 98: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	31, // 99: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	22, // 100: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
+	34, // 101: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	37, // 102: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	41, // 103: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	43, // 104: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	83, // [83:105] is the sub-list for method output_type
+	61, // [61:83] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -4177,7 +4337,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 		return
 	}
 	file_cubelet_v1_cubelet_proto_msgTypes[2].OneofWrappers = []any{}
-	file_cubelet_v1_cubelet_proto_msgTypes[22].OneofWrappers = []any{
+	file_cubelet_v1_cubelet_proto_msgTypes[24].OneofWrappers = []any{
 		(*ImportTemplateResponse_Progress)(nil),
 		(*ImportTemplateResponse_Template)(nil),
 	}
@@ -4187,7 +4347,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   71,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

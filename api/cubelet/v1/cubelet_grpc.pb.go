@@ -36,6 +36,7 @@ const (
 	CubeletService_ListTemplates_FullMethodName        = "/cubelet.v1.CubeletService/ListTemplates"
 	CubeletService_GetTemplate_FullMethodName          = "/cubelet.v1.CubeletService/GetTemplate"
 	CubeletService_DeleteTemplate_FullMethodName       = "/cubelet.v1.CubeletService/DeleteTemplate"
+	CubeletService_WarmTemplate_FullMethodName         = "/cubelet.v1.CubeletService/WarmTemplate"
 	CubeletService_Info_FullMethodName                 = "/cubelet.v1.CubeletService/Info"
 	CubeletService_Health_FullMethodName               = "/cubelet.v1.CubeletService/Health"
 	CubeletService_ListFlows_FullMethodName            = "/cubelet.v1.CubeletService/ListFlows"
@@ -71,6 +72,10 @@ type CubeletServiceClient interface {
 	ListTemplates(ctx context.Context, in *ListTemplatesRequest, opts ...grpc.CallOption) (*ListTemplatesResponse, error)
 	GetTemplate(ctx context.Context, in *GetTemplateRequest, opts ...grpc.CallOption) (*GetTemplateResponse, error)
 	DeleteTemplate(ctx context.Context, in *DeleteTemplateRequest, opts ...grpc.CallOption) (*DeleteTemplateResponse, error)
+	// Boots a sandbox from the template once, takes a memory snapshot of it
+	// and keeps that as the template's warm snapshot: creates from the
+	// template then restore it instead of booting.
+	WarmTemplate(ctx context.Context, in *WarmTemplateRequest, opts ...grpc.CallOption) (*WarmTemplateResponse, error)
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
 	// Admin: workflow flows and their concurrency limits, changeable live.
@@ -265,6 +270,16 @@ func (c *cubeletServiceClient) DeleteTemplate(ctx context.Context, in *DeleteTem
 	return out, nil
 }
 
+func (c *cubeletServiceClient) WarmTemplate(ctx context.Context, in *WarmTemplateRequest, opts ...grpc.CallOption) (*WarmTemplateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WarmTemplateResponse)
+	err := c.cc.Invoke(ctx, CubeletService_WarmTemplate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *cubeletServiceClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(InfoResponse)
@@ -334,6 +349,10 @@ type CubeletServiceServer interface {
 	ListTemplates(context.Context, *ListTemplatesRequest) (*ListTemplatesResponse, error)
 	GetTemplate(context.Context, *GetTemplateRequest) (*GetTemplateResponse, error)
 	DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error)
+	// Boots a sandbox from the template once, takes a memory snapshot of it
+	// and keeps that as the template's warm snapshot: creates from the
+	// template then restore it instead of booting.
+	WarmTemplate(context.Context, *WarmTemplateRequest) (*WarmTemplateResponse, error)
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
 	// Admin: workflow flows and their concurrency limits, changeable live.
@@ -399,6 +418,9 @@ func (UnimplementedCubeletServiceServer) GetTemplate(context.Context, *GetTempla
 }
 func (UnimplementedCubeletServiceServer) DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteTemplate not implemented")
+}
+func (UnimplementedCubeletServiceServer) WarmTemplate(context.Context, *WarmTemplateRequest) (*WarmTemplateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WarmTemplate not implemented")
 }
 func (UnimplementedCubeletServiceServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
@@ -732,6 +754,24 @@ func _CubeletService_DeleteTemplate_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CubeletService_WarmTemplate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WarmTemplateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).WarmTemplate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_WarmTemplate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).WarmTemplate(ctx, req.(*WarmTemplateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _CubeletService_Info_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(InfoRequest)
 	if err := dec(in); err != nil {
@@ -874,6 +914,10 @@ var CubeletService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteTemplate",
 			Handler:    _CubeletService_DeleteTemplate_Handler,
+		},
+		{
+			MethodName: "WarmTemplate",
+			Handler:    _CubeletService_WarmTemplate_Handler,
 		},
 		{
 			MethodName: "Info",
