@@ -266,11 +266,11 @@ func (c *cluster) sandboxList(cmd *cobra.Command, _ []string) error {
 			if s.State == "running" && s.EndAt != nil {
 				left = time.Until(s.EndAt.AsTime()).Round(time.Second).String()
 			}
-			rows = append(rows, []string{s.SandboxId, s.TemplateId, s.State, s.NodeId,
+			rows = append(rows, []string{s.SandboxId, s.TemplateId, s.State, s.NodeId, orDash(s.Runtime),
 				fmt.Sprintf("%.2f", float64(s.MilliCpu)/1000), fmt.Sprintf("%dMiB", s.MemoryMib),
 				age(s.StartedAt.AsTime()), left, labelsString(s.Metadata)})
 		}
-		c.g.table([]string{"ID", "TEMPLATE", "STATE", "NODE", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
+		c.g.table([]string{"ID", "TEMPLATE", "STATE", "NODE", "RUNTIME", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
 		return nil
 	})
 }
@@ -286,10 +286,44 @@ func (c *cluster) printTemplates(ts []*masterpb.ClusterTemplate) error {
 		if len(d) > 19 {
 			d = d[:19]
 		}
-		rows = append(rows, []string{t.TemplateId, d, bytesHuman(t.SizeBytes), strings.Join(t.Nodes, ",")})
+		rows = append(rows, []string{t.TemplateId, d, bytesHuman(t.SizeBytes), clusterTemplateRuntime(t),
+			fmt.Sprintf("%d/%d", len(t.WarmNodes), len(t.Nodes)), strings.Join(t.Nodes, ",")})
 	}
-	c.g.table([]string{"ID", "DIGEST", "SIZE", "NODES"}, rows)
+	c.g.table([]string{"ID", "DIGEST", "SIZE", "RUNTIME", "WARM", "NODES"}, rows)
 	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// clusterTemplateRuntime is the runtime the nodes' copies are for: one
+// name when they agree, "default" for the node default, else per node.
+func clusterTemplateRuntime(t *masterpb.ClusterTemplate) string {
+	seen := map[string]bool{}
+	for _, n := range t.Nodes {
+		seen[t.Runtimes[n]] = true
+	}
+	if len(seen) == 1 {
+		for rt := range seen {
+			if rt == "" {
+				return "default"
+			}
+			return rt
+		}
+	}
+	var parts []string
+	for _, n := range t.Nodes {
+		rt := t.Runtimes[n]
+		if rt == "" {
+			rt = "default"
+		}
+		parts = append(parts, n+"="+rt)
+	}
+	return strings.Join(parts, ",")
 }
 
 func (c *cluster) templateList(cmd *cobra.Command, _ []string) error {
@@ -307,8 +341,11 @@ func (c *cluster) templateImport(cmd *cobra.Command, args []string) error {
 		return usageError{fmt.Errorf("--all-nodes imports ID SOURCE (a path present on each node); --image is for one node's cubelet")}
 	}
 	node, _ := cmd.Flags().GetString("node")
+	runtime, _ := cmd.Flags().GetString("runtime")
+	warm, _ := cmd.Flags().GetBool("warm")
 	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
-		resp, err := a.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: args[0], Source: args[1], NodeId: node})
+		resp, err := a.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: args[0], Source: args[1], NodeId: node,
+			Runtime: runtime, Warm: warm})
 		if err != nil {
 			return err
 		}

@@ -186,6 +186,7 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 		for _, t := range tmpls {
 			r.Templates = append(r.Templates, &masterpb.TemplateRef{
 				Id: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: timestamppb.New(t.CreatedAt),
+				Runtime: t.Runtime, Warm: t.WarmSnapshotID != "",
 			})
 		}
 		sort.Slice(r.Templates, func(i, j int) bool { return r.Templates[i].Id < r.Templates[j].Id })

@@ -37,6 +37,9 @@ type CreateRequest struct {
 	// IdleTimeout pauses the sandbox after this long without traffic
 	// (cube's extension); 0: no idle policy.
 	IdleTimeout time.Duration
+	// Runtime is the driver to run on (cube's extension); "": the
+	// template's runtime, else the node default. See runtime.go.
+	Runtime string
 	// Secure issues an envd access token the SDK must send.
 	Secure   bool
 	Network  catalog.Network
@@ -243,9 +246,15 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err := ValidateNetwork(req.Network); err != nil {
 		return nil, err
 	}
+	if err := s.validateRuntime(req.Runtime); err != nil {
+		return nil, err
+	}
 	tmpl, snap, err := s.resolveTemplate(ctx, req.Template)
 	if err != nil {
 		return nil, err
+	}
+	if snap != nil && req.Runtime != "" && snap.Runtime != "" && snap.Runtime != req.Runtime {
+		return nil, fieldErr("runtime", "snapshot %s was taken on runtime %q; sandboxes from it run there, not on %q", snap.ID, snap.Runtime, req.Runtime)
 	}
 	now := time.Now().UTC()
 	sb := &catalog.Sandbox{
@@ -253,7 +262,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, DiskMiB: s.templateSizeMiB(tmpl),
 		StartedAt: now, EndAt: now.Add(req.Timeout),
 		AutoPause: req.AutoPause, AutoResume: req.AutoResume, IdleTimeout: req.IdleTimeout,
-		Network: req.Network, APIKeyID: req.APIKeyID, Metadata: req.Metadata,
+		Network: req.Network, APIKeyID: req.APIKeyID, Metadata: req.Metadata, Runtime: req.Runtime,
 	}
 	if req.Template != tmpl || snap != nil {
 		sb.Alias = req.Template
@@ -279,7 +288,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	start := time.Now()
 	var created *cubeletpb.Sandbox
 	nodes := s.schedNodes()
-	sreq := scheduler.Request{TemplateID: tmpl, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB}
+	sreq := scheduler.Request{TemplateID: tmpl, Runtime: req.Runtime, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		cands, rejs := s.sched.Rank(nodes, sreq)
 		var order []string
@@ -296,6 +305,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		})
 	if err != nil {
 		s.forgetFailed(sb.ID)
+		err = runtimePlacementErr(err, tmpl, req.Runtime)
 		var nn *scheduler.NoNodeError
 		if errors.As(err, &nn) && errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("template %q not found on any node: %w", req.Template, errdefs.ErrNotFound)
@@ -303,6 +313,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	sb.NodeID = node.ID
+	if sb.Runtime == "" {
+		sb.Runtime = created.GetRuntime()
+	}
 	err = failpoint.Eval(cctx, "master/create/placed")
 	if err == nil {
 		err = s.initAgent(cctx, sb, created, req.Env, "")
@@ -314,7 +327,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	up, err := s.cat.UpdateSandbox(cctx, sb.ID, func(r *catalog.Sandbox) error {
-		r.State, r.NodeID, r.EnvdVersion = catalog.StateRunning, node.ID, sb.EnvdVersion
+		r.State, r.NodeID, r.EnvdVersion, r.Runtime = catalog.StateRunning, node.ID, sb.EnvdVersion, sb.Runtime
 		// The deadline counts from when the sandbox is ready.
 		r.EndAt = time.Now().UTC().Add(req.Timeout)
 		return nil
@@ -343,11 +356,18 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 		Env:       env,
 		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
 		Network:   networkPolicy(sb.Network),
+		Runtime:   sb.Runtime,
 	})
 	err = fromGRPC(nodeID, err)
 	var created time.Time
 	if err == nil {
 		created = resp.Sandbox.GetCreatedAt().AsTime()
+		if resp.GetWarm() || len(resp.GetWarnings()) > 0 {
+			s.log.Info("node created the sandbox", "sandbox_id", sb.ID, "node_id", nodeID, "warm", resp.GetWarm(), "warnings", resp.GetWarnings())
+		}
+		for _, w := range resp.GetWarnings() {
+			s.event(sb.ID, "warn", w, map[string]string{"node": nodeID})
+		}
 	}
 	done(created)
 	if err != nil {

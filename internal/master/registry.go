@@ -314,7 +314,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 		r := ns.report
 		n := &scheduler.Node{
 			ID: id, Healthy: s.healthOf(ns, now) == "", Schedulable: ns.schedulable,
-			Templates: map[string]bool{}, TemplateSandboxes: map[string]int{},
+			Templates: map[string]bool{}, TemplateRuntimes: map[string]string{}, TemplateSandboxes: map[string]int{},
 			MilliCPU: int64(r.Cpus) * 1000, MemoryMiB: r.MemoryBytes >> 20,
 			AllocMilliCPU: r.AllocatedMilliCpu, AllocMemoryMiB: r.AllocatedMemoryMib,
 			MaxMilliCPU: r.MaxMilliCpu, MaxMemoryMiB: r.MaxMemoryMib,
@@ -324,6 +324,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 		}
 		for _, t := range r.Templates {
 			n.Templates[t.Id] = true
+			n.TemplateRuntimes[t.Id] = t.Runtime
 		}
 		for st, c := range r.SandboxesByState {
 			if st != "destroyed" {

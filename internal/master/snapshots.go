@@ -54,6 +54,10 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 	snap := &catalog.Snapshot{
 		ID: resp.Snapshot.GetId(), Name: name, SandboxID: sb.ID, NodeID: sb.NodeID, TemplateID: sb.TemplateID,
 		HasMemory: resp.Snapshot.GetHasMemory(), EnvdAccessToken: sb.EnvdAccessToken, CreatedAt: time.Now().UTC(),
+		Runtime: resp.Snapshot.GetRuntime(),
+	}
+	if snap.Runtime == "" {
+		snap.Runtime = sb.Runtime
 	}
 	if snap.ID == "" {
 		snap.ID = snapID
@@ -147,6 +151,7 @@ func (s *Service) childOf(src *catalog.Sandbox, snap *catalog.Snapshot, timeout 
 	c := &catalog.Sandbox{
 		ID: sandbox.NewID(), TemplateID: snap.TemplateID, Alias: snap.Name, NodeID: snap.NodeID, State: catalog.StateCreating,
 		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, StartedAt: now, EndAt: now.Add(timeout),
+		Runtime: snap.Runtime,
 	}
 	if src != nil {
 		c.AutoPause, c.AutoResume, c.Network, c.APIKeyID = src.AutoPause, src.AutoResume, src.Network, src.APIKeyID
@@ -167,6 +172,9 @@ func (s *Service) createFromSnapshot(ctx context.Context, sb *catalog.Sandbox, s
 		return nil, fmt.Errorf("snapshot %s is on node %s, which is unhealthy: %w", snap.ID, snap.NodeID, errdefs.ErrUnavailable)
 	}
 	sb.NodeID = snap.NodeID
+	if sb.Runtime == "" {
+		sb.Runtime = snap.Runtime
+	}
 	res := s.cloneOnto(ctx, snap, []*catalog.Sandbox{sb}, env)
 	return res[0].Sandbox, res[0].Err
 }
@@ -239,6 +247,9 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 		timeout := r.EndAt.Sub(r.StartedAt)
 		up, err := s.cat.UpdateSandbox(ctx, r.ID, func(x *catalog.Sandbox) error {
 			x.State, x.EnvdVersion = catalog.StateRunning, r.EnvdVersion
+			if rt := pb.GetRuntime(); rt != "" {
+				x.Runtime = rt
+			}
 			x.StartedAt = time.Now().UTC()
 			x.EndAt = x.StartedAt.Add(timeout)
 			return nil

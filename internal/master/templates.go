@@ -26,6 +26,13 @@ type Template struct {
 	CreatedAt time.Time
 	Nodes     []string
 	Aliases   []string
+	// Runtimes is the runtime each node's copy is for, by node ID (""
+	// there: that node's default). Copies are imported per node, so they
+	// may differ.
+	Runtimes map[string]string
+	// WarmNodes hold a warm memory snapshot of it: creates placed there
+	// restore instead of booting.
+	WarmNodes []string
 }
 
 // Templates lists every template some node holds, from the nodes' reports.
@@ -36,10 +43,14 @@ func (s *Service) Templates() []Template {
 		for _, t := range ns.report.Templates {
 			tt := byID[t.Id]
 			if tt == nil {
-				tt = &Template{ID: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.AsTime()}
+				tt = &Template{ID: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt.AsTime(), Runtimes: map[string]string{}}
 				byID[t.Id] = tt
 			}
 			tt.Nodes = append(tt.Nodes, id)
+			tt.Runtimes[id] = t.Runtime
+			if t.Warm {
+				tt.WarmNodes = append(tt.WarmNodes, id)
+			}
 		}
 	}
 	s.reg.mu.Unlock()
@@ -52,6 +63,7 @@ func (s *Service) Templates() []Template {
 	for _, t := range byID {
 		sort.Strings(t.Nodes)
 		sort.Strings(t.Aliases)
+		sort.Strings(t.WarmNodes)
 		out = append(out, *t)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
@@ -114,14 +126,33 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, er
 	return done, nil
 }
 
+// TemplateImport asks for a template to be imported.
+type TemplateImport struct {
+	ID string
+	// Source must exist on each target node: an OCI layout or image tar.
+	Source string
+	// NodeID is the one node to import on; "": every healthy node.
+	NodeID string
+	// Runtime creates from it run on when they name none; "": each
+	// node's default. Every target node must offer it.
+	Runtime string
+	// Warm boots it once on each node after the import and keeps a memory
+	// snapshot that creates restore (the runtime must checkpoint memory).
+	Warm bool
+}
+
 // ImportTemplate imports a template on one node, or on every healthy node
-// when nodeID is empty. source must exist on each target node.
-func (s *Service) ImportTemplate(ctx context.Context, id, source, nodeID string) (Template, error) {
+// when req.NodeID is empty.
+func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Template, error) {
+	id, source, nodeID := req.ID, req.Source, req.NodeID
 	if err := sandbox.ValidateID("template", id); err != nil {
 		return Template{}, err
 	}
 	if source == "" {
 		return Template{}, fieldErr("source", "required")
+	}
+	if err := s.validateRuntime(req.Runtime); err != nil {
+		return Template{}, err
 	}
 	var targets []string
 	if nodeID != "" {
@@ -141,7 +172,7 @@ func (s *Service) ImportTemplate(ctx context.Context, id, source, nodeID string)
 	}
 	var errs []error
 	for _, node := range targets {
-		if err := s.importOn(ctx, node, id, source); err != nil {
+		if err := s.importOn(ctx, node, req); err != nil {
 			errs = append(errs, err)
 		}
 		s.refreshTemplates(ctx, node)
@@ -152,12 +183,14 @@ func (s *Service) ImportTemplate(ctx context.Context, id, source, nodeID string)
 	return s.GetTemplate(ctx, id)
 }
 
-func (s *Service) importOn(ctx context.Context, node, id, source string) error {
+func (s *Service) importOn(ctx context.Context, node string, req TemplateImport) error {
 	c, err := s.client(node)
 	if err != nil {
 		return err
 	}
-	stream, err := c.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: id, Source: source})
+	stream, err := c.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{
+		TemplateId: req.ID, Source: req.Source, Runtime: req.Runtime, Warm: req.Warm,
+	})
 	if err != nil {
 		return fromGRPC(node, err)
 	}
@@ -193,7 +226,8 @@ func (s *Service) refreshTemplates(ctx context.Context, node string) {
 	rep := proto.Clone(ns.report).(*masterpb.NodeReport)
 	rep.Templates = nil
 	for _, t := range resp.Templates {
-		rep.Templates = append(rep.Templates, &masterpb.TemplateRef{Id: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt})
+		rep.Templates = append(rep.Templates, &masterpb.TemplateRef{Id: t.Id, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt,
+			Runtime: t.Runtime, Warm: t.Warm})
 	}
 	ns.report = rep
 	row := nodeRow(rep, ns)

@@ -654,11 +654,16 @@ func (x *NodeReport) GetGeneratedAt() *timestamppb.Timestamp {
 
 // TemplateRef is a template present on a node.
 type TemplateRef struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Digest    string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	SizeBytes int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Runtime creates from the template run on when they name none; empty:
+	// the node default. The scheduler keeps such creates off nodes without it.
+	Runtime string `protobuf:"bytes,5,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// Whether creates from it restore a warm memory snapshot.
+	Warm          bool `protobuf:"varint,6,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -719,6 +724,20 @@ func (x *TemplateRef) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *TemplateRef) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *TemplateRef) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
 }
 
 type RegisterRequest struct {
@@ -1530,7 +1549,9 @@ type Sandbox struct {
 	AutoPause  bool                   `protobuf:"varint,11,opt,name=auto_pause,json=autoPause,proto3" json:"auto_pause,omitempty"`
 	AutoResume bool                   `protobuf:"varint,12,opt,name=auto_resume,json=autoResume,proto3" json:"auto_resume,omitempty"`
 	// Pause after this long without traffic or open requests; 0: never.
-	IdleTimeout   *durationpb.Duration `protobuf:"bytes,13,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,13,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// Runtime driver the sandbox runs on (runc, gvisor, vm).
+	Runtime       string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1656,6 +1677,13 @@ func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *Sandbox) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
 type ListSandboxesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Any of these states; empty = all.
@@ -1764,12 +1792,16 @@ func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 
 // ClusterTemplate is a template and the nodes that hold it.
 type ClusterTemplate struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TemplateId    string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
-	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Nodes         []string               `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	Digest     string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	SizeBytes  int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Nodes      []string               `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Runtime per node that holds it (empty value: the node default).
+	Runtimes map[string]string `protobuf:"bytes,6,rep,name=runtimes,proto3" json:"runtimes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Nodes where creates from it restore a warm memory snapshot.
+	WarmNodes     []string `protobuf:"bytes,7,rep,name=warm_nodes,json=warmNodes,proto3" json:"warm_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1835,6 +1867,20 @@ func (x *ClusterTemplate) GetNodes() []string {
 func (x *ClusterTemplate) GetCreatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *ClusterTemplate) GetRuntimes() map[string]string {
+	if x != nil {
+		return x.Runtimes
+	}
+	return nil
+}
+
+func (x *ClusterTemplate) GetWarmNodes() []string {
+	if x != nil {
+		return x.WarmNodes
 	}
 	return nil
 }
@@ -1925,7 +1971,11 @@ type ImportTemplateRequest struct {
 	// A path that exists on the target node(s): OCI layout dir or image tar.
 	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
 	// Empty = every healthy node.
-	NodeId        string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Runtime the template is for; empty = each node's default.
+	Runtime string `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// Boot it once and keep a memory snapshot creates restore.
+	Warm          bool `protobuf:"varint,5,opt,name=warm,proto3" json:"warm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1979,6 +2029,20 @@ func (x *ImportTemplateRequest) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *ImportTemplateRequest) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *ImportTemplateRequest) GetWarm() bool {
+	if x != nil {
+		return x.Warm
+	}
+	return false
 }
 
 type ImportTemplateResponse struct {
@@ -2182,14 +2246,16 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +
 	"\x18SandboxesByTemplateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\x8f\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xbd\x01\n" +
 	"\vTemplateRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x129\n" +
 	"\n" +
-	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"<\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
+	"\aruntime\x18\x05 \x01(\tR\aruntime\x12\x12\n" +
+	"\x04warm\x18\x06 \x01(\bR\x04warm\"<\n" +
 	"\x0fRegisterRequest\x12)\n" +
 	"\x04node\x18\x01 \x01(\v2\x15.master.v1.NodeReportR\x04node\"\\\n" +
 	"\x10RegisterResponse\x12H\n" +
@@ -2235,7 +2301,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x11.master.v1.APIKeyR\x04keys\"'\n" +
 	"\x13DeleteAPIKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x16\n" +
-	"\x14DeleteAPIKeyResponse\"\xb1\x04\n" +
+	"\x14DeleteAPIKeyResponse\"\xcb\x04\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -2256,7 +2322,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"auto_pause\x18\v \x01(\bR\tautoPause\x12\x1f\n" +
 	"\vauto_resume\x18\f \x01(\bR\n" +
 	"autoResume\x12<\n" +
-	"\fidle_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a;\n" +
+	"\fidle_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x18\n" +
+	"\aruntime\x18\x0e \x01(\tR\aruntime\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x01\n" +
@@ -2268,7 +2335,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
 	"\x15ListSandboxesResponse\x120\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x12.master.v1.SandboxR\tsandboxes\"\xba\x01\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.master.v1.SandboxR\tsandboxes\"\xdc\x02\n" +
 	"\x0fClusterTemplate\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
@@ -2277,15 +2344,23 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\x12\x14\n" +
 	"\x05nodes\x18\x04 \x03(\tR\x05nodes\x129\n" +
 	"\n" +
-	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x16\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12D\n" +
+	"\bruntimes\x18\x06 \x03(\v2(.master.v1.ClusterTemplate.RuntimesEntryR\bruntimes\x12\x1d\n" +
+	"\n" +
+	"warm_nodes\x18\a \x03(\tR\twarmNodes\x1a;\n" +
+	"\rRuntimesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
 	"\x14ListTemplatesRequest\"Q\n" +
 	"\x15ListTemplatesResponse\x128\n" +
-	"\ttemplates\x18\x01 \x03(\v2\x1a.master.v1.ClusterTemplateR\ttemplates\"i\n" +
+	"\ttemplates\x18\x01 \x03(\v2\x1a.master.v1.ClusterTemplateR\ttemplates\"\x97\x01\n" +
 	"\x15ImportTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x17\n" +
-	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"P\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aruntime\x18\x04 \x01(\tR\aruntime\x12\x12\n" +
+	"\x04warm\x18\x05 \x01(\bR\x04warm\"P\n" +
 	"\x16ImportTemplateResponse\x126\n" +
 	"\btemplate\x18\x01 \x01(\v2\x1a.master.v1.ClusterTemplateR\btemplate\"8\n" +
 	"\x15DeleteTemplateRequest\x12\x1f\n" +
@@ -2323,7 +2398,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -2364,75 +2439,77 @@ var file_master_v1_master_proto_goTypes = []any{
 	nil,                                // 36: master.v1.NodeReport.SandboxesByTemplateEntry
 	nil,                                // 37: master.v1.Sandbox.MetadataEntry
 	nil,                                // 38: master.v1.ListSandboxesRequest.MetadataEntry
-	(*v1.RuntimeInfo)(nil),             // 39: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 40: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 42: google.protobuf.Duration
+	nil,                                // 39: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 40: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 41: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 43: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	39, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	40, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
 	35, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
 	36, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	8,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	40, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	41, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
-	41, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	41, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	42, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	42, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 8: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	42, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	43, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 10: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	42, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	43, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.Node.report:type_name -> master.v1.NodeReport
-	41, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	41, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	42, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	42, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	13, // 15: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	13, // 16: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	41, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	41, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	42, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	42, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	18, // 19: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
 	18, // 20: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
 	37, // 21: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	41, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	41, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	42, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	42, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	42, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	43, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
 	38, // 25: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
 	25, // 26: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	41, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	28, // 28: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	28, // 29: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	9,  // 30: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	11, // 31: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	14, // 32: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	16, // 33: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	19, // 34: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	21, // 35: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	23, // 36: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	26, // 37: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	29, // 38: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	31, // 39: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	33, // 40: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 41: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 42: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 43: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	10, // 44: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	12, // 45: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	15, // 46: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	17, // 47: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	20, // 48: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	22, // 49: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	24, // 50: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	27, // 51: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	30, // 52: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	32, // 53: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	34, // 54: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 55: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 56: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 57: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	44, // [44:58] is the sub-list for method output_type
-	30, // [30:44] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	42, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	39, // 28: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	28, // 29: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	28, // 30: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	9,  // 31: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	11, // 32: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	14, // 33: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	16, // 34: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	19, // 35: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	21, // 36: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	23, // 37: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	26, // 38: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	29, // 39: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	31, // 40: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	33, // 41: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 42: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 43: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 44: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	10, // 45: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	12, // 46: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	15, // 47: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	17, // 48: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	20, // 49: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	22, // 50: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	24, // 51: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	27, // 52: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	30, // 53: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	32, // 54: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	34, // 55: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 56: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 57: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 58: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	45, // [45:59] is the sub-list for method output_type
+	31, // [31:45] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -2446,7 +2523,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -47,6 +47,7 @@ func TestCatalog(t *testing.T) {
 		{"ConcurrentUpdates", testConcurrentUpdates},
 		{"Expired", testExpired},
 		{"IdleTimeout", testIdleTimeout},
+		{"Runtime", testRuntime},
 		{"Snapshots", testSnapshots},
 		{"APIKeys", testAPIKeys},
 		{"Events", testEvents},

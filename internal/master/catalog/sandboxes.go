@@ -61,10 +61,13 @@ type Sandbox struct {
 	// IdleTimeout pauses a running sandbox after this long without
 	// traffic (the master's idle loop); 0: never.
 	IdleTimeout time.Duration
+	// Runtime is the driver the sandbox runs on (runc, gvisor, vm): the
+	// one the client asked for, else what its node chose.
+	Runtime string
 }
 
 const sandboxCols = `id, version, template_id, alias, node_id, state, milli_cpu, memory_mib, disk_mib, started_at, end_at,
-auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms`
+auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms, runtime`
 
 func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -73,7 +76,7 @@ func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
 	var network string
 	var idle int64
 	if err := s.Scan(&sb.ID, &sb.Version, &sb.TemplateID, &sb.Alias, &sb.NodeID, &sb.State, &sb.MilliCPU, &sb.MemoryMiB,
-		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID, &idle); err != nil {
+		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID, &idle, &sb.Runtime); err != nil {
 		return nil, err
 	}
 	sb.StartedAt, sb.EndAt = fromMS(started), fromMS(end)
@@ -91,7 +94,7 @@ func (s *Sandbox) args() []any {
 	network, _ := json.Marshal(s.Network)
 	return []any{s.ID, s.Version, s.TemplateID, s.Alias, s.NodeID, s.State, s.MilliCPU, s.MemoryMiB, s.DiskMiB,
 		ms(s.StartedAt), ms(s.EndAt), b2i(s.AutoPause), b2i(s.AutoResume), s.EnvdAccessToken, s.TrafficAccessToken,
-		s.EnvdVersion, string(network), s.APIKeyID, s.IdleTimeout.Milliseconds()}
+		s.EnvdVersion, string(network), s.APIKeyID, s.IdleTimeout.Milliseconds(), s.Runtime}
 }
 
 // CreateSandbox inserts a sandbox and its metadata. AlreadyExists if the ID
@@ -99,7 +102,7 @@ func (s *Sandbox) args() []any {
 func (c *Catalog) CreateSandbox(ctx context.Context, s *Sandbox) error {
 	s.Version = 1
 	err := c.tx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(19)+`)`, s.args()...); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(20)+`)`, s.args()...); err != nil {
 			return err
 		}
 		return putMetadata(ctx, tx, s.ID, s.Metadata)
@@ -192,7 +195,7 @@ func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox
 		a := s.args()
 		res, err := c.db.ExecContext(ctx, `UPDATE sandboxes SET version = ?, template_id = ?, alias = ?, node_id = ?, state = ?,
 milli_cpu = ?, memory_mib = ?, disk_mib = ?, started_at = ?, end_at = ?, auto_pause = ?, auto_resume = ?,
-envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ? WHERE id = ? AND version = ?`,
+envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ?, runtime = ? WHERE id = ? AND version = ?`,
 			append(a[1:], id, old)...)
 		if err != nil {
 			return nil, err

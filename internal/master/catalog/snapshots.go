@@ -23,15 +23,18 @@ type Snapshot struct {
 	// restored from the memory image needs it to be given a new one.
 	EnvdAccessToken string
 	CreatedAt       time.Time
+	// Runtime is the driver of the snapshotted sandbox; its clones run on
+	// the same one.
+	Runtime string
 }
 
-const snapshotCols = `id, name, sandbox_id, node_id, template_id, has_memory, envd_access_token, created_at`
+const snapshotCols = `id, name, sandbox_id, node_id, template_id, has_memory, envd_access_token, created_at, runtime`
 
 func scanSnapshot(s interface{ Scan(...any) error }) (*Snapshot, error) {
 	var sn Snapshot
 	var mem int
 	var created int64
-	if err := s.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.NodeID, &sn.TemplateID, &mem, &sn.EnvdAccessToken, &created); err != nil {
+	if err := s.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.NodeID, &sn.TemplateID, &mem, &sn.EnvdAccessToken, &created, &sn.Runtime); err != nil {
 		return nil, err
 	}
 	sn.HasMemory, sn.CreatedAt = mem != 0, fromMS(created)
@@ -40,8 +43,8 @@ func scanSnapshot(s interface{ Scan(...any) error }) (*Snapshot, error) {
 
 // CreateSnapshot records a snapshot. AlreadyExists if the ID is taken.
 func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(8)+`)`,
-		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt))
+	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(9)+`)`,
+		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt), s.Runtime)
 	if isDuplicate(err) {
 		return fmt.Errorf("snapshot %q: %w", s.ID, errdefs.ErrAlreadyExists)
 	}

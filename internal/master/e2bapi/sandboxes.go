@@ -32,6 +32,7 @@ func (h *Handler) sandboxJSON(sb *catalog.Sandbox) sandboxJSON {
 	out := sandboxJSON{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sb.NodeID,
 		EnvdVersion: h.envdVersion(sb), EnvdAccessToken: sb.EnvdAccessToken, Domain: h.domain(),
+		Runtime: sb.Runtime,
 	}
 	if sb.TrafficAccessToken != "" {
 		t := sb.TrafficAccessToken
@@ -52,6 +53,7 @@ func (h *Handler) listed(sb *catalog.Sandbox) listedSandbox {
 		StartedAt: timeJSON(sb.StartedAt), EndAt: timeJSON(sb.EndAt),
 		CPUCount: cpuCount(sb.MilliCPU), MemoryMB: sb.MemoryMiB, DiskSizeMB: sb.DiskMiB,
 		EnvdVersion: h.envdVersion(sb), State: sb.State, Metadata: md, VolumeMounts: []volumeMount{},
+		Runtime: sb.Runtime,
 	}
 }
 
@@ -85,6 +87,7 @@ func isSet(raw []byte) bool {
 func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) {
 	req := master.CreateRequest{
 		Template: body.TemplateID, Metadata: body.Metadata, Env: body.EnvVars, Secure: secure,
+		Runtime: body.Runtime,
 	}
 	if body.TemplateID == "" {
 		return req, fmt.Errorf("templateID is required: %w", errdefs.ErrInvalidArgument)

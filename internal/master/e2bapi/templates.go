@@ -20,6 +20,7 @@ func (h *Handler) templateJSON(t master.Template) templateJSON {
 		CPUCount: cpuCount(h.cfg.MilliCPU), MemoryMB: h.cfg.MemoryMiB, DiskSizeMB: (t.SizeBytes + 1<<20 - 1) >> 20,
 		EnvdVersion: h.cfg.EnvdVersion, Aliases: aliases, Names: names,
 		CreatedAt: timeJSON(t.CreatedAt), UpdatedAt: timeJSON(t.CreatedAt),
+		Runtime: t.CommonRuntime(), Warm: t.AllWarm(),
 	}
 }
 
@@ -41,6 +42,7 @@ func (h *Handler) getTemplate(w http.ResponseWriter, r *http.Request) {
 	tj := h.templateJSON(t)
 	writeJSON(w, http.StatusOK, templateWithBuilds{
 		TemplateID: tj.TemplateID, Aliases: tj.Aliases, Names: tj.Names, CreatedAt: tj.CreatedAt, UpdatedAt: tj.UpdatedAt,
+		Runtime: tj.Runtime, Warm: tj.Warm,
 		Builds: []templateBuild{{
 			BuildID: tj.BuildID, Status: "ready", CPUCount: tj.CPUCount, MemoryMB: tj.MemoryMB, DiskSizeMB: tj.DiskSizeMB,
 			EnvdVersion: tj.EnvdVersion, CreatedAt: tj.CreatedAt, UpdatedAt: tj.UpdatedAt, FinishedAt: tj.CreatedAt,

@@ -26,6 +26,8 @@ type sandboxJSON struct {
 	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
 	TrafficAccessToken *string `json:"trafficAccessToken"`
 	Domain             *string `json:"domain"`
+	// Runtime is cube's extension: the driver the sandbox runs on.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // listedSandbox is components.schemas.ListedSandbox.
@@ -43,6 +45,9 @@ type listedSandbox struct {
 	State        string            `json:"state"`
 	Metadata     map[string]string `json:"metadata"`
 	VolumeMounts []volumeMount     `json:"volumeMounts"`
+	// Runtime is cube's extension: the driver the sandbox runs on (runc,
+	// gvisor, vm).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // sandboxDetail is components.schemas.SandboxDetail (GET /sandboxes/{id}).
@@ -104,6 +109,9 @@ type newSandbox struct {
 	// IdleTimeout (seconds) is cube's extension: pause the sandbox after
 	// this long without API or proxied traffic and nothing in flight.
 	IdleTimeout *int64 `json:"idleTimeout"`
+	// Runtime is cube's extension: the driver to run on (runc, gvisor,
+	// vm); empty: the template's, else the node's default.
+	Runtime string `json:"runtime"`
 }
 
 type autoResume struct {
@@ -196,6 +204,11 @@ type templateJSON struct {
 	CreatedBy     *struct{} `json:"createdBy"`
 	LastSpawnedAt *string   `json:"lastSpawnedAt"`
 	SpawnCount    int64     `json:"spawnCount"`
+	// Cube's extensions: the runtime every node's copy is for (omitted
+	// when they differ or follow their node's default), and whether every
+	// copy is warm (creates restore a memory snapshot instead of booting).
+	Runtime string `json:"runtime,omitempty"`
+	Warm    bool   `json:"warm"`
 }
 
 // templateBuild is components.schemas.TemplateBuild.
@@ -222,6 +235,8 @@ type templateWithBuilds struct {
 	LastSpawnedAt *string         `json:"lastSpawnedAt"`
 	SpawnCount    int64           `json:"spawnCount"`
 	Builds        []templateBuild `json:"builds"`
+	Runtime       string          `json:"runtime,omitempty"` // as in templateJSON
+	Warm          bool            `json:"warm"`
 }
 
 type templateAlias struct {

@@ -199,7 +199,14 @@ type Node struct {
 // test image imported as each of templates.
 func StartNode(t testing.TB, m *Master, templates ...string) *Node {
 	t.Helper()
-	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = \"unix://%s\"\nheartbeat_interval = \"200ms\"\n", m.Socket))
+	return StartNodeConfig(t, m, "", templates...)
+}
+
+// StartNodeConfig is StartNode with extra cubelet TOML (tables other
+// than [master]), e.g. to leave a runtime out.
+func StartNodeConfig(t testing.TB, m *Master, extraTOML string, templates ...string) *Node {
+	t.Helper()
+	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = \"unix://%s\"\nheartbeat_interval = \"200ms\"\n%s", m.Socket, extraTOML))
 	n := &Node{ID: env.Config.Node.ID, Env: env, Templates: templates, t: t}
 	t.Cleanup(n.Stop)
 	n.Start()

@@ -181,14 +181,15 @@ func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandb
 			SandboxId: s.ID, TemplateId: s.TemplateID, Alias: s.Alias, NodeId: s.NodeID, State: s.State,
 			Metadata: s.Metadata, StartedAt: ts(s.StartedAt), EndAt: ts(s.EndAt),
 			MilliCpu: s.MilliCPU, MemoryMib: s.MemoryMiB, AutoPause: s.AutoPause, AutoResume: s.AutoResume,
-			IdleTimeout: idleTimeout(s.IdleTimeout),
+			IdleTimeout: idleTimeout(s.IdleTimeout), Runtime: s.Runtime,
 		})
 	}
 	return out, nil
 }
 
 func templateToPB(t master.Template) *masterpb.ClusterTemplate {
-	return &masterpb.ClusterTemplate{TemplateId: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, Nodes: t.Nodes, CreatedAt: ts(t.CreatedAt)}
+	return &masterpb.ClusterTemplate{TemplateId: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, Nodes: t.Nodes, CreatedAt: ts(t.CreatedAt),
+		Runtimes: t.Runtimes, WarmNodes: t.WarmNodes}
 }
 
 // ListTemplates implements AdminService.
@@ -202,7 +203,9 @@ func (a *AdminServer) ListTemplates(context.Context, *masterpb.ListTemplatesRequ
 
 // ImportTemplate implements AdminService.
 func (a *AdminServer) ImportTemplate(ctx context.Context, req *masterpb.ImportTemplateRequest) (*masterpb.ImportTemplateResponse, error) {
-	t, err := a.svc.ImportTemplate(ctx, req.TemplateId, req.Source, req.NodeId)
+	t, err := a.svc.ImportTemplate(ctx, master.TemplateImport{
+		ID: req.TemplateId, Source: req.Source, NodeID: req.NodeId, Runtime: req.Runtime, Warm: req.Warm,
+	})
 	if err != nil {
 		return nil, ToGRPC(err)
 	}

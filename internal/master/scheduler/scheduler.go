@@ -3,7 +3,8 @@
 // Placement is filter, then score, then try in order:
 //
 //   - Filter drops nodes that cannot take the sandbox at all: unhealthy or
-//     cordoned, without the runtime asked for, without the template, or
+//     cordoned, without the runtime asked for (or, when none is, the
+//     runtime its copy of the template is for), without the template, or
 //     without the capacity (CPU and memory with the configured overcommit,
 //     the per-sandbox maxima, the sandbox count limit).
 //   - Score ranks the rest (higher is better), as a weighted sum of three
@@ -41,6 +42,10 @@ type Node struct {
 	Schedulable bool
 	Runtimes    []string
 	Templates   map[string]bool
+	// TemplateRuntimes is the runtime each template on the node is for
+	// (absent or "": the node default). A create that names no runtime
+	// runs on it, so a node without that runtime cannot take the create.
+	TemplateRuntimes map[string]string
 	// Capacity (before overcommit) and the limits of every sandbox on it.
 	MilliCPU       int64
 	MemoryMiB      int64
@@ -106,6 +111,10 @@ type Rejection struct {
 	kind   error // errdefs class the reason falls in
 }
 
+// Kind is the errdefs class of the reason: FailedPrecondition for a
+// missing runtime, NotFound for a missing template, and so on.
+func (r Rejection) Kind() error { return r.kind }
+
 // Scheduler ranks nodes for requests.
 type Scheduler struct {
 	cfg  Config
@@ -130,6 +139,9 @@ func (s *Scheduler) filter(n *Node, req Request) *Rejection {
 	}
 	if req.Runtime != "" && !contains(n.Runtimes, req.Runtime) {
 		return reject(errdefs.ErrFailedPrecondition, "no runtime %q (has %s)", req.Runtime, strings.Join(n.Runtimes, ","))
+	}
+	if rt := n.TemplateRuntimes[req.TemplateID]; req.Runtime == "" && rt != "" && n.Templates[req.TemplateID] && !contains(n.Runtimes, rt) {
+		return reject(errdefs.ErrFailedPrecondition, "template %q is for runtime %q, which the node lacks (has %s)", req.TemplateID, rt, strings.Join(n.Runtimes, ","))
 	}
 	if !n.Templates[req.TemplateID] {
 		return reject(errdefs.ErrNotFound, "no template %q", req.TemplateID)
