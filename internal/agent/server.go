@@ -10,7 +10,8 @@
 //	GET  /envs                   variables set by /init
 //	POST /init                   env vars, access token, default user/workdir, clock
 //	GET  /metrics                CPU, memory, disk of the sandbox
-//	     /_cube/*                cubelet only, never proxied: info, fsfreeze, fsthaw, clock
+//	     /_cube/*                cubelet only, never proxied: info, fsfreeze, fsthaw, clock,
+//	                             quiesce (quiesce.go), reinit (reinit.go)
 //
 // over HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge), as the
 // SDKs' Connect transports may use either. The wire contract is envd's, as
@@ -28,6 +29,8 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
 	"time"
 
@@ -99,6 +102,12 @@ type Config struct {
 	// environment the runtime started the sandbox with, so the variables
 	// a sandbox was created with reach every process, as in docker exec.
 	Env map[string]string
+	// ProcNet is where /_cube/quiesce reads the TCP tables; "/proc/net"
+	// when empty.
+	ProcNet string
+	// WakeSignal wakes a quiesced agent (quiesce.go); SIGUSR2 when nil.
+	// The runtime sends it to PID 1 after a memory restore.
+	WakeSignal os.Signal
 }
 
 // Server is the agent's HTTP server.
@@ -111,6 +120,7 @@ type Server struct {
 	freezer *fsfreeze.Freezer
 	sampler *sysinfo.Sampler
 	handler http.Handler
+	life    *lifecycle
 }
 
 // New builds a Server; it does not listen until Run.
@@ -135,6 +145,7 @@ func New(cfg Config) *Server {
 		state:   &state{user: cfg.DefaultUser, env: maps.Clone(cfg.Env)},
 		freezer: &fsfreeze.Freezer{Path: cfg.FreezePath, Log: log},
 		sampler: &sysinfo.Sampler{},
+		life:    newLifecycle(),
 	}
 	s.fs = fsys.New(cfg.Users, s.state, log)
 	mux := http.NewServeMux()
@@ -156,6 +167,8 @@ func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+InternalPrefix+"fsfreeze", s.handleFreeze)
 	mux.HandleFunc("POST "+InternalPrefix+"fsthaw", s.handleThaw)
 	mux.HandleFunc("POST "+InternalPrefix+"clock", s.handleClock)
+	mux.HandleFunc("POST "+InternalPrefix+"quiesce", s.handleQuiesce)
+	mux.HandleFunc("POST "+InternalPrefix+"reinit", s.handleReinit)
 
 	// Messages are commands, paths and stdin chunks: 16 MiB is plenty, and
 	// a client cannot make the agent buffer more.
@@ -189,8 +202,63 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
-// Serve is Run on an existing listener, which it closes.
+// Serve is Run on an existing listener, which it closes. After a quiesce
+// (quiesce.go) it waits for the wake-up and listens again on the same
+// address.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	defer s.fs.Close()
+	if os.Getpid() == 1 {
+		if err := DropSysAdminBound(); err != nil {
+			return err
+		}
+	}
+	wake := s.cfg.WakeSignal
+	if wake == nil {
+		wake = unix.SIGUSR2
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, wake)
+	defer signal.Stop(sigs)
+	go func() {
+		for range sigs {
+			s.Wake()
+		}
+	}()
+	addr := ln.Addr().String()
+	for {
+		o, err := s.serveOnce(ctx, ln)
+		if err != nil || o == nil {
+			return err
+		}
+		s.log.Info("agent quiesced: not listening until woken", "timeout", o.timeout)
+		s.waitWake(ctx, o.timeout)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if ln, err = relisten(ctx, addr); err != nil {
+			return err
+		}
+	}
+}
+
+// relisten listens on addr again, retrying briefly: the port of the
+// listener just closed may take a moment to be free.
+func relisten(ctx context.Context, addr string) (net.Listener, error) {
+	for attempt := 0; ; attempt++ {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil || attempt == 50 || ctx.Err() != nil {
+			if err != nil {
+				return nil, fmt.Errorf("agent: listen %s after quiesce: %w", addr, err)
+			}
+			return ln, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// serveOnce serves ln until ctx is done (nil order) or a quiesce tore the
+// listener down (the order returned).
+func (s *Server) serveOnce(ctx context.Context, ln net.Listener) (*quiesceOrder, error) {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
@@ -203,14 +271,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout: 5 * time.Minute,
 		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		BaseContext: func(net.Listener) context.Context { return ctx },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
+		ConnState:   s.life.track,
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("agent listening", "addr", ln.Addr().String(), "envd_version", EnvdVersion)
 	select {
 	case err := <-errc:
-		s.fs.Close()
-		return fmt.Errorf("agent: serve: %w", err)
+		return nil, fmt.Errorf("agent: serve: %w", err)
+	case o := <-s.life.quiesce:
+		s.quiesced(srv, o)
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return nil, fmt.Errorf("agent: serve: %w", err)
+		}
+		return &o, nil
 	case <-ctx.Done():
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -220,12 +295,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		// Open streams (process output, watches) never go idle.
 		err = srv.Close()
 	}
-	s.fs.Close()
 	if err != nil {
-		return fmt.Errorf("agent: shutdown: %w", err)
+		return nil, fmt.Errorf("agent: shutdown: %w", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("agent: serve: %w", err)
+		return nil, fmt.Errorf("agent: serve: %w", err)
 	}
-	return nil
+	return nil, nil
 }

@@ -91,9 +91,7 @@ func requireRunsc(t *testing.T) {
 // TestGvisorSandboxes runs gVisor sandboxes through cubelet in network
 // slots: create, pause (memory resident) and resume, disk snapshots, cold
 // clones and rollback, faults that leave nothing, and the refusal of a
-// gVisor sandbox without a slot. Memory snapshots are off here: Debian
-// 12's runsc cannot checkpoint a sandbox whose agent listens on TCP (the
-// driver's own tests cover checkpoint, restore, clone and rollback).
+// gVisor sandbox without a slot, with memory snapshots switched off.
 func TestGvisorSandboxes(t *testing.T) {
 	cubelettest.RequireRoot(t)
 	requireRunsc(t)
@@ -110,7 +108,9 @@ func TestGvisorSandboxes(t *testing.T) {
 		env.AssertNoLeaks(t)
 	})
 
-	env := cubelettest.New(t, "")
+	// Memory snapshots off: this test covers the disk-only path
+	// (gvisor_memory_test.go the memory one).
+	env := cubelettest.New(t, "[gvisor]\ncheckpoint = false\n")
 	env.StartNetworkAgent(t, nettest.Options{PoolSize: 2})
 	svc := env.Start(t)
 	env.ImportBusybox(t, svc, "busybox")

@@ -16,10 +16,23 @@ import (
 // otherwise (create, disk-only snapshots, runc, and an undone rollback
 // whose disk is the old one again).
 func launch(ctx context.Context, d runtime.Driver, t *Task, spec runtime.Spec) (runtime.State, error) {
-	if dir := memoryImage(d, t); dir != "" {
-		return d.Restore(ctx, spec, dir)
+	dir := memoryImage(d, t)
+	if dir == "" {
+		return d.Start(ctx, spec)
 	}
-	return d.Start(ctx, spec)
+	st, err := d.Restore(ctx, spec, dir)
+	if err != nil {
+		return st, err
+	}
+	// The image was taken with the agent quiesced (quiesce.go): wake it;
+	// the agent action then waits for its /health. The caller's undo
+	// stops the container if this fails.
+	if w, ok := d.(agentWaker); ok {
+		if err := w.WakeAgent(ctx, spec.ID); err != nil {
+			return st, fmt.Errorf("wake restored agent: %w", err)
+		}
+	}
+	return st, nil
 }
 
 // memoryImage is the memory image launch restores from, "" for a cold
@@ -71,8 +84,15 @@ func restoreInPlace(ctx context.Context, n *node, t *Task) error {
 	if err := t.Update(func(r *sandbox.Record) { r.Container.PID = st.PID }); err != nil {
 		return err
 	}
+	// The image holds a quiesced agent: wake it and wait for its /health
+	// (also when the sandbox goes back to paused: it must answer once
+	// resumed), then freeze it again if it was paused.
+	if err := n.wakeAgent(ctx, t.Record()); err != nil {
+		return err
+	}
+	o.quiesced = false
 	if o.prev == lifecycle.Paused {
 		return d.Pause(ctx, rec.Container.ID)
 	}
-	return (&agentAction{n: n}).wait(ctx, t)
+	return nil
 }

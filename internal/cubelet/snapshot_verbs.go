@@ -60,6 +60,9 @@ type snapOp struct {
 	// checkpointed: the memory action's checkpoint stopped the container;
 	// the thaw action (or the memory action's undo) restores it in place.
 	checkpointed bool
+	// quiesced: the quiesce action quieted the agent and nothing has woken
+	// it yet; thawedForQuiesce: it resumed a paused sandbox to do so.
+	quiesced, thawedForQuiesce bool
 	// stopped, swapped: how far a rollback got.
 	stopped, swapped bool
 	// prevSource is the sandbox's SourceSnapshotID before a rollback.
@@ -111,7 +114,7 @@ func snapshotVerbs() []workflow.Verb[*Task] {
 
 // registerSnapshotActions adds the actions only the snapshot verbs use.
 func registerSnapshotActions(n *node, reg *workflow.Registry) {
-	reg.MustRegister(&memoryAction{n: n}, &thawAction{n: n})
+	reg.MustRegister(&memoryAction{n: n}, &thawAction{n: n}, &quiesceAction{n: n})
 }
 
 var (
@@ -120,6 +123,8 @@ var (
 	_ Snapshotter = (*diskAction)(nil)
 	_ Snapshotter = (*memoryAction)(nil)
 	_ Snapshotter = (*thawAction)(nil)
+	_ Snapshotter = (*quiesceAction)(nil)
+	_ Cloner      = (*agentAction)(nil)
 	_ Cloner      = (*diskAction)(nil)
 	_ Rollbacker  = (*diskAction)(nil)
 	_ Rollbacker  = (*containerAction)(nil)

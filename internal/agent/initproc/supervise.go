@@ -12,7 +12,9 @@ import (
 )
 
 // forwarded are the signals PID 1 passes on to the sandbox's processes.
-var forwarded = []os.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGUSR1, unix.SIGUSR2}
+// Not SIGUSR2: the runtime sends it to wake a quiesced agent after a
+// memory restore (agent/quiesce.go); it is the agent's, not the sandbox's.
+var forwarded = []os.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGUSR1}
 
 // Config configures Supervise.
 type Config struct {

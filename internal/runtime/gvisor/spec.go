@@ -14,6 +14,8 @@ import (
 // mount of the host hierarchy makes no sense behind the user-space kernel.
 var unsupportedMounts = []string{"/sys/fs/cgroup"}
 
+const capSysAdmin = "CAP_SYS_ADMIN"
+
 // SpecFor is runc.SpecFor adjusted for runsc. It is pure, like runc's.
 //
 // Resources: runsc (this version) applies linux.resources (CPU quota,
@@ -28,5 +30,15 @@ func SpecFor(s runtime.Spec) (*specs.Spec, error) {
 	sp.Mounts = slices.DeleteFunc(sp.Mounts, func(m specs.Mount) bool {
 		return slices.Contains(unsupportedMounts, m.Destination)
 	})
+	// cube-agent (PID 1) sets a restored clone's hostname, which needs
+	// CAP_SYS_ADMIN in the sandbox's UTS namespace. It is granted to PID 1
+	// only: the agent drops it from its bounding set at start
+	// (agent.DropSysAdminBound), so nothing it starts ever has it. Inside
+	// gVisor it reaches the sentry, never the host kernel.
+	if c := sp.Process.Capabilities; c != nil {
+		c.Bounding = append(c.Bounding, capSysAdmin)
+		c.Effective = append(c.Effective, capSysAdmin)
+		c.Permitted = append(c.Permitted, capSysAdmin)
+	}
 	return sp, nil
 }

@@ -1,0 +1,188 @@
+package agent
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/agent/rpcerr"
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// ReinitRequest is POST /_cube/reinit's body: what must differ in a clone
+// restored from another sandbox's memory image. Every field is optional.
+type ReinitRequest struct {
+	Hostname string `json:"hostname,omitempty"`
+	// Env is merged into the sandbox-wide variables every new process
+	// gets (CUBE_SANDBOX_ID and the like), and into the agent's own.
+	Env map[string]string `json:"env,omitempty"`
+	// TimeUnixNs is the host's clock; the sandbox's is set from it when
+	// off by more than clockTolerance and the sandbox may set it.
+	TimeUnixNs int64 `json:"time_unix_ns,omitempty"`
+	// Entropy (base64) is mixed into the kernel's pool, and credited
+	// where the agent may (RNDADDENTROPY needs CAP_SYS_ADMIN): a clone
+	// must not share the original's random state.
+	Entropy string `json:"entropy,omitempty"`
+	// MAC is eth0's new address (VMs: each clone has its own NIC).
+	MAC string `json:"mac,omitempty"`
+}
+
+// ReinitResponse says, per item, what was applied and what was skipped
+// and why: which items a sandbox permits depends on its runtime.
+type ReinitResponse struct {
+	Applied []string          `json:"applied"`
+	Skipped map[string]string `json:"skipped,omitempty"`
+}
+
+// maxEntropy bounds the entropy one reinit feeds (the pool is 256 bytes).
+const maxEntropy = 512
+
+func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
+	var req ReinitRequest
+	if err := decodeOptional(r, &req); err != nil {
+		rpcerr.WriteHTTP(w, err)
+		return
+	}
+	seed, err := base64.StdEncoding.DecodeString(req.Entropy)
+	if err != nil || len(seed) > maxEntropy {
+		rpcerr.WriteHTTP(w, fmt.Errorf("reinit: entropy must be base64 of at most %d bytes: %w", maxEntropy, errdefs.ErrInvalidArgument))
+		return
+	}
+	var mac net.HardwareAddr
+	if req.MAC != "" {
+		if mac, err = net.ParseMAC(req.MAC); err != nil || len(mac) != 6 {
+			rpcerr.WriteHTTP(w, fmt.Errorf("reinit: mac %q: want a 6-byte Ethernet address: %w", req.MAC, errdefs.ErrInvalidArgument))
+			return
+		}
+	}
+	res := ReinitResponse{Applied: []string{}, Skipped: map[string]string{}}
+	step := func(name string, err error) {
+		if err != nil {
+			res.Skipped[name] = err.Error()
+			return
+		}
+		res.Applied = append(res.Applied, name)
+	}
+	if req.Hostname != "" {
+		step("hostname", unix.Sethostname([]byte(req.Hostname)))
+	}
+	if len(req.Env) > 0 {
+		a.state.mu.Lock()
+		if a.state.env == nil {
+			a.state.env = map[string]string{}
+		}
+		for k, v := range req.Env {
+			a.state.env[k] = v
+			_ = os.Setenv(k, v)
+		}
+		a.state.mu.Unlock()
+		step("env", nil)
+	}
+	if req.TimeUnixNs != 0 {
+		c, err := a.syncClock(time.Unix(0, req.TimeUnixNs))
+		if err == nil && !c.Adjusted {
+			err = fmt.Errorf("in sync (off by %.1f ms)", c.OffsetMs)
+		}
+		step("clock", err)
+	}
+	if len(seed) > 0 {
+		credited, err := addEntropy(seed)
+		if err == nil && !credited {
+			step("entropy", nil)
+			res.Skipped["entropy_credit"] = "mixed in, not credited (RNDADDENTROPY not permitted)"
+		} else {
+			step("entropy", err)
+		}
+	}
+	if mac != nil {
+		step("mac", setMAC("eth0", mac))
+	}
+	a.log.Info("re-initialised after restore", "applied", res.Applied, "skipped", res.Skipped)
+	writeJSON(w, http.StatusOK, res)
+}
+
+// addEntropy credits seed to the kernel pool with RNDADDENTROPY, or, where
+// that is not permitted (no CAP_SYS_ADMIN, gVisor), mixes it in by writing
+// /dev/urandom, which changes the pool's state but not its estimate.
+func addEntropy(seed []byte) (credited bool, err error) {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	info := make([]byte, 8+len(seed)+3)
+	*(*int32)(unsafe.Pointer(&info[0])) = int32(len(seed) * 8)
+	*(*int32)(unsafe.Pointer(&info[4])) = int32(len(seed))
+	copy(info[8:], seed)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); e == 0 {
+		return true, nil
+	}
+	if _, err := f.Write(seed); err != nil {
+		return false, err
+	}
+	return false, nil
+}
+
+// setMAC sets ifname's hardware address, taking the link down and up
+// again when the driver refuses a live change.
+func setMAC(ifname string, mac net.HardwareAddr) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(ifname)
+	if err != nil {
+		return err
+	}
+	// struct ifreq { char name[16]; struct sockaddr hwaddr; }
+	var raw [unix.IFNAMSIZ + 16]byte
+	copy(raw[:], ifname)
+	*(*uint16)(unsafe.Pointer(&raw[unix.IFNAMSIZ])) = unix.ARPHRD_ETHER
+	copy(raw[unix.IFNAMSIZ+2:], mac)
+	set := func() error {
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCSIFHWADDR, uintptr(unsafe.Pointer(&raw[0]))); e != 0 {
+			return e
+		}
+		return nil
+	}
+	err = set()
+	if !errors.Is(err, unix.EBUSY) {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	flags := ifr.Uint16()
+	ifr.SetUint16(flags &^ unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return err
+	}
+	err = set()
+	ifr.SetUint16(flags)
+	return errors.Join(err, unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr))
+}
+
+// DropSysAdminBound removes CAP_SYS_ADMIN from the bounding set of every
+// thread of the agent, keeping it in the agent's own effective set: the
+// gVisor runtime grants it to PID 1 so that reinit can set a clone's
+// hostname, and no process the agent starts may inherit it (a root child's
+// permitted set comes from the bounding set at exec). A no-op without it.
+func DropSysAdminBound() error {
+	if r, _ := unix.PrctlRetInt(unix.PR_CAPBSET_READ, unix.CAP_SYS_ADMIN, 0, 0, 0); r != 1 {
+		return nil
+	}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); e != 0 {
+		return fmt.Errorf("drop CAP_SYS_ADMIN from the bounding set: %w", e)
+	}
+	return nil
+}
