@@ -8,7 +8,8 @@ PKGS=(runc xfsprogs e2fsprogs busybox-static util-linux iproute2 ca-certificates
   debootstrap    # builds the default `base` template (hack/base-image)
   runsc          # the gvisor runtime (gVisor, --platform=ptrace: no KVM needed)
   docker-registry # the template tests' loopback registry (started per test)
-  nftables)        # tests only: nft lists rule sets for golden files (network-agent uses netlink)
+  nftables         # tests only: nft lists rule sets for golden files (network-agent uses netlink)
+  qemu-system-x86 zstd) # the vm runtime: QEMU micro-VMs, memory images through zstd (docs/vm.md)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -21,6 +21,12 @@ if [ "${CUBE_SKIP_BASE:-0}" != 1 ]; then
   echo "building the base image (cached in /var/cache/cube/base)..."
   base_layout=$(go run ./hack/base-image /var/cache/cube/base)
 fi
+# Guest kernel + initramfs for the vm runtime (Debian's cloud kernel,
+# unpacked; cached). Without them cubelet runs runc and gvisor only.
+if [ "${CUBE_SKIP_VM:-0}" != 1 ]; then
+  echo "building the VM guest kernel and initramfs (cached in /var/lib/cube/vm)..."
+  go run ./hack/vm-guest --out /var/lib/cube/vm >/dev/null || echo "warning: no VM guest artifacts; the vm runtime stays off" >&2
+fi
 
 # One supervised process group: network-agent, cubelet, cubemaster (E2B
 # API on :3000) and the sandbox route (:8081). It prints the E2B_* variables

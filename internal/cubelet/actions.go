@@ -105,6 +105,9 @@ func (a *runtimesAction) Init(ctx context.Context) error {
 	if g := a.gvisor(ctx); g != nil {
 		a.n.drivers[g.Name()] = g
 	}
+	if v := a.vm(ctx); v != nil {
+		a.n.drivers[v.Name()] = v
+	}
 	if _, ok := a.n.drivers[c.Node.DefaultRuntime]; !ok {
 		return fmt.Errorf("node.default_runtime %q is not available: %w", c.Node.DefaultRuntime, errdefs.ErrInvalidArgument)
 	}
@@ -336,7 +339,17 @@ type agentAction struct{ n *node }
 
 func (*agentAction) Name() string { return "agent" }
 
-func (a *agentAction) Create(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
+// Create waits for the agent; a VM's is then given its environment (its
+// kernel starts it with none).
+func (a *agentAction) Create(ctx context.Context, t *Task) error {
+	if err := a.wait(ctx, t); err != nil {
+		return err
+	}
+	if a.n.bootsDisk(t.Record().Runtime) {
+		return a.n.reinitAgent(ctx, t)
+	}
+	return nil
+}
 func (a *agentAction) Resume(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
 
 // Destroy has nothing to release: the agent dies with the container.

@@ -194,9 +194,12 @@ func (n *node) reinitAgent(ctx context.Context, t *Task) error {
 	}
 	defer e.client.CloseIdleConnections()
 	spec := (&containerAction{n: n}).spec(rec, rec.Container, t.Template)
+	// A VM's agent starts with the kernel's bare environment, so it gets
+	// all of it, PATH included; a container's has it from its spec.
+	boots := n.bootsDisk(rec.Runtime)
 	env := map[string]string{}
 	for _, kv := range spec.Env {
-		if k, v, ok := strings.Cut(kv, "="); ok && k != "PATH" {
+		if k, v, ok := strings.Cut(kv, "="); ok && (k != "PATH" || boots) {
 			env[k] = v
 		}
 	}
@@ -236,7 +239,7 @@ func (a *agentAction) Clone(ctx context.Context, t *Task) error {
 	if err != nil {
 		return err
 	}
-	if memoryImage(d, t) == "" {
+	if memoryImage(d, t) == "" && !d.Capabilities().BootsDisk {
 		return nil
 	}
 	return a.n.reinitAgent(ctx, t)

@@ -188,6 +188,12 @@ func thaw(ctx context.Context, n *node, t *Task) error {
 // holds every write made before the freeze.
 func (a *rootfsAction) Snapshot(_ context.Context, t *Task) error {
 	rec := t.Record()
+	if rec.Mount == nil && a.n.bootsDisk(rec.Runtime) {
+		// A VM's writes are in its memory image or already in the disk
+		// file: QEMU drains and flushes its block devices when a
+		// migration completes.
+		return nil
+	}
 	if rec.Mount == nil {
 		return fmt.Errorf("snapshot: sandbox has no root filesystem: %w", errdefs.ErrFailedPrecondition)
 	}
@@ -246,6 +252,16 @@ func (a *memoryAction) Snapshot(ctx context.Context, t *Task) error {
 	o.snap.MemoryDir = dir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
+	}
+	if _, inPlace := d.(inPlaceRestorer); !inPlace {
+		// The runtime saves a frozen sandbox and leaves it frozen (a VM
+		// stays stopped after its migration, its disk flushed): the
+		// thaw action resumes it once the disk is copied.
+		if err := d.Checkpoint(ctx, rec.Container.ID, dir, true); err != nil {
+			return err
+		}
+		o.snap.HasMemory = true
+		return nil
 	}
 	// Not leave-running: the container stays stopped until the disk is
 	// copied, so disk and memory image agree (memory.go).
@@ -365,7 +381,7 @@ func (a *containerAction) Rollback(ctx context.Context, t *Task) error {
 		return err
 	}
 	rec := t.Record()
-	if rec.Disk == nil || rec.Mount == nil {
+	if rec.Disk == nil || (rec.Mount == nil && !a.n.bootsDisk(rec.Runtime)) {
 		return fmt.Errorf("rollback: sandbox has no mounted disk: %w", errdefs.ErrFailedPrecondition)
 	}
 	root := &rootfsAction{n: a.n}
@@ -433,7 +449,17 @@ func (a *containerAction) UndoRollback(ctx context.Context, t *Task) error {
 }
 
 // Rollback waits for the agent of the re-rooted sandbox.
-func (a *agentAction) Rollback(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
+// A VM also re-syncs its clock: its memory image stopped the guest's time
+// when the snapshot was taken.
+func (a *agentAction) Rollback(ctx context.Context, t *Task) error {
+	if err := a.wait(ctx, t); err != nil {
+		return err
+	}
+	if a.n.bootsDisk(t.Record().Runtime) {
+		return a.n.reinitAgent(ctx, t)
+	}
+	return nil
+}
 
 // UndoRollback has nothing to undo; the container's undo waits for the
 // old sandbox's agent itself.
