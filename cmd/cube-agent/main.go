@@ -18,10 +18,17 @@ var version = "dev"
 func main() {
 	addr := flag.String("addr", agent.DefaultAddr, "listen address of the agent API")
 	user := flag.String("default-user", "user", "user for requests that name none, until /init sets one (root when the sandbox lacks it)")
+	vm := flag.Bool("vm", false, "run as PID 1 of a VM: mount, name and network the guest from cube.* kernel parameters, and serve on the agent channel too")
 	flag.Parse()
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "cube-agent")
 	slog.SetDefault(log)
+	if *vm {
+		if err := vmSetup(log); err != nil {
+			log.Error("vm setup", "error", err)
+			os.Exit(1)
+		}
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -33,6 +40,10 @@ func main() {
 		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
 		Env: agent.SandboxEnv(os.Environ()),
 	})
+
+	if *vm {
+		go serveChannel(ctx, srv.Handler(), log)
+	}
 
 	serveErr := make(chan error, 1)
 	go func() {

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/cubesandbox/cube/internal/storage"
 )
@@ -19,6 +21,8 @@ func forceClean(ctx context.Context, e *Env) {
 			_ = exec.CommandContext(ctx, c.Runc.Binary, "--root", c.Runc.Root, "delete", "--force", id).Run()
 		}
 	}
+	killQEMU(c.Node.RunDir)
+	_ = os.RemoveAll(c.VM.Root)
 	runRoot := filepath.Join(c.Node.RunDir, "sandboxes")
 	ents, _ := os.ReadDir(runRoot)
 	for _, ent := range ents {
@@ -34,6 +38,23 @@ func forceClean(ctx context.Context, e *Env) {
 			}
 		}
 		_ = os.Remove(dir)
+	}
+}
+
+// killQEMU kills the VMs whose sockets lie under runDir (daemonized QEMU
+// is not our child: only its command line ties it to this env).
+func killQEMU(runDir string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmd), "qemu") || !strings.Contains(string(cmd), runDir+"/") {
+			continue
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 

@@ -166,6 +166,7 @@ func (e *Env) Scope() leakcheck.Scope {
 		RunDir:           c.Node.RunDir,
 		RuncRoot:         c.Runc.Root,
 		RunscRoot:        c.Gvisor.Root,
+		VMRoot:           c.VM.Root,
 		CgroupName:       c.Node.CgroupParent,
 		AllowMounts:      []string{c.PoolDir()},
 		AllowLoopBacking: []string{c.PoolDir() + ".img"},

@@ -1,0 +1,48 @@
+package vmguest
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// NetConfig is the guest's eth0 address and default route.
+type NetConfig struct {
+	Addr    netip.Prefix // e.g. 169.254.0.21/30
+	Gateway netip.Addr
+}
+
+// CmdlineOptions select the kernel command line's variable parts.
+type CmdlineOptions struct {
+	TCG      bool // no KVM: the TSC and timer checks are unreliable and slow
+	Hostname string
+	Net      *NetConfig
+	Extra    []string
+}
+
+// baseCmdline is what every guest boots with; docs/vm-guest.md says why.
+var baseCmdline = []string{
+	"console=ttyS0", "root=/dev/vda", "rw", "rootfstype=ext4",
+	"panic=-1", "reboot=k", "quiet", "loglevel=4",
+	"pci=off", "8250.nr_uarts=1", "i8042.noaux", "i8042.nomux", "i8042.dumbkbd",
+	"cryptomgr.notests", "random.trust_cpu=on", "nomodeset",
+}
+
+// Cmdline renders the kernel command line, including the cube.* values
+// cube-agent's VM mode reads from /proc/cmdline.
+func Cmdline(o CmdlineOptions) string {
+	args := append([]string(nil), baseCmdline...)
+	if o.TCG {
+		args = append(args, "tsc=reliable", "no_timer_check")
+	}
+	if o.Hostname != "" {
+		args = append(args, "cube.hostname="+o.Hostname)
+	}
+	if o.Net != nil {
+		args = append(args, "cube.ip="+o.Net.Addr.String())
+		if o.Net.Gateway.IsValid() {
+			args = append(args, "cube.gw="+o.Net.Gateway.String())
+		}
+	}
+	args = append(args, o.Extra...)
+	return strings.Join(args, " ")
+}
