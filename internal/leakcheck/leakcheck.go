@@ -51,6 +51,9 @@ type Scope struct {
 	// pinned in NetnsDir.
 	NetPrefix string
 	NetnsDir  string
+	// VMRoot is the vm driver's state root (vm.go): state dirs in it, and
+	// QEMU processes with their QMP socket under RunDir, are leaks.
+	VMRoot string
 }
 
 // Leak is one thing left behind.
@@ -157,6 +160,7 @@ func check(ctx context.Context, s Scope) ([]Leak, error) {
 	leaks = append(leaks, processes(s)...)
 	leaks = append(leaks, netLeaks(s)...)
 	leaks = append(leaks, runscLeaks(s)...)
+	leaks = append(leaks, vmLeaks(s)...)
 
 	slices.SortFunc(leaks, func(a, b Leak) int {
 		return strings.Compare(a.String(), b.String())

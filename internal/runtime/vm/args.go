@@ -1,0 +1,180 @@
+package vm
+
+import (
+	"crypto/sha256"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Machine is the QEMU machine type with the options every VM uses:
+//   - x-option-roms=off: no SeaBIOS option ROM scan (the kernel is loaded
+//     directly), a few hundred ms under TCG;
+//   - isa-serial=on: ttyS0 for the console log (the only ISA device left);
+//   - rtc=on: the guest reads wall-clock time at boot (TLS, file times);
+//   - acpi stays on (the default): the Debian cloud kernel is built without
+//     CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES and finds the virtio-mmio devices
+//     through ACPI only.
+const Machine = "microvm,x-option-roms=off,isa-serial=on,rtc=on"
+
+// tcgTBSizeMiB bounds TCG's translation cache (QEMU's default is 1 GiB of
+// address space), so the QEMU overhead charged to the cgroup stays small.
+const tcgTBSizeMiB = 64
+
+// Shape is what a memory snapshot fixes about a VM: a restore must start
+// QEMU with the same machine, CPU, memory, kernel and devices, or the
+// incoming migration stream does not load. It is stored as vm.json in
+// every checkpoint dir.
+type Shape struct {
+	MemoryMiB     int64  `json:"memory_mib"`
+	VCPUs         int    `json:"vcpus"`
+	Accel         string `json:"accel"`
+	Machine       string `json:"machine"`
+	CPU           string `json:"cpu"`
+	Kernel        string `json:"kernel"`
+	Initrd        string `json:"initrd,omitempty"`
+	KernelVersion string `json:"kernel_version,omitempty"`
+	KernelSHA256  string `json:"kernel_sha256"`
+	Cmdline       string `json:"cmdline"`
+	// Devices in command-line order: "virtio-blk", "virtio-serial",
+	// "virtio-net", "vhost-vsock".
+	Devices []string `json:"devices"`
+	MAC     string   `json:"mac,omitempty"`
+}
+
+func (s Shape) has(dev string) bool {
+	for _, d := range s.Devices {
+		if d == dev {
+			return true
+		}
+	}
+	return false
+}
+
+// paths are one VM's per-instance files, all in its bundle.
+type paths struct {
+	Disk, QMP, Agent, Console, Log, PIDFile string
+	VsockCID                                uint32
+}
+
+// cpuModel: TCG emulates "max" (every feature TCG can do); KVM passes the
+// host CPU through. Both tie a snapshot to the host kind it was taken on,
+// which restore checks through Shape.Accel.
+func cpuModel(accel string) string {
+	if accel == "kvm" {
+		return "host"
+	}
+	return "max"
+}
+
+// macFor derives a locally administered unicast MAC from the sandbox ID,
+// so a VM keeps its MAC across cubelet restarts without storing it.
+func macFor(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}.String()
+}
+
+// vcpusFor: one vCPU per started 1000 milli-CPU, at least one.
+func vcpusFor(milliCPU int64) int {
+	if milliCPU <= 0 {
+		return 1
+	}
+	return int((milliCPU + 999) / 1000)
+}
+
+// qemuArgs is QEMU's command line for a VM of shape s with files p;
+// incoming adds "-incoming defer" for a restore. The VM always starts
+// stopped (-S): the driver moves QEMU into the sandbox's cgroup before
+// the first guest instruction runs, then sends "cont".
+func qemuArgs(s Shape, p paths, incoming bool) []string {
+	accel := "kvm"
+	if s.Accel == "tcg" {
+		accel = "tcg,tb-size=" + strconv.Itoa(tcgTBSizeMiB)
+	}
+	a := []string{
+		"-name", "cube-vm",
+		"-M", s.Machine,
+		"-accel", accel,
+		"-cpu", s.CPU,
+		"-smp", strconv.Itoa(s.VCPUs),
+		"-m", strconv.FormatInt(s.MemoryMiB, 10) + "M",
+	}
+	if s.Accel == "tcg" {
+		// The guest kernel calibrates its TSC against the PIT in a few
+		// ms of guest time. Under TCG both follow the host clock, and on
+		// a loaded host the vCPU thread is descheduled mid-calibration:
+		// it fails ("Unable to calibrate against PIT"), and this kernel,
+		// with no HPET or PM timer on microvm, then hangs with no clock.
+		// With icount the guest's clocks advance with the instructions it
+		// executes, so calibration succeeds whatever the host load is;
+		// shift=auto keeps guest time close to real time.
+		a = append(a, "-icount", "shift=auto")
+	}
+	a = append(a,
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-S",
+		"-daemonize", "-pidfile", p.PIDFile,
+		// With a log file QEMU keeps stderr (ours: qemu.log) after
+		// daemonizing instead of pointing it at /dev/null, so a failed
+		// incoming stream or a crash says why there.
+		"-d", "guest_errors", "-D", p.Log,
+		"-kernel", s.Kernel,
+	)
+	if s.Initrd != "" {
+		a = append(a, "-initrd", s.Initrd)
+	}
+	a = append(a, "-append", s.Cmdline,
+		"-serial", "file:"+p.Console,
+		"-qmp", "unix:"+p.QMP+",server=on,wait=off",
+	)
+	for _, dev := range s.Devices {
+		switch dev {
+		case "virtio-blk":
+			// cache=writeback, aio=threads: the disk is a FICLONE'd file on
+			// the pool; O_DIRECT (cache=none) fails on tmpfs and gains
+			// nothing for short-lived sandboxes, while the page cache
+			// shares a template's blocks between its clones. QEMU flushes
+			// the disk on stop, so a paused VM's disk is consistent for a
+			// snapshot's FICLONE.
+			a = append(a,
+				"-drive", "id=root,file="+escapeOpt(p.Disk)+",format=raw,if=none,cache=writeback,aio=threads,discard=unmap",
+				"-device", "virtio-blk-device,drive=root")
+		case "virtio-serial":
+			a = append(a,
+				"-chardev", "socket,id=agent,path="+escapeOpt(p.Agent)+",server=on,wait=off",
+				"-device", "virtio-serial-device",
+				"-device", "virtserialport,chardev=agent,name=org.cube.agent")
+		case "vhost-vsock":
+			a = append(a, "-device", "vhost-vsock-device,guest-cid="+strconv.FormatUint(uint64(p.VsockCID), 10))
+		case "virtio-net":
+			// vhost=off: QEMU aborts with vhost=on where /dev/vhost-net is
+			// missing; Config.Vhost turns it on where it exists.
+			a = append(a,
+				"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no,vhost="+onOff(s.has("vhost-net")),
+				"-device", "virtio-net-device,netdev=net0,mac="+s.MAC)
+		}
+	}
+	if incoming {
+		a = append(a, "-incoming", "defer")
+	}
+	return a
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// escapeOpt doubles commas, QEMU's escape inside an option value.
+func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// shellQuote quotes s for the /bin/sh QEMU runs "exec:" migration URIs with.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func cidFor(id string) uint32 {
+	h := sha256.Sum256([]byte(id))
+	// CIDs 0-2 are reserved; keep clear of the top of the range.
+	return 3 + (uint32(h[0])<<16|uint32(h[1])<<8|uint32(h[2]))%0xFFFFF0
+}

@@ -1,0 +1,136 @@
+package vm
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+)
+
+// cgroupRoots returns the mount point of every cgroup hierarchy (v1
+// controllers, named v1 hierarchies, cgroup2), once per hierarchy.
+func cgroupRoots() ([]string, error) {
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range ms {
+		key := strconv.Itoa(m.Major) + ":" + strconv.Itoa(m.Minor) + m.Root
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		out = append(out, m.Mountpoint)
+	}
+	return out, nil
+}
+
+// cgroupLimits are the values written into the sandbox's cgroup.
+type cgroupLimits struct {
+	MemoryBytes int64 // 0 = none
+	CPUQuotaUS  int64 // per 100 ms period; 0 = none
+	Pids        int64
+}
+
+const cpuPeriodUS = 100000
+
+// joinCgroup creates path in every hierarchy, writes the limits where the
+// controller lives, and moves pid (all its threads) in. On error it
+// removes what it created.
+func joinCgroup(path string, pid int, l cgroupLimits) (err error) {
+	if p := strings.Trim(filepath.Clean(path), "/"); p == "" || p == "." || strings.HasPrefix(p, "..") {
+		return fmt.Errorf("cgroup path %q: want a path below the hierarchy root", path)
+	}
+	roots, err := cgroupRoots()
+	if err != nil {
+		return err
+	}
+	var made []string
+	defer func() {
+		if err != nil {
+			for i := len(made) - 1; i >= 0; i-- {
+				_ = os.Remove(made[i])
+			}
+		}
+	}()
+	for _, r := range roots {
+		dir := filepath.Join(r, path)
+		created, err := mkCgroup(r, path)
+		made = append(made, created...)
+		if err != nil {
+			return err
+		}
+		writes := map[string]string{}
+		if l.MemoryBytes > 0 {
+			writes["memory.limit_in_bytes"] = strconv.FormatInt(l.MemoryBytes, 10) // v1
+			writes["memory.max"] = strconv.FormatInt(l.MemoryBytes, 10)            // v2
+		}
+		if l.CPUQuotaUS > 0 {
+			writes["cpu.cfs_period_us"] = strconv.Itoa(cpuPeriodUS)
+			writes["cpu.cfs_quota_us"] = strconv.FormatInt(l.CPUQuotaUS, 10)
+			writes["cpu.max"] = fmt.Sprintf("%d %d", l.CPUQuotaUS, cpuPeriodUS)
+		}
+		if l.Pids > 0 {
+			writes["pids.max"] = strconv.FormatInt(l.Pids, 10)
+		}
+		// Period before quota: v1 rejects a quota the old period makes invalid.
+		for _, f := range []string{"memory.limit_in_bytes", "memory.max", "cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.max", "pids.max"} {
+			v, ok := writes[f]
+			if !ok || !exists(filepath.Join(dir, f)) {
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0); err != nil {
+				return fmt.Errorf("cgroup %s: write %s=%s: %w", dir, f, v, err)
+			}
+		}
+		// A v2 leaf must not enable controllers for children; a v1
+		// hierarchy has no such file. cgroup.procs moves every thread.
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("cgroup %s: add pid %d: %w", dir, pid, err)
+		}
+	}
+	return nil
+}
+
+// mkCgroup creates root/path level by level and returns the directories
+// it created, outermost first. A new cgroup v1 cpuset starts with no CPUs
+// and no memory nodes, and a task cannot join it ("no space left on
+// device"): each empty level gets its parent's.
+func mkCgroup(root, path string) ([]string, error) {
+	var made []string
+	dir := root
+	for _, part := range strings.Split(strings.Trim(filepath.Clean(path), "/"), "/") {
+		parent := dir
+		dir = filepath.Join(dir, part)
+		err := os.Mkdir(dir, 0o755)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return made, fmt.Errorf("create cgroup %s: %w", dir, err)
+		}
+		if err == nil {
+			made = append(made, dir)
+		}
+		// Existing levels too: a concurrent Start may have created this
+		// one a moment ago and not filled it in yet.
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			cur, err := os.ReadFile(filepath.Join(dir, f))
+			if err != nil || strings.TrimSpace(string(cur)) != "" || !exists(filepath.Join(dir, "cgroup.clone_children")) {
+				continue // not a v1 cpuset (in v2 empty means "inherit")
+			}
+			val, err := os.ReadFile(filepath.Join(parent, f))
+			if err != nil {
+				return made, fmt.Errorf("cgroup %s: read %s: %w", parent, f, err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), val, 0); err != nil {
+				return made, fmt.Errorf("cgroup %s: write %s: %w", dir, f, err)
+			}
+		}
+	}
+	return made, nil
+}

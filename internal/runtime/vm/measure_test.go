@@ -1,0 +1,134 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/qmp"
+)
+
+// TestMeasure prints the medians docs/vm.md reports: the driver's verbs,
+// and a raw `qemu -incoming "exec:zstd -dc ..."` restore of the same
+// image, in one run. It only runs with CUBE_VM_MEASURE=<iterations>.
+func TestMeasure(t *testing.T) {
+	n := 0
+	if _, err := fmt.Sscan(os.Getenv("CUBE_VM_MEASURE"), &n); err != nil || n <= 0 {
+		t.Skip("set CUBE_VM_MEASURE=<iterations> to measure")
+	}
+	e := newEnv(t)
+	d, ctx := e.d, t.Context()
+	times := map[string][]time.Duration{}
+	var sizes, rss []int64
+	timed := func(name string, fn func() error) {
+		t.Helper()
+		begin := time.Now()
+		if err := fn(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		times[name] = append(times[name], time.Since(begin))
+	}
+	for i := range n {
+		s := e.spec(t, fmt.Sprintf("m%d", i))
+		stopAtEnd(t, d, s.ID)
+		begin := time.Now()
+		timed("cold boot: Start (QEMU running)", func() error { _, err := d.Start(ctx, s); return err })
+		agentClient(ctx, t, d, s.ID, bootLimit)
+		times["cold boot: to agent ready"] = append(times["cold boot: to agent ready"], time.Since(begin))
+		st, _ := d.State(ctx, s.ID)
+		rss = append(rss, vmRSS(st.PID))
+		timed("QMP stop (Pause)", func() error { return d.Pause(ctx, s.ID) })
+		timed("QMP cont (Resume)", func() error { return d.Resume(ctx, s.ID) })
+		img := filepath.Join(t.TempDir(), "img")
+		timed("checkpoint (leaveRunning=false)", func() error { return d.Checkpoint(ctx, s.ID, img, false) })
+		fi, err := os.Stat(filepath.Join(img, MemoryFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, fi.Size())
+
+		r := e.spec(t, fmt.Sprintf("r%d", i))
+		copyFile(t, s.Disk, r.Disk)
+		stopAtEnd(t, d, r.ID)
+		begin = time.Now()
+		timed("restore: Restore (running)", func() error { _, err := d.Restore(ctx, r, img); return err })
+		agentClient(ctx, t, d, r.ID, 30*time.Second)
+		times["restore: to agent ready"] = append(times["restore: to agent ready"], time.Since(begin))
+		timed("stop", func() error { return d.Stop(ctx, r.ID) })
+
+		raw := e.spec(t, fmt.Sprintf("x%d", i))
+		copyFile(t, s.Disk, raw.Disk)
+		timed("raw qemu -incoming exec:zstd (loaded)", func() error { return rawIncoming(ctx, d, raw.BundleDir, raw.Disk, img) })
+	}
+	names := make([]string, 0, len(times))
+	for k := range times {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	t.Logf("accel %s, %d iterations, medians:", d.Accel(), n)
+	for _, k := range names {
+		t.Logf("  %-40s %v", k, median(times[k]).Round(time.Millisecond))
+	}
+	slices.Sort(sizes)
+	slices.Sort(rss)
+	t.Logf("  %-40s %d KiB", MemoryFile+" size (256 MiB guest)", sizes[len(sizes)/2]>>10)
+	t.Logf("  %-40s %d MiB", "QEMU RSS at agent ready", rss[len(rss)/2]>>20)
+}
+
+// rawIncoming runs QEMU by hand with the snapshot's shape and
+// -incoming "exec:zstd -dc IMAGE", and returns once QMP reports the
+// migration completed: the floor under the driver's Restore.
+func rawIncoming(ctx context.Context, d *Driver, bundle, disk, dir string) error {
+	shape, err := ReadShape(dir)
+	if err != nil {
+		return err
+	}
+	p := paths{Disk: disk, QMP: filepath.Join(bundle, "qmp.sock"), Agent: filepath.Join(bundle, "agent.sock"),
+		Console: filepath.Join(bundle, "console.log"), Log: filepath.Join(bundle, "qemu.log"), PIDFile: filepath.Join(bundle, "qemu.pid")}
+	args := qemuArgs(shape, p, false)
+	args = append(args, "-incoming", "exec:zstd -dc "+shellQuote(filepath.Join(dir, MemoryFile)))
+	if out, err := exec.CommandContext(ctx, d.qemu, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	st := &vmState{QMP: p.QMP}
+	b, _ := os.ReadFile(p.PIDFile)
+	fmt.Sscan(strings.TrimSpace(string(b)), &st.PID)
+	defer func() {
+		_ = syscall.Kill(st.PID, syscall.SIGKILL)
+		_ = waitGone(st, killTimeout)
+		for _, f := range []string{p.QMP, p.Agent, p.PIDFile} {
+			_ = os.Remove(f)
+		}
+	}()
+	c, err := qmp.Dial(ctx, p.QMP)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return d.waitMigrate(ctx, c.Execute, "")
+}
+
+func vmRSS(pid int) int64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			var kb int64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "VmRSS:"), "kB")), &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

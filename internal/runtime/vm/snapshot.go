@@ -1,0 +1,315 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/vmguest"
+)
+
+// Files of a checkpoint dir.
+const (
+	MemoryFile = "memory.zst" // QEMU's migration stream, zstd-compressed
+	ShapeFile  = "vm.json"    // Shape
+)
+
+// migrateBandwidth lifts QEMU's default migration cap (32 MiB/s in 7.2),
+// which would make a 256 MiB checkpoint take seconds.
+const migrateBandwidth = 64 << 30
+
+// migratePoll is how often query-migrate is asked while a stream runs.
+const migratePoll = 10 * time.Millisecond
+
+type migrateInfo struct {
+	Status      string `json:"status"`
+	ErrorDesc   string `json:"error-desc"`
+	TotalTimeMS int64  `json:"total-time"`
+}
+
+// Checkpoint implements runtime.Driver: the VM is stopped (if it runs),
+// its RAM and device state stream through "zstd -1" into dir/memory.zst,
+// and dir/vm.json records the shape a restore must reuse. With
+// leaveRunning the VM ends in the state it had before the call (a paused
+// VM stays paused, so cubelet can copy the disk before thawing it);
+// without, it is stopped and removed like Stop.
+func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) (err error) {
+	begin := time.Now()
+	st, err := d.load(id)
+	if err != nil {
+		return fmt.Errorf("vm checkpoint: %w", err)
+	}
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("vm checkpoint %s: dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
+	}
+	if !alive(st) {
+		return fmt.Errorf("vm checkpoint %s: QEMU is gone: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	before, err := d.status(ctx, st)
+	if err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	c, err := d.client(ctx, st)
+	if err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	defer c.Close()
+	mem, tmp := filepath.Join(dir, MemoryFile), filepath.Join(dir, MemoryFile+".tmp")
+	written := false
+	defer func() {
+		if err != nil && !written {
+			_ = os.Remove(tmp)
+			_ = os.Remove(mem)
+			_ = os.Remove(filepath.Join(dir, ShapeFile))
+			// Leave the VM as it was: a failed checkpoint must not
+			// freeze a running sandbox.
+			if before.Status == runtime.StatusRunning && alive(st) {
+				_ = d.execute(context.WithoutCancel(ctx), st, "cont", nil, nil)
+			}
+		}
+	}()
+	// Stop first: the stream is then one pass over RAM, with no dirty
+	// pages to resend, and the disk has been flushed.
+	if err := c.Execute(ctx, "stop", nil, nil); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(migrateBandwidth)}, nil); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	uri := "exec:zstd -1 -q -f -o " + shellQuote(tmp)
+	if err := c.Execute(ctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	if err := d.waitMigrate(ctx, c.Execute, "migrate_cancel"); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w%s", id, err, logTail(filepath.Join(st.Bundle, "qemu.log")))
+	}
+	// QEMU reports "completed" when it has written the stream to the pipe;
+	// zstd may still be flushing. The file is complete once zstd exited,
+	// which it does on EOF: wait for the frame to be readable.
+	if err := waitZstd(ctx, tmp); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	b, err := json.MarshalIndent(st.Shape, "", "  ")
+	if err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ShapeFile), b, 0o600); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	if err := os.Rename(tmp, mem); err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	// From here the image is complete: a failure to quit or resume the VM
+	// does not make it less so.
+	written = true
+	d.log.DebugContext(ctx, "checkpoint", "id", id, "dir", dir, "leave_running", leaveRunning, "took", time.Since(begin))
+	if !leaveRunning {
+		c.Close()
+		return d.destroy(ctx, st)
+	}
+	if before.Status == runtime.StatusRunning {
+		if err := c.Execute(ctx, "cont", nil, nil); err != nil {
+			return fmt.Errorf("vm checkpoint %s: cont: %w", id, err)
+		}
+	}
+	return nil
+}
+
+type executeFunc func(ctx context.Context, cmd string, args, out any) error
+
+// waitMigrate polls query-migrate (or query-migrate on the incoming side)
+// until the stream completed or failed. When ctx ends first it cancels
+// the migration with cancelCmd ("" for none) and returns ctx's error.
+func (d *Driver) waitMigrate(ctx context.Context, exec executeFunc, cancelCmd string) error {
+	for {
+		var mi migrateInfo
+		if err := exec(ctx, "query-migrate", nil, &mi); err != nil {
+			if ctx.Err() != nil && cancelCmd != "" {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), qmpTimeout)
+				_ = exec(cctx, cancelCmd, nil, nil)
+				cancel()
+			}
+			return fmt.Errorf("query-migrate: %w", err)
+		}
+		switch mi.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s: %w", mi.Status, mi.ErrorDesc, errdefs.ErrInternal)
+		}
+		select {
+		case <-ctx.Done():
+			if cancelCmd != "" {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), qmpTimeout)
+				_ = exec(cctx, cancelCmd, nil, nil)
+				cancel()
+			}
+			return ctx.Err()
+		case <-time.After(migratePoll):
+		}
+	}
+}
+
+// waitZstd waits until the zstd writer QEMU spawned has closed path: QEMU
+// closes the pipe at "completed" and zstd exits right after writing the
+// last block. No process holds the file open once it is done.
+func waitZstd(ctx context.Context, path string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		busy, err := fileOpenByAny(path)
+		if err != nil {
+			return err
+		}
+		if !busy {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("zstd still writing %s after 30s: %w", path, errdefs.ErrInternal)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// fileOpenByAny scans /proc/*/fd for path.
+func fileOpenByAny(path string) (bool, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return false, err
+	}
+	for _, p := range procs {
+		if p.Name()[0] < '0' || p.Name()[0] > '9' {
+			continue
+		}
+		fds, err := os.ReadDir(filepath.Join("/proc", p.Name(), "fd"))
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if t, err := os.Readlink(filepath.Join("/proc", p.Name(), "fd", fd.Name())); err == nil && t == path {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// ReadShape reads a checkpoint dir's vm.json.
+func ReadShape(dir string) (Shape, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ShapeFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Shape{}, fmt.Errorf("no %s in %s: %w", ShapeFile, dir, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Shape{}, err
+	}
+	var s Shape
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Shape{}, fmt.Errorf("%s: %v: %w", ShapeFile, err, errdefs.ErrInvalidArgument)
+	}
+	if s.MemoryMiB <= 0 || s.VCPUs <= 0 || s.Kernel == "" || s.Machine == "" || !slices.Contains(s.Devices, "virtio-blk") {
+		return Shape{}, fmt.Errorf("%s in %s is incomplete: %w", ShapeFile, dir, errdefs.ErrInvalidArgument)
+	}
+	return s, nil
+}
+
+// Restore implements runtime.Driver: a new QEMU with the snapshot's shape
+// (not s.Limits': a memory image fixes RAM size and vCPUs), on s.Disk,
+// with its own sockets and s's network namespace, loads dir/memory.zst
+// and runs. Where s asked for another shape, ShapeNote(s.ID) says so.
+func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runtime.State, error) {
+	fail := func(err error) (runtime.State, error) {
+		return runtime.State{}, fmt.Errorf("vm restore %s: %w", s.ID, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	if !filepath.IsAbs(dir) {
+		return fail(fmt.Errorf("image dir %q is not absolute: %w", dir, errdefs.ErrInvalidArgument))
+	}
+	image := filepath.Join(dir, MemoryFile)
+	if _, err := os.Stat(image); err != nil {
+		return fail(fmt.Errorf("no memory image in %s: %w", dir, errdefs.ErrNotFound))
+	}
+	shape, err := ReadShape(dir)
+	if err != nil {
+		return fail(err)
+	}
+	if shape.Accel != d.accel {
+		return fail(fmt.Errorf("snapshot was taken under %s, this driver runs %s: QEMU cannot load it: %w", shape.Accel, d.accel, errdefs.ErrFailedPrecondition))
+	}
+	if sum, err := kernelSHA(shape.Kernel); err != nil || sum != shape.KernelSHA256 {
+		// The guest dir may have been rebuilt; the same kernel there is fine.
+		if g, gerr := vmguest.Load(d.guestDir); gerr == nil {
+			if gs, _ := kernelSHA(g.Kernel); gs == shape.KernelSHA256 {
+				shape.Kernel, shape.Initrd, err = g.Kernel, g.Initrd, nil
+				sum = gs
+			}
+		}
+		if err != nil || sum != shape.KernelSHA256 {
+			return fail(fmt.Errorf("snapshot's kernel %s (sha256 %.12s) is not available: %w", shape.KernelVersion, shape.KernelSHA256, errdefs.ErrFailedPrecondition))
+		}
+	}
+	if shape.has("virtio-net") && s.NetNSPath == "" {
+		return fail(fmt.Errorf("snapshot has a network device: restore needs a NetNSPath with %s: %w", tapName, errdefs.ErrFailedPrecondition))
+	}
+	if shape.has("vhost-vsock") != d.vsock {
+		return fail(fmt.Errorf("snapshot vsock=%v, this host vsock=%v: %w", shape.has("vhost-vsock"), d.vsock, errdefs.ErrFailedPrecondition))
+	}
+	note := shapeNote(shape, s.Limits, d.defMem)
+	if note != "" {
+		d.log.WarnContext(ctx, "restore keeps the snapshot's shape", "id", s.ID, "note", note)
+	}
+	if !shape.has("virtio-net") && s.NetNSPath != "" {
+		d.log.WarnContext(ctx, "snapshot has no network device; the restored VM has no network", "id", s.ID)
+	}
+	return d.launch(ctx, s, shape, image, note)
+}
+
+// shapeNote describes how l differs from the snapshot's shape.
+func shapeNote(s Shape, l runtime.Limits, defMem int64) string {
+	var diffs []string
+	if l.MilliCPU > 0 && vcpusFor(l.MilliCPU) != s.VCPUs {
+		diffs = append(diffs, fmt.Sprintf("%d vCPUs asked, snapshot has %d", vcpusFor(l.MilliCPU), s.VCPUs))
+	}
+	if l.MemoryMiB > 0 && l.MemoryMiB != s.MemoryMiB {
+		diffs = append(diffs, fmt.Sprintf("%d MiB asked, snapshot has %d MiB", l.MemoryMiB, s.MemoryMiB))
+	}
+	if len(diffs) == 0 {
+		return ""
+	}
+	return fmt.Sprint(diffs)
+}
+
+// incoming loads image into the freshly started (-incoming defer) QEMU.
+func (d *Driver) incoming(ctx context.Context, st *vmState, image, log string) error {
+	c, err := d.client(ctx, st)
+	if err != nil {
+		return fmt.Errorf("qmp: %w%s", err, logTail(log))
+	}
+	defer c.Close()
+	uri := "exec:zstd -dc " + shellQuote(image)
+	if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil); err != nil {
+		return fmt.Errorf("migrate-incoming: %w%s", err, logTail(log))
+	}
+	// A stream that fails to load makes QEMU exit: the QMP connection
+	// then breaks, and the log says why.
+	if err := d.waitMigrate(ctx, c.Execute, ""); err != nil {
+		return fmt.Errorf("load %s: %w%s", image, err, logTail(log))
+	}
+	return nil
+}
