@@ -51,11 +51,14 @@ func (s *Service) Rollback(ctx context.Context, req RollbackRequest) (*Result, e
 	}
 	defer e.release()
 	cur := e.rec.Load()
+	if err := refuseDiskPaused(cur, "roll back"); err != nil {
+		return nil, err
+	}
 	if sn.TemplateID != cur.TemplateID || sn.Runtime != cur.Runtime {
 		return nil, fmt.Errorf("snapshot %s is of template %s on %s, sandbox %s is of template %s on %s: %w",
 			sn.ID, sn.TemplateID, sn.Runtime, cur.ID, cur.TemplateID, cur.Runtime, errdefs.ErrFailedPrecondition)
 	}
-	if cur.Disk == nil || cur.Mount == nil || cur.Container == nil {
+	if cur.Disk == nil || (cur.Mount == nil && !s.node.bootsDisk(cur.Runtime)) || cur.Container == nil {
 		return nil, fmt.Errorf("sandbox %s holds no running container to roll back: %w", cur.ID, errdefs.ErrFailedPrecondition)
 	}
 	tmpl, err := s.store.GetTemplate(cur.TemplateID)

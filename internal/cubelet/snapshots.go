@@ -87,7 +87,10 @@ func (s *Service) snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotR
 	}
 	defer e.release()
 	cur := e.rec.Load()
-	if cur.Disk == nil || cur.Mount == nil {
+	if err := refuseDiskPaused(cur, "snapshot"); err != nil {
+		return nil, err
+	}
+	if cur.Disk == nil || (cur.Mount == nil && !s.node.bootsDisk(cur.Runtime)) {
 		return nil, fmt.Errorf("sandbox %s has no disk to snapshot: %w", cur.ID, errdefs.ErrFailedPrecondition)
 	}
 	pool := s.node.pool
