@@ -205,10 +205,17 @@ func (n *node) reinitAgent(ctx context.Context, t *Task) error {
 	}
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
-	body, _ := json.Marshal(agent.ReinitRequest{
+	ri := agent.ReinitRequest{
 		Hostname: spec.Hostname, Env: env, TimeUnixNs: time.Now().UnixNano(),
 		Entropy: base64.StdEncoding.EncodeToString(seed),
-	})
+	}
+	// A VM clone's NIC still has the original's address in guest memory.
+	if d, err := n.driver(rec.Runtime); err == nil && rec.Network != nil {
+		if m, ok := d.(interface{ MAC(id string) string }); ok {
+			ri.MAC = m.MAC(rec.Container.ID)
+		}
+	}
+	body, _ := json.Marshal(ri)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url(agent.InternalPrefix+"reinit"), bytes.NewReader(body))
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package cubelet_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/vmguest"
@@ -75,6 +77,12 @@ func TestVMSandboxes(t *testing.T) {
 	wantMemory(t, svc, a.ID, map[string]string{"WHO": "a", "CUBE_SANDBOX_ID": a.ID})
 	orig := map[string]string{"SECRET": fmt.Sprint(time.Now().UnixNano())}
 	setMemory(t, svc, a.ID, orig)
+	// A guest process holding a value only in its memory, and a file.
+	counter(t, svc, a.ID, "vm-memory")
+	shell(t, svc, a.ID, `echo on-disk > /root/file; sync`)
+	if got := shell(t, svc, a.ID, `hostname`); got != a.ID {
+		t.Fatalf("hostname %q, want %s", got, a.ID)
+	}
 
 	t.Run("pause resume", func(t *testing.T) {
 		if _, err := svc.Pause(ctx, a.ID); err != nil {
@@ -104,10 +112,20 @@ func TestVMSandboxes(t *testing.T) {
 			t.Fatalf("clone: %v", err)
 		}
 		t.Logf("clone of 3: %v", time.Since(start))
+		macs := map[string]string{}
 		for _, c := range res.Sandboxes {
 			mustState(t, svc, c.ID, lifecycle.Running)
 			want := map[string]string{"SECRET": orig["SECRET"], "CUBE_SANDBOX_ID": c.ID}
 			wantMemory(t, svc, c.ID, want)
+			holds(t, svc, c.ID, "vm-memory")
+			if got := shell(t, svc, c.ID, `hostname; cat /root/file`); got != c.ID+"\non-disk" {
+				t.Errorf("clone %s: hostname and file %q", c.ID, got)
+			}
+			mac := shell(t, svc, c.ID, `cat /sys/class/net/eth0/address`)
+			if prev, dup := macs[mac]; dup || mac == "" {
+				t.Errorf("clone %s: eth0 %q (also %s's)", c.ID, mac, prev)
+			}
+			macs[mac] = c.ID
 		}
 		for _, c := range res.Sandboxes {
 			if _, err := svc.Delete(ctx, c.ID); err != nil {
@@ -123,5 +141,65 @@ func TestVMSandboxes(t *testing.T) {
 		}
 		mustState(t, svc, a.ID, lifecycle.Running)
 		wantMemory(t, svc, a.ID, orig)
+		holds(t, svc, a.ID, "vm-memory")
 	})
+
+	t.Run("faults", func(t *testing.T) {
+		for _, p := range points(svc, cubelet.FlowSnapshot) {
+			inject(t, p, "1*error")
+			if _, err := svc.Snapshot(ctx, cubelet.SnapshotRequest{SandboxID: a.ID, SnapshotID: "vm-never"}); !errors.Is(err, failpoint.ErrInjected) {
+				t.Fatalf("%s: want injected error, got %v", p, err)
+			}
+			failpoint.Disable(p)
+			mustState(t, svc, a.ID, lifecycle.Running)
+		}
+		for _, p := range []string{"clone/container/after", "clone/agent"} {
+			inject(t, p, "1*error")
+			if _, err := svc.Clone(ctx, cubelet.CloneRequest{SnapshotID: sn.ID, Count: 1}); !errors.Is(err, failpoint.ErrInjected) {
+				t.Fatalf("%s: want injected error, got %v", p, err)
+			}
+			failpoint.Disable(p)
+			if n := len(mustList(t, svc)); n != 1 {
+				t.Fatalf("%s: %d sandboxes after a failed clone", p, n)
+			}
+		}
+		holds(t, svc, a.ID, "vm-memory")
+	})
+}
+
+// TestVMWarmTemplate warms a template on the vm runtime and creates from
+// it: the create restores the booted VM's memory image instead of booting.
+func TestVMWarmTemplate(t *testing.T) {
+	env, svc := vmEnv(t, "")
+	ctx := context.Background()
+	defer func() {
+		for _, sb := range mustList(t, svc) {
+			if _, err := svc.Delete(ctx, sb.ID); err != nil {
+				t.Error(err)
+			}
+		}
+		_ = svc.DeleteTemplate(ctx, "busybox")
+		assertSnapshotFiles(t, env, svc)
+		env.AssertNoLeaks(t)
+	}()
+	start := time.Now()
+	if _, err := svc.WarmTemplate(ctx, "busybox", "vm"); err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	t.Logf("warm template (boot + memory snapshot): %v", time.Since(start))
+	for _, id := range []string{"vm-w1", "vm-w2"} {
+		start := time.Now()
+		r, err := svc.Create(ctx, cubelet.CreateRequest{SandboxID: id, TemplateID: "busybox", Env: map[string]string{"WHO": id}})
+		if err != nil {
+			t.Fatalf("create from warm template: %v", err)
+		}
+		t.Logf("create from warm template to agent ready: %v", time.Since(start))
+		if !r.Warm || r.Sandbox.Runtime != "vm" {
+			t.Fatalf("create warm=%v runtime=%s", r.Warm, r.Sandbox.Runtime)
+		}
+		wantMemory(t, svc, id, map[string]string{"WHO": id, "CUBE_SANDBOX_ID": id})
+		if got := shell(t, svc, id, `hostname`); got != id {
+			t.Fatalf("hostname %q, want %s", got, id)
+		}
+	}
 }

@@ -74,6 +74,11 @@ func macFor(id string) string {
 	return net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}.String()
 }
 
+// MAC is the NIC address of the VM with this ID. A clone restored from
+// another VM's memory image still carries the original's until its agent
+// is told this one (cubelet's reinit).
+func (d *Driver) MAC(id string) string { return macFor(id) }
+
 // vcpusFor: one vCPU per started 1000 milli-CPU, at least one.
 func vcpusFor(milliCPU int64) int {
 	if milliCPU <= 0 {
