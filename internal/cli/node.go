@@ -42,6 +42,9 @@ func nodeCmd(g *globals) *cobra.Command {
 					if r.Restore {
 						caps = append(caps, "restore")
 					}
+					if r.Detail != "" {
+						caps = append(caps, r.Detail)
+					}
 					rts = append(rts, fmt.Sprintf("%s(%s)", r.Name, strings.Join(caps, ",")))
 				}
 				var states []string

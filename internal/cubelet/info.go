@@ -21,6 +21,8 @@ var Version = "dev"
 type RuntimeInfo struct {
 	Name string
 	runtime.Capabilities
+	// Detail is what the driver says of itself (accel=tcg, platform=ptrace).
+	Detail string
 }
 
 // NodeInfo describes the node for `cubecli node info` and the master.
@@ -44,7 +46,11 @@ func (s *Service) Info(ctx context.Context) (*NodeInfo, error) {
 		CPUs: goruntime.NumCPU(), SandboxesByState: map[lifecycle.State]int{},
 	}
 	for name, d := range s.node.drivers {
-		info.Runtimes = append(info.Runtimes, RuntimeInfo{Name: name, Capabilities: d.Capabilities()})
+		ri := RuntimeInfo{Name: name, Capabilities: d.Capabilities()}
+		if ds, ok := d.(interface{ Describe() string }); ok {
+			ri.Detail = ds.Describe()
+		}
+		info.Runtimes = append(info.Runtimes, ri)
 	}
 	sort.Slice(info.Runtimes, func(i, j int) bool { return info.Runtimes[i].Name < info.Runtimes[j].Name })
 	var st unix.Statfs_t

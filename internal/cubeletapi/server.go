@@ -92,11 +92,15 @@ func (s *Server) DeleteSandbox(ctx context.Context, req *pb.DeleteSandboxRequest
 }
 
 func (s *Server) PauseSandbox(ctx context.Context, req *pb.PauseSandboxRequest) (*pb.PauseSandboxResponse, error) {
-	res, err := s.svc.Pause(ctx, req.SandboxId)
+	mode, err := pauseModeFromPB(req.Mode)
 	if err != nil {
 		return nil, ToGRPC(err, req.SandboxId)
 	}
-	return &pb.PauseSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(cubelet.FlowPause, res.Timings)}, nil
+	res, err := s.svc.PauseTo(ctx, req.SandboxId, mode)
+	if err != nil {
+		return nil, ToGRPC(err, req.SandboxId)
+	}
+	return &pb.PauseSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(res.Flow, res.Timings)}, nil
 }
 
 func (s *Server) ResumeSandbox(ctx context.Context, req *pb.ResumeSandboxRequest) (*pb.ResumeSandboxResponse, error) {
@@ -104,7 +108,7 @@ func (s *Server) ResumeSandbox(ctx context.Context, req *pb.ResumeSandboxRequest
 	if err != nil {
 		return nil, ToGRPC(err, req.SandboxId)
 	}
-	return &pb.ResumeSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(cubelet.FlowResume, res.Timings)}, nil
+	return &pb.ResumeSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(res.Flow, res.Timings)}, nil
 }
 
 func (s *Server) ImportTemplate(req *pb.ImportTemplateRequest, stream pb.CubeletService_ImportTemplateServer) error {
@@ -180,7 +184,8 @@ func (s *Server) Info(ctx context.Context, _ *pb.InfoRequest) (*pb.InfoResponse,
 		SandboxesByState: map[string]int32{}, Templates: int32(info.Templates),
 	}
 	for _, r := range info.Runtimes {
-		out.Runtimes = append(out.Runtimes, &pb.RuntimeInfo{Name: r.Name, Pause: r.Pause, Checkpoint: r.Checkpoint, Restore: r.Restore})
+		out.Runtimes = append(out.Runtimes, &pb.RuntimeInfo{Name: r.Name, Pause: r.Pause, Checkpoint: r.Checkpoint, Restore: r.Restore,
+			BootsDisk: r.BootsDisk, Detail: r.Detail})
 	}
 	for _, st := range lifecycle.All {
 		if n := info.SandboxesByState[st]; n > 0 {

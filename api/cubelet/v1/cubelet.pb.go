@@ -90,6 +90,61 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{0}
 }
 
+// PauseMode is how PauseSandbox keeps the sandbox's memory.
+type PauseMode int32
+
+const (
+	// The default: PAUSE_MODE_MEMORY.
+	PauseMode_PAUSE_MODE_UNSPECIFIED PauseMode = 0
+	// Freeze the sandbox; its memory stays resident. Resume is instant.
+	PauseMode_PAUSE_MODE_MEMORY PauseMode = 1
+	// Write the memory image under the sandbox's data and stop the runtime,
+	// freeing the memory; resume restores it (same ID, disk and slot).
+	// FailedPrecondition on runtimes that cannot checkpoint (runc).
+	PauseMode_PAUSE_MODE_DISK PauseMode = 2
+)
+
+// Enum value maps for PauseMode.
+var (
+	PauseMode_name = map[int32]string{
+		0: "PAUSE_MODE_UNSPECIFIED",
+		1: "PAUSE_MODE_MEMORY",
+		2: "PAUSE_MODE_DISK",
+	}
+	PauseMode_value = map[string]int32{
+		"PAUSE_MODE_UNSPECIFIED": 0,
+		"PAUSE_MODE_MEMORY":      1,
+		"PAUSE_MODE_DISK":        2,
+	}
+)
+
+func (x PauseMode) Enum() *PauseMode {
+	p := new(PauseMode)
+	*p = x
+	return p
+}
+
+func (x PauseMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PauseMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_cubelet_v1_cubelet_proto_enumTypes[1].Descriptor()
+}
+
+func (PauseMode) Type() protoreflect.EnumType {
+	return &file_cubelet_v1_cubelet_proto_enumTypes[1]
+}
+
+func (x PauseMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PauseMode.Descriptor instead.
+func (PauseMode) EnumDescriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{1}
+}
+
 // Resources are the limits of one sandbox. Zero means the node default.
 type Resources struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1100,6 +1155,7 @@ type PauseSandboxRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	SandboxId     string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Mode          PauseMode              `protobuf:"varint,3,opt,name=mode,proto3,enum=cubelet.v1.PauseMode" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1146,6 +1202,13 @@ func (x *PauseSandboxRequest) GetSandboxId() string {
 		return x.SandboxId
 	}
 	return ""
+}
+
+func (x *PauseSandboxRequest) GetMode() PauseMode {
+	if x != nil {
+		return x.Mode
+	}
+	return PauseMode_PAUSE_MODE_UNSPECIFIED
 }
 
 type PauseSandboxResponse struct {
@@ -2115,11 +2178,15 @@ func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
 }
 
 type RuntimeInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Pause         bool                   `protobuf:"varint,2,opt,name=pause,proto3" json:"pause,omitempty"`
-	Checkpoint    bool                   `protobuf:"varint,3,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
-	Restore       bool                   `protobuf:"varint,4,opt,name=restore,proto3" json:"restore,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Pause      bool                   `protobuf:"varint,2,opt,name=pause,proto3" json:"pause,omitempty"`
+	Checkpoint bool                   `protobuf:"varint,3,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Restore    bool                   `protobuf:"varint,4,opt,name=restore,proto3" json:"restore,omitempty"`
+	// The runtime boots the sandbox disk itself (vm).
+	BootsDisk bool `protobuf:"varint,5,opt,name=boots_disk,json=bootsDisk,proto3" json:"boots_disk,omitempty"`
+	// What the driver says of itself, e.g. "accel=tcg channel=virtio-serial".
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2180,6 +2247,20 @@ func (x *RuntimeInfo) GetRestore() bool {
 		return x.Restore
 	}
 	return false
+}
+
+func (x *RuntimeInfo) GetBootsDisk() bool {
+	if x != nil {
+		return x.BootsDisk
+	}
+	return false
+}
+
+func (x *RuntimeInfo) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
 }
 
 type InfoRequest struct {
@@ -3861,12 +3942,13 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"K\n" +
 	"\x15DeleteSandboxResponse\x122\n" +
-	"\atimings\x18\x01 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"S\n" +
+	"\atimings\x18\x01 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"~\n" +
 	"\x13PauseSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"y\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12)\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x15.cubelet.v1.PauseModeR\x04mode\"y\n" +
 	"\x14PauseSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
 	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"T\n" +
@@ -3939,14 +4021,17 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x15DeleteTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\"\x18\n" +
-	"\x16DeleteTemplateResponse\"q\n" +
+	"\x16DeleteTemplateResponse\"\xa8\x01\n" +
 	"\vRuntimeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05pause\x18\x02 \x01(\bR\x05pause\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x03 \x01(\bR\n" +
 	"checkpoint\x12\x18\n" +
-	"\arestore\x18\x04 \x01(\bR\arestore\"\r\n" +
+	"\arestore\x18\x04 \x01(\bR\arestore\x12\x1d\n" +
+	"\n" +
+	"boots_disk\x18\x05 \x01(\bR\tbootsDisk\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"\r\n" +
 	"\vInfoRequest\"\xac\x04\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
@@ -4100,7 +4185,11 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x18SANDBOX_STATE_DESTROYING\x10\x05\x12\x1b\n" +
 	"\x17SANDBOX_STATE_DESTROYED\x10\x06\x12\x18\n" +
 	"\x14SANDBOX_STATE_FAILED\x10\a\x12\x19\n" +
-	"\x15SANDBOX_STATE_UNKNOWN\x10\b2\xc3\x0e\n" +
+	"\x15SANDBOX_STATE_UNKNOWN\x10\b*S\n" +
+	"\tPauseMode\x12\x1a\n" +
+	"\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11PAUSE_MODE_MEMORY\x10\x01\x12\x13\n" +
+	"\x0fPAUSE_MODE_DISK\x10\x022\xc3\x0e\n" +
 	"\x0eCubeletService\x12T\n" +
 	"\rCreateSandbox\x12 .cubelet.v1.CreateSandboxRequest\x1a!.cubelet.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -4138,197 +4227,199 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 	return file_cubelet_v1_cubelet_proto_rawDescData
 }
 
-var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
-	(*Resources)(nil),                    // 1: cubelet.v1.Resources
-	(*Sandbox)(nil),                      // 2: cubelet.v1.Sandbox
-	(*NetworkPolicy)(nil),                // 3: cubelet.v1.NetworkPolicy
-	(*NetworkInfo)(nil),                  // 4: cubelet.v1.NetworkInfo
-	(*HostMount)(nil),                    // 5: cubelet.v1.HostMount
-	(*ActionTiming)(nil),                 // 6: cubelet.v1.ActionTiming
-	(*CreateSandboxRequest)(nil),         // 7: cubelet.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),        // 8: cubelet.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),            // 9: cubelet.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 10: cubelet.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),         // 11: cubelet.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 12: cubelet.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),         // 13: cubelet.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),        // 14: cubelet.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),          // 15: cubelet.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),         // 16: cubelet.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 17: cubelet.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 18: cubelet.v1.ResumeSandboxResponse
-	(*Template)(nil),                     // 19: cubelet.v1.Template
-	(*ImportTemplateRequest)(nil),        // 20: cubelet.v1.ImportTemplateRequest
-	(*WarmTemplateRequest)(nil),          // 21: cubelet.v1.WarmTemplateRequest
-	(*WarmTemplateResponse)(nil),         // 22: cubelet.v1.WarmTemplateResponse
-	(*RegistryAuth)(nil),                 // 23: cubelet.v1.RegistryAuth
-	(*ImportProgress)(nil),               // 24: cubelet.v1.ImportProgress
-	(*ImportTemplateResponse)(nil),       // 25: cubelet.v1.ImportTemplateResponse
-	(*ListTemplatesRequest)(nil),         // 26: cubelet.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),        // 27: cubelet.v1.ListTemplatesResponse
-	(*GetTemplateRequest)(nil),           // 28: cubelet.v1.GetTemplateRequest
-	(*GetTemplateResponse)(nil),          // 29: cubelet.v1.GetTemplateResponse
-	(*DeleteTemplateRequest)(nil),        // 30: cubelet.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),       // 31: cubelet.v1.DeleteTemplateResponse
-	(*RuntimeInfo)(nil),                  // 32: cubelet.v1.RuntimeInfo
-	(*InfoRequest)(nil),                  // 33: cubelet.v1.InfoRequest
-	(*InfoResponse)(nil),                 // 34: cubelet.v1.InfoResponse
-	(*Condition)(nil),                    // 35: cubelet.v1.Condition
-	(*HealthRequest)(nil),                // 36: cubelet.v1.HealthRequest
-	(*HealthResponse)(nil),               // 37: cubelet.v1.HealthResponse
-	(*Flow)(nil),                         // 38: cubelet.v1.Flow
-	(*Step)(nil),                         // 39: cubelet.v1.Step
-	(*ListFlowsRequest)(nil),             // 40: cubelet.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),            // 41: cubelet.v1.ListFlowsResponse
-	(*SetFlowLimitRequest)(nil),          // 42: cubelet.v1.SetFlowLimitRequest
-	(*SetFlowLimitResponse)(nil),         // 43: cubelet.v1.SetFlowLimitResponse
-	(*ErrorDetail)(nil),                  // 44: cubelet.v1.ErrorDetail
-	(*UpdateSandboxNetworkRequest)(nil),  // 45: cubelet.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 46: cubelet.v1.UpdateSandboxNetworkResponse
-	(*Snapshot)(nil),                     // 47: cubelet.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),       // 48: cubelet.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),      // 49: cubelet.v1.SnapshotSandboxResponse
-	(*ListSnapshotsRequest)(nil),         // 50: cubelet.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 51: cubelet.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 52: cubelet.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 53: cubelet.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),        // 54: cubelet.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),       // 55: cubelet.v1.DeleteSnapshotResponse
-	(*CloneSandboxRequest)(nil),          // 56: cubelet.v1.CloneSandboxRequest
-	(*CloneSandboxResponse)(nil),         // 57: cubelet.v1.CloneSandboxResponse
-	(*RollbackSandboxRequest)(nil),       // 58: cubelet.v1.RollbackSandboxRequest
-	(*RollbackSandboxResponse)(nil),      // 59: cubelet.v1.RollbackSandboxResponse
-	nil,                                  // 60: cubelet.v1.Sandbox.LabelsEntry
-	nil,                                  // 61: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                                  // 62: cubelet.v1.Sandbox.EnvEntry
-	nil,                                  // 63: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 64: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                  // 65: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 66: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 67: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	nil,                                  // 68: cubelet.v1.Snapshot.LabelsEntry
-	nil,                                  // 69: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	nil,                                  // 70: cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	nil,                                  // 71: cubelet.v1.CloneSandboxRequest.LabelsEntry
-	nil,                                  // 72: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	nil,                                  // 73: cubelet.v1.CloneSandboxRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 74: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 75: google.protobuf.Duration
+	(PauseMode)(0),                       // 1: cubelet.v1.PauseMode
+	(*Resources)(nil),                    // 2: cubelet.v1.Resources
+	(*Sandbox)(nil),                      // 3: cubelet.v1.Sandbox
+	(*NetworkPolicy)(nil),                // 4: cubelet.v1.NetworkPolicy
+	(*NetworkInfo)(nil),                  // 5: cubelet.v1.NetworkInfo
+	(*HostMount)(nil),                    // 6: cubelet.v1.HostMount
+	(*ActionTiming)(nil),                 // 7: cubelet.v1.ActionTiming
+	(*CreateSandboxRequest)(nil),         // 8: cubelet.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 9: cubelet.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 10: cubelet.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 11: cubelet.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 12: cubelet.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 13: cubelet.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 14: cubelet.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 15: cubelet.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 16: cubelet.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 17: cubelet.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 18: cubelet.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 19: cubelet.v1.ResumeSandboxResponse
+	(*Template)(nil),                     // 20: cubelet.v1.Template
+	(*ImportTemplateRequest)(nil),        // 21: cubelet.v1.ImportTemplateRequest
+	(*WarmTemplateRequest)(nil),          // 22: cubelet.v1.WarmTemplateRequest
+	(*WarmTemplateResponse)(nil),         // 23: cubelet.v1.WarmTemplateResponse
+	(*RegistryAuth)(nil),                 // 24: cubelet.v1.RegistryAuth
+	(*ImportProgress)(nil),               // 25: cubelet.v1.ImportProgress
+	(*ImportTemplateResponse)(nil),       // 26: cubelet.v1.ImportTemplateResponse
+	(*ListTemplatesRequest)(nil),         // 27: cubelet.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),        // 28: cubelet.v1.ListTemplatesResponse
+	(*GetTemplateRequest)(nil),           // 29: cubelet.v1.GetTemplateRequest
+	(*GetTemplateResponse)(nil),          // 30: cubelet.v1.GetTemplateResponse
+	(*DeleteTemplateRequest)(nil),        // 31: cubelet.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),       // 32: cubelet.v1.DeleteTemplateResponse
+	(*RuntimeInfo)(nil),                  // 33: cubelet.v1.RuntimeInfo
+	(*InfoRequest)(nil),                  // 34: cubelet.v1.InfoRequest
+	(*InfoResponse)(nil),                 // 35: cubelet.v1.InfoResponse
+	(*Condition)(nil),                    // 36: cubelet.v1.Condition
+	(*HealthRequest)(nil),                // 37: cubelet.v1.HealthRequest
+	(*HealthResponse)(nil),               // 38: cubelet.v1.HealthResponse
+	(*Flow)(nil),                         // 39: cubelet.v1.Flow
+	(*Step)(nil),                         // 40: cubelet.v1.Step
+	(*ListFlowsRequest)(nil),             // 41: cubelet.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),            // 42: cubelet.v1.ListFlowsResponse
+	(*SetFlowLimitRequest)(nil),          // 43: cubelet.v1.SetFlowLimitRequest
+	(*SetFlowLimitResponse)(nil),         // 44: cubelet.v1.SetFlowLimitResponse
+	(*ErrorDetail)(nil),                  // 45: cubelet.v1.ErrorDetail
+	(*UpdateSandboxNetworkRequest)(nil),  // 46: cubelet.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 47: cubelet.v1.UpdateSandboxNetworkResponse
+	(*Snapshot)(nil),                     // 48: cubelet.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),       // 49: cubelet.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),      // 50: cubelet.v1.SnapshotSandboxResponse
+	(*ListSnapshotsRequest)(nil),         // 51: cubelet.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 52: cubelet.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 53: cubelet.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 54: cubelet.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),        // 55: cubelet.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 56: cubelet.v1.DeleteSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 57: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 58: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 59: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 60: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 61: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 62: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 63: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 64: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 65: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 66: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 67: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 68: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 69: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 70: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 71: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 72: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 73: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 74: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 75: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 76: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,  // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	60, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	61, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
-	1,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	62, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	74, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	74, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
-	5,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
-	3,  // 9: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
-	75, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	63, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	64, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	1,  // 13: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	65, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
-	3,  // 15: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	5,  // 16: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
-	2,  // 17: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	6,  // 18: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 19: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	61, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	62, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	2,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
+	63, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	75, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	75, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
+	6,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
+	4,  // 9: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
+	76, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	64, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	65, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	2,  // 13: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
+	66, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	4,  // 15: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	6,  // 16: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
+	3,  // 17: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 18: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,  // 19: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	0,  // 20: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	66, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
-	2,  // 22: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	6,  // 23: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 24: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	6,  // 25: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 26: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	6,  // 27: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	74, // 28: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	23, // 29: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	19, // 30: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
-	6,  // 31: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
-	24, // 32: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
-	19, // 33: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
-	19, // 34: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	19, // 35: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
-	32, // 36: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	67, // 37: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
-	35, // 38: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
-	39, // 39: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
-	38, // 40: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
-	38, // 41: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
-	0,  // 42: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
-	3,  // 43: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
-	2,  // 44: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	68, // 45: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
-	74, // 46: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	69, // 47: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	47, // 48: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	6,  // 49: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	70, // 50: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	47, // 51: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
-	47, // 52: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	71, // 53: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
-	72, // 54: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	73, // 55: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
-	3,  // 56: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	2,  // 57: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	6,  // 58: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	2,  // 59: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	6,  // 60: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	7,  // 61: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	9,  // 62: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	11, // 63: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	13, // 64: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	15, // 65: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	17, // 66: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	45, // 67: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
-	48, // 68: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
-	50, // 69: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
-	52, // 70: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
-	54, // 71: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
-	56, // 72: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
-	58, // 73: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
-	20, // 74: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	26, // 75: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	28, // 76: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	30, // 77: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	21, // 78: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
-	33, // 79: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	36, // 80: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	40, // 81: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	42, // 82: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	8,  // 83: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	10, // 84: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	12, // 85: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	14, // 86: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	16, // 87: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	18, // 88: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	46, // 89: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
-	49, // 90: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
-	51, // 91: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
-	53, // 92: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
-	55, // 93: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
-	57, // 94: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
-	59, // 95: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
-	25, // 96: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	27, // 97: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	29, // 98: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	31, // 99: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	22, // 100: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
-	34, // 101: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	37, // 102: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	41, // 103: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	43, // 104: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	83, // [83:105] is the sub-list for method output_type
-	61, // [61:83] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	67, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	3,  // 22: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	7,  // 23: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	1,  // 24: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
+	3,  // 25: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 26: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,  // 27: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 28: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	75, // 29: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	24, // 30: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	20, // 31: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
+	7,  // 32: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
+	25, // 33: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
+	20, // 34: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
+	20, // 35: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
+	20, // 36: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
+	33, // 37: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	68, // 38: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	36, // 39: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
+	40, // 40: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
+	39, // 41: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
+	39, // 42: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
+	0,  // 43: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
+	4,  // 44: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
+	3,  // 45: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	69, // 46: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	75, // 47: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	70, // 48: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	48, // 49: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	7,  // 50: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	71, // 51: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	48, // 52: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
+	48, // 53: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	72, // 54: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	73, // 55: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	74, // 56: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	4,  // 57: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	3,  // 58: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	7,  // 59: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,  // 60: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 61: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	8,  // 62: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	10, // 63: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	12, // 64: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	14, // 65: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	16, // 66: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	18, // 67: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	46, // 68: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	49, // 69: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	51, // 70: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	53, // 71: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	55, // 72: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	57, // 73: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	59, // 74: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	21, // 75: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	27, // 76: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	29, // 77: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	31, // 78: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	22, // 79: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
+	34, // 80: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	37, // 81: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	41, // 82: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	43, // 83: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	9,  // 84: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	11, // 85: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	13, // 86: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	15, // 87: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	17, // 88: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	19, // 89: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	47, // 90: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	50, // 91: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	52, // 92: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	54, // 93: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	56, // 94: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	58, // 95: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	60, // 96: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	26, // 97: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	28, // 98: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	30, // 99: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	32, // 100: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	23, // 101: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
+	35, // 102: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	38, // 103: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	42, // 104: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	44, // 105: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	84, // [84:106] is the sub-list for method output_type
+	62, // [62:84] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -4346,7 +4437,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -183,3 +183,13 @@ func cidFor(id string) uint32 {
 	// CIDs 0-2 are reserved; keep clear of the top of the range.
 	return 3 + (uint32(h[0])<<16|uint32(h[1])<<8|uint32(h[2]))%0xFFFFF0
 }
+
+// Describe is the one-line summary nodes advertise next to the runtime's
+// name: which accelerator VMs run on and the agent channel they use.
+func (d *Driver) Describe() string {
+	ch := "virtio-serial"
+	if d.vsock {
+		ch = "vsock"
+	}
+	return "accel=" + d.accel + " channel=" + ch
+}
