@@ -35,6 +35,12 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   fi
   npm ci --prefix test/e2e/node --no-audit --no-fund --loglevel=error
   go run ./test/e2e/node/harness -- npm --prefix test/e2e/node test
+  # The same suite against a QEMU micro-VM sandbox (TCG; CUBE_VM_ACCEL=auto
+  # uses KVM where it works; docs/vm.md). CUBE_TEST_VM=0 skips it.
+  if [ "${CUBE_TEST_VM:-1}" != 0 ]; then
+    echo "== node e2e: vm runtime"
+    go run ./test/e2e/node/harness -runtime vm -- npm --prefix test/e2e/node test
+  fi
   echo "== node e2e: control plane (e2b SDK against cube up's system)"
   # E2B_SANDBOX_URL is cubemaster's in-process cubeproxy; CUBE_TEST_PROXY=standalone
   # runs the suite through a separate cmd/cubeproxy process instead.

@@ -9,8 +9,13 @@
 //
 //	go run ./test/e2e/node/harness -- npm --prefix test/e2e/node test
 //
+// With -runtime vm (or gvisor) the sandbox gets a network slot from an
+// in-process network-agent and the SDK talks to the slot's host IP
+// directly; vm also builds the guest kernel and initramfs once.
+//
 // It also reports the closing-note figure it can see from outside: the
-// agent's resident size, idle and after the suite.
+// agent's resident size, idle and after the suite (for a VM, QEMU's: the
+// agent runs inside the guest).
 package main
 
 import (
@@ -39,8 +44,9 @@ import (
 func main() {
 	agentBin := flag.String("agent", "", "prebuilt static cube-agent; built from ./cmd/cube-agent when empty")
 	verbose := flag.Bool("v", false, "log cubelet and the harness at info level")
+	runtime := flag.String("runtime", "runc", "sandbox runtime: runc, vm (QEMU micro-VM; CUBE_VM_ACCEL=tcg|kvm|auto, tcg by default) or gvisor")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: harness [-agent path] [-v] -- command [args...]\n")
+		fmt.Fprintf(os.Stderr, "usage: harness [-agent path] [-runtime runc|vm|gvisor] [-v] -- command [args...]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -48,15 +54,21 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
+	switch *runtime {
+	case "runc", "vm", "gvisor":
+	default:
+		fmt.Fprintf(os.Stderr, "harness: -runtime %q: want runc, vm or gvisor\n", *runtime)
+		os.Exit(2)
+	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "e2e-harness")
-	os.Exit(run(*agentBin, flag.Args(), log))
+	os.Exit(run(*agentBin, *runtime, flag.Args(), log))
 }
 
-func run(agentBin string, command []string, log *slog.Logger) (code int) {
+func run(agentBin, runtime string, command []string, log *slog.Logger) (code int) {
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "harness: needs root (loop devices, mounts, cgroups, runc)")
 		return 2
@@ -70,7 +82,7 @@ func run(agentBin string, command []string, log *slog.Logger) (code int) {
 
 	setupCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	n, err := startNode(setupCtx, agentBin, log)
+	n, err := startNode(setupCtx, agentBin, runtime, log)
 	if err != nil {
 		return fail(err)
 	}
@@ -80,19 +92,34 @@ func run(agentBin string, command []string, log *slog.Logger) (code int) {
 			code = max(code, 1)
 		}
 	}()
+	created := time.Now()
 	sb, err := n.createSandbox(setupCtx)
 	if err != nil {
 		return fail(err)
 	}
+	took := time.Since(created)
 	pid := sb.Container.PID
-	netns := fmt.Sprintf("/proc/%d/ns/net", pid)
-	agentAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(cubelet.AgentPort))
-	fwd, err := nsdial.Forward("127.0.0.1:0", netns, agentAddr, log)
-	if err != nil {
-		return fail(err)
+	// agentAddr is where the harness reaches the agent, sandboxAddr where
+	// the SDK does. A runc sandbox without a slot is reachable only inside
+	// its netns (a forwarder brings it to 127.0.0.1); a slotted one (vm,
+	// gvisor) at its slot's host IP, from the host directly.
+	var agentAddr, sandboxAddr string
+	var agent *http.Client
+	if sb.Network != nil && sb.Network.HostIP != "" {
+		agentAddr = net.JoinHostPort(sb.Network.HostIP, strconv.Itoa(cubelet.AgentPort))
+		sandboxAddr = agentAddr
+		agent = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 30 * time.Second}
+	} else {
+		netns := fmt.Sprintf("/proc/%d/ns/net", pid)
+		agentAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(cubelet.AgentPort))
+		fwd, err := nsdial.Forward("127.0.0.1:0", netns, agentAddr, log)
+		if err != nil {
+			return fail(err)
+		}
+		defer fwd.Close()
+		sandboxAddr = fwd.Addr()
+		agent = nsdial.HTTPClient(netns)
 	}
-	defer fwd.Close()
-	agent := nsdial.HTTPClient(netns)
 	defer agent.CloseIdleConnections()
 
 	var info struct {
@@ -124,19 +151,19 @@ func run(agentBin string, command []string, log *slog.Logger) (code int) {
 	go func() { _ = apiSrv.Serve(ln) }()
 	defer apiSrv.Close()
 
-	fmt.Fprintf(os.Stderr, "harness: sandbox %s (agent pid %d, envd %s) at http://%s; API at http://%s\n",
-		sb.ID, pid, info.EnvdVersion, fwd.Addr(), ln.Addr())
+	fmt.Fprintf(os.Stderr, "harness: %s sandbox %s (%s pid %d, envd %s, created to agent ready in %v) at http://%s; API at http://%s\n",
+		runtime, sb.ID, procName(runtime), pid, info.EnvdVersion, took.Round(time.Millisecond), sandboxAddr, ln.Addr())
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL=http://"+ln.Addr().String(),
-		"E2B_SANDBOX_URL=http://"+fwd.Addr(),
+		"E2B_SANDBOX_URL=http://"+sandboxAddr,
 		"E2B_API_KEY="+apiKey,
 		"CUBE_SANDBOX_ID="+sb.ID,
 		"CUBE_ENVD_VERSION="+info.EnvdVersion,
 	)
 	runErr := cmd.Run()
-	fmt.Fprintf(os.Stderr, "harness: figure: cube-agent RSS idle %s; after the suite %s\n", idleRSS, rss(pid))
+	fmt.Fprintf(os.Stderr, "harness: figure: %s RSS idle %s; after the suite %s\n", procName(runtime), idleRSS, rss(pid))
 	if runErr != nil {
 		var ee *exec.ExitError
 		if errors.As(runErr, &ee) {
@@ -145,6 +172,20 @@ func run(agentBin string, command []string, log *slog.Logger) (code int) {
 		return fail(runErr)
 	}
 	return 0
+}
+
+// procName names the process whose size the figure line reports: the
+// agent itself for runc; for a VM, QEMU (the agent runs inside the guest,
+// and QEMU's RSS is what the sandbox costs the host); for gvisor, the
+// pid cubelet records for the sandbox.
+func procName(runtime string) string {
+	switch runtime {
+	case "vm":
+		return "QEMU"
+	case "gvisor":
+		return "runsc sandbox"
+	}
+	return "cube-agent"
 }
 
 // call does one JSON request to the agent; out may be nil.

@@ -23,10 +23,12 @@ import (
 // pool), run dir, runc root and cgroup parent, like cubelettest's, so the
 // suite never touches a real node's state.
 type node struct {
-	dir string
-	cfg *cubelet.Config
-	svc *cubelet.Service
-	log *slog.Logger
+	dir     string
+	runtime string
+	cfg     *cubelet.Config
+	svc     *cubelet.Service
+	net     *netAgent // vm only: a VM's agent is reached through its slot
+	log     *slog.Logger
 }
 
 func randHex(n int) string {
@@ -37,13 +39,13 @@ func randHex(n int) string {
 
 // startNode builds the agent (unless given), writes the config and
 // starts cubelet in this process.
-func startNode(ctx context.Context, agentBin string, log *slog.Logger) (*node, error) {
+func startNode(ctx context.Context, agentBin, runtime string, log *slog.Logger) (*node, error) {
 	id := randHex(4)
 	dir := filepath.Join(os.TempDir(), "cube-e2e-node-"+id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	n := &node{dir: dir, log: log}
+	n := &node{dir: dir, runtime: runtime, log: log}
 	if agentBin == "" {
 		agentBin = filepath.Join(dir, "cube-agent")
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", agentBin, "./cmd/cube-agent")
@@ -71,9 +73,17 @@ template_headroom_mib = 64
 interval = "200ms"
 max_backoff = "2s"
 `, id, filepath.Join(dir, "data"), filepath.Join(dir, "run"), filepath.Join(dir, "run", "cubelet.sock"), agentBin)
+	if runtime != "runc" {
+		extra, err := n.startVM(ctx)
+		if err != nil {
+			n.teardown(context.Background())
+			return nil, err
+		}
+		toml += extra
+	}
 	cfg, err := cubelet.ParseConfig([]byte(toml))
 	if err != nil {
-		n.remove()
+		n.teardown(context.Background())
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	n.cfg = cfg
@@ -99,6 +109,7 @@ func (n *node) createSandbox(ctx context.Context) (*sandbox.Record, error) {
 	res, err := n.svc.Create(ctx, cubelet.CreateRequest{
 		TemplateID: "e2b-busybox",
 		Labels:     map[string]string{"suite": "e2e-node"},
+		Runtime:    n.runtime,
 		Resources:  sandbox.Resources{MilliCPU: 1000, MemoryMiB: 512, Pids: 1024},
 	})
 	if err != nil {
@@ -110,7 +121,7 @@ func (n *node) createSandbox(ctx context.Context) (*sandbox.Record, error) {
 func (n *node) scope() leakcheck.Scope {
 	c := n.cfg
 	return leakcheck.Scope{
-		DataDir: c.Node.DataDir, RunDir: c.Node.RunDir, RuncRoot: c.Runc.Root, CgroupName: c.Node.CgroupParent,
+		DataDir: c.Node.DataDir, RunDir: c.Node.RunDir, RuncRoot: c.Runc.Root, VMRoot: c.VM.Root, CgroupName: c.Node.CgroupParent,
 		AllowMounts: []string{c.PoolDir()}, AllowLoopBacking: []string{c.PoolDir() + ".img"},
 	}
 }
@@ -144,6 +155,12 @@ func (n *node) teardown(ctx context.Context) error {
 			}
 		}
 	}
+	// After cubelet: its deletes release the slots.
+	if n.net != nil {
+		if err := n.net.close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	n.remove()
 	return errors.Join(errs...)
 }
@@ -157,6 +174,7 @@ func (n *node) forceClean(ctx context.Context) {
 			_ = exec.CommandContext(ctx, c.Runc.Binary, "--root", c.Runc.Root, "delete", "--force", id).Run()
 		}
 	}
+	killQEMU(c.Node.RunDir)
 	runRoot := filepath.Join(c.Node.RunDir, "sandboxes")
 	ents, _ := os.ReadDir(runRoot)
 	for _, e := range ents {
