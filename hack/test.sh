@@ -41,6 +41,11 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
     echo "== node e2e: vm runtime"
     go run ./test/e2e/node/harness -runtime vm -- npm --prefix test/e2e/node test
   fi
+  # And against a gVisor sandbox (runsc, ptrace). CUBE_TEST_GVISOR=0 skips it.
+  if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
+    echo "== node e2e: gvisor runtime"
+    go run ./test/e2e/node/harness -runtime gvisor -- npm --prefix test/e2e/node test
+  fi
   echo "== node e2e: control plane (e2b SDK against cube up's system)"
   # E2B_SANDBOX_URL is cubemaster's in-process cubeproxy; CUBE_TEST_PROXY=standalone
   # runs the suite through a separate cmd/cubeproxy process instead.

@@ -93,6 +93,12 @@ func switchThread(u *User) (restore func() error, err error) {
 	if err := unix.Setgroups(groups); err != nil {
 		return restore, fmt.Errorf("setgroups for %s: %w", u.Name, err)
 	}
+	if cur, _ := unix.SetfsgidRetGid(-1); cur == -1 {
+		// No fsuid/fsgid (gVisor's sentry answers ENOSYS): switch the
+		// thread's effective IDs instead, which also drops and regains
+		// the capabilities, the saved IDs staying root.
+		return switchThreadEffective(u, func() error { return unix.Setgroups(origGroups) })
+	}
 	unix.SetfsgidRetGid(int(u.GID))
 	if cur, _ := unix.SetfsgidRetGid(-1); cur != int(u.GID) {
 		return restore, fmt.Errorf("setfsgid %d for %s did not take (is %d)", u.GID, u.Name, cur)
@@ -100,6 +106,34 @@ func switchThread(u *User) (restore func() error, err error) {
 	unix.SetfsuidRetUid(int(u.UID))
 	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(u.UID) {
 		return restore, fmt.Errorf("setfsuid %d for %s did not take (is %d)", u.UID, u.Name, cur)
+	}
+	return restore, nil
+}
+
+// switchThreadEffective is switchThread for kernels without setfsuid: the
+// thread's effective uid and gid become u's (setresuid/setresgid on this
+// thread only: the raw syscalls, not Go's all-threads wrappers), real and
+// saved stay root so the restore can take them back. groupsRestore puts
+// the supplementary groups back once the IDs are root again.
+func switchThreadEffective(u *User, groupsRestore func() error) (func() error, error) {
+	origUID, origGID := os.Geteuid(), os.Getegid()
+	restore := func() error {
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(origUID), ^uintptr(0)); e != 0 {
+			return fmt.Errorf("setresuid back to %d: %w", origUID, e)
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(origGID), ^uintptr(0)); e != 0 {
+			return fmt.Errorf("setresgid back to %d: %w", origGID, e)
+		}
+		if cur := unix.Geteuid(); cur != origUID {
+			return fmt.Errorf("euid is %d, want %d", cur, origUID)
+		}
+		return groupsRestore()
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(u.GID), ^uintptr(0)); e != 0 {
+		return restore, fmt.Errorf("setresgid %d for %s: %w", u.GID, u.Name, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(u.UID), ^uintptr(0)); e != 0 {
+		return restore, fmt.Errorf("setresuid %d for %s: %w", u.UID, u.Name, e)
 	}
 	return restore, nil
 }
