@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -60,14 +61,21 @@ func TestCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list.Sandboxes) != 1 || list.Sandboxes[0].State != "SANDBOX_STATE_RUNNING" {
 		t.Fatalf("ls json: %d %v\n%s", code, err, out)
 	}
+	// runc cannot write a memory image: refused, nothing changes.
+	if _, errOut, code = run(t, sock, "sandbox", "pause", "--to-disk", "cli-one"); code != cli.ExitFailedPrecondition || !strings.Contains(errOut, "cannot checkpoint") {
+		t.Fatalf("pause --to-disk on runc: %d %s", code, errOut)
+	}
 	if _, _, code = run(t, sock, "sandbox", "pause", "cli-one"); code != 0 {
 		t.Fatalf("pause: %d", code)
+	}
+	if out, _, _ = run(t, sock, "sandbox", "inspect", "cli-one"); !regexp.MustCompile(`Pause mode\s+memory`).MatchString(out) {
+		t.Fatalf("inspect of a paused sandbox shows no pause mode:\n%s", out)
 	}
 	if _, errOut, code = run(t, sock, "sandbox", "pause", "cli-one"); code != cli.ExitFailedPrecondition || !strings.Contains(errOut, "paused") {
 		t.Fatalf("second pause: %d %s", code, errOut)
 	}
 	out, _, _ = run(t, sock, "sandbox", "inspect", "cli-one", "-o", "json")
-	if !strings.Contains(out, `"SANDBOX_STATE_PAUSED"`) {
+	if !strings.Contains(out, `"SANDBOX_STATE_PAUSED"`) || !regexp.MustCompile(`"pauseMode":\s*"memory"`).MatchString(out) {
 		t.Fatalf("inspect: %s", out)
 	}
 	if _, _, code = run(t, sock, "sandbox", "resume", "cli-one"); code != 0 {

@@ -16,8 +16,8 @@ import (
 func sandboxCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox", Aliases: []string{"sb"}, Short: "Create and manage sandboxes"}
 	cmd.AddCommand(sandboxCreate(g), sandboxList(g), sandboxInspect(g),
-		sandboxVerb(g, "pause", "Freeze a running sandbox"),
-		sandboxVerb(g, "resume", "Thaw a paused sandbox"),
+		sandboxPause(g),
+		sandboxResume(g),
 		sandboxClone(g), sandboxRollback(g),
 		sandboxRemove(g))
 	return cmd
@@ -183,7 +183,7 @@ func sandboxInspect(g *globals) *cobra.Command {
 				s := resp.Sandbox
 				rows := [][]string{
 					{"ID", s.Id}, {"Template", s.TemplateId}, {"State", cubeletapi.StateName(s.State)},
-					{"Runtime", s.Runtime}, {"PID", fmt.Sprint(s.Pid)},
+					{"Runtime", s.Runtime}, {"PID", fmt.Sprint(s.Pid)}, {"Pause mode", s.PauseMode},
 					{"CPU (milli)", fmt.Sprint(s.Resources.GetMilliCpu())}, {"Memory (MiB)", fmt.Sprint(s.Resources.GetMemoryMib())},
 					{"Pids", fmt.Sprint(s.Resources.GetPids())}, {"Disk (MiB)", fmt.Sprint(s.Resources.GetDiskMib())},
 					{"Labels", labelsString(s.Labels)}, {"Created", s.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z")},
@@ -198,29 +198,18 @@ func sandboxInspect(g *globals) *cobra.Command {
 	}
 }
 
-func sandboxVerb(g *globals, verb, short string) *cobra.Command {
+func sandboxResume(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   verb + " ID",
-		Short: short,
+		Use:   "resume ID",
+		Short: "Thaw a paused sandbox (or restore one paused to disk)",
 		Args:  exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.call(cmd, func(ctx context.Context, c pb.CubeletServiceClient) error {
-				var sb *pb.Sandbox
-				var ts []*pb.ActionTiming
-				if verb == "pause" {
-					resp, err := c.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: args[0]})
-					if err != nil {
-						return err
-					}
-					sb, ts = resp.Sandbox, resp.Timings
-				} else {
-					resp, err := c.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: args[0]})
-					if err != nil {
-						return err
-					}
-					sb, ts = resp.Sandbox, resp.Timings
+				resp, err := c.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: args[0]})
+				if err != nil {
+					return err
 				}
-				return g.printSandbox(sb, ts)
+				return g.printSandbox(resp.Sandbox, resp.Timings)
 			})
 		},
 	}

@@ -82,7 +82,13 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 		}
 		sum.Failed++
 		return
+	case lifecycle.Paused:
+		if rec.PauseMode == sandbox.PauseDisk { // no runtime container by design
+			s.adoptDiskPaused(ctx, t, sum)
+			return
+		}
 	}
+	s.sweepPausedImage(rec)
 
 	state, err := s.runtimeState(ctx, rec)
 	switch {
@@ -94,6 +100,10 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 		_ = t.Update(func(r *sandbox.Record) {
 			r.State, r.Error = st, ""
 			r.Container.PID = state.PID
+			r.PauseMode = ""
+			if st == lifecycle.Paused {
+				r.PauseMode = sandbox.PauseMemory
+			}
 		})
 		sum.Adopted++
 	case err == nil || errdefs.IsNotFound(err):

@@ -95,7 +95,8 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
 	reg := workflow.NewRegistry()
 	registerActions(s.node, reg)
 	registerSnapshotActions(s.node, reg)
-	s.engine, err = workflow.New(reg, append(verbs(), snapshotVerbs()...), cfg.Flows,
+	registerPauseModeActions(s.node, reg)
+	s.engine, err = workflow.New(reg, append(append(verbs(), snapshotVerbs()...), pauseModeVerbs()...), cfg.Flows,
 		workflow.WithMetrics(s.metrics, "cubelet"),
 		workflow.WithLogger(log),
 		workflow.WithFailpoints(true))
@@ -160,6 +161,9 @@ type Result struct {
 	// Warm: restored from the template's warm snapshot (warm.go).
 	Warm     bool
 	Warnings []string
+	// Flow is the flow that ran when the verb picks one (pause, resume:
+	// pausemode.go); empty otherwise.
+	Flow string
 }
 
 // FieldError is an InvalidArgument about one request field.
@@ -432,32 +436,16 @@ func (s *Service) lockFor(ctx context.Context, id string, to lifecycle.State, ve
 	return e, nil
 }
 
-// Pause freezes a running sandbox.
+// Pause freezes a running sandbox, its memory resident (PauseTo, in
+// pausemode.go, also pauses to disk).
 func (s *Service) Pause(ctx context.Context, id string) (*Result, error) {
-	return s.simpleVerb(ctx, id, FlowPause, lifecycle.Paused)
+	return s.PauseTo(ctx, id, sandbox.PauseMemory)
 }
 
-// Resume thaws a paused sandbox and returns once its agent answers.
+// Resume thaws a paused sandbox, or restores a disk-paused one from its
+// memory image, and returns once its agent answers.
 func (s *Service) Resume(ctx context.Context, id string) (*Result, error) {
-	return s.simpleVerb(ctx, id, FlowResume, lifecycle.Running)
-}
-
-func (s *Service) simpleVerb(ctx context.Context, id, flow string, to lifecycle.State) (*Result, error) {
-	e, err := s.lockFor(ctx, id, to, flow)
-	if err != nil {
-		return nil, err
-	}
-	defer e.release()
-	t := newTask(s.store, e, e.rec.Load(), nil)
-	res, err := s.engine.Run(ctx, flow, t)
-	if err != nil {
-		return &Result{Sandbox: t.Record(), Timings: res.Timings}, err
-	}
-	if err := t.Update(func(r *sandbox.Record) { r.State = to }); err != nil {
-		return nil, err
-	}
-	s.log.Info("sandbox "+string(to), "sandbox_id", id, "duration", res.Duration)
-	return &Result{Sandbox: t.Record(), Timings: res.Timings}, nil
+	return s.pauseModeVerb(ctx, id, FlowResume, lifecycle.Running, "")
 }
 
 // Delete destroys a sandbox and everything it holds. If the destroy fails

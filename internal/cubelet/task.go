@@ -46,6 +46,8 @@ type Task struct {
 	// snap is the snapshot verbs' state (snapshot, clone, rollback); nil
 	// for the other flows.
 	snap *snapOp
+	// pause is the pause-to-disk / resume-from-disk state (pausemode.go).
+	pause *pauseOp
 
 	mu  sync.Mutex
 	rec *sandbox.Record

@@ -59,6 +59,7 @@ func sandboxToPB(r *sandbox.Record) *pb.Sandbox {
 		out.Pid = int32(r.Container.PID)
 	}
 	out.SourceSnapshotId = r.SourceSnapshotID
+	out.PauseMode = string(r.PauseMode)
 	out.HostMounts = hostMountsToPB(r.HostMounts)
 	out.Network = networkToPB(r)
 	return out

@@ -51,6 +51,10 @@ type Record struct {
 	PrevState lifecycle.State `json:"prev_state,omitempty"`
 	// HostMounts are bound into the container (allow-listed at create).
 	HostMounts []HostMount `json:"host_mounts,omitempty"`
+	// PauseMode is how a Paused sandbox is paused: PauseMemory (frozen,
+	// resident) or PauseDisk (memory image under its pool directory, no
+	// runtime container: Container names what to restore). Empty otherwise.
+	PauseMode PauseMode `json:"pause_mode,omitempty"`
 
 	Disk      *Disk      `json:"disk,omitempty"`
 	Mount     *Mount     `json:"mount,omitempty"`
@@ -61,6 +65,14 @@ type Record struct {
 	// last UpdateSandboxNetwork; nil = the default (internet allowed).
 	NetworkPolicy *policy.Policy `json:"network_policy,omitempty"`
 }
+
+// PauseMode is how a paused sandbox keeps its memory.
+type PauseMode string
+
+const (
+	PauseMemory PauseMode = "memory"
+	PauseDisk   PauseMode = "disk"
+)
 
 // Disk is the sandbox's own copy-on-write disk image in the pool.
 type Disk struct {
