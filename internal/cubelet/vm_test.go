@@ -15,6 +15,7 @@ import (
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
@@ -94,6 +95,29 @@ func TestVMSandboxes(t *testing.T) {
 		}
 		mustState(t, svc, a.ID, lifecycle.Running)
 		wantMemory(t, svc, a.ID, orig)
+	})
+
+	t.Run("pause to disk", func(t *testing.T) {
+		start := time.Now()
+		if _, err := svc.PauseTo(ctx, a.ID, sandbox.PauseDisk); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pause to disk: %v", time.Since(start))
+		sb := mustState(t, svc, a.ID, lifecycle.Paused)
+		if sb.PauseMode != sandbox.PauseDisk {
+			t.Fatalf("pause mode %q", sb.PauseMode)
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", sb.Container.PID)); err == nil {
+			t.Fatalf("QEMU (pid %d) still runs while paused to disk", sb.Container.PID)
+		}
+		start = time.Now()
+		if _, err := svc.Resume(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("resume from disk: %v", time.Since(start))
+		mustState(t, svc, a.ID, lifecycle.Running)
+		wantMemory(t, svc, a.ID, orig)
+		holds(t, svc, a.ID, "vm-memory")
 	})
 
 	start = time.Now()
