@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -207,7 +208,18 @@ func resolveKernel(ctx context.Context, meta string) (pkg, version string, err e
 }
 
 // download fetches pkg into dir unless a .deb of it is there already.
+// Builds in other processes (test packages run in parallel) share dir, so
+// the check and the download run under an exclusive lock on it: none of
+// them ever sees another's half-downloaded file.
 func download(ctx context.Context, dir, pkg string, log *slog.Logger) (string, error) {
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("vmguest: %w", err)
+	}
+	defer lock.Close() // releases the lock
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return "", fmt.Errorf("vmguest: lock %s: %w", dir, err)
+	}
 	if debs, _ := filepath.Glob(filepath.Join(dir, pkg+"_*.deb")); len(debs) > 0 {
 		return debs[len(debs)-1], nil
 	}
