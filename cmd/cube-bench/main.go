@@ -30,7 +30,8 @@ func main() {
 	scen := flag.String("scenarios", "all", "comma-separated scenarios; 'all' = every cube scenario (see --list)")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	flag.StringVar(&o.Template, "template", o.Template, "template to create sandboxes from")
-	flag.StringVar(&o.Runtime, "runtime", "runc", "cubelet runtime to create sandboxes with")
+	flag.StringVar(&o.Runtime, "runtime", "runc", "cubelet runtime to create sandboxes with: runc, gvisor or vm (smaller default N for the last two)")
+	flag.StringVar(&s.VMGuestDir, "vm-guest-dir", "", "with --runtime vm: guest kernel and initramfs (default /var/lib/cube/vm, else built)")
 	flag.IntVar(&o.N1, "n", o.N1, "samples of create-c1, pause, resume and destroy")
 	flag.IntVar(&o.N50, "n-c50", o.N50, "samples of create-c50")
 	flag.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "creates in flight in create-c50")
@@ -57,6 +58,12 @@ func main() {
 		}
 		return
 	}
+	if err := bench.CheckRuntime(o.Runtime); err != nil {
+		fatal(err)
+	}
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	o.SmallDefaults(set)
 	if *output != "table" && *output != "json" {
 		fatal(fmt.Errorf("-o %q: want table or json", *output))
 	}

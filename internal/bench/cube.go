@@ -96,14 +96,14 @@ func init() {
 	Register(Scenario{
 		Name: "create-c1", Kind: KindCube,
 		Help:      "create-to-ready (CreateSandbox returns when the agent answers /health), one at a time",
-		Baselines: []string{"runc-run", "podman-run", "runsc-restore", "qemu-incoming"},
+		Baselines: []string{"runc-run", "podman-run"},
 		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
 		Run:       runCreate("create-c1"),
 	})
 	Register(Scenario{
 		Name: "create-c50", Kind: KindCube,
 		Help:      "create-to-ready with --concurrency creates in flight (default 50)",
-		Baselines: []string{"runc-run", "runsc-restore", "qemu-incoming"},
+		Baselines: []string{"runc-run"},
 		Params:    func(o Options) Params { return Params{N: o.N50, Concurrency: o.Concurrency} },
 		Run:       runCreate("create-c50"),
 	})

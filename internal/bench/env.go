@@ -132,6 +132,9 @@ type Env struct {
 	memoMu sync.Mutex
 	memo   map[string][]batch
 
+	warmT warmTemplate // the run's warmed template (warm.go)
+	net   *netAgent    // network-agent of a private gvisor/vm node
+
 	profiler *profiler // set by the runner while a scenario runs
 }
 
@@ -154,6 +157,9 @@ func (e *Env) Info(ctx context.Context) (*pb.InfoResponse, error) {
 // Close releases what baselines set up (their pool, podman storage).
 func (e *Env) Close(ctx context.Context) error {
 	var errs []error
+	if e.Client != nil {
+		errs = append(errs, e.warmT.close(ctx, e.Client))
+	}
 	if e.pod != nil {
 		errs = append(errs, e.pod.close(ctx))
 	}

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Hooks for what lands later: the gVisor and VM runtimes' raw restore
-// baselines and the E2B round trip (cubemaster + cubeproxy). Each probes
-// the node and skips with the reason until the thing it measures exists;
+// The gVisor and VM runtimes' raw restore baselines (rawgvisor.go,
+// rawvm.go) and the E2B round trip (cubemaster + cubeproxy). Each probes
+// the node and skips with the reason when what it measures is missing;
 // none of them fakes a number.
 
 // hasRuntime reports whether the cubelet offers runtime rt.
@@ -46,9 +46,12 @@ func implemented(ctx context.Context, rpc string, call func(context.Context) err
 }
 
 func init() {
-	for _, h := range []struct{ name, rt, bin, help string }{
-		{"runsc-restore", "gvisor", "runsc", "bare `runsc restore` of the template's warm checkpoint + first /health"},
-		{"qemu-incoming", "vm", "qemu-system-x86_64", "bare `qemu -incoming` of the template's warm snapshot + first /health"},
+	for _, h := range []struct {
+		name, rt, bin, help string
+		run                 func(context.Context, *Env, Params) (*Result, error)
+	}{
+		{"runsc-restore", "gvisor", runscBinary, "bare `runsc restore --detach` of the warm template's checkpoint + agent wake + first /health", runRunscRestore},
+		{"qemu-incoming", "vm", qemuBinary, "bare QEMU `-incoming exec:zstd -dc` of the warm template's snapshot + cont + first /health", runQemuIncoming},
 	} {
 		Register(Scenario{
 			Name: h.name, Kind: KindBaseline, Runtime: h.rt, Help: h.help,
@@ -60,11 +63,12 @@ func init() {
 				if _, err := exec.LookPath(h.bin); err != nil {
 					return skipf("%s is not installed", h.bin)
 				}
-				return nil
+				if e.node == nil {
+					return skipf("raw restores need the snapshot files of a private node (no --addr)")
+				}
+				return memoryRuntime(ctx, e)
 			},
-			Run: func(context.Context, *Env, Params) (*Result, error) {
-				return nil, skipf("the %s baseline comes with the %s runtime driver", h.name, h.rt)
-			},
+			Run: h.run,
 		})
 	}
 
@@ -74,7 +78,7 @@ func init() {
 		Baselines: []string{"runc-run", "podman-run"},
 		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
 		Probe: func(context.Context, *Env) error {
-			return skipf("needs cubemaster's E2B API and cubeproxy, which are not in this tree yet")
+			return skipf("not wired yet: the bench would have to start cubemaster (E2B API) and cubeproxy in front of its node")
 		},
 		Run: func(context.Context, *Env, Params) (*Result, error) {
 			return nil, skipf("E2B round trip not available")

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 )
 
 // Machine describes where a run happened: absolute figures only mean
@@ -25,8 +27,11 @@ type Machine struct {
 	Cgroups     string `json:"cgroups"`
 	KVM         bool   `json:"kvm"`
 	Storage     string `json:"storage,omitempty"` // cubelet's pool mode
-	LoadStart   string `json:"load_start"`
-	LoadEnd     string `json:"load_end"`
+	// Runtime is the runtime the run creates with and what its driver
+	// says of itself ("vm (accel=tcg channel=virtio-serial)").
+	Runtime   string `json:"runtime,omitempty"`
+	LoadStart string `json:"load_start"`
+	LoadEnd   string `json:"load_end"`
 }
 
 // DescribeMachine collects the machine description.
@@ -66,9 +71,22 @@ func DescribeMachine(ctx context.Context, e *Env) Machine {
 	if e != nil && e.Client != nil {
 		if info, err := e.Info(ctx); err == nil {
 			m.Storage = info.StorageMode
+			m.Runtime = runtimeDetail(info.Runtimes, e.Opts.Runtime)
 		}
 	}
 	return m
+}
+
+func runtimeDetail(rts []*pb.RuntimeInfo, name string) string {
+	if name == "" {
+		name = "runc"
+	}
+	for _, r := range rts {
+		if r.Name == name && r.Detail != "" {
+			return name + " (" + r.Detail + ")"
+		}
+	}
+	return name
 }
 
 func firstLine(ctx context.Context, name string, args ...string) string {

@@ -190,6 +190,7 @@ func (n *Node) Scope() leakcheck.Scope {
 	pool := filepath.Join(n.DataDir, "pool")
 	return leakcheck.Scope{
 		DataDir: n.DataDir, RunDir: n.RunDir, RuncRoot: filepath.Join(n.RunDir, "runc"),
+		RunscRoot: filepath.Join(n.RunDir, "runsc"), VMRoot: filepath.Join(n.RunDir, "vm"),
 		CgroupName: n.CgroupParent, AllowMounts: []string{pool}, AllowLoopBacking: []string{pool + ".img"},
 	}
 }

@@ -160,8 +160,8 @@ func WriteTable(w io.Writer, rep *Report) error {
 		tw.Flush()
 	}
 	m := rep.Machine
-	fmt.Fprintf(tw, "cube-bench %s  %s  %d CPUs  %s  kernel %s  %s  load %s -> %s\n",
-		rep.RunID, rep.Started.Format(time.RFC3339), m.CPUs, m.MemoryBytes.MiB(), m.Kernel, m.Runc, m.LoadStart, m.LoadEnd)
+	fmt.Fprintf(tw, "cube-bench %s  %s  %d CPUs  %s  kernel %s  %s  runtime %s  load %s -> %s\n",
+		rep.RunID, rep.Started.Format(time.RFC3339), m.CPUs, m.MemoryBytes.MiB(), m.Kernel, m.Runc, m.Runtime, m.LoadStart, m.LoadEnd)
 	table("LATENCY (ms)", latencyRows(rep))
 	table("COMPARED WITH RAW BASELINES (ours / baseline, ours - baseline)", compareRows(rep))
 	table("WHERE CUBELET SPENDS IT (action timings returned by the RPCs, ms)", actionRows(rep))
@@ -222,7 +222,7 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	fmt.Fprintf(&b, "- **Date**: %s (took %s)\n", rep.Started.Format(time.RFC3339), rep.Finished.Sub(rep.Started).Round(time.Second))
 	fmt.Fprintf(&b, "- **Machine**: %d CPUs (%s), %s memory, kernel %s, %s, cgroups %s, KVM %v\n",
 		m.CPUs, m.CPUModel, m.MemoryBytes.MiB(), m.Kernel, m.OS, m.Cgroups, m.KVM)
-	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s\n", m.Runc, orNone(m.Podman), m.Go, m.Storage)
+	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s; runtime: %s\n", m.Runc, orNone(m.Podman), m.Go, m.Storage, m.Runtime)
 	fmt.Fprintf(&b, "- **Load average** (shared machine): %s at start, %s at end\n\n", m.LoadStart, m.LoadEnd)
 	b.WriteString("## Targets (issue 8)\n\n")
 	table(targetRows(rep))

@@ -34,6 +34,9 @@ type Setup struct {
 	Log      *slog.Logger
 	// NodeTOML is appended to a private cubelet's config.
 	NodeTOML string
+	// VMGuestDir holds the VM guest artifacts for --runtime vm ("" = the
+	// default place, else built into WorkDir).
+	VMGuestDir string
 }
 
 // Prepare builds the test image, starts (or dials) the cubelet, makes
@@ -58,13 +61,19 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 	}
 	e := &Env{RunID: s.RunID, Opts: s.Opts, Progress: s.Progress, Log: s.Log, WorkDir: s.WorkDir, CubeletPID: s.CubeletPID}
 	var node *Node
+	var net *netAgent
 	var closeConn func() error
 	cleanup = func(ctx context.Context) error {
 		ctx = context.WithoutCancel(ctx)
 		var errs []error
 		errs = append(errs, e.Close(ctx))
 		if node != nil {
-			errs = append(errs, node.Stop(ctx), node.Teardown(ctx))
+			errs = append(errs, node.Stop(ctx))
+			sweepRunsc(ctx, filepath.Join(node.RunDir, "runsc"))
+			errs = append(errs, node.Teardown(ctx))
+		}
+		if net != nil {
+			errs = append(errs, net.close(ctx))
 		}
 		if closeConn != nil {
 			errs = append(errs, closeConn())
@@ -94,15 +103,19 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 	}
 
 	if s.Addr == "" {
+		extra, err := s.runtimeSetup(ctx, &net)
+		if err != nil {
+			return nil, cleanup, err
+		}
 		s.Progress.Note("starting a private cubelet in %s", filepath.Join(s.WorkDir, "node"))
 		// StartNode removes what it made when it fails.
-		nd, err := StartNode(ctx, NodeConfig{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: s.NodeTOML})
+		nd, err := StartNode(ctx, NodeConfig{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: extra + s.NodeTOML})
 		if err != nil {
 			return nil, cleanup, err
 		}
 		node = nd
 		e.Client, e.CubeletPID, e.MetricsURL = node.Client, node.PID(), node.MetricsURL
-		e.node = node
+		e.node, e.net = node, net
 	} else {
 		conn, err := cubeletapi.Dial(s.Addr)
 		if err != nil {
@@ -112,6 +125,12 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		e.Client = cubeletapi.Client(conn)
 		if s.MetricsAddr != "" {
 			e.MetricsURL = "http://" + s.MetricsAddr
+		}
+	}
+	if rt := e.Opts.Runtime; rt != "" {
+		// Fail now, with the node's reason, rather than in every scenario.
+		if err := hasRuntime(ctx, e, rt); err != nil {
+			return nil, cleanup, fmt.Errorf("--runtime %s: %w (see the cubelet log)", rt, err)
 		}
 	}
 	if _, err := e.Client.GetTemplate(ctx, &pb.GetTemplateRequest{TemplateId: e.Opts.Template}); status.Code(err) == codes.NotFound {
@@ -128,6 +147,30 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		return nil, cleanup, fmt.Errorf("template %s: %w", e.Opts.Template, err)
 	}
 	return e, cleanup, nil
+}
+
+// runtimeSetup starts what a private node needs for s.Opts.Runtime
+// (network-agent, the VM guest) and returns the config it adds.
+func (s Setup) runtimeSetup(ctx context.Context, net **netAgent) (string, error) {
+	rt := s.Opts.Runtime
+	if rt == "" || rt == "runc" {
+		return "", nil
+	}
+	guest := ""
+	if rt == "vm" {
+		g, err := guestDir(ctx, s.VMGuestDir, s.WorkDir)
+		if err != nil {
+			return "", err
+		}
+		guest = g
+	}
+	s.Progress.Note("starting network-agent for the %s runtime", rt)
+	n, err := startNetAgent(ctx, s.RunID, filepath.Join(s.WorkDir, "net"), s.Log)
+	if err != nil {
+		return "", err
+	}
+	*net = n
+	return runtimeTOML(rt, n.socket, guest), nil
 }
 
 func importTemplate(ctx context.Context, c pb.CubeletServiceClient, id, source string) error {

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
@@ -73,6 +75,8 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 		return nil, err
 	}
 	var snaps []string
+	var sizes []int64
+	var memory bool
 	var at actionTimes
 	e.Progress.Start("snapshot", p.N)
 	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
@@ -83,6 +87,8 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 		}
 		d := time.Since(start)
 		snaps = append(snaps, resp.Snapshot.Id)
+		sizes = append(sizes, resp.Snapshot.SizeBytes)
+		memory = resp.Snapshot.HasMemory
 		at.add(resp.Timings)
 		return d, nil
 	})
@@ -99,6 +105,11 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 	r, err := d.result("snapshot", KindCube, p)
 	if r != nil {
 		r.acts = &at
+		if len(sizes) > 0 {
+			slices.Sort(sizes)
+			r.Notes = append(r.Notes, fmt.Sprintf("snapshot size (bytes its own files allocate), median of a chunk: %s; memory image: %v",
+				Bytes(sizes[len(sizes)/2]).MiB(), memory))
+		}
 	}
 	return r, err
 }

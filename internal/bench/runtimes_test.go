@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/leakcheck"
+	"github.com/cubesandbox/cube/internal/runtime/vm"
+)
+
+func TestCheckRuntimeAndSmallDefaults(t *testing.T) {
+	for _, rt := range KnownRuntimes {
+		if err := CheckRuntime(rt); err != nil {
+			t.Errorf("%s: %v", rt, err)
+		}
+	}
+	if err := CheckRuntime("kata"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "kata") {
+		t.Errorf("kata: %v", err)
+	}
+
+	o := DefaultOptions()
+	o.Runtime = "runc"
+	o.SmallDefaults(nil)
+	if o.N1 != 100 || o.CloneCount != 10 {
+		t.Errorf("runc sizes changed: n=%d clone-count=%d", o.N1, o.CloneCount)
+	}
+	o = DefaultOptions()
+	o.Runtime, o.N1 = "vm", 7
+	o.SmallDefaults(map[string]bool{"n": true})
+	if o.N1 != 7 || o.SnapshotN != 5 || o.CloneCount != 3 || o.DensityN != 10 {
+		t.Errorf("vm sizes: n=%d snapshot-n=%d clone-count=%d density-n=%d", o.N1, o.SnapshotN, o.CloneCount, o.DensityN)
+	}
+	if err := o.Validate(); err != nil {
+		t.Error(err)
+	}
+
+	toml := runtimeTOML("gvisor", "/run/a.sock", "")
+	for _, want := range []string{`agent_socket = "/run/a.sock"`, "checkpoint = true", "agent_ready_timeout"} {
+		if !strings.Contains(toml, want) {
+			t.Errorf("gvisor config lacks %q:\n%s", want, toml)
+		}
+	}
+	if toml := runtimeTOML("vm", "/run/a.sock", "/g"); !strings.Contains(toml, `guest_dir = "/g"`) || !strings.Contains(toml, "enabled = true") {
+		t.Errorf("vm config:\n%s", toml)
+	}
+}
+
+// TestRuntimeScenariosTiny runs the warm-template, pause-to-disk and
+// snapshot scenarios with their raw restore baselines on gvisor and vm
+// (each where this host has it) against a private node with its own
+// network-agent, and checks that scenarios, baselines (also a failing raw
+// restore) and the run's cleanup leave nothing behind.
+func TestRuntimeScenariosTiny(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	bin := cubelettest.Binaries(t)
+	for _, tc := range []struct{ rt, bin, raw string }{
+		{"gvisor", "runsc", "runsc-restore"},
+		{"vm", "qemu-system-x86_64", "qemu-incoming"},
+	} {
+		t.Run(tc.rt, func(t *testing.T) {
+			if _, err := exec.LookPath(tc.bin); err != nil {
+				t.Skipf("%s not installed", tc.bin)
+			}
+			ctx := context.Background()
+			o := DefaultOptions()
+			o.Runtime = tc.rt
+			o.SmallDefaults(nil)
+			o.N1, o.SnapshotN, o.Chunks = 2, 1, 2
+			runID := NewRunID()
+			work := filepath.Join(os.TempDir(), "cube-bench-test-"+runID)
+			e, cleanup, err := Prepare(ctx, Setup{RunID: runID, BinDir: bin, WorkDir: work, Opts: o, Progress: NewProgress(testWriter{t})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cleaned := false
+			t.Cleanup(func() {
+				if !cleaned {
+					_ = cleanup(ctx)
+				}
+			})
+			list, err := Resolve([]string{"create-warm", "pause-disk", "resume-disk", "snapshot"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep := Run(ctx, e, list)
+			var tab strings.Builder
+			if err := WriteTable(&tab, rep); err != nil {
+				t.Fatal(err)
+			}
+			t.Log("\n" + tab.String())
+			byName := map[string]*Result{}
+			for _, r := range rep.Results {
+				byName[r.Scenario] = r
+			}
+			for _, name := range []string{"create-warm", "pause-disk", "resume-disk", "snapshot", tc.raw} {
+				r := byName[name]
+				if r == nil || r.Error != "" || r.Skipped != "" || r.Failed > 0 || r.Latency == nil || r.Latency.Min <= 0 {
+					t.Errorf("%s: %+v", name, r)
+				}
+			}
+			if c := byName["create-warm"]; c != nil && (len(c.Compare) != 1 || c.Compare[0].Baseline != tc.raw || c.Compare[0].RatioAvg <= 0) {
+				t.Errorf("create-warm compared with %+v, want %s", c.Compare, tc.raw)
+			}
+			if last := rep.Targets[len(rep.Targets)-1]; last.Met == nil || !strings.Contains(last.Name, tc.raw[:4]) {
+				t.Errorf("warm target not evaluated: %+v", last)
+			}
+
+			if tc.rt == "vm" {
+				rawIncomingFailureLeaksNothing(t, e)
+			}
+			// Scenarios clean up after themselves (the warm template stays
+			// until the run's cleanup).
+			leakcheck.AssertNone(t, ctx, e.Node().Scope())
+			netScope := e.net.scope()
+			nodeScope := e.Node().Scope()
+			cleaned = true
+			if err := cleanup(ctx); err != nil {
+				t.Fatalf("cleanup: %v", err)
+			}
+			nodeScope.AllowMounts, nodeScope.AllowLoopBacking = nil, nil
+			leakcheck.AssertNone(t, ctx, nodeScope)
+			leakcheck.AssertNone(t, ctx, netScope)
+			if _, err := os.Stat(work); !os.IsNotExist(err) {
+				t.Errorf("work dir %s still there: %v", work, err)
+			}
+			if pids := qemusUnder(work); len(pids) > 0 {
+				t.Errorf("QEMU processes left: %v", pids)
+			}
+		})
+	}
+}
+
+// rawIncomingFailureLeaksNothing feeds the raw VM restore a truncated
+// memory image: it must fail, and leave neither QEMU nor files.
+func rawIncomingFailureLeaksNothing(t *testing.T, e *Env) {
+	ctx := context.Background()
+	mem, disk, err := e.warmSnapshotFiles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(e.node.DataDir, "pool", "bench-bad")
+	if err := os.MkdirAll(bad, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(bad)
+	for _, f := range []string{vm.ShapeFile, vm.MemoryFile} {
+		b, err := os.ReadFile(filepath.Join(mem, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == vm.MemoryFile {
+			b = b[:len(b)/3]
+		}
+		if err := os.WriteFile(filepath.Join(bad, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work := filepath.Join(bad, "work")
+	if _, err := rawIncoming(ctx, bad, disk, work, 2000); err == nil {
+		t.Fatal("raw restore of a truncated image succeeded")
+	} else {
+		t.Logf("truncated image: %v", err)
+	}
+	if pids := qemusUnder(bad); len(pids) > 0 {
+		t.Errorf("failed raw restore left QEMU %v", pids)
+	}
+}
+
+// qemusUnder lists QEMU processes whose command line names a path under dir.
+func qemusUnder(dir string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil || !containsQemu(b) {
+			continue
+		}
+		if strings.Contains(string(b), dir) {
+			out = append(out, ent.Name())
+		}
+	}
+	return out
+}

@@ -1,0 +1,211 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+)
+
+// Warm templates and pause to disk: what only runtimes with memory
+// snapshots (gvisor, vm) can do. A separate template is warmed, so the
+// cold create scenarios of the same run keep booting.
+
+// memoryRuntime skips unless the runtime the run uses can checkpoint and
+// restore memory.
+func memoryRuntime(ctx context.Context, e *Env) error {
+	info, err := e.Info(ctx)
+	if err != nil {
+		return err
+	}
+	rt := e.Opts.Runtime
+	if rt == "" {
+		rt = "runc"
+	}
+	for _, r := range info.Runtimes {
+		if r.Name == rt {
+			if !r.Checkpoint || !r.Restore {
+				return skipf("runtime %s cannot take memory snapshots (run with --runtime gvisor or vm)", rt)
+			}
+			return nil
+		}
+	}
+	return skipf("cubelet does not offer runtime %q", rt)
+}
+
+// warmTemplate is the run's warmed copy of the template, made once.
+type warmTemplate struct {
+	once     sync.Once
+	id       string // template ID
+	snapshot string // its warm snapshot
+	took     time.Duration
+	err      error
+}
+
+// warm imports the template's image again as <template>-warm-<run> and
+// warms it on the run's runtime, once per run; Env.Close deletes it.
+func (e *Env) warm(ctx context.Context) (*warmTemplate, error) {
+	w := &e.warmT
+	w.once.Do(func() {
+		if e.Opts.ImageLayout == "" {
+			w.err = errors.New("create-warm needs the test image (a private node or a local cubelet)")
+			return
+		}
+		id := fmt.Sprintf("%s-warm-%s", e.Opts.Template, e.RunID)
+		e.Progress.Note("importing and warming template %s on %s", id, e.Opts.Runtime)
+		if err := importTemplate(ctx, e.Client, id, e.Opts.ImageLayout); err != nil {
+			w.err = err
+			return
+		}
+		w.id = id
+		start := time.Now()
+		resp, err := e.Client.WarmTemplate(ctx, &pb.WarmTemplateRequest{TemplateId: id, Runtime: e.Opts.Runtime})
+		if err != nil {
+			w.err = fmt.Errorf("warm template %s: %w", id, err)
+			return
+		}
+		w.took = time.Since(start)
+		w.snapshot = resp.Template.WarmSnapshotId
+	})
+	return w, w.err
+}
+
+// close deletes the warmed template (and with it its warm snapshot).
+func (w *warmTemplate) close(ctx context.Context, c pb.CubeletServiceClient) error {
+	if w.id == "" {
+		return nil
+	}
+	_, err := c.DeleteTemplate(context.WithoutCancel(ctx), &pb.DeleteTemplateRequest{TemplateId: w.id})
+	if err != nil {
+		return fmt.Errorf("delete warm template %s: %w", w.id, err)
+	}
+	return nil
+}
+
+// warmSnapshotFiles are the warm snapshot's memory dir and disk on a
+// private node (raw baselines restore them by hand).
+func (e *Env) warmSnapshotFiles(ctx context.Context) (memDir, disk string, err error) {
+	if e.node == nil {
+		return "", "", skipf("raw restores need the snapshot files of a private node (no --addr)")
+	}
+	w, err := e.warm(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	dir := filepath.Join(e.node.DataDir, "pool", "snapshots", w.snapshot)
+	return filepath.Join(dir, "memory"), filepath.Join(dir, "disk.img"), nil
+}
+
+func init() {
+	Register(Scenario{
+		Name: "create-warm", Kind: KindCube,
+		Help:      "create-to-ready from a warmed template (WarmTemplate once, untimed): a restore of its memory snapshot",
+		Baselines: []string{"runsc-restore", "qemu-incoming"},
+		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Probe:     memoryRuntime,
+		Run:       runCreateWarm,
+	})
+	Register(Scenario{
+		Name: "pause-disk", Kind: KindCube,
+		Help:   "PauseSandbox mode DISK: memory image written, runtime stopped",
+		Params: func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Probe:  memoryRuntime,
+		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+			return pauseResumeDisk(ctx, e, p, "pause-disk")
+		},
+	})
+	Register(Scenario{
+		Name: "resume-disk", Kind: KindCube,
+		Help:   "ResumeSandbox of a sandbox paused to disk: restore until the agent answers",
+		Params: func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Probe:  memoryRuntime,
+		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+			return pauseResumeDisk(ctx, e, p, "resume-disk")
+		},
+	})
+}
+
+// runCreateWarm times creates from the warmed template, one at a time,
+// deleting each before the next (untimed). A create that was not served
+// warm fails the sample: it would be a cold boot under the wrong name.
+func runCreateWarm(ctx context.Context, e *Env, p Params) (*Result, error) {
+	w, err := e.warm(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var at actionTimes
+	e.Progress.Start("create-warm", p.N)
+	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
+		start := time.Now()
+		resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+			TemplateId: w.id, Runtime: e.Opts.Runtime, Labels: map[string]string{LabelKey: e.RunID},
+		})
+		dur := time.Since(start)
+		if err != nil {
+			return 0, fmt.Errorf("create: %w", err)
+		}
+		derr := e.deleteAll(ctx, "", []string{resp.Sandbox.Id}, 1)
+		if !resp.Warm {
+			return 0, errors.Join(fmt.Errorf("create of %s was not served from the warm snapshot", resp.Sandbox.Id), derr)
+		}
+		at.add(resp.Timings)
+		return dur, derr
+	})
+	e.Progress.Finish()
+	r, err := d.result("create-warm", KindCube, p)
+	if r != nil {
+		r.acts = &at
+		r.Notes = append(r.Notes, fmt.Sprintf("WarmTemplate (boot + memory snapshot, untimed) took %s", w.took.Round(time.Millisecond)))
+	}
+	return r, err
+}
+
+// pauseResumeDisk cycles one sandbox through pause to disk and resume N
+// times; pause-disk and resume-disk share the cycles.
+func pauseResumeDisk(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
+	if b, ok := e.recall(want, p); ok {
+		return b.result(want, KindCube, p), nil
+	}
+	ids, err := e.fill(ctx, "pause-disk/resume-disk: setup", 1, 1)
+	if err != nil {
+		return nil, err
+	}
+	var pause, resume []time.Duration
+	var pat, rat actionTimes
+	e.Progress.Start("pause-disk+resume-disk", p.N)
+	var runErr error
+	for i := 0; i < p.N; i++ {
+		start := time.Now()
+		presp, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: ids[0], Mode: pb.PauseMode_PAUSE_MODE_DISK})
+		if err != nil {
+			runErr = fmt.Errorf("pause to disk: %w", err)
+			break
+		}
+		pause = append(pause, time.Since(start))
+		pat.add(presp.Timings)
+		start = time.Now()
+		rresp, err := e.Client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: ids[0]})
+		if err != nil {
+			runErr = fmt.Errorf("resume from disk: %w", err)
+			break
+		}
+		resume = append(resume, time.Since(start))
+		rat.add(rresp.Timings)
+		e.Progress.Step(true)
+	}
+	e.Progress.Finish()
+	if err := e.deleteAll(ctx, "cleanup", ids, 1); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if runErr != nil {
+		return nil, runErr
+	}
+	e.remember("pause-disk", p, batch{pause, &pat})
+	e.remember("resume-disk", p, batch{resume, &rat})
+	b, _ := e.recall(want, p)
+	return b.result(want, KindCube, p), nil
+}
