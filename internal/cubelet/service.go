@@ -50,9 +50,11 @@ type Service struct {
 	snaps snapRefs // in-flight users of snapshots (snapshots.go)
 
 	stopGC chan struct{}
-	gcDone chan struct{}
-	kick   chan struct{} // wakes the GC loop early
-	hb     *heartbeat    // nil when no master is configured
+	// closeOnce makes Close idempotent (tests and the daemon may both call it).
+	closeOnce sync.Once
+	gcDone    chan struct{}
+	kick      chan struct{} // wakes the GC loop early
+	hb        *heartbeat    // nil when no master is configured
 }
 
 // New opens the store, runs the init flow, reconciles the store with what
@@ -123,11 +125,15 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
 // Close stops the background loops and closes the store. Sandboxes keep
 // running: a restarted cubelet adopts them.
 func (s *Service) Close() error {
-	s.hb.stop()
-	close(s.stopGC)
-	<-s.gcDone
-	s.stopStorage()
-	return s.store.Close()
+	var err error
+	s.closeOnce.Do(func() {
+		s.hb.stop()
+		close(s.stopGC)
+		<-s.gcDone
+		s.stopStorage()
+		err = s.store.Close()
+	})
+	return err
 }
 
 // Metrics is the registry served on /metrics.

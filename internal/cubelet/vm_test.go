@@ -54,6 +54,7 @@ func vmEnv(t *testing.T, extra string) (*cubelettest.Env, *cubelet.Service) {
 func TestVMSandboxes(t *testing.T) {
 	env, svc := vmEnv(t, "")
 	ctx := context.Background()
+	top := t
 	defer func() {
 		for _, sb := range mustList(t, svc) {
 			if _, err := svc.Delete(ctx, sb.ID); err != nil {
@@ -168,7 +169,39 @@ func TestVMSandboxes(t *testing.T) {
 		holds(t, svc, a.ID, "vm-memory")
 	})
 
+	t.Run("restart", func(t *testing.T) {
+		// VMs outlive cubelet: a new one adopts the running VM and a
+		// paused one from the driver's state, and reaches their agents.
+		b := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "vm-b", Runtime: "vm"})
+		if _, err := svc.Pause(ctx, b.ID); err != nil {
+			t.Fatal(err)
+		}
+		pid := mustState(t, svc, a.ID, lifecycle.Running).Container.PID
+		svc.Close()
+		svc = env.Start(top) // lives on after this subtest
+		if got := mustState(t, svc, a.ID, lifecycle.Running); got.Container.PID != pid {
+			t.Fatalf("adopted with pid %d, was %d", got.Container.PID, pid)
+		}
+		holds(t, svc, a.ID, "vm-memory")
+		mustState(t, svc, b.ID, lifecycle.Paused)
+		if _, err := svc.Resume(ctx, b.ID); err != nil {
+			t.Fatalf("resume after restart: %v", err)
+		}
+		if got := shell(t, svc, b.ID, `hostname`); got != b.ID {
+			t.Fatalf("hostname %q", got)
+		}
+		if _, err := svc.Delete(ctx, b.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("faults", func(t *testing.T) {
+		inject(t, "rollback/container/after", "1*error")
+		if _, err := svc.Rollback(ctx, cubelet.RollbackRequest{SandboxID: a.ID, SnapshotID: sn.ID}); !errors.Is(err, failpoint.ErrInjected) {
+			t.Fatalf("rollback: want injected error, got %v", err)
+		}
+		failpoint.Disable("rollback/container/after")
+		mustState(t, svc, a.ID, lifecycle.Running)
 		for _, p := range points(svc, cubelet.FlowSnapshot) {
 			inject(t, p, "1*error")
 			if _, err := svc.Snapshot(ctx, cubelet.SnapshotRequest{SandboxID: a.ID, SnapshotID: "vm-never"}); !errors.Is(err, failpoint.ErrInjected) {
