@@ -358,7 +358,39 @@ func (a *agentAction) Destroy(context.Context, *Task) error { return nil }
 func (a *agentAction) wait(ctx context.Context, t *Task) error {
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.Sandbox.AgentReadyTimeout.Duration)
 	defer cancel()
-	return a.n.waitAgent(ctx, t.Record())
+	rec := t.Record()
+	err := a.n.waitAgent(ctx, rec)
+	if err != nil && rec.Container != nil {
+		err = a.n.withConsole(rec, err)
+	}
+	return err
+}
+
+// withConsole adds the tail of a VM's serial console to an agent error:
+// a guest that never reached its agent says why there (kernel panic,
+// missing module, init failure), and the bundle holding it is removed by
+// the undo that follows.
+func (n *node) withConsole(rec *sandbox.Record, err error) error {
+	d, derr := n.driver(rec.Runtime)
+	if derr != nil {
+		return err
+	}
+	c, ok := d.(interface{ ConsoleLog(id string) (string, error) })
+	if !ok {
+		return err
+	}
+	path, cerr := c.ConsoleLog(rec.Container.ID)
+	if cerr != nil {
+		return err
+	}
+	b, _ := os.ReadFile(path)
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	if len(b) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; guest console ends with:\n%s", err, b)
 }
 
 // WaitAgent polls the agent's /health in the network namespace of pid

@@ -13,7 +13,11 @@ import (
 // creation time is its generation: a template deleted and imported again
 // under the same ID never gets a ready disk of the old image.
 func diskSource(t *sandbox.Template) storage.DiskSource {
-	return storage.DiskSource{TemplateID: t.ID, Image: t.ImagePath, Gen: t.CreatedAt.UnixNano()}
+	gen := t.CreatedAt
+	if !t.RebuiltAt.IsZero() {
+		gen = t.RebuiltAt // ready disks of the image before the rebuild are stale
+	}
+	return storage.DiskSource{TemplateID: t.ID, Image: t.ImagePath, Gen: gen.UnixNano()}
 }
 
 // templateDisk puts a disk of template t at path: a ready one from the

@@ -108,6 +108,9 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		if t.Digest != img.Meta.Digest {
 			return nil, fmt.Errorf("template %q exists with image %s; %s is %s: %w", id, t.Digest, img.Source, img.Meta.Digest, errdefs.ErrAlreadyExists)
 		}
+		if t.AgentDigest != agentDigest {
+			return s.refreshAgent(ctx, t, img, agentDigest, progress)
+		}
 		progress(template.Progress{Phase: "done"})
 		return t, nil
 	} else if !errdefs.IsNotFound(err) {
@@ -145,6 +148,29 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		return nil, errors.Join(err, s.store.DeleteTemplate(id))
 	}
 	s.log.Info("template imported", "template_id", id, "source", img.Source, "digest", meta.Digest, "bytes", meta.SizeBytes, "reused_from", reused)
+	return t, nil
+}
+
+// refreshAgent rebuilds template t's image with the node's current agent
+// when the same image is imported again after cube-agent changed (an
+// upgrade): containers bind the node's agent over the template's copy, but
+// a VM boots the copy in its image, so an old one would start VMs with an
+// agent that does not know what cubelet asks of it. The image is replaced
+// atomically (sandboxes already made keep their own disks), the pool's
+// ready disks of the old image are dropped, and the record says the new
+// agent. A warm snapshot stays: its memory and disk agree with each other.
+func (s *Service) refreshAgent(ctx context.Context, t *sandbox.Template, img *template.Resolved, agentDigest string, progress func(template.Progress)) (*sandbox.Template, error) {
+	progress(template.Progress{Phase: "refresh-agent"})
+	meta, err := img.Build(ctx, progress)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild template %s with the node's agent: %w", t.ID, err)
+	}
+	t.AgentDigest, t.SizeBytes, t.RebuiltAt = agentDigest, meta.SizeBytes, time.Now().UTC()
+	if err := s.store.PutTemplate(t); err != nil {
+		return nil, err
+	}
+	s.drainTemplateDisks(t.ID)
+	s.log.Info("template image rebuilt with the node's agent", "template_id", t.ID, "agent_digest", agentDigest)
 	return t, nil
 }
 

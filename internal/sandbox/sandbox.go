@@ -150,6 +150,9 @@ type Template struct {
 	// image: a later import of the same Digest reuses this image only
 	// while the node's agent is the same.
 	AgentDigest string `json:"agent_digest,omitempty"`
+	// RebuiltAt is when the image was last rebuilt in place (a new agent);
+	// zero when it is the one made at CreatedAt.
+	RebuiltAt time.Time `json:"rebuilt_at,omitzero"`
 	// Runtime is what creates from this template run on when they name
 	// none ("" = the node default).
 	Runtime string `json:"runtime,omitempty"`
