@@ -37,9 +37,7 @@ import (
 	toml "github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
@@ -360,14 +358,12 @@ func merge(dst, src map[string]any) {
 	}
 }
 
-// ensureTemplate imports a template when the node lacks it; an empty
-// source means the busybox image built from busybox-static.
+// ensureTemplate imports a template on every start; an empty source means
+// the busybox image built from busybox-static. Imports are idempotent by
+// image digest (a no-op when nothing changed) and rebuild the template
+// when the node's cube-agent changed since, which VMs need: they boot the
+// template's own copy of the agent.
 func (cfg *Config) ensureTemplate(ctx context.Context, c cubeletpb.CubeletServiceClient, id, src string) error {
-	if _, err := c.GetTemplate(ctx, &cubeletpb.GetTemplateRequest{TemplateId: id}); err == nil {
-		return nil
-	} else if status.Code(err) != codes.NotFound {
-		return fmt.Errorf("template %s: %w", id, err)
-	}
 	if src == "" {
 		var err error
 		if src, err = testimage.Busybox(ctx, filepath.Join(cfg.StateDir, "images")); err != nil {
