@@ -251,6 +251,9 @@ func TestVMWarmTemplate(t *testing.T) {
 			t.Fatalf("create from warm template: %v", err)
 		}
 		t.Logf("create from warm template to agent ready: %v", time.Since(start))
+		for _, tm := range r.Timings {
+			t.Logf("  step %d %-10s %-5s %v %s", tm.Step, tm.Action, tm.Phase, tm.Duration, tm.Err)
+		}
 		if !r.Warm || r.Sandbox.Runtime != "vm" {
 			t.Fatalf("create warm=%v runtime=%s", r.Warm, r.Sandbox.Runtime)
 		}
