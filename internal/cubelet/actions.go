@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -361,9 +362,38 @@ func (a *agentAction) wait(ctx context.Context, t *Task) error {
 	rec := t.Record()
 	err := a.n.waitAgent(ctx, rec)
 	if err != nil && rec.Container != nil {
-		err = a.n.withConsole(rec, err)
+		return a.n.withConsole(rec, err)
+	}
+	if err == nil {
+		a.n.sealConsole(ctx, rec)
 	}
 	return err
+}
+
+// consoleSealer is a driver whose console file must stop growing once the
+// sandbox is up (VMs: guest root writes the serial port at will).
+type consoleSealer interface {
+	SealConsole(ctx context.Context, id string) error
+}
+
+// sealConsole switches a VM's console away from its file once the agent
+// answered. A failure is logged, not fatal: the sandbox works either way.
+func (n *node) sealConsole(ctx context.Context, rec *sandbox.Record) {
+	d, err := n.driver(rec.Runtime)
+	if err != nil {
+		return
+	}
+	if c, ok := d.(consoleSealer); ok {
+		if err := c.SealConsole(ctx, rec.Container.ID); err != nil {
+			slog.WarnContext(ctx, "seal VM console", "sandbox_id", rec.ID, "error", err)
+		}
+	}
+}
+
+// consoleLogger is a driver that keeps a sandbox's console in a file (VMs:
+// the serial console).
+type consoleLogger interface {
+	ConsoleLog(id string) (string, error)
 }
 
 // withConsole adds the tail of a VM's serial console to an agent error:
@@ -375,7 +405,7 @@ func (n *node) withConsole(rec *sandbox.Record, err error) error {
 	if derr != nil {
 		return err
 	}
-	c, ok := d.(interface{ ConsoleLog(id string) (string, error) })
+	c, ok := d.(consoleLogger)
 	if !ok {
 		return err
 	}

@@ -85,6 +85,16 @@ func TestVMSandboxes(t *testing.T) {
 	if got := shell(t, svc, a.ID, `hostname`); got != a.ID {
 		t.Fatalf("hostname %q, want %s", got, a.ID)
 	}
+	// Once up, the guest cannot grow the host's console file.
+	console := filepath.Join(a.Container.Bundle, "console.log")
+	before, err := os.Stat(console)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shell(t, svc, a.ID, `head -c 1000000 /dev/zero > /dev/ttyS0`)
+	if after, err := os.Stat(console); err != nil || after.Size() != before.Size() {
+		t.Fatalf("console file grew from %d to %v (%v) after the guest wrote 1 MB to ttyS0", before.Size(), after.Size(), err)
+	}
 
 	t.Run("pause resume", func(t *testing.T) {
 		if _, err := svc.Pause(ctx, a.ID); err != nil {

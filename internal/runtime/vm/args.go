@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"context"
 	"crypto/sha256"
 	"net"
 	"strconv"
@@ -74,6 +75,25 @@ func macFor(id string) string {
 	return net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}.String()
 }
 
+// ConsoleChardev is the serial console's chardev ID.
+const ConsoleChardev = "console"
+
+// consoleRing is what the console keeps once sealed.
+const consoleRing = 64 << 10
+
+// SealConsole stops id's serial console from writing to its file: from now
+// on it goes to a 64 KiB ring buffer inside QEMU. cubelet calls it once the
+// agent answers, so the file keeps the boot and a guest cannot grow it.
+func (d *Driver) SealConsole(ctx context.Context, id string) error {
+	st, err := d.load(id)
+	if err != nil {
+		return err
+	}
+	args := map[string]any{"id": ConsoleChardev, "backend": map[string]any{
+		"type": "ringbuf", "data": map[string]any{"size": consoleRing}}}
+	return d.execute(ctx, st, "chardev-change", args, nil)
+}
+
 // MAC is the NIC address of the VM with this ID. A clone restored from
 // another VM's memory image still carries the original's until its agent
 // is told this one (cubelet's reinit).
@@ -121,15 +141,21 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 		"-daemonize", "-pidfile", p.PIDFile,
 		// With a log file QEMU keeps stderr (ours: qemu.log) after
 		// daemonizing instead of pointing it at /dev/null, so a failed
-		// incoming stream or a crash says why there.
-		"-d", "guest_errors", "-D", p.Log,
+		// incoming stream or a crash says why there. No -d items: they
+		// would let the guest grow a host file at will.
+		"-D", p.Log,
 		"-kernel", s.Kernel,
 	)
 	if s.Initrd != "" {
 		a = append(a, "-initrd", s.Initrd)
 	}
 	a = append(a, "-append", s.Cmdline,
-		"-serial", "file:"+p.Console,
+		// The console is a file while the guest boots (what a failed
+		// boot says), switched to a ring buffer once the agent answers
+		// (SealConsole): guest root must not be able to fill the host's
+		// disk through it.
+		"-chardev", "file,id="+ConsoleChardev+",path="+escapeOpt(p.Console),
+		"-serial", "chardev:"+ConsoleChardev,
 		"-qmp", "unix:"+p.QMP+",server=on,wait=off",
 	)
 	for _, dev := range s.Devices {
