@@ -30,6 +30,16 @@ func main() {
 		}
 	}
 
+	// Before anything serves or starts: nothing the agent starts may
+	// inherit CAP_SYS_ADMIN where the runtime granted it to PID 1 only.
+	if os.Getenv(agent.DropSysAdminEnv) == "1" {
+		if err := agent.DropSysAdminBound(); err != nil {
+			log.Error("drop CAP_SYS_ADMIN", "error", err)
+			os.Exit(1)
+		}
+		os.Unsetenv(agent.DropSysAdminEnv)
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The Reaper is the only waiter in this process: the processes the

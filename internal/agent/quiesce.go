@@ -123,6 +123,9 @@ func (l *lifecycle) reset() {
 
 type connKey struct{}
 
+// maxQuiesceTimeout caps QuiesceRequest.TimeoutMs.
+const maxQuiesceTimeout = 10 * time.Minute
+
 // Wake makes a quiesced agent listen again; a no-op otherwise.
 func (a *Server) Wake() {
 	select {
@@ -139,7 +142,9 @@ func (a *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 	}
 	timeout := defaultQuiesceTimeout
 	if req.TimeoutMs > 0 {
-		timeout = time.Duration(req.TimeoutMs) * time.Millisecond
+		// Bounded: any process in the sandbox can reach this endpoint on
+		// localhost and must not keep the agent deaf for long.
+		timeout = time.Duration(min(req.TimeoutMs, maxQuiesceTimeout.Milliseconds())) * time.Millisecond
 	}
 	conn, _ := r.Context().Value(connKey{}).(net.Conn)
 	port := 0
@@ -161,6 +166,12 @@ func (a *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusConflict, QuiesceResponse{Sockets: foreign,
 			Error: "TCP sockets other than the agent's are open: " + describe(foreign)})
 		return
+	}
+	// A wake-up left over from an earlier restore (cubelet re-sends them
+	// until the agent answers) must not end this quiesce at once.
+	select {
+	case <-a.life.wake:
+	default:
 	}
 	select {
 	case a.life.quiesce <- quiesceOrder{conn: conn, timeout: timeout}:

@@ -172,6 +172,11 @@ func setMAC(ifname string, mac net.HardwareAddr) error {
 	return errors.Join(err, unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr))
 }
 
+// DropSysAdminEnv, set to 1 in PID 1's environment, makes cube-agent drop
+// CAP_SYS_ADMIN from its bounding set before it serves (DropSysAdminBound):
+// the gVisor spec grants PID 1 the capability for the hostname only.
+const DropSysAdminEnv = "CUBE_AGENT_DROP_SYS_ADMIN"
+
 // DropSysAdminBound removes CAP_SYS_ADMIN from the bounding set of every
 // thread of the agent, keeping it in the agent's own effective set: the
 // gVisor runtime grants it to PID 1 so that reinit can set a clone's

@@ -207,11 +207,6 @@ func (s *Server) Run(ctx context.Context) error {
 // address.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer s.fs.Close()
-	if os.Getpid() == 1 {
-		if err := DropSysAdminBound(); err != nil {
-			return err
-		}
-	}
 	wake := s.cfg.WakeSignal
 	if wake == nil {
 		wake = unix.SIGUSR2
@@ -220,8 +215,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	signal.Notify(sigs, wake)
 	defer signal.Stop(sigs)
 	go func() {
-		for range sigs {
-			s.Wake()
+		for {
+			select {
+			case <-sigs:
+				s.Wake()
+			case <-ctx.Done():
+				return
+			}
 		}
 	}()
 	addr := ln.Addr().String()

@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/agent"
@@ -71,12 +74,47 @@ func (n *node) quiesceAgent(ctx context.Context, rec *sandbox.Record) error {
 	_ = json.Unmarshal(b, &res)
 	switch {
 	case resp.StatusCode == http.StatusOK && res.Quiesced:
-		return nil
+		// The agent closes its listener once it sees this connection
+		// closed; runsc must not save before that.
+		resp.Body.Close()
+		e.client.CloseIdleConnections()
+		return waitListenerClosed(ctx, rec)
 	case resp.StatusCode == http.StatusConflict:
 		return fmt.Errorf("memory snapshot of %s refused: %s (%s cannot save open TCP sockets; close them or snapshot without memory): %w",
 			rec.ID, res.Error, rec.Runtime, errdefs.ErrFailedPrecondition)
 	default:
 		return fmt.Errorf("quiesce agent: %s: %s: %w", resp.Status, strings.TrimSpace(string(b)), errdefs.ErrUnavailable)
+	}
+}
+
+// waitListenerClosed dials the agent's port (the slot address, where a
+// quiesce is used) until the sandbox refuses the connection: the agent has
+// closed its listener and no endpoint waits on it any more.
+func waitListenerClosed(ctx context.Context, rec *sandbox.Record) error {
+	if rec.Network == nil || rec.Network.HostIP == "" {
+		return nil
+	}
+	addr := net.JoinHostPort(rec.Network.HostIP, strconv.Itoa(AgentPort))
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("quiesced agent of %s still listens: %w", rec.ID, errdefs.ErrUnavailable)
+			}
+		} else {
+			c.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("quiesced agent of %s still listens: %w", rec.ID, errdefs.ErrUnavailable)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
 
@@ -239,10 +277,17 @@ func (n *node) reinitAgent(ctx context.Context, t *Task) error {
 // Clone waits for the clone's agent and, when the clone was restored from
 // memory (it then holds the original's identity), re-initialises it.
 func (a *agentAction) Clone(ctx context.Context, t *Task) error {
-	if err := a.wait(ctx, t); err != nil {
+	d, err := a.n.driver(t.Record().Runtime)
+	if err != nil {
 		return err
 	}
-	d, err := a.n.driver(t.Record().Runtime)
+	if _, ok := d.(agentWaker); ok && memoryImage(d, t) != "" {
+		// Restored with a quiesced agent: launch woke it once; wake it
+		// again until it answers, in case that signal went astray.
+		err = a.n.wakeAgent(ctx, t.Record())
+	} else {
+		err = a.wait(ctx, t)
+	}
 	if err != nil {
 		return err
 	}
