@@ -87,7 +87,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(migrateBandwidth)}, nil); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
-	uri := "exec:zstd -1 -q -f -o " + shellQuote(tmp)
+	// QEMU runs the exec: URI with sh -c; the marker files say how zstd
+	// ended, which QEMU's "completed" does not (waitZstd).
+	uri := "exec:zstd -1 -q -f -o " + shellQuote(tmp) + " && : > " + shellQuote(tmp+".ok") + " || : > " + shellQuote(tmp+".failed")
 	if err := c.Execute(ctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
@@ -161,18 +163,21 @@ func (d *Driver) waitMigrate(ctx context.Context, exec executeFunc, cancelCmd st
 	}
 }
 
-// waitZstd waits until the zstd writer QEMU spawned has closed path: QEMU
-// closes the pipe at "completed" and zstd exits right after writing the
-// last block. No process holds the file open once it is done.
+// waitZstd waits until the zstd writer QEMU spawned has exited: QEMU
+// reports "completed" once the stream is in the pipe, while zstd may still
+// be flushing. The shell around zstd leaves path.ok on success and
+// path.failed otherwise (a full disk on the last block, say).
 func waitZstd(ctx context.Context, path string) error {
+	ok, failed := path+".ok", path+".failed"
+	defer os.Remove(ok)
+	defer os.Remove(failed)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		busy, err := fileOpenByAny(path)
-		if err != nil {
-			return err
-		}
-		if !busy {
+		if _, err := os.Stat(ok); err == nil {
 			return nil
+		}
+		if _, err := os.Stat(failed); err == nil {
+			return fmt.Errorf("zstd failed writing %s: %w", path, errdefs.ErrInternal)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("zstd still writing %s after 30s: %w", path, errdefs.ErrInternal)
@@ -180,32 +185,9 @@ func waitZstd(ctx context.Context, path string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(2 * time.Millisecond):
 		}
 	}
-}
-
-// fileOpenByAny scans /proc/*/fd for path.
-func fileOpenByAny(path string) (bool, error) {
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return false, err
-	}
-	for _, p := range procs {
-		if p.Name()[0] < '0' || p.Name()[0] > '9' {
-			continue
-		}
-		fds, err := os.ReadDir(filepath.Join("/proc", p.Name(), "fd"))
-		if err != nil {
-			continue
-		}
-		for _, fd := range fds {
-			if t, err := os.Readlink(filepath.Join("/proc", p.Name(), "fd", fd.Name())); err == nil && t == path {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
 }
 
 // ReadShape reads a checkpoint dir's vm.json.

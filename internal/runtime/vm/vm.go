@@ -338,7 +338,18 @@ func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
 			continue // being created or removed right now
 		}
 		if err != nil {
-			return nil, err
+			// One VM whose QMP does not answer (hung, or busy in a long
+			// migration) must not hide every other VM from reconcile:
+			// report it from its process alone.
+			st, lerr := d.load(e.Name())
+			if lerr != nil {
+				continue
+			}
+			d.log.WarnContext(ctx, "vm list: state unknown, reported from its process", "id", e.Name(), "error", err)
+			s = runtime.State{ID: st.ID, PID: st.PID, Status: runtime.StatusStopped}
+			if alive(st) {
+				s.Status = runtime.StatusRunning
+			}
 		}
 		out = append(out, s)
 	}
@@ -387,6 +398,13 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
+	if st.PID == 0 {
+		// The state was saved before QEMU daemonized (a crash or failure
+		// in between): QEMU's own pid file is the only trace of it.
+		if pid, err := ReadPIDFile(filepath.Join(st.Bundle, "qemu.pid")); err == nil {
+			st.PID = pid
+		}
+	}
 	if alive(st) {
 		qctx, cancel := context.WithTimeout(ctx, quitTimeout)
 		c, err := qmp.Dial(qctx, st.QMP)
