@@ -175,7 +175,12 @@ func (a *checkpointAction) PauseToDisk(ctx context.Context, t *Task) error {
 			return err
 		}
 	}
-	return d.Checkpoint(ctx, rec.Container.ID, o.image, false)
+	if err := d.Checkpoint(ctx, rec.Container.ID, o.image, false); err != nil {
+		return err
+	}
+	// The image is complete: from here a crash must leave the sandbox
+	// disk-paused, not dead (reconcile adopts it from the image).
+	return t.Update(func(r *sandbox.Record) { r.PauseMode = sandbox.PauseDisk })
 }
 
 // UndoPauseToDisk brings the sandbox back running: a live one only needs
@@ -205,6 +210,9 @@ func (a *checkpointAction) UndoPauseToDisk(ctx context.Context, t *Task) error {
 			return fmt.Errorf("bring %s back from its memory image: %w", rec.ID, err)
 		}
 	default:
+		return err
+	}
+	if err := t.Update(func(r *sandbox.Record) { r.PauseMode = "" }); err != nil {
 		return err
 	}
 	return os.RemoveAll(o.image)

@@ -16,6 +16,7 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/store"
 )
 
 // TestPauseModesRunc: runc pauses in memory only; a pause to disk is
@@ -209,6 +210,33 @@ func TestGvisorPauseToDisk(t *testing.T) {
 	t.Run("restart", func(t *testing.T) {
 		pauseToDisk(t)
 		svc.Close()
+		if svc, err = cubelet.New(ctx, env.Config, nil); err != nil {
+			t.Fatalf("restart: %v", err)
+		}
+		if r := mustState(t, svc, a.ID, lifecycle.Paused); r.PauseMode != sandbox.PauseDisk {
+			t.Fatalf("adopted with pause mode %q", r.PauseMode)
+		}
+		resume(t)
+	})
+
+	t.Run("crash after the image was written", func(t *testing.T) {
+		// cubelet dies after the checkpoint and eviction but before the
+		// record says Paused: the record is Running with the disk intent.
+		pauseToDisk(t)
+		svc.Close()
+		st, err := store.Open(env.Config.StorePath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := st.GetSandbox(a.ID)
+		if err == nil {
+			r.State = lifecycle.Running
+			err = st.PutSandbox(r)
+		}
+		st.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if svc, err = cubelet.New(ctx, env.Config, nil); err != nil {
 			t.Fatalf("restart: %v", err)
 		}

@@ -88,6 +88,18 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 			return
 		}
 	}
+	if rec.PauseMode == sandbox.PauseDisk {
+		// A pause to disk was cut short after its memory image was
+		// complete. Without a live container the sandbox is disk-paused;
+		// with one the pause never evicted it and it is adopted as is.
+		if st, err := s.runtimeState(ctx, rec); errdefs.IsNotFound(err) || (err == nil && st.Status == runtime.StatusStopped) {
+			_ = t.Update(func(r *sandbox.Record) { r.State = lifecycle.Paused })
+			s.adoptDiskPaused(ctx, t, sum)
+			return
+		}
+		_ = t.Update(func(r *sandbox.Record) { r.PauseMode = "" })
+		rec = t.Record()
+	}
 	s.sweepPausedImage(rec)
 
 	state, err := s.runtimeState(ctx, rec)
