@@ -33,7 +33,7 @@ func (s *Service) enforceRetention(ctx context.Context, sandboxID string) {
 	// Warm snapshots belong to their template, not to retention.
 	all := listed[:0:0]
 	for _, sn := range listed {
-		if sn.WarmFor == "" {
+		if !s.isWarm(sn) {
 			all = append(all, sn)
 		}
 	}

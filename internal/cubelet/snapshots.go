@@ -245,7 +245,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := warmOf(sn); err != nil {
+	if err := s.warmOf(sn); err != nil {
 		return err
 	}
 	return s.removeSnapshot(sn, "deleted")
@@ -365,7 +365,7 @@ func (s *Service) templateSnapshots(templateID string) (int, error) {
 	n := 0
 	for _, sn := range all {
 		// Its own warm snapshot goes with the template.
-		if sn.TemplateID == templateID && sn.WarmFor != templateID {
+		if sn.TemplateID == templateID && !(sn.WarmFor == templateID && s.isWarm(sn)) {
 			n++
 		}
 	}

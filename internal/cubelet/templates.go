@@ -292,6 +292,9 @@ func (s *Service) DeleteTemplate(ctx context.Context, id string) error {
 	}
 	s.tmplMu.Lock()
 	defer s.tmplMu.Unlock()
+	if s.importing[id] {
+		return fmt.Errorf("template %q is being imported or warmed: %w", id, errdefs.ErrFailedPrecondition)
+	}
 	recs, _ := s.List(ctx, ListFilter{})
 	users := 0
 	for _, r := range recs {

@@ -186,11 +186,22 @@ func (s *Service) createWarm(ctx context.Context, req CreateRequest, sn *sandbox
 }
 
 // warmOf reports whether a snapshot is some template's warm snapshot,
-// which only deleting or re-warming the template removes.
-func warmOf(sn *sandbox.Snapshot) error {
-	if sn.WarmFor == "" {
+// which only deleting or re-warming the template removes. One whose
+// template does not point at it (a warm-up cut short, a failed removal) is
+// an ordinary snapshot again.
+func (s *Service) warmOf(sn *sandbox.Snapshot) error {
+	if !s.isWarm(sn) {
 		return nil
 	}
 	return fmt.Errorf("snapshot %s is the warm snapshot of template %s (%s): delete or re-warm the template instead: %w",
 		sn.ID, sn.WarmFor, strings.TrimSpace(sn.Name), errdefs.ErrFailedPrecondition)
+}
+
+// isWarm: sn is the warm snapshot its template currently points at.
+func (s *Service) isWarm(sn *sandbox.Snapshot) bool {
+	if sn.WarmFor == "" {
+		return false
+	}
+	t, err := s.store.GetTemplate(sn.WarmFor)
+	return err == nil && t.WarmSnapshotID == sn.ID
 }
