@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,6 +61,7 @@ func joinCgroup(path string, pid int, l cgroupLimits) (err error) {
 			}
 		}
 	}()
+	applied := map[string]bool{}
 	for _, r := range roots {
 		dir := filepath.Join(r, path)
 		created, err := mkCgroup(r, path)
@@ -89,6 +91,7 @@ func joinCgroup(path string, pid int, l cgroupLimits) (err error) {
 			if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0); err != nil {
 				return fmt.Errorf("cgroup %s: write %s=%s: %w", dir, f, v, err)
 			}
+			applied[strings.Split(f, ".")[0]] = true
 		}
 		// A v2 leaf must not enable controllers for children; a v1
 		// hierarchy has no such file. cgroup.procs moves every thread.
@@ -96,7 +99,39 @@ func joinCgroup(path string, pid int, l cgroupLimits) (err error) {
 			return fmt.Errorf("cgroup %s: add pid %d: %w", dir, pid, err)
 		}
 	}
+	// A limit no hierarchy could take is an error, not a VM without one.
+	for ctl, asked := range map[string]bool{"memory": l.MemoryBytes > 0, "cpu": l.CPUQuotaUS > 0} {
+		if asked && !applied[ctl] {
+			return fmt.Errorf("cgroup %s: no hierarchy has the %s controller for the sandbox's limit", path, ctl)
+		}
+	}
 	return nil
+}
+
+// enableControllers makes a cgroup v2 parent pass the memory, cpu and pids
+// controllers down to its children, so the sandbox's cgroup has the files
+// its limits are written to. A no-op on v1 hierarchies (no such file) and
+// for controllers the parent does not have; a parent that already passes
+// them is left alone.
+func enableControllers(parent string) {
+	have, err := os.ReadFile(filepath.Join(parent, "cgroup.controllers"))
+	if err != nil {
+		return
+	}
+	on, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control"))
+	enabled := strings.Fields(string(on))
+	var add []string
+	for _, c := range []string{"memory", "cpu", "pids"} {
+		if slices.Contains(strings.Fields(string(have)), c) && !slices.Contains(enabled, c) {
+			add = append(add, "+"+c)
+		}
+	}
+	if len(add) > 0 {
+		// Fails where the parent holds processes itself (the v2 "no
+		// internal processes" rule); the limits check in joinCgroup then
+		// says which limit could not be applied.
+		_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte(strings.Join(add, " ")), 0)
+	}
 }
 
 // mkCgroup creates root/path level by level and returns the directories
@@ -109,6 +144,7 @@ func mkCgroup(root, path string) ([]string, error) {
 	for _, part := range strings.Split(strings.Trim(filepath.Clean(path), "/"), "/") {
 		parent := dir
 		dir = filepath.Join(dir, part)
+		enableControllers(parent)
 		err := os.Mkdir(dir, 0o755)
 		if err != nil && !errors.Is(err, fs.ErrExist) {
 			return made, fmt.Errorf("create cgroup %s: %w", dir, err)
