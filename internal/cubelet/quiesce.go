@@ -164,10 +164,15 @@ func (a *quiesceAction) Snapshot(ctx context.Context, t *Task) error {
 		}
 		o.thawedForQuiesce = true
 	}
+	// Set first: a quiesce whose answer was lost after the agent acted
+	// must still be woken by the undo. A 409 means it changed nothing.
+	o.quiesced = true
 	if err := a.n.quiesceAgent(ctx, rec); err != nil {
+		if errdefs.IsFailedPrecondition(err) {
+			o.quiesced = false
+		}
 		return errors.Join(err, a.refreeze(ctx, d, o, rec))
 	}
-	o.quiesced = true
 	return a.refreeze(ctx, d, o, rec)
 }
 

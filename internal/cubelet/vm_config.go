@@ -13,4 +13,7 @@ type VMConfig struct {
 	Accel string `toml:"accel"`
 	// Root is the driver's state directory; <run_dir>/vm when empty.
 	Root string `toml:"root"`
+	// Vhost asks for vhost-net on the TAP, honoured where /dev/vhost-net
+	// exists (QEMU aborts with vhost=on elsewhere).
+	Vhost bool `toml:"vhost"`
 }
