@@ -81,13 +81,59 @@ func guestSync(c net.Conn) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := io.WriteString(c, ackPrefix+nonce+"\n"); err != nil {
-		return nil, err
+	for {
+		if _, err := io.WriteString(c, ackPrefix+nonce+"\n"); err != nil {
+			return nil, err
+		}
+		// Wait for the preface. A SYNC with another nonce first means the
+		// host that was acknowledged is gone and a new one is waiting
+		// (or a session reset on bytes that only looked like a SYNC):
+		// acknowledge the new one. The same nonce again is that host
+		// resending before it saw the ACK: ignore it, since a second ACK
+		// would land inside its HTTP/2 stream.
+		for {
+			next, isSync, err := s.prefaceOrSync()
+			if err != nil {
+				return nil, err
+			}
+			if !isSync {
+				return &prefixConn{Conn: c, prefix: append([]byte(h2Preface), s.buf...)}, nil
+			}
+			if next != nonce {
+				nonce = next
+				break
+			}
+		}
 	}
-	if _, err := s.until(h2Preface, false); err != nil {
-		return nil, err
+}
+
+// prefaceOrSync reads until the HTTP/2 preface or a complete SYNC line,
+// whichever comes first. For a SYNC it returns its nonce and leaves what
+// follows the line in s.buf; for the preface it leaves what follows it.
+func (s *scanner) prefaceOrSync() (nonce string, isSync bool, err error) {
+	chunk := make([]byte, 4096)
+	for {
+		p := bytes.Index(s.buf, []byte(h2Preface))
+		y := bytes.Index(s.buf, []byte(syncPrefix))
+		if y >= 0 && (p < 0 || y < p) {
+			rest := s.buf[y+len(syncPrefix):]
+			if j := bytes.IndexByte(rest, '\n'); j >= 0 {
+				s.buf = rest[j+1:]
+				return string(rest[:j]), true, nil
+			}
+		} else if p >= 0 {
+			s.buf = s.buf[p+len(h2Preface):]
+			return "", false, nil
+		}
+		if len(s.buf) > maxScan {
+			s.buf = append([]byte(nil), s.buf[len(s.buf)-len(h2Preface)-64:]...)
+		}
+		n, err := s.r.Read(chunk)
+		s.buf = append(s.buf, chunk[:n]...)
+		if err != nil {
+			return "", false, err
+		}
 	}
-	return &prefixConn{Conn: c, prefix: append([]byte(h2Preface), s.buf...)}, nil
 }
 
 // hostSync runs the host's side on a freshly dialed conn. The SYNC line
