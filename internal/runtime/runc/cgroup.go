@@ -11,11 +11,11 @@ import (
 	"time"
 )
 
-// cgroupMounts returns the mount point of every cgroup hierarchy (v1
+// CgroupMounts returns the mount point of every cgroup hierarchy (v1
 // controllers, named v1 hierarchies and cgroup2) visible to this process.
 // It reads mountinfo instead of assuming a layout so that hybrid, pure v1
 // and pure v2 hosts are all handled by the same code.
-func cgroupMounts() ([]string, error) {
+func CgroupMounts() ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -74,7 +74,7 @@ func unescapeMountinfo(s string) string {
 
 // cgroupDirs lists the directories of cgroupPath that exist in any hierarchy.
 func cgroupDirs(cgroupPath string) ([]string, error) {
-	mounts, err := cgroupMounts()
+	mounts, err := CgroupMounts()
 	if err != nil {
 		return nil, err
 	}

@@ -41,7 +41,7 @@ func cgroupV2Unified() bool {
 // cgroupFile reads name from cgPath in whichever hierarchy has it.
 func cgroupFile(t *testing.T, cgPath, name string) string {
 	t.Helper()
-	mounts, err := cgroupMounts()
+	mounts, err := CgroupMounts()
 	if err != nil {
 		t.Fatal(err)
 	}

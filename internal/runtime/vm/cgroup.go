@@ -10,28 +10,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/moby/sys/mountinfo"
+	"github.com/cubesandbox/cube/internal/runtime/runc"
 )
 
-// cgroupRoots returns the mount point of every cgroup hierarchy (v1
-// controllers, named v1 hierarchies, cgroup2), once per hierarchy.
-func cgroupRoots() ([]string, error) {
-	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	seen := map[string]bool{}
-	var out []string
-	for _, m := range ms {
-		key := strconv.Itoa(m.Major) + ":" + strconv.Itoa(m.Minor) + m.Root
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
-		out = append(out, m.Mountpoint)
-	}
-	return out, nil
-}
+// cgroupRoots is every cgroup hierarchy's mount point (runc's reading of
+// mountinfo: hybrid, pure v1 and pure v2 hosts alike).
+func cgroupRoots() ([]string, error) { return runc.CgroupMounts() }
 
 // cgroupLimits are the values written into the sandbox's cgroup.
 type cgroupLimits struct {
