@@ -11,10 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
-	pb "github.com/cubesandbox/cube/api/envd/process"
-	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	"github.com/cubesandbox/cube/internal/agent/agenttest"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -23,32 +20,13 @@ import (
 	"github.com/cubesandbox/cube/internal/network/nettest"
 )
 
-// shell runs script in sandbox id through the agent's process API (as
-// root) and returns its stdout.
+// shell runs script as root in sandbox id through its agent (the slot's
+// address) and returns its trimmed stdout.
 func shell(t *testing.T, svc *cubelet.Service, id, script string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	hc := agentClient()
 	defer hc.CloseIdleConnections()
-	c := processconnect.NewProcessClient(hc, agentURL(t, svc, id, ""))
-	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}})
-	req.Header().Set("Authorization", "Basic cm9vdDo=") // root:
-	s, err := c.Start(ctx, req)
-	if err != nil {
-		t.Fatalf("%s: start %q: %v", id, script, err)
-	}
-	defer s.Close()
-	var out strings.Builder
-	for s.Receive() {
-		if d := s.Msg().GetEvent().GetData(); d != nil {
-			out.Write(d.GetStdout())
-		}
-	}
-	if err := s.Err(); err != nil {
-		t.Fatalf("%s: %q: %v", id, script, err)
-	}
-	return strings.TrimSpace(out.String())
+	return strings.TrimSpace(agenttest.Shell(context.Background(), t, hc, agentURL(t, svc, id, ""), script))
 }
 
 // counter starts a shell in sb that holds value only in its memory and

@@ -17,10 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
-	pb "github.com/cubesandbox/cube/api/envd/process"
-	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	"github.com/cubesandbox/cube/internal/agent/agenttest"
 	"github.com/cubesandbox/cube/internal/agentchan"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -257,27 +254,7 @@ func agentClient(ctx context.Context, t testing.TB, d *Driver, id string, limit 
 // run runs a shell script in the guest through the agent's process API.
 func run(ctx context.Context, t testing.TB, c *http.Client, script string) string {
 	t.Helper()
-	pc := processconnect.NewProcessClient(c, agentchan.BaseURL)
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	s, err := pc.Start(rctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var out string
-	var end *pb.ProcessEvent_EndEvent
-	for s.Receive() {
-		ev := s.Msg().GetEvent()
-		out += string(ev.GetData().GetStdout())
-		if e := ev.GetEnd(); e != nil {
-			end = e
-		}
-	}
-	if err := s.Err(); err != nil || end == nil || end.GetExitCode() != 0 {
-		t.Fatalf("run %q: end %v, err %v, output %q", script, end, err, out)
-	}
-	return out
+	return agenttest.Shell(ctx, t, c, agentchan.BaseURL, script)
 }
 
 // wantNoFiles checks what Stop must remove from a bundle.
