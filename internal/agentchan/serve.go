@@ -238,7 +238,6 @@ type portConn struct {
 	buf     []byte // read but not yet consumed
 	chunk   [32 << 10]byte
 	session bool
-	fresh   bool // the chunk just read opens with a SYNC: end the session
 }
 
 func (p *portConn) Read(b []byte) (int, error) {
@@ -248,16 +247,8 @@ func (p *portConn) Read(b []byte) (int, error) {
 			return 0, err
 		}
 		p.buf = p.chunk[:n]
-		// Only a chunk fresh from the port: a new host's SYNC arrives as
-		// a write of its own, while http2 reads a frame's payload apart
-		// from its header, so checking every Read would end a session on
-		// any DATA frame that starts with the marker.
-		if p.session && bytes.HasPrefix(p.buf, []byte(syncPrefix)) {
-			p.fresh = true
-		}
 	}
-	if p.fresh {
-		p.fresh = false
+	if p.session && bytes.HasPrefix(p.buf, []byte(syncPrefix)) {
 		return 0, io.EOF
 	}
 	n := copy(b, p.buf)
