@@ -33,6 +33,9 @@ func (d *Driver) freeze(ctx context.Context, id string, frozen bool) error {
 			want = "FROZEN"
 		}
 		file := filepath.Join(dir, "freezer.state")
+		if frozen {
+			return freezeV1(ctx, file)
+		}
 		if err := os.WriteFile(file, []byte(want), 0); err != nil {
 			return fmt.Errorf("write %s: %w", file, err)
 		}
@@ -73,6 +76,40 @@ func (d *Driver) cgroupPaths(id string) (map[string]string, error) {
 		return nil, errNoFreezer
 	}
 	return st.CgroupPaths, nil
+}
+
+// freezeV1 freezes a v1 freezer cgroup. The kernel can leave one in
+// FREEZING for good when a task is caught mid-way (seen under heavy I/O
+// load), which runc works around the same way: write FROZEN again while
+// waiting, and every so often thaw and retry. A freeze that still does not
+// take before ctx ends is thawed, so the sandbox keeps running instead of
+// hanging half-frozen.
+func freezeV1(ctx context.Context, file string) error {
+	delay := 50 * time.Microsecond
+	for i := 0; ; i++ {
+		if err := os.WriteFile(file, []byte("FROZEN"), 0); err != nil {
+			return fmt.Errorf("write %s: %w", file, err)
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(data)) == "FROZEN" {
+			return nil
+		}
+		if i%50 == 49 {
+			_ = os.WriteFile(file, []byte("THAWED"), 0)
+		}
+		select {
+		case <-ctx.Done():
+			_ = os.WriteFile(file, []byte("THAWED"), 0)
+			return fmt.Errorf("waiting for %s: %w", file, ctx.Err())
+		case <-time.After(delay):
+		}
+		if delay < 5*time.Millisecond {
+			delay *= 2
+		}
+	}
 }
 
 // waitFile polls a cgroup file until ok accepts its content: a v1
