@@ -190,23 +190,38 @@ func runCreate(name string) func(context.Context, *Env, Params) (*Result, error)
 // pauseResume cycles one sandbox through pause and resume N times; the
 // pause and resume scenarios share the cycles when both run.
 func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
+	return pauseCycles(ctx, e, p, want, pauseCycle{pause: "pause", resume: "resume"})
+}
+
+// pauseCycle names one way of pausing: the scenarios its pause and resume
+// times are remembered under, and the mode asked for (unspecified is
+// cubelet's default, memory).
+type pauseCycle struct {
+	pause, resume string
+	mode          pb.PauseMode
+}
+
+// pauseCycles cycles one sandbox through pause and resume N times; the
+// pause and resume scenarios of a mode share the cycles, so whichever runs
+// second reuses the first one's samples.
+func pauseCycles(ctx context.Context, e *Env, p Params, want string, pc pauseCycle) (*Result, error) {
 	if b, ok := e.recall(want, p); ok {
 		return b.result(want, KindCube, p), nil
 	}
-	ids, err := e.fill(ctx, "pause/resume: setup", 1, 1)
+	ids, err := e.fill(ctx, pc.pause+"/"+pc.resume+": setup", 1, 1)
 	if err != nil {
 		return nil, err
 	}
 	id := ids[0]
 	var pause, resume []time.Duration
 	var pat, rat actionTimes
-	e.Progress.Start("pause+resume", p.N)
+	e.Progress.Start(pc.pause+"+"+pc.resume, p.N)
 	var runErr error
 	for i := 0; i < p.N && runErr == nil; i++ {
 		start := time.Now()
-		presp, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id})
+		presp, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id, Mode: pc.mode})
 		if err != nil {
-			runErr = fmt.Errorf("pause: %w", err)
+			runErr = fmt.Errorf("%s: %w", pc.pause, err)
 			break
 		}
 		pause = append(pause, time.Since(start))
@@ -214,7 +229,7 @@ func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, e
 		start = time.Now()
 		rresp, err := e.Client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id})
 		if err != nil {
-			runErr = fmt.Errorf("resume: %w", err)
+			runErr = fmt.Errorf("%s: %w", pc.resume, err)
 			break
 		}
 		resume = append(resume, time.Since(start))
@@ -228,8 +243,8 @@ func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, e
 	if runErr != nil {
 		return nil, runErr
 	}
-	e.remember("pause", p, batch{pause, &pat})
-	e.remember("resume", p, batch{resume, &rat})
+	e.remember(pc.pause, p, batch{pause, &pat})
+	e.remember(pc.resume, p, batch{resume, &rat})
 	b, _ := e.recall(want, p)
 	return b.result(want, KindCube, p), nil
 }

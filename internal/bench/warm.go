@@ -164,48 +164,7 @@ func runCreateWarm(ctx context.Context, e *Env, p Params) (*Result, error) {
 	return r, err
 }
 
-// pauseResumeDisk cycles one sandbox through pause to disk and resume N
-// times; pause-disk and resume-disk share the cycles.
+// pauseResumeDisk is pauseResume with the memory written to disk.
 func pauseResumeDisk(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
-	if b, ok := e.recall(want, p); ok {
-		return b.result(want, KindCube, p), nil
-	}
-	ids, err := e.fill(ctx, "pause-disk/resume-disk: setup", 1, 1)
-	if err != nil {
-		return nil, err
-	}
-	var pause, resume []time.Duration
-	var pat, rat actionTimes
-	e.Progress.Start("pause-disk+resume-disk", p.N)
-	var runErr error
-	for i := 0; i < p.N; i++ {
-		start := time.Now()
-		presp, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: ids[0], Mode: pb.PauseMode_PAUSE_MODE_DISK})
-		if err != nil {
-			runErr = fmt.Errorf("pause to disk: %w", err)
-			break
-		}
-		pause = append(pause, time.Since(start))
-		pat.add(presp.Timings)
-		start = time.Now()
-		rresp, err := e.Client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: ids[0]})
-		if err != nil {
-			runErr = fmt.Errorf("resume from disk: %w", err)
-			break
-		}
-		resume = append(resume, time.Since(start))
-		rat.add(rresp.Timings)
-		e.Progress.Step(true)
-	}
-	e.Progress.Finish()
-	if err := e.deleteAll(ctx, "cleanup", ids, 1); err != nil {
-		runErr = errors.Join(runErr, err)
-	}
-	if runErr != nil {
-		return nil, runErr
-	}
-	e.remember("pause-disk", p, batch{pause, &pat})
-	e.remember("resume-disk", p, batch{resume, &rat})
-	b, _ := e.recall(want, p)
-	return b.result(want, KindCube, p), nil
+	return pauseCycles(ctx, e, p, want, pauseCycle{pause: "pause-disk", resume: "resume-disk", mode: pb.PauseMode_PAUSE_MODE_DISK})
 }

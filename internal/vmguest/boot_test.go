@@ -202,24 +202,9 @@ func rootImage(t *testing.T, dir string) string {
 
 func waitHealthy(ctx context.Context, t *testing.T, c *http.Client, limit time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	var last error
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, agentchan.BaseURL+"/health", nil)
-		resp, err := c.Do(req)
-		cancel()
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		last = err
-		time.Sleep(20 * time.Millisecond)
+	if err := agenttest.WaitHealthy(ctx, c, agentchan.BaseURL, limit); err != nil {
+		t.Fatalf("agent over the channel: %v", err)
 	}
-	t.Fatalf("agent not healthy over the channel within %v: %v", limit, last)
 }
 
 func runCmd(ctx context.Context, t *testing.T, c *http.Client, script string) string {

@@ -2,6 +2,8 @@ package agenttest
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -39,4 +41,29 @@ func Shell(ctx context.Context, t testing.TB, c *http.Client, baseURL, script st
 		t.Fatalf("run %q: end %v, err %v, output %q", script, end, err, out)
 	}
 	return string(out)
+}
+
+// WaitHealthy polls baseURL's /health through c every 20 ms (each try
+// bounded to 2 s) until it answers 2xx, limit passes or ctx ends, and
+// returns the last failure otherwise.
+func WaitHealthy(ctx context.Context, c *http.Client, baseURL string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	last := ctx.Err()
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, baseURL+"/health", nil)
+		resp, err := c.Do(req)
+		cancel()
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		last = err
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("not healthy within %v: %v", limit, last)
 }

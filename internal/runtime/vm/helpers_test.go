@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -227,27 +226,13 @@ func agentClient(ctx context.Context, t testing.TB, d *Driver, id string, limit 
 		t.Fatal(err)
 	}
 	c := agentchan.SerialClient(sock)
-	deadline := time.Now().Add(limit)
-	var last error
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, agentchan.BaseURL+"/health", nil)
-		resp, err := c.Do(req)
-		cancel()
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				return c
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		last = err
-		time.Sleep(20 * time.Millisecond)
+	err = agenttest.WaitHealthy(ctx, c, agentchan.BaseURL, limit)
+	if err == nil {
+		return c
 	}
 	con, _ := d.ConsoleLog(id)
 	b, _ := os.ReadFile(con)
-	t.Fatalf("agent of %s not healthy within %v: %v\nconsole:\n%s", id, limit, last, b)
+	t.Fatalf("agent of %s: %v\nconsole:\n%s", id, err, b)
 	return nil
 }
 
