@@ -10,6 +10,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agent"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
+	"github.com/cubesandbox/cube/internal/agentproto"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -32,12 +33,12 @@ func main() {
 
 	// Before anything serves or starts: nothing the agent starts may
 	// inherit CAP_SYS_ADMIN where the runtime granted it to PID 1 only.
-	if os.Getenv(agent.DropSysAdminEnv) == "1" {
+	if os.Getenv(agentproto.DropSysAdminEnv) == "1" {
 		if err := agent.DropSysAdminBound(); err != nil {
 			log.Error("drop CAP_SYS_ADMIN", "error", err)
 			os.Exit(1)
 		}
-		os.Unsetenv(agent.DropSysAdminEnv)
+		os.Unsetenv(agentproto.DropSysAdminEnv)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -12,41 +12,22 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
-
-// InternalPrefix is the path prefix of the endpoints only cubelet calls.
-// cubeproxy must never route it (docs/envd.md): a sandbox's clients have
-// no business freezing its disk or setting its clock.
-const InternalPrefix = "/_cube/"
 
 // clockTolerance is how far the sandbox clock may drift before a sync sets
 // it: a container shares the host clock and is always within it, so its
 // syncs are no-ops; a restored VM is off by the time it was paused.
 const clockTolerance = 50 * time.Millisecond
 
-// Info is GET /_cube/info: what cubelet (and the control plane, which
-// passes envdVersion on to the SDKs) needs to know about the agent.
-type Info struct {
-	EnvdVersion  string `json:"envdVersion"`
-	AgentVersion string `json:"agentVersion"`
-	PID          int    `json:"pid"`
-	Frozen       bool   `json:"frozen"`
-}
-
 func (a *Server) handleInfo(w http.ResponseWriter, _ *http.Request) {
 	frozen, _ := a.freezer.Frozen()
-	writeJSON(w, http.StatusOK, Info{EnvdVersion: EnvdVersion, AgentVersion: a.cfg.Version, PID: os.Getpid(), Frozen: frozen})
-}
-
-// FreezeRequest is POST /_cube/fsfreeze's optional body.
-type FreezeRequest struct {
-	// TimeoutMs is when the agent thaws by itself; default 30 s.
-	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+	writeJSON(w, http.StatusOK, agentproto.Info{EnvdVersion: EnvdVersion, AgentVersion: a.cfg.Version, PID: os.Getpid(), Frozen: frozen})
 }
 
 func (a *Server) handleFreeze(w http.ResponseWriter, r *http.Request) {
-	var req FreezeRequest
+	var req agentproto.FreezeRequest
 	if err := decodeOptional(r, &req); err != nil {
 		rpcerr.WriteHTTP(w, err)
 		return
@@ -73,19 +54,8 @@ func (a *Server) handleThaw(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"frozen": false})
 }
 
-// ClockRequest is POST /_cube/clock's body: the host's time now.
-type ClockRequest struct {
-	Timestamp time.Time `json:"timestamp"`
-}
-
-// ClockResponse says what the sync did.
-type ClockResponse struct {
-	Adjusted bool    `json:"adjusted"`
-	OffsetMs float64 `json:"offset_ms"` // host minus sandbox, before the sync
-}
-
 func (a *Server) handleClock(w http.ResponseWriter, r *http.Request) {
-	var req ClockRequest
+	var req agentproto.ClockRequest
 	if err := decodeOptional(r, &req); err != nil {
 		rpcerr.WriteHTTP(w, err)
 		return
@@ -105,9 +75,9 @@ func (a *Server) handleClock(w http.ResponseWriter, r *http.Request) {
 // syncClock sets CLOCK_REALTIME to ts when the sandbox is off by more than
 // clockTolerance. Without CAP_SYS_TIME (every container) setting fails
 // with FailedPrecondition; there the clock is the host's and never drifts.
-func (a *Server) syncClock(ts time.Time) (ClockResponse, error) {
+func (a *Server) syncClock(ts time.Time) (agentproto.ClockResponse, error) {
 	offset := time.Until(ts)
-	res := ClockResponse{OffsetMs: float64(offset) / float64(time.Millisecond)}
+	res := agentproto.ClockResponse{OffsetMs: float64(offset) / float64(time.Millisecond)}
 	if offset.Abs() <= clockTolerance {
 		return res, nil
 	}

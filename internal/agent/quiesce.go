@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
@@ -46,28 +47,6 @@ const quiesceCloseWait = time.Second
 // if nobody wakes it: a cubelet that died mid-snapshot must not leave the
 // sandbox unreachable for good.
 const defaultQuiesceTimeout = 5 * time.Minute
-
-// QuiesceRequest is POST /_cube/quiesce's optional body.
-type QuiesceRequest struct {
-	// TimeoutMs is when the agent listens again unwoken; default 5 min.
-	TimeoutMs int64 `json:"timeout_ms,omitempty"`
-}
-
-// QuiesceResponse answers a quiesce; on refusal it comes with status 409.
-type QuiesceResponse struct {
-	Quiesced bool `json:"quiesced"`
-	// Sockets are the TCP sockets open in the sandbox that are not the
-	// agent's (a refusal lists them).
-	Sockets []Socket `json:"sockets,omitempty"`
-	Error   string   `json:"error,omitempty"`
-}
-
-// Socket is one line of /proc/net/tcp{,6}.
-type Socket struct {
-	Local  string `json:"local"`
-	Remote string `json:"remote"`
-	State  string `json:"state"`
-}
 
 // lifecycle is the listener's state across quiesces: the connections the
 // http.Server has open (to reset them), the pending quiesce and the wake.
@@ -123,7 +102,7 @@ func (l *lifecycle) reset() {
 
 type connKey struct{}
 
-// maxQuiesceTimeout caps QuiesceRequest.TimeoutMs.
+// maxQuiesceTimeout caps agentproto.QuiesceRequest.TimeoutMs.
 const maxQuiesceTimeout = 10 * time.Minute
 
 // Wake makes a quiesced agent listen again; a no-op otherwise.
@@ -135,7 +114,7 @@ func (a *Server) Wake() {
 }
 
 func (a *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
-	var req QuiesceRequest
+	var req agentproto.QuiesceRequest
 	if err := decodeOptional(r, &req); err != nil {
 		rpcerr.WriteHTTP(w, err)
 		return
@@ -163,7 +142,7 @@ func (a *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(foreign) > 0 {
-		writeJSON(w, http.StatusConflict, QuiesceResponse{Sockets: foreign,
+		writeJSON(w, http.StatusConflict, agentproto.QuiesceResponse{Sockets: foreign,
 			Error: "TCP sockets other than the agent's are open: " + describe(foreign)})
 		return
 	}
@@ -179,7 +158,7 @@ func (a *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		rpcerr.WriteHTTP(w, fmt.Errorf("quiesce: already in progress: %w", errdefs.ErrFailedPrecondition))
 		return
 	}
-	writeJSON(w, http.StatusOK, QuiesceResponse{Quiesced: true})
+	writeJSON(w, http.StatusOK, agentproto.QuiesceResponse{Quiesced: true})
 	if f, ok := w.(http.Flusher); ok {
 		f.Flush()
 	}
@@ -213,11 +192,11 @@ func (a *Server) waitWake(ctx context.Context, timeout time.Duration) {
 // ForeignSockets lists the TCP sockets in procNet's tcp and tcp6 tables
 // ("/proc/net" when empty) whose local port is not agentPort. A missing
 // table (no IPv6) counts as empty.
-func ForeignSockets(procNet string, agentPort int) ([]Socket, error) {
+func ForeignSockets(procNet string, agentPort int) ([]agentproto.Socket, error) {
 	if procNet == "" {
 		procNet = "/proc/net"
 	}
-	var out []Socket
+	var out []agentproto.Socket
 	for _, name := range []string{"tcp", "tcp6"} {
 		socks, err := readTCPTable(procNet + "/" + name)
 		if errors.Is(err, os.ErrNotExist) {
@@ -242,13 +221,13 @@ var tcpStates = map[string]string{
 	"09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
 }
 
-func readTCPTable(path string) ([]Socket, error) {
+func readTCPTable(path string) ([]agentproto.Socket, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var out []Socket
+	var out []agentproto.Socket
 	sc := bufio.NewScanner(f)
 	for first := true; sc.Scan(); first = false {
 		fields := strings.Fields(sc.Text())
@@ -264,7 +243,7 @@ func readTCPTable(path string) ([]Socket, error) {
 		if st == "" {
 			st = fields[3]
 		}
-		out = append(out, Socket{Local: local, Remote: remote, State: st})
+		out = append(out, agentproto.Socket{Local: local, Remote: remote, State: st})
 	}
 	return out, sc.Err()
 }
@@ -289,7 +268,7 @@ func hexAddr(s string) (string, error) {
 	return net.JoinHostPort(ip.String(), strconv.Itoa(int(port))), nil
 }
 
-func describe(socks []Socket) string {
+func describe(socks []agentproto.Socket) string {
 	parts := make([]string, 0, len(socks))
 	for _, s := range socks {
 		if s.State == "LISTEN" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"net"
 	"net/http"
 	"os"
@@ -32,7 +33,7 @@ func TestForeignSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0] != (Socket{Local: "127.0.0.1:8080", Remote: "0.0.0.0:0", State: "LISTEN"}) {
+	if len(got) != 1 || got[0] != (agentproto.Socket{Local: "127.0.0.1:8080", Remote: "0.0.0.0:0", State: "LISTEN"}) {
 		t.Fatalf("foreign sockets = %+v, want the listener on 8080 only", got)
 	}
 	writeTCP(t, dir, "   0: zz:1 00000000:0000 0A")
@@ -70,7 +71,7 @@ func TestQuiesceAndWake(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
-	quiesce := func(wantStatus int) QuiesceResponse {
+	quiesce := func(wantStatus int) agentproto.QuiesceResponse {
 		t.Helper()
 		c := &http.Client{Transport: &http.Transport{}}
 		defer c.CloseIdleConnections()
@@ -79,7 +80,7 @@ func TestQuiesceAndWake(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var res QuiesceResponse
+		var res agentproto.QuiesceResponse
 		_ = json.NewDecoder(resp.Body).Decode(&res)
 		if resp.StatusCode != wantStatus {
 			t.Fatalf("quiesce: %s %+v, want %d", resp.Status, res, wantStatus)

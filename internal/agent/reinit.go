@@ -14,39 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
-
-// ReinitRequest is POST /_cube/reinit's body: what must differ in a clone
-// restored from another sandbox's memory image. Every field is optional.
-type ReinitRequest struct {
-	Hostname string `json:"hostname,omitempty"`
-	// Env is merged into the sandbox-wide variables every new process
-	// gets (CUBE_SANDBOX_ID and the like), and into the agent's own.
-	Env map[string]string `json:"env,omitempty"`
-	// TimeUnixNs is the host's clock; the sandbox's is set from it when
-	// off by more than clockTolerance and the sandbox may set it.
-	TimeUnixNs int64 `json:"time_unix_ns,omitempty"`
-	// Entropy (base64) is mixed into the kernel's pool, and credited
-	// where the agent may (RNDADDENTROPY needs CAP_SYS_ADMIN): a clone
-	// must not share the original's random state.
-	Entropy string `json:"entropy,omitempty"`
-	// MAC is eth0's new address (VMs: each clone has its own NIC).
-	MAC string `json:"mac,omitempty"`
-}
-
-// ReinitResponse says, per item, what was applied and what was skipped
-// and why: which items a sandbox permits depends on its runtime.
-type ReinitResponse struct {
-	Applied []string          `json:"applied"`
-	Skipped map[string]string `json:"skipped,omitempty"`
-}
 
 // maxEntropy bounds the entropy one reinit feeds (the pool is 256 bytes).
 const maxEntropy = 512
 
 func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
-	var req ReinitRequest
+	var req agentproto.ReinitRequest
 	if err := decodeOptional(r, &req); err != nil {
 		rpcerr.WriteHTTP(w, err)
 		return
@@ -63,7 +39,7 @@ func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res := ReinitResponse{Applied: []string{}, Skipped: map[string]string{}}
+	res := agentproto.ReinitResponse{Applied: []string{}, Skipped: map[string]string{}}
 	step := func(name string, err error) {
 		if err != nil {
 			res.Skipped[name] = err.Error()
@@ -171,11 +147,6 @@ func setMAC(ifname string, mac net.HardwareAddr) error {
 	ifr.SetUint16(flags)
 	return errors.Join(err, unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr))
 }
-
-// DropSysAdminEnv, set to 1 in PID 1's environment, makes cube-agent drop
-// CAP_SYS_ADMIN from its bounding set before it serves (DropSysAdminBound):
-// the gVisor spec grants PID 1 the capability for the hostname only.
-const DropSysAdminEnv = "CUBE_AGENT_DROP_SYS_ADMIN"
 
 // DropSysAdminBound removes CAP_SYS_ADMIN from the bounding set of every
 // thread of the agent, keeping it in the agent's own effective set: the

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,10 +46,11 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/procs"
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
 	"github.com/cubesandbox/cube/internal/agent/sysinfo"
+	"github.com/cubesandbox/cube/internal/agentproto"
 )
 
 // DefaultAddr is envd's port, which E2B clients hard-code.
-const DefaultAddr = ":49983"
+var DefaultAddr = ":" + strconv.Itoa(agentproto.Port)
 
 // EnvdVersion is the envd version the agent reports: the lowest at which
 // every feature the pinned SDK (e2b@2.51.0) gates is on — closeStdin
@@ -163,12 +165,12 @@ func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /files", s.fs.Download)
 	mux.HandleFunc("POST /files", s.fs.Upload)
 
-	mux.HandleFunc("GET "+InternalPrefix+"info", s.handleInfo)
-	mux.HandleFunc("POST "+InternalPrefix+"fsfreeze", s.handleFreeze)
-	mux.HandleFunc("POST "+InternalPrefix+"fsthaw", s.handleThaw)
-	mux.HandleFunc("POST "+InternalPrefix+"clock", s.handleClock)
-	mux.HandleFunc("POST "+InternalPrefix+"quiesce", s.handleQuiesce)
-	mux.HandleFunc("POST "+InternalPrefix+"reinit", s.handleReinit)
+	mux.HandleFunc("GET "+agentproto.PathInfo, s.handleInfo)
+	mux.HandleFunc("POST "+agentproto.PathFreeze, s.handleFreeze)
+	mux.HandleFunc("POST "+agentproto.PathThaw, s.handleThaw)
+	mux.HandleFunc("POST "+agentproto.PathClock, s.handleClock)
+	mux.HandleFunc("POST "+agentproto.PathQuiesce, s.handleQuiesce)
+	mux.HandleFunc("POST "+agentproto.PathReinit, s.handleReinit)
 
 	// Messages are commands, paths and stdin chunks: 16 MiB is plenty, and
 	// a client cannot make the agent buffer more.

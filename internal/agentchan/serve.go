@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
 )
@@ -39,7 +40,7 @@ const SerialPort = "/dev/virtio-ports/org.cube.agent"
 const PortName = "org.cube.agent"
 
 // VsockPort is the guest vsock port (envd's TCP port, for symmetry).
-const VsockPort = 49983
+const VsockPort = agentproto.Port
 
 // maxWait bounds how long the guest sleeps between checks for a host
 // connection when no SIGIO comes (a missed or coalesced signal).

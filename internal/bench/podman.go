@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
@@ -104,7 +105,7 @@ func (p *podman) run(ctx context.Context, i int) (string, time.Duration, error) 
 		"--cgroup-parent", p.cgroupParent,
 		"-v", p.agent + ":" + cubelet.AgentPath + ":ro"}
 	args = append(args, p.ulimits...)
-	args = append(args, testimage.BusyboxRef, cubelet.AgentPath, "--addr", ":"+strconv.Itoa(cubelet.AgentPort))
+	args = append(args, testimage.BusyboxRef, cubelet.AgentPath, "--addr", ":"+strconv.Itoa(agentproto.Port))
 	start := time.Now()
 	id, err := p.cmd(ctx, args...)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -133,7 +134,7 @@ func (n *rawNode) prepare(ctx context.Context) (b *rawBox, err error) {
 		ID:         id,
 		BundleDir:  b.bundle,
 		RootFS:     b.rootfs,
-		Args:       []string{cubelet.AgentPath, "--addr", ":" + strconv.Itoa(cubelet.AgentPort)},
+		Args:       []string{cubelet.AgentPath, "--addr", ":" + strconv.Itoa(agentproto.Port)},
 		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CUBE_SANDBOX_ID=" + id},
 		Cwd:        "/",
 		Hostname:   id,

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/runtime/gvisor"
 )
 
@@ -104,7 +105,7 @@ func rawRunscRestore(ctx context.Context, root, mem string, sb *pb.Sandbox) (tim
 		return 0, fmt.Errorf("runsc restore %s: %w: %s", rid, err, tail(logFile))
 	}
 	wake := append(gvisor.RawGlobal(root, runscPlatform, st.Bundle, ""), gvisor.RawWake(sb.Id)...)
-	url := "http://" + net.JoinHostPort(sb.Network.HostIp, strconv.Itoa(49983)) + "/health"
+	url := "http://" + net.JoinHostPort(sb.Network.HostIp, strconv.Itoa(agentproto.Port)) + "/health"
 	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 	deadline := time.Now().Add(60 * time.Second)
 	var lastWake time.Time

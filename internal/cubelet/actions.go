@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -20,9 +21,6 @@ import (
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
-
-// AgentPort is where cube-agent serves the envd API inside every sandbox.
-const AgentPort = 49983
 
 // AgentPath is where templates carry the agent.
 const AgentPath = "/usr/local/bin/cube-agent"
@@ -256,7 +254,7 @@ func (a *containerAction) spec(rec *sandbox.Record, c *sandbox.Container, tmpl *
 	for k, v := range rec.Env {
 		env = append(env, k+"="+v)
 	}
-	env = append(env, "CUBE_SANDBOX_ID="+rec.ID, "CUBE_TEMPLATE_ID="+rec.TemplateID)
+	env = append(env, agentproto.EnvSandboxID+"="+rec.ID, agentproto.EnvTemplateID+"="+rec.TemplateID)
 	var rootfs, disk string
 	if rec.Mount != nil {
 		rootfs = rec.Mount.Target
@@ -268,7 +266,7 @@ func (a *containerAction) spec(rec *sandbox.Record, c *sandbox.Container, tmpl *
 		BundleDir:  c.Bundle,
 		RootFS:     rootfs,
 		Disk:       disk,
-		Args:       []string{AgentPath, "--addr", ":" + strconv.Itoa(AgentPort)},
+		Args:       []string{AgentPath, "--addr", ":" + strconv.Itoa(agentproto.Port)},
 		Env:        env,
 		Cwd:        "/",
 		Hostname:   rec.ID,
@@ -427,7 +425,7 @@ func (n *node) withConsole(rec *sandbox.Record, err error) error {
 // until it answers, the process dies, or ctx ends.
 func WaitAgent(ctx context.Context, pid int) error {
 	client := nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid))
-	return pollHealth(ctx, client, fmt.Sprintf("http://127.0.0.1:%d/health", AgentPort), pid)
+	return pollHealth(ctx, client, fmt.Sprintf("http://127.0.0.1:%d/health", agentproto.Port), pid)
 }
 
 // pollHealth GETs url with a doubling delay (1 ms to 20 ms) until it

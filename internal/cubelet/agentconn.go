@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -53,11 +54,11 @@ func (n *node) agentEndpointFor(rec *sandbox.Record) (agentEndpoint, error) {
 		return agentEndpoint{client: c, base: "http://agent", pid: pid}, nil
 	}
 	if nw := rec.Network; nw != nil && nw.HostIP != "" {
-		return agentEndpoint{client: hostIPClient(), base: "http://" + net.JoinHostPort(nw.HostIP, strconv.Itoa(AgentPort)), pid: pid}, nil
+		return agentEndpoint{client: hostIPClient(), base: "http://" + net.JoinHostPort(nw.HostIP, strconv.Itoa(agentproto.Port)), pid: pid}, nil
 	}
 	return agentEndpoint{
 		client: nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid)),
-		base:   fmt.Sprintf("http://127.0.0.1:%d", AgentPort),
+		base:   fmt.Sprintf("http://127.0.0.1:%d", agentproto.Port),
 		pid:    pid,
 	}, nil
 }

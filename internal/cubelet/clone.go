@@ -12,6 +12,7 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
 
@@ -166,12 +167,12 @@ func (s *Service) validateClone(req *CloneRequest) error {
 	case 0:
 		req.SandboxIDs = make([]string, req.Count)
 		for i := range req.SandboxIDs {
-			req.SandboxIDs[i] = sandbox.NewID()
+			req.SandboxIDs[i] = sandboxid.New()
 		}
 	case req.Count:
 		seen := map[string]bool{}
 		for i, id := range req.SandboxIDs {
-			if err := sandbox.ValidateID("sandbox", id); err != nil {
+			if err := sandboxid.Validate("sandbox", id); err != nil {
 				return &FieldError{Field: fmt.Sprintf("sandbox_ids[%d]", i), Msg: err.Error()}
 			}
 			if seen[id] {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -29,7 +30,7 @@ func agentURL(t *testing.T, svc *cubelet.Service, id, path string) string {
 	if err != nil || sb.Network == nil || sb.Network.HostIP == "" {
 		t.Fatalf("sandbox %s has no slot: %+v, %v", id, sb, err)
 	}
-	return fmt.Sprintf("http://%s:%d%s", sb.Network.HostIP, cubelet.AgentPort, path)
+	return fmt.Sprintf("http://%s:%d%s", sb.Network.HostIP, agentproto.Port, path)
 }
 
 // setMemory stores env vars in the agent's memory only (POST /init): a

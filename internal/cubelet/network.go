@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network"
@@ -255,6 +256,6 @@ func (s *Service) sweepNetworks(ctx context.Context, known map[string]bool, sum 
 // uses, so a sandbox is Running only when it is reachable that way.
 func WaitAgentVia(ctx context.Context, pid int, hostIP string) error {
 	client := hostIPClient()
-	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(AgentPort)) + "/health"
+	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(agentproto.Port)) + "/health"
 	return pollHealth(ctx, client, url, pid)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -89,7 +90,7 @@ func TestNetworkSandboxes(t *testing.T) {
 		t.Fatalf("sandbox netns inode %d, slot's %d", got, want)
 	}
 	// Port exposure: the host reaches the agent on the slot's host IP.
-	resp, err := http.Get(fmt.Sprintf("http://%s:%d/health", a.Network.HostIP, cubelet.AgentPort))
+	resp, err := http.Get(fmt.Sprintf("http://%s:%d/health", a.Network.HostIP, agentproto.Port))
 	if err != nil || resp.StatusCode/100 != 2 {
 		t.Fatalf("agent through host IP: %v %v", resp, err)
 	}
@@ -149,7 +150,7 @@ func TestNetworkSandboxes(t *testing.T) {
 			t.Fatalf("addresses: a %+v b %+v", a.Network, b.Network)
 		}
 		// A cannot reach B's agent; the host can.
-		sbProbe{t: t, pid: a.Container.PID, port: cubelet.AgentPort}.blocked(netip.MustParseAddr(b.Network.HostIP))
+		sbProbe{t: t, pid: a.Container.PID, port: agentproto.Port}.blocked(netip.MustParseAddr(b.Network.HostIP))
 		if err := cubelet.WaitAgentVia(ctx, b.Container.PID, b.Network.HostIP); err != nil {
 			t.Fatal(err)
 		}

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cubesandbox/cube/internal/agent"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -58,8 +58,8 @@ func (n *node) quiesceAgent(ctx context.Context, rec *sandbox.Record) error {
 		return err
 	}
 	defer e.client.CloseIdleConnections()
-	body, _ := json.Marshal(agent.QuiesceRequest{TimeoutMs: quiesceTimeout.Milliseconds()})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url(agent.InternalPrefix+"quiesce"), bytes.NewReader(body))
+	body, _ := json.Marshal(agentproto.QuiesceRequest{TimeoutMs: quiesceTimeout.Milliseconds()})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url(agentproto.PathQuiesce), bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -70,7 +70,7 @@ func (n *node) quiesceAgent(ctx context.Context, rec *sandbox.Record) error {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	var res agent.QuiesceResponse
+	var res agentproto.QuiesceResponse
 	_ = json.Unmarshal(b, &res)
 	switch {
 	case resp.StatusCode == http.StatusOK && res.Quiesced:
@@ -94,7 +94,7 @@ func waitListenerClosed(ctx context.Context, rec *sandbox.Record) error {
 	if rec.Network == nil || rec.Network.HostIP == "" {
 		return nil
 	}
-	addr := net.JoinHostPort(rec.Network.HostIP, strconv.Itoa(AgentPort))
+	addr := net.JoinHostPort(rec.Network.HostIP, strconv.Itoa(agentproto.Port))
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	var d net.Dialer
@@ -248,7 +248,7 @@ func (n *node) reinitAgent(ctx context.Context, t *Task) error {
 	}
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
-	ri := agent.ReinitRequest{
+	ri := agentproto.ReinitRequest{
 		Hostname: spec.Hostname, Env: env, TimeUnixNs: time.Now().UnixNano(),
 		Entropy: base64.StdEncoding.EncodeToString(seed),
 	}
@@ -259,7 +259,7 @@ func (n *node) reinitAgent(ctx context.Context, t *Task) error {
 		}
 	}
 	body, _ := json.Marshal(ri)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url(agent.InternalPrefix+"reinit"), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url(agentproto.PathReinit), bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -273,7 +273,7 @@ func (n *node) reinitAgent(ctx context.Context, t *Task) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("reinit agent: %s: %s: %w", resp.Status, strings.TrimSpace(string(b)), errdefs.ErrUnavailable)
 	}
-	var res agent.ReinitResponse
+	var res agentproto.ReinitResponse
 	_ = json.Unmarshal(b, &res)
 	slog.DebugContext(ctx, "agent re-initialised", "sandbox_id", rec.ID, "applied", res.Applied, "skipped", res.Skipped)
 	return nil

@@ -26,6 +26,7 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/store"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
@@ -209,14 +210,14 @@ func validateMap(field string, m map[string]string, keyRE *regexp.Regexp, maxVal
 
 func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) {
 	if req.SandboxID != "" {
-		if err := sandbox.ValidateID("sandbox", req.SandboxID); err != nil {
+		if err := sandboxid.Validate("sandbox", req.SandboxID); err != nil {
 			return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
 		}
 	}
 	if req.TemplateID == "" {
 		return nil, fieldErr("template_id", "required")
 	}
-	if err := sandbox.ValidateID("template", req.TemplateID); err != nil {
+	if err := sandboxid.Validate("template", req.TemplateID); err != nil {
 		return nil, &FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	tmpl, err := s.store.GetTemplate(req.TemplateID)
@@ -289,7 +290,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 		return nil, err
 	}
 	if req.SandboxID == "" {
-		req.SandboxID = sandbox.NewID()
+		req.SandboxID = sandboxid.New()
 	}
 	if sn := s.warmSnapshotFor(tmpl, &req); sn != nil {
 		return s.createWarm(ctx, req, sn)
@@ -360,7 +361,7 @@ func (s *Service) forget(id string) {
 }
 
 func (s *Service) lookup(id string) (*entry, error) {
-	if err := sandbox.ValidateID("sandbox", id); err != nil {
+	if err := sandboxid.Validate("sandbox", id); err != nil {
 		return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
 	}
 	s.mu.Lock()

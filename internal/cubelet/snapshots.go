@@ -14,6 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
@@ -53,9 +54,9 @@ const maxNameLen = 128
 // leaves neither record nor file.
 func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotResult, error) {
 	if req.SnapshotID == "" {
-		req.SnapshotID = sandbox.NewID()
+		req.SnapshotID = sandboxid.New()
 	}
-	if err := sandbox.ValidateID("snapshot", req.SnapshotID); err != nil {
+	if err := sandboxid.Validate("snapshot", req.SnapshotID); err != nil {
 		return nil, &FieldError{Field: "snapshot_id", Msg: err.Error()}
 	}
 	if len(req.Name) > maxNameLen {
@@ -194,7 +195,7 @@ func (s *Service) settleFailed(ctx context.Context, t *Task, prev lifecycle.Stat
 
 // GetSnapshot returns one ready snapshot.
 func (s *Service) GetSnapshot(_ context.Context, id string) (*sandbox.Snapshot, error) {
-	if err := sandbox.ValidateID("snapshot", id); err != nil {
+	if err := sandboxid.Validate("snapshot", id); err != nil {
 		return nil, &FieldError{Field: "snapshot_id", Msg: err.Error()}
 	}
 	sn, err := s.store.GetSnapshot(id)
@@ -210,7 +211,7 @@ func (s *Service) GetSnapshot(_ context.Context, id string) (*sandbox.Snapshot, 
 // ListSnapshots returns the matching ready snapshots, oldest first.
 func (s *Service) ListSnapshots(_ context.Context, f SnapshotFilter) ([]*sandbox.Snapshot, error) {
 	if f.SandboxID != "" {
-		if err := sandbox.ValidateID("sandbox", f.SandboxID); err != nil {
+		if err := sandboxid.Validate("sandbox", f.SandboxID); err != nil {
 			return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
 		}
 	}
@@ -273,7 +274,7 @@ func (s *Service) removeSnapshot(sn *sandbox.Snapshot, why string) error {
 // until release is called: a delete meanwhile removes the record but the
 // files stay until then.
 func (s *Service) useSnapshot(id string) (*sandbox.Snapshot, func(), error) {
-	if err := sandbox.ValidateID("snapshot", id); err != nil {
+	if err := sandboxid.Validate("snapshot", id); err != nil {
 		return nil, nil, &FieldError{Field: "snapshot_id", Msg: err.Error()}
 	}
 	s.snaps.mu.Lock()

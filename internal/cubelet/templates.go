@@ -14,6 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/template"
 )
 
@@ -178,7 +179,7 @@ func (s *Service) refreshAgent(ctx context.Context, t *sandbox.Template, img *te
 // (paths and limits are filled in by the caller).
 func (s *Service) importSource(req TemplateImport) (template.ImportRequest, error) {
 	var r template.ImportRequest
-	if err := sandbox.ValidateID("template", req.TemplateID); err != nil {
+	if err := sandboxid.Validate("template", req.TemplateID); err != nil {
 		return r, &FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	switch {
@@ -273,7 +274,7 @@ func mkdirAll(dir string) string {
 
 // GetTemplate returns one template.
 func (s *Service) GetTemplate(_ context.Context, id string) (*sandbox.Template, error) {
-	if err := sandbox.ValidateID("template", id); err != nil {
+	if err := sandboxid.Validate("template", id); err != nil {
 		return nil, &FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	return s.store.GetTemplate(id)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
 
@@ -57,7 +58,7 @@ func (s *Service) WarmTemplate(ctx context.Context, id, runtime string) (*WarmRe
 	log := s.log.With("template_id", id, "runtime", runtime)
 	var timings []workflow.Timing
 	boot, err := s.Create(ctx, CreateRequest{
-		SandboxID: "warm-" + sandbox.NewID()[:12], TemplateID: id, Runtime: runtime, cold: true,
+		SandboxID: "warm-" + sandboxid.New()[:12], TemplateID: id, Runtime: runtime, cold: true,
 		Labels: map[string]string{LabelWarmTemplate: id},
 	})
 	if boot != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/tomlconfig"
 )
 
@@ -133,7 +133,7 @@ func (c *Config) validate() error {
 		if len(alias) == 0 || len(alias) > 128 {
 			return bad("templates.aliases: alias %q: 1-128 characters", alias)
 		}
-		if err := sandbox.ValidateID("template", id); err != nil {
+		if err := sandboxid.Validate("template", id); err != nil {
 			return bad("templates.aliases.%s: %v", alias, err)
 		}
 	}

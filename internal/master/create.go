@@ -20,7 +20,7 @@ import (
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // CreateRequest asks for a new sandbox.
@@ -258,7 +258,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	}
 	now := time.Now().UTC()
 	sb := &catalog.Sandbox{
-		ID: sandbox.NewID(), TemplateID: tmpl, State: catalog.StateCreating,
+		ID: sandboxid.New(), TemplateID: tmpl, State: catalog.StateCreating,
 		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, DiskMiB: s.templateSizeMiB(tmpl),
 		StartedAt: now, EndAt: now.Add(req.Timeout),
 		AutoPause: req.AutoPause, AutoResume: req.AutoResume, IdleTimeout: req.IdleTimeout,

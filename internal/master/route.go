@@ -13,6 +13,7 @@ import (
 	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/proxy"
@@ -158,7 +159,7 @@ func (a *agentClient) do(ctx context.Context, t *proxy.Target, method, path, tok
 		rd = bytes.NewReader(b)
 	}
 	ctx = context.WithValue(ctx, agentTargetKey{}, t)
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+net.JoinHostPort(t.SandboxID, strconv.Itoa(proxy.AgentPort))+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+net.JoinHostPort(t.SandboxID, strconv.Itoa(agentproto.Port))+path, rd)
 	if err != nil {
 		return 0, err
 	}
@@ -185,11 +186,6 @@ func (a *agentClient) do(ctx context.Context, t *proxy.Target, method, path, tok
 	return resp.StatusCode, nil
 }
 
-// agentInfo is cube-agent's GET /_cube/info.
-type agentInfo struct {
-	EnvdVersion string `json:"envdVersion"`
-}
-
 // agentInit is envd's POST /init body.
 type agentInit struct {
 	EnvVars     map[string]string `json:"envVars,omitempty"`
@@ -202,8 +198,8 @@ type agentInit struct {
 // already hold (a clone restored from a snapshot of a secured sandbox).
 func (s *Service) initAgent(ctx context.Context, sb *catalog.Sandbox, pb *cubeletpb.Sandbox, env map[string]string, oldToken string) error {
 	t := s.target(sb, pb)
-	var info agentInfo
-	code, err := s.agents.do(ctx, t, http.MethodGet, "/_cube/info", oldToken, nil, &info)
+	var info agentproto.Info
+	code, err := s.agents.do(ctx, t, http.MethodGet, agentproto.PathInfo, oldToken, nil, &info)
 	switch {
 	case err == nil && versionRE.MatchString(info.EnvdVersion):
 		sb.EnvdVersion = info.EnvdVersion

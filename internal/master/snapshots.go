@@ -8,7 +8,7 @@ import (
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // Snapshots live on the node that took them; the catalog records which
@@ -35,7 +35,7 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 	if sb.State != catalog.StateRunning && sb.State != catalog.StatePaused {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
-	snapID := sandbox.NewID()
+	snapID := sandboxid.New()
 	var resp *cubeletpb.SnapshotSandboxResponse
 	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		var err error
@@ -149,7 +149,7 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 func (s *Service) childOf(src *catalog.Sandbox, snap *catalog.Snapshot, timeout time.Duration) *catalog.Sandbox {
 	now := time.Now().UTC()
 	c := &catalog.Sandbox{
-		ID: sandbox.NewID(), TemplateID: snap.TemplateID, Alias: snap.Name, NodeID: snap.NodeID, State: catalog.StateCreating,
+		ID: sandboxid.New(), TemplateID: snap.TemplateID, Alias: snap.Name, NodeID: snap.NodeID, State: catalog.StateCreating,
 		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, StartedAt: now, EndAt: now.Add(timeout),
 		Runtime: snap.Runtime,
 	}

@@ -15,7 +15,7 @@ import (
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // Template is a template across the cluster: the nodes holding it.
@@ -145,7 +145,7 @@ type TemplateImport struct {
 // when req.NodeID is empty.
 func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Template, error) {
 	id, source, nodeID := req.ID, req.Source, req.NodeID
-	if err := sandbox.ValidateID("template", id); err != nil {
+	if err := sandboxid.Validate("template", id); err != nil {
 		return Template{}, err
 	}
 	if source == "" {

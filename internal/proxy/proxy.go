@@ -32,18 +32,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nsdial"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // Headers the E2B SDKs send to name the sandbox and port.
 const (
-	HeaderSandboxID     = "E2b-Sandbox-Id"
-	HeaderSandboxPort   = "E2b-Sandbox-Port"
-	HeaderTrafficToken  = "E2b-Traffic-Access-Token"
-	AgentPort           = 49983
-	agentInternalPrefix = "/_cube/" // cube-agent's cubelet-only endpoints
+	HeaderSandboxID    = "E2b-Sandbox-Id"
+	HeaderSandboxPort  = "E2b-Sandbox-Port"
+	HeaderTrafficToken = "E2b-Traffic-Access-Token"
 )
 
 // Target is where a sandbox can be reached.
@@ -218,7 +217,7 @@ func ParseHost(host, domain string) (id string, port int, ok bool) {
 		return "", 0, false
 	}
 	port, err := strconv.Atoi(p)
-	if err != nil || port < 1 || port > 65535 || sandbox.ValidateID("sandbox", id) != nil {
+	if err != nil || port < 1 || port > 65535 || sandboxid.Validate("sandbox", id) != nil {
 		return "", 0, false
 	}
 	return id, port, true
@@ -236,7 +235,7 @@ func (h *Handler) route(r *http.Request) (string, int, error) {
 		if err != nil || port < 1 || port > 65535 {
 			return "", 0, fmt.Errorf("%s %q is not a port: %w", HeaderSandboxPort, ps, errdefs.ErrInvalidArgument)
 		}
-		if err := sandbox.ValidateID("sandbox", id); err != nil {
+		if err := sandboxid.Validate("sandbox", id); err != nil {
 			return "", 0, err
 		}
 		return id, port, nil
@@ -255,8 +254,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, "", err)
 		return
 	}
-	if port == AgentPort && strings.HasPrefix(r.URL.Path, agentInternalPrefix) {
-		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentInternalPrefix, errdefs.ErrNotFound))
+	if port == agentproto.Port && strings.HasPrefix(r.URL.Path, agentproto.InternalPrefix) {
+		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentproto.InternalPrefix, errdefs.ErrNotFound))
 		return
 	}
 	t, err := h.cfg.Resolver.Resolve(r.Context(), id)
@@ -267,7 +266,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The traffic token guards the sandbox's own ports; envd's port has its
 	// own access token (X-Access-Token, checked by the agent), and the SDKs
 	// never send the traffic token there.
-	if t.TrafficAccessToken != "" && port != AgentPort && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
+	if t.TrafficAccessToken != "" && port != agentproto.Port && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
 		writeError(w, id, errUnauthorized)
 		return
 	}

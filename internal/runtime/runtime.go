@@ -11,6 +11,8 @@
 //   - State of an absent sandbox returns an error wrapping errdefs.ErrNotFound.
 //   - Verbs a driver cannot do return errdefs.ErrNotImplemented and are
 //     reported false in Capabilities.
+//   - Optional abilities beyond the verbs are the small interfaces in
+//     optional.go; a driver that has one asserts it at compile time.
 //   - Sandboxes outlive the cubelet process: nothing a driver starts may be
 //     tied to the caller's lifetime (no pipes held, no parent-death signal).
 package runtime
@@ -28,6 +30,13 @@ type Capabilities struct {
 	// BootsDisk: the runtime boots Spec.Disk itself (a VM) instead of
 	// running processes on a host-mounted Spec.RootFS.
 	BootsDisk bool `json:"boots_disk"`
+	// SlotTAP: the sandbox's NIC is a TAP device in its network slot
+	// (a VM) instead of the slot's namespace being the sandbox's own.
+	SlotTAP bool `json:"slot_tap"`
+	// NeedsSlot: the sandbox runs its own network stack, so its agent is
+	// reachable only at a network slot's address (gVisor), never by
+	// entering a bare namespace as a runc sandbox's is.
+	NeedsSlot bool `json:"needs_slot"`
 }
 
 // Limits are the resource limits applied to the sandbox's cgroup.

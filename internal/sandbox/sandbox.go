@@ -4,13 +4,9 @@
 package sandbox
 
 import (
-	"crypto/rand"
-	"fmt"
-	"regexp"
 	"slices"
 	"time"
 
-	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
@@ -168,30 +164,4 @@ type JournalEntry struct {
 	Attempts    int       `json:"attempts"`
 	LastError   string    `json:"last_error"`
 	NextAttempt time.Time `json:"next_attempt"`
-}
-
-var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
-// ValidateID checks a sandbox or template ID: a DNS label (lowercase
-// letters, digits, '-', 1-63 chars), because IDs end up in host names
-// (<port>-<id>.<domain>), cgroup paths and file names.
-func ValidateID(kind, id string) error {
-	if !idRE.MatchString(id) {
-		return fmt.Errorf("%s id %q: must be 1-63 lowercase letters, digits or '-', not starting or ending with '-': %w", kind, id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-// NewID returns a random 20-character ID like E2B's.
-func NewID() string {
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	// IDs start with a letter so they never look like a number.
-	b[0] = idAlphabet[int(b[0])%26]
-	return string(b)
 }

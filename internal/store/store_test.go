@@ -10,6 +10,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 func TestSandboxCRUDAndReopen(t *testing.T) {
@@ -98,12 +99,12 @@ func TestSecondOpenFailsFast(t *testing.T) {
 
 func TestIDs(t *testing.T) {
 	for range 100 {
-		if err := sandbox.ValidateID("sandbox", sandbox.NewID()); err != nil {
+		if err := sandboxid.Validate("sandbox", sandboxid.New()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, bad := range []string{"", "-a", "a-", "A", "a_b", "a/b", "../x", string(make([]byte, 64))} {
-		if err := sandbox.ValidateID("sandbox", bad); !errdefs.IsInvalidArgument(err) {
+		if err := sandboxid.Validate("sandbox", bad); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%q accepted", bad)
 		}
 	}

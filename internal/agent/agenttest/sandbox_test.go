@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/agent/agenttest"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/nsdial"
@@ -35,7 +36,7 @@ func TestSandboxConformance(t *testing.T) {
 	netns := fmt.Sprintf("/proc/%d/ns/net", res.Sandbox.Container.PID)
 	t.Run("Suite", func(t *testing.T) {
 		agenttest.Run(t, agenttest.Target{
-			URL: fmt.Sprintf("http://127.0.0.1:%d", cubelet.AgentPort),
+			URL: fmt.Sprintf("http://127.0.0.1:%d", agentproto.Port),
 			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 				return nsdial.DialContext(ctx, netns, network, addr)
 			},

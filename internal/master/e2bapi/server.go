@@ -27,7 +27,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/apikey"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // Backend is what the API needs from cubemaster.
@@ -253,7 +253,7 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) error 
 // pathID reads and checks the sandbox ID in the path.
 func pathID(r *http.Request) (string, error) {
 	id := r.PathValue("sandboxID")
-	if err := sandbox.ValidateID("sandbox", id); err != nil {
+	if err := sandboxid.Validate("sandbox", id); err != nil {
 		return "", err
 	}
 	return id, nil

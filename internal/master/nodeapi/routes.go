@@ -10,7 +10,7 @@ import (
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/master"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // RouteServer implements masterpb.RouteServiceServer for cubeproxy
@@ -22,7 +22,7 @@ type RouteServer struct {
 
 // ResolveRoute implements RouteService.
 func (r *RouteServer) ResolveRoute(ctx context.Context, req *masterpb.ResolveRouteRequest) (*masterpb.ResolveRouteResponse, error) {
-	if err := sandbox.ValidateID("sandbox_id", req.SandboxId); err != nil {
+	if err := sandboxid.Validate("sandbox_id", req.SandboxId); err != nil {
 		return nil, ToGRPC(err)
 	}
 	ri, err := r.svc.ResolveRoute(ctx, req.SandboxId, req.Resume)
@@ -51,7 +51,7 @@ func (r *RouteServer) WatchRoutes(_ *masterpb.WatchRoutesRequest, stream grpc.Se
 func (r *RouteServer) ReportActivity(ctx context.Context, req *masterpb.ReportActivityRequest) (*masterpb.ReportActivityResponse, error) {
 	acts := make([]master.Activity, 0, len(req.Sandboxes))
 	for _, a := range req.Sandboxes {
-		if err := sandbox.ValidateID("sandboxes.sandbox_id", a.SandboxId); err != nil {
+		if err := sandboxid.Validate("sandboxes.sandbox_id", a.SandboxId); err != nil {
 			return nil, ToGRPC(err)
 		}
 		acts = append(acts, master.Activity{SandboxID: a.SandboxId, InFlight: int(a.InFlight), Requests: a.Requests})

@@ -20,7 +20,7 @@ import (
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/network/slot"
 	"github.com/cubesandbox/cube/internal/network/slotstore"
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 // EnsureRequest asks for a sandbox's slot.
@@ -38,7 +38,7 @@ type EnsureRequest struct {
 //
 // A failed Ensure leaves nothing: the slot it took or made is released.
 func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Network, created bool, err error) {
-	if err := sandbox.ValidateID("sandbox", req.SandboxID); err != nil {
+	if err := sandboxid.Validate("sandbox", req.SandboxID); err != nil {
 		return nil, false, err
 	}
 	kind, err := network.ParseKind(string(req.Kind))
@@ -224,7 +224,7 @@ func (a *Agent) removeFromPool(i int) {
 // Release destroys a sandbox's slot. A sandbox without one is not an
 // error (released = false): destroy flows retry blindly.
 func (a *Agent) Release(ctx context.Context, sandboxID string) (released bool, err error) {
-	if err := sandbox.ValidateID("sandbox", sandboxID); err != nil {
+	if err := sandboxid.Validate("sandbox", sandboxID); err != nil {
 		return false, err
 	}
 	a.opMu.RLock()
@@ -249,7 +249,7 @@ func (a *Agent) Release(ctx context.Context, sandboxID string) (released bool, e
 
 // Get returns a sandbox's slot.
 func (a *Agent) Get(_ context.Context, sandboxID string) (*network.Network, error) {
-	if err := sandbox.ValidateID("sandbox", sandboxID); err != nil {
+	if err := sandboxid.Validate("sandbox", sandboxID); err != nil {
 		return nil, err
 	}
 	a.mu.Lock()
@@ -280,7 +280,7 @@ func (a *Agent) List(context.Context) []*network.Network {
 // re-applies the stored policy and repairs whatever is missing from the
 // slot: what resume and restore call before the sandbox runs again.
 func (a *Agent) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.Policy) (*network.Network, error) {
-	if err := sandbox.ValidateID("sandbox", sandboxID); err != nil {
+	if err := sandboxid.Validate("sandbox", sandboxID); err != nil {
 		return nil, err
 	}
 	a.opMu.RLock()

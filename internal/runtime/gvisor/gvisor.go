@@ -78,7 +78,12 @@ type Driver struct {
 	log                 *slog.Logger
 }
 
-var _ runtime.Driver = (*Driver)(nil)
+var (
+	_ runtime.Driver          = (*Driver)(nil)
+	_ runtime.Describer       = (*Driver)(nil)
+	_ runtime.AgentWaker      = (*Driver)(nil)
+	_ runtime.InPlaceRestorer = (*Driver)(nil)
+)
 
 // New checks that runsc exists and creates Root.
 func New(cfg Config) (*Driver, error) {
@@ -118,7 +123,7 @@ func (d *Driver) Name() string { return "gvisor" }
 // Capabilities implements runtime.Driver: runsc checkpoints and restores
 // a whole sandbox, memory included, without CRIU (when Config.Checkpoint).
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Checkpoint: d.checkpoint, Restore: d.checkpoint}
+	return runtime.Capabilities{Pause: true, Checkpoint: d.checkpoint, Restore: d.checkpoint, NeedsSlot: true}
 }
 
 func (d *Driver) memoryOff(verb, id string) error {

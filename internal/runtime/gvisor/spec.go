@@ -1,11 +1,11 @@
 package gvisor
 
 import (
-	"github.com/cubesandbox/cube/internal/agent"
 	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/runc"
 )
@@ -40,7 +40,7 @@ func SpecFor(s runtime.Spec) (*specs.Spec, error) {
 		c.Bounding = append(c.Bounding, capSysAdmin)
 		c.Effective = append(c.Effective, capSysAdmin)
 		c.Permitted = append(c.Permitted, capSysAdmin)
-		sp.Process.Env = append(sp.Process.Env, agent.DropSysAdminEnv+"=1")
+		sp.Process.Env = append(sp.Process.Env, agentproto.DropSysAdminEnv+"=1")
 	}
 	return sp, nil
 }

@@ -81,7 +81,13 @@ type Driver struct {
 	log                         *slog.Logger
 }
 
-var _ runtime.Driver = (*Driver)(nil)
+var (
+	_ runtime.Driver        = (*Driver)(nil)
+	_ runtime.Describer     = (*Driver)(nil)
+	_ runtime.ConsoleLogger = (*Driver)(nil)
+	_ runtime.ConsoleSealer = (*Driver)(nil)
+	_ runtime.MACReporter   = (*Driver)(nil)
+)
 
 // New resolves the accelerator and checks QEMU exists. The guest artifacts
 // are loaded at each Start, so they can be built after cubelet starts.
@@ -138,7 +144,7 @@ func (d *Driver) Vsock() bool { return d.vsock }
 
 // Capabilities implements runtime.Driver.
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Checkpoint: true, Restore: true, BootsDisk: true}
+	return runtime.Capabilities{Pause: true, Checkpoint: true, Restore: true, BootsDisk: true, SlotTAP: true}
 }
 
 // vmState is Root/<id>/state.json.

@@ -37,7 +37,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/nsdial"
 )
 
@@ -106,12 +106,12 @@ func run(agentBin, runtime string, command []string, log *slog.Logger) (code int
 	var agentAddr, sandboxAddr string
 	var agent *http.Client
 	if sb.Network != nil && sb.Network.HostIP != "" {
-		agentAddr = net.JoinHostPort(sb.Network.HostIP, strconv.Itoa(cubelet.AgentPort))
+		agentAddr = net.JoinHostPort(sb.Network.HostIP, strconv.Itoa(agentproto.Port))
 		sandboxAddr = agentAddr
 		agent = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 30 * time.Second}
 	} else {
 		netns := fmt.Sprintf("/proc/%d/ns/net", pid)
-		agentAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(cubelet.AgentPort))
+		agentAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(agentproto.Port))
 		fwd, err := nsdial.Forward("127.0.0.1:0", netns, agentAddr, log)
 		if err != nil {
 			return fail(err)

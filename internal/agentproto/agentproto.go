@@ -1,0 +1,111 @@
+// Package agentproto is the wire contract between cube-agent (inside every
+// sandbox) and the host side that drives it (cubelet, the control plane,
+// the route): the agent's port, its cubelet-only endpoints and their JSON
+// bodies, and the environment names both sides agree on. It is a leaf: the
+// host links it without linking the in-sandbox server.
+package agentproto
+
+import "time"
+
+// Port is where cube-agent serves the envd API inside every sandbox (and
+// the vsock port of a VM's agent): envd's port, which E2B clients hard-code.
+const Port = 49983
+
+// Paths of the internal endpoints.
+const (
+	PathInfo    = InternalPrefix + "info"
+	PathFreeze  = InternalPrefix + "fsfreeze"
+	PathThaw    = InternalPrefix + "fsthaw"
+	PathClock   = InternalPrefix + "clock"
+	PathQuiesce = InternalPrefix + "quiesce"
+	PathReinit  = InternalPrefix + "reinit"
+)
+
+// Variables cubelet puts in every sandbox's environment.
+const (
+	EnvSandboxID  = "CUBE_SANDBOX_ID"
+	EnvTemplateID = "CUBE_TEMPLATE_ID"
+)
+
+// InternalPrefix is the path prefix of the endpoints only cubelet calls.
+// cubeproxy must never route it (docs/envd.md): a sandbox's clients have
+// no business freezing its disk or setting its clock.
+const InternalPrefix = "/_cube/"
+
+// Info is GET /_cube/info: what cubelet (and the control plane, which
+// passes envdVersion on to the SDKs) needs to know about the agent.
+type Info struct {
+	EnvdVersion  string `json:"envdVersion"`
+	AgentVersion string `json:"agentVersion"`
+	PID          int    `json:"pid"`
+	Frozen       bool   `json:"frozen"`
+}
+
+// FreezeRequest is POST /_cube/fsfreeze's optional body.
+type FreezeRequest struct {
+	// TimeoutMs is when the agent thaws by itself; default 30 s.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+}
+
+// ClockRequest is POST /_cube/clock's body: the host's time now.
+type ClockRequest struct {
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// ClockResponse says what the sync did.
+type ClockResponse struct {
+	Adjusted bool    `json:"adjusted"`
+	OffsetMs float64 `json:"offset_ms"` // host minus sandbox, before the sync
+}
+
+// QuiesceRequest is POST /_cube/quiesce's optional body.
+type QuiesceRequest struct {
+	// TimeoutMs is when the agent listens again unwoken; default 5 min.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+}
+
+// QuiesceResponse answers a quiesce; on refusal it comes with status 409.
+type QuiesceResponse struct {
+	Quiesced bool `json:"quiesced"`
+	// Sockets are the TCP sockets open in the sandbox that are not the
+	// agent's (a refusal lists them).
+	Sockets []Socket `json:"sockets,omitempty"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// Socket is one line of /proc/net/tcp{,6}.
+type Socket struct {
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+	State  string `json:"state"`
+}
+
+// ReinitRequest is POST /_cube/reinit's body: what must differ in a clone
+// restored from another sandbox's memory image. Every field is optional.
+type ReinitRequest struct {
+	Hostname string `json:"hostname,omitempty"`
+	// Env is merged into the sandbox-wide variables every new process
+	// gets (CUBE_SANDBOX_ID and the like), and into the agent's own.
+	Env map[string]string `json:"env,omitempty"`
+	// TimeUnixNs is the host's clock; the sandbox's is set from it when
+	// off by more than the agent's clock tolerance and the sandbox may set it.
+	TimeUnixNs int64 `json:"time_unix_ns,omitempty"`
+	// Entropy (base64) is mixed into the kernel's pool, and credited
+	// where the agent may (RNDADDENTROPY needs CAP_SYS_ADMIN): a clone
+	// must not share the original's random state.
+	Entropy string `json:"entropy,omitempty"`
+	// MAC is eth0's new address (VMs: each clone has its own NIC).
+	MAC string `json:"mac,omitempty"`
+}
+
+// ReinitResponse says, per item, what was applied and what was skipped
+// and why: which items a sandbox permits depends on its runtime.
+type ReinitResponse struct {
+	Applied []string          `json:"applied"`
+	Skipped map[string]string `json:"skipped,omitempty"`
+}
+
+// DropSysAdminEnv, set to 1 in PID 1's environment, makes cube-agent drop
+// CAP_SYS_ADMIN from its bounding set before it serves (agent.DropSysAdminBound):
+// the gVisor spec grants PID 1 the capability for the hostname only.
+const DropSysAdminEnv = "CUBE_AGENT_DROP_SYS_ADMIN"

@@ -1,0 +1,55 @@
+package runtime
+
+import (
+	"context"
+	"net/http"
+)
+
+// The optional abilities a driver may have beyond Driver. Cubelet asks for
+// one with a type assertion; each driver that has one says so with
+// `var _ runtime.X = (*Driver)(nil)`, so a changed signature fails to
+// compile instead of silently turning the ability off.
+
+// Describer says in one line what the driver runs on this node (versions,
+// accelerator, platform), for node info.
+type Describer interface {
+	Describe() string
+}
+
+// AgentChannel is a driver whose sandboxes expose cube-agent on a
+// host-side channel of their own (a VM's virtio-serial or vsock device)
+// rather than in a network namespace cubelet can enter.
+type AgentChannel interface {
+	AgentClient(id string) (*http.Client, error)
+}
+
+// AgentWaker is a driver whose memory checkpoint needs the agent quiesced
+// first (runsc cannot save an open TCP socket) and that can wake it after
+// the restore.
+type AgentWaker interface {
+	WakeAgent(ctx context.Context, id string) error
+}
+
+// InPlaceRestorer can restart a checkpointed sandbox from its memory image
+// under the same ID, bundle and namespaces.
+type InPlaceRestorer interface {
+	RestoreInPlace(ctx context.Context, id, dir string) (State, error)
+}
+
+// ConsoleLogger keeps a sandbox's console in a file (a VM's serial
+// console) and says where.
+type ConsoleLogger interface {
+	ConsoleLog(id string) (string, error)
+}
+
+// ConsoleSealer is a driver whose console file must stop growing once the
+// sandbox is up: guest root writes a VM's serial port at will.
+type ConsoleSealer interface {
+	SealConsole(ctx context.Context, id string) error
+}
+
+// MACReporter gives the MAC address of a sandbox's NIC when the driver
+// picks one per sandbox (each VM clone has its own).
+type MACReporter interface {
+	MAC(id string) string
+}
