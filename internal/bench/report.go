@@ -172,7 +172,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 				d.CubeletRSS.MiB(), d.CubeletPSS.MiB(), d.NodePerSandbox.MiB(), d.LoopDirectIO)
 		}
 	}
-	table("TARGETS (issue 8)", targetRows(rep))
+	table("TARGETS", targetRows(rep))
 	if s := skipRows(rep); len(s) > 0 {
 		fmt.Fprintf(tw, "\nNOTES\n")
 		for _, l := range s {
@@ -224,7 +224,7 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 		m.CPUs, m.CPUModel, m.MemoryBytes.MiB(), m.Kernel, m.OS, m.Cgroups, m.KVM)
 	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s; runtime: %s\n", m.Runc, orNone(m.Podman), m.Go, m.Storage, m.Runtime)
 	fmt.Fprintf(&b, "- **Load average** (shared machine): %s at start, %s at end\n\n", m.LoadStart, m.LoadEnd)
-	b.WriteString("## Targets (issue 8)\n\n")
+	b.WriteString("## Targets\n\n")
 	table(targetRows(rep))
 	b.WriteString("## Latency (ms)\n\n")
 	table(latencyRows(rep))

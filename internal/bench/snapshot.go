@@ -10,7 +10,7 @@ import (
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 )
 
-// Snapshots and clones (issue 3). They probe the RPCs and skip with the
+// Snapshots and clones. They probe the RPCs and skip with the
 // reason on a cubelet that does not implement them.
 
 func probeSnapshot(ctx context.Context, e *Env) error {

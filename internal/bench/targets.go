@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Target is one of issue 8's targets, checked against a report.
+// Target is one of the performance targets (docs/bench.md), checked against a report.
 type Target struct {
 	Name string `json:"name"`
 	Want string `json:"want"`

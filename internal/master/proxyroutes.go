@@ -11,7 +11,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
-// This file is the master's side of cubeproxy (issue 7): where a sandbox
+// This file is the master's side of cubeproxy: where a sandbox
 // is for a proxy replica (resuming sandboxes created with autoResume), and
 // a hub that tells every replica's route cache when a route changes.
 

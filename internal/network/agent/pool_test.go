@@ -39,7 +39,7 @@ func releaseAll(t *testing.T, a *agent.Agent) {
 }
 
 // TestPoolBurst: 200 creates in a burst all get pooled slots; the p50 of
-// EnsureNetwork from the pool and cold goes to the closing note.
+// EnsureNetwork from the pool and cold is logged (docs/network.md).
 func TestPoolBurst(t *testing.T) {
 	const burst = 200
 	// Refill must keep up with a burst-sized pool; the sequential pooled

@@ -9,9 +9,9 @@ import (
 
 // fakeAPI is the one E2B control-plane call the SDK makes before it talks
 // to a sandbox directly: Sandbox.connect(id) POSTs
-// /v2/sandboxes/{id}/connect for the envd version and access token. The
-// real control plane (cubemaster's E2B API) is issue 6; this answers for
-// exactly one sandbox and nothing else.
+// /v2/sandboxes/{id}/connect for the envd version and access token. This is
+// not the control plane (cubemaster's E2B API, tested by the system
+// suite); it answers for exactly one sandbox and nothing else.
 type fakeAPI struct {
 	apiKey      string
 	sandboxID   string
