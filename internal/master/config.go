@@ -4,7 +4,6 @@ import (
 	"bytes"
 	_ "embed"
 	"fmt"
-	"os"
 	"regexp"
 	"time"
 
@@ -71,33 +70,15 @@ type Config struct {
 
 // LoadConfig returns the defaults with the file at path (if any) merged
 // over them. Unknown keys are an error.
-func LoadConfig(path string) (*Config, error) {
-	var data []byte
-	if path != "" {
-		var err error
-		if data, err = os.ReadFile(path); err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
-		}
-	}
-	c, err := ParseConfig(data)
-	if err != nil && path != "" {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return c, err
-}
+func LoadConfig(path string) (*Config, error) { return tomlconfig.Load[Config](defaultTOML, path) }
 
 // ParseConfig is LoadConfig for TOML text in memory.
-func ParseConfig(data []byte) (*Config, error) {
-	var c Config
-	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
-		return nil, err
-	}
-	return &c, c.validate()
-}
+func ParseConfig(data []byte) (*Config, error) { return tomlconfig.Parse[Config](defaultTOML, data) }
 
 var versionRE = regexp.MustCompile(`^\d+\.\d+\.\d+$`)
 
-func (c *Config) validate() error {
+// Validate checks every field (tomlconfig.Validator).
+func (c *Config) Validate() error {
 	bad := func(f string, a ...any) error {
 		return fmt.Errorf("config: "+f+": %w", append(a, errdefs.ErrInvalidArgument)...)
 	}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	toml "github.com/pelletier/go-toml/v2"
@@ -49,3 +50,43 @@ func (d *Duration) UnmarshalText(b []byte) error {
 
 // MarshalText implements encoding.TextMarshaler.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Validator is a config that checks itself once decoded (and may fill in
+// fields derived from others).
+type Validator interface{ Validate() error }
+
+// Parse decodes defaults, then data over them, into a new T and validates
+// it.
+func Parse[T any, PT interface {
+	*T
+	Validator
+}](defaults, data []byte) (*T, error) {
+	c := new(T)
+	if err := Decode(defaults, data, c); err != nil {
+		return nil, err
+	}
+	if err := PT(c).Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Load is Parse for the file at path; an empty path means the defaults
+// alone. Errors name the file.
+func Load[T any, PT interface {
+	*T
+	Validator
+}](defaults []byte, path string) (*T, error) {
+	if path == "" {
+		return Parse[T, PT](defaults, nil)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse[T, PT](defaults, data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}

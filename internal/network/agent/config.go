@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"regexp"
 
@@ -51,33 +50,11 @@ func Defaults() *Config {
 }
 
 // LoadConfig returns the defaults with the file at path (if any) merged
-// over them; unknown keys are an error.
-func LoadConfig(path string) (*Config, error) {
-	var data []byte
-	if path != "" {
-		var err error
-		if data, err = os.ReadFile(path); err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
-		}
-	}
-	c, err := ParseConfig(data)
-	if err != nil && path != "" {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return c, err
-}
+// over them. Unknown keys are an error.
+func LoadConfig(path string) (*Config, error) { return tomlconfig.Load[Config](defaultTOML, path) }
 
-// ParseConfig is LoadConfig for TOML already in memory.
-func ParseConfig(data []byte) (*Config, error) {
-	var c Config
-	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
-		return nil, err
-	}
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
+// ParseConfig is LoadConfig for TOML text in memory.
+func ParseConfig(data []byte) (*Config, error) { return tomlconfig.Parse[Config](defaultTOML, data) }
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
 
