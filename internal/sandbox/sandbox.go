@@ -172,6 +172,11 @@ type JournalEntry struct {
 
 var idRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
+// EnvKeyRE matches a valid environment variable name (a letter or '_',
+// then letters, digits and '_'): the rule for a sandbox's env, wherever
+// it is checked (cubemaster's create, cubelet's create and clone).
+var EnvKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
 // ValidateID checks a sandbox or template ID: a DNS label (lowercase
 // letters, digits, '-', 1-63 chars), because IDs end up in host names
 // (<port>-<id>.<domain>), cgroup paths and file names.
