@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/storage"
@@ -127,10 +127,10 @@ agent_binary = %q
 			err = errors.Join(err, n.Stop(context.WithoutCancel(ctx)), n.Teardown(context.WithoutCancel(ctx)))
 		}
 	}()
-	if n.conn, err = cubeletapi.Dial(n.Socket); err != nil {
+	if n.conn, err = cubeletclient.Dial(n.Socket); err != nil {
 		return n, err
 	}
-	n.Client = cubeletapi.Client(n.conn)
+	n.Client = cubeletclient.New(n.conn)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		hctx, cancel := context.WithTimeout(ctx, time.Second)

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -117,12 +117,12 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		e.Client, e.CubeletPID, e.MetricsURL = node.Client, node.PID(), node.MetricsURL
 		e.node, e.net = node, net
 	} else {
-		conn, err := cubeletapi.Dial(s.Addr)
+		conn, err := cubeletclient.Dial(s.Addr)
 		if err != nil {
 			return nil, cleanup, err
 		}
 		closeConn = conn.Close
-		e.Client = cubeletapi.Client(conn)
+		e.Client = cubeletclient.New(conn)
 		if s.MetricsAddr != "" {
 			e.MetricsURL = "http://" + s.MetricsAddr
 		}

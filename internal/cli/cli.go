@@ -15,13 +15,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 )
 
 // Exit codes. Stable: scripts depend on them.
@@ -36,7 +37,9 @@ const (
 	ExitUnavailable        = 7 // cubelet unreachable or a sandbox not ready
 )
 
-// ExitCode maps an error from a command to the process exit code.
+// ExitCode maps an error from a command to the process exit code. A
+// status from cubelet or cubemaster is classified by its errdefs kind
+// (grpcerr.FromGRPC); any other error is ExitError.
 func ExitCode(err error) int {
 	if err == nil {
 		return ExitOK
@@ -45,22 +48,22 @@ func ExitCode(err error) int {
 	if errors.As(err, &ue) {
 		return ExitUsage
 	}
-	st, ok := status.FromError(err)
-	if !ok {
+	if _, ok := status.FromError(err); !ok {
 		return ExitError
 	}
-	switch st.Code() {
-	case codes.InvalidArgument:
+	err = grpcerr.FromGRPC(err)
+	switch {
+	case errdefs.IsInvalidArgument(err):
 		return ExitUsage
-	case codes.NotFound:
+	case errdefs.IsNotFound(err):
 		return ExitNotFound
-	case codes.AlreadyExists:
+	case errdefs.IsAlreadyExists(err):
 		return ExitAlreadyExists
-	case codes.FailedPrecondition:
+	case errdefs.IsFailedPrecondition(err):
 		return ExitFailedPrecondition
-	case codes.ResourceExhausted:
+	case errdefs.IsResourceExhausted(err):
 		return ExitResourceExhausted
-	case codes.Unavailable, codes.DeadlineExceeded:
+	case errdefs.IsUnavailable(err), errors.Is(err, context.DeadlineExceeded):
 		return ExitUnavailable
 	}
 	return ExitError
@@ -124,14 +127,14 @@ func NewRoot(out io.Writer) *cobra.Command {
 
 // call dials cubelet and runs fn with a client and a deadline.
 func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, c pb.CubeletServiceClient) error) error {
-	conn, err := cubeletapi.Dial(g.addr)
+	conn, err := cubeletclient.Dial(g.addr)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
-	return fn(ctx, cubeletapi.Client(conn))
+	return fn(ctx, cubeletclient.New(conn))
 }
 
 // printJSON writes a protobuf message as indented JSON.

@@ -9,8 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
-	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 )
 
 func sandboxCmd(g *globals) *cobra.Command {
@@ -24,7 +23,7 @@ func sandboxCmd(g *globals) *cobra.Command {
 }
 
 func sandboxRow(s *pb.Sandbox) []string {
-	return []string{s.Id, s.TemplateId, cubeletapi.StateName(s.State), s.Runtime,
+	return []string{s.Id, s.TemplateId, cubeletclient.StateName(s.State), s.Runtime,
 		fmt.Sprintf("%.2f", float64(s.Resources.GetMilliCpu())/1000), fmt.Sprintf("%dMiB", s.Resources.GetMemoryMib()),
 		age(s.CreatedAt.AsTime()), labelsString(s.Labels)}
 }
@@ -134,11 +133,11 @@ func sandboxList(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &pb.ListSandboxesRequest{}
 			for _, s := range states {
-				st := lifecycle.State(strings.ToLower(s))
-				if !st.Valid() {
+				st, ok := cubeletclient.ParseState(s)
+				if !ok {
 					return usageError{fmt.Errorf("unknown state %q", s)}
 				}
-				req.States = append(req.States, pb.SandboxState(pb.SandboxState_value["SANDBOX_STATE_"+strings.ToUpper(s)]))
+				req.States = append(req.States, st)
 			}
 			var err error
 			if req.Labels, err = parseKV(labels, "label"); err != nil {
@@ -182,7 +181,7 @@ func sandboxInspect(g *globals) *cobra.Command {
 				}
 				s := resp.Sandbox
 				rows := [][]string{
-					{"ID", s.Id}, {"Template", s.TemplateId}, {"State", cubeletapi.StateName(s.State)},
+					{"ID", s.Id}, {"Template", s.TemplateId}, {"State", cubeletclient.StateName(s.State)},
 					{"Runtime", s.Runtime}, {"PID", fmt.Sprint(s.Pid)}, {"Pause mode", s.PauseMode},
 					{"CPU (milli)", fmt.Sprint(s.Resources.GetMilliCpu())}, {"Memory (MiB)", fmt.Sprint(s.Resources.GetMemoryMib())},
 					{"Pids", fmt.Sprint(s.Resources.GetPids())}, {"Disk (MiB)", fmt.Sprint(s.Resources.GetDiskMib())},

@@ -15,6 +15,8 @@ import (
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 )
 
 // serve runs the real gRPC server on a unix socket in the env and returns
@@ -28,12 +30,12 @@ func serve(t *testing.T, env *cubelettest.Env) pb.CubeletServiceClient {
 	done := make(chan struct{})
 	go func() { _ = cubeletapi.Serve(ctx, svc, slog.Default()); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	conn, err := cubeletapi.Dial(env.Config.API.Socket)
+	conn, err := cubeletclient.Dial(env.Config.API.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c := cubeletapi.Client(conn)
+	c := cubeletclient.New(conn)
 	for i := 0; ; i++ {
 		if _, err := c.Health(context.Background(), &pb.HealthRequest{}); err == nil {
 			return c
@@ -113,7 +115,7 @@ func TestErrorCodes(t *testing.T) {
 			if status.Code(err) != tc.code {
 				t.Fatalf("want %s, got %v", tc.code, err)
 			}
-			d := cubeletapi.Detail(err)
+			d := grpcerr.Detail(err)
 			if d == nil || d.Reason != tc.code.String() {
 				t.Fatalf("missing or wrong ErrorDetail: %+v", d)
 			}

@@ -33,14 +33,6 @@ func StateFromPB(s pb.SandboxState) lifecycle.State {
 	return ""
 }
 
-// StateName is the short lowercase name of an API state ("running").
-func StateName(s pb.SandboxState) string {
-	if st := StateFromPB(s); st != "" {
-		return string(st)
-	}
-	return "unspecified"
-}
-
 func sandboxToPB(r *sandbox.Record) *pb.Sandbox {
 	if r == nil {
 		return nil

@@ -2,17 +2,16 @@ package cubeletapi
 
 import (
 	"context"
-	"errors"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
 func (s *Server) UpdateSandboxNetwork(ctx context.Context, req *pb.UpdateSandboxNetworkRequest) (*pb.UpdateSandboxNetworkResponse, error) {
 	if req.Policy == nil {
-		return nil, ToGRPC(&cubelet.FieldError{Field: "policy", Msg: "required"}, req.SandboxId)
+		return nil, ToGRPC(&errdefs.FieldError{Field: "policy", Msg: "required"}, req.SandboxId)
 	}
 	p, err := networkPolicyFromPB("policy", req.Policy)
 	if err != nil {
@@ -35,10 +34,6 @@ func networkPolicyFromPB(field string, p *pb.NetworkPolicy) (*policy.Policy, err
 		AllowInternet: p.AllowInternetAccess, Allow: p.AllowOut, Deny: p.DenyOut,
 		MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps,
 	})
-	var fe *policy.FieldError
-	if errors.As(err, &fe) {
-		return nil, &cubelet.FieldError{Field: fe.Field, Msg: fe.Msg}
-	}
 	if err != nil {
 		return nil, err
 	}

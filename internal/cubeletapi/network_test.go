@@ -9,7 +9,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 )
 
@@ -75,7 +75,7 @@ func TestNetworkAPI(t *testing.T) {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.code)
 			continue
 		}
-		if d := cubeletapi.Detail(err); tc.field != "" && (d == nil || d.Field != tc.field) {
+		if d := grpcerr.Detail(err); tc.field != "" && (d == nil || d.Field != tc.field) {
 			t.Errorf("%s: detail %v, want field %q", tc.name, d, tc.field)
 		}
 	}

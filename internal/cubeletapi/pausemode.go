@@ -2,7 +2,7 @@ package cubeletapi
 
 import (
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -15,6 +15,6 @@ func pauseModeFromPB(m pb.PauseMode) (sandbox.PauseMode, error) {
 	case pb.PauseMode_PAUSE_MODE_DISK:
 		return sandbox.PauseDisk, nil
 	default:
-		return "", &cubelet.FieldError{Field: "mode", Msg: "unknown pause mode " + m.String()}
+		return "", &errdefs.FieldError{Field: "mode", Msg: "unknown pause mode " + m.String()}
 	}
 }

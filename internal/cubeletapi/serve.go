@@ -9,16 +9,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 )
 
 // Serve runs the gRPC API on the configured unix socket and TCP address
@@ -115,22 +113,12 @@ func logUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
-// Dial connects to a cubelet at addr: "unix:///run/cube/cubelet.sock", a
-// bare socket path, or "host:port".
-func Dial(addr string) (*grpc.ClientConn, error) {
-	target := addr
-	if strings.HasPrefix(addr, "/") {
-		target = "unix://" + addr
-	}
-	// A short reconnect backoff: cubelet restarts in well under a second and
-	// callers (the CLI, the master) should not sit out gRPC's default 1 s+.
-	return grpc.NewClient(target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-			MinConnectTimeout: 2 * time.Second,
-		}))
-}
+// Dial connects to a cubelet.
+//
+// Deprecated: use cubeletclient.Dial.
+func Dial(addr string) (*grpc.ClientConn, error) { return cubeletclient.Dial(addr) }
 
 // Client returns a typed client over conn.
-func Client(conn *grpc.ClientConn) pb.CubeletServiceClient { return pb.NewCubeletServiceClient(conn) }
+//
+// Deprecated: use cubeletclient.New.
+func Client(conn *grpc.ClientConn) pb.CubeletServiceClient { return cubeletclient.New(conn) }

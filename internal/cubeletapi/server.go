@@ -1,6 +1,7 @@
 // Package cubeletapi is the gRPC edge of cubelet: a thin adapter from the
-// generated service to cubelet.Service, plus the one place errors become
-// status codes.
+// generated service to cubelet.Service; errors become status codes in
+// ToGRPC (errors.go), through package errdefs/grpcerr. Clients use package
+// cubeletclient, which does not link the daemon.
 package cubeletapi
 
 import (
@@ -9,6 +10,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/template"
@@ -68,7 +70,7 @@ func (s *Server) ListSandboxes(ctx context.Context, req *pb.ListSandboxesRequest
 	for _, st := range req.States {
 		ls := StateFromPB(st)
 		if ls == "" {
-			return nil, ToGRPC(&cubelet.FieldError{Field: "states", Msg: "unknown state " + st.String()}, "")
+			return nil, ToGRPC(&errdefs.FieldError{Field: "states", Msg: "unknown state " + st.String()}, "")
 		}
 		f.States = append(f.States, ls)
 	}

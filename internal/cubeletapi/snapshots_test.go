@@ -11,7 +11,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 )
 
 // TestSnapshotRPCs drives snapshot, clone, rollback and host mounts over
@@ -71,7 +71,7 @@ func TestSnapshotRPCs(t *testing.T) {
 		if st, _ := status.FromError(tc.err); st.Code() != tc.code {
 			t.Errorf("%s: code %v, want %v (%v)", tc.name, st.Code(), tc.code, tc.err)
 		}
-		if d := cubeletapi.Detail(tc.err); tc.field != "" && (d == nil || d.Field != tc.field) {
+		if d := grpcerr.Detail(tc.err); tc.field != "" && (d == nil || d.Field != tc.field) {
 			t.Errorf("%s: detail %+v, want field %s", tc.name, d, tc.field)
 		}
 	}

@@ -12,11 +12,11 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
 
@@ -185,24 +185,20 @@ func (r *Routes) watchOnce(ctx context.Context) error {
 	}
 }
 
-// fromGRPC classifies a master error for proxy.writeError.
+// fromGRPC classifies a master error for proxy.writeError: a status in
+// the project's error vocabulary (grpcerr), anything else (the master
+// unreachable before a status) Unavailable.
 func fromGRPC(err error) error {
-	st, ok := status.FromError(err)
-	if !ok {
+	if _, ok := status.FromError(err); !ok {
 		return fmt.Errorf("master: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	var kind error
-	switch st.Code() {
-	case codes.NotFound:
-		kind = errdefs.ErrNotFound
-	case codes.FailedPrecondition:
-		kind = errdefs.ErrFailedPrecondition
-	case codes.InvalidArgument:
-		kind = errdefs.ErrInvalidArgument
-	default:
-		kind = errdefs.ErrUnavailable
+	err = grpcerr.FromGRPC(err)
+	if errdefs.IsCanceled(err) {
+		// The call runs on its own context (resolveTimeout): this is the
+		// master giving up, not our client leaving, and must be answered.
+		return fmt.Errorf("master: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	return fmt.Errorf("%s: %w", st.Message(), kind)
+	return err
 }
 
 // Watching reports whether the invalidation stream is up (routes are cached).

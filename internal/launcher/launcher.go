@@ -41,6 +41,7 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -202,12 +203,12 @@ func Up(ctx context.Context, cfg Config) error {
 	if _, err := start("cubelet", "--config", cubeletCfg); err != nil {
 		return err
 	}
-	node, closeNode, err := dial(cfg.cubeletSocket())
+	node, err := cubeletclient.Dial(cfg.cubeletSocket())
 	if err != nil {
 		return err
 	}
-	defer closeNode()
-	nodec := cubeletpb.NewCubeletServiceClient(node)
+	defer node.Close()
+	nodec := cubeletclient.New(node)
 	// The first start makes the storage pool: allow it time.
 	if err := waitFor(ctx, 5*time.Minute, "cubelet", func(ctx context.Context) error {
 		_, err := nodec.Health(ctx, &cubeletpb.HealthRequest{})

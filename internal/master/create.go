@@ -20,6 +20,7 @@ import (
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
@@ -46,19 +47,6 @@ type CreateRequest struct {
 	APIKeyID string
 }
 
-// FieldError is an InvalidArgument about one request field.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-func (e *FieldError) Unwrap() error { return errdefs.ErrInvalidArgument }
-
-func fieldErr(field, f string, a ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(f, a...)}
-}
-
 // Limits on what clients store in the catalog.
 const (
 	maxMetadata      = 64
@@ -68,8 +56,6 @@ const (
 	maxEnvValue      = 128 << 10
 	maxNetworkRules  = 256
 )
-
-var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func validText(s string) bool {
 	if !utf8.ValidString(s) {
@@ -86,14 +72,14 @@ func validText(s string) bool {
 // ValidateMetadata checks sandbox metadata (also used for list filters).
 func ValidateMetadata(md map[string]string) error {
 	if len(md) > maxMetadata {
-		return fieldErr("metadata", "%d entries, at most %d", len(md), maxMetadata)
+		return errdefs.FieldErrorf("metadata", "%d entries, at most %d", len(md), maxMetadata)
 	}
 	for k, v := range md {
 		if k == "" || len(k) > maxMetadataKey || !validText(k) {
-			return fieldErr("metadata", "key %q: 1-%d printable characters", k, maxMetadataKey)
+			return errdefs.FieldErrorf("metadata", "key %q: 1-%d printable characters", k, maxMetadataKey)
 		}
 		if len(v) > maxMetadataValue || !validText(v) {
-			return fieldErr("metadata", "value of %q: at most %d printable characters", k, maxMetadataValue)
+			return errdefs.FieldErrorf("metadata", "value of %q: at most %d printable characters", k, maxMetadataValue)
 		}
 	}
 	return nil
@@ -101,14 +87,14 @@ func ValidateMetadata(md map[string]string) error {
 
 func validateEnv(env map[string]string) error {
 	if len(env) > maxEnv {
-		return fieldErr("envVars", "%d entries, at most %d", len(env), maxEnv)
+		return errdefs.FieldErrorf("envVars", "%d entries, at most %d", len(env), maxEnv)
 	}
 	for k, v := range env {
-		if !envKeyRE.MatchString(k) {
-			return fieldErr("envVars", "invalid name %q", k)
+		if !sandbox.EnvKeyRE.MatchString(k) {
+			return errdefs.FieldErrorf("envVars", "invalid name %q", k)
 		}
 		if len(v) > maxEnvValue || strings.ContainsRune(v, 0) {
-			return fieldErr("envVars", "value of %q: at most %d bytes, no NUL", k, maxEnvValue)
+			return errdefs.FieldErrorf("envVars", "value of %q: at most %d bytes, no NUL", k, maxEnvValue)
 		}
 	}
 	return nil
@@ -119,7 +105,7 @@ func validateEnv(env map[string]string) error {
 func ValidateNetwork(n catalog.Network) error {
 	for field, list := range map[string][]string{"network.allowOut": n.AllowOut, "network.denyOut": n.DenyOut} {
 		if len(list) > maxNetworkRules {
-			return fieldErr(field, "%d entries, at most %d", len(list), maxNetworkRules)
+			return errdefs.FieldErrorf(field, "%d entries, at most %d", len(list), maxNetworkRules)
 		}
 		for _, e := range list {
 			if _, err := netip.ParsePrefix(e); err == nil {
@@ -129,9 +115,9 @@ func ValidateNetwork(n catalog.Network) error {
 				continue
 			}
 			if strings.ContainsAny(e, "abcdefghijklmnopqrstuvwxyz*") {
-				return fieldErr(field, "%q: domain names are not supported yet, only CIDRs and IP addresses", e)
+				return errdefs.FieldErrorf(field, "%q: domain names are not supported yet, only CIDRs and IP addresses", e)
 			}
-			return fieldErr(field, "%q is not a CIDR or an IP address", e)
+			return errdefs.FieldErrorf(field, "%q is not a CIDR or an IP address", e)
 		}
 	}
 	return nil
@@ -139,10 +125,10 @@ func ValidateNetwork(n catalog.Network) error {
 
 func (s *Service) validateTimeout(field string, d time.Duration) error {
 	if d < 0 {
-		return fieldErr(field, "must not be negative")
+		return errdefs.FieldErrorf(field, "must not be negative")
 	}
 	if d > s.cfg.Sandbox.MaxTimeout.Duration {
-		return fieldErr(field, "%s exceeds the maximum %s", d, s.cfg.Sandbox.MaxTimeout.Duration)
+		return errdefs.FieldErrorf(field, "%s exceeds the maximum %s", d, s.cfg.Sandbox.MaxTimeout.Duration)
 	}
 	return nil
 }
@@ -158,11 +144,11 @@ func token() string {
 // InvalidArgument).
 func (s *Service) resolveTemplate(ctx context.Context, name string) (tmpl string, snap *catalog.Snapshot, err error) {
 	if name == "" {
-		return "", nil, fieldErr("templateID", "required")
+		return "", nil, errdefs.FieldErrorf("templateID", "required")
 	}
 	if !templateNameRE.MatchString(name) {
 		if _, alias := s.cfg.Templates.Aliases[name]; !alias {
-			return "", nil, fieldErr("templateID", "%q is not a valid template or snapshot name", name)
+			return "", nil, errdefs.FieldErrorf("templateID", "%q is not a valid template or snapshot name", name)
 		}
 	}
 	for attempt := 0; ; attempt++ {
@@ -230,7 +216,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	if req.IdleTimeout < 0 {
-		return nil, fieldErr("idleTimeout", "must not be negative")
+		return nil, errdefs.FieldErrorf("idleTimeout", "must not be negative")
 	}
 	if req.IdleTimeout > 0 {
 		if err := s.validateTimeout("idleTimeout", req.IdleTimeout); err != nil {
@@ -254,7 +240,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	if snap != nil && req.Runtime != "" && snap.Runtime != "" && snap.Runtime != req.Runtime {
-		return nil, fieldErr("runtime", "snapshot %s was taken on runtime %q; sandboxes from it run there, not on %q", snap.ID, snap.Runtime, req.Runtime)
+		return nil, errdefs.FieldErrorf("runtime", "snapshot %s was taken on runtime %q; sandboxes from it run there, not on %q", snap.ID, snap.Runtime, req.Runtime)
 	}
 	now := time.Now().UTC()
 	sb := &catalog.Sandbox{

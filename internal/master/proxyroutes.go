@@ -199,7 +199,7 @@ func (a *activity) forget(id string) {
 // ReportActivity records what a proxy replica saw since its last report.
 func (s *Service) ReportActivity(_ context.Context, proxyID string, acts []Activity) error {
 	if proxyID == "" {
-		return fieldErr("proxy_id", "is required")
+		return errdefs.FieldErrorf("proxy_id", "is required")
 	}
 	now := time.Now()
 	a := s.activity
@@ -207,7 +207,7 @@ func (s *Service) ReportActivity(_ context.Context, proxyID string, acts []Activ
 	defer a.mu.Unlock()
 	for _, act := range acts {
 		if act.InFlight < 0 || act.Requests < 0 {
-			return fieldErr("sandboxes", "negative counts for %s", act.SandboxID)
+			return errdefs.FieldErrorf("sandboxes", "negative counts for %s", act.SandboxID)
 		}
 		if act.Requests > 0 || act.InFlight > 0 {
 			a.last[act.SandboxID] = now

@@ -10,12 +10,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
@@ -73,33 +72,19 @@ func validateReport(r *masterpb.NodeReport) error {
 	return nil
 }
 
-// dialNode connects to a cubelet: "unix:///path", "/path" or "host:port".
-func dialNode(addr string) (*grpc.ClientConn, error) {
-	target := addr
-	if strings.HasPrefix(addr, "/") {
-		target = "unix://" + addr
-	}
-	return grpc.NewClient(target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-			MinConnectTimeout: 2 * time.Second,
-		}))
-}
-
 // setAddress (re)connects a node when its address changed. Caller holds mu.
 func (n *nodeState) setAddress(addr string) error {
 	if n.conn != nil && n.conn.Target() == addr || n.conn != nil && n.conn.Target() == "unix://"+addr {
 		return nil
 	}
-	conn, err := dialNode(addr)
+	conn, err := cubeletclient.Dial(addr)
 	if err != nil {
 		return fmt.Errorf("node address %q: %v: %w", addr, err, errdefs.ErrInvalidArgument)
 	}
 	if n.conn != nil {
 		n.conn.Close()
 	}
-	n.conn, n.client = conn, cubeletpb.NewCubeletServiceClient(conn)
+	n.conn, n.client = conn, cubeletclient.New(conn)
 	return nil
 }
 

@@ -34,18 +34,18 @@ func (s *Service) validateRuntime(name string) error {
 		return nil
 	}
 	if !runtimeNameRE.MatchString(name) {
-		return fieldErr("runtime", "%q: 1-32 letters, digits or '-'", name)
+		return errdefs.FieldErrorf("runtime", "%q: 1-32 letters, digits or '-'", name)
 	}
 	offered := s.clusterRuntimes()
 	if !slices.Contains(offered, name) {
 		if !slices.Contains(knownRuntimes, name) {
-			return fieldErr("runtime", "unknown runtime %q; cube has %s", name, strings.Join(knownRuntimes, ", "))
+			return errdefs.FieldErrorf("runtime", "unknown runtime %q; cube has %s", name, strings.Join(knownRuntimes, ", "))
 		}
 		have := "none"
 		if len(offered) > 0 {
 			have = strings.Join(offered, ", ")
 		}
-		return fieldErr("runtime", "no node offers runtime %q (the nodes offer: %s)", name, have)
+		return errdefs.FieldErrorf("runtime", "no node offers runtime %q (the nodes offer: %s)", name, have)
 	}
 	return nil
 }
@@ -82,7 +82,7 @@ func runtimePlacementErr(err error, template, runtime string) error {
 	}
 	for _, r := range nn.Rejections {
 		if errdefs.IsFailedPrecondition(r.Kind()) {
-			return &FieldError{Field: "runtime", Msg: "no node that holds template " + strconv.Quote(template) +
+			return &errdefs.FieldError{Field: "runtime", Msg: "no node that holds template " + strconv.Quote(template) +
 				" offers runtime " + strconv.Quote(runtime) + " (" + nn.Error() + ")"}
 		}
 	}

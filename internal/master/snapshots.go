@@ -21,7 +21,7 @@ import (
 // later snapshot with the same name takes the name over.
 func (s *Service) Snapshot(ctx context.Context, id, name string) (*catalog.Snapshot, error) {
 	if name != "" && !templateNameRE.MatchString(name) {
-		return nil, fieldErr("name", "%q: 1-128 letters, digits, '.', '_', ':', '/' or '-'", name)
+		return nil, errdefs.FieldErrorf("name", "%q: 1-128 letters, digits, '.', '_', ':', '/' or '-'", name)
 	}
 	sb, unlock, err := s.lockSandbox(ctx, id)
 	if err != nil {
@@ -110,7 +110,7 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 		count = 1
 	}
 	if count < 1 || count > 100 {
-		return nil, fieldErr("count", "%d: want 1-100", count)
+		return nil, errdefs.FieldErrorf("count", "%d: want 1-100", count)
 	}
 	if timeout == 0 {
 		timeout = s.cfg.Sandbox.V1DefaultTimeout.Duration

@@ -149,7 +149,7 @@ func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Templ
 		return Template{}, err
 	}
 	if source == "" {
-		return Template{}, fieldErr("source", "required")
+		return Template{}, errdefs.FieldErrorf("source", "required")
 	}
 	if err := s.validateRuntime(req.Runtime); err != nil {
 		return Template{}, err

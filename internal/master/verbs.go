@@ -34,7 +34,7 @@ func (s *Service) List(ctx context.Context, q catalog.Query) ([]*catalog.Sandbox
 	}
 	for _, st := range q.States {
 		if st != catalog.StateRunning && st != catalog.StatePaused {
-			return nil, "", fieldErr("state", "%q: want running or paused", st)
+			return nil, "", errdefs.FieldErrorf("state", "%q: want running or paused", st)
 		}
 	}
 	if err := ValidateMetadata(q.Metadata); err != nil {
@@ -224,7 +224,7 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 // SetTimeout sets the deadline to now+timeout, shorter or longer.
 func (s *Service) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
 	if timeout <= 0 {
-		return fieldErr("timeout", "must be at least one second")
+		return errdefs.FieldErrorf("timeout", "must be at least one second")
 	}
 	if err := s.validateTimeout("timeout", timeout); err != nil {
 		return err

@@ -4,6 +4,7 @@
 package sandbox
 
 import (
+	"regexp"
 	"slices"
 	"time"
 
@@ -165,3 +166,8 @@ type JournalEntry struct {
 	LastError   string    `json:"last_error"`
 	NextAttempt time.Time `json:"next_attempt"`
 }
+
+// EnvKeyRE matches a valid environment variable name (a letter or '_',
+// then letters, digits and '_'): the rule for a sandbox's env, wherever
+// it is checked (cubemaster's create, cubelet's create and clone).
+var EnvKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

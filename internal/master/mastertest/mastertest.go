@@ -28,6 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
 )
@@ -213,12 +214,12 @@ func StartNodeConfig(t testing.TB, m *Master, extraTOML string, templates ...str
 	for _, id := range templates {
 		env.ImportBusybox(t, n.Svc, id)
 	}
-	conn, err := cubeletapi.Dial(env.Config.API.Socket)
+	conn, err := cubeletclient.Dial(env.Config.API.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	n.Client = cubeletapi.Client(conn)
+	n.Client = cubeletclient.New(conn)
 	return n
 }
 

@@ -1,6 +1,7 @@
 // Package nodeapi is cubemaster's gRPC edge: the NodeService cubelets
 // register and heartbeat on, and the AdminService cubecli uses. Both are
-// thin adapters over master.Service; errors become status codes here.
+// thin adapters over master.Service; errors become status codes here
+// (grpcerr.ToGRPC).
 //
 // Where they are served:
 //
@@ -31,44 +32,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
-	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
-
-// ToGRPC classifies err once, here.
-func ToGRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	code := codes.Internal
-	switch {
-	case errdefs.IsInvalidArgument(err):
-		code = codes.InvalidArgument
-	case errdefs.IsNotFound(err):
-		code = codes.NotFound
-	case errdefs.IsAlreadyExists(err):
-		code = codes.AlreadyExists
-	case errdefs.IsFailedPrecondition(err):
-		code = codes.FailedPrecondition
-	case errdefs.IsResourceExhausted(err):
-		code = codes.ResourceExhausted
-	case errdefs.IsUnavailable(err):
-		code = codes.Unavailable
-	case errdefs.IsNotImplemented(err):
-		code = codes.Unimplemented
-	case errors.Is(err, errdefs.ErrAborted):
-		code = codes.Aborted
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
-}
 
 // NodeServer implements masterpb.NodeServiceServer.
 type NodeServer struct {
@@ -79,7 +46,7 @@ type NodeServer struct {
 // Register implements NodeService.
 func (n *NodeServer) Register(ctx context.Context, req *masterpb.RegisterRequest) (*masterpb.RegisterResponse, error) {
 	if err := n.svc.Register(ctx, req.Node); err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.RegisterResponse{HeartbeatInterval: durationpb.New(n.svc.Config().Nodes.HeartbeatInterval.Duration)}, nil
 }
@@ -88,7 +55,7 @@ func (n *NodeServer) Register(ctx context.Context, req *masterpb.RegisterRequest
 func (n *NodeServer) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) (*masterpb.HeartbeatResponse, error) {
 	ok, err := n.svc.Heartbeat(ctx, req.Node)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.HeartbeatResponse{Registered: ok, HeartbeatInterval: durationpb.New(n.svc.Config().Nodes.HeartbeatInterval.Duration)}, nil
 }
@@ -117,7 +84,7 @@ func nodeToPB(v master.NodeView) *masterpb.Node {
 func (a *AdminServer) ListNodes(ctx context.Context, _ *masterpb.ListNodesRequest) (*masterpb.ListNodesResponse, error) {
 	views, err := a.svc.Nodes(ctx)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	out := &masterpb.ListNodesResponse{}
 	for _, v := range views {
@@ -130,7 +97,7 @@ func (a *AdminServer) ListNodes(ctx context.Context, _ *masterpb.ListNodesReques
 func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetNodeSchedulableRequest) (*masterpb.SetNodeSchedulableResponse, error) {
 	v, err := a.svc.SetSchedulable(ctx, req.NodeId, req.Schedulable)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.SetNodeSchedulableResponse{Node: nodeToPB(v)}, nil
 }
@@ -143,7 +110,7 @@ func keyToPB(k *catalog.APIKey) *masterpb.APIKey {
 func (a *AdminServer) CreateAPIKey(ctx context.Context, req *masterpb.CreateAPIKeyRequest) (*masterpb.CreateAPIKeyResponse, error) {
 	k, secret, err := a.svc.Keys().Create(ctx, req.Name)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.CreateAPIKeyResponse{Key: keyToPB(k), Secret: secret}, nil
 }
@@ -152,7 +119,7 @@ func (a *AdminServer) CreateAPIKey(ctx context.Context, req *masterpb.CreateAPIK
 func (a *AdminServer) ListAPIKeys(ctx context.Context, _ *masterpb.ListAPIKeysRequest) (*masterpb.ListAPIKeysResponse, error) {
 	keys, err := a.svc.Keys().List(ctx)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	out := &masterpb.ListAPIKeysResponse{}
 	for _, k := range keys {
@@ -164,7 +131,7 @@ func (a *AdminServer) ListAPIKeys(ctx context.Context, _ *masterpb.ListAPIKeysRe
 // DeleteAPIKey implements AdminService.
 func (a *AdminServer) DeleteAPIKey(ctx context.Context, req *masterpb.DeleteAPIKeyRequest) (*masterpb.DeleteAPIKeyResponse, error) {
 	if _, err := a.svc.Keys().Delete(ctx, req.Key); err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.DeleteAPIKeyResponse{}, nil
 }
@@ -173,7 +140,7 @@ func (a *AdminServer) DeleteAPIKey(ctx context.Context, req *masterpb.DeleteAPIK
 func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandboxesRequest) (*masterpb.ListSandboxesResponse, error) {
 	sbs, err := a.svc.ListAll(ctx, catalog.Query{States: req.States, Metadata: req.Metadata, NodeID: req.NodeId, Ascending: true})
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	out := &masterpb.ListSandboxesResponse{}
 	for _, s := range sbs {
@@ -207,7 +174,7 @@ func (a *AdminServer) ImportTemplate(ctx context.Context, req *masterpb.ImportTe
 		ID: req.TemplateId, Source: req.Source, NodeID: req.NodeId, Runtime: req.Runtime, Warm: req.Warm,
 	})
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.ImportTemplateResponse{Template: templateToPB(t)}, nil
 }
@@ -216,7 +183,7 @@ func (a *AdminServer) ImportTemplate(ctx context.Context, req *masterpb.ImportTe
 func (a *AdminServer) DeleteTemplate(ctx context.Context, req *masterpb.DeleteTemplateRequest) (*masterpb.DeleteTemplateResponse, error) {
 	nodes, err := a.svc.DeleteTemplate(ctx, req.TemplateId)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.DeleteTemplateResponse{Nodes: nodes}, nil
 }

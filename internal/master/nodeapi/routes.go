@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
@@ -23,11 +24,11 @@ type RouteServer struct {
 // ResolveRoute implements RouteService.
 func (r *RouteServer) ResolveRoute(ctx context.Context, req *masterpb.ResolveRouteRequest) (*masterpb.ResolveRouteResponse, error) {
 	if err := sandboxid.Validate("sandbox_id", req.SandboxId); err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	ri, err := r.svc.ResolveRoute(ctx, req.SandboxId, req.Resume)
 	if err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.ResolveRouteResponse{
 		SandboxId: ri.SandboxID, NodeId: ri.NodeID, HostIp: ri.HostIP, Pid: ri.PID,
@@ -44,7 +45,7 @@ func (r *RouteServer) WatchRoutes(_ *masterpb.WatchRoutesRequest, stream grpc.Se
 	err := r.svc.WatchRoutes(stream.Context(), func(id string) error {
 		return stream.Send(&masterpb.RouteEvent{SandboxId: id, Reason: "changed"})
 	})
-	return ToGRPC(err)
+	return grpcerr.ToGRPC(err)
 }
 
 // ReportActivity implements RouteService.
@@ -52,12 +53,12 @@ func (r *RouteServer) ReportActivity(ctx context.Context, req *masterpb.ReportAc
 	acts := make([]master.Activity, 0, len(req.Sandboxes))
 	for _, a := range req.Sandboxes {
 		if err := sandboxid.Validate("sandboxes.sandbox_id", a.SandboxId); err != nil {
-			return nil, ToGRPC(err)
+			return nil, grpcerr.ToGRPC(err)
 		}
 		acts = append(acts, master.Activity{SandboxID: a.SandboxId, InFlight: int(a.InFlight), Requests: a.Requests})
 	}
 	if err := r.svc.ReportActivity(ctx, req.ProxyId, acts); err != nil {
-		return nil, ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.ReportActivityResponse{}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 
 	pb "github.com/cubesandbox/cube/api/network/v1"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/network/wire"
@@ -26,11 +27,11 @@ func New(a *agent.Agent) *Server { return &Server{a: a} }
 func (s *Server) EnsureNetwork(ctx context.Context, req *pb.EnsureNetworkRequest) (*pb.EnsureNetworkResponse, error) {
 	p, err := wire.PolicyFromPB("policy", req.Policy)
 	if err != nil {
-		return nil, wire.ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	n, created, err := s.a.Ensure(ctx, agent.EnsureRequest{SandboxID: req.SandboxId, Kind: wire.KindFromPB(req.Kind), Policy: p})
 	if err != nil {
-		return nil, wire.ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &pb.EnsureNetworkResponse{Network: wire.NetworkToPB(n), Created: created}, nil
 }
@@ -38,7 +39,7 @@ func (s *Server) EnsureNetwork(ctx context.Context, req *pb.EnsureNetworkRequest
 func (s *Server) ReleaseNetwork(ctx context.Context, req *pb.ReleaseNetworkRequest) (*pb.ReleaseNetworkResponse, error) {
 	ok, err := s.a.Release(ctx, req.SandboxId)
 	if err != nil {
-		return nil, wire.ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &pb.ReleaseNetworkResponse{Released: ok}, nil
 }
@@ -46,7 +47,7 @@ func (s *Server) ReleaseNetwork(ctx context.Context, req *pb.ReleaseNetworkReque
 func (s *Server) GetNetwork(ctx context.Context, req *pb.GetNetworkRequest) (*pb.GetNetworkResponse, error) {
 	n, err := s.a.Get(ctx, req.SandboxId)
 	if err != nil {
-		return nil, wire.ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &pb.GetNetworkResponse{Network: wire.NetworkToPB(n)}, nil
 }
@@ -64,13 +65,13 @@ func (s *Server) UpdatePolicy(ctx context.Context, req *pb.UpdatePolicyRequest) 
 	if req.Policy != nil {
 		v, err := wire.PolicyFromPB("policy", req.Policy)
 		if err != nil {
-			return nil, wire.ToGRPC(err)
+			return nil, grpcerr.ToGRPC(err)
 		}
 		p = &v
 	}
 	n, err := s.a.UpdatePolicy(ctx, req.SandboxId, p)
 	if err != nil {
-		return nil, wire.ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &pb.UpdatePolicyResponse{Network: wire.NetworkToPB(n)}, nil
 }
@@ -78,7 +79,7 @@ func (s *Server) UpdatePolicy(ctx context.Context, req *pb.UpdatePolicyRequest) 
 func (s *Server) Reconcile(ctx context.Context, _ *pb.ReconcileRequest) (*pb.ReconcileResponse, error) {
 	sum, err := s.a.Reconcile(ctx)
 	if err != nil {
-		return nil, wire.ToGRPC(err)
+		return nil, grpcerr.ToGRPC(err)
 	}
 	return &pb.ReconcileResponse{Adopted: int32(sum.Adopted), Repaired: int32(sum.Repaired),
 		Released: int32(sum.Released), Orphans: int32(sum.Orphans), Errors: sum.Errors}, nil

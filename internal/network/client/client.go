@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/cubesandbox/cube/api/network/v1"
+	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/network/wire"
@@ -52,7 +54,7 @@ func (c *Client) Ensure(ctx context.Context, sandboxID string, kind network.Kind
 		SandboxId: sandboxID, Kind: wire.KindToPB(kind), Policy: wire.PolicyToPB(p),
 	}, grpc.WaitForReady(true))
 	if err != nil {
-		return nil, wire.FromGRPC(err)
+		return nil, fromGRPC(err)
 	}
 	return wire.NetworkFromPB(resp.Network)
 }
@@ -61,7 +63,7 @@ func (c *Client) Ensure(ctx context.Context, sandboxID string, kind network.Kind
 func (c *Client) Release(ctx context.Context, sandboxID string) (bool, error) {
 	resp, err := c.api.ReleaseNetwork(ctx, &pb.ReleaseNetworkRequest{SandboxId: sandboxID}, grpc.WaitForReady(true))
 	if err != nil {
-		return false, wire.FromGRPC(err)
+		return false, fromGRPC(err)
 	}
 	return resp.Released, nil
 }
@@ -70,7 +72,7 @@ func (c *Client) Release(ctx context.Context, sandboxID string) (bool, error) {
 func (c *Client) Get(ctx context.Context, sandboxID string) (*network.Network, error) {
 	resp, err := c.api.GetNetwork(ctx, &pb.GetNetworkRequest{SandboxId: sandboxID})
 	if err != nil {
-		return nil, wire.FromGRPC(err)
+		return nil, fromGRPC(err)
 	}
 	return wire.NetworkFromPB(resp.Network)
 }
@@ -79,7 +81,7 @@ func (c *Client) Get(ctx context.Context, sandboxID string) (*network.Network, e
 func (c *Client) List(ctx context.Context) ([]*network.Network, error) {
 	resp, err := c.api.ListNetworks(ctx, &pb.ListNetworksRequest{})
 	if err != nil {
-		return nil, wire.FromGRPC(err)
+		return nil, fromGRPC(err)
 	}
 	out := make([]*network.Network, 0, len(resp.Networks))
 	for _, p := range resp.Networks {
@@ -101,7 +103,7 @@ func (c *Client) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.P
 	}
 	resp, err := c.api.UpdatePolicy(ctx, req, grpc.WaitForReady(true))
 	if err != nil {
-		return nil, wire.FromGRPC(err)
+		return nil, fromGRPC(err)
 	}
 	return wire.NetworkFromPB(resp.Network)
 }
@@ -109,5 +111,14 @@ func (c *Client) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.P
 // Health returns the agent's health.
 func (c *Client) Health(ctx context.Context) (*pb.HealthResponse, error) {
 	resp, err := c.api.Health(ctx, &pb.HealthRequest{})
-	return resp, wire.FromGRPC(err)
+	return resp, fromGRPC(err)
+}
+
+// fromGRPC turns the agent's status errors back into the errdefs
+// vocabulary (grpcerr), naming the agent.
+func fromGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("network-agent: %w", grpcerr.FromGRPC(err))
 }

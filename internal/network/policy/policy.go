@@ -111,13 +111,7 @@ func DenyAll() Policy {
 
 // FieldError is an InvalidArgument naming the request field at fault, so
 // the API can put it in its error detail.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-func (e *FieldError) Unwrap() error { return errdefs.ErrInvalidArgument }
+type FieldError = errdefs.FieldError
 
 // Parse validates a request's policy. field prefixes error field names
 // ("network" → "network.allow_out[2]").

@@ -1,19 +1,16 @@
 // Package wire converts between network-agent's protobuf API and the
-// in-process types (package network, policy, errdefs), for both ends: the
-// server (agentapi) and the client cubelet uses. It imports nothing of the
-// agent itself, so the client stays light.
+// in-process types (package network, policy), for both ends: the server
+// (agentapi) and the client cubelet uses. It imports nothing of the agent
+// itself, so the client stays light. Errors cross with package
+// errdefs/grpcerr, like at every gRPC edge.
 package wire
 
 import (
-	"context"
 	"errors"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/cubesandbox/cube/api/network/v1"
-	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
@@ -84,70 +81,3 @@ func NetworkFromPB(p *pb.Network) (*network.Network, error) {
 	}
 	return n, nil
 }
-
-var codeOf = []struct {
-	is   func(error) bool
-	code codes.Code
-}{
-	{errdefs.IsInvalidArgument, codes.InvalidArgument},
-	{errdefs.IsNotFound, codes.NotFound},
-	{errdefs.IsAlreadyExists, codes.AlreadyExists},
-	{errdefs.IsFailedPrecondition, codes.FailedPrecondition},
-	{errdefs.IsResourceExhausted, codes.ResourceExhausted},
-	{errdefs.IsUnavailable, codes.Unavailable},
-	{errdefs.IsNotImplemented, codes.Unimplemented},
-	{func(err error) bool { return errors.Is(err, context.DeadlineExceeded) }, codes.DeadlineExceeded},
-	{func(err error) bool { return errors.Is(err, context.Canceled) }, codes.Canceled},
-}
-
-// ToGRPC classifies err once, here.
-func ToGRPC(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	for _, c := range codeOf {
-		if c.is(err) {
-			return status.Error(c.code, err.Error())
-		}
-	}
-	return status.Error(codes.Internal, err.Error())
-}
-
-// FromGRPC turns a status error back into one wrapping the errdefs
-// sentinel, so callers of the client classify with errdefs as usual.
-func FromGRPC(err error) error {
-	st, ok := status.FromError(err)
-	if !ok || err == nil {
-		return err
-	}
-	for _, c := range []struct {
-		code codes.Code
-		err  error
-	}{
-		{codes.InvalidArgument, errdefs.ErrInvalidArgument},
-		{codes.NotFound, errdefs.ErrNotFound},
-		{codes.AlreadyExists, errdefs.ErrAlreadyExists},
-		{codes.FailedPrecondition, errdefs.ErrFailedPrecondition},
-		{codes.ResourceExhausted, errdefs.ErrResourceExhausted},
-		{codes.Unavailable, errdefs.ErrUnavailable},
-		{codes.Unimplemented, errdefs.ErrNotImplemented},
-		{codes.DeadlineExceeded, context.DeadlineExceeded},
-		{codes.Canceled, context.Canceled},
-	} {
-		if st.Code() == c.code {
-			return &remoteError{msg: st.Message(), kind: c.err}
-		}
-	}
-	return &remoteError{msg: st.Message(), kind: errdefs.ErrInternal}
-}
-
-type remoteError struct {
-	msg  string
-	kind error
-}
-
-func (e *remoteError) Error() string { return "network-agent: " + e.msg }
-func (e *remoteError) Unwrap() error { return e.kind }
