@@ -11,6 +11,10 @@
 //
 // newSpec must return a Spec whose PID 1 keeps running until stopped, with
 // its own BundleDir and CgroupPath for each id.
+//
+// CheckCapabilities is the part that starts nothing: a driver's test also
+// calls it for configurations Run does not start (a driver with memory
+// snapshots switched off).
 package runtimetest
 
 import (
@@ -36,6 +40,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, newSpec func
 		name string
 		fn   func(t *testing.T, d runtime.Driver, newSpec func(t *testing.T, id string) runtime.Spec)
 	}{
+		{"Capabilities", func(t *testing.T, d runtime.Driver, _ func(*testing.T, string) runtime.Spec) { CheckCapabilities(t, d) }},
 		{"StartState", testStartState},
 		{"DuplicateStart", testDuplicateStart},
 		{"PauseResume", testPauseResume},
@@ -223,11 +228,56 @@ func testUnsupported(t *testing.T, d runtime.Driver, newSpec func(*testing.T, st
 		if err := d.Resume(ctxT(t), id); err != nil {
 			t.Fatalf("Resume: %v", err)
 		}
+	} else {
+		check("Resume", false, d.Resume(ctxT(t), id))
 	}
 	restoreSpec := newSpec(t, id+"-restored")
 	t.Cleanup(func() { _ = d.Stop(context.Background(), restoreSpec.ID) })
 	_, err := d.Restore(ctxT(t), restoreSpec, t.TempDir())
 	check("Restore", caps.Restore, err)
+}
+
+// CheckCapabilities checks, without starting a sandbox, that d's
+// Capabilities agree with its verbs: a verb reported false returns
+// errdefs.ErrNotImplemented, and one reported true, called for an absent
+// sandbox, returns errdefs.ErrNotFound instead. Resume follows Pause,
+// Restore is reported only with Checkpoint (the image it reads is one
+// Checkpoint wrote), and the optional InPlaceRestorer follows Restore.
+// Name must be set and Capabilities must not change between calls.
+func CheckCapabilities(t *testing.T, d runtime.Driver) {
+	t.Helper()
+	if d.Name() == "" {
+		t.Error("Name is empty")
+	}
+	caps := d.Capabilities()
+	if again := d.Capabilities(); again != caps {
+		t.Errorf("Capabilities changed between calls: %+v, then %+v", caps, again)
+	}
+	if caps.Restore && !caps.Checkpoint {
+		t.Errorf("Capabilities %+v: Restore without Checkpoint", caps)
+	}
+	const absent = "conf-absent"
+	check := func(verb string, supported bool, err error) {
+		t.Helper()
+		switch {
+		case !supported && !errdefs.IsNotImplemented(err):
+			t.Errorf("%s: Capabilities says unsupported, but error is %v; want ErrNotImplemented", verb, err)
+		case supported && !errdefs.IsNotFound(err):
+			t.Errorf("%s(absent): error is %v; want ErrNotFound", verb, err)
+		}
+	}
+	check("Pause", caps.Pause, d.Pause(ctxT(t), absent))
+	check("Resume", caps.Pause, d.Resume(ctxT(t), absent))
+	check("Checkpoint", caps.Checkpoint, d.Checkpoint(ctxT(t), absent, t.TempDir(), false))
+	if !caps.Restore {
+		// A supported Restore is a start; testUnsupported covers it.
+		_, err := d.Restore(ctxT(t), runtime.Spec{ID: absent}, t.TempDir())
+		check("Restore", false, err)
+	}
+	if r, ok := d.(runtime.InPlaceRestorer); ok {
+		_, err := r.RestoreInPlace(ctxT(t), absent, t.TempDir())
+		check("RestoreInPlace", caps.Restore, err)
+	}
 }
 
 func testConcurrentStart(t *testing.T, d runtime.Driver, newSpec func(*testing.T, string) runtime.Spec) {
