@@ -246,38 +246,47 @@ func testUnsupported(t *testing.T, d runtime.Driver, newSpec func(*testing.T, st
 // Name must be set and Capabilities must not change between calls.
 func CheckCapabilities(t *testing.T, d runtime.Driver) {
 	t.Helper()
+	for _, p := range capabilityProblems(ctxT(t), d, t.TempDir) {
+		t.Error(p)
+	}
+}
+
+// capabilityProblems is CheckCapabilities' work, one line per mismatch;
+// tempDir gives a fresh directory for each verb that takes one.
+func capabilityProblems(ctx context.Context, d runtime.Driver, tempDir func() string) []string {
+	var out []string
 	if d.Name() == "" {
-		t.Error("Name is empty")
+		out = append(out, "Name is empty")
 	}
 	caps := d.Capabilities()
 	if again := d.Capabilities(); again != caps {
-		t.Errorf("Capabilities changed between calls: %+v, then %+v", caps, again)
+		out = append(out, fmt.Sprintf("Capabilities changed between calls: %+v, then %+v", caps, again))
 	}
 	if caps.Restore && !caps.Checkpoint {
-		t.Errorf("Capabilities %+v: Restore without Checkpoint", caps)
+		out = append(out, fmt.Sprintf("Capabilities %+v: Restore without Checkpoint", caps))
 	}
 	const absent = "conf-absent"
 	check := func(verb string, supported bool, err error) {
-		t.Helper()
 		switch {
 		case !supported && !errdefs.IsNotImplemented(err):
-			t.Errorf("%s: Capabilities says unsupported, but error is %v; want ErrNotImplemented", verb, err)
+			out = append(out, fmt.Sprintf("%s: Capabilities says unsupported, but error is %v; want ErrNotImplemented", verb, err))
 		case supported && !errdefs.IsNotFound(err):
-			t.Errorf("%s(absent): error is %v; want ErrNotFound", verb, err)
+			out = append(out, fmt.Sprintf("%s(absent): error is %v; want ErrNotFound", verb, err))
 		}
 	}
-	check("Pause", caps.Pause, d.Pause(ctxT(t), absent))
-	check("Resume", caps.Pause, d.Resume(ctxT(t), absent))
-	check("Checkpoint", caps.Checkpoint, d.Checkpoint(ctxT(t), absent, t.TempDir(), false))
+	check("Pause", caps.Pause, d.Pause(ctx, absent))
+	check("Resume", caps.Pause, d.Resume(ctx, absent))
+	check("Checkpoint", caps.Checkpoint, d.Checkpoint(ctx, absent, tempDir(), false))
 	if !caps.Restore {
 		// A supported Restore is a start; testUnsupported covers it.
-		_, err := d.Restore(ctxT(t), runtime.Spec{ID: absent}, t.TempDir())
+		_, err := d.Restore(ctx, runtime.Spec{ID: absent}, tempDir())
 		check("Restore", false, err)
 	}
 	if r, ok := d.(runtime.InPlaceRestorer); ok {
-		_, err := r.RestoreInPlace(ctxT(t), absent, t.TempDir())
+		_, err := r.RestoreInPlace(ctx, absent, tempDir())
 		check("RestoreInPlace", caps.Restore, err)
 	}
+	return out
 }
 
 func testConcurrentStart(t *testing.T, d runtime.Driver, newSpec func(*testing.T, string) runtime.Spec) {
