@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 // cgroupMount is one mounted cgroup hierarchy.
@@ -103,7 +103,7 @@ func cgroupDir(pid int, controller string) (dir string, v2 bool, err error) {
 // removeCgroupTree removes cgroupPath and the cgroups directly under it,
 // in every hierarchy.
 func removeCgroupTree(cgroupPath string) error {
-	dirs, err := runc.CgroupDirs(cgroupPath)
+	dirs, err := cgroups.Dirs(cgroupPath)
 	if err != nil {
 		return err
 	}
@@ -118,10 +118,10 @@ func removeCgroupTree(cgroupPath string) error {
 	}
 	var errs []error
 	for k := range kids {
-		_, err := runc.RemoveCgroup(filepath.Join(cgroupPath, k), 2*time.Second)
+		_, err := cgroups.Remove(filepath.Join(cgroupPath, k), 2*time.Second)
 		errs = append(errs, err)
 	}
-	_, err = runc.RemoveCgroup(cgroupPath, 2*time.Second)
+	_, err = cgroups.Remove(cgroupPath, 2*time.Second)
 	return errors.Join(append(errs, err)...)
 }
 

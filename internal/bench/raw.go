@@ -21,7 +21,8 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
+	"github.com/cubesandbox/cube/internal/runtime/ocispec"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/template"
 )
@@ -130,7 +131,7 @@ func (n *rawNode) prepare(ctx context.Context) (b *rawBox, err error) {
 	}
 	// The spec cubelet's runc driver would write for a sandbox with the
 	// node's default limits: same namespaces, mounts, devices, limits.
-	sp, err := runc.SpecFor(runtime.Spec{
+	sp, err := ocispec.For(runtime.Spec{
 		ID:         id,
 		BundleDir:  b.bundle,
 		RootFS:     b.rootfs,
@@ -195,7 +196,7 @@ func (b *rawBox) destroy(ctx context.Context) error {
 	if _, err := os.Stat(filepath.Join(b.n.runcRoot, b.id)); err == nil {
 		errs = append(errs, b.runcCmd(ctx, "delete", "--force", b.id))
 	}
-	_, err := runc.RemoveCgroup(b.cgroup, 2*time.Second)
+	_, err := cgroups.Remove(b.cgroup, 2*time.Second)
 	errs = append(errs, err)
 	errs = append(errs, storage.UnmountDisk(ctx, b.rootfs, b.disk))
 	if err := os.RemoveAll(filepath.Dir(b.bundle)); err != nil {

@@ -3,6 +3,21 @@
 // a driver only turns a prepared root filesystem into a running, pausable,
 // stoppable sandbox.
 //
+// Layering of internal/runtime/... (each layer imports only the ones to
+// its left; no driver imports another driver):
+//
+//	runtime (interfaces)  <-  cgroups, ocispec (helpers)  <-  runc, gvisor, vm (drivers)
+//
+// The packages:
+//   - runtime: Driver, Spec, State, Capabilities and the optional
+//     abilities (optional.go); it imports nothing of the project's.
+//   - cgroups: finds and removes a sandbox's cgroup in every hierarchy
+//     (used by runc, gvisor, vm).
+//   - ocispec: builds a sandbox's OCI runtime spec from a Spec (used by
+//     runc, gvisor).
+//   - runtimetest: the conformance suite; it imports runtime only, and
+//     each driver's tests run it.
+//
 // Contract for every implementation (checked by the conformance suite):
 //   - Start with an ID that already exists fails with errdefs.ErrAlreadyExists.
 //   - Stop is idempotent: stopping an absent sandbox returns nil, and after it
@@ -10,7 +25,8 @@
 //     state dir).
 //   - State of an absent sandbox returns an error wrapping errdefs.ErrNotFound.
 //   - Verbs a driver cannot do return errdefs.ErrNotImplemented and are
-//     reported false in Capabilities.
+//     reported false in Capabilities (Resume goes with Pause); Restore is
+//     reported only with Checkpoint.
 //   - Optional abilities beyond the verbs are the small interfaces in
 //     optional.go; a driver that has one asserts it at compile time.
 //   - Sandboxes outlive the cubelet process: nothing a driver starts may be

@@ -4,7 +4,7 @@
 //
 // Every sandbox is one runsc container whose bundle is Spec.BundleDir:
 //
-//	BundleDir/config.json  OCI spec (runc.SpecFor, adjusted for gVisor)
+//	BundleDir/config.json  OCI spec (ocispec.For, adjusted for gVisor: SpecFor)
 //	BundleDir/console.log  stdout+stderr of PID 1 and of runsc (a file, never a pipe)
 //	BundleDir/runsc.log    runsc's own log for the last run/restore/checkpoint
 //	BundleDir/debug/       runsc --debug-log output, only with Config.Debug
@@ -41,7 +41,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 // cgroupRemoveTimeout bounds how long Stop waits for the kernel to release
@@ -446,7 +446,7 @@ func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec)
 	if sp.Linux == nil || sp.Linux.CgroupsPath == "" {
 		return nil
 	}
-	if _, err := runc.RemoveCgroup(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
+	if _, err := cgroups.Remove(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
 		return fmt.Errorf("gvisor stop %s: %w", id, err)
 	}
 	return nil

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 func requireRunsc(t *testing.T) {
@@ -88,7 +88,7 @@ func cgroupParent(t *testing.T) string {
 	_, _ = rand.Read(b)
 	parent := "/cube-gtest-" + hex.EncodeToString(b)
 	t.Cleanup(func() {
-		dirs, _ := runc.CgroupDirs(parent)
+		dirs, _ := cgroups.Dirs(parent)
 		for _, d := range dirs {
 			ents, _ := os.ReadDir(d)
 			for _, e := range ents {
@@ -97,7 +97,7 @@ func cgroupParent(t *testing.T) string {
 				}
 			}
 		}
-		if _, err := runc.RemoveCgroup(parent, 2*time.Second); err != nil {
+		if _, err := cgroups.Remove(parent, 2*time.Second); err != nil {
 			t.Errorf("remove test cgroup parent: %v", err)
 		}
 	})

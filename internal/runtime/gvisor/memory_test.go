@@ -14,6 +14,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/runtimetest"
 )
 
 // counterScript keeps its state only in shell variables: a random value
@@ -310,6 +311,7 @@ func TestCheckpointDisabled(t *testing.T) {
 	if c := d.Capabilities(); c.Checkpoint || c.Restore || !c.Pause {
 		t.Fatalf("capabilities %+v", c)
 	}
+	runtimetest.CheckCapabilities(t, d)
 	if err := d.Checkpoint(t.Context(), "x", t.TempDir(), true); !errdefs.IsNotImplemented(err) {
 		t.Fatalf("Checkpoint = %v", err)
 	}

@@ -7,24 +7,24 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/ocispec"
 )
 
-// unsupportedMounts are mounts of runc's default spec that gVisor's
+// unsupportedMounts are mounts of ocispec's default spec that gVisor's
 // sentry provides itself or cannot mount from the spec: a cgroupfs
 // mount of the host hierarchy makes no sense behind the user-space kernel.
 var unsupportedMounts = []string{"/sys/fs/cgroup"}
 
 const capSysAdmin = "CAP_SYS_ADMIN"
 
-// SpecFor is runc.SpecFor adjusted for runsc. It is pure, like runc's.
+// SpecFor is ocispec.For adjusted for runsc. It is pure, like ocispec.For.
 //
 // Resources: runsc (this version) applies linux.resources (CPU quota,
 // memory limit, pids) to the cgroup named by linux.cgroupsPath, in which
 // it puts the sandbox and gofer processes; the limits therefore bound the
 // whole sandbox, sentry included. Rlimits are applied by the sentry.
 func SpecFor(s runtime.Spec) (*specs.Spec, error) {
-	sp, err := runc.SpecFor(s)
+	sp, err := ocispec.For(s)
 	if err != nil {
 		return nil, err
 	}

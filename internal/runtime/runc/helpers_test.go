@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 func requireRoot(t *testing.T) {
@@ -54,7 +55,7 @@ func cgroupParent(t *testing.T) string {
 	_, _ = rand.Read(b)
 	parent := "/cube-test-" + hex.EncodeToString(b)
 	t.Cleanup(func() {
-		if _, err := removeCgroup(parent, 2*time.Second); err != nil {
+		if _, err := cgroups.Remove(parent, 2*time.Second); err != nil {
 			t.Errorf("remove test cgroup parent: %v", err)
 		}
 	})
@@ -119,7 +120,7 @@ func sleepSpec(t *testing.T, parent, id string) runtime.Spec {
 
 func assertNoChildCgroups(t *testing.T, parent string) {
 	t.Helper()
-	dirs, err := cgroupDirs(parent)
+	dirs, err := cgroups.Dirs(parent)
 	if err != nil {
 		t.Fatal(err)
 	}

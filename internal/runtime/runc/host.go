@@ -16,7 +16,7 @@ const capSysResource = 24
 // fitRlimits lowers hard limits the host would refuse. Without
 // CAP_SYS_RESOURCE (cubelet itself running in a restricted container)
 // runc's setrlimit fails for anything above our own hard limit and the
-// whole start fails; a lower NOFILE is the better outcome. SpecFor stays
+// whole start fails; a lower NOFILE is the better outcome. ocispec.For stays
 // pure, so this host-dependent step happens here, at Start.
 func fitRlimits(sp *specs.Spec) (lowered bool) {
 	if sp.Process == nil || hasCap(capSysResource) {

@@ -19,6 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 // buildAgent compiles cmd/cube-agent statically, as templates ship it.
@@ -41,7 +42,7 @@ func cgroupV2Unified() bool {
 // cgroupFile reads name from cgPath in whichever hierarchy has it.
 func cgroupFile(t *testing.T, cgPath, name string) string {
 	t.Helper()
-	mounts, err := CgroupMounts()
+	mounts, err := cgroups.Mounts()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func assertSandboxGone(t *testing.T, d *Driver, st runtime.State, cgPath string)
 	if _, err := d.State(context.Background(), st.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("State after Stop = %v, want ErrNotFound", err)
 	}
-	if dirs, err := cgroupDirs(cgPath); err != nil || len(dirs) != 0 {
+	if dirs, err := cgroups.Dirs(cgPath); err != nil || len(dirs) != 0 {
 		t.Errorf("cgroup dirs after Stop: %v %v", dirs, err)
 	}
 	if _, err := os.Stat(filepath.Join(d.rc.Root, st.ID)); !errors.Is(err, os.ErrNotExist) {

@@ -11,6 +11,10 @@
 //
 // newSpec must return a Spec whose PID 1 keeps running until stopped, with
 // its own BundleDir and CgroupPath for each id.
+//
+// CheckCapabilities is the part that starts nothing: a driver's test also
+// calls it for configurations Run does not start (a driver with memory
+// snapshots switched off).
 package runtimetest
 
 import (
@@ -36,6 +40,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, newSpec func
 		name string
 		fn   func(t *testing.T, d runtime.Driver, newSpec func(t *testing.T, id string) runtime.Spec)
 	}{
+		{"Capabilities", func(t *testing.T, d runtime.Driver, _ func(*testing.T, string) runtime.Spec) { CheckCapabilities(t, d) }},
 		{"StartState", testStartState},
 		{"DuplicateStart", testDuplicateStart},
 		{"PauseResume", testPauseResume},
@@ -223,11 +228,65 @@ func testUnsupported(t *testing.T, d runtime.Driver, newSpec func(*testing.T, st
 		if err := d.Resume(ctxT(t), id); err != nil {
 			t.Fatalf("Resume: %v", err)
 		}
+	} else {
+		check("Resume", false, d.Resume(ctxT(t), id))
 	}
 	restoreSpec := newSpec(t, id+"-restored")
 	t.Cleanup(func() { _ = d.Stop(context.Background(), restoreSpec.ID) })
 	_, err := d.Restore(ctxT(t), restoreSpec, t.TempDir())
 	check("Restore", caps.Restore, err)
+}
+
+// CheckCapabilities checks, without starting a sandbox, that d's
+// Capabilities agree with its verbs: a verb reported false returns
+// errdefs.ErrNotImplemented, and one reported true, called for an absent
+// sandbox, returns errdefs.ErrNotFound instead. Resume follows Pause,
+// Restore is reported only with Checkpoint (the image it reads is one
+// Checkpoint wrote), and the optional InPlaceRestorer follows Restore.
+// Name must be set and Capabilities must not change between calls.
+func CheckCapabilities(t *testing.T, d runtime.Driver) {
+	t.Helper()
+	for _, p := range capabilityProblems(ctxT(t), d, t.TempDir) {
+		t.Error(p)
+	}
+}
+
+// capabilityProblems is CheckCapabilities' work, one line per mismatch;
+// tempDir gives a fresh directory for each verb that takes one.
+func capabilityProblems(ctx context.Context, d runtime.Driver, tempDir func() string) []string {
+	var out []string
+	if d.Name() == "" {
+		out = append(out, "Name is empty")
+	}
+	caps := d.Capabilities()
+	if again := d.Capabilities(); again != caps {
+		out = append(out, fmt.Sprintf("Capabilities changed between calls: %+v, then %+v", caps, again))
+	}
+	if caps.Restore && !caps.Checkpoint {
+		out = append(out, fmt.Sprintf("Capabilities %+v: Restore without Checkpoint", caps))
+	}
+	const absent = "conf-absent"
+	check := func(verb string, supported bool, err error) {
+		switch {
+		case !supported && !errdefs.IsNotImplemented(err):
+			out = append(out, fmt.Sprintf("%s: Capabilities says unsupported, but error is %v; want ErrNotImplemented", verb, err))
+		case supported && !errdefs.IsNotFound(err):
+			out = append(out, fmt.Sprintf("%s(absent): error is %v; want ErrNotFound", verb, err))
+		}
+	}
+	check("Pause", caps.Pause, d.Pause(ctx, absent))
+	check("Resume", caps.Pause, d.Resume(ctx, absent))
+	check("Checkpoint", caps.Checkpoint, d.Checkpoint(ctx, absent, tempDir(), false))
+	if !caps.Restore {
+		// A supported Restore is a start; testUnsupported covers it.
+		_, err := d.Restore(ctx, runtime.Spec{ID: absent}, tempDir())
+		check("Restore", false, err)
+	}
+	if r, ok := d.(runtime.InPlaceRestorer); ok {
+		_, err := r.RestoreInPlace(ctx, absent, tempDir())
+		check("RestoreInPlace", caps.Restore, err)
+	}
+	return out
 }
 
 func testConcurrentStart(t *testing.T, d runtime.Driver, newSpec func(*testing.T, string) runtime.Spec) {

@@ -10,12 +10,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
-// cgroupRoots is every cgroup hierarchy's mount point (runc's reading of
-// mountinfo: hybrid, pure v1 and pure v2 hosts alike).
-func cgroupRoots() ([]string, error) { return runc.CgroupMounts() }
+// cgroupRoots is every cgroup hierarchy's mount point (hybrid, pure v1
+// and pure v2 hosts alike).
+func cgroupRoots() ([]string, error) { return cgroups.Mounts() }
 
 // cgroupLimits are the values written into the sandbox's cgroup.
 type cgroupLimits struct {

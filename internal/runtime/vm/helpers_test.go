@@ -20,7 +20,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agentchan"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
@@ -121,7 +121,7 @@ func newEnv(t testing.TB, extra ...string) *testEnv {
 			}
 		}
 		leakcheck.AssertNone(t, ctx, leakcheck.Scope{RunDir: dir, CgroupName: strings.TrimPrefix(e.cgroup, "/"), VMRoot: d.root})
-		if _, err := runc.RemoveCgroup(e.cgroup, 2*time.Second); err != nil {
+		if _, err := cgroups.Remove(e.cgroup, 2*time.Second); err != nil {
 			t.Errorf("remove cgroup parent: %v", err)
 		}
 		_ = os.RemoveAll(dir)

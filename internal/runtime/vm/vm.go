@@ -39,7 +39,7 @@ import (
 	"github.com/cubesandbox/cube/internal/network/slot"
 	"github.com/cubesandbox/cube/internal/qmp"
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/runtime/runc"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 const tapName = slot.TapName
@@ -437,7 +437,7 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 			}
 		}
 		if st.Cgroup != "" {
-			if _, err := runc.RemoveCgroup(st.Cgroup, cgroupRemoveTimeout); err != nil {
+			if _, err := cgroups.Remove(st.Cgroup, cgroupRemoveTimeout); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -1,4 +1,9 @@
-package runc
+// Package cgroups finds and removes a sandbox's cgroup in every mounted
+// cgroup hierarchy (v1 controllers, named v1 hierarchies and cgroup2), so
+// hybrid, pure v1 and pure v2 hosts are handled by the same code. The OCI
+// drivers (runc, gvisor) and the VM driver share it: each may leave
+// hierarchy directories behind that only a sweep of every mount removes.
+package cgroups
 
 import (
 	"bufio"
@@ -11,11 +16,11 @@ import (
 	"time"
 )
 
-// CgroupMounts returns the mount point of every cgroup hierarchy (v1
+// Mounts returns the mount point of every cgroup hierarchy (v1
 // controllers, named v1 hierarchies and cgroup2) visible to this process.
 // It reads mountinfo instead of assuming a layout so that hybrid, pure v1
 // and pure v2 hosts are all handled by the same code.
-func CgroupMounts() ([]string, error) {
+func Mounts() ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -72,9 +77,10 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// cgroupDirs lists the directories of cgroupPath that exist in any hierarchy.
-func cgroupDirs(cgroupPath string) ([]string, error) {
-	mounts, err := CgroupMounts()
+// Dirs lists the directories of cgroupPath that exist in any hierarchy.
+// The hierarchy roots themselves are never listed.
+func Dirs(cgroupPath string) ([]string, error) {
+	mounts, err := Mounts()
 	if err != nil {
 		return nil, err
 	}
@@ -91,13 +97,15 @@ func cgroupDirs(cgroupPath string) ([]string, error) {
 	return dirs, nil
 }
 
-// removeCgroup removes cgroupPath from every hierarchy. runc normally does
-// this in delete, but it skips hierarchies it did not join (for example the
-// named systemd hierarchy on some versions) and gives up on EBUSY while the
-// last killed task is still being torn down; a short retry covers that.
-// It returns the directories it found (and removed unless err says otherwise).
-func removeCgroup(cgroupPath string, timeout time.Duration) (found []string, err error) {
-	dirs, err := cgroupDirs(cgroupPath)
+// Remove removes cgroupPath from every hierarchy, retrying EBUSY for up to
+// timeout while the kernel releases the last task. runc and runsc normally
+// do this in delete, but they skip hierarchies they did not join (for
+// example the named systemd hierarchy on some versions) and give up on
+// EBUSY while the last killed task is still being torn down; a short retry
+// covers that. It returns the directories it found (and removed unless err
+// says otherwise). A path present in no hierarchy is not an error.
+func Remove(cgroupPath string, timeout time.Duration) (found []string, err error) {
+	dirs, err := Dirs(cgroupPath)
 	if err != nil {
 		return nil, fmt.Errorf("find cgroup %s: %w", cgroupPath, err)
 	}

@@ -1,4 +1,4 @@
-package runc
+package ocispec
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-func TestSpecForGolden(t *testing.T) {
+func TestForGolden(t *testing.T) {
 	cases := map[string]runtime.Spec{
 		"full": {
 			ID:         "sb-1",
@@ -40,7 +40,7 @@ func TestSpecForGolden(t *testing.T) {
 	}
 	for name, in := range cases {
 		t.Run(name, func(t *testing.T) {
-			sp, err := SpecFor(in)
+			sp, err := For(in)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,13 +60,13 @@ func TestSpecForGolden(t *testing.T) {
 				t.Fatalf("%v (run with -update to create)", err)
 			}
 			if string(got) != string(want) {
-				t.Errorf("SpecFor(%s) differs from %s (run with -update if intended):\n%s", name, golden, got)
+				t.Errorf("For(%s) differs from %s (run with -update if intended):\n%s", name, golden, got)
 			}
 		})
 	}
 }
 
-func TestSpecForRejectsInvalid(t *testing.T) {
+func TestForRejectsInvalid(t *testing.T) {
 	ok := runtime.Spec{ID: "x", RootFS: "/r", Args: []string{"/bin/true"}}
 	for name, mut := range map[string]func(*runtime.Spec){
 		"no id":           func(s *runtime.Spec) { s.ID = "" },
@@ -77,7 +77,7 @@ func TestSpecForRejectsInvalid(t *testing.T) {
 	} {
 		s := ok
 		mut(&s)
-		if _, err := SpecFor(s); !errdefs.IsInvalidArgument(err) {
+		if _, err := For(s); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
 		}
 	}

@@ -1,4 +1,10 @@
-package runc
+// Package ocispec builds the OCI runtime spec (config.json) of a sandbox
+// from a runtime.Spec: namespaces, mounts, capabilities, masked paths,
+// device rules and cgroup limits. The OCI drivers (runc, gvisor) write
+// what For returns, gvisor after its own adjustments. Building is pure
+// (no host access), so the output is pinned by golden files; a driver
+// fits the result to the host at Start.
+package ocispec
 
 import (
 	"fmt"
@@ -73,9 +79,10 @@ var (
 	}
 )
 
-// SpecFor turns a runtime.Spec into the OCI runtime spec runc consumes. It is
+// For turns a runtime.Spec into the OCI runtime spec runc and runsc consume. It is
 // pure (no host access) so that its output can be pinned by golden files.
-func SpecFor(s runtime.Spec) (*specs.Spec, error) {
+// An invalid Spec is an error wrapping errdefs.ErrInvalidArgument.
+func For(s runtime.Spec) (*specs.Spec, error) {
 	if err := validate(s); err != nil {
 		return nil, err
 	}
