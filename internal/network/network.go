@@ -18,10 +18,26 @@ package network
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+// The sandbox's side of every slot: the same in each, so that snapshots
+// and clones need no re-addressing. Runtimes that build the sandbox's
+// NIC themselves (a VM's guest) configure it from these.
+const (
+	TapName           = "tap0" // VM slots: what the VM monitor attaches to
+	SandboxPrefixBits = 30
+)
+
+var (
+	// SandboxIP is every sandbox's own address.
+	SandboxIP = netip.MustParseAddr("169.254.0.21")
+	// SandboxGateway is the slot's address on the sandbox side.
+	SandboxGateway = netip.MustParseAddr("169.254.0.22")
 )
 
 // Kind is what runs in a slot.

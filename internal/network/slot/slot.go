@@ -45,15 +45,14 @@ const (
 	Uplink      = "up0"  // slot end of the veth pair to the host
 	GatewayLink = "gw0"  // slot end of the veth pair to the sandbox namespace
 	SandboxLink = "eth0" // the sandbox's interface
-	TapName     = "tap0" // VM slots: what the VM monitor attaches to
+	TapName     = network.TapName
 )
 
+// The sandbox's side of every slot (network.SandboxIP and friends).
 var (
-	// SandboxIP is every sandbox's own address.
-	SandboxIP = netip.MustParseAddr("169.254.0.21")
-	// SandboxGateway is the slot's address on the sandbox side.
-	SandboxGateway = netip.MustParseAddr("169.254.0.22")
-	sandboxBits    = 30
+	SandboxIP      = network.SandboxIP
+	SandboxGateway = network.SandboxGateway
+	sandboxBits    = network.SandboxPrefixBits
 )
 
 // Layout locates slot Index of an agent: its names, paths and addresses.

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
-	"github.com/cubesandbox/cube/internal/network/slot"
+	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
@@ -69,7 +69,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 		shape.Devices = append(shape.Devices, "vhost-vsock")
 	}
 	if s.NetNSPath != "" {
-		opts.Net = &vmguest.NetConfig{Addr: guestPrefix(), Gateway: slot.SandboxGateway}
+		opts.Net = &vmguest.NetConfig{Addr: guestPrefix(), Gateway: network.SandboxGateway}
 		shape.Devices = append(shape.Devices, "virtio-net")
 		if d.vhost {
 			shape.Devices = append(shape.Devices, "vhost-net")
@@ -239,7 +239,9 @@ func (d *Driver) limits(s Shape, l runtime.Limits) cgroupLimits {
 }
 
 // guestPrefix is the guest's eth0 address in every slot.
-func guestPrefix() netip.Prefix { return netip.PrefixFrom(slot.SandboxIP, 30) }
+func guestPrefix() netip.Prefix {
+	return netip.PrefixFrom(network.SandboxIP, network.SandboxPrefixBits)
+}
 
 // logTail quotes the end of QEMU's log for an error message.
 func logTail(path string) string {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cubesandbox/cube/internal/network/slot"
+	"github.com/cubesandbox/cube/internal/network"
 )
 
 // TestNetworkTap boots a VM in a network namespace holding a slot-like
@@ -29,9 +29,9 @@ func TestNetworkTap(t *testing.T) {
 	}
 	ip("netns", "add", ns)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	ip("-n", ns, "tuntap", "add", "dev", slot.TapName, "mode", "tap")
-	ip("-n", ns, "addr", "add", slot.SandboxGateway.String()+"/30", "dev", slot.TapName)
-	ip("-n", ns, "link", "set", slot.TapName, "up")
+	ip("-n", ns, "tuntap", "add", "dev", network.TapName, "mode", "tap")
+	ip("-n", ns, "addr", "add", network.SandboxGateway.String()+"/30", "dev", network.TapName)
+	ip("-n", ns, "link", "set", network.TapName, "up")
 
 	ctx := t.Context()
 	s := e.spec(t, "net")
@@ -47,7 +47,7 @@ func TestNetworkTap(t *testing.T) {
 		t.Errorf("QEMU runs in the host's network namespace (%s)", got)
 	}
 	agentClient(ctx, t, e.d, s.ID, bootLimit)
-	url := fmt.Sprintf("http://%s:49983/health", slot.SandboxIP)
+	url := fmt.Sprintf("http://%s:49983/health", network.SandboxIP)
 	deadline := time.Now().Add(30 * time.Second)
 	var out []byte
 	for {

@@ -36,13 +36,13 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
-	"github.com/cubesandbox/cube/internal/network/slot"
+	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/qmp"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
-const tapName = slot.TapName
+const tapName = network.TapName
 
 // Timeouts of the driver's own steps.
 const (
