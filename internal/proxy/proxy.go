@@ -41,7 +41,7 @@ import (
 const (
 	HeaderSandboxID     = "E2b-Sandbox-Id"
 	HeaderSandboxPort   = "E2b-Sandbox-Port"
-	HeaderTrafficToken  = "E2b-Traffic-Access-Token" //nolint:gosec // G101: a header name, not a credential
+	HeaderTrafficToken  = "E2b-Traffic-Access-Token"
 	AgentPort           = 49983
 	agentInternalPrefix = "/_cube/" // cube-agent's cubelet-only endpoints
 )

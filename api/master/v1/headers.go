@@ -4,7 +4,7 @@ package masterv1
 // generated code, so cubelet and cubemaster share them).
 const (
 	// NodeTokenHeader carries a cubelet's master.token on NodeService calls.
-	NodeTokenHeader = "x-cube-node-token" //nolint:gosec // G101: a header name, not a credential
+	NodeTokenHeader = "x-cube-node-token"
 	// AdminTokenHeader carries the admin token on AdminService calls over TCP.
-	AdminTokenHeader = "x-cube-admin-token" //nolint:gosec // G101: a header name, not a credential
+	AdminTokenHeader = "x-cube-admin-token"
 )

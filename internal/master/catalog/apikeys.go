@@ -20,7 +20,7 @@ type APIKey struct {
 	LastUsedAt time.Time
 }
 
-const apiKeyCols = `id, name, prefix, hash, created_at, last_used_at` //nolint:gosec // G101: column names, not a credential
+const apiKeyCols = `id, name, prefix, hash, created_at, last_used_at`
 
 func scanAPIKey(s interface{ Scan(...any) error }) (*APIKey, error) {
 	var k APIKey
