@@ -2,7 +2,7 @@ GO ?= go
 BIN ?= bin
 BINARIES = cubelet cubecli cube-agent cube-bench network-agent cubemaster cube cubeproxy
 
-.PHONY: all build generate test up clean bench
+.PHONY: all build generate lint test up clean bench
 
 all: build
 
@@ -14,6 +14,14 @@ build:
 # Regenerate protobuf code with the buf and plugin versions pinned in go.mod.
 generate:
 	$(GO) run github.com/bufbuild/buf/cmd/buf generate
+
+# golangci-lint with .golangci.yml; the version is pinned in hack/tools/go.mod,
+# a module of its own so the linter's dependencies stay out of go.mod
+# (docs/contributing.md). Without package arguments it lints ./...; e.g.
+# make lint LINT_FLAGS="./internal/master/..." or LINT_FLAGS="--fix".
+LINT_FLAGS ?=
+lint:
+	$(GO) tool -modfile=hack/tools/go.mod golangci-lint run $(LINT_FLAGS)
 
 test:
 	bash hack/test.sh

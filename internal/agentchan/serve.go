@@ -102,7 +102,7 @@ func ServeSerial(ctx context.Context, path string, handler http.Handler, log *sl
 	pc := &portConn{File: f}
 	for ctx.Err() == nil {
 		if err := waitHost(ctx, f, sigio); err != nil {
-			return nil //nolint:nilerr // ctx done: a clean stop
+			return nil // ctx done: a clean stop
 		}
 		// EOF here or in ServeConn means the host went away: wait for
 		// the next one. Other errors are a broken session: resync.

@@ -21,7 +21,7 @@ func testHandler(cancelled chan<- int32) http.Handler {
 		fmt.Fprint(w, sessionOf(r))
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(w, r.Body)
+		_, _ = io.Copy(w, r.Body)
 	})
 	mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
@@ -150,8 +150,10 @@ func TestDisconnectMidFrameThenReconnect(t *testing.T) {
 	}
 	// Preface, an empty SETTINGS frame, then the first 19 bytes of a
 	// 100-byte HEADERS frame on stream 1.
-	io.WriteString(sc, h2Preface+"\x00\x00\x00\x04\x00\x00\x00\x00\x00"+
-		"\x00\x00\x64\x01\x04\x00\x00\x00\x01"+"0123456789")
+	if _, err := io.WriteString(sc, h2Preface+"\x00\x00\x00\x04\x00\x00\x00\x00\x00"+
+		"\x00\x00\x64\x01\x04\x00\x00\x00\x01"+"0123456789"); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the guest session", time.Second, func() bool { return v.started.Load() == 1 })
 	raw.Close()
 

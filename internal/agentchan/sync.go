@@ -145,7 +145,7 @@ func hostSync(ctx context.Context, c net.Conn) (net.Conn, error) {
 	nonce := hex.EncodeToString(nb[:])
 	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) }) // best effort: unblocks the reader
 	defer stop()
 
 	type result struct {
@@ -179,7 +179,9 @@ func hostSync(ctx context.Context, c net.Conn) (net.Conn, error) {
 			if !stop() {
 				return nil, fmt.Errorf("%w: %w", errNoSync, ctx.Err())
 			}
-			c.SetReadDeadline(time.Time{})
+			if err := c.SetReadDeadline(time.Time{}); err != nil {
+				return nil, fmt.Errorf("agentchan: handshake: %w", err)
+			}
 			return &prefixConn{Conn: c, prefix: r.buf}, nil
 		case <-time.After(interval):
 			interval = min(interval*2, time.Second)

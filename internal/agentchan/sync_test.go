@@ -18,9 +18,12 @@ func TestGuestSyncSkipsStaleBytes(t *testing.T) {
 		syncPrefix[:5] + // a torn SYNC of an old host
 		"PRI * HTTP/2.0\r\n" // a torn preface before any SYNC
 	after := "\x00\x00\x00\x04\x00\x00\x00\x00\x00frames"
-	go io.WriteString(host, stale+syncPrefix+"n1\n"+
-		"more junk"+syncPrefix+"n1\n"+ // repeated SYNC before the preface
-		h2Preface+after)
+	go func() {
+		// A failed write shows as guestSync's error below.
+		_, _ = io.WriteString(host, stale+syncPrefix+"n1\n"+
+			"more junk"+syncPrefix+"n1\n"+ // repeated SYNC before the preface
+			h2Preface+after)
+	}()
 
 	c, err := guestSync(guest)
 	if err != nil {
@@ -44,8 +47,12 @@ func TestGuestSyncSkipsStaleBytes(t *testing.T) {
 
 func TestGuestSyncEOFBeforeSync(t *testing.T) {
 	guest, host := connPair(t)
-	io.WriteString(host, "stale bytes, no handshake")
-	host.(*net.UnixConn).CloseWrite()
+	if _, err := io.WriteString(host, "stale bytes, no handshake"); err != nil {
+		t.Fatal(err)
+	}
+	if err := host.(*net.UnixConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := guestSync(guest); !errors.Is(err, io.EOF) {
 		t.Fatalf("guestSync = %v, want EOF", err)
 	}
@@ -69,7 +76,9 @@ func fakeGuest(t *testing.T, c net.Conn, n int, answer func(nonce string) string
 				return
 			}
 			if i == n {
-				io.WriteString(c, answer(nonce))
+				if _, err := io.WriteString(c, answer(nonce)); err != nil {
+					t.Errorf("answer the SYNC: %v", err)
+				}
 				ch <- nonce
 				return
 			}
@@ -127,7 +136,9 @@ func TestHostSyncNonceMismatchTimesOut(t *testing.T) {
 			if _, err := br.ReadString('\n'); err != nil {
 				return
 			}
-			io.WriteString(guest, ackPrefix+"ffffffffffffffff\n")
+			if _, err := io.WriteString(guest, ackPrefix+"ffffffffffffffff\n"); err != nil {
+				return
+			}
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -195,7 +206,7 @@ func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
 func TestPrefixConnReplaysThenReads(t *testing.T) {
 	a, b := connPair(t)
-	go io.WriteString(b, "wire")
+	go func() { _, _ = io.WriteString(b, "wire") }() // a failed write shows as the ReadFull below
 	c := &prefixConn{Conn: a, prefix: []byte("buffered-")}
 	got := make([]byte, len("buffered-wire"))
 	if _, err := io.ReadFull(c, got); err != nil {

@@ -109,7 +109,7 @@ func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
 	}
 	var cerr error
 	started := false
-	stop := context.AfterFunc(ctx, func() { f.SetDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { _ = f.SetDeadline(time.Now()) }) // best effort: unblocks the connect
 	defer stop()
 	// A non-blocking connect returns EINPROGRESS; the poller reports the
 	// socket writable once it completes, and SO_ERROR says how.
@@ -136,6 +136,9 @@ func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
 		f.Close()
 		return nil, fmt.Errorf("agentchan: vsock connect %d:%d: %w", cid, port, err)
 	}
-	f.SetDeadline(time.Time{})
+	if err := f.SetDeadline(time.Time{}); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("agentchan: vsock connect %d:%d: %w", cid, port, err)
+	}
 	return &vsockConn{File: f, remote: vsockAddr{cid: cid, port: port}}, nil
 }

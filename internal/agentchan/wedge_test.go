@@ -16,11 +16,13 @@ import (
 func TestNoWedgeAfterFalseSync(t *testing.T) {
 	v := startVM(t, testHandler(nil))
 	c, conns := recordingClient(t, v.sock)
-	get(context.Background(), t, c, "/session")
+	if _, err := get(context.Background(), t, c, "/session"); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, BaseURL+"/echo", strings.NewReader(syncPrefix+"not a handshake"))
 	if resp, err := c.Do(req); err == nil {
-		io.ReadAll(resp.Body)
+		_, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
 	}
 	cancel()

@@ -161,7 +161,7 @@ func pageCached(file string) (Bytes, error) {
 	if err != nil {
 		return 0, fmt.Errorf("mmap %s: %w", file, err)
 	}
-	defer unix.Munmap(m)
+	defer func() { _ = unix.Munmap(m) }() // read-only mapping: nothing to lose
 	page := os.Getpagesize()
 	vec := make([]byte, (len(m)+page-1)/page)
 	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {

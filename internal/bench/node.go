@@ -120,8 +120,9 @@ agent_binary = %q
 	if err := n.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start cubelet: %w", err)
 	}
-	n.exited = make(chan error, 1)
-	go func() { n.exited <- n.cmd.Wait() }()
+	cmd, exited := n.cmd, make(chan error, 1)
+	n.exited = exited
+	go func() { exited <- cmd.Wait() }()
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, n.Stop(context.WithoutCancel(ctx)), n.Teardown(context.WithoutCancel(ctx)))
@@ -174,10 +175,10 @@ func (n *Node) Stop(ctx context.Context) error {
 	if n.cmd != nil && n.cmd.Process != nil {
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-n.exited:
+		case <-n.exited: //nolint:errcheck // its exit status after SIGTERM says nothing
 		case <-time.After(15 * time.Second):
 			_ = n.cmd.Process.Kill()
-			<-n.exited
+			<-n.exited //nolint:errcheck // killed: the status is the signal
 			errs = append(errs, errors.New("cubelet ignored SIGTERM for 15s; killed"))
 		}
 		n.cmd = nil

@@ -147,7 +147,12 @@ func TestCubeProxy(t *testing.T) {
 			conn.Close()
 			t.Fatal(err)
 		}
-		owner.Cleanup(func() { p.Stop(); conn.Close() })
+		owner.Cleanup(func() {
+			if err := p.Stop(); err != nil {
+				owner.Errorf("stop replica %s: %v", listen, err)
+			}
+			conn.Close()
+		})
 		mastertest.WaitFor(t, 10*time.Second, "replica watching", func() bool { return p.Routes != nil && watching(p) })
 		return p
 	}
@@ -205,16 +210,24 @@ func TestCubeProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: 8001-%s.cube.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
 			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", web.SandboxID)
 		br := bufio.NewReader(conn)
 		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-			t.Fatalf("upgrade: %v %v", resp, err)
+		if err != nil {
+			t.Fatalf("upgrade: %v", err)
+		}
+		resp.Body.Close() // a 101 has none: the connection carries on in br
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %v", resp)
 		}
 		for _, msg := range []string{"ping 1\n", "ping 2\n"} {
-			io.WriteString(conn, msg)
+			if _, err := io.WriteString(conn, msg); err != nil {
+				t.Fatal(err)
+			}
 			line, err := br.ReadString('\n')
 			if err != nil || line != msg {
 				t.Fatalf("echo: %q %v", line, err)
@@ -360,7 +373,7 @@ func TestCubeProxy(t *testing.T) {
 					errs <- err.Error()
 					return
 				}
-				io.Copy(io.Discard, resp.Body)
+				_, _ = io.Copy(io.Discard, resp.Body) // only the status matters
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusNoContent {
 					errs <- resp.Status
@@ -398,7 +411,9 @@ func TestCubeProxy(t *testing.T) {
 
 	t.Run("a proxy restart loses nothing", func(t *testing.T) {
 		addr := replica.Addr
-		replica.Stop()
+		if err := replica.Stop(); err != nil {
+			t.Fatal(err)
+		}
 		again := startReplica(t, addr)
 		if code, body := get(t, http.DefaultClient, "http://"+again.Addr+"/", host, nil); code != 200 || body != "hello\n" {
 			t.Fatalf("after restart: %d %q", code, body)
@@ -475,7 +490,11 @@ func TestCubeProxy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer p.Stop()
+		defer func() {
+			if err := p.Stop(); err != nil {
+				t.Error(err)
+			}
+		}()
 		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
 		resp, err := hc.Get("https://" + p.Addr + "/health")
 		if err != nil {

@@ -75,18 +75,18 @@ type Config struct {
 // ErrAlreadyRunning: another `cube up` holds the lock.
 var ErrAlreadyRunning = errors.New("cube is already running")
 
-func (c *Config) launcherDir() string  { return filepath.Join(c.StateDir, "launcher") }
-func (c *Config) masterSocket() string { return filepath.Join(c.RunDir, "cubemaster.sock") }
-func (c *Config) cubeletSocket() string {
-	return filepath.Join(c.RunDir, "cubelet.sock")
+func (cfg *Config) launcherDir() string  { return filepath.Join(cfg.StateDir, "launcher") }
+func (cfg *Config) masterSocket() string { return filepath.Join(cfg.RunDir, "cubemaster.sock") }
+func (cfg *Config) cubeletSocket() string {
+	return filepath.Join(cfg.RunDir, "cubelet.sock")
 }
-func (c *Config) envFile() string { return filepath.Join(c.launcherDir(), "env") }
+func (cfg *Config) envFile() string { return filepath.Join(cfg.launcherDir(), "env") }
 
-func (c *Config) domain() string {
-	if c.Domain != "" {
-		return c.Domain
+func (cfg *Config) domain() string {
+	if cfg.Domain != "" {
+		return cfg.Domain
 	}
-	_, port, _ := net.SplitHostPort(c.ProxyAddr)
+	_, port, _ := net.SplitHostPort(cfg.ProxyAddr)
 	return "localhost:" + port
 }
 
@@ -100,8 +100,8 @@ func hostURL(addr string) string {
 }
 
 // lock takes the one-launcher lock, or returns ErrAlreadyRunning.
-func (c *Config) lock() (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(c.RunDir, "cube-up.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+func (cfg *Config) lock() (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(cfg.RunDir, "cube-up.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +377,7 @@ func (cfg *Config) ensureTemplate(ctx context.Context, c cubeletpb.CubeletServic
 		return err
 	}
 	for {
-		if _, err := stream.Recv(); err == io.EOF {
+		if _, err := stream.Recv(); errors.Is(err, io.EOF) {
 			return nil
 		} else if err != nil {
 			return fmt.Errorf("import template %s: %w", id, err)
@@ -498,7 +498,7 @@ func Down(cfg Config, timeout time.Duration) error {
 	}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if unix.Kill(pid, 0) != nil {
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)

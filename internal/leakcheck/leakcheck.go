@@ -81,7 +81,9 @@ func Check(ctx context.Context, s Scope) ([]Leak, error) {
 	}
 	second, err := check(ctx, s)
 	if err != nil {
-		return first, nil
+		// The first check's answer stands, unconfirmed: a failed recheck
+		// must not hide a leak.
+		return first, nil //nolint:nilerr // see above
 	}
 	seen := map[string]bool{}
 	for _, l := range first {
@@ -248,8 +250,8 @@ func canon(p string) string {
 	if err != nil {
 		return filepath.Clean(p)
 	}
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		return real
+	if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+		return resolved
 	}
 	return abs
 }

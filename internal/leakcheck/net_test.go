@@ -29,7 +29,7 @@ func TestNetworkLeaks(t *testing.T) {
 	if err := netnsdir.Create(pin); err != nil {
 		t.Fatal(err)
 	}
-	defer netnsdir.Remove(pin)
+	defer func() { _ = netnsdir.Remove(pin) }() // a safety net: removed below
 	if err := netnsdir.Do(pin, func() error {
 		return netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: "tap0"}, Mode: netlink.TUNTAP_MODE_TAP})
 	}); err != nil {
@@ -39,12 +39,12 @@ func TestNetworkLeaks(t *testing.T) {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatal(err)
 	}
-	defer netlink.LinkDel(veth)
+	defer func() { _ = netlink.LinkDel(veth) }() // a safety net: deleted below
 	tap := &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: prefix + "-3"}, Mode: netlink.TUNTAP_MODE_TAP}
 	if err := netlink.LinkAdd(tap); err != nil {
 		t.Fatal(err)
 	}
-	defer netlink.LinkDel(tap)
+	defer func() { _ = netlink.LinkDel(tap) }() // a safety net: deleted below
 	c, err := nftables.New()
 	if err != nil {
 		t.Fatal(err)
@@ -74,9 +74,15 @@ func TestNetworkLeaks(t *testing.T) {
 		t.Fatalf("leaks:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
-	netnsdir.Remove(pin)
-	netlink.LinkDel(veth)
-	netlink.LinkDel(tap)
+	if err := netnsdir.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkDel(veth); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkDel(tap); err != nil {
+		t.Fatal(err)
+	}
 	c.DelTable(table)
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)

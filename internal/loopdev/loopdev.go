@@ -230,8 +230,8 @@ func FindByBacking(file string) ([]Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loopdev: %w", err)
 	}
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
+	if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = resolved
 	}
 	all, err := List()
 	if err != nil {

@@ -93,7 +93,11 @@ func TestCluster(t *testing.T) {
 		if _, err := a.Client.SetFlowLimit(ctx, &cubeletpb.SetFlowLimitRequest{Flow: "create", Limit: 1}); err != nil {
 			t.Fatal(err)
 		}
-		defer a.Client.SetFlowLimit(ctx, &cubeletpb.SetFlowLimitRequest{Flow: "create", Limit: 64})
+		defer func() {
+			if _, err := a.Client.SetFlowLimit(ctx, &cubeletpb.SetFlowLimitRequest{Flow: "create", Limit: 64}); err != nil {
+				t.Errorf("restore the create limit: %v", err)
+			}
+		}()
 		// The master's connection to A, down in the step before, must be
 		// back, so that A refuses for its limit and not for that: an
 		// import of a template A has is a no-op through the master.

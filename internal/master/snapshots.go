@@ -198,10 +198,14 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 			continue
 		}
 		s.creating.Store(r.ID, true)
-		defer s.creating.Delete(r.ID)
 		ids = append(ids, r.ID)
 		written = append(written, i)
 	}
+	defer func() {
+		for _, id := range ids {
+			s.creating.Delete(id)
+		}
+	}()
 	if len(ids) == 0 {
 		return out
 	}

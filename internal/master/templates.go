@@ -196,7 +196,7 @@ func (s *Service) importOn(ctx context.Context, node string, req TemplateImport)
 	}
 	for {
 		_, err := stream.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {

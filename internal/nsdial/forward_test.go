@@ -61,7 +61,10 @@ func TestForwarderRelaysIntoNetns(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- f.Close() }()
 	select {
-	case <-done:
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close hung on an open connection")
 	}

@@ -109,7 +109,7 @@ func TestHTTPClientReachesServerInNetns(t *testing.T) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // ErrServerClosed at cleanup
 	t.Cleanup(func() { srv.Close() })
 
 	url := "http://" + ln.Addr().String() + "/health"

@@ -66,14 +66,15 @@ func upstream(t *testing.T) int {
 			return
 		}
 		defer conn.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		// Write errors show up as the next read failing.
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
 		brw.Flush()
 		for {
 			line, err := brw.ReadString('\n')
 			if err != nil {
 				return
 			}
-			brw.WriteString("echo: " + line)
+			_, _ = brw.WriteString("echo: " + line)
 			brw.Flush()
 		}
 	})
@@ -85,7 +86,7 @@ func upstream(t *testing.T) int {
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, Protocols: p}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // ErrServerClosed at cleanup
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().(*net.TCPAddr).Port
 }
@@ -100,7 +101,7 @@ func route(t *testing.T, r proxy.Resolver) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { h.Serve(ctx, ln); close(done) }()
+	go func() { _ = h.Serve(ctx, ln); close(done) }() // ends with ctx
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }
@@ -123,7 +124,12 @@ func TestRoute(t *testing.T) {
 		}
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}))
-	get := func(host string, hdr map[string]string, path string) (*http.Response, string) {
+	// response is what get keeps of an answer whose body it has read and closed.
+	type response struct {
+		StatusCode int
+		Header     http.Header
+	}
+	get := func(host string, hdr map[string]string, path string) (response, string) {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader("body"))
 		req.Host = host
 		for k, v := range hdr {
@@ -135,7 +141,7 @@ func TestRoute(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return resp, string(b)
+		return response{resp.StatusCode, resp.Header}, string(b)
 	}
 	ps := strconv.Itoa(port)
 
@@ -231,11 +237,17 @@ func TestRoute(t *testing.T) {
 		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s-direct.cube.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", ps)
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-			t.Fatalf("handshake: %v %v", resp, err)
+		if err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+		resp.Body.Close() // a 101 has none: the connection carries on in br
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("handshake: %v", resp)
 		}
 		for _, msg := range []string{"hello\n", "again\n"} {
-			c.Write([]byte(msg))
+			if _, err := c.Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
 			line, err := br.ReadString('\n')
 			if err != nil || line != "echo: "+msg {
 				t.Fatalf("echo: %q %v", line, err)

@@ -28,7 +28,8 @@ func serve(t *testing.T, reply func(cmd string, id json.RawMessage) []string) st
 			return
 		}
 		defer conn.Close()
-		conn.Write([]byte(`{"QMP": {"version": {}, "capabilities": ["oob"]}}` + "\n"))
+		// A failed write shows as the client's error.
+		_, _ = conn.Write([]byte(`{"QMP": {"version": {}, "capabilities": ["oob"]}}` + "\n"))
 		sc := bufio.NewScanner(conn)
 		for sc.Scan() {
 			var req struct {
@@ -39,7 +40,7 @@ func serve(t *testing.T, reply func(cmd string, id json.RawMessage) []string) st
 				return
 			}
 			for _, line := range reply(req.Execute, req.ID) {
-				conn.Write([]byte(line + "\n"))
+				_, _ = conn.Write([]byte(line + "\n"))
 			}
 		}
 	}()
@@ -96,7 +97,7 @@ func TestDialNotQMP(t *testing.T) {
 	go func() {
 		conn, err := l.Accept()
 		if err == nil {
-			conn.Write([]byte("{\"hello\": 1}\n"))
+			_, _ = conn.Write([]byte("{\"hello\": 1}\n")) // a failed write shows as the client's error
 			conn.Close()
 		}
 	}()

@@ -157,8 +157,8 @@ func IsMounted(target string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("storage: %w", err)
 	}
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
+	if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = resolved
 	} else if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
@@ -201,8 +201,8 @@ func devicesBackedBy(image, dev string) ([]loopdev.Device, error) {
 		return nil, err
 	}
 	abs, _ := filepath.Abs(image)
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
+	if resolved, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = resolved
 	}
 	if backing != abs {
 		return nil, nil

@@ -63,7 +63,11 @@ func TestBootAgentChannel(t *testing.T) {
 
 	ns := nsName(t)
 	ipCmd(t, "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+		}
+	})
 	ipCmd(t, "-n", ns, "tuntap", "add", "tap0", "mode", "tap")
 	ipCmd(t, "-n", ns, "addr", "add", "169.254.0.22/30", "dev", "tap0")
 	ipCmd(t, "-n", ns, "link", "set", "tap0", "up")
@@ -97,8 +101,8 @@ func TestBootAgentChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		qemu.Process.Kill()
-		qemu.Wait()
+		_ = qemu.Process.Kill() // fails only if it already exited
+		_ = qemu.Wait()         // killed: the status is the signal
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -142,7 +146,9 @@ func TestBootAgentChannel(t *testing.T) {
 			return 0, err
 		}
 		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			return 0, err
+		}
 		if _, err := io.WriteString(conn, "GET /health HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n"); err != nil {
 			return 0, err
 		}
@@ -181,12 +187,20 @@ func rootImage(t *testing.T, dir string) string {
 	if err != nil {
 		t.Skipf("busybox-static: %v", err)
 	}
-	os.WriteFile(filepath.Join(root, "bin/busybox"), bb, 0o755)
-	for _, a := range []string{"sh", "ls", "cat", "echo", "hostname", "head", "sleep", "ip"} {
-		os.Symlink("busybox", filepath.Join(root, "bin", a))
+	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), bb, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
-	os.WriteFile(filepath.Join(root, "etc/group"), []byte("root:x:0:\n"), 0o644)
+	for _, a := range []string{"sh", "ls", "cat", "echo", "hostname", "head", "sleep", "ip"} {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/group"), []byte("root:x:0:\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	build := exec.Command("go", "build", "-o", filepath.Join(root, "usr/local/bin/cube-agent"), "github.com/cubesandbox/cube/cmd/cube-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

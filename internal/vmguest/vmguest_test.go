@@ -107,11 +107,15 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("no dir: %v", err)
 	}
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, ManifestFile), []byte("{"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, ManifestFile), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Load(dir); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad json: %v", err)
 	}
-	os.WriteFile(filepath.Join(dir, ManifestFile), []byte(`{"kernel_version":"x"}`), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, ManifestFile), []byte(`{"kernel_version":"x"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Load(dir); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("no kernel: %v", err)
 	}

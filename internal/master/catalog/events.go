@@ -74,7 +74,7 @@ func (c *Catalog) ListEvents(ctx context.Context, q EventQuery) ([]Event, error)
 	}
 	stmt := `SELECT at, level, message, fields FROM sandbox_events WHERE sandbox_id = ? AND at ` + cmp + ` ? ORDER BY at ` + order
 	if q.Limit > 0 {
-		stmt += ` LIMIT ` + strconv.Itoa(q.Limit)
+		stmt += ` LIMIT ` + strconv.Itoa(q.Limit) //nolint:gosec // G202: an int, formatted here
 	}
 	rows, err := c.db.QueryContext(ctx, stmt, q.SandboxID, since)
 	if err != nil {

@@ -102,7 +102,7 @@ func (s *Sandbox) args() []any {
 func (c *Catalog) CreateSandbox(ctx context.Context, s *Sandbox) error {
 	s.Version = 1
 	err := c.tx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(20)+`)`, s.args()...); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(20)+`)`, s.args()...); err != nil { //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
 			return err
 		}
 		return putMetadata(ctx, tx, s.ID, s.Metadata)
@@ -153,7 +153,7 @@ func (c *Catalog) loadMetadata(ctx context.Context, sbs []*Sandbox) error {
 		s.Metadata = map[string]string{}
 		args = append(args, s.ID)
 	}
-	rows, err := c.db.QueryContext(ctx, `SELECT sandbox_id, k, v FROM sandbox_metadata WHERE sandbox_id IN (`+placeholders(len(args))+`)`, args...)
+	rows, err := c.db.QueryContext(ctx, `SELECT sandbox_id, k, v FROM sandbox_metadata WHERE sandbox_id IN (`+placeholders(len(args))+`)`, args...) //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox
 		if attempt > 0 {
 			// Lost a race: back off a little, with jitter, so the writers
 			// do not collide again in lockstep.
-			time.Sleep(time.Duration(rand.IntN(1<<attempt)) * time.Millisecond)
+			time.Sleep(time.Duration(rand.IntN(1<<attempt)) * time.Millisecond) //nolint:gosec // G404: retry jitter, not a secret
 		}
 		s, err := c.GetSandbox(ctx, id)
 		if err != nil {

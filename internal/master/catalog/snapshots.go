@@ -43,7 +43,7 @@ func scanSnapshot(s interface{ Scan(...any) error }) (*Snapshot, error) {
 
 // CreateSnapshot records a snapshot. AlreadyExists if the ID is taken.
 func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(9)+`)`,
+	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(9)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
 		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt), s.Runtime)
 	if isDuplicate(err) {
 		return fmt.Errorf("snapshot %q: %w", s.ID, errdefs.ErrAlreadyExists)
@@ -87,7 +87,7 @@ func (c *Catalog) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]*Snapsh
 	}
 	stmt += ` ORDER BY id`
 	if q.Limit > 0 {
-		stmt += ` LIMIT ` + strconv.Itoa(q.Limit+1)
+		stmt += ` LIMIT ` + strconv.Itoa(q.Limit+1) //nolint:gosec // G202: an int, formatted here
 	}
 	rows, err := c.db.QueryContext(ctx, stmt, args...)
 	if err != nil {

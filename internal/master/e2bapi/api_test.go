@@ -109,7 +109,8 @@ func TestE2BAPI(t *testing.T) {
 
 	t.Run("the route reaches the agent", func(t *testing.T) {
 		route := "http://" + m.Server.ProxyAddr
-		do := func(method, path, tok string, host string) *http.Response {
+		// do returns the status code; the body is drained and closed.
+		do := func(method, path, tok string, host string) int {
 			req, _ := http.NewRequest(method, route+path, strings.NewReader("{}"))
 			if host != "" {
 				req.Host = host
@@ -125,24 +126,26 @@ func TestE2BAPI(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			return resp
+			defer resp.Body.Close()
+			if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+				t.Fatal(err)
+			}
+			return resp.StatusCode
 		}
-		if r := do("GET", "/health", "", ""); r.StatusCode != http.StatusNoContent {
-			t.Fatalf("health by headers: %d", r.StatusCode)
+		if code := do("GET", "/health", "", ""); code != http.StatusNoContent {
+			t.Fatalf("health by headers: %d", code)
 		}
-		if r := do("GET", "/health", "", "49983-"+first.SandboxID+".cube.test"); r.StatusCode != http.StatusNoContent {
-			t.Fatalf("health by host: %d", r.StatusCode)
+		if code := do("GET", "/health", "", "49983-"+first.SandboxID+".cube.test"); code != http.StatusNoContent {
+			t.Fatalf("health by host: %d", code)
 		}
 		// The access token the master handed to the agent is enforced.
-		if r := do("GET", "/envs", "", ""); r.StatusCode != http.StatusUnauthorized {
-			t.Fatalf("envs without token: %d", r.StatusCode)
+		if code := do("GET", "/envs", "", ""); code != http.StatusUnauthorized {
+			t.Fatalf("envs without token: %d", code)
 		}
-		if r := do("GET", "/envs", first.EnvdAccessToken, ""); r.StatusCode != http.StatusOK {
-			t.Fatalf("envs with token: %d", r.StatusCode)
+		if code := do("GET", "/envs", first.EnvdAccessToken, ""); code != http.StatusOK {
+			t.Fatalf("envs with token: %d", code)
 		}
-		if r := do("GET", "/_cube/info", first.EnvdAccessToken, ""); r.StatusCode == http.StatusOK {
+		if code := do("GET", "/_cube/info", first.EnvdAccessToken, ""); code == http.StatusOK {
 			t.Fatal("internal agent endpoint reachable through the route")
 		}
 	})
@@ -218,8 +221,13 @@ func TestE2BAPI(t *testing.T) {
 		}
 		req, _ := http.NewRequest("GET", "http://"+m.Server.ProxyAddr+"/health", nil)
 		req.Host = "49983-" + id + ".cube.test"
-		if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusConflict {
-			t.Fatalf("route to a paused sandbox: %v %v", resp, err)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("route to a paused sandbox: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusConflict {
+			t.Fatalf("route to a paused sandbox: %v", resp)
 		}
 		var sb sandboxResp
 		if r := c.Do(t, "POST", "/v2/sandboxes/"+id+"/connect", map[string]any{"timeout": 60}, &sb); r.StatusCode != 201 || sb.SandboxID != id {

@@ -152,8 +152,8 @@ func (s *Scheduler) filter(n *Node, req Request) *Rejection {
 	if n.MaxMemoryMiB > 0 && req.MemoryMiB > n.MaxMemoryMiB {
 		return reject(errdefs.ErrInvalidArgument, "%d MiB exceeds the node's per-sandbox maximum %d", req.MemoryMiB, n.MaxMemoryMiB)
 	}
-	if max := s.cfg.MaxSandboxesPerNode; max > 0 && n.Sandboxes >= max {
-		return reject(errdefs.ErrResourceExhausted, "%d sandboxes, the limit is %d", n.Sandboxes, max)
+	if limit := s.cfg.MaxSandboxesPerNode; limit > 0 && n.Sandboxes >= limit {
+		return reject(errdefs.ErrResourceExhausted, "%d sandboxes, the limit is %d", n.Sandboxes, limit)
 	}
 	cpuCap, memCap := s.capacity(n)
 	if n.AllocMilliCPU+req.MilliCPU > cpuCap {
@@ -279,7 +279,7 @@ func classify(rejs []Rejection, refusals map[string]error) error {
 	}
 	all := func(kind error) bool {
 		for _, r := range rejs {
-			if r.kind != kind {
+			if !errors.Is(r.kind, kind) {
 				return false
 			}
 		}
@@ -292,12 +292,12 @@ func classify(rejs []Rejection, refusals map[string]error) error {
 	}
 	// Mixed reasons: if any healthy node only lacked room, say so.
 	for _, r := range rejs {
-		if r.kind == errdefs.ErrResourceExhausted {
+		if errors.Is(r.kind, errdefs.ErrResourceExhausted) {
 			return errdefs.ErrResourceExhausted
 		}
 	}
 	for _, r := range rejs {
-		if r.kind == errdefs.ErrNotFound {
+		if errors.Is(r.kind, errdefs.ErrNotFound) {
 			return errdefs.ErrNotFound
 		}
 	}

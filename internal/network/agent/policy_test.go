@@ -223,7 +223,11 @@ func TestPolicy(t *testing.T) {
 		src := mustPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{cidr32(w.Addrs[2])}})
 		update(t, a, "sb-a", policy.Spec{AllowInternet: &no, Allow: []string{cidr32(w.Addrs[2])}})
 		clone := ensure(t, a, "sb-a-clone", network.Container, src)
-		defer a.Release(ctx, "sb-a-clone")
+		defer func() {
+			if _, err := a.Release(ctx, "sb-a-clone"); err != nil {
+				t.Errorf("release the clone: %v", err)
+			}
+		}()
 		for _, ns := range []string{sb.NetNS, clone.NetNS} {
 			p := probe{t: t, ns: ns, port: w.Port}
 			p.ok(w.Addrs[2])

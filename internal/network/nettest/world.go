@@ -209,8 +209,12 @@ func (w *World) close(t testing.TB) {
 
 func delLink(name string) error {
 	l, err := netlink.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil // nothing to delete
+	}
 	if err != nil {
-		return nil
+		return err
 	}
 	return netlink.LinkDel(l)
 }

@@ -128,16 +128,16 @@ func ApplySlot(nsFD int, s Slot) error {
 	}
 
 	up := ifname(s.Uplink)
-	accept_ := nftables.ChainPolicyAccept
-	drop_ := nftables.ChainPolicyDrop
+	acceptPolicy := nftables.ChainPolicyAccept
+	dropPolicy := nftables.ChainPolicyDrop
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept_})
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &acceptPolicy})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept_})
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &acceptPolicy})
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &drop_})
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &dropPolicy})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop_})
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &dropPolicy})
 	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
 	if refill {
 		for _, ch := range []*nftables.Chain{pre, post, in, fwd, egress} {
@@ -250,13 +250,13 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 }
 
 // diff returns what is in old but not in new, and in new but not in old.
-func diff(old, new []netip.Prefix) (removed, added []netip.Prefix) {
+func diff(old, cur []netip.Prefix) (removed, added []netip.Prefix) {
 	for _, p := range old {
-		if !slices.Contains(new, p) {
+		if !slices.Contains(cur, p) {
 			removed = append(removed, p)
 		}
 	}
-	for _, p := range new {
+	for _, p := range cur {
 		if !slices.Contains(old, p) {
 			added = append(added, p)
 		}

@@ -217,8 +217,9 @@ func (a Inputs) equal(b Inputs) bool {
 }
 
 func (a Inputs) sameExceptRelease(b Inputs) bool {
-	a.Release, b.Release = "", ""
-	return a.equal(b)
+	x, y := a, b
+	x.Release, y.Release = "", ""
+	return x.equal(y)
 }
 
 // build bootstraps, configures and packs in a private directory under

@@ -122,10 +122,10 @@ func (r *Registry) run(t testing.TB, cfg string) error {
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // its exit status after SIGTERM says nothing
 		case <-time.After(5 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // killed: the status is the signal
 		}
 	}
 	deadline := time.Now().Add(15 * time.Second)

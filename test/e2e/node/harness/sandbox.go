@@ -76,21 +76,18 @@ max_backoff = "2s"
 	if runtime != "runc" {
 		extra, err := n.startVM(ctx)
 		if err != nil {
-			n.teardown(context.Background())
-			return nil, err
+			return nil, errors.Join(err, n.teardown(context.Background()))
 		}
 		toml += extra
 	}
 	cfg, err := cubelet.ParseConfig([]byte(toml))
 	if err != nil {
-		n.teardown(context.Background())
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, errors.Join(fmt.Errorf("config: %w", err), n.teardown(context.Background()))
 	}
 	n.cfg = cfg
 	svc, err := cubelet.New(ctx, cfg, log)
 	if err != nil {
-		n.teardown(context.Background())
-		return nil, fmt.Errorf("start cubelet: %w", err)
+		return nil, errors.Join(fmt.Errorf("start cubelet: %w", err), n.teardown(context.Background()))
 	}
 	n.svc = svc
 	return n, nil

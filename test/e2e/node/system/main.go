@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -203,7 +204,8 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	code := 0
 	if err := cmd.Run(); err != nil {
 		code = 1
-		if ee, ok := err.(*exec.ExitError); ok {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			code = ee.ExitCode()
 		}
 		fmt.Fprintf(os.Stdout, "system: command failed: %v (daemon logs in %s)\n", err, cfg.LogDir)
