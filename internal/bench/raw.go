@@ -19,6 +19,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/runc"
@@ -73,7 +74,7 @@ func (e *Env) newRawNode(ctx context.Context) (*rawNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	defCfg, err := cubelet.ParseConfig(nil)
+	defCfg, err := config.Parse(nil)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/agentproto"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -28,7 +29,7 @@ const AgentPath = "/usr/local/bin/cube-agent"
 // node is what the actions share: filled in by the init flow, read-only
 // afterwards.
 type node struct {
-	cfg     *Config
+	cfg     *config.Config
 	pool    *storage.Pool
 	drivers map[string]runtime.Driver
 	// disks hands out ready template disks (diskpool.go); set after

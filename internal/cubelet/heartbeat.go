@@ -21,15 +21,6 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 )
 
-// MasterConfig is the [master] section: where cubemaster is, and how this
-// node reports to it.
-type MasterConfig struct {
-	Addr              string   `toml:"addr"`
-	Advertise         string   `toml:"advertise"`
-	HeartbeatInterval Duration `toml:"heartbeat_interval"`
-	Token             string   `toml:"token"`
-}
-
 // heartbeat registers the node with cubemaster and then reports its state
 // every interval. It never blocks the cubelet: an unreachable master is
 // retried in the background, and sandboxes do not depend on it.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -105,7 +106,7 @@ func (n *node) allowedSource(src string, readOnly bool) (string, error) {
 			return "", fmt.Errorf("%q overlaps cubelet's own directory %s", src, own)
 		}
 	}
-	var best *HostMountRule
+	var best *config.HostMountRule
 	bestLen := -1
 	for i := range n.cfg.Storage.HostMountAllow {
 		r := &n.cfg.Storage.HostMountAllow[i]

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -40,9 +41,9 @@ func TestCheckHostMounts(t *testing.T) {
 	if err := os.Symlink("/dev/null", filepath.Join(rw, "dev")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &Config{}
+	cfg := &config.Config{}
 	cfg.Node.DataDir, cfg.Node.RunDir = data, mk("cube/run")
-	cfg.Storage.HostMountAllow = []HostMountRule{
+	cfg.Storage.HostMountAllow = []config.HostMountRule{
 		{Prefix: filepath.Join(dir, "allowed")},
 		{Prefix: ro, ReadOnly: true},
 		{Prefix: filepath.Join(dir, "rwlink")},
@@ -128,11 +129,11 @@ func TestSnapshotConfigValidation(t *testing.T) {
 		"[snapshots]\nmax_per_node = -1\n",
 		"[snapshots]\nclone_parallelism = 0\n",
 	} {
-		if _, err := ParseConfig([]byte(bad)); !errdefs.IsInvalidArgument(err) {
+		if _, err := config.Parse([]byte(bad)); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%q: want InvalidArgument, got %v", bad, err)
 		}
 	}
-	c, err := ParseConfig([]byte("[[storage.host_mount_allow]]\nprefix = \"/srv/a\"\nread_only = true\n[[storage.host_mount_allow]]\nprefix = \"/srv/b\"\n"))
+	c, err := config.Parse([]byte("[[storage.host_mount_allow]]\nprefix = \"/srv/a\"\nread_only = true\n[[storage.host_mount_allow]]\nprefix = \"/srv/b\"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

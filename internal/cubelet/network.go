@@ -18,14 +18,6 @@ import (
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
-// NetworkConfig is [network]: the node's network-agent.
-type NetworkConfig struct {
-	// AgentSocket is network-agent's gRPC socket; "" = none (the net
-	// action does nothing and sandboxes get an empty namespace).
-	AgentSocket  string   `toml:"agent_socket"`
-	AgentTimeout Duration `toml:"agent_timeout"`
-}
-
 // netAgent is cubelet's handle on network-agent, dialled on first use
 // (gRPC connects lazily, so a dial never waits for the agent).
 type netAgent struct {

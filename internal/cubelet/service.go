@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/policy"
@@ -33,7 +34,7 @@ import (
 
 // Service is one node's cubelet.
 type Service struct {
-	cfg     *Config
+	cfg     *config.Config
 	log     *slog.Logger
 	store   *store.Store
 	engine  *workflow.Engine[*Task]
@@ -61,7 +62,7 @@ type Service struct {
 // New opens the store, runs the init flow, reconciles the store with what
 // really exists on the node, and starts the cleanup loop. The caller
 // serves the API afterwards.
-func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Service, error) {
+func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -141,7 +142,7 @@ func (s *Service) Close() error {
 func (s *Service) Metrics() *prometheus.Registry { return s.metrics }
 
 // Config returns the configuration the service runs with.
-func (s *Service) Config() *Config { return s.cfg }
+func (s *Service) Config() *config.Config { return s.cfg }
 
 // CreateRequest asks for a new sandbox.
 type CreateRequest struct {
@@ -538,6 +539,6 @@ func (s *Service) SetFlowLimit(flow string, limit int) (FlowInfo, error) {
 
 // ReloadFlows swaps in the flows of a new config (SIGHUP). Other settings
 // need a restart.
-func (s *Service) ReloadFlows(cfg *Config) error {
+func (s *Service) ReloadFlows(cfg *config.Config) error {
 	return s.engine.Reload(cfg.Flows)
 }

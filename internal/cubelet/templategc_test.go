@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
@@ -14,7 +15,7 @@ import (
 // a template in use and a kept one stay.
 func TestTemplateGC(t *testing.T) {
 	env := cubelettest.New(t, "")
-	env.Config.GC.TemplatesUnusedAfter = cubelet.Duration{Duration: 300 * time.Millisecond}
+	env.Config.GC.TemplatesUnusedAfter = config.Duration{Duration: 300 * time.Millisecond}
 	env.Config.GC.KeepTemplates = []string{"kept"}
 	svc := env.Start(t)
 	ctx := context.Background()

@@ -1,4 +1,7 @@
-package cubelet
+// Package config is cubelet's configuration: the Config struct, its
+// embedded default.toml (which documents every key) and the paths derived
+// from it.
+package config
 
 import (
 	"bytes"
@@ -45,14 +48,13 @@ type Config struct {
 		AgentBinary         string `toml:"agent_binary"`
 		TemplateHeadroomMiB int64  `toml:"template_headroom_mib"`
 		// ShareAgentBinary binds agent_binary read-only over the template's
-		// copy, so every sandbox maps one page-cached file (actions.go).
-		ShareAgentBinary bool `toml:"share_agent_binary"`
-		// DiskPool and HostMountAllow: see config_storage.go.
-		DiskPool       DiskPoolConfig  `toml:"disk_pool"`
-		HostMountAllow []HostMountRule `toml:"host_mount_allow"`
+		// copy, so every sandbox maps one page-cached file.
+		ShareAgentBinary bool            `toml:"share_agent_binary"`
+		DiskPool         DiskPoolConfig  `toml:"disk_pool"`
+		HostMountAllow   []HostMountRule `toml:"host_mount_allow"`
 	} `toml:"storage"`
 
-	// Snapshots: retention and clone fan-out (config_storage.go).
+	// Snapshots: retention and clone fan-out.
 	Snapshots SnapshotConfig `toml:"snapshots"`
 
 	Registry struct {
@@ -64,9 +66,9 @@ type Config struct {
 		Binary string `toml:"binary"`
 		Root   string `toml:"root"`
 	} `toml:"runc"`
-	// Gvisor: the runsc driver (gvisor_config.go).
+	// Gvisor: the runsc driver.
 	Gvisor GvisorConfig `toml:"gvisor"`
-	// VM: the QEMU driver (vm_config.go).
+	// VM: the QEMU driver.
 	VM      VMConfig `toml:"vm"`
 	Sandbox struct {
 		DefaultMilliCPU   int64    `toml:"default_milli_cpu"`
@@ -82,21 +84,21 @@ type Config struct {
 		Interval   Duration `toml:"interval"`
 		MaxBackoff Duration `toml:"max_backoff"`
 		// TemplatesUnusedAfter removes templates no sandbox or snapshot has
-		// used for this long (templategc.go); 0 = never.
+		// used for this long; 0 = never.
 		TemplatesUnusedAfter Duration `toml:"templates_unused_after"`
 		// KeepTemplates are never collected.
 		KeepTemplates []string `toml:"keep_templates"`
 	} `toml:"gc"`
 	Master MasterConfig `toml:"master"`
-	// Network: the node's network-agent (network.go).
+	// Network: the node's network-agent.
 	Network NetworkConfig   `toml:"network"`
 	Flows   workflow.Config `toml:"flows"`
 }
 
-// LoadConfig returns the defaults with the file at path (if any) merged
+// Load returns the defaults with the file at path (if any) merged
 // over them. Unknown keys in the file are an error: a typo must not
 // silently fall back to a default.
-func LoadConfig(path string) (*Config, error) {
+func Load(path string) (*Config, error) {
 	var data []byte
 	if path != "" {
 		var err error
@@ -104,15 +106,15 @@ func LoadConfig(path string) (*Config, error) {
 			return nil, fmt.Errorf("read config: %w", err)
 		}
 	}
-	c, err := ParseConfig(data)
+	c, err := Parse(data)
 	if err != nil && path != "" {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, err
 }
 
-// ParseConfig is LoadConfig for TOML text already in memory.
-func ParseConfig(data []byte) (*Config, error) {
+// Parse is Load for TOML text already in memory.
+func Parse(data []byte) (*Config, error) {
 	var c Config
 	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
 		return nil, err
@@ -181,3 +183,108 @@ func (c *Config) SandboxRunDir(id string) string {
 	return filepath.Join(c.Node.RunDir, "sandboxes", id)
 }
 func (c *Config) CgroupPath(id string) string { return "/" + c.Node.CgroupParent + "/" + id }
+
+// DiskPoolConfig is [storage.disk_pool]: ready template disks kept per
+// template so creates rename instead of clone.
+type DiskPoolConfig struct {
+	// Size is the number of ready disks per template; 0 turns the pool off.
+	Size int `toml:"size"`
+	// RefillPerSecond caps background clones per second; 0 = no cap.
+	RefillPerSecond float64 `toml:"refill_per_second"`
+}
+
+// HostMountRule is one [[storage.host_mount_allow]] entry: host paths
+// under Prefix (after symlinks are resolved) may be bound into sandboxes.
+type HostMountRule struct {
+	Prefix string `toml:"prefix"`
+	// ReadOnly allows only read-only binds under Prefix.
+	ReadOnly bool `toml:"read_only"`
+}
+
+// SnapshotConfig is [snapshots]: retention and clone fan-out.
+type SnapshotConfig struct {
+	// Retention; 0 = no limit. The oldest snapshots go first.
+	MaxPerSandbox int      `toml:"max_per_sandbox"`
+	MaxPerNode    int      `toml:"max_per_node"`
+	MaxAge        Duration `toml:"max_age"`
+	// CloneParallelism is how many sandboxes one clone call starts at a
+	// time (also capped by the clone flow's limit).
+	CloneParallelism int `toml:"clone_parallelism"`
+}
+
+// finishSnapshots validates the storage settings of the snapshot features.
+func (c *Config) finishSnapshots() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("config: "+f+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	if p := c.Storage.DiskPool; p.Size < 0 || p.RefillPerSecond < 0 {
+		return bad("storage.disk_pool size and refill_per_second must not be negative")
+	}
+	for i, r := range c.Storage.HostMountAllow {
+		if !filepath.IsAbs(r.Prefix) || filepath.Clean(r.Prefix) != r.Prefix {
+			return bad("storage.host_mount_allow[%d].prefix %q must be a clean absolute path", i, r.Prefix)
+		}
+		if r.Prefix == "/" {
+			return bad("storage.host_mount_allow[%d].prefix must not be /: sandboxes would reach the whole host", i)
+		}
+	}
+	s := c.Snapshots
+	if s.MaxPerSandbox < 0 || s.MaxPerNode < 0 || s.MaxAge.Duration < 0 {
+		return bad("snapshots retention limits must not be negative")
+	}
+	if s.CloneParallelism < 1 {
+		return bad("snapshots.clone_parallelism must be at least 1")
+	}
+	return nil
+}
+
+// GvisorConfig configures the gvisor runtime driver ([gvisor]).
+type GvisorConfig struct {
+	// Binary is runsc; the driver is skipped when it cannot be found.
+	Binary string `toml:"binary"`
+	// Root is runsc --root; <run_dir>/runsc when empty.
+	Root string `toml:"root"`
+	// Platform is runsc --platform: ptrace (default, no KVM), kvm, systrap.
+	Platform string `toml:"platform"`
+	// Debug keeps runsc debug logs in each sandbox's bundle.
+	Debug bool `toml:"debug"`
+	// Checkpoint turns on memory snapshots (snapshot = checkpoint, clone
+	// and rollback = restore). Off by default: Debian 12's runsc cannot
+	// checkpoint a sandbox whose agent listens on TCP (docs/gvisor.md).
+	Checkpoint bool `toml:"checkpoint"`
+}
+
+// VMConfig configures the vm runtime driver ([vm]): QEMU micro-VMs.
+type VMConfig struct {
+	// Enabled registers the driver when QEMU and the guest artifacts are
+	// found; false skips it.
+	Enabled bool `toml:"enabled"`
+	// QEMU is the emulator binary; the driver is skipped when missing.
+	QEMU string `toml:"qemu"`
+	// GuestDir holds the guest kernel and initramfs (go run ./hack/vm-guest).
+	GuestDir string `toml:"guest_dir"`
+	// Accel: auto (KVM when /dev/kvm works, else TCG), kvm or tcg.
+	Accel string `toml:"accel"`
+	// Root is the driver's state directory; <run_dir>/vm when empty.
+	Root string `toml:"root"`
+	// Vhost asks for vhost-net on the TAP, honoured where /dev/vhost-net
+	// exists (QEMU aborts with vhost=on elsewhere).
+	Vhost bool `toml:"vhost"`
+}
+
+// MasterConfig is the [master] section: where cubemaster is, and how this
+// node reports to it.
+type MasterConfig struct {
+	Addr              string   `toml:"addr"`
+	Advertise         string   `toml:"advertise"`
+	HeartbeatInterval Duration `toml:"heartbeat_interval"`
+	Token             string   `toml:"token"`
+}
+
+// NetworkConfig is [network]: the node's network-agent.
+type NetworkConfig struct {
+	// AgentSocket is network-agent's gRPC socket; "" = none (the net
+	// action does nothing and sandboxes get an empty namespace).
+	AgentSocket  string   `toml:"agent_socket"`
+	AgentTimeout Duration `toml:"agent_timeout"`
+}
