@@ -1,4 +1,7 @@
-package cubelet_test
+// Package integration holds the tests that drive a whole cubelet.Service
+// through its exported API on this host: real runc, runsc, QEMU, loop
+// devices and XFS pools (privileged; see cubelettest).
+package integration
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package cubelet_test
+package integration
 
 import (
 	"archive/tar"
