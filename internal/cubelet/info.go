@@ -9,9 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"strings"
 )
 
 // Version is set at build time (-ldflags -X).
@@ -132,4 +137,52 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range lifecycle.All {
 		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[st]), string(st))
 	}
+}
+
+// NodeReport is what the node tells cubemaster: identity, capacity, usage,
+// templates and health.
+func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
+	r := &masterpb.NodeReport{
+		GeneratedAt: timestamppb.Now(),
+		NodeId:      s.cfg.Node.ID, Address: masterlink.Advertise(s.cfg), Version: Version,
+		DefaultRuntime: s.cfg.Node.DefaultRuntime,
+		MaxMilliCpu:    s.cfg.Sandbox.MaxMilliCPU, MaxMemoryMib: s.cfg.Sandbox.MaxMemoryMiB,
+		SandboxesByState: map[string]int32{}, SandboxesByTemplate: map[string]int32{},
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		r.BootId = strings.TrimSpace(string(b))
+	}
+	r.PidNamespace, _ = os.Readlink("/proc/self/ns/pid")
+	if info, err := s.Info(ctx); err == nil {
+		r.Hostname, r.Cpus, r.MemoryBytes = info.Hostname, int32(info.CPUs), info.MemoryBytes
+		r.StorageTotalBytes, r.StorageFreeBytes = info.StorageTotal, info.StorageFree
+		for _, rt := range info.Runtimes {
+			r.Runtimes = append(r.Runtimes, &cubeletpb.RuntimeInfo{Name: rt.Name, Pause: rt.Pause, Checkpoint: rt.Checkpoint, Restore: rt.Restore})
+		}
+	}
+	recs, _ := s.List(ctx, ListFilter{})
+	for _, rec := range recs {
+		r.SandboxesByState[string(rec.State)]++
+		if rec.State == lifecycle.Destroyed {
+			continue
+		}
+		r.SandboxesByTemplate[rec.TemplateID]++
+		r.AllocatedMilliCpu += rec.Resources.MilliCPU
+		r.AllocatedMemoryMib += rec.Resources.MemoryMiB
+	}
+	if tmpls, err := s.store.ListTemplates(); err == nil {
+		for _, t := range tmpls {
+			r.Templates = append(r.Templates, &masterpb.TemplateRef{
+				Id: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: timestamppb.New(t.CreatedAt),
+				Runtime: t.Runtime, Warm: t.WarmSnapshotID != "",
+			})
+		}
+		sort.Slice(r.Templates, func(i, j int) bool { return r.Templates[i].Id < r.Templates[j].Id })
+	}
+	ok, conds := s.Health(ctx)
+	r.Ok = ok
+	for _, c := range conds {
+		r.Conditions = append(r.Conditions, &cubeletpb.Condition{Type: c.Type, Ok: c.OK, Message: c.Message})
+	}
+	return r
 }

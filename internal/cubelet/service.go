@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/cubesandbox/cube/internal/cubelet/config"
+	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/policy"
@@ -55,8 +56,8 @@ type Service struct {
 	// closeOnce makes Close idempotent (tests and the daemon may both call it).
 	closeOnce sync.Once
 	gcDone    chan struct{}
-	kick      chan struct{} // wakes the GC loop early
-	hb        *heartbeat    // nil when no master is configured
+	kick      chan struct{}    // wakes the GC loop early
+	hb        *masterlink.Link // nil when no master is configured
 }
 
 // New opens the store, runs the init flow, reconciles the store with what
@@ -116,7 +117,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err := s.startStorage(ctx); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
-	if s.hb, err = s.startHeartbeat(); err != nil {
+	if s.hb, err = masterlink.Start(cfg.Master, s.NodeReport, log); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
 	go s.gcLoop()
@@ -129,7 +130,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 func (s *Service) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
-		s.hb.stop()
+		s.hb.Stop()
 		close(s.stopGC)
 		<-s.gcDone
 		s.stopStorage()

@@ -1,11 +1,11 @@
-package cubelet
+// Package masterlink is cubelet's link to cubemaster: it registers the
+// node and then reports its state over gRPC every heartbeat interval.
+package masterlink
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"sort"
 	"strings"
 	"time"
 
@@ -13,19 +13,18 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
-	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
-	"github.com/cubesandbox/cube/internal/lifecycle"
 )
 
-// heartbeat registers the node with cubemaster and then reports its state
+// Link registers the node with cubemaster and then reports its state
 // every interval. It never blocks the cubelet: an unreachable master is
 // retried in the background, and sandboxes do not depend on it.
-type heartbeat struct {
-	s      *Service
+type Link struct {
+	cfg    config.MasterConfig
+	report Reporter
 	log    *slog.Logger
 	conn   *grpc.ClientConn
 	client masterpb.NodeServiceClient
@@ -33,8 +32,12 @@ type heartbeat struct {
 	done   chan struct{}
 }
 
-func (s *Service) startHeartbeat() (*heartbeat, error) {
-	c := s.cfg.Master
+// Reporter builds the node's report; it is called once per heartbeat.
+type Reporter func(ctx context.Context) *masterpb.NodeReport
+
+// Start dials the master and starts heartbeating in the background. It
+// returns nil when no master is configured (standalone node).
+func Start(c config.MasterConfig, report Reporter, log *slog.Logger) (*Link, error) {
 	if c.Addr == "" {
 		return nil, nil
 	}
@@ -58,16 +61,16 @@ func (s *Service) startHeartbeat() (*heartbeat, error) {
 	if c.Token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, masterpb.NodeTokenHeader, c.Token)
 	}
-	h := &heartbeat{
-		s: s, log: s.log.With("master", c.Addr), conn: conn, client: masterpb.NewNodeServiceClient(conn),
+	h := &Link{
+		cfg: c, report: report, log: log.With("master", c.Addr), conn: conn, client: masterpb.NewNodeServiceClient(conn),
 		cancel: cancel, done: make(chan struct{}),
 	}
 	go h.run(ctx)
 	return h, nil
 }
 
-// stop ends the heartbeat; nil-safe.
-func (h *heartbeat) stop() {
+// Stop ends the heartbeat; nil-safe.
+func (h *Link) Stop() {
 	if h == nil {
 		return
 	}
@@ -76,14 +79,14 @@ func (h *heartbeat) stop() {
 	h.conn.Close()
 }
 
-func (h *heartbeat) run(ctx context.Context) {
+func (h *Link) run(ctx context.Context) {
 	defer close(h.done)
-	interval := h.s.cfg.Master.HeartbeatInterval.Duration
+	interval := h.cfg.HeartbeatInterval.Duration
 	registered := false
 	var lastErr string
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, max(interval, 2*time.Second))
-		report := h.s.NodeReport(callCtx)
+		report := h.report(callCtx)
 		var err error
 		if !registered {
 			var resp *masterpb.RegisterResponse
@@ -128,9 +131,8 @@ func (h *heartbeat) run(ctx context.Context) {
 	}
 }
 
-// advertise is the address the master should dial to reach this cubelet.
-func (s *Service) advertise() string {
-	c := s.cfg
+// Advertise is the address the master should dial to reach this cubelet.
+func Advertise(c *config.Config) string {
 	switch {
 	case c.Master.Advertise != "":
 		return c.Master.Advertise
@@ -140,52 +142,4 @@ func (s *Service) advertise() string {
 		return c.API.TCP
 	}
 	return "unix://" + c.API.Socket
-}
-
-// NodeReport is what the node tells cubemaster: identity, capacity, usage,
-// templates and health.
-func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
-	r := &masterpb.NodeReport{
-		GeneratedAt: timestamppb.Now(),
-		NodeId:      s.cfg.Node.ID, Address: s.advertise(), Version: Version,
-		DefaultRuntime: s.cfg.Node.DefaultRuntime,
-		MaxMilliCpu:    s.cfg.Sandbox.MaxMilliCPU, MaxMemoryMib: s.cfg.Sandbox.MaxMemoryMiB,
-		SandboxesByState: map[string]int32{}, SandboxesByTemplate: map[string]int32{},
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-		r.BootId = strings.TrimSpace(string(b))
-	}
-	r.PidNamespace, _ = os.Readlink("/proc/self/ns/pid")
-	if info, err := s.Info(ctx); err == nil {
-		r.Hostname, r.Cpus, r.MemoryBytes = info.Hostname, int32(info.CPUs), info.MemoryBytes
-		r.StorageTotalBytes, r.StorageFreeBytes = info.StorageTotal, info.StorageFree
-		for _, rt := range info.Runtimes {
-			r.Runtimes = append(r.Runtimes, &cubeletpb.RuntimeInfo{Name: rt.Name, Pause: rt.Pause, Checkpoint: rt.Checkpoint, Restore: rt.Restore})
-		}
-	}
-	recs, _ := s.List(ctx, ListFilter{})
-	for _, rec := range recs {
-		r.SandboxesByState[string(rec.State)]++
-		if rec.State == lifecycle.Destroyed {
-			continue
-		}
-		r.SandboxesByTemplate[rec.TemplateID]++
-		r.AllocatedMilliCpu += rec.Resources.MilliCPU
-		r.AllocatedMemoryMib += rec.Resources.MemoryMiB
-	}
-	if tmpls, err := s.store.ListTemplates(); err == nil {
-		for _, t := range tmpls {
-			r.Templates = append(r.Templates, &masterpb.TemplateRef{
-				Id: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: timestamppb.New(t.CreatedAt),
-				Runtime: t.Runtime, Warm: t.WarmSnapshotID != "",
-			})
-		}
-		sort.Slice(r.Templates, func(i, j int) bool { return r.Templates[i].Id < r.Templates[j].Id })
-	}
-	ok, conds := s.Health(ctx)
-	r.Ok = ok
-	for _, c := range conds {
-		r.Conditions = append(r.Conditions, &cubeletpb.Condition{Type: c.Type, Ok: c.OK, Message: c.Message})
-	}
-	return r
 }
