@@ -19,6 +19,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -287,5 +288,5 @@ func lastLine(b []byte) string {
 func waitAgent(ctx context.Context, pid int) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return cubelet.WaitAgent(ctx, pid)
+	return agentclient.WaitAgent(ctx, pid)
 }

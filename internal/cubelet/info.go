@@ -47,19 +47,19 @@ func (s *Service) Info(ctx context.Context) (*NodeInfo, error) {
 	host, _ := os.Hostname()
 	info := &NodeInfo{
 		NodeID: s.cfg.Node.ID, Hostname: host, Version: Version,
-		StorageMode: s.node.pool.Mode(), StorageDir: s.node.pool.Dir(),
+		StorageMode: s.node.Pool.Mode(), StorageDir: s.node.Pool.Dir(),
 		CPUs: goruntime.NumCPU(), SandboxesByState: map[lifecycle.State]int{},
 	}
-	for name, d := range s.node.drivers {
+	for name, d := range s.node.Drivers {
 		ri := RuntimeInfo{Name: name, Capabilities: d.Capabilities()}
-		if ds, ok := d.(interface{ Describe() string }); ok {
+		if ds, ok := d.(runtime.Describer); ok {
 			ri.Detail = ds.Describe()
 		}
 		info.Runtimes = append(info.Runtimes, ri)
 	}
 	sort.Slice(info.Runtimes, func(i, j int) bool { return info.Runtimes[i].Name < info.Runtimes[j].Name })
 	var st unix.Statfs_t
-	if unix.Statfs(s.node.pool.Dir(), &st) == nil {
+	if unix.Statfs(s.node.Pool.Dir(), &st) == nil {
 		info.StorageTotal = int64(st.Blocks) * st.Bsize
 		info.StorageFree = int64(st.Bavail) * st.Bsize
 	}
@@ -95,13 +95,13 @@ func (s *Service) Health(ctx context.Context) (bool, []Condition) {
 	}
 	_, err := s.store.Meta("node_id")
 	add("store", err)
-	_, err = os.Stat(s.node.pool.Dir())
+	_, err = os.Stat(s.node.Pool.Dir())
 	add("storage", err)
-	for name, d := range s.node.drivers {
+	for name, d := range s.node.Drivers {
 		_, err := d.List(ctx)
 		add("runtime/"+name, err)
 	}
-	if err, on := s.networkHealth(ctx); on {
+	if err, on := s.node.Net.Health(ctx); on {
 		add("network-agent", err)
 	}
 	ok := true

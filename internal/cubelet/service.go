@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -38,8 +39,8 @@ type Service struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	store   *store.Store
-	engine  *workflow.Engine[*Task]
-	node    *node
+	engine  *workflow.Engine[*actions.Task]
+	node    *actions.Node
 	metrics *prometheus.Registry
 
 	mu    sync.Mutex
@@ -80,7 +81,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		cfg:       cfg,
 		log:       log,
 		store:     st,
-		node:      &node{cfg: cfg},
+		node:      actions.NewNode(cfg),
 		metrics:   prometheus.NewRegistry(),
 		boxes:     map[string]*entry{},
 		importing: map[string]bool{},
@@ -98,10 +99,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	s.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &stateCollector{s: s})
 
 	reg := workflow.NewRegistry()
-	registerActions(s.node, reg)
-	registerSnapshotActions(s.node, reg)
-	registerPauseModeActions(s.node, reg)
-	s.engine, err = workflow.New(reg, append(append(verbs(), snapshotVerbs()...), pauseModeVerbs()...), cfg.Flows,
+	actions.Register(s.node, reg)
+	s.engine, err = workflow.New(reg, actions.Verbs(), cfg.Flows,
 		workflow.WithMetrics(s.metrics, "cubelet"),
 		workflow.WithLogger(log),
 		workflow.WithFailpoints(true))
@@ -232,7 +231,7 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if req.Runtime == "" {
 		req.Runtime = s.cfg.Node.DefaultRuntime
 	}
-	if _, ok := s.node.drivers[req.Runtime]; !ok {
+	if _, ok := s.node.Drivers[req.Runtime]; !ok {
 		return nil, fieldErr("runtime", "%q is not available on this node", req.Runtime)
 	}
 	if err := s.runtimeUsable(req.Runtime); err != nil {
@@ -274,10 +273,10 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if len(req.RequestID) > 128 {
 		return nil, fieldErr("request_id", "longer than 128 bytes")
 	}
-	if req.HostMounts, err = s.node.checkHostMounts(req.HostMounts); err != nil {
+	if req.HostMounts, err = checkHostMounts(s.cfg, req.HostMounts); err != nil {
 		return nil, err
 	}
-	if err := s.checkNetworkPolicy(req.Network); err != nil {
+	if err := s.node.Net.CheckPolicy(req.Network); err != nil {
 		return nil, err
 	}
 	return tmpl, nil
@@ -337,7 +336,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 // failedCreate removes a sandbox whose create flow failed. The flow has
 // already undone its actions; whatever the record still names was not
 // released and goes to the cleanup journal.
-func (s *Service) failedCreate(t *Task, log *slog.Logger, cause error) {
+func (s *Service) failedCreate(t *actions.Task, log *slog.Logger, cause error) {
 	rec := t.Record()
 	if rec.Disk == nil && rec.Mount == nil && rec.Container == nil && rec.Network == nil {
 		if err := s.store.FinishDestroy(rec.ID); err != nil {

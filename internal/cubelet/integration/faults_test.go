@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/lifecycle"
@@ -80,7 +81,7 @@ func TestFaultInjection(t *testing.T) {
 				if sb.State != lifecycle.Running || freezerState(t, env, id) != "THAWED" {
 					t.Fatalf("after failed pause: state %s, freezer %s", sb.State, freezerState(t, env, id))
 				}
-				if err := cubelet.WaitAgent(ctx, sb.Container.PID); err != nil {
+				if err := agentclient.WaitAgent(ctx, sb.Container.PID); err != nil {
 					t.Fatalf("agent after failed pause: %v", err)
 				}
 			})

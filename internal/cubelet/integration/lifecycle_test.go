@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
@@ -73,7 +74,7 @@ func TestLifecycle(t *testing.T) {
 	if _, err := svc.Resume(ctx, sb.ID); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	if err := cubelet.WaitAgent(ctx, sb.Container.PID); err != nil {
+	if err := agentclient.WaitAgent(ctx, sb.Container.PID); err != nil {
 		t.Fatalf("agent after resume: %v", err)
 	}
 	if _, err := svc.Resume(ctx, sb.ID); !errdefs.IsFailedPrecondition(err) {

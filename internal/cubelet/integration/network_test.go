@@ -12,6 +12,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/failpoint"
@@ -151,7 +152,7 @@ func TestNetworkSandboxes(t *testing.T) {
 		}
 		// A cannot reach B's agent; the host can.
 		sbProbe{t: t, pid: a.Container.PID, port: agentproto.Port}.blocked(netip.MustParseAddr(b.Network.HostIP))
-		if err := cubelet.WaitAgentVia(ctx, b.Container.PID, b.Network.HostIP); err != nil {
+		if err := agentclient.WaitAgentVia(ctx, b.Container.PID, b.Network.HostIP); err != nil {
 			t.Fatal(err)
 		}
 		// B has the default policy: the internet, all of it.

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/cubeletapi"
 	"github.com/cubesandbox/cube/internal/leakcheck"
@@ -290,7 +290,7 @@ func TestSandboxesOutliveCubelet(t *testing.T) {
 func waitAgent(pid int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return cubelet.WaitAgent(ctx, pid)
+	return agentclient.WaitAgent(ctx, pid)
 }
 
 // assertOnlyBystanders runs the leak checker and ignores what the two

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
@@ -135,7 +136,7 @@ func agentUp(t *testing.T, svc *cubelet.Service, id string) {
 	if sb == nil || sb.Container == nil {
 		t.Fatalf("sandbox %s has no container", id)
 	}
-	if err := cubelet.WaitAgent(context.Background(), sb.Container.PID); err != nil {
+	if err := agentclient.WaitAgent(context.Background(), sb.Container.PID); err != nil {
 		t.Fatalf("agent of %s: %v", id, err)
 	}
 }

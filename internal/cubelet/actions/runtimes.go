@@ -1,32 +1,71 @@
-package cubelet
+package actions
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os/exec"
 	"sync"
 
 	"github.com/cubesandbox/cube/internal/agentchan"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/gvisor"
+	"github.com/cubesandbox/cube/internal/runtime/runc"
 	"github.com/cubesandbox/cube/internal/runtime/vm"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
-// vmRuntime is the QEMU driver as cubelet uses it: the driver plus one
-// agent-channel client per VM. QEMU's chardev socket takes one client at a
-// time, so every cubelet call to a VM's agent shares that client's single
-// HTTP/2 connection.
-type vmRuntime struct {
-	*vm.Driver
-	mu      sync.Mutex
-	clients map[string]*http.Client
+// runtimesAction finds the runtime drivers this node can run (init): runc
+// always, gVisor and QEMU VMs when their binaries (and guest artifacts)
+// are there.
+type runtimesAction struct{ n *Node }
+
+func (*runtimesAction) Name() string { return "runtimes" }
+
+func (a *runtimesAction) Init(ctx context.Context) error {
+	c := a.n.Cfg
+	if _, err := exec.LookPath(c.Runc.Binary); err != nil {
+		return fmt.Errorf("runc runtime: %w", err)
+	}
+	d, err := runc.New(runc.Config{Binary: c.Runc.Binary, Root: c.Runc.Root})
+	if err != nil {
+		return err
+	}
+	a.n.Drivers = map[string]runtime.Driver{d.Name(): d}
+	if g := a.gvisor(ctx); g != nil {
+		a.n.Drivers[g.Name()] = g
+	}
+	if v := a.vm(ctx); v != nil {
+		a.n.Drivers[v.Name()] = v
+	}
+	if _, ok := a.n.Drivers[c.Node.DefaultRuntime]; !ok {
+		return fmt.Errorf("node.default_runtime %q is not available: %w", c.Node.DefaultRuntime, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// gvisor returns the gvisor driver, or nil (with a log line) when this
+// node cannot run it: gVisor is optional, runc is not.
+func (a *runtimesAction) gvisor(ctx context.Context) runtime.Driver {
+	c := a.n.Cfg.Gvisor
+	if _, err := exec.LookPath(c.Binary); err != nil {
+		slog.InfoContext(ctx, "gvisor runtime skipped: runsc not found", "binary", c.Binary)
+		return nil
+	}
+	d, err := gvisor.New(gvisor.Config{Binary: c.Binary, Root: c.Root, Platform: c.Platform, Debug: c.Debug, Checkpoint: c.Checkpoint})
+	if err != nil {
+		slog.WarnContext(ctx, "gvisor runtime skipped", "error", err)
+		return nil
+	}
+	return d
 }
 
 // vm returns the vm driver, or nil (with a log line) when this node cannot
 // run VMs: QEMU missing, or no guest artifacts built yet.
 func (a *runtimesAction) vm(ctx context.Context) runtime.Driver {
-	c := a.n.cfg.VM
+	c := a.n.Cfg.VM
 	if !c.Enabled {
 		return nil
 	}
@@ -45,6 +84,21 @@ func (a *runtimesAction) vm(ctx context.Context) runtime.Driver {
 	}
 	return &vmRuntime{Driver: d, clients: map[string]*http.Client{}}
 }
+
+// vmRuntime is the QEMU driver as cubelet uses it: the driver plus one
+// agent-channel client per VM. QEMU's chardev socket takes one client at a
+// time, so every cubelet call to a VM's agent shares that client's single
+// HTTP/2 connection.
+type vmRuntime struct {
+	*vm.Driver
+	mu      sync.Mutex
+	clients map[string]*http.Client
+}
+
+var (
+	_ runtime.Driver       = (*vmRuntime)(nil)
+	_ runtime.AgentChannel = (*vmRuntime)(nil)
+)
 
 // AgentClient is the client of id's agent channel: vsock where the host
 // has it, else the virtio-serial socket.
