@@ -16,6 +16,18 @@ import (
 // stopped). The flows are pause/resume and pause_disk/resume_disk; their
 // actions are in package actions (diskpause.go draws the state machine).
 
+// Pause freezes a running sandbox, its memory resident (PauseTo, in
+// pausemode.go, also pauses to disk).
+func (s *Service) Pause(ctx context.Context, id string) (*Result, error) {
+	return s.PauseTo(ctx, id, sandbox.PauseMemory)
+}
+
+// Resume thaws a paused sandbox, or restores a disk-paused one from its
+// memory image, and returns once its agent answers.
+func (s *Service) Resume(ctx context.Context, id string) (*Result, error) {
+	return s.pauseModeVerb(ctx, id, FlowResume, lifecycle.Running, "")
+}
+
 // PauseTo pauses a running sandbox in the given mode (memory when empty).
 // A pause to disk that fails leaves the sandbox running as it was.
 func (s *Service) PauseTo(ctx context.Context, id string, mode sandbox.PauseMode) (*Result, error) {
