@@ -60,6 +60,8 @@ func (s *Service) drainTemplateDisks(templateID string) {
 // number of snapshots at scrape time.
 type storageCollector struct{ s *Service }
 
+var _ prometheus.Collector = (*storageCollector)(nil)
+
 var (
 	poolHitsDesc = prometheus.NewDesc("cubelet_disk_pool_hits_total",
 		"Creates that got a ready disk from the pool.", []string{"template"}, nil)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/store"
 )
 
 // entry is the in-memory handle of one sandbox: its lock and the last
@@ -34,6 +35,9 @@ func (e *entry) acquire(ctx context.Context) error {
 }
 
 func (e *entry) release() { <-e.lock }
+
+// The store is what tasks persist records to.
+var _ actions.RecordWriter = (*store.Store)(nil)
 
 // newTask starts a flow's task on rec; every record it persists becomes
 // e's (when e is set).

@@ -123,6 +123,8 @@ func sortRecords(recs []*sandbox.Record) {
 // stateCollector exports the number of sandboxes per state at scrape time.
 type stateCollector struct{ s *Service }
 
+var _ prometheus.Collector = (*stateCollector)(nil)
+
 var sandboxesDesc = prometheus.NewDesc("cubelet_sandboxes", "Sandboxes on this node by state.", []string{"state"}, nil)
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sandboxesDesc }
