@@ -16,8 +16,8 @@ import (
 // stopped). The flows are pause/resume and pause_disk/resume_disk; their
 // actions are in package actions (diskpause.go draws the state machine).
 
-// Pause freezes a running sandbox, its memory resident (PauseTo, in
-// pausemode.go, also pauses to disk).
+// Pause freezes a running sandbox, its memory resident (PauseTo also
+// pauses to disk).
 func (s *Service) Pause(ctx context.Context, id string) (*Result, error) {
 	return s.PauseTo(ctx, id, sandbox.PauseMemory)
 }

@@ -41,7 +41,7 @@ type Result struct {
 	Warm     bool
 	Warnings []string
 	// Flow is the flow that ran when the verb picks one (pause, resume:
-	// pausemode.go); empty otherwise.
+	// pause.go); empty otherwise.
 	Flow string
 }
 

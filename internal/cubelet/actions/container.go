@@ -129,7 +129,7 @@ func launch(ctx context.Context, d runtime.Driver, t *Task, spec runtime.Spec) (
 	if err != nil {
 		return st, err
 	}
-	// The image was taken with the agent quiesced (memory.go): wake it;
+	// The image was taken with the agent quiesced (quiesce action): wake it;
 	// the agent action then waits for its /health. The caller's undo
 	// stops the container if this fails.
 	if w, ok := d.(runtime.AgentWaker); ok {
