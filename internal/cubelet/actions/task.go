@@ -178,8 +178,7 @@ const (
 // it together with the function that gives it back; the step or undo that
 // gives it back calls Release, which runs that function once and drops
 // the entry. Where something else already gave it back (a restore woke
-// the agent), Drop forgets it. What a failed flow still holds is in its
-// error path's log line (String).
+// the agent), Drop forgets it.
 type Ledger struct {
 	mu      sync.Mutex
 	entries []ledgerEntry
