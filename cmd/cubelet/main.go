@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/cubeletapi"
 	"github.com/cubesandbox/cube/internal/failpoint"
 )
@@ -22,7 +23,7 @@ func main() {
 	debug := flag.Bool("debug", false, "debug logging")
 	flag.Parse()
 	if *printCfg {
-		os.Stdout.Write(cubelet.DefaultTOML())
+		os.Stdout.Write(config.DefaultTOML())
 		return
 	}
 	level := slog.LevelInfo
@@ -41,7 +42,7 @@ func run(cfgPath string, log *slog.Logger) error {
 	if err := failpoint.LoadEnv(); err != nil {
 		return err
 	}
-	cfg, err := cubelet.LoadConfig(cfgPath)
+	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func run(cfgPath string, log *slog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for range hup {
-			next, err := cubelet.LoadConfig(cfgPath)
+			next, err := config.Load(cfgPath)
 			if err == nil {
 				err = svc.ReloadFlows(next)
 			}

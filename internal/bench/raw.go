@@ -19,6 +19,8 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
@@ -74,7 +76,7 @@ func (e *Env) newRawNode(ctx context.Context) (*rawNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	defCfg, err := cubelet.ParseConfig(nil)
+	defCfg, err := config.Parse(nil)
 	if err != nil {
 		return nil, err
 	}
@@ -287,5 +289,5 @@ func lastLine(b []byte) string {
 func waitAgent(ctx context.Context, pid int) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return cubelet.WaitAgent(ctx, pid)
+	return agentclient.WaitAgent(ctx, pid)
 }

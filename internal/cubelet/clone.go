@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/policy"
@@ -62,7 +63,7 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 		return nil, err
 	}
 	defer release()
-	if _, err := s.node.driver(sn.Runtime); err != nil {
+	if _, err := s.node.Driver(sn.Runtime); err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", sn.ID, err)
 	}
 	tmpl, err := s.store.GetTemplate(sn.TemplateID)
@@ -73,7 +74,7 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 	if req.Network != nil {
 		netPolicy = req.Network
 	}
-	if err := s.checkNetworkPolicy(netPolicy); err != nil {
+	if err := s.node.Net.CheckPolicy(netPolicy); err != nil {
 		return nil, err
 	}
 	env := maps.Clone(sn.Env)
@@ -83,7 +84,8 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 	maps.Copy(env, req.Env)
 
 	now := time.Now().UTC()
-	tasks := make([]*Task, req.Count)
+	tasks := make([]*actions.Task, req.Count)
+	entries := make([]*entry, req.Count)
 	for i := range tasks {
 		rec := &sandbox.Record{
 			ID: req.SandboxIDs[i], TemplateID: sn.TemplateID, Runtime: sn.Runtime,
@@ -93,10 +95,11 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 		}
 		e := newEntry(rec)
 		_ = e.acquire(context.Background()) // fresh entry: never blocks
+		entries[i] = e
 		tasks[i] = newTask(s.store, e, rec, tmpl)
-		tasks[i].snap = &snapOp{snap: sn}
+		tasks[i].Clone = sn
 	}
-	if err := s.reserve(tasks); err != nil {
+	if err := s.reserve(entries); err != nil {
 		return nil, err
 	}
 
@@ -113,7 +116,7 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			timings[i], made[i], errs[i] = s.cloneOne(ctx, t)
+			timings[i], made[i], errs[i] = s.cloneOne(ctx, entries[i], t)
 		})
 	}
 	wg.Wait()
@@ -200,16 +203,16 @@ func (s *Service) validateClone(req *CloneRequest) error {
 
 // reserve registers every clone's (locked) entry, or none of them if an
 // ID is taken.
-func (s *Service) reserve(tasks []*Task) error {
+func (s *Service) reserve(entries []*entry) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, t := range tasks {
-		if id := t.rec.ID; s.boxes[id] != nil {
+	for _, e := range entries {
+		if id := e.rec.Load().ID; s.boxes[id] != nil {
 			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrAlreadyExists)
 		}
 	}
-	for _, t := range tasks {
-		s.boxes[t.rec.ID] = t.entry
+	for _, e := range entries {
+		s.boxes[e.rec.Load().ID] = e
 	}
 	return nil
 }
@@ -218,8 +221,8 @@ func (s *Service) reserve(tasks []*Task) error {
 // lock. A failed flow is undone like a failed create; made reports
 // whether the sandbox exists afterwards (and so must be destroyed if
 // another clone of the call failed).
-func (s *Service) cloneOne(ctx context.Context, t *Task) (_ []workflow.Timing, made bool, _ error) {
-	defer t.entry.release()
+func (s *Service) cloneOne(ctx context.Context, e *entry, t *actions.Task) (_ []workflow.Timing, made bool, _ error) {
+	defer e.release()
 	rec := t.Record()
 	if err := s.store.CreateSandbox(rec); err != nil {
 		s.forget(rec.ID)

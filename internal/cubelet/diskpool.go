@@ -5,30 +5,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/storage"
 )
-
-// diskSource names a template image for the disk pool. The template's
-// creation time is its generation: a template deleted and imported again
-// under the same ID never gets a ready disk of the old image.
-func diskSource(t *sandbox.Template) storage.DiskSource {
-	gen := t.CreatedAt
-	if !t.RebuiltAt.IsZero() {
-		gen = t.RebuiltAt // ready disks of the image before the rebuild are stale
-	}
-	return storage.DiskSource{TemplateID: t.ID, Image: t.ImagePath, Gen: gen.UnixNano()}
-}
-
-// templateDisk puts a disk of template t at path: a ready one from the
-// pool when there is one, a clone made now otherwise.
-func (n *node) templateDisk(ctx context.Context, t *sandbox.Template, path string) error {
-	if n.disks == nil {
-		return n.pool.Clone(ctx, t.ImagePath, path)
-	}
-	_, err := n.disks.Take(ctx, diskSource(t), path)
-	return err
-}
 
 // startStorage runs after reconcile: it settles the snapshots and the
 // verbs a crash interrupted, then starts the disk pool, adopting the ready
@@ -41,10 +20,10 @@ func (s *Service) startStorage(ctx context.Context) error {
 	}
 	srcs := make([]storage.DiskSource, 0, len(tmpls))
 	for _, t := range tmpls {
-		srcs = append(srcs, diskSource(t))
+		srcs = append(srcs, actions.DiskSource(t))
 	}
 	pc := s.cfg.Storage.DiskPool
-	dp := storage.NewDiskPool(s.node.pool, storage.DiskPoolConfig{
+	dp := storage.NewDiskPool(s.node.Pool, storage.DiskPoolConfig{
 		Size: pc.Size, RefillPerSecond: pc.RefillPerSecond, Log: s.log,
 	})
 	adopted, removed, err := dp.Start(srcs)
@@ -52,27 +31,27 @@ func (s *Service) startStorage(ctx context.Context) error {
 		s.log.Warn("disk pool: could not remove some stale ready disks", "err", err)
 	}
 	s.log.Info("disk pool started", "templates", len(srcs), "size", pc.Size, "adopted", adopted, "removed", removed)
-	s.node.disks = dp
+	s.node.Disks = dp
 	s.metrics.MustRegister(&storageCollector{s: s})
 	return nil
 }
 
 // stopStorage drains the disk pool (Close).
 func (s *Service) stopStorage() {
-	if s.node.disks == nil {
+	if s.node.Disks == nil {
 		return
 	}
-	if err := s.node.disks.Close(); err != nil {
+	if err := s.node.Disks.Close(); err != nil {
 		s.log.Warn("disk pool close", "err", err)
 	}
 }
 
 // drainTemplateDisks removes a deleted template's ready disks.
 func (s *Service) drainTemplateDisks(templateID string) {
-	if s.node.disks == nil {
+	if s.node.Disks == nil {
 		return
 	}
-	if err := s.node.disks.Drain(templateID); err != nil {
+	if err := s.node.Disks.Drain(templateID); err != nil {
 		s.log.Warn("disk pool drain", "template_id", templateID, "err", err)
 	}
 }
@@ -80,6 +59,8 @@ func (s *Service) drainTemplateDisks(templateID string) {
 // storageCollector exports the disk pool's hit and miss counters and the
 // number of snapshots at scrape time.
 type storageCollector struct{ s *Service }
+
+var _ prometheus.Collector = (*storageCollector)(nil)
 
 var (
 	poolHitsDesc = prometheus.NewDesc("cubelet_disk_pool_hits_total",
@@ -100,7 +81,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
-	if dp := c.s.node.disks; dp != nil {
+	if dp := c.s.node.Disks; dp != nil {
 		for _, st := range dp.Stats() {
 			ch <- prometheus.MustNewConstMetric(poolHitsDesc, prometheus.CounterValue, float64(st.Hits), st.TemplateID)
 			ch <- prometheus.MustNewConstMetric(poolMissesDesc, prometheus.CounterValue, float64(st.Misses), st.TemplateID)

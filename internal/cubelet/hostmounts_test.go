@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -40,15 +42,15 @@ func TestCheckHostMounts(t *testing.T) {
 	if err := os.Symlink("/dev/null", filepath.Join(rw, "dev")); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &Config{}
+	cfg := &config.Config{}
 	cfg.Node.DataDir, cfg.Node.RunDir = data, mk("cube/run")
-	cfg.Storage.HostMountAllow = []HostMountRule{
+	cfg.Storage.HostMountAllow = []config.HostMountRule{
 		{Prefix: filepath.Join(dir, "allowed")},
 		{Prefix: ro, ReadOnly: true},
 		{Prefix: filepath.Join(dir, "rwlink")},
 		{Prefix: filepath.Join(dir, "cube")},
 	}
-	n := &node{cfg: cfg}
+	n := actions.NewNode(cfg)
 
 	ok := []sandbox.HostMount{
 		{Source: rw, Destination: "/mnt/rw"},
@@ -56,14 +58,14 @@ func TestCheckHostMounts(t *testing.T) {
 		{Source: ro, Destination: "/mnt/ro", ReadOnly: true},
 		{Source: filepath.Join(dir, "rwlink", "sub"), Destination: "/mnt/sub"},
 	}
-	got, err := n.checkHostMounts(ok)
+	got, err := checkHostMounts(cfg, ok)
 	if err != nil {
 		t.Fatalf("allowed mounts refused: %v", err)
 	}
 	if got[3].Source != filepath.Join(rw, "sub") {
 		t.Errorf("source not resolved: %q", got[3].Source)
 	}
-	if _, err := n.hostMountsFor(got); err != nil {
+	if _, err := n.HostMountsFor(got); err != nil {
 		t.Errorf("re-check at start: %v", err)
 	}
 
@@ -86,20 +88,20 @@ func TestCheckHostMounts(t *testing.T) {
 		{"unclean dest", sandbox.HostMount{Source: rw, Destination: "/a/../dev"}, "destination", "clean"},
 		{"no dest", sandbox.HostMount{Source: rw}, "destination", "required"},
 	} {
-		_, err := n.checkHostMounts([]sandbox.HostMount{c.m})
+		_, err := checkHostMounts(cfg, []sandbox.HostMount{c.m})
 		var fe *FieldError
 		if !errors.As(err, &fe) || !errdefs.IsInvalidArgument(err) ||
 			fe.Field != "host_mounts[0]."+c.field || !strings.Contains(fe.Msg, c.msg) {
 			t.Errorf("%s: want InvalidArgument on %s mentioning %q, got %v", c.name, c.field, c.msg, err)
 		}
 	}
-	if _, err := n.checkHostMounts([]sandbox.HostMount{{Source: rw, Destination: "/a"}, {Source: ro, Destination: "/a", ReadOnly: true}}); err == nil {
+	if _, err := checkHostMounts(cfg, []sandbox.HostMount{{Source: rw, Destination: "/a"}, {Source: ro, Destination: "/a", ReadOnly: true}}); err == nil {
 		t.Error("duplicate destination accepted")
 	}
 
 	// A source swapped for a symlink after create is refused at start.
 	swapped := mk("allowed/rw/later")
-	got, err = n.checkHostMounts([]sandbox.HostMount{{Source: swapped, Destination: "/later"}})
+	got, err = checkHostMounts(cfg, []sandbox.HostMount{{Source: swapped, Destination: "/later"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,37 +111,13 @@ func TestCheckHostMounts(t *testing.T) {
 	if err := os.Symlink(outside, swapped); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.hostMountsFor(got); !errdefs.IsFailedPrecondition(err) {
+	if _, err := n.HostMountsFor(got); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("swapped source at start: %v", err)
 	}
 
 	// No rules: every host mount is refused, with the reason.
-	n.cfg.Storage.HostMountAllow = nil
-	if _, err := n.checkHostMounts(ok[:1]); err == nil || !strings.Contains(err.Error(), "host_mount_allow is empty") {
+	cfg.Storage.HostMountAllow = nil
+	if _, err := checkHostMounts(cfg, ok[:1]); err == nil || !strings.Contains(err.Error(), "host_mount_allow is empty") {
 		t.Errorf("no rules: %v", err)
-	}
-}
-
-func TestSnapshotConfigValidation(t *testing.T) {
-	for _, bad := range []string{
-		"[storage.disk_pool]\nsize = -1\n",
-		"[[storage.host_mount_allow]]\nprefix = \"relative\"\n",
-		"[[storage.host_mount_allow]]\nprefix = \"/\"\n",
-		"[snapshots]\nmax_per_node = -1\n",
-		"[snapshots]\nclone_parallelism = 0\n",
-	} {
-		if _, err := ParseConfig([]byte(bad)); !errdefs.IsInvalidArgument(err) {
-			t.Errorf("%q: want InvalidArgument, got %v", bad, err)
-		}
-	}
-	c, err := ParseConfig([]byte("[[storage.host_mount_allow]]\nprefix = \"/srv/a\"\nread_only = true\n[[storage.host_mount_allow]]\nprefix = \"/srv/b\"\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := c.Storage.HostMountAllow; len(r) != 2 || !r[0].ReadOnly || r[1].Prefix != "/srv/b" {
-		t.Fatalf("host_mount_allow: %+v", r)
-	}
-	if c.Storage.DiskPool.Size != 16 || c.Snapshots.CloneParallelism != 8 {
-		t.Fatalf("defaults: %+v %+v", c.Storage.DiskPool, c.Snapshots)
 	}
 }

@@ -9,9 +9,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"strings"
 )
 
 // Version is set at build time (-ldflags -X).
@@ -42,19 +47,19 @@ func (s *Service) Info(ctx context.Context) (*NodeInfo, error) {
 	host, _ := os.Hostname()
 	info := &NodeInfo{
 		NodeID: s.cfg.Node.ID, Hostname: host, Version: Version,
-		StorageMode: s.node.pool.Mode(), StorageDir: s.node.pool.Dir(),
+		StorageMode: s.node.Pool.Mode(), StorageDir: s.node.Pool.Dir(),
 		CPUs: goruntime.NumCPU(), SandboxesByState: map[lifecycle.State]int{},
 	}
-	for name, d := range s.node.drivers {
+	for name, d := range s.node.Drivers {
 		ri := RuntimeInfo{Name: name, Capabilities: d.Capabilities()}
-		if ds, ok := d.(interface{ Describe() string }); ok {
+		if ds, ok := d.(runtime.Describer); ok {
 			ri.Detail = ds.Describe()
 		}
 		info.Runtimes = append(info.Runtimes, ri)
 	}
 	sort.Slice(info.Runtimes, func(i, j int) bool { return info.Runtimes[i].Name < info.Runtimes[j].Name })
 	var st unix.Statfs_t
-	if unix.Statfs(s.node.pool.Dir(), &st) == nil {
+	if unix.Statfs(s.node.Pool.Dir(), &st) == nil {
 		info.StorageTotal = int64(st.Blocks) * st.Bsize
 		info.StorageFree = int64(st.Bavail) * st.Bsize
 	}
@@ -90,13 +95,13 @@ func (s *Service) Health(ctx context.Context) (bool, []Condition) {
 	}
 	_, err := s.store.Meta("node_id")
 	add("store", err)
-	_, err = os.Stat(s.node.pool.Dir())
+	_, err = os.Stat(s.node.Pool.Dir())
 	add("storage", err)
-	for name, d := range s.node.drivers {
+	for name, d := range s.node.Drivers {
 		_, err := d.List(ctx)
 		add("runtime/"+name, err)
 	}
-	if err, on := s.networkHealth(ctx); on {
+	if err, on := s.node.Net.Health(ctx); on {
 		add("network-agent", err)
 	}
 	ok := true
@@ -118,6 +123,8 @@ func sortRecords(recs []*sandbox.Record) {
 // stateCollector exports the number of sandboxes per state at scrape time.
 type stateCollector struct{ s *Service }
 
+var _ prometheus.Collector = (*stateCollector)(nil)
+
 var sandboxesDesc = prometheus.NewDesc("cubelet_sandboxes", "Sandboxes on this node by state.", []string{"state"}, nil)
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sandboxesDesc }
@@ -132,4 +139,52 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range lifecycle.All {
 		ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(counts[st]), string(st))
 	}
+}
+
+// NodeReport is what the node tells cubemaster: identity, capacity, usage,
+// templates and health.
+func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
+	r := &masterpb.NodeReport{
+		GeneratedAt: timestamppb.Now(),
+		NodeId:      s.cfg.Node.ID, Address: masterlink.Advertise(s.cfg), Version: Version,
+		DefaultRuntime: s.cfg.Node.DefaultRuntime,
+		MaxMilliCpu:    s.cfg.Sandbox.MaxMilliCPU, MaxMemoryMib: s.cfg.Sandbox.MaxMemoryMiB,
+		SandboxesByState: map[string]int32{}, SandboxesByTemplate: map[string]int32{},
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		r.BootId = strings.TrimSpace(string(b))
+	}
+	r.PidNamespace, _ = os.Readlink("/proc/self/ns/pid")
+	if info, err := s.Info(ctx); err == nil {
+		r.Hostname, r.Cpus, r.MemoryBytes = info.Hostname, int32(info.CPUs), info.MemoryBytes
+		r.StorageTotalBytes, r.StorageFreeBytes = info.StorageTotal, info.StorageFree
+		for _, rt := range info.Runtimes {
+			r.Runtimes = append(r.Runtimes, &cubeletpb.RuntimeInfo{Name: rt.Name, Pause: rt.Pause, Checkpoint: rt.Checkpoint, Restore: rt.Restore})
+		}
+	}
+	recs, _ := s.List(ctx, ListFilter{})
+	for _, rec := range recs {
+		r.SandboxesByState[string(rec.State)]++
+		if rec.State == lifecycle.Destroyed {
+			continue
+		}
+		r.SandboxesByTemplate[rec.TemplateID]++
+		r.AllocatedMilliCpu += rec.Resources.MilliCPU
+		r.AllocatedMemoryMib += rec.Resources.MemoryMiB
+	}
+	if tmpls, err := s.store.ListTemplates(); err == nil {
+		for _, t := range tmpls {
+			r.Templates = append(r.Templates, &masterpb.TemplateRef{
+				Id: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: timestamppb.New(t.CreatedAt),
+				Runtime: t.Runtime, Warm: t.WarmSnapshotID != "",
+			})
+		}
+		sort.Slice(r.Templates, func(i, j int) bool { return r.Templates[i].Id < r.Templates[j].Id })
+	}
+	ok, conds := s.Health(ctx)
+	r.Ok = ok
+	for _, c := range conds {
+		r.Conditions = append(r.Conditions, &cubeletpb.Condition{Type: c.Type, Ok: c.OK, Message: c.Message})
+	}
+	return r
 }

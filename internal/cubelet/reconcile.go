@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/loopdev"
@@ -136,7 +137,7 @@ func (s *Service) runtimeState(ctx context.Context, rec *sandbox.Record) (runtim
 	if rec.Container == nil {
 		return runtime.State{}, fmt.Errorf("no container: %w", errdefs.ErrNotFound)
 	}
-	d, err := s.node.driver(rec.Runtime)
+	d, err := s.node.Driver(rec.Runtime)
 	if err != nil {
 		return runtime.State{}, err
 	}
@@ -144,7 +145,7 @@ func (s *Service) runtimeState(ctx context.Context, rec *sandbox.Record) (runtim
 }
 
 // release frees what a dead sandbox still holds, keeping its record.
-func (s *Service) release(ctx context.Context, t *Task, sum *reconcileSummary) {
+func (s *Service) release(ctx context.Context, t *actions.Task, sum *reconcileSummary) {
 	if _, err := s.engine.Run(ctx, FlowCleanup, t); err != nil {
 		sum.Errors = append(sum.Errors, fmt.Sprintf("%s: release: %v", t.Record().ID, err))
 	}
@@ -152,7 +153,7 @@ func (s *Service) release(ctx context.Context, t *Task, sum *reconcileSummary) {
 
 func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *reconcileSummary) {
 	errf := func(f string, a ...any) { sum.Errors = append(sum.Errors, fmt.Sprintf(f, a...)) }
-	for name, d := range s.node.drivers {
+	for name, d := range s.node.Drivers {
 		states, err := d.List(ctx)
 		if err != nil {
 			errf("list %s containers: %v", name, err)
@@ -178,7 +179,7 @@ func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *
 		if m, _ := storage.IsMounted(target); m {
 			sum.OrphanMounts++
 		}
-		if err := storage.UnmountDisk(ctx, target, s.node.pool.SandboxDiskPath(id)); err != nil {
+		if err := storage.UnmountDisk(ctx, target, s.node.Pool.SandboxDiskPath(id)); err != nil {
 			errf("unmount orphan %s: %v", target, err)
 			continue
 		}
@@ -188,7 +189,7 @@ func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *
 		}
 		sum.Orphan++
 	}
-	diskRoot := filepath.Dir(s.node.pool.SandboxDir("x"))
+	diskRoot := filepath.Dir(s.node.Pool.SandboxDir("x"))
 	if devs, err := loopdev.List(); err == nil {
 		for _, d := range devs {
 			id := filepath.Base(filepath.Dir(d.BackingFile))
@@ -203,14 +204,16 @@ func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *
 		if known[id] {
 			continue
 		}
-		if err := s.node.pool.RemoveSandboxDisk(id); err != nil {
+		if err := s.node.Pool.RemoveSandboxDisk(id); err != nil {
 			errf("remove orphan disk %s: %v", id, err)
 			continue
 		}
 		sum.Orphan++
 	}
 	s.sweepTemplates(sum)
-	s.sweepNetworks(ctx, known, sum)
+	n, errs := s.node.Net.SweepOrphans(ctx, known)
+	sum.Orphan += n
+	sum.Errors = append(sum.Errors, errs...)
 }
 
 // sweepTemplates removes template directories that no record names (an
@@ -224,7 +227,7 @@ func (s *Service) sweepTemplates(sum *reconcileSummary) {
 	for _, t := range tmpls {
 		known[t.ID] = true
 	}
-	root := filepath.Dir(filepath.Dir(s.node.pool.TemplateImagePath("x")))
+	root := filepath.Dir(filepath.Dir(s.node.Pool.TemplateImagePath("x")))
 	for _, id := range dirNames(root) {
 		if !known[id] {
 			if os.RemoveAll(filepath.Join(root, id)) == nil {
@@ -235,7 +238,7 @@ func (s *Service) sweepTemplates(sum *reconcileSummary) {
 	_ = os.RemoveAll(s.scratchDir())
 }
 
-func (s *Service) scratchDir() string { return filepath.Join(s.node.pool.Dir(), "tmp") }
+func (s *Service) scratchDir() string { return filepath.Join(s.node.Pool.Dir(), "tmp") }
 
 func dirNames(dir string) []string {
 	ents, err := os.ReadDir(dir)

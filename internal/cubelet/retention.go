@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -88,7 +89,7 @@ func (s *Service) snapshotGC(ctx context.Context) {
 // the records: a snapshot's record is written before its directory, so a
 // directory seen here whose record is missing is really an orphan.
 func (s *Service) sweepSnapshotFiles() int {
-	dir := s.node.pool.SnapshotsDir()
+	dir := s.node.Pool.SnapshotsDir()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return 0
@@ -130,7 +131,7 @@ func (s *Service) reconcileSnapshots(ctx context.Context) {
 		if sn.State == sandbox.SnapshotReady {
 			continue
 		}
-		if err := s.node.pool.RemoveSnapshot(sn.ID); err == nil {
+		if err := s.node.Pool.RemoveSnapshot(sn.ID); err == nil {
 			if err := s.store.DeleteSnapshot(sn.ID); err == nil {
 				halfTaken++
 			}
@@ -145,7 +146,7 @@ func (s *Service) reconcileSnapshots(ctx context.Context) {
 		}
 		t := newTask(s.store, e, rec, nil)
 		if rec.Disk != nil {
-			if err := os.Remove(stagedDisk(rec.Disk.Path)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := os.Remove(actions.StagedDisk(rec.Disk.Path)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				s.log.Warn("remove staged rollback disk", "sandbox_id", rec.ID, "err", err)
 			}
 		}
@@ -168,9 +169,9 @@ func (s *Service) resumeContainer(ctx context.Context, rec *sandbox.Record) erro
 	if rec.Container == nil {
 		return fmt.Errorf("no container: %w", errdefs.ErrNotFound)
 	}
-	d, err := s.node.driver(rec.Runtime)
+	d, err := s.node.Driver(rec.Runtime)
 	if err != nil {
 		return err
 	}
-	return settle(ctx, d, rec.Container.ID, runtime.StatusRunning, d.Resume(ctx, rec.Container.ID))
+	return actions.Settle(ctx, d, rec.Container.ID, runtime.StatusRunning, d.Resume(ctx, rec.Container.ID))
 }

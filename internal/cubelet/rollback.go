@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -58,7 +59,7 @@ func (s *Service) Rollback(ctx context.Context, req RollbackRequest) (*Result, e
 		return nil, fmt.Errorf("snapshot %s is of template %s on %s, sandbox %s is of template %s on %s: %w",
 			sn.ID, sn.TemplateID, sn.Runtime, cur.ID, cur.TemplateID, cur.Runtime, errdefs.ErrFailedPrecondition)
 	}
-	if cur.Disk == nil || (cur.Mount == nil && !s.node.bootsDisk(cur.Runtime)) || cur.Container == nil {
+	if cur.Disk == nil || (cur.Mount == nil && !s.node.BootsDisk(cur.Runtime)) || cur.Container == nil {
 		return nil, fmt.Errorf("sandbox %s holds no running container to roll back: %w", cur.ID, errdefs.ErrFailedPrecondition)
 	}
 	tmpl, err := s.store.GetTemplate(cur.TemplateID)
@@ -68,7 +69,7 @@ func (s *Service) Rollback(ctx context.Context, req RollbackRequest) (*Result, e
 
 	log := s.log.With("sandbox_id", cur.ID, "snapshot_id", sn.ID, "request_id", req.RequestID)
 	t := newTask(s.store, e, cur, tmpl)
-	t.snap = &snapOp{snap: sn, prev: cur.State}
+	t.Rollback = &actions.RollbackRun{Snap: sn, Prev: cur.State}
 	if err := t.Update(func(r *sandbox.Record) { r.State, r.PrevState = lifecycle.Snapshotting, cur.State }); err != nil {
 		return nil, err
 	}
@@ -78,7 +79,7 @@ func (s *Service) Rollback(ctx context.Context, req RollbackRequest) (*Result, e
 		return &Result{Sandbox: t.Record(), Timings: res.Timings}, err
 	}
 	// The staged file now holds the old disk.
-	if err := os.Remove(stagedDisk(cur.Disk.Path)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(actions.StagedDisk(cur.Disk.Path)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Warn("remove the replaced disk; reconcile removes it on restart", "err", err)
 	}
 	if err := t.Update(func(r *sandbox.Record) {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -91,10 +92,10 @@ func (s *Service) snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotR
 	if err := refuseDiskPaused(cur, "snapshot"); err != nil {
 		return nil, err
 	}
-	if cur.Disk == nil || (cur.Mount == nil && !s.node.bootsDisk(cur.Runtime)) {
+	if cur.Disk == nil || (cur.Mount == nil && !s.node.BootsDisk(cur.Runtime)) {
 		return nil, fmt.Errorf("sandbox %s has no disk to snapshot: %w", cur.ID, errdefs.ErrFailedPrecondition)
 	}
-	pool := s.node.pool
+	pool := s.node.Pool
 	sn := &sandbox.Snapshot{
 		ID: req.SnapshotID, Name: req.Name, SandboxID: cur.ID, ParentSnapshotID: cur.SourceSnapshotID,
 		TemplateID: cur.TemplateID, Runtime: cur.Runtime, Labels: req.Labels,
@@ -108,7 +109,7 @@ func (s *Service) snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotR
 	}
 	log := s.log.With("sandbox_id", cur.ID, "snapshot_id", sn.ID, "request_id", req.RequestID)
 	t := newTask(s.store, e, cur, nil)
-	t.snap = &snapOp{snap: sn, prev: cur.State}
+	t.Snapshot = &actions.SnapshotRun{Snap: sn, Prev: cur.State}
 	if err := t.Update(func(r *sandbox.Record) { r.State, r.PrevState = lifecycle.Snapshotting, cur.State }); err != nil {
 		s.discardSnapshot(sn, log)
 		return nil, err
@@ -153,7 +154,7 @@ func (s *Service) sealSnapshot(sn *sandbox.Snapshot) error {
 // first, then the record. If the files cannot go, the record stays
 // (creating) so restart reconcile finds and removes them.
 func (s *Service) discardSnapshot(sn *sandbox.Snapshot, log *slog.Logger) {
-	if err := s.node.pool.RemoveSnapshot(sn.ID); err != nil {
+	if err := s.node.Pool.RemoveSnapshot(sn.ID); err != nil {
 		log.Error("remove files of a failed snapshot; left for reconcile", "err", err)
 		return
 	}
@@ -167,11 +168,14 @@ func (s *Service) discardSnapshot(sn *sandbox.Snapshot, log *slog.Logger) {
 // When it did not, the runtime is asked: a sandbox still running or
 // paused is kept in that state; anything else is marked Failed and what
 // it holds is released.
-func (s *Service) settleFailed(ctx context.Context, t *Task, prev lifecycle.State, cause error, log *slog.Logger) {
+func (s *Service) settleFailed(ctx context.Context, t *actions.Task, prev lifecycle.State, cause error, log *slog.Logger) {
 	to, why := prev, ""
 	if errors.Is(cause, workflow.ErrUndoIncomplete) {
 		to, why = lifecycle.Failed, cause.Error()
-		if rec := t.Record(); rec.Container != nil && t.snap != nil && !t.snap.stopped {
+		// A rollback that stopped the sandbox and could not bring it back
+		// leaves nothing to keep; otherwise ask the runtime.
+		stopped := t.Rollback != nil && t.Rollback.Holds.Holds(actions.Stopped)
+		if rec := t.Record(); rec.Container != nil && !stopped {
 			if st, err := s.runtimeState(ctx, rec); err == nil {
 				switch st.Status {
 				case runtime.StatusRunning:
@@ -262,7 +266,7 @@ func (s *Service) removeSnapshot(sn *sandbox.Snapshot, why string) error {
 		s.log.Info("snapshot "+why+"; files kept until its users finish", "snapshot_id", sn.ID)
 		return nil
 	}
-	if err := s.node.pool.RemoveSnapshot(sn.ID); err != nil {
+	if err := s.node.Pool.RemoveSnapshot(sn.ID); err != nil {
 		// The record is gone: the orphan sweep removes the files later.
 		s.log.Warn("remove snapshot files; left for the orphan sweep", "snapshot_id", sn.ID, "err", err)
 	}
@@ -295,7 +299,7 @@ func (s *Service) useSnapshot(id string) (*sandbox.Snapshot, func(), error) {
 
 func (s *Service) releaseSnapshot(id string) {
 	if s.snaps.drop(id) {
-		if err := s.node.pool.RemoveSnapshot(id); err != nil {
+		if err := s.node.Pool.RemoveSnapshot(id); err != nil {
 			s.log.Warn("remove files of a deleted snapshot; left for the orphan sweep", "snapshot_id", id, "err", err)
 		}
 	}

@@ -67,7 +67,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		return nil, err
 	}
 	if req.Runtime != "" {
-		if _, err := s.node.driver(req.Runtime); err != nil {
+		if _, err := s.node.Driver(req.Runtime); err != nil {
 			return nil, &FieldError{Field: "runtime", Msg: err.Error()}
 		}
 	}
@@ -91,7 +91,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		s.tmplMu.Unlock()
 	}()
 
-	out := s.node.pool.TemplateImagePath(id)
+	out := s.node.Pool.TemplateImagePath(id)
 	work, err := os.MkdirTemp(mkdirAll(s.scratchDir()), "import-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func (s *Service) importSource(req TemplateImport) (template.ImportRequest, erro
 func (s *Service) buildOrReuse(ctx context.Context, img *template.Resolved, out, agentDigest string, progress func(template.Progress)) (template.Meta, string, error) {
 	if from := s.reusable(img.Meta.Digest, agentDigest); from != nil {
 		progress(template.Progress{Phase: "reuse"})
-		err := s.node.pool.Clone(ctx, from.ImagePath, out)
+		err := s.node.Pool.Clone(ctx, from.ImagePath, out)
 		if err == nil {
 			if err := failpoint.Eval(ctx, FailpointTemplateReused); err != nil {
 				return template.Meta{}, "", err

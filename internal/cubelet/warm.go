@@ -43,7 +43,7 @@ func (s *Service) WarmTemplate(ctx context.Context, id, runtime string) (*WarmRe
 	if runtime == "" {
 		runtime = s.cfg.Node.DefaultRuntime
 	}
-	d, err := s.node.driver(runtime)
+	d, err := s.node.Driver(runtime)
 	if err != nil {
 		return nil, &FieldError{Field: "runtime", Msg: err.Error()}
 	}

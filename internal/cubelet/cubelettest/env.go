@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/testimage"
@@ -36,7 +37,7 @@ func RequireRoot(t testing.TB) {
 // Env is one isolated cubelet environment.
 type Env struct {
 	Dir      string // root of everything this env creates
-	Config   *cubelet.Config
+	Config   *config.Config
 	AgentBin string
 	Image    string // busybox OCI layout
 }
@@ -117,7 +118,7 @@ template_headroom_mib = 32
 interval = "200ms"
 max_backoff = "2s"
 `, id, filepath.Join(dir, "data"), filepath.Join(dir, "run"), filepath.Join(dir, "run", "cubelet.sock"), filepath.Join(bin, "cube-agent"))
-	cfg, err := cubelet.ParseConfig([]byte(toml + "\n" + extraTOML))
+	cfg, err := config.Parse([]byte(toml + "\n" + extraTOML))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

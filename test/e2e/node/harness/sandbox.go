@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/storage"
@@ -25,7 +26,7 @@ import (
 type node struct {
 	dir     string
 	runtime string
-	cfg     *cubelet.Config
+	cfg     *config.Config
 	svc     *cubelet.Service
 	net     *netAgent // vm only: a VM's agent is reached through its slot
 	log     *slog.Logger
@@ -80,7 +81,7 @@ max_backoff = "2s"
 		}
 		toml += extra
 	}
-	cfg, err := cubelet.ParseConfig([]byte(toml))
+	cfg, err := config.Parse([]byte(toml))
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("config: %w", err), n.teardown(context.Background()))
 	}

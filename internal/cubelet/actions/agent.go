@@ -1,0 +1,178 @@
+package actions
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// agentAction waits until cube-agent answers /health inside the sandbox:
+// a sandbox is Running only when its agent is (create, resume, clone,
+// rollback). A clone restored from memory, and every VM, has its agent
+// re-initialised with its own identity.
+type agentAction struct{ n *Node }
+
+func (*agentAction) Name() string { return "agent" }
+
+// Create waits for the agent; a VM's is then given its environment (its
+// kernel starts it with none).
+func (a *agentAction) Create(ctx context.Context, t *Task) error {
+	if err := a.wait(ctx, t); err != nil {
+		return err
+	}
+	if a.n.BootsDisk(t.Record().Runtime) {
+		return a.n.reinitAgent(ctx, t)
+	}
+	return nil
+}
+
+func (a *agentAction) Resume(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
+
+// Destroy has nothing to release: the agent dies with the container.
+func (a *agentAction) Destroy(context.Context, *Task) error { return nil }
+
+// Clone waits for the clone's agent and, when the clone was restored from
+// memory (it then holds the original's identity), re-initialises it.
+func (a *agentAction) Clone(ctx context.Context, t *Task) error {
+	d, err := a.n.Driver(t.Record().Runtime)
+	if err != nil {
+		return err
+	}
+	if _, ok := d.(runtime.AgentWaker); ok && memoryImage(d, t) != "" {
+		// Restored with a quiesced agent: launch woke it once; wake it
+		// again until it answers, in case that signal went astray.
+		err = a.n.wakeAgent(ctx, t.Record())
+	} else {
+		err = a.wait(ctx, t)
+	}
+	if err != nil {
+		return err
+	}
+	if memoryImage(d, t) == "" && !d.Capabilities().BootsDisk {
+		return nil
+	}
+	return a.n.reinitAgent(ctx, t)
+}
+
+// Rollback waits for the agent of the re-rooted sandbox.
+// A VM also re-syncs its clock: its memory image stopped the guest's time
+// when the snapshot was taken.
+func (a *agentAction) Rollback(ctx context.Context, t *Task) error {
+	if err := a.wait(ctx, t); err != nil {
+		return err
+	}
+	if a.n.BootsDisk(t.Record().Runtime) {
+		return a.n.reinitAgent(ctx, t)
+	}
+	return nil
+}
+
+// UndoRollback has nothing to undo; the container's undo waits for the
+// old sandbox's agent itself.
+func (a *agentAction) UndoRollback(context.Context, *Task) error { return nil }
+
+func (a *agentAction) wait(ctx context.Context, t *Task) error {
+	ctx, cancel := context.WithTimeout(ctx, a.n.Cfg.Sandbox.AgentReadyTimeout.Duration)
+	defer cancel()
+	rec := t.Record()
+	err := a.n.waitAgent(ctx, rec)
+	if err != nil && rec.Container != nil {
+		return a.n.withConsole(rec, err)
+	}
+	if err == nil {
+		a.n.sealConsole(ctx, rec)
+	}
+	return err
+}
+
+// waitAgent polls the sandbox's agent /health until it answers.
+func (n *Node) waitAgent(ctx context.Context, rec *sandbox.Record) error {
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	return agentclient.Wait(ctx, d, rec)
+}
+
+// wakeAgent wakes a quiesced agent and waits until it answers /health
+// (only waits where the runtime needs no quiesce).
+func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	return agentclient.Wake(ctx, d, rec, n.Cfg.Sandbox.AgentReadyTimeout.Duration)
+}
+
+// needsQuiesce says whether rec's runtime saves memory and needs the agent
+// quiet for it.
+func (n *Node) needsQuiesce(rec *sandbox.Record) bool {
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return false
+	}
+	_, ok := agentclient.NeedsQuiesce(d, rec)
+	return ok
+}
+
+// reinitAgent re-initialises what must differ in a clone restored from
+// another sandbox's memory image (agentclient.Reinit): hostname, the
+// variables the container spec sets, clock, entropy, a VM's MAC.
+func (n *Node) reinitAgent(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	spec := specOf(rec, rec.Container, t.Template)
+	// A VM's agent starts with the kernel's bare environment, so it gets
+	// all of it, PATH included; a container's has it from its spec.
+	return agentclient.Reinit(ctx, d, rec, spec.Hostname, spec.Env, d.Capabilities().BootsDisk)
+}
+
+// sealConsole switches a VM's console away from its file once the agent
+// answered (runtime.ConsoleSealer). A failure is logged, not fatal: the
+// sandbox works either way.
+func (n *Node) sealConsole(ctx context.Context, rec *sandbox.Record) {
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return
+	}
+	if c, ok := d.(runtime.ConsoleSealer); ok {
+		if err := c.SealConsole(ctx, rec.Container.ID); err != nil {
+			slog.WarnContext(ctx, "seal VM console", "sandbox_id", rec.ID, "error", err)
+		}
+	}
+}
+
+// withConsole adds the tail of a VM's serial console
+// (runtime.ConsoleLogger) to an agent error: a guest that never reached
+// its agent says why there (kernel panic, missing module, init failure),
+// and the bundle holding it is removed by the undo that follows.
+func (n *Node) withConsole(rec *sandbox.Record, err error) error {
+	d, derr := n.Driver(rec.Runtime)
+	if derr != nil {
+		return err
+	}
+	c, ok := d.(runtime.ConsoleLogger)
+	if !ok {
+		return err
+	}
+	path, cerr := c.ConsoleLog(rec.Container.ID)
+	if cerr != nil {
+		return err
+	}
+	b, _ := os.ReadFile(path)
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	if len(b) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; guest console ends with:\n%s", err, b)
+}

@@ -1,0 +1,31 @@
+package config
+
+import (
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+func TestSnapshotConfigValidation(t *testing.T) {
+	for _, bad := range []string{
+		"[storage.disk_pool]\nsize = -1\n",
+		"[[storage.host_mount_allow]]\nprefix = \"relative\"\n",
+		"[[storage.host_mount_allow]]\nprefix = \"/\"\n",
+		"[snapshots]\nmax_per_node = -1\n",
+		"[snapshots]\nclone_parallelism = 0\n",
+	} {
+		if _, err := Parse([]byte(bad)); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%q: want InvalidArgument, got %v", bad, err)
+		}
+	}
+	c, err := Parse([]byte("[[storage.host_mount_allow]]\nprefix = \"/srv/a\"\nread_only = true\n[[storage.host_mount_allow]]\nprefix = \"/srv/b\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Storage.HostMountAllow; len(r) != 2 || !r[0].ReadOnly || r[1].Prefix != "/srv/b" {
+		t.Fatalf("host_mount_allow: %+v", r)
+	}
+	if c.Storage.DiskPool.Size != 16 || c.Snapshots.CloneParallelism != 8 {
+		t.Fatalf("defaults: %+v %+v", c.Storage.DiskPool, c.Snapshots)
+	}
+}

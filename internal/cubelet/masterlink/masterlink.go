@@ -1,0 +1,145 @@
+// Package masterlink is cubelet's link to cubemaster: it registers the
+// node and then reports its state over gRPC every heartbeat interval.
+package masterlink
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubelet/config"
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// Link registers the node with cubemaster and then reports its state
+// every interval. It never blocks the cubelet: an unreachable master is
+// retried in the background, and sandboxes do not depend on it.
+type Link struct {
+	cfg    config.MasterConfig
+	report Reporter
+	log    *slog.Logger
+	conn   *grpc.ClientConn
+	client masterpb.NodeServiceClient
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Reporter builds the node's report; it is called once per heartbeat.
+type Reporter func(ctx context.Context) *masterpb.NodeReport
+
+// Start dials the master and starts heartbeating in the background. It
+// returns nil when no master is configured (standalone node).
+func Start(c config.MasterConfig, report Reporter, log *slog.Logger) (*Link, error) {
+	if c.Addr == "" {
+		return nil, nil
+	}
+	if c.HeartbeatInterval.Duration <= 0 {
+		return nil, fmt.Errorf("master.heartbeat_interval must be positive: %w", errdefs.ErrInvalidArgument)
+	}
+	target := c.Addr
+	if strings.HasPrefix(target, "/") {
+		target = "unix://" + target
+	}
+	conn, err := grpc.NewClient(target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("master.addr %q: %v: %w", c.Addr, err, errdefs.ErrInvalidArgument)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if c.Token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, masterpb.NodeTokenHeader, c.Token)
+	}
+	h := &Link{
+		cfg: c, report: report, log: log.With("master", c.Addr), conn: conn, client: masterpb.NewNodeServiceClient(conn),
+		cancel: cancel, done: make(chan struct{}),
+	}
+	go h.run(ctx)
+	return h, nil
+}
+
+// Stop ends the heartbeat; nil-safe.
+func (h *Link) Stop() {
+	if h == nil {
+		return
+	}
+	h.cancel()
+	<-h.done
+	h.conn.Close()
+}
+
+func (h *Link) run(ctx context.Context) {
+	defer close(h.done)
+	interval := h.cfg.HeartbeatInterval.Duration
+	registered := false
+	var lastErr string
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, max(interval, 2*time.Second))
+		report := h.report(callCtx)
+		var err error
+		if !registered {
+			var resp *masterpb.RegisterResponse
+			resp, err = h.client.Register(callCtx, &masterpb.RegisterRequest{Node: report})
+			if err == nil {
+				registered = true
+				if d := resp.GetHeartbeatInterval().AsDuration(); d > 0 {
+					interval = d
+				}
+				h.log.Info("registered with cubemaster", "heartbeat_interval", interval)
+			}
+		} else {
+			var resp *masterpb.HeartbeatResponse
+			resp, err = h.client.Heartbeat(callCtx, &masterpb.HeartbeatRequest{Node: report})
+			if err == nil && !resp.Registered {
+				// The master lost track of us (a fresh catalog): register
+				// again right away.
+				registered = false
+				cancel()
+				continue
+			}
+			if err == nil {
+				if d := resp.GetHeartbeatInterval().AsDuration(); d > 0 {
+					interval = d
+				}
+			}
+		}
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && err.Error() != lastErr:
+			h.log.Warn("cubemaster unreachable; retrying", "err", err)
+			lastErr = err.Error()
+		case err == nil && lastErr != "":
+			h.log.Info("cubemaster reachable again")
+			lastErr = ""
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
+
+// Advertise is the address the master should dial to reach this cubelet.
+func Advertise(c *config.Config) string {
+	switch {
+	case c.Master.Advertise != "":
+		return c.Master.Advertise
+	case (strings.HasPrefix(c.Master.Addr, "unix://") || strings.HasPrefix(c.Master.Addr, "/")) && c.API.Socket != "":
+		return "unix://" + c.API.Socket
+	case c.API.TCP != "":
+		return c.API.TCP
+	}
+	return "unix://" + c.API.Socket
+}

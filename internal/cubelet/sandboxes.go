@@ -1,0 +1,257 @@
+package cubelet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
+	"github.com/cubesandbox/cube/internal/workflow"
+)
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	RequestID   string
+	SandboxID   string // generated when empty
+	TemplateID  string
+	Runtime     string // node default when empty
+	Labels      map[string]string
+	Annotations map[string]string
+	Env         map[string]string
+	Resources   sandbox.Resources
+	// HostMounts are checked against storage.host_mount_allow.
+	HostMounts []sandbox.HostMount
+	// Network is the egress policy; nil = the default (internet allowed).
+	Network *policy.Policy
+	// cold boots even when the template is warm (warming it).
+	cold bool
+}
+
+// Result is a sandbox and the timings of the flow that produced it.
+type Result struct {
+	Sandbox *sandbox.Record
+	Timings []workflow.Timing
+	// Warm: restored from the template's warm snapshot (warm.go).
+	Warm     bool
+	Warnings []string
+	// Flow is the flow that ran when the verb picks one (pause, resume:
+	// pause.go); empty otherwise.
+	Flow string
+}
+
+// Create makes a new sandbox and returns when its agent answers. A failed
+// create leaves nothing behind: its flow undoes every started action, and
+// if even that fails the sandbox is journalled for the cleanup loop.
+func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error) {
+	tmpl, err := s.validateCreate(&req)
+	if err != nil {
+		return nil, err
+	}
+	if req.SandboxID == "" {
+		req.SandboxID = sandboxid.New()
+	}
+	if sn := s.warmSnapshotFor(tmpl, &req); sn != nil {
+		return s.createWarm(ctx, req, sn)
+	}
+	now := time.Now().UTC()
+	rec := &sandbox.Record{
+		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
+		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
+		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
+		HostMounts: req.HostMounts, CreatedAt: now, UpdatedAt: now,
+		NetworkPolicy: req.Network,
+	}
+	e := newEntry(rec)
+	_ = e.acquire(context.Background()) // fresh entry: never blocks
+	defer e.release()
+	s.mu.Lock()
+	if _, dup := s.boxes[rec.ID]; dup {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %q: %w", rec.ID, errdefs.ErrAlreadyExists)
+	}
+	s.boxes[rec.ID] = e
+	s.mu.Unlock()
+	if err := s.store.CreateSandbox(rec); err != nil {
+		s.forget(rec.ID)
+		return nil, err
+	}
+
+	log := s.log.With("sandbox_id", rec.ID, "request_id", req.RequestID)
+	t := newTask(s.store, e, rec, tmpl)
+	res, err := s.engine.Run(ctx, FlowCreate, t)
+	if err != nil {
+		s.failedCreate(t, log, err)
+		return &Result{Timings: res.Timings}, err
+	}
+	if err := t.Update(func(r *sandbox.Record) { r.State = lifecycle.Running }); err != nil {
+		return nil, err
+	}
+	log.Info("sandbox created", "duration", res.Duration)
+	return &Result{Sandbox: t.Record(), Timings: res.Timings}, nil
+}
+
+// failedCreate removes a sandbox whose create flow failed. The flow has
+// already undone its actions; whatever the record still names was not
+// released and goes to the cleanup journal.
+func (s *Service) failedCreate(t *actions.Task, log *slog.Logger, cause error) {
+	rec := t.Record()
+	if rec.Disk == nil && rec.Mount == nil && rec.Container == nil && rec.Network == nil {
+		if err := s.store.FinishDestroy(rec.ID); err != nil {
+			log.Error("remove record of failed create", "err", err)
+			return
+		}
+		s.forget(rec.ID)
+		log.Info("create failed and was undone", "err", cause)
+		return
+	}
+	log.Error("create failed and its undo was incomplete; journalled for cleanup", "err", cause)
+	_ = t.Update(func(r *sandbox.Record) {
+		r.State = lifecycle.Destroying
+		r.Error = cause.Error()
+	})
+	s.journal(rec.ID, cause)
+}
+
+func (s *Service) forget(id string) {
+	s.mu.Lock()
+	delete(s.boxes, id)
+	s.mu.Unlock()
+}
+
+func (s *Service) lookup(id string) (*entry, error) {
+	if err := sandboxid.Validate("sandbox", id); err != nil {
+		return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
+	}
+	s.mu.Lock()
+	e := s.boxes[id]
+	s.mu.Unlock()
+	if e == nil {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return e, nil
+}
+
+// Get returns a sandbox's current record.
+func (s *Service) Get(_ context.Context, id string) (*sandbox.Record, error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.rec.Load().Clone(), nil
+}
+
+// ListFilter selects sandboxes: any of States (all when empty) and every
+// label in Labels.
+type ListFilter struct {
+	States []lifecycle.State
+	Labels map[string]string
+}
+
+// List returns the matching sandboxes, oldest first.
+func (s *Service) List(_ context.Context, f ListFilter) ([]*sandbox.Record, error) {
+	s.mu.Lock()
+	recs := make([]*sandbox.Record, 0, len(s.boxes))
+	for _, e := range s.boxes {
+		recs = append(recs, e.rec.Load())
+	}
+	s.mu.Unlock()
+	out := recs[:0]
+	for _, r := range recs {
+		if matches(r, f) {
+			out = append(out, r.Clone())
+		}
+	}
+	sortRecords(out)
+	return out, nil
+}
+
+func matches(r *sandbox.Record, f ListFilter) bool {
+	if len(f.States) > 0 {
+		found := false
+		for _, st := range f.States {
+			found = found || st == r.State
+		}
+		if !found {
+			return false
+		}
+	}
+	for k, v := range f.Labels {
+		if got, ok := r.Labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// transition takes the sandbox's lock, checks that the state machine
+// allows from → to for verb, and returns the locked entry.
+func (s *Service) lockFor(ctx context.Context, id string, to lifecycle.State, verb string) (*entry, error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.acquire(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s is busy: %w", id, err)
+	}
+	cur := e.rec.Load().State
+	if err := lifecycle.Check(id, cur, to, verb); err != nil {
+		e.release()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Delete destroys a sandbox and everything it holds. If the destroy fails
+// the sandbox stays Destroying, is journalled, and the cleanup loop
+// retries until it succeeds; deleting it again retries at once.
+func (s *Service) Delete(ctx context.Context, id string) (*Result, error) {
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.acquire(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s is busy: %w", id, err)
+	}
+	defer e.release()
+	cur := e.rec.Load()
+	flow := FlowDestroy
+	if cur.State == lifecycle.Destroying {
+		flow = FlowCleanup
+	} else if err := lifecycle.Check(id, cur.State, lifecycle.Destroying, "delete"); err != nil {
+		return nil, err
+	}
+	t := newTask(s.store, e, cur, nil)
+	if err := t.Update(func(r *sandbox.Record) { r.State = lifecycle.Destroying }); err != nil {
+		return nil, err
+	}
+	res, err := s.engine.Run(context.WithoutCancel(ctx), flow, t)
+	if err != nil {
+		s.journal(id, err)
+		return &Result{Timings: res.Timings}, fmt.Errorf("destroy %s failed, queued for cleanup: %w", id, err)
+	}
+	if err := s.store.FinishDestroy(id); err != nil {
+		return nil, err
+	}
+	s.forget(id)
+	s.log.Info("sandbox destroyed", "sandbox_id", id, "duration", res.Duration)
+	return &Result{Timings: res.Timings}, nil
+}
+
+func (s *Service) journal(id string, cause error) {
+	err := s.store.PutJournal(&sandbox.JournalEntry{
+		SandboxID: id, Attempts: 1, LastError: cause.Error(), NextAttempt: time.Now().Add(time.Second),
+	})
+	if err != nil {
+		s.log.Error("write cleanup journal", "sandbox_id", id, "err", err)
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
