@@ -161,10 +161,10 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 
 func (s *Service) validateClone(req *CloneRequest) error {
 	if req.SnapshotID == "" {
-		return fieldErr("snapshot_id", "required")
+		return errdefs.FieldErrorf("snapshot_id", "required")
 	}
 	if req.Count < 1 || req.Count > MaxClones {
-		return fieldErr("count", "%d is not between 1 and %d", req.Count, MaxClones)
+		return errdefs.FieldErrorf("count", "%d is not between 1 and %d", req.Count, MaxClones)
 	}
 	switch len(req.SandboxIDs) {
 	case 0:
@@ -176,15 +176,15 @@ func (s *Service) validateClone(req *CloneRequest) error {
 		seen := map[string]bool{}
 		for i, id := range req.SandboxIDs {
 			if err := sandboxid.Validate("sandbox", id); err != nil {
-				return &FieldError{Field: fmt.Sprintf("sandbox_ids[%d]", i), Msg: err.Error()}
+				return &errdefs.FieldError{Field: fmt.Sprintf("sandbox_ids[%d]", i), Msg: err.Error()}
 			}
 			if seen[id] {
-				return fieldErr(fmt.Sprintf("sandbox_ids[%d]", i), "%q is given twice", id)
+				return errdefs.FieldErrorf(fmt.Sprintf("sandbox_ids[%d]", i), "%q is given twice", id)
 			}
 			seen[id] = true
 		}
 	default:
-		return fieldErr("sandbox_ids", "%d IDs for %d clones", len(req.SandboxIDs), req.Count)
+		return errdefs.FieldErrorf("sandbox_ids", "%d IDs for %d clones", len(req.SandboxIDs), req.Count)
 	}
 	if err := validateMap("labels", req.Labels, labelKeyRE, 256); err != nil {
 		return err
@@ -192,11 +192,11 @@ func (s *Service) validateClone(req *CloneRequest) error {
 	if err := validateMap("annotations", req.Annotations, labelKeyRE, 64<<10); err != nil {
 		return err
 	}
-	if err := validateMap("env", req.Env, envKeyRE, 128<<10); err != nil {
+	if err := validateMap("env", req.Env, sandbox.EnvKeyRE, 128<<10); err != nil {
 		return err
 	}
 	if len(req.RequestID) > 128 {
-		return fieldErr("request_id", "longer than 128 bytes")
+		return errdefs.FieldErrorf("request_id", "longer than 128 bytes")
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -25,25 +26,25 @@ func checkHostMounts(cfg *config.Config, ms []sandbox.HostMount) ([]sandbox.Host
 		return nil, nil
 	}
 	if len(ms) > maxHostMounts {
-		return nil, fieldErr("host_mounts", "%d mounts, at most %d", len(ms), maxHostMounts)
+		return nil, errdefs.FieldErrorf("host_mounts", "%d mounts, at most %d", len(ms), maxHostMounts)
 	}
 	if len(cfg.Storage.HostMountAllow) == 0 {
-		return nil, fieldErr("host_mounts", "host mounts are not allowed on this node (storage.host_mount_allow is empty)")
+		return nil, errdefs.FieldErrorf("host_mounts", "host mounts are not allowed on this node (storage.host_mount_allow is empty)")
 	}
 	out := make([]sandbox.HostMount, 0, len(ms))
 	dests := map[string]bool{}
 	for i, m := range ms {
 		field := fmt.Sprintf("host_mounts[%d]", i)
 		if err := actions.CheckDestination(m.Destination); err != nil {
-			return nil, &FieldError{Field: field + ".destination", Msg: err.Error()}
+			return nil, &errdefs.FieldError{Field: field + ".destination", Msg: err.Error()}
 		}
 		if dests[m.Destination] {
-			return nil, fieldErr(field+".destination", "%q is bound twice", m.Destination)
+			return nil, errdefs.FieldErrorf(field+".destination", "%q is bound twice", m.Destination)
 		}
 		dests[m.Destination] = true
 		src, err := actions.AllowedSource(cfg, m.Source, m.ReadOnly)
 		if err != nil {
-			return nil, &FieldError{Field: field + ".source", Msg: err.Error()}
+			return nil, &errdefs.FieldError{Field: field + ".source", Msg: err.Error()}
 		}
 		out = append(out, sandbox.HostMount{Source: src, Destination: m.Destination, ReadOnly: m.ReadOnly})
 	}

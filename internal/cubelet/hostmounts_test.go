@@ -89,7 +89,7 @@ func TestCheckHostMounts(t *testing.T) {
 		{"no dest", sandbox.HostMount{Source: rw}, "destination", "required"},
 	} {
 		_, err := checkHostMounts(cfg, []sandbox.HostMount{c.m})
-		var fe *FieldError
+		var fe *errdefs.FieldError
 		if !errors.As(err, &fe) || !errdefs.IsInvalidArgument(err) ||
 			fe.Field != "host_mounts[0]."+c.field || !strings.Contains(fe.Msg, c.msg) {
 			t.Errorf("%s: want InvalidArgument on %s mentioning %q, got %v", c.name, c.field, c.msg, err)

@@ -37,7 +37,7 @@ func (s *Service) PauseTo(ctx context.Context, id string, mode sandbox.PauseMode
 	case sandbox.PauseDisk:
 		return s.pauseModeVerb(ctx, id, FlowPauseDisk, lifecycle.Paused, sandbox.PauseDisk)
 	default:
-		return nil, fieldErr("mode", "unknown pause mode %q (memory or disk)", mode)
+		return nil, errdefs.FieldErrorf("mode", "unknown pause mode %q (memory or disk)", mode)
 	}
 }
 

@@ -33,10 +33,10 @@ type RollbackRequest struct {
 // runtime.
 func (s *Service) Rollback(ctx context.Context, req RollbackRequest) (*Result, error) {
 	if req.SnapshotID == "" {
-		return nil, fieldErr("snapshot_id", "required")
+		return nil, errdefs.FieldErrorf("snapshot_id", "required")
 	}
 	if len(req.RequestID) > 128 {
-		return nil, fieldErr("request_id", "longer than 128 bytes")
+		return nil, errdefs.FieldErrorf("request_id", "longer than 128 bytes")
 	}
 	if _, err := s.lookup(req.SandboxID); err != nil {
 		return nil, err

@@ -126,7 +126,7 @@ func (s *Service) forget(id string) {
 
 func (s *Service) lookup(id string) (*entry, error) {
 	if err := sandboxid.Validate("sandbox", id); err != nil {
-		return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
+		return nil, &errdefs.FieldError{Field: "sandbox_id", Msg: err.Error()}
 	}
 	s.mu.Lock()
 	e := s.boxes[id]

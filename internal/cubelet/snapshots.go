@@ -58,16 +58,16 @@ func (s *Service) Snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotR
 		req.SnapshotID = sandboxid.New()
 	}
 	if err := sandboxid.Validate("snapshot", req.SnapshotID); err != nil {
-		return nil, &FieldError{Field: "snapshot_id", Msg: err.Error()}
+		return nil, &errdefs.FieldError{Field: "snapshot_id", Msg: err.Error()}
 	}
 	if len(req.Name) > maxNameLen {
-		return nil, fieldErr("name", "longer than %d bytes", maxNameLen)
+		return nil, errdefs.FieldErrorf("name", "longer than %d bytes", maxNameLen)
 	}
 	if err := validateMap("labels", req.Labels, labelKeyRE, 256); err != nil {
 		return nil, err
 	}
 	if len(req.RequestID) > 128 {
-		return nil, fieldErr("request_id", "longer than 128 bytes")
+		return nil, errdefs.FieldErrorf("request_id", "longer than 128 bytes")
 	}
 	res, err := s.snapshot(ctx, req)
 	if err != nil {
@@ -200,7 +200,7 @@ func (s *Service) settleFailed(ctx context.Context, t *actions.Task, prev lifecy
 // GetSnapshot returns one ready snapshot.
 func (s *Service) GetSnapshot(_ context.Context, id string) (*sandbox.Snapshot, error) {
 	if err := sandboxid.Validate("snapshot", id); err != nil {
-		return nil, &FieldError{Field: "snapshot_id", Msg: err.Error()}
+		return nil, &errdefs.FieldError{Field: "snapshot_id", Msg: err.Error()}
 	}
 	sn, err := s.store.GetSnapshot(id)
 	if err != nil {
@@ -216,7 +216,7 @@ func (s *Service) GetSnapshot(_ context.Context, id string) (*sandbox.Snapshot, 
 func (s *Service) ListSnapshots(_ context.Context, f SnapshotFilter) ([]*sandbox.Snapshot, error) {
 	if f.SandboxID != "" {
 		if err := sandboxid.Validate("sandbox", f.SandboxID); err != nil {
-			return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
+			return nil, &errdefs.FieldError{Field: "sandbox_id", Msg: err.Error()}
 		}
 	}
 	all, err := s.store.ListSnapshots()
@@ -279,7 +279,7 @@ func (s *Service) removeSnapshot(sn *sandbox.Snapshot, why string) error {
 // files stay until then.
 func (s *Service) useSnapshot(id string) (*sandbox.Snapshot, func(), error) {
 	if err := sandboxid.Validate("snapshot", id); err != nil {
-		return nil, nil, &FieldError{Field: "snapshot_id", Msg: err.Error()}
+		return nil, nil, &errdefs.FieldError{Field: "snapshot_id", Msg: err.Error()}
 	}
 	s.snaps.mu.Lock()
 	defer s.snaps.mu.Unlock()

@@ -68,7 +68,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	}
 	if req.Runtime != "" {
 		if _, err := s.node.Driver(req.Runtime); err != nil {
-			return nil, &FieldError{Field: "runtime", Msg: err.Error()}
+			return nil, &errdefs.FieldError{Field: "runtime", Msg: err.Error()}
 		}
 	}
 	agentDigest, err := fileDigest(s.cfg.Storage.AgentBinary)
@@ -180,19 +180,19 @@ func (s *Service) refreshAgent(ctx context.Context, t *sandbox.Template, img *te
 func (s *Service) importSource(req TemplateImport) (template.ImportRequest, error) {
 	var r template.ImportRequest
 	if err := sandboxid.Validate("template", req.TemplateID); err != nil {
-		return r, &FieldError{Field: "template_id", Msg: err.Error()}
+		return r, &errdefs.FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	switch {
 	case req.Source == "" && req.ImageRef == "":
-		return r, fieldErr("source", "a local source or an image_ref is required")
+		return r, errdefs.FieldErrorf("source", "a local source or an image_ref is required")
 	case req.Source != "" && req.ImageRef != "":
-		return r, fieldErr("image_ref", "give a local source or an image_ref, not both")
+		return r, errdefs.FieldErrorf("image_ref", "give a local source or an image_ref, not both")
 	case req.Source != "":
 		if req.Username != "" || req.Password != "" || req.Token != "" || req.Insecure {
-			return r, fieldErr("auth", "registry credentials and insecure apply to image_ref only")
+			return r, errdefs.FieldErrorf("auth", "registry credentials and insecure apply to image_ref only")
 		}
 		if _, err := os.Stat(req.Source); err != nil {
-			return r, fieldErr("source", "%v", err)
+			return r, errdefs.FieldErrorf("source", "%v", err)
 		}
 		r.Source = req.Source
 	default:
@@ -275,7 +275,7 @@ func mkdirAll(dir string) string {
 // GetTemplate returns one template.
 func (s *Service) GetTemplate(_ context.Context, id string) (*sandbox.Template, error) {
 	if err := sandboxid.Validate("template", id); err != nil {
-		return nil, &FieldError{Field: "template_id", Msg: err.Error()}
+		return nil, &errdefs.FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	return s.store.GetTemplate(id)
 }

@@ -1,7 +1,6 @@
 package cubelet
 
 import (
-	"fmt"
 	"regexp"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -9,36 +8,20 @@ import (
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
-// FieldError is an InvalidArgument about one request field.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-func (e *FieldError) Unwrap() error { return errdefs.ErrInvalidArgument }
-
-func fieldErr(field, f string, a ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(f, a...)}
-}
-
-var (
-	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$`)
-	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
+var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$`)
 
 const maxMapEntries = 256
 
 func validateMap(field string, m map[string]string, keyRE *regexp.Regexp, maxVal int) error {
 	if len(m) > maxMapEntries {
-		return fieldErr(field, "%d entries, at most %d", len(m), maxMapEntries)
+		return errdefs.FieldErrorf(field, "%d entries, at most %d", len(m), maxMapEntries)
 	}
 	for k, v := range m {
 		if !keyRE.MatchString(k) {
-			return fieldErr(field, "invalid key %q", k)
+			return errdefs.FieldErrorf(field, "invalid key %q", k)
 		}
 		if len(v) > maxVal {
-			return fieldErr(field, "value of %q is %d bytes, at most %d", k, len(v), maxVal)
+			return errdefs.FieldErrorf(field, "value of %q is %d bytes, at most %d", k, len(v), maxVal)
 		}
 	}
 	return nil
@@ -47,14 +30,14 @@ func validateMap(field string, m map[string]string, keyRE *regexp.Regexp, maxVal
 func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) {
 	if req.SandboxID != "" {
 		if err := sandboxid.Validate("sandbox", req.SandboxID); err != nil {
-			return nil, &FieldError{Field: "sandbox_id", Msg: err.Error()}
+			return nil, &errdefs.FieldError{Field: "sandbox_id", Msg: err.Error()}
 		}
 	}
 	if req.TemplateID == "" {
-		return nil, fieldErr("template_id", "required")
+		return nil, errdefs.FieldErrorf("template_id", "required")
 	}
 	if err := sandboxid.Validate("template", req.TemplateID); err != nil {
-		return nil, &FieldError{Field: "template_id", Msg: err.Error()}
+		return nil, &errdefs.FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	tmpl, err := s.store.GetTemplate(req.TemplateID)
 	if err != nil {
@@ -67,7 +50,7 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 		req.Runtime = s.cfg.Node.DefaultRuntime
 	}
 	if _, ok := s.node.Drivers[req.Runtime]; !ok {
-		return nil, fieldErr("runtime", "%q is not available on this node", req.Runtime)
+		return nil, errdefs.FieldErrorf("runtime", "%q is not available on this node", req.Runtime)
 	}
 	if err := s.runtimeUsable(req.Runtime); err != nil {
 		return nil, err
@@ -86,15 +69,15 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	} {
 		switch {
 		case *l.v < 0:
-			return nil, fieldErr(l.field, "%d is negative", *l.v)
+			return nil, errdefs.FieldErrorf(l.field, "%d is negative", *l.v)
 		case *l.v > l.max:
-			return nil, fieldErr(l.field, "%d exceeds the node maximum %d", *l.v, l.max)
+			return nil, errdefs.FieldErrorf(l.field, "%d exceeds the node maximum %d", *l.v, l.max)
 		case *l.v == 0:
 			*l.v = l.def
 		}
 	}
 	if r.MemoryMiB < 16 {
-		return nil, fieldErr("resources.memory_mib", "%d MiB is below the 16 MiB minimum", r.MemoryMiB)
+		return nil, errdefs.FieldErrorf("resources.memory_mib", "%d MiB is below the 16 MiB minimum", r.MemoryMiB)
 	}
 	if err := validateMap("labels", req.Labels, labelKeyRE, 256); err != nil {
 		return nil, err
@@ -102,11 +85,11 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if err := validateMap("annotations", req.Annotations, labelKeyRE, 64<<10); err != nil {
 		return nil, err
 	}
-	if err := validateMap("env", req.Env, envKeyRE, 128<<10); err != nil {
+	if err := validateMap("env", req.Env, sandbox.EnvKeyRE, 128<<10); err != nil {
 		return nil, err
 	}
 	if len(req.RequestID) > 128 {
-		return nil, fieldErr("request_id", "longer than 128 bytes")
+		return nil, errdefs.FieldErrorf("request_id", "longer than 128 bytes")
 	}
 	if req.HostMounts, err = checkHostMounts(s.cfg, req.HostMounts); err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func (s *Service) WarmTemplate(ctx context.Context, id, runtime string) (*WarmRe
 	}
 	d, err := s.node.Driver(runtime)
 	if err != nil {
-		return nil, &FieldError{Field: "runtime", Msg: err.Error()}
+		return nil, &errdefs.FieldError{Field: "runtime", Msg: err.Error()}
 	}
 	if c := d.Capabilities(); !c.Checkpoint || !c.Restore {
 		return nil, fmt.Errorf("runtime %s cannot take memory snapshots, so template %s cannot be warmed: %w", runtime, id, errdefs.ErrFailedPrecondition)

@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
-	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 )
@@ -21,12 +20,6 @@ func ToGRPC(err error, sandboxID string) error {
 	if errors.As(err, &te) {
 		d.CurrentState = stateToPB(te.From)
 		d.SandboxId = te.ID
-	}
-	// cubelet's own FieldError, until package cubelet uses
-	// errdefs.FieldError (which grpcerr reads itself).
-	var fe *cubelet.FieldError
-	if errors.As(err, &fe) {
-		d.Field = fe.Field
 	}
 	return grpcerr.ToGRPCDetail(err, d)
 }

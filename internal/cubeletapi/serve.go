@@ -16,7 +16,6 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
-	"github.com/cubesandbox/cube/internal/cubeletclient"
 )
 
 // Serve runs the gRPC API on the configured unix socket and TCP address
@@ -112,13 +111,3 @@ func logUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
 		return resp, err
 	}
 }
-
-// Dial connects to a cubelet.
-//
-// Deprecated: use cubeletclient.Dial.
-func Dial(addr string) (*grpc.ClientConn, error) { return cubeletclient.Dial(addr) }
-
-// Client returns a typed client over conn.
-//
-// Deprecated: use cubeletclient.New.
-func Client(conn *grpc.ClientConn) pb.CubeletServiceClient { return cubeletclient.New(conn) }

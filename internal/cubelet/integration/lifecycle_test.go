@@ -148,7 +148,7 @@ func TestValidation(t *testing.T) {
 			if !errors.Is(err, c.is) {
 				t.Fatalf("want %v, got %v", c.is, err)
 			}
-			var fe *cubelet.FieldError
+			var fe *errdefs.FieldError
 			if c.field != "" && (!errors.As(err, &fe) || fe.Field != c.field) {
 				t.Fatalf("want field %q, got %v", c.field, err)
 			}

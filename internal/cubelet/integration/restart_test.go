@@ -17,7 +17,7 @@ import (
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
-	"github.com/cubesandbox/cube/internal/cubeletapi"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 )
 
@@ -44,11 +44,11 @@ func startDaemon(t *testing.T, env *cubelettest.Env, cfgPath, failpoints string)
 		t.Fatal(err)
 	}
 	logf.Close()
-	conn, err := cubeletapi.Dial(env.Config.API.Socket)
+	conn, err := cubeletclient.Dial(env.Config.API.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, client: cubeletapi.Client(conn), log: logPath}
+	d := &daemon{cmd: cmd, client: cubeletclient.New(conn), log: logPath}
 	d.close = func() { conn.Close() }
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -307,7 +307,7 @@ func TestSnapshotValidation(t *testing.T) {
 		}
 	}
 	field := func(err error) string {
-		var fe *cubelet.FieldError
+		var fe *errdefs.FieldError
 		if errors.As(err, &fe) {
 			return fe.Field
 		}
