@@ -98,34 +98,14 @@ type Config struct {
 // Load returns the defaults with the file at path (if any) merged
 // over them. Unknown keys in the file are an error: a typo must not
 // silently fall back to a default.
-func Load(path string) (*Config, error) {
-	var data []byte
-	if path != "" {
-		var err error
-		if data, err = os.ReadFile(path); err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
-		}
-	}
-	c, err := Parse(data)
-	if err != nil && path != "" {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	return c, err
-}
+func Load(path string) (*Config, error) { return tomlconfig.Load[Config](defaultTOML, path) }
 
 // Parse is Load for TOML text already in memory.
-func Parse(data []byte) (*Config, error) {
-	var c Config
-	if err := tomlconfig.Decode(defaultTOML, data, &c); err != nil {
-		return nil, err
-	}
-	if err := c.finish(); err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
+func Parse(data []byte) (*Config, error) { return tomlconfig.Parse[Config](defaultTOML, data) }
 
-func (c *Config) finish() error {
+// Validate checks every field and fills in the ones derived from others
+// (tomlconfig.Validator).
+func (c *Config) Validate() error {
 	bad := func(f string, a ...any) error {
 		return fmt.Errorf("config: "+f+": %w", append(a, errdefs.ErrInvalidArgument)...)
 	}
