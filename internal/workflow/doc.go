@@ -12,8 +12,9 @@
 // keeps no per-run state: that lives in the task T.
 //
 // T is the per-run task type the engine is instantiated with (cubelet uses
-// *cubelet.Task, which holds the typed sandbox record). Actions read and
-// write it; there are no interface{} bags between actions.
+// *actions.Task, which holds the typed sandbox record and the verb's own
+// typed state). Actions read and write it; there are no interface{} bags
+// between actions.
 //
 // A Verb[T] makes a capability callable: it names the verb ("create",
 // "destroy", "init"), says which actions support it (usually a type

@@ -19,7 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
-// TestGvisorMeasure prints the medians of issue 9's closing note at
+// TestGvisorMeasure prints the medians docs/gvisor.md reports at
 // cubelet level (each verb as the API serves it: agent answering), and in
 // the same run the bare runsc commands on a bundle of the same template.
 // It only runs with CUBE_GVISOR_MEASURE=<rounds>.

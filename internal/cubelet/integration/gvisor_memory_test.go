@@ -53,7 +53,7 @@ func TestGvisorMemorySnapshots(t *testing.T) {
 	cubelettest.RequireRoot(t)
 	requireRunsc(t)
 	ctx := context.Background()
-	clones := 10 // issue 9: N=10 at once; CUBE_GVISOR_CLONES overrides
+	clones := 10 // N=10 at once; CUBE_GVISOR_CLONES overrides
 	if v, err := strconv.Atoi(os.Getenv("CUBE_GVISOR_CLONES")); err == nil && v > 0 {
 		clones = v
 	}

@@ -16,7 +16,7 @@ import (
 
 // TestGvisorRepeatedSnapshots takes a memory snapshot of one running
 // gVisor sandbox, dirties its memory and disk, and rolls back to it, round
-// after round (2; CUBE_GVISOR_ROUNDS=50 for issue 9's check): after every
+// after round (2; CUBE_GVISOR_ROUNDS=50 for the long form): after every
 // rollback the agent's memory, a live shell's variable and a file hold
 // that round's values.
 func TestGvisorRepeatedSnapshots(t *testing.T) {

@@ -191,7 +191,7 @@ func freeBytesOf(t *testing.T, dir string) int64 {
 	return int64(st.Bfree) * st.Bsize
 }
 
-// TestSnapshotFigures measures what the closing note asks for and
+// TestSnapshotFigures prints the snapshot and clone figures of docs/storage.md and
 // checks the space accounting: a sandbox with a 1 GiB disk holding 900 MiB
 // of random data is snapshotted 20 times and cloned 20 times (medians
 // printed), then cloned 100 times in one call, which must cost far less

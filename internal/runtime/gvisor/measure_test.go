@@ -14,7 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/runtime"
 )
 
-// TestMeasure prints the medians the gVisor closing note reports: the
+// TestMeasure prints the medians docs/gvisor.md reports: the
 // driver's verbs next to the bare runsc commands they wrap, in one run.
 // It only runs with CUBE_GVISOR_MEASURE=<iterations>.
 func TestMeasure(t *testing.T) {

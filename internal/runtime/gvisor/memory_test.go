@@ -104,7 +104,7 @@ func startCounter(t *testing.T, d *Driver, parent, id string) runtime.Spec {
 }
 
 // rounds is how many snapshot/restore rounds TestRepeatedCheckpoint does:
-// 10 in CI, more with CUBE_GVISOR_ROUNDS (the closing note used 50).
+// 10 in CI, more with CUBE_GVISOR_ROUNDS (docs/gvisor.md reports 50).
 func rounds() int {
 	if n, err := strconv.Atoi(os.Getenv("CUBE_GVISOR_ROUNDS")); err == nil && n > 0 {
 		return n
