@@ -123,131 +123,68 @@ var (
 	_ DiskResumer = (*restoreAction)(nil)
 )
 
+// step is how the engine calls (or undoes) a verb on one action.
+type step = func(ctx context.Context, a workflow.Action, t *Task) error
+
+// via calls capability I's method m on the action: Call: via(Creator.Create).
+func via[I any](m func(I, context.Context, *Task) error) step {
+	return func(ctx context.Context, a workflow.Action, t *Task) error { return m(a.(I), ctx, t) }
+}
+
+// either calls m on actions that have capability I and otherwise falls
+// back to f (nil: nothing to do).
+func either[I any](m func(I, context.Context, *Task) error, f step) step {
+	return func(ctx context.Context, a workflow.Action, t *Task) error {
+		if i, ok := a.(I); ok {
+			return m(i, ctx, t)
+		}
+		if f == nil {
+			return nil
+		}
+		return f(ctx, a, t)
+	}
+}
+
 // Verbs is the verb table: for each flow, the capability its actions
 // must have, how the engine calls it, and how it undoes it.
 func Verbs() []workflow.Verb[*Task] {
-	create := func(ctx context.Context, a workflow.Action, t *Task) error {
-		return a.(Creator).Create(ctx, t)
-	}
-	destroy := func(ctx context.Context, a workflow.Action, t *Task) error {
-		return a.(Destroyer).Destroy(ctx, t)
-	}
+	create, destroy := via(Creator.Create), via(Destroyer.Destroy)
 	// Whatever a create or clone acquires, its undo must be able to
 	// release.
 	createsAndDestroys := func(a workflow.Action) bool {
 		return workflow.Implements[Creator](a) && workflow.Implements[Destroyer](a)
 	}
-	pause := func(ctx context.Context, a workflow.Action, t *Task) error {
-		return a.(Pauser).Pause(ctx, t)
-	}
-	resume := func(ctx context.Context, a workflow.Action, t *Task) error {
-		return a.(Resumer).Resume(ctx, t)
-	}
 	return []workflow.Verb[*Task]{
 		{
-			Name:     FlowInit,
-			Mode:     workflow.Init,
-			Supports: workflow.Implements[Initializer],
-			Call: func(ctx context.Context, a workflow.Action, _ *Task) error {
-				return a.(Initializer).Init(ctx)
-			},
+			Name: FlowInit, Mode: workflow.Init, Supports: workflow.Implements[Initializer],
+			Call: func(ctx context.Context, a workflow.Action, _ *Task) error { return a.(Initializer).Init(ctx) },
 		},
 		{Name: FlowCreate, Mode: workflow.Forward, Supports: createsAndDestroys, Call: create, Undo: destroy},
 		{Name: FlowDestroy, Mode: workflow.Teardown, Supports: workflow.Implements[Destroyer], Call: destroy},
 		{Name: FlowCleanup, Mode: workflow.Teardown, Supports: workflow.Implements[Destroyer], Call: destroy},
-		{
-			Name:     FlowPause,
-			Mode:     workflow.Forward,
-			Supports: workflow.Implements[Pauser],
-			Call:     pause,
-			// A pause that fails part-way thaws what it froze: the sandbox
-			// stays Running, as it was before the flow.
-			Undo: func(ctx context.Context, a workflow.Action, t *Task) error {
-				if _, ok := a.(Resumer); ok {
-					return resume(ctx, a, t)
-				}
-				return nil
-			},
-		},
-		{
-			Name:     FlowResume,
-			Mode:     workflow.Forward,
-			Supports: workflow.Implements[Resumer],
-			Call:     resume,
-			// A resume whose agent never answers freezes the sandbox again:
-			// it stays Paused, as it was before the flow.
-			Undo: func(ctx context.Context, a workflow.Action, t *Task) error {
-				if _, ok := a.(Pauser); ok {
-					return pause(ctx, a, t)
-				}
-				return nil
-			},
-		},
-		{
-			Name:     FlowPauseDisk,
-			Mode:     workflow.Forward,
-			Supports: workflow.Implements[DiskPauser],
-			Call: func(ctx context.Context, a workflow.Action, t *Task) error {
-				return a.(DiskPauser).PauseToDisk(ctx, t)
-			},
-			Undo: func(ctx context.Context, a workflow.Action, t *Task) error {
-				return a.(DiskPauser).UndoPauseToDisk(ctx, t)
-			},
-		},
-		{
-			Name: FlowResumeDisk,
-			Mode: workflow.Forward,
-			// "net" re-applies the policy (Resumer) before the restore.
+		// A pause that fails part-way thaws what it froze: the sandbox
+		// stays Running, as it was before the flow.
+		{Name: FlowPause, Mode: workflow.Forward, Supports: workflow.Implements[Pauser],
+			Call: via(Pauser.Pause), Undo: either(Resumer.Resume, nil)},
+		// A resume whose agent never answers freezes the sandbox again: it
+		// stays Paused, as it was before the flow.
+		{Name: FlowResume, Mode: workflow.Forward, Supports: workflow.Implements[Resumer],
+			Call: via(Resumer.Resume), Undo: either(Pauser.Pause, nil)},
+		{Name: FlowPauseDisk, Mode: workflow.Forward, Supports: workflow.Implements[DiskPauser],
+			Call: via(DiskPauser.PauseToDisk), Undo: via(DiskPauser.UndoPauseToDisk)},
+		// "net" re-applies the policy (Resumer) before the restore; a
+		// policy re-applied to a sandbox that stays paused is harmless.
+		{Name: FlowResumeDisk, Mode: workflow.Forward,
 			Supports: func(a workflow.Action) bool {
 				return workflow.Implements[DiskResumer](a) || workflow.Implements[Resumer](a)
 			},
-			Call: func(ctx context.Context, a workflow.Action, t *Task) error {
-				if r, ok := a.(DiskResumer); ok {
-					return r.ResumeFromDisk(ctx, t)
-				}
-				return resume(ctx, a, t)
-			},
-			// A policy re-applied to a sandbox that stays paused is harmless.
-			Undo: func(ctx context.Context, a workflow.Action, t *Task) error {
-				if r, ok := a.(DiskResumer); ok {
-					return r.UndoResumeFromDisk(ctx, t)
-				}
-				return nil
-			},
-		},
-		{
-			Name:     FlowSnapshot,
-			Mode:     workflow.Forward,
-			Supports: workflow.Implements[Snapshotter],
-			Call: func(ctx context.Context, a workflow.Action, t *Task) error {
-				return a.(Snapshotter).Snapshot(ctx, t)
-			},
-			Undo: func(ctx context.Context, a workflow.Action, t *Task) error {
-				return a.(Snapshotter).UndoSnapshot(ctx, t)
-			},
-		},
-		{
-			Name:     FlowClone,
-			Mode:     workflow.Forward,
-			Supports: createsAndDestroys,
-			Call: func(ctx context.Context, a workflow.Action, t *Task) error {
-				if c, ok := a.(Cloner); ok {
-					return c.Clone(ctx, t)
-				}
-				return create(ctx, a, t)
-			},
-			Undo: destroy,
-		},
-		{
-			Name:     FlowRollback,
-			Mode:     workflow.Forward,
-			Supports: workflow.Implements[Rollbacker],
-			Call: func(ctx context.Context, a workflow.Action, t *Task) error {
-				return a.(Rollbacker).Rollback(ctx, t)
-			},
-			Undo: func(ctx context.Context, a workflow.Action, t *Task) error {
-				return a.(Rollbacker).UndoRollback(ctx, t)
-			},
-		},
+			Call: either(DiskResumer.ResumeFromDisk, via(Resumer.Resume)),
+			Undo: either(DiskResumer.UndoResumeFromDisk, nil)},
+		{Name: FlowSnapshot, Mode: workflow.Forward, Supports: workflow.Implements[Snapshotter],
+			Call: via(Snapshotter.Snapshot), Undo: via(Snapshotter.UndoSnapshot)},
+		{Name: FlowClone, Mode: workflow.Forward, Supports: createsAndDestroys,
+			Call: either(Cloner.Clone, create), Undo: destroy},
+		{Name: FlowRollback, Mode: workflow.Forward, Supports: workflow.Implements[Rollbacker],
+			Call: via(Rollbacker.Rollback), Undo: via(Rollbacker.UndoRollback)},
 	}
 }
