@@ -2,13 +2,8 @@ package cubeletapi
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -16,6 +11,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Serve runs the gRPC API on the configured unix socket and TCP address
@@ -26,37 +22,27 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(logUnary(log)))
 	pb.RegisterCubeletServiceServer(gs, New(svc))
 
-	var lis []net.Listener
-	closeAll := func() {
-		for _, l := range lis {
-			l.Close()
-		}
-	}
+	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		l, err := g.Unix(p, 0)
+		if err != nil {
 			return err
 		}
-		_ = os.Remove(p) // a stale socket of a killed cubelet
-		l, err := net.Listen("unix", p)
-		if err != nil {
-			return fmt.Errorf("listen %s: %w", p, err)
-		}
-		lis = append(lis, l)
+		g.GRPC("cubelet API", gs, l)
 	}
 	if a := cfg.API.TCP; a != "" {
-		l, err := net.Listen("tcp", a)
+		l, err := g.TCP(a)
 		if err != nil {
-			closeAll()
-			return fmt.Errorf("listen %s: %w", a, err)
+			g.Close()
+			return err
 		}
-		lis = append(lis, l)
+		g.GRPC("cubelet API", gs, l)
 	}
-	var hs *http.Server
 	if a := cfg.API.Metrics; a != "" {
-		l, err := net.Listen("tcp", a)
+		l, err := g.TCP(a)
 		if err != nil {
-			closeAll()
-			return fmt.Errorf("listen %s: %w", a, err)
+			g.Close()
+			return err
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(svc.Metrics(), promhttp.HandlerOpts{}))
@@ -70,35 +56,9 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		if cfg.API.Pprof {
 			registerPprof(mux)
 		}
-		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(l) }()
+		g.HTTP("cubelet metrics", mux, l)
 	}
-	errc := make(chan error, len(lis))
-	for _, l := range lis {
-		log.Info("cubelet API listening", "addr", l.Addr().String())
-		go func() { errc <- gs.Serve(l) }()
-	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			log.Error("grpc serve", "err", err)
-		}
-	}
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(10 * time.Second):
-		gs.Stop()
-	}
-	if hs != nil {
-		_ = hs.Close()
-	}
-	if p := cfg.API.Socket; p != "" {
-		_ = os.Remove(p)
-	}
-	return nil
+	return g.Run(ctx)
 }
 
 func logUnary(log *slog.Logger) grpc.UnaryServerInterceptor {

@@ -15,12 +15,7 @@ package nodeapi
 import (
 	"context"
 	"crypto/subtle"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -35,6 +30,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // NodeServer implements masterpb.NodeServiceServer.
@@ -219,40 +215,24 @@ func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 // Serve runs the socket and TCP listeners until ctx ends.
 func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 	cfg := svc.Config()
-	var servers []*grpc.Server
-	var lis []net.Listener
-	closeAll := func() {
-		for _, l := range lis {
-			l.Close()
-		}
-	}
+	g := &serve.Group{Log: log, Grace: 5 * time.Second}
 	if p := cfg.API.Socket; p != "" {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		_ = os.Remove(p)
-		l, err := net.Listen("unix", p)
+		l, err := g.Unix(p, 0o600)
 		if err != nil {
-			return fmt.Errorf("listen %s: %w", p, err)
-		}
-		if err := os.Chmod(p, 0o600); err != nil {
-			l.Close()
 			return err
 		}
-		lis = append(lis, l)
 		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
 		masterpb.RegisterRouteServiceServer(gs, &RouteServer{svc: svc})
-		servers = append(servers, gs)
+		g.GRPC("cubemaster node API", gs, l)
 	}
 	if a := cfg.API.Node; a != "" {
-		l, err := net.Listen("tcp", a)
+		l, err := g.TCP(a)
 		if err != nil {
-			closeAll()
-			return fmt.Errorf("listen %s: %w", a, err)
+			g.Close()
+			return err
 		}
-		lis = append(lis, l)
 		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
 			grpc.StreamInterceptor(streamGuard(cfg.API.AdminToken)))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
@@ -260,34 +240,9 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 			masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
 			masterpb.RegisterRouteServiceServer(gs, &RouteServer{svc: svc})
 		}
-		servers = append(servers, gs)
+		g.GRPC("cubemaster node API", gs, l)
 	}
-	errc := make(chan error, len(lis))
-	for i, l := range lis {
-		log.Info("cubemaster node API listening", "addr", l.Addr().String())
-		go func() { errc <- servers[i].Serve(l) }()
-	}
-	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	for _, gs := range servers {
-		stopped := make(chan struct{})
-		go func() { gs.GracefulStop(); close(stopped) }()
-		select {
-		case <-stopped:
-		case <-time.After(5 * time.Second):
-			gs.Stop()
-		}
-	}
-	if p := cfg.API.Socket; p != "" {
-		_ = os.Remove(p)
-	}
-	if errors.Is(err, grpc.ErrServerStopped) {
-		err = nil
-	}
-	return err
+	return g.Run(ctx)
 }
 
 func idleTimeout(d time.Duration) *durationpb.Duration {

@@ -2,20 +2,16 @@ package agentapi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	pb "github.com/cubesandbox/cube/api/network/v1"
 	"github.com/cubesandbox/cube/internal/network/agent"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Serve runs the gRPC API on the configured unix socket and /healthz,
@@ -25,62 +21,24 @@ func Serve(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 	cfg := a.Config()
 	gs := grpc.NewServer()
 	pb.RegisterNetworkAgentServer(gs, New(a))
-	var gl net.Listener
+	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		_ = os.Remove(p) // a stale socket of a killed agent
-		l, err := net.Listen("unix", p)
-		if err != nil {
-			return fmt.Errorf("listen %s: %w", p, err)
-		}
 		// Only root (cubelet) may ask for slots and change policies.
-		if err := os.Chmod(p, 0o600); err != nil {
-			l.Close()
+		l, err := g.Unix(p, 0o600)
+		if err != nil {
 			return err
 		}
-		gl = l
+		g.GRPC("network-agent API", gs, l)
 	}
-	var hs *http.Server
 	if addr := cfg.API.HTTP; addr != "" {
-		l, err := net.Listen("tcp", addr)
+		l, err := g.TCP(addr)
 		if err != nil {
-			if gl != nil {
-				gl.Close()
-			}
-			return fmt.Errorf("listen %s: %w", addr, err)
+			g.Close()
+			return err
 		}
-		hs = &http.Server{Handler: HTTPHandler(a), ReadHeaderTimeout: 5 * time.Second}
-		log.Info("network-agent health and metrics", "addr", l.Addr().String())
-		go func() { _ = hs.Serve(l) }()
+		g.HTTP("network-agent health and metrics", HTTPHandler(a), l)
 	}
-	errc := make(chan error, 1)
-	if gl != nil {
-		log.Info("network-agent API listening", "socket", gl.Addr().String())
-		go func() { errc <- gs.Serve(gl) }()
-	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			log.Error("grpc serve", "err", err)
-		}
-	}
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(10 * time.Second):
-		gs.Stop()
-	}
-	if hs != nil {
-		_ = hs.Close()
-	}
-	if p := cfg.API.Socket; p != "" {
-		_ = os.Remove(p)
-	}
-	return nil
+	return g.Run(ctx)
 }
 
 // HTTPHandler serves /healthz (the process answers and its store reads),
