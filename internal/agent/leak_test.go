@@ -47,7 +47,12 @@ func TestNothingLeaks(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
 	base := "http://" + ln.Addr().String()
 	hc := &http.Client{Transport: &http.Transport{}}
 	client := processconnect.NewProcessClient(hc, base, connect.WithProtoJSON())

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cubesandbox/cube/internal/cli"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 )
@@ -58,7 +59,11 @@ func TestClusterCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Server.Service.Kill(context.Background(), sb.ID)
+	defer func() {
+		if err := m.Server.Service.Kill(context.Background(), sb.ID); err != nil && !errdefs.IsNotFound(err) {
+			t.Errorf("kill %s: %v", sb.ID, err)
+		}
+	}()
 	out, _, code = run("sandbox", "ls", "--all-nodes", "-l", "team=a")
 	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") {
 		t.Fatalf("sandbox ls --all-nodes: %d\n%s", code, out)

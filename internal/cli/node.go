@@ -78,7 +78,7 @@ func nodeCmd(g *globals) *cobra.Command {
 
 func flowCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "flow", Short: "Workflow flows and their concurrency limits"}
-	print := func(flows []*pb.Flow) {
+	printFlows := func(flows []*pb.Flow) {
 		var rows [][]string
 		for _, f := range flows {
 			var steps []string
@@ -106,7 +106,7 @@ func flowCmd(g *globals) *cobra.Command {
 				if g.json() {
 					return g.printJSON(resp)
 				}
-				print(resp.Flows)
+				printFlows(resp.Flows)
 				return nil
 			})
 		},
@@ -127,7 +127,7 @@ func flowCmd(g *globals) *cobra.Command {
 				if g.json() {
 					return g.printJSON(resp.Flow)
 				}
-				print([]*pb.Flow{resp.Flow})
+				printFlows([]*pb.Flow{resp.Flow})
 				return nil
 			})
 		},

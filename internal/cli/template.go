@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -92,7 +93,7 @@ not extracted again. Progress (phase, layer i/N, bytes) goes to stderr.`,
 				pp := newProgressPrinter(cmd.ErrOrStderr(), quiet)
 				for {
 					ev, err := stream.Recv()
-					if err == io.EOF {
+					if errors.Is(err, io.EOF) {
 						return fmt.Errorf("import ended without a template")
 					}
 					if err != nil {

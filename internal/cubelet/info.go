@@ -101,7 +101,7 @@ func (s *Service) Health(ctx context.Context) (bool, []Condition) {
 		_, err := d.List(ctx)
 		add("runtime/"+name, err)
 	}
-	if err, on := s.node.Net.Health(ctx); on {
+	if on, err := s.node.Net.Health(ctx); on {
 		add("network-agent", err)
 	}
 	ok := true

@@ -255,21 +255,22 @@ func dirNames(dir string) []string {
 }
 
 // gcLoop retries journalled destroys with exponential backoff until they
-// succeed.
-func (s *Service) gcLoop() {
+// succeed, and runs snapshot and template GC, until ctx (the service's
+// lifetime, ended by Close) is done.
+func (s *Service) gcLoop(ctx context.Context) {
 	defer close(s.gcDone)
 	tick := time.NewTicker(s.cfg.GC.Interval.Duration)
 	defer tick.Stop()
 	for {
 		select {
-		case <-s.stopGC:
+		case <-ctx.Done():
 			return
 		case <-tick.C:
 		case <-s.kick:
 		}
-		s.runJournal(context.Background())
-		s.snapshotGC(context.Background())
-		s.templateGC(context.Background())
+		s.runJournal(ctx)
+		s.snapshotGC(ctx)
+		s.templateGC(ctx)
 	}
 }
 
@@ -281,6 +282,9 @@ func (s *Service) runJournal(ctx context.Context) {
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].NextAttempt.Before(entries[j].NextAttempt) })
 	for _, j := range entries {
+		if ctx.Err() != nil {
+			return
+		}
 		if time.Now().Before(j.NextAttempt) {
 			continue
 		}
@@ -309,6 +313,12 @@ func (s *Service) retryCleanup(ctx context.Context, j *sandbox.JournalEntry) {
 			s.forget(j.SandboxID)
 			s.log.Info("journalled destroy finished", "sandbox_id", j.SandboxID, "attempts", j.Attempts+1)
 		}
+		return
+	}
+	if ctx.Err() != nil {
+		// Interrupted by Close: not a failed attempt. The entry stays as
+		// it was and the next start retries it.
+		s.log.Info("journalled destroy interrupted by shutdown", "sandbox_id", j.SandboxID, "err", err)
 		return
 	}
 	j.Attempts++

@@ -48,7 +48,8 @@ type Service struct {
 
 	snaps snapRefs // in-flight users of snapshots (snapshots.go)
 
-	stopGC chan struct{}
+	// stop cancels the lifetime context the GC loop runs under (Close).
+	stop context.CancelFunc
 	// closeOnce makes Close idempotent (tests and the daemon may both call it).
 	closeOnce sync.Once
 	gcDone    chan struct{}
@@ -80,13 +81,17 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		metrics:   prometheus.NewRegistry(),
 		boxes:     map[string]*entry{},
 		importing: map[string]bool{},
-		stopGC:    make(chan struct{}),
 		gcDone:    make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 	}
+	// The service's lifetime: New's ctx bounds only the start-up (it may be
+	// a request's or a timeout's); Close ends this one.
+	life, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop = stop
 	ok := false
 	defer func() {
 		if !ok {
+			stop()
 			s.stopStorage() // the disk pool's refiller, if it started
 			st.Close()
 		}
@@ -114,7 +119,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if s.hb, err = masterlink.Start(cfg.Master, s.NodeReport, log); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
-	go s.gcLoop()
+	go s.gcLoop(life)
 	ok = true
 	return s, nil
 }
@@ -125,7 +130,7 @@ func (s *Service) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.hb.Stop()
-		close(s.stopGC)
+		s.stop() // aborts an in-flight journal or GC pass too
 		<-s.gcDone
 		s.stopStorage()
 		err = s.store.Close()

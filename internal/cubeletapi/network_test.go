@@ -27,7 +27,7 @@ func TestNetworkAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: "net"})
+	defer deleteSandbox(t, c, "net")
 	n := res.Sandbox.Network
 	if n == nil || n.HostIp == "" || n.SandboxIp != "169.254.0.21" || n.Netns == "" ||
 		n.Policy.GetAllowInternetAccess() || len(n.Policy.AllowOut) != 1 || n.Policy.AllowOut[0] != "198.51.100.7/32" {

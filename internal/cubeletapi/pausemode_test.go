@@ -21,7 +21,7 @@ func TestPauseModes(t *testing.T) {
 	if _, err := c.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: "pm", TemplateId: "busybox", Runtime: "runc"}); err != nil {
 		t.Fatal(err)
 	}
-	defer c.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: "pm"})
+	defer deleteSandbox(t, c, "pm")
 	for mode, want := range map[pb.PauseMode]codes.Code{
 		pb.PauseMode_PAUSE_MODE_DISK: codes.FailedPrecondition,
 		pb.PauseMode(42):             codes.InvalidArgument,

@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -306,8 +305,6 @@ func urlQuery(s string) string {
 	r := strings.NewReplacer("%", "%25", "&", "%26", "+", "%2B", " ", "%20", "#", "%23", "?", "%3F")
 	return r.Replace(s)
 }
-
-var errStop = errors.New("stop")
 
 func fmtEnd(e *pb.ProcessEvent_EndEvent) string {
 	if e == nil {

@@ -61,7 +61,7 @@ func (s *Service) startWatch(ctx context.Context, path string, recursive, allowN
 			return fmt.Errorf("%s is not a directory: %w", dir, errdefs.ErrInvalidArgument)
 		}
 		var sfs unix.Statfs_t
-		if err := unix.Statfs(dir, &sfs); err == nil && networkFS[int64(sfs.Type)] && !allowNetwork {
+		if err := unix.Statfs(dir, &sfs); err == nil && networkFS[int64(sfs.Type)] && !allowNetwork { //nolint:unconvert // Statfs_t.Type is not int64 on every GOARCH (386, arm, s390x)
 			return fmt.Errorf("%s is on a network filesystem; set allow_network_mounts to watch it anyway: %w", dir, errdefs.ErrInvalidArgument)
 		}
 		return nil

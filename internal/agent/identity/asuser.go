@@ -73,14 +73,14 @@ func switchThread(u *User) (restore func() error, err error) {
 	restore = func() error {
 		// Order matters: regain fsuid 0 (and with it the capabilities)
 		// before changing groups and fsgid back.
-		unix.SetfsuidRetUid(origUID)
+		_, _ = unix.SetfsuidRetUid(origUID) // checked below by reading it back
 		if cur, _ := unix.SetfsuidRetUid(-1); cur != origUID {
 			return fmt.Errorf("fsuid is %d, want %d", cur, origUID)
 		}
 		if err := unix.Setgroups(origGroups); err != nil {
 			return fmt.Errorf("setgroups: %w", err)
 		}
-		unix.SetfsgidRetGid(origGID)
+		_, _ = unix.SetfsgidRetGid(origGID) // checked below by reading it back
 		if cur, _ := unix.SetfsgidRetGid(-1); cur != origGID {
 			return fmt.Errorf("fsgid is %d, want %d", cur, origGID)
 		}
@@ -99,11 +99,11 @@ func switchThread(u *User) (restore func() error, err error) {
 		// the capabilities, the saved IDs staying root.
 		return switchThreadEffective(u, func() error { return unix.Setgroups(origGroups) })
 	}
-	unix.SetfsgidRetGid(int(u.GID))
+	_, _ = unix.SetfsgidRetGid(int(u.GID)) // checked below by reading it back
 	if cur, _ := unix.SetfsgidRetGid(-1); cur != int(u.GID) {
 		return restore, fmt.Errorf("setfsgid %d for %s did not take (is %d)", u.GID, u.Name, cur)
 	}
-	unix.SetfsuidRetUid(int(u.UID))
+	_, _ = unix.SetfsuidRetUid(int(u.UID)) // checked below by reading it back
 	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(u.UID) {
 		return restore, fmt.Errorf("setfsuid %d for %s did not take (is %d)", u.UID, u.Name, cur)
 	}

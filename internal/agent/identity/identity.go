@@ -82,7 +82,7 @@ func (db DB) Lookup(name string) (*User, error) {
 	// Supplementary groups: every group listing the user as a member.
 	_ = scan(db.groupPath(), 4, func(f []string) bool {
 		gid, err := strconv.ParseUint(f[2], 10, 32)
-		if err != nil || uint32(gid) == found.GID {
+		if err != nil || gid == uint64(found.GID) {
 			return true
 		}
 		for _, m := range strings.Split(f[3], ",") {

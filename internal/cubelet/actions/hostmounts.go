@@ -47,14 +47,14 @@ func AllowedSource(cfg *config.Config, src string, readOnly bool) (string, error
 	if !filepath.IsAbs(src) {
 		return "", fmt.Errorf("%q must be an absolute path", src)
 	}
-	real, err := filepath.EvalSymlinks(src)
+	resolved, err := filepath.EvalSymlinks(src)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return "", fmt.Errorf("%q does not exist on this node", src)
 		}
 		return "", fmt.Errorf("%q: %v", src, err)
 	}
-	st, err := os.Stat(real)
+	st, err := os.Stat(resolved)
 	if err != nil {
 		return "", fmt.Errorf("%q: %v", src, err)
 	}
@@ -62,7 +62,7 @@ func AllowedSource(cfg *config.Config, src string, readOnly bool) (string, error
 		return "", fmt.Errorf("%q is neither a directory nor a regular file", src)
 	}
 	for _, own := range []string{cfg.Node.DataDir, cfg.Node.RunDir} {
-		if o := resolve(own); within(real, o) || within(o, real) {
+		if o := resolve(own); within(resolved, o) || within(o, resolved) {
 			return "", fmt.Errorf("%q overlaps cubelet's own directory %s", src, own)
 		}
 	}
@@ -71,21 +71,21 @@ func AllowedSource(cfg *config.Config, src string, readOnly bool) (string, error
 	for i := range cfg.Storage.HostMountAllow {
 		r := &cfg.Storage.HostMountAllow[i]
 		p := resolve(r.Prefix)
-		if within(real, p) && len(p) > bestLen {
+		if within(resolved, p) && len(p) > bestLen {
 			best, bestLen = r, len(p)
 		}
 	}
-	resolved := ""
-	if real != src {
-		resolved = fmt.Sprintf(" (resolves to %s)", real)
+	via := ""
+	if resolved != src {
+		via = fmt.Sprintf(" (resolves to %s)", resolved)
 	}
 	switch {
 	case best == nil:
-		return "", fmt.Errorf("%q%s is not under any prefix in storage.host_mount_allow", src, resolved)
+		return "", fmt.Errorf("%q%s is not under any prefix in storage.host_mount_allow", src, via)
 	case best.ReadOnly && !readOnly:
-		return "", fmt.Errorf("%q%s may only be bound read-only (storage.host_mount_allow %s is read_only)", src, resolved, best.Prefix)
+		return "", fmt.Errorf("%q%s may only be bound read-only (storage.host_mount_allow %s is read_only)", src, via, best.Prefix)
 	}
-	return real, nil
+	return resolved, nil
 }
 
 // HostMountsFor turns a record's host mounts into runtime mounts,
@@ -95,12 +95,12 @@ func AllowedSource(cfg *config.Config, src string, readOnly bool) (string, error
 func (n *Node) HostMountsFor(ms []sandbox.HostMount) ([]runtime.Mount, error) {
 	var out []runtime.Mount
 	for _, m := range ms {
-		real, err := AllowedSource(n.Cfg, m.Source, m.ReadOnly)
+		resolved, err := AllowedSource(n.Cfg, m.Source, m.ReadOnly)
 		if err != nil {
 			return nil, fmt.Errorf("host mount %s: %v: %w", m.Destination, err, errdefs.ErrFailedPrecondition)
 		}
-		if real != m.Source {
-			return nil, fmt.Errorf("host mount %s: source %s now resolves to %s: %w", m.Destination, m.Source, real, errdefs.ErrFailedPrecondition)
+		if resolved != m.Source {
+			return nil, fmt.Errorf("host mount %s: source %s now resolves to %s: %w", m.Destination, m.Source, resolved, errdefs.ErrFailedPrecondition)
 		}
 		out = append(out, runtime.Mount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
 	}

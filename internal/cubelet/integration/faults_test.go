@@ -70,7 +70,7 @@ func TestFaultInjection(t *testing.T) {
 
 	t.Run("pause", func(t *testing.T) {
 		id := create(t)
-		defer svc.Delete(ctx, id)
+		cleanupDelete(t, svc, id)
 		for _, p := range points(svc, cubelet.FlowPause) {
 			t.Run(p, func(t *testing.T) {
 				inject(t, p, "1*error")
@@ -90,7 +90,7 @@ func TestFaultInjection(t *testing.T) {
 
 	t.Run("resume", func(t *testing.T) {
 		id := create(t)
-		defer svc.Delete(ctx, id)
+		cleanupDelete(t, svc, id)
 		if _, err := svc.Pause(ctx, id); err != nil {
 			t.Fatal(err)
 		}

@@ -121,7 +121,7 @@ func TestValidation(t *testing.T) {
 	if _, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", SandboxID: "dup"}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { svc.Delete(ctx, "dup") })
+	cleanupDelete(t, svc, "dup")
 	cases := []struct {
 		name  string
 		req   cubelet.CreateRequest
@@ -196,6 +196,17 @@ func TestDiskGrow(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// cleanupDelete deletes sandbox id when the test ends, unless the test
+// already did.
+func cleanupDelete(t *testing.T, svc *cubelet.Service, id string) {
+	t.Helper()
+	t.Cleanup(func() {
+		if _, err := svc.Delete(context.Background(), id); err != nil && !errdefs.IsNotFound(err) {
+			t.Errorf("delete %s: %v", id, err)
+		}
+	})
+}
 
 func freezerState(t *testing.T, env *cubelettest.Env, id string) string {
 	for _, p := range []string{

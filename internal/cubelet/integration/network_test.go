@@ -80,7 +80,7 @@ func TestNetworkSandboxes(t *testing.T) {
 		t.Fatalf("create: %v", err)
 	}
 	a := res.Sandbox
-	defer svc.Delete(ctx, a.ID)
+	cleanupDelete(t, svc, a.ID)
 	if a.Network == nil || a.Network.HostIP == "" || a.Network.SandboxIP != "169.254.0.21" {
 		t.Fatalf("no slot recorded: %+v", a.Network)
 	}
@@ -289,7 +289,7 @@ func TestNoNetworkAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer svc.Delete(ctx, res.Sandbox.ID)
+	cleanupDelete(t, svc, res.Sandbox.ID)
 	if res.Sandbox.Network != nil {
 		t.Fatalf("slot without an agent: %+v", res.Sandbox.Network)
 	}

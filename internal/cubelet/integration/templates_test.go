@@ -139,7 +139,6 @@ func TestTemplateImportRegistryAndDedupe(t *testing.T) {
 		second.Source != env.Image || !slices.Equal(second.Cmd, first.Cmd) {
 		t.Errorf("reused template differs: %+v vs %+v", second, first)
 	}
-	a, b = nil, nil
 
 	// Idempotent: the same ID and image again is the existing template.
 	for _, req := range []cubelet.TemplateImport{

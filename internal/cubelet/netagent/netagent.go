@@ -106,16 +106,16 @@ func (a *Agent) UpdatePolicy(ctx context.Context, id string, p *policy.Policy) e
 }
 
 // Health checks network-agent; on is false when none is configured.
-func (a *Agent) Health(ctx context.Context) (err error, on bool) {
+func (a *Agent) Health(ctx context.Context) (on bool, err error) {
 	c, err := a.Client()
 	if c == nil {
-		return err, err != nil
+		return err != nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	h, err := c.Health(ctx)
 	if err != nil {
-		return err, true
+		return true, err
 	}
 	if !h.Ok {
 		var bad []error
@@ -124,9 +124,9 @@ func (a *Agent) Health(ctx context.Context) (err error, on bool) {
 				bad = append(bad, fmt.Errorf("%s: %s", c.Type, c.Message))
 			}
 		}
-		return errors.Join(bad...), true
+		return true, errors.Join(bad...)
 	}
-	return nil, true
+	return true, nil
 }
 
 // SweepOrphans releases the slots network-agent holds for sandboxes not in

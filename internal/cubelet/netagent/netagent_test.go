@@ -24,7 +24,7 @@ func TestWithoutAgent(t *testing.T) {
 	if c, err := a.Client(); c != nil || err != nil {
 		t.Fatalf("client without a socket: %v %v", c, err)
 	}
-	if err, on := a.Health(t.Context()); on || err != nil {
+	if on, err := a.Health(t.Context()); on || err != nil {
 		t.Fatalf("health without a socket: %v %v", err, on)
 	}
 	if err := a.CheckPolicy(nil); err != nil {

@@ -596,15 +596,3 @@ func tail(path string, n int64) string {
 	b, _ := io.ReadAll(f)
 	return strings.TrimSpace(string(b))
 }
-
-// fileIO hands runsc (and through it the sandbox) a plain file for stdout
-// and stderr and /dev/null for stdin: runsc passes them on to the
-// sandbox, so a pipe would tie the sandbox to this process and make the
-// detached run wait for it.
-type fileIO struct{ f *os.File }
-
-func (fileIO) Close() error          { return nil }
-func (fileIO) Stdin() io.WriteCloser { return nil }
-func (fileIO) Stdout() io.ReadCloser { return nil }
-func (fileIO) Stderr() io.ReadCloser { return nil }
-func (o fileIO) Set(cmd *exec.Cmd)   { cmd.Stdout, cmd.Stderr = o.f, o.f }

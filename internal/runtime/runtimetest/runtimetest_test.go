@@ -47,20 +47,20 @@ func (d inPlace) RestoreInPlace(context.Context, string, string) (runtime.State,
 }
 
 var (
-	notFound = fmt.Errorf("fake: %w", errdefs.ErrNotFound)
-	notImpl  = fmt.Errorf("fake: %w", errdefs.ErrNotImplemented)
+	errNotFound = fmt.Errorf("fake: %w", errdefs.ErrNotFound)
+	errNotImpl  = fmt.Errorf("fake: %w", errdefs.ErrNotImplemented)
 )
 
 // pauseOnly is a consistent driver that can pause and nothing more.
 func pauseOnly() *fakeDriver {
 	return &fakeDriver{name: "fake", caps: runtime.Capabilities{Pause: true},
-		pause: notFound, resume: notFound, checkpoint: notImpl, restore: notImpl}
+		pause: errNotFound, resume: errNotFound, checkpoint: errNotImpl, restore: errNotImpl}
 }
 
 // allVerbs is a consistent driver that can do every verb.
 func allVerbs() *fakeDriver {
 	return &fakeDriver{name: "fake", caps: runtime.Capabilities{Pause: true, Checkpoint: true, Restore: true},
-		pause: notFound, resume: notFound, checkpoint: notFound, restore: notFound}
+		pause: errNotFound, resume: errNotFound, checkpoint: errNotFound, restore: errNotFound}
 }
 
 func TestCapabilityProblems(t *testing.T) {
@@ -70,25 +70,25 @@ func TestCapabilityProblems(t *testing.T) {
 	}{
 		"pause only":                     {d: pauseOnly()},
 		"all verbs":                      {d: allVerbs()},
-		"all verbs, in place":            {d: inPlace{allVerbs(), notFound}},
-		"no memory verbs, in place":      {d: inPlace{pauseOnly(), notImpl}},
+		"all verbs, in place":            {d: inPlace{allVerbs(), errNotFound}},
+		"no memory verbs, in place":      {d: inPlace{pauseOnly(), errNotImpl}},
 		"no name":                        {d: func() runtime.Driver { d := pauseOnly(); d.name = ""; return d }(), want: "Name is empty"},
 		"checkpoint false but works":     {d: func() runtime.Driver { d := pauseOnly(); d.checkpoint = nil; return d }(), want: "Checkpoint: Capabilities says unsupported"},
-		"restore false but tries":        {d: func() runtime.Driver { d := pauseOnly(); d.restore = notFound; return d }(), want: "Restore: Capabilities says unsupported"},
-		"pause true but not implemented": {d: func() runtime.Driver { d := pauseOnly(); d.pause = notImpl; return d }(), want: "Pause(absent)"},
-		"resume not implemented":         {d: func() runtime.Driver { d := pauseOnly(); d.resume = notImpl; return d }(), want: "Resume(absent)"},
+		"restore false but tries":        {d: func() runtime.Driver { d := pauseOnly(); d.restore = errNotFound; return d }(), want: "Restore: Capabilities says unsupported"},
+		"pause true but not implemented": {d: func() runtime.Driver { d := pauseOnly(); d.pause = errNotImpl; return d }(), want: "Pause(absent)"},
+		"resume not implemented":         {d: func() runtime.Driver { d := pauseOnly(); d.resume = errNotImpl; return d }(), want: "Resume(absent)"},
 		"pause false, resume works": {d: func() runtime.Driver {
 			d := pauseOnly()
-			d.caps.Pause, d.pause = false, notImpl
+			d.caps.Pause, d.pause = false, errNotImpl
 			return d
 		}(), want: "Resume: Capabilities says unsupported"},
 		"restore without checkpoint": {d: func() runtime.Driver {
 			d := allVerbs()
-			d.caps.Checkpoint, d.checkpoint = false, notImpl
+			d.caps.Checkpoint, d.checkpoint = false, errNotImpl
 			return d
 		}(), want: "Restore without Checkpoint"},
-		"in place without restore": {d: inPlace{pauseOnly(), notFound}, want: "RestoreInPlace: Capabilities says unsupported"},
-		"in place not implemented": {d: inPlace{allVerbs(), notImpl}, want: "RestoreInPlace(absent)"},
+		"in place without restore": {d: inPlace{pauseOnly(), errNotFound}, want: "RestoreInPlace: Capabilities says unsupported"},
+		"in place not implemented": {d: inPlace{allVerbs(), errNotImpl}, want: "RestoreInPlace(absent)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := capabilityProblems(t.Context(), tc.d, t.TempDir)

@@ -54,7 +54,7 @@ func TestShapeHelpers(t *testing.T) {
 	if a, b := macFor("x"), macFor("y"); a == b || !strings.HasPrefix(a, "02:") {
 		t.Errorf("macFor: %s, %s", a, b)
 	}
-	if macFor("x") != macFor("x") {
+	if a1, a2 := macFor("x"), macFor("x"); a1 != a2 {
 		t.Error("macFor is not stable")
 	}
 	if cid := cidFor("x"); cid < 3 {

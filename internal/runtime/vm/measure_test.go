@@ -43,7 +43,11 @@ func TestMeasure(t *testing.T) {
 		agentClient(ctx, t, d, s.ID, bootLimit)
 		times["cold boot: to agent ready"] = append(times["cold boot: to agent ready"], time.Since(begin))
 		st, _ := d.State(ctx, s.ID)
-		rss = append(rss, vmRSS(st.PID))
+		kb, err := vmRSS(st.PID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rss = append(rss, kb)
 		timed("QMP stop (Pause)", func() error { return d.Pause(ctx, s.ID) })
 		timed("QMP cont (Resume)", func() error { return d.Resume(ctx, s.ID) })
 		img := filepath.Join(t.TempDir(), "img")
@@ -98,8 +102,13 @@ func rawIncoming(ctx context.Context, d *Driver, bundle, disk, dir string) error
 		return fmt.Errorf("%v: %s", err, out)
 	}
 	st := &vmState{QMP: p.QMP}
-	b, _ := os.ReadFile(p.PIDFile)
-	fmt.Sscan(strings.TrimSpace(string(b)), &st.PID)
+	b, err := os.ReadFile(p.PIDFile)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &st.PID); err != nil {
+		return fmt.Errorf("parse %s %q: %w", p.PIDFile, b, err)
+	}
 	defer func() {
 		_ = syscall.Kill(st.PID, syscall.SIGKILL)
 		_ = waitGone(st, killTimeout)
@@ -115,16 +124,23 @@ func rawIncoming(ctx context.Context, d *Driver, bundle, disk, dir string) error
 	return d.waitMigrate(ctx, c.Execute, "")
 }
 
-func vmRSS(pid int) int64 {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+// vmRSS returns the resident set size of process pid in bytes.
+func vmRSS(pid int) (int64, error) {
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(l, "VmRSS:") {
 			var kb int64
-			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "VmRSS:"), "kB")), &kb)
-			return kb << 10
+			if _, err := fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(l, "VmRSS:"), "kB")), &kb); err != nil {
+				return 0, fmt.Errorf("parse %s %q: %w", path, l, err)
+			}
+			return kb << 10, nil
 		}
 	}
-	return 0
+	return 0, fmt.Errorf("%s: no VmRSS line", path)
 }
 
 func median(ds []time.Duration) time.Duration {
