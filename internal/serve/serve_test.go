@@ -75,7 +75,8 @@ func TestGroup(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
 	}
-	if _, err := http.Get("http://" + tl.Addr().String()); err == nil {
+	if resp, err := http.Get("http://" + tl.Addr().String()); err == nil {
+		resp.Body.Close()
 		t.Fatal("HTTP listener still open after Run")
 	}
 }
