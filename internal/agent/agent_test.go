@@ -15,6 +15,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/agenttest"
 	"github.com/cubesandbox/cube/internal/agent/identity"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // reaper is this test process's only waiter, as in cube-agent: every
@@ -75,7 +76,7 @@ func sandboxLike(t *testing.T) (identity.DB, string, string) {
 // agent on the host.
 func TestConformance(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: acts as other users")
+		testenv.Missing(t, "needs root: acts as other users")
 	}
 	db, home, rootOnly := sandboxLike(t)
 	srv := New(Config{

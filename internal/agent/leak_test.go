@@ -19,6 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/fsys"
 	"github.com/cubesandbox/cube/internal/agent/procs"
 	"github.com/cubesandbox/cube/internal/failpoint"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func openFDs(t *testing.T) int {
@@ -36,7 +37,7 @@ func openFDs(t *testing.T) int {
 // inotify) or goroutines than before, and left no files.
 func TestNothingLeaks(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: acts as other users")
+		testenv.Missing(t, "needs root: acts as other users")
 	}
 	db, home, _ := sandboxLike(t)
 	srv := New(Config{Starter: reaper, Users: db, Logger: slog.New(slog.DiscardHandler)})

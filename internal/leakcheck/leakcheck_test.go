@@ -16,12 +16,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/loopdev"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("leakcheck tests need root (mounts, loop devices, cgroups)")
+		testenv.Missing(t, "leakcheck tests need root (mounts, loop devices, cgroups)")
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,7 +23,7 @@ import (
 func newNetns(t *testing.T) (string, net.Listener) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
+		testenv.Missing(t, "needs root: creates a network namespace")
 	}
 	path := filepath.Join(t.TempDir(), "netns")
 	if err := os.WriteFile(path, nil, 0o600); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/loopdev"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 const testPoolSize = 512 << 20 // XFS needs at least 300 MiB
@@ -21,7 +22,7 @@ const testPoolSize = 512 << 20 // XFS needs at least 300 MiB
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("storage tests need root (loop devices, mounts)")
+		testenv.Missing(t, "storage tests need root (loop devices, mounts)")
 	}
 }
 

@@ -21,16 +21,17 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("template import tests need root (lchown, mknod, loop mounts)")
+		testenv.Missing(t, "template import tests need root (lchown, mknod, loop mounts)")
 	}
 	if _, err := os.Stat(testimage.BusyboxPath); err != nil {
-		t.Skipf("%s missing (busybox-static): %v", testimage.BusyboxPath, err)
+		testenv.Missing(t, "%s missing (busybox-static): %v", testimage.BusyboxPath, err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/testenv"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -18,7 +19,7 @@ import (
 func requireBusybox(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat(BusyboxPath); err != nil {
-		t.Skipf("%s missing (apt-get install busybox-static): %v", BusyboxPath, err)
+		testenv.Missing(t, "%s missing (apt-get install busybox-static): %v", BusyboxPath, err)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/agenttest"
 	"github.com/cubesandbox/cube/internal/agentchan"
 	"github.com/cubesandbox/cube/internal/leakcheck"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestBootAgentChannel boots one real VM: the built kernel and initramfs,
@@ -32,7 +33,7 @@ func TestBootAgentChannel(t *testing.T) {
 	requireTools(t)
 	for _, tool := range []string{"qemu-system-x86_64", "mkfs.ext4", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
+			testenv.Missing(t, "%s not installed", tool)
 		}
 	}
 	accel := os.Getenv("CUBE_VM_ACCEL")
@@ -185,7 +186,7 @@ func rootImage(t *testing.T, dir string) string {
 	}
 	bb, err := os.ReadFile(DefaultBusybox)
 	if err != nil {
-		t.Skipf("busybox-static: %v", err)
+		testenv.Missing(t, "busybox-static: %v", err)
 	}
 	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), bb, 0o755); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // testCacheDir keeps the kernel package between runs; the guest built from
@@ -29,11 +30,11 @@ func requireTools(t testing.TB) {
 	t.Helper()
 	for _, tool := range []string{"apt-cache", "apt-get", "dpkg-deb"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
+			testenv.Missing(t, "%s not installed", tool)
 		}
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (apt-get download into the cache)")
+		testenv.Missing(t, "needs root (apt-get download into the cache)")
 	}
 }
 

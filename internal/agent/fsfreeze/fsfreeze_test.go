@@ -10,6 +10,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // scratchFS loop-mounts a small ext4 image: freezing anything real (the
@@ -17,12 +18,12 @@ import (
 func scratchFS(t *testing.T) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop-mounts a filesystem and freezes it")
+		testenv.Missing(t, "needs root: loop-mounts a filesystem and freezes it")
 	}
 	dir := t.TempDir()
 	img := filepath.Join(dir, "fs.img")
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img, "16M").CombinedOutput(); err != nil {
-		t.Skipf("mkfs.ext4: %v: %s", err, out)
+		testenv.Missing(t, "mkfs.ext4: %v: %s", err, out)
 	}
 	mnt := filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -16,7 +17,7 @@ import (
 // again afterwards with its groups back.
 func TestSwitchThreadEffective(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		testenv.Missing(t, "needs root")
 	}
 	// Not t.TempDir(): its parent is 0700, which nobody cannot cross.
 	dir, err := os.MkdirTemp("", "cube-identity-")

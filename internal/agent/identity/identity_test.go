@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func testDB(t *testing.T) DB {
@@ -101,7 +102,7 @@ func fsuids(t *testing.T) []string {
 
 func TestAsUser(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: switches filesystem credentials")
+		testenv.Missing(t, "needs root: switches filesystem credentials")
 	}
 	// Not t.TempDir: its parent is 0700, which the user could not cross.
 	dir, err := os.MkdirTemp("", "asuser-")

@@ -23,6 +23,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -30,7 +31,7 @@ import (
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices, mounts, cgroups and runc")
+		testenv.Missing(t, "needs root: loop devices, mounts, cgroups and runc")
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // agentURL is the agent of sb through its network slot: a gVisor sandbox
@@ -85,7 +86,7 @@ func agentClient() *http.Client {
 func requireRunsc(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("needs runsc (Debian package runsc)")
+		testenv.Missing(t, "needs runsc (Debian package runsc)")
 	}
 }
 

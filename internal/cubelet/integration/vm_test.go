@@ -16,6 +16,7 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
@@ -27,7 +28,7 @@ func vmEnv(t *testing.T, extra string) (*cubelettest.Env, *cubelet.Service) {
 	t.Helper()
 	cubelettest.RequireRoot(t)
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("needs qemu-system-x86_64 (Debian package qemu-system-x86)")
+		testenv.Missing(t, "needs qemu-system-x86_64 (Debian package qemu-system-x86)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

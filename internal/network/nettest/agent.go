@@ -23,13 +23,14 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/agentapi"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // RequireRoot skips t unless it runs as root (namespaces, links, nftables).
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, links and nftables")
+		testenv.Missing(t, "needs root: network namespaces, links and nftables")
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -19,7 +20,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 func nsFixture(t *testing.T) (path string, fd int) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces")
+		testenv.Missing(t, "needs root: network namespaces")
 	}
 	path = filepath.Join(t.TempDir(), "ns")
 	if err := netnsdir.Create(path); err != nil {
@@ -43,7 +44,7 @@ func nsFixture(t *testing.T) (path string, fd int) {
 func listTable(t *testing.T, nsPath, table string) string {
 	t.Helper()
 	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("nft binary not installed (hack/deps.sh installs it for tests)")
+		testenv.Missing(t, "nft binary not installed (hack/deps.sh installs it for tests)")
 	}
 	var out []byte
 	err := netnsdir.Do(nsPath, func() error {

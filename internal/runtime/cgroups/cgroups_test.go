@@ -3,6 +3,7 @@ package cgroups
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/cubesandbox/cube/internal/testenv"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,7 +35,7 @@ func TestMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(mounts) == 0 {
-		t.Skip("no cgroup hierarchy mounted")
+		testenv.Missing(t, "no cgroup hierarchy mounted")
 	}
 	for _, m := range mounts {
 		if fi, err := os.Stat(m); err != nil || !fi.IsDir() {
@@ -48,14 +49,14 @@ func TestMounts(t *testing.T) {
 // is a no-op.
 func TestDirsRemove(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates cgroups")
+		testenv.Missing(t, "needs root: creates cgroups")
 	}
 	mounts, err := Mounts()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(mounts) == 0 {
-		t.Skip("no cgroup hierarchy mounted")
+		testenv.Missing(t, "no cgroup hierarchy mounted")
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -75,7 +76,7 @@ func TestDirsRemove(t *testing.T) {
 		}
 	})
 	if len(made) == 0 {
-		t.Skip("no writable cgroup hierarchy")
+		testenv.Missing(t, "no writable cgroup hierarchy")
 	}
 
 	dirs, err := Dirs(path)

@@ -15,18 +15,19 @@ import (
 
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func requireRunsc(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: runsc creates namespaces and cgroups")
+		testenv.Missing(t, "needs root: runsc creates namespaces and cgroups")
 	}
 	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("needs runsc (Debian package runsc)")
+		testenv.Missing(t, "needs runsc (Debian package runsc)")
 	}
 	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("needs /bin/busybox (busybox-static) for the test rootfs")
+		testenv.Missing(t, "needs /bin/busybox (busybox-static) for the test rootfs")
 	}
 }
 

@@ -13,15 +13,16 @@ import (
 
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: runc creates namespaces and cgroups")
+		testenv.Missing(t, "needs root: runc creates namespaces and cgroups")
 	}
 	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("needs /bin/busybox (busybox-static) for the test rootfs")
+		testenv.Missing(t, "needs /bin/busybox (busybox-static) for the test rootfs")
 	}
 }
 

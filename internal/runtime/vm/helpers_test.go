@@ -21,6 +21,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
@@ -41,15 +42,15 @@ func testAccel() string {
 func requireVM(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: cgroups, netns")
+		testenv.Missing(t, "needs root: cgroups, netns")
 	}
 	for _, tool := range []string{"qemu-system-x86_64", "zstd", "mkfs.ext4", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s", tool)
+			testenv.Missing(t, "needs %s", tool)
 		}
 	}
 	if _, err := os.Stat(vmguest.DefaultBusybox); err != nil {
-		t.Skip("needs busybox-static")
+		testenv.Missing(t, "needs busybox-static")
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestNetworkTap boots a VM in a network namespace holding a slot-like
@@ -18,7 +19,7 @@ import (
 func TestNetworkTap(t *testing.T) {
 	e := newEnv(t)
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2")
+		testenv.Missing(t, "needs iproute2")
 	}
 	ns := fmt.Sprintf("cube-vmt-%d", os.Getpid())
 	ip := func(args ...string) {

@@ -14,6 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/template"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestBuildBase runs the real debootstrap build (about a minute on a small
@@ -25,7 +26,7 @@ func TestBuildBase(t *testing.T) {
 		t.Skip("set CUBE_TEST_BASE=1 to build the base image with debootstrap")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: debootstrap, chroot, loop mounts")
+		testenv.Missing(t, "needs root: debootstrap, chroot, loop mounts")
 	}
 	cache := os.Getenv("CUBE_BASE_CACHE")
 	if cache == "" {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,7 +18,7 @@ import (
 // they are on disk, skips what it is told to, and its digest is the file's.
 func TestPackDir(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: chown and mknod")
+		testenv.Missing(t, "needs root: chown and mknod")
 	}
 	root := filepath.Join(t.TempDir(), "root")
 	must := func(err error) {

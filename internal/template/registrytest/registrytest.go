@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -46,7 +47,7 @@ type Options struct {
 func Start(t testing.TB, opts Options) *Registry {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
-		t.Skipf("%s missing (apt-get install docker-registry, or bash hack/deps.sh): %v", Binary, err)
+		testenv.Missing(t, "%s missing (apt-get install docker-registry, or bash hack/deps.sh): %v", Binary, err)
 	}
 	dir := t.TempDir()
 	r := &Registry{Dir: filepath.Join(dir, "storage"), Username: opts.Username, Password: opts.Password}

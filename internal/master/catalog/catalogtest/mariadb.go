@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -62,7 +63,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 	server := lookPath("mariadbd", "mysqld")
 	installDB := lookPath("mariadb-install-db", "mysql_install_db")
 	if server == "" || installDB == "" {
-		t.Skip("mariadb-server is not installed (apt-get install mariadb-server; hack/deps.sh does): skipping the MySQL catalog tests")
+		testenv.Missing(t, "mariadb-server is not installed (apt-get install mariadb-server; hack/deps.sh does): skipping the MySQL catalog tests")
 	}
 	dir, err := os.MkdirTemp("", "cube-mariadb-")
 	if err != nil {

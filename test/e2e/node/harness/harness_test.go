@@ -12,12 +12,13 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/agent"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: namespaces, links, nftables, loop devices")
+		testenv.Missing(t, "needs root: namespaces, links, nftables, loop devices")
 	}
 }
 
@@ -70,7 +71,7 @@ func TestNetAgent(t *testing.T) {
 func TestStartNodeFailureLeavesNothing(t *testing.T) {
 	requireRoot(t)
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("needs qemu-system-x86_64")
+		testenv.Missing(t, "needs qemu-system-x86_64")
 	}
 	privateTemp(t)
 	t.Setenv("CUBE_VM_ACCEL", "bogus")
