@@ -5,9 +5,11 @@ import (
 	"os"
 	goruntime "runtime"
 	"sort"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
@@ -15,8 +17,6 @@ import (
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
-	"google.golang.org/protobuf/types/known/timestamppb"
-	"strings"
 )
 
 // Version is set at build time (-ldflags -X).

@@ -268,9 +268,14 @@ func (s *Service) gcLoop(ctx context.Context) {
 		case <-tick.C:
 		case <-s.kick:
 		}
-		s.runJournal(ctx)
-		s.snapshotGC(ctx)
-		s.templateGC(ctx)
+		// Each pass stops at Close: a GC that read a list cut short by the
+		// cancelled context must not judge what it missed unused.
+		for _, pass := range []func(context.Context){s.runJournal, s.snapshotGC, s.templateGC} {
+			if ctx.Err() != nil {
+				return
+			}
+			pass(ctx)
+		}
 	}
 }
 

@@ -47,8 +47,9 @@ type httpServe struct {
 
 // Unix listens on the unix socket path, creating its directory and
 // replacing a stale socket a killed daemon left. A non-zero mode is set on
-// the socket before anyone can connect through it being served; zero
-// leaves the umask's. Run removes the socket when it returns.
+// the socket right after it is created and before anything is served on
+// it (a connect in between waits for Run); zero leaves the umask's. Run
+// removes the socket when it returns.
 func (g *Group) Unix(path string, mode os.FileMode) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
