@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 // op is one measured operation. It returns the duration to record: only
@@ -73,8 +75,8 @@ func drive(ctx context.Context, prog *Progress, n, c int, fn op) driveResult {
 // counted and their first errors noted; a scenario in which every one
 // failed is reported as failed by Result.finish, once its chunks are
 // merged (one chunk failing entirely is not the whole scenario failing).
-func (d driveResult) result(name string, kind Kind, p Params) (*Result, error) {
-	r := timed(name, kind, p, d.samples, d.failed, d.wall)
+func (d driveResult) result(name string, kind report.Kind, p report.Params) (*report.Result, error) {
+	r := report.Timed(name, kind, p, d.samples, d.failed, d.wall)
 	for _, err := range d.errs {
 		r.Notes = append(r.Notes, "failure: "+err.Error())
 	}

@@ -1,4 +1,4 @@
-package bench
+package raw
 
 import (
 	"context"
@@ -18,11 +18,11 @@ import (
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
-// podman is what a user would pick instead of cube on one machine:
+// Podman is what a user would pick instead of cube on one machine:
 // Debian's podman with runc, in storage of its own (--root/--runroot under
 // the bench's work dir, overlay driver, cgroupfs, no events), so the run
 // neither sees nor touches the host's containers.
-type podman struct {
+type Podman struct {
 	bin          string
 	dir          string
 	cgroupParent string
@@ -31,35 +31,16 @@ type podman struct {
 	ulimits      []string
 }
 
-func probePodman(ctx context.Context, e *Env) error {
-	if _, err := exec.LookPath("podman"); err != nil {
-		return skipf("podman is not installed (hack/deps.sh installs it)")
-	}
-	if e.Opts.DockerTar == "" || e.Opts.AgentBinary == "" {
-		return skipf("podman baseline needs the busybox docker-archive and the cube-agent binary")
-	}
-	return nil
-}
-
-func (e *Env) podman(ctx context.Context) (*podman, error) {
-	e.podOnce.Do(func() { e.pod, e.podErr = e.newPodman(ctx) })
-	return e.pod, e.podErr
-}
-
-func (e *Env) newPodman(ctx context.Context) (*podman, error) {
-	if err := probePodman(ctx, e); err != nil {
-		return nil, err
-	}
+// NewPodman sets podman's private storage up in dir (removed on Close)
+// and loads the busybox image from dockerTar; containers run agent under
+// cgroupParent.
+func NewPodman(ctx context.Context, dir, cgroupParent, agent, dockerTar string) (*Podman, error) {
 	bin, _ := exec.LookPath("podman")
-	dir, err := e.scratch("podman")
-	if err != nil {
-		return nil, err
-	}
-	p := &podman{
+	p := &Podman{
 		bin:          bin,
 		dir:          dir,
-		cgroupParent: "/cube-bench-pod-" + e.RunID,
-		agent:        e.Opts.AgentBinary,
+		cgroupParent: cgroupParent,
+		agent:        agent,
 		global: []string{
 			"--root", filepath.Join(dir, "root"),
 			"--runroot", filepath.Join(dir, "runroot"),
@@ -80,13 +61,18 @@ func (e *Env) newPodman(ctx context.Context) (*podman, error) {
 	}
 	// conmon starts runc with NPROC capped at 32768 on this kind of host.
 	p.ulimits = append(p.ulimits, "--ulimit", "nproc=4096:4096")
-	if _, err := p.cmd(ctx, "load", "-q", "-i", e.Opts.DockerTar); err != nil {
-		return nil, errors.Join(err, p.close(ctx))
+	if _, err := p.Cmd(ctx, "load", "-q", "-i", dockerTar); err != nil {
+		return nil, errors.Join(err, p.Close(ctx))
 	}
 	return p, nil
 }
 
-func (p *podman) cmd(ctx context.Context, args ...string) (string, error) {
+// CgroupParent is the cgroup its containers run under.
+func (p *Podman) CgroupParent() string { return p.cgroupParent }
+
+// Cmd runs one podman command on the private storage and returns its
+// output.
+func (p *Podman) Cmd(ctx context.Context, args ...string) (string, error) {
 	full := append(append([]string{}, p.global...), args...)
 	out, err := exec.CommandContext(ctx, p.bin, full...).CombinedOutput()
 	if err != nil {
@@ -95,10 +81,10 @@ func (p *podman) cmd(ctx context.Context, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-// run is `podman run -d --rm --net=none` of cube-agent (bind-mounted from
+// Run is `podman run -d --rm --net=none` of cube-agent (bind-mounted from
 // the host, read-only) in the busybox image, then the first /health
 // answer; it returns the container ID.
-func (p *podman) run(ctx context.Context, i int) (string, time.Duration, error) {
+func (p *Podman) Run(ctx context.Context, i int) (string, time.Duration, error) {
 	pidFile := filepath.Join(p.dir, "pid-"+strconv.Itoa(i))
 	defer os.Remove(pidFile)
 	args := []string{"run", "-d", "--rm", "--net=none", "--pidfile", pidFile,
@@ -107,7 +93,7 @@ func (p *podman) run(ctx context.Context, i int) (string, time.Duration, error) 
 	args = append(args, p.ulimits...)
 	args = append(args, testimage.BusyboxRef, cubelet.AgentPath, "--addr", ":"+strconv.Itoa(agentproto.Port))
 	start := time.Now()
-	id, err := p.cmd(ctx, args...)
+	id, err := p.Cmd(ctx, args...)
 	if err != nil {
 		return "", 0, err
 	}
@@ -115,56 +101,29 @@ func (p *podman) run(ctx context.Context, i int) (string, time.Duration, error) 
 	if err != nil {
 		return id, 0, err
 	}
-	if err := waitAgent(ctx, pid); err != nil {
+	if err := WaitAgent(ctx, pid); err != nil {
 		return id, 0, err
 	}
 	return id, time.Since(start), nil
 }
 
-// close removes every container, the image store and the directory.
-func (p *podman) close(ctx context.Context) error {
+// Close removes every container, the image store and the directory.
+func (p *Podman) Close(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
-	if _, err := p.cmd(ctx, "rm", "-a", "-f", "-t", "0"); err != nil {
+	if _, err := p.Cmd(ctx, "rm", "-a", "-f", "-t", "0"); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := p.cmd(ctx, "system", "reset", "-f"); err != nil {
+	if _, err := p.Cmd(ctx, "system", "reset", "-f"); err != nil {
 		errs = append(errs, err)
 	}
 	// containers/storage bind-mounts its overlay dir on itself.
 	for _, m := range []string{filepath.Join(p.dir, "root", "overlay"), filepath.Join(p.dir, "runroot")} {
 		_ = unix.Unmount(m, unix.MNT_DETACH)
 	}
-	errs = append(errs, removeCgroupTree(p.cgroupParent))
+	errs = append(errs, RemoveCgroupTree(p.cgroupParent))
 	if err := os.RemoveAll(p.dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-func init() {
-	Register(Scenario{
-		Name: "podman-run", Kind: KindBaseline, Runtime: "runc",
-		Help:   "`podman run -d --rm --net=none` of cube-agent in the busybox image + first /health answer",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
-		Probe:  probePodman,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
-			pm, err := e.podman(ctx)
-			if err != nil {
-				return nil, err
-			}
-			e.Progress.Start("podman-run", p.N)
-			d := drive(ctx, e.Progress, p.N, p.Concurrency, func(ctx context.Context, i int) (time.Duration, error) {
-				id, dur, err := pm.run(ctx, i)
-				if id != "" {
-					if _, rerr := pm.cmd(context.WithoutCancel(ctx), "rm", "-f", "-t", "0", id); rerr != nil {
-						err = errors.Join(err, rerr)
-					}
-				}
-				return dur, err
-			})
-			e.Progress.Finish()
-			return d.result("podman-run", KindBaseline, p)
-		},
-	})
 }
