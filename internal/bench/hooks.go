@@ -13,8 +13,8 @@ import (
 	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
-// The gVisor and VM runtimes' raw restore baselines (rawgvisor.go,
-// rawvm.go) and the E2B round trip (cubemaster + cubeproxy). Each probes
+// The gVisor and VM runtimes' raw restore baselines (raw/runsc.go,
+// raw/qemu.go, timed in baselines.go) and the E2B round trip (cubemaster + cubeproxy). Each probes
 // the node and skips with the reason when what it measures is missing;
 // none of them fakes a number.
 

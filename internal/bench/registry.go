@@ -63,7 +63,7 @@ func Register(s Scenario) {
 	regMu.Lock()
 	defer regMu.Unlock()
 	if s.Name == "" || s.Run == nil || s.Params == nil {
-		panic("bench: scenario needs Name, report.Params and Run")
+		panic("bench: scenario needs Name, Params and Run")
 	}
 	if _, dup := registry[s.Name]; dup {
 		panic("bench: duplicate scenario " + s.Name)

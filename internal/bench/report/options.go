@@ -43,7 +43,7 @@ type Options struct {
 	AgentBinary string // static cube-agent
 
 	// ProfileDir, when set, receives CPU and heap profiles of cubelet per
-	// cube scenario (needs Env.PprofURL).
+	// cube scenario (needs cubelet's metrics address with pprof on).
 	ProfileDir    string
 	ProfileWindow time.Duration // length of one CPU profile window
 }
