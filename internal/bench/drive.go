@@ -22,8 +22,6 @@ type driveResult struct {
 	wall    time.Duration
 }
 
-const keepErrors = 3
-
 // drive runs fn n times on c workers and collects the samples. Failures
 // are counted and the first few kept; it stops early only when ctx ends.
 // It steps prog once per operation but does not start or finish it.
@@ -55,7 +53,7 @@ func drive(ctx context.Context, prog *Progress, n, c int, fn op) driveResult {
 				mu.Lock()
 				if err != nil {
 					res.failed++
-					if len(res.errs) < keepErrors {
+					if len(res.errs) < report.KeepErrors {
 						res.errs = append(res.errs, err)
 					}
 				} else {
@@ -89,7 +87,7 @@ func (d *driveResult) merge(o driveResult) {
 	d.failed += o.failed
 	d.wall += o.wall
 	for _, err := range o.errs {
-		if len(d.errs) < keepErrors {
+		if len(d.errs) < report.KeepErrors {
 			d.errs = append(d.errs, err)
 		}
 	}
