@@ -139,9 +139,11 @@ func TestScenariosTiny(t *testing.T) {
 	}
 
 	// An interrupted run (Ctrl-C) stops mid-phase and still removes what
-	// it made: once inside a baseline, once inside a cube scenario.
+	// it made: once inside a baseline, once inside a cube scenario. 32
+	// creates take well over the 300 ms before the interrupt even on an
+	// idle machine (8 creates and their cleanup could finish before it).
 	c50, _ := Lookup("create-c50")
-	e.Opts.N50, e.Opts.Concurrency, e.Opts.MaxLive, e.Opts.ProfileDir = 8, 4, 8, ""
+	e.Opts.N50, e.Opts.Concurrency, e.Opts.MaxLive, e.Opts.ProfileDir = 32, 4, 32, ""
 	for _, noBase := range []bool{false, true} {
 		e.Opts.NoBaselines = noBase
 		cctx, cancel := context.WithCancel(ctx)
