@@ -1,7 +1,8 @@
 // Command cube-bench measures cubelet (create-to-ready, pause, resume,
 // destroy, density, and snapshot/clone/E2B where the node has them) side
 // by side with the raw building blocks (bare runc, podman, the cgroup
-// freezer) in the same run. It only wires flags to package bench.
+// freezer) in the same run. It only wires flags to package bench and
+// writes the report package bench/report renders.
 package main
 
 import (
@@ -17,10 +18,11 @@ import (
 	"syscall"
 
 	"github.com/cubesandbox/cube/internal/bench"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 func main() {
-	o := bench.DefaultOptions()
+	o := report.DefaultOptions()
 	var s bench.Setup
 	flag.StringVar(&s.Addr, "addr", "", "drive this running cubelet (socket path or host:port) instead of starting a private one")
 	flag.StringVar(&s.MetricsAddr, "metrics-addr", "", "with --addr: cubelet's metrics listener host:port (profiles, RSS)")
@@ -104,7 +106,7 @@ func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut stri
 		rep.Notes = append(rep.Notes, "cleanup: "+cerr.Error())
 		err = fmt.Errorf("cleanup: %w", cerr)
 	}
-	write := func(path string, f func(io.Writer, *bench.Report) error) error {
+	write := func(path string, f func(io.Writer, *report.Report) error) error {
 		if path == "" {
 			return nil
 		}
@@ -119,16 +121,16 @@ func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut stri
 		return out.Close()
 	}
 	if output == "json" {
-		if err := bench.WriteJSON(os.Stdout, rep); err != nil {
+		if err := report.WriteJSON(os.Stdout, rep); err != nil {
 			return err
 		}
-	} else if err := bench.WriteTable(os.Stdout, rep); err != nil {
+	} else if err := report.WriteTable(os.Stdout, rep); err != nil {
 		return err
 	}
-	if err := write(jsonOut, bench.WriteJSON); err != nil {
+	if err := write(jsonOut, report.WriteJSON); err != nil {
 		return err
 	}
-	if err := write(mdOut, bench.WriteMarkdown); err != nil {
+	if err := write(mdOut, report.WriteMarkdown); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {

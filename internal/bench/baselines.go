@@ -11,56 +11,62 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/raw"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 // The raw baselines. Each times the building block a cube scenario stands
 // on, in the same run, on the same rootfs, with the same readiness check.
 func init() {
 	Register(Scenario{
-		Name: "runc-run", Kind: KindBaseline, Runtime: "runc",
+		Name: "runc-run", Kind: report.KindBaseline, Runtime: "runc",
 		Help:   "bare `runc run -d` of cube-agent on a fresh loop-mounted ext4 clone + first /health answer",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:  probeRaw,
 		Run:    runRuncRun,
 	})
 	Register(Scenario{
-		Name: "runc-pause", Kind: KindBaseline, Runtime: "runc",
+		Name: "runc-pause", Kind: report.KindBaseline, Runtime: "runc",
 		Help:   "bare `runc pause` of a running container",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:  probeRaw,
-		Run:    func(ctx context.Context, e *Env, p Params) (*Result, error) { return rawCycle(ctx, e, p, "runc-pause") },
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+			return rawCycle(ctx, e, p, "runc-pause")
+		},
 	})
 	Register(Scenario{
-		Name: "runc-resume", Kind: KindBaseline, Runtime: "runc",
+		Name: "runc-resume", Kind: report.KindBaseline, Runtime: "runc",
 		Help:   "bare `runc resume` of a paused container",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:  probeRaw,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return rawCycle(ctx, e, p, "runc-resume")
 		},
 	})
 	Register(Scenario{
-		Name: "freezer-freeze", Kind: KindBaseline, Runtime: "runc",
+		Name: "freezer-freeze", Kind: report.KindBaseline, Runtime: "runc",
 		Help:   "raw cgroup freezer write (FROZEN / cgroup.freeze=1) until the kernel reports frozen",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:  probeRaw,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return rawCycle(ctx, e, p, "freezer-freeze")
 		},
 	})
 	Register(Scenario{
-		Name: "freezer-thaw", Kind: KindBaseline, Runtime: "runc",
+		Name: "freezer-thaw", Kind: report.KindBaseline, Runtime: "runc",
 		Help:   "raw cgroup freezer write (THAWED / cgroup.freeze=0) until the kernel reports thawed",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:  probeRaw,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return rawCycle(ctx, e, p, "freezer-thaw")
 		},
 	})
 	Register(Scenario{
-		Name: "runc-delete", Kind: KindBaseline, Runtime: "runc",
+		Name: "runc-delete", Kind: report.KindBaseline, Runtime: "runc",
 		Help:   "bare `runc delete --force` of a running container (kill, wait, remove state and cgroup)",
-		Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:  probeRaw,
 		Run:    runRuncDelete,
 	})
@@ -76,20 +82,37 @@ func probeRaw(ctx context.Context, e *Env) error {
 	return nil
 }
 
+// raw sets the raw runc node up once per Env.
+func (e *Env) raw(ctx context.Context) (*raw.Runc, error) {
+	e.rawOnce.Do(func() { e.rawNode, e.rawErr = e.newRawNode(ctx) })
+	return e.rawNode, e.rawErr
+}
+
+func (e *Env) newRawNode(ctx context.Context) (*raw.Runc, error) {
+	if err := probeRaw(ctx, e); err != nil {
+		return nil, err
+	}
+	dir, err := e.scratch("raw")
+	if err != nil {
+		return nil, err
+	}
+	return raw.NewRunc(ctx, dir, "cube-bench-raw-"+e.RunID, e.Opts.ImageLayout, e.Opts.AgentBinary)
+}
+
 // prepareBoxes prepares n boxes, c at a time (untimed).
-func prepareBoxes(ctx context.Context, e *Env, n, c int, start bool) ([]*rawBox, error) {
+func prepareBoxes(ctx context.Context, e *Env, n, c int, start bool) ([]*raw.Box, error) {
 	r, err := e.raw(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var (
 		mu    sync.Mutex
-		boxes []*rawBox
+		boxes []*raw.Box
 	)
 	label := "raw: setup"
 	e.Progress.Start(label, n)
 	d := drive(ctx, e.Progress, n, c, func(ctx context.Context, _ int) (time.Duration, error) {
-		b, err := r.prepare(ctx)
+		b, err := r.Prepare(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -97,11 +120,11 @@ func prepareBoxes(ctx context.Context, e *Env, n, c int, start bool) ([]*rawBox,
 		boxes = append(boxes, b)
 		mu.Unlock()
 		if start {
-			pid, err := b.start(ctx)
+			pid, err := b.Start(ctx)
 			if err != nil {
 				return 0, err
 			}
-			return 0, waitAgent(ctx, pid)
+			return 0, raw.WaitAgent(ctx, pid)
 		}
 		return 0, nil
 	})
@@ -112,14 +135,14 @@ func prepareBoxes(ctx context.Context, e *Env, n, c int, start bool) ([]*rawBox,
 	return boxes, nil
 }
 
-func destroyBoxes(ctx context.Context, e *Env, boxes []*rawBox, c int) error {
+func destroyBoxes(ctx context.Context, e *Env, boxes []*raw.Box, c int) error {
 	if len(boxes) == 0 {
 		return nil
 	}
 	e.Progress.Start("raw: cleanup", len(boxes))
 	defer e.Progress.Finish()
 	d := drive(context.WithoutCancel(ctx), e.Progress, len(boxes), c, func(ctx context.Context, i int) (time.Duration, error) {
-		return 0, boxes[i].destroy(ctx)
+		return 0, boxes[i].Destroy(ctx)
 	})
 	return errors.Join(d.errs...)
 }
@@ -127,7 +150,7 @@ func destroyBoxes(ctx context.Context, e *Env, boxes []*rawBox, c int) error {
 // runRuncRun times `runc run -d` + first /health in rounds shaped like
 // create's: prepare a round's rootfs clones, start them all (timed,
 // Concurrency at a time), then tear the round down.
-func runRuncRun(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runRuncRun(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	var all driveResult
 	for _, n := range rounds(p.N, e.Opts.MaxLive) {
 		boxes, err := prepareBoxes(ctx, e, n, p.Concurrency, false)
@@ -137,11 +160,11 @@ func runRuncRun(ctx context.Context, e *Env, p Params) (*Result, error) {
 		e.Progress.Start("runc-run", n)
 		d := drive(ctx, e.Progress, n, p.Concurrency, func(ctx context.Context, i int) (time.Duration, error) {
 			start := time.Now()
-			pid, err := boxes[i].start(ctx)
+			pid, err := boxes[i].Start(ctx)
 			if err != nil {
 				return 0, err
 			}
-			if err := waitAgent(ctx, pid); err != nil {
+			if err := raw.WaitAgent(ctx, pid); err != nil {
 				return 0, err
 			}
 			return time.Since(start), nil
@@ -155,15 +178,15 @@ func runRuncRun(ctx context.Context, e *Env, p Params) (*Result, error) {
 			return nil, err
 		}
 	}
-	return all.result("runc-run", KindBaseline, p)
+	return all.result("runc-run", report.KindBaseline, p)
 }
 
 // rawCycle pauses and resumes one bare container N times, with runc and
 // with the freezer directly; each of the four baselines reuses the cycles
 // measured for the first one asked for.
-func rawCycle(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
+func rawCycle(ctx context.Context, e *Env, p report.Params, want string) (*report.Result, error) {
 	if b, ok := e.recall(want, p); ok {
-		return b.result(want, KindBaseline, p), nil
+		return b.result(want, report.KindBaseline, p), nil
 	}
 	boxes, err := prepareBoxes(ctx, e, 1, 1, true)
 	if err != nil {
@@ -171,7 +194,7 @@ func rawCycle(ctx context.Context, e *Env, p Params, want string) (*Result, erro
 	}
 	b := boxes[0]
 	runErr := func() error {
-		fz, err := freezerOf(b.pid)
+		fz, err := raw.FreezerOf(b.PID)
 		if err != nil {
 			return err
 		}
@@ -194,10 +217,10 @@ func rawCycle(ctx context.Context, e *Env, p Params, want string) (*Result, erro
 				dst *[]time.Duration
 				f   func() error
 			}{
-				{&rp, func() error { return b.runcCmd(ctx, "pause", b.id) }},
-				{&rr, func() error { return b.runcCmd(ctx, "resume", b.id) }},
-				{&ff, fz.freeze},
-				{&ft, fz.thaw},
+				{&rp, func() error { return b.Runc(ctx, "pause", b.ID) }},
+				{&rr, func() error { return b.Runc(ctx, "resume", b.ID) }},
+				{&ff, fz.Freeze},
+				{&ft, fz.Thaw},
 			}
 			for _, s := range steps {
 				if err := timeIt(s.dst, s.f); err != nil {
@@ -216,12 +239,12 @@ func rawCycle(ctx context.Context, e *Env, p Params, want string) (*Result, erro
 		return nil, err
 	}
 	got, _ := e.recall(want, p)
-	return got.result(want, KindBaseline, p), nil
+	return got.result(want, report.KindBaseline, p), nil
 }
 
 // runRuncDelete times `runc delete --force` of running containers; the
 // rootfs unmount and clone removal that follow are untimed.
-func runRuncDelete(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runRuncDelete(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	var all driveResult
 	for _, n := range rounds(p.N, e.Opts.MaxLive) {
 		boxes, err := prepareBoxes(ctx, e, n, 4, true)
@@ -231,7 +254,7 @@ func runRuncDelete(ctx context.Context, e *Env, p Params) (*Result, error) {
 		e.Progress.Start("runc-delete", n)
 		d := drive(context.WithoutCancel(ctx), e.Progress, n, p.Concurrency, func(ctx context.Context, i int) (time.Duration, error) {
 			start := time.Now()
-			if err := boxes[i].runcCmd(ctx, "delete", "--force", boxes[i].id); err != nil {
+			if err := boxes[i].Runc(ctx, "delete", "--force", boxes[i].ID); err != nil {
 				return 0, err
 			}
 			return time.Since(start), nil
@@ -245,17 +268,17 @@ func runRuncDelete(ctx context.Context, e *Env, p Params) (*Result, error) {
 			return nil, err
 		}
 	}
-	return all.result("runc-delete", KindBaseline, p)
+	return all.result("runc-delete", report.KindBaseline, p)
 }
 
 // runReflinkCopy times FICLONE of the raw template image into a new file
 // (what a runc snapshot does to a sandbox's disk).
-func runReflinkCopy(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runReflinkCopy(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	r, err := e.raw(ctx)
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(r.pool.Dir(), "reflink-copy")
+	dir := filepath.Join(r.PoolDir(), "reflink-copy")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -264,7 +287,7 @@ func runReflinkCopy(ctx context.Context, e *Env, p Params) (*Result, error) {
 	d := drive(ctx, e.Progress, p.N, p.Concurrency, func(ctx context.Context, i int) (time.Duration, error) {
 		dst := filepath.Join(dir, fmt.Sprintf("%d.img", i))
 		defer os.Remove(dst)
-		src, err := os.Open(r.image)
+		src, err := os.Open(r.Image())
 		if err != nil {
 			return 0, err
 		}
@@ -281,5 +304,55 @@ func runReflinkCopy(ctx context.Context, e *Env, p Params) (*Result, error) {
 		return time.Since(start), err
 	})
 	e.Progress.Finish()
-	return d.result("reflink-copy", KindBaseline, p)
+	return d.result("reflink-copy", report.KindBaseline, p)
+}
+
+// runRunscRestore times raw.RunscRestore. Setup (untimed) creates a
+// sandbox from the warmed template through cubelet, so it has what a
+// sandbox has (disk, network slot, bundle); cleanup deletes it through
+// cubelet.
+func runRunscRestore(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	mem, _, err := e.warmSnapshotFiles(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w, err := e.warm(ctx)
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(e.node.RunDir, "runsc")
+	e.Progress.Start("runsc-restore", p.N)
+	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
+		resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+			TemplateId: w.id, Runtime: "gvisor", Labels: map[string]string{LabelKey: e.RunID},
+		})
+		if err != nil {
+			return 0, fmt.Errorf("setup create: %w", err)
+		}
+		took, err := raw.RunscRestore(ctx, root, mem, resp.Sandbox.Id, resp.Sandbox.GetNetwork().GetHostIp())
+		return took, errors.Join(err, e.deleteAll(ctx, "", []string{resp.Sandbox.Id}, 1))
+	})
+	e.Progress.Finish()
+	return d.result("runsc-restore", report.KindBaseline, p)
+}
+
+// runQemuIncoming times raw.Incoming of the warm template's snapshot.
+func runQemuIncoming(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	mem, disk, err := e.warmSnapshotFiles(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// In the pool (FICLONE needs the same filesystem), outside the
+	// directories cubelet owns in it.
+	dir, err := os.MkdirTemp(filepath.Join(e.node.DataDir, "pool"), "bench-raw-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	e.Progress.Start("qemu-incoming", p.N)
+	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, i int) (time.Duration, error) {
+		return raw.Incoming(ctx, mem, disk, filepath.Join(dir, fmt.Sprint(i)), uint32(1000+i))
+	})
+	e.Progress.Finish()
+	return d.result("qemu-incoming", report.KindBaseline, p)
 }

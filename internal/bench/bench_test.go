@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/bench/raw"
+	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 )
@@ -29,7 +31,7 @@ func TestScenariosTiny(t *testing.T) {
 	cubelettest.RequireRoot(t)
 	t.Setenv("CUBE_FAILPOINTS", "create/agent=1*error(injected by cube-bench test)")
 	bin := cubelettest.Binaries(t)
-	o := DefaultOptions()
+	o := report.DefaultOptions()
 	o.N1, o.N50, o.Concurrency, o.MaxLive = 3, 3, 2, 2 // create-c50: two rounds
 	o.DensityN, o.DensityConcurrency, o.DensitySettle = 3, 3, 100*time.Millisecond
 	o.SnapshotN, o.CloneCount = 2, 2
@@ -54,7 +56,7 @@ func TestScenariosTiny(t *testing.T) {
 	}
 	rep := Run(ctx, e, list)
 	var tab strings.Builder
-	if err := WriteTable(&tab, rep); err != nil {
+	if err := report.WriteTable(&tab, rep); err != nil {
 		t.Fatal(err)
 	}
 	t.Log("\n" + tab.String())
@@ -62,10 +64,10 @@ func TestScenariosTiny(t *testing.T) {
 	// Scenarios clean up after themselves: check before the run's cleanup.
 	leakcheck.AssertNone(t, ctx, e.Node().Scope())
 	if e.rawNode != nil {
-		leakcheck.AssertNone(t, ctx, e.rawNode.scope())
+		leakcheck.AssertNone(t, ctx, e.rawNode.Scope())
 	}
 
-	byName := map[string]*Result{}
+	byName := map[string]*report.Result{}
 	for _, r := range rep.Results {
 		byName[r.Scenario] = r
 	}
@@ -104,7 +106,7 @@ func TestScenariosTiny(t *testing.T) {
 		"resume": {"runc-resume", "freezer-thaw"}, "destroy": {"runc-delete"},
 	}
 	for name, bases := range wantCompare {
-		got := map[string]Comparison{}
+		got := map[string]report.Comparison{}
 		for _, c := range byName[name].Compare {
 			got[c.Baseline] = c
 		}
@@ -137,9 +139,11 @@ func TestScenariosTiny(t *testing.T) {
 	}
 
 	// An interrupted run (Ctrl-C) stops mid-phase and still removes what
-	// it made: once inside a baseline, once inside a cube scenario.
+	// it made: once inside a baseline, once inside a cube scenario. 32
+	// creates take well over the 300 ms before the interrupt even on an
+	// idle machine (8 creates and their cleanup could finish before it).
 	c50, _ := Lookup("create-c50")
-	e.Opts.N50, e.Opts.Concurrency, e.Opts.MaxLive, e.Opts.ProfileDir = 8, 4, 8, ""
+	e.Opts.N50, e.Opts.Concurrency, e.Opts.MaxLive, e.Opts.ProfileDir = 32, 4, 32, ""
 	for _, noBase := range []bool{false, true} {
 		e.Opts.NoBaselines = noBase
 		cctx, cancel := context.WithCancel(ctx)
@@ -153,12 +157,12 @@ func TestScenariosTiny(t *testing.T) {
 		for _, r := range irep.Results {
 			// Baseline chunks that finished before the interrupt stand.
 			t.Logf("interrupted %s: %s", r.Scenario, r.Error)
-			if r.Kind == KindCube && r.Error == "" {
+			if r.Kind == report.KindCube && r.Error == "" {
 				t.Errorf("interrupted run (no baselines: %v): %s has no error: %+v", noBase, r.Scenario, r)
 			}
 		}
 		leakcheck.AssertNone(t, ctx, e.Node().Scope())
-		leakcheck.AssertNone(t, ctx, e.rawNode.scope())
+		leakcheck.AssertNone(t, ctx, e.rawNode.Scope())
 	}
 
 	// --addr: drive the same cubelet as an already running one; its RSS
@@ -182,10 +186,10 @@ func TestScenariosTiny(t *testing.T) {
 	}
 	leakcheck.AssertNone(t, ctx, e.Node().Scope())
 
-	rawScope := e.rawNode.scope()
+	rawScope := e.rawNode.Scope()
 	podParent := ""
 	if e.pod != nil {
-		podParent = strings.TrimPrefix(e.pod.cgroupParent, "/")
+		podParent = strings.TrimPrefix(e.pod.CgroupParent(), "/")
 	}
 	cleaned = true
 	if err := cleanup(ctx); err != nil {
@@ -200,14 +204,14 @@ func TestScenariosTiny(t *testing.T) {
 		s.AllowMounts, s.AllowLoopBacking = nil, nil
 		leakcheck.AssertNone(t, ctx, s)
 	}
-	ms, _ := cgroupMounts()
+	ms, _ := raw.CgroupMounts()
 	for _, m := range ms {
 		for _, p := range []string{e.Node().CgroupParent, rawScope.CgroupName, podParent} {
 			if p == "" {
 				continue
 			}
-			if _, err := os.Stat(filepath.Join(m.dir, p)); err == nil {
-				t.Errorf("cgroup %s left in %s", p, m.dir)
+			if _, err := os.Stat(filepath.Join(m.Dir, p)); err == nil {
+				t.Errorf("cgroup %s left in %s", p, m.Dir)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 // LabelKey marks every sandbox the bench creates (value: the run's ID),
@@ -18,7 +19,7 @@ const LabelKey = "cube-bench"
 // took: cubelet answers once the agent inside answers /health, so this is
 // create-to-ready as a client sees it. The flow's action timings go to at
 // (which may be nil).
-func (e *Env) create(ctx context.Context, at *actionTimes) (string, time.Duration, error) {
+func (e *Env) create(ctx context.Context, at *report.ActionTimes) (string, time.Duration, error) {
 	req := &pb.CreateSandboxRequest{
 		TemplateId: e.Opts.Template,
 		Runtime:    e.Opts.Runtime,
@@ -30,8 +31,22 @@ func (e *Env) create(ctx context.Context, at *actionTimes) (string, time.Duratio
 	if err != nil {
 		return "", 0, fmt.Errorf("create: %w", err)
 	}
-	at.add(resp.Timings)
+	addTimings(at, resp.Timings)
 	return resp.Sandbox.Id, d, nil
+}
+
+// addTimings records the action timings an RPC returned, as
+// flow/step/action, in at (nil: dropped).
+func addTimings(at *report.ActionTimes, ts []*pb.ActionTiming) {
+	if at == nil {
+		return
+	}
+	for _, t := range ts {
+		if t.Phase != "" && t.Phase != "do" {
+			continue // undo timings belong to failed calls
+		}
+		at.Add(fmt.Sprintf("%s/%d/%s", t.Flow, t.Step, t.Action), t.Duration.AsDuration())
+	}
 }
 
 // deleteAll removes sandboxes, c at a time. It runs to the end even when
@@ -94,42 +109,42 @@ func (e *Env) fillTimed(ctx context.Context, label string, n, c int, lat *[]time
 
 func init() {
 	Register(Scenario{
-		Name: "create-c1", Kind: KindCube,
+		Name: "create-c1", Kind: report.KindCube,
 		Help:      "create-to-ready (CreateSandbox returns when the agent answers /health), one at a time",
 		Baselines: []string{"runc-run", "podman-run"},
-		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Run:       runCreate("create-c1"),
 	})
 	Register(Scenario{
-		Name: "create-c50", Kind: KindCube,
+		Name: "create-c50", Kind: report.KindCube,
 		Help:      "create-to-ready with --concurrency creates in flight (default 50)",
 		Baselines: []string{"runc-run"},
-		Params:    func(o Options) Params { return Params{N: o.N50, Concurrency: o.Concurrency} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N50, Concurrency: o.Concurrency} },
 		Run:       runCreate("create-c50"),
 	})
 	Register(Scenario{
-		Name: "pause", Kind: KindCube,
+		Name: "pause", Kind: report.KindCube,
 		Help:      "PauseSandbox of a running sandbox (cgroup freezer through the runtime)",
 		Baselines: []string{"runc-pause", "freezer-freeze"},
-		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return pauseResume(ctx, e, p, "pause")
 		},
 	})
 	Register(Scenario{
-		Name: "resume", Kind: KindCube,
+		Name: "resume", Kind: report.KindCube,
 		Help:      "ResumeSandbox of a paused sandbox, until its agent answers /health again",
 		Baselines: []string{"runc-resume", "freezer-thaw"},
-		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return pauseResume(ctx, e, p, "resume")
 		},
 	})
 	Register(Scenario{
-		Name: "destroy", Kind: KindCube,
+		Name: "destroy", Kind: report.KindCube,
 		Help:      "DeleteSandbox of a running sandbox (process, rootfs mount, loop device, disk, record)",
 		Baselines: []string{"runc-delete"},
-		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Run:       runDestroy,
 	})
 }
@@ -138,10 +153,10 @@ func init() {
 // round's sandboxes stay up until the round ends and are then destroyed
 // (untimed) before the next round starts, so creates never overlap
 // destroys.
-func runCreate(name string) func(context.Context, *Env, Params) (*Result, error) {
-	return func(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runCreate(name string) func(context.Context, *Env, report.Params) (*report.Result, error) {
+	return func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 		var all driveResult
-		var at actionTimes
+		var at report.ActionTimes
 		done := 0
 		for ri, n := range rounds(p.N, e.Opts.MaxLive) {
 			var (
@@ -175,11 +190,11 @@ func runCreate(name string) func(context.Context, *Env, Params) (*Result, error)
 			}
 			done += n
 		}
-		r, err := all.result(name, KindCube, p)
+		r, err := all.result(name, report.KindCube, p)
 		if err != nil {
 			return nil, err
 		}
-		r.acts = &at
+		r.Acts = &at
 		if len(rounds(p.N, e.Opts.MaxLive)) > 1 {
 			r.Notes = append(r.Notes, fmt.Sprintf("created in rounds of at most %d live sandboxes (--max-live)", e.Opts.MaxLive))
 		}
@@ -189,7 +204,7 @@ func runCreate(name string) func(context.Context, *Env, Params) (*Result, error)
 
 // pauseResume cycles one sandbox through pause and resume N times; the
 // pause and resume scenarios share the cycles when both run.
-func pauseResume(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
+func pauseResume(ctx context.Context, e *Env, p report.Params, want string) (*report.Result, error) {
 	return pauseCycles(ctx, e, p, want, pauseCycle{pause: "pause", resume: "resume"})
 }
 
@@ -204,9 +219,9 @@ type pauseCycle struct {
 // pauseCycles cycles one sandbox through pause and resume N times; the
 // pause and resume scenarios of a mode share the cycles, so whichever runs
 // second reuses the first one's samples.
-func pauseCycles(ctx context.Context, e *Env, p Params, want string, pc pauseCycle) (*Result, error) {
+func pauseCycles(ctx context.Context, e *Env, p report.Params, want string, pc pauseCycle) (*report.Result, error) {
 	if b, ok := e.recall(want, p); ok {
-		return b.result(want, KindCube, p), nil
+		return b.result(want, report.KindCube, p), nil
 	}
 	ids, err := e.fill(ctx, pc.pause+"/"+pc.resume+": setup", 1, 1)
 	if err != nil {
@@ -214,7 +229,7 @@ func pauseCycles(ctx context.Context, e *Env, p Params, want string, pc pauseCyc
 	}
 	id := ids[0]
 	var pause, resume []time.Duration
-	var pat, rat actionTimes
+	var pat, rat report.ActionTimes
 	e.Progress.Start(pc.pause+"+"+pc.resume, p.N)
 	var runErr error
 	for i := 0; i < p.N; i++ { // every error breaks out
@@ -225,7 +240,7 @@ func pauseCycles(ctx context.Context, e *Env, p Params, want string, pc pauseCyc
 			break
 		}
 		pause = append(pause, time.Since(start))
-		pat.add(presp.Timings)
+		addTimings(&pat, presp.Timings)
 		start = time.Now()
 		rresp, err := e.Client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id})
 		if err != nil {
@@ -233,7 +248,7 @@ func pauseCycles(ctx context.Context, e *Env, p Params, want string, pc pauseCyc
 			break
 		}
 		resume = append(resume, time.Since(start))
-		rat.add(rresp.Timings)
+		addTimings(&rat, rresp.Timings)
 		e.Progress.Step(true)
 	}
 	e.Progress.Finish()
@@ -246,14 +261,14 @@ func pauseCycles(ctx context.Context, e *Env, p Params, want string, pc pauseCyc
 	e.remember(pc.pause, p, batch{pause, &pat})
 	e.remember(pc.resume, p, batch{resume, &rat})
 	b, _ := e.recall(want, p)
-	return b.result(want, KindCube, p), nil
+	return b.result(want, report.KindCube, p), nil
 }
 
 // runDestroy creates N sandboxes (untimed) and times deleting each, in
 // rounds of at most MaxLive.
-func runDestroy(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runDestroy(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	var all driveResult
-	var at actionTimes
+	var at report.ActionTimes
 	for _, n := range rounds(p.N, e.Opts.MaxLive) {
 		ids, err := e.fill(ctx, "destroy: setup", n, 4)
 		if err != nil {
@@ -269,7 +284,7 @@ func runDestroy(ctx context.Context, e *Env, p Params) (*Result, error) {
 				return 0, err
 			}
 			d := time.Since(start)
-			at.add(resp.Timings)
+			addTimings(&at, resp.Timings)
 			return d, nil
 		})
 		e.Progress.Finish()
@@ -278,10 +293,10 @@ func runDestroy(ctx context.Context, e *Env, p Params) (*Result, error) {
 			return nil, err
 		}
 	}
-	r, err := all.result("destroy", KindCube, p)
+	r, err := all.result("destroy", report.KindCube, p)
 	if err != nil {
 		return nil, err
 	}
-	r.acts = &at
+	r.Acts = &at
 	return r, nil
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 // op is one measured operation. It returns the duration to record: only
@@ -19,8 +21,6 @@ type driveResult struct {
 	failed  int
 	wall    time.Duration
 }
-
-const keepErrors = 3
 
 // drive runs fn n times on c workers and collects the samples. Failures
 // are counted and the first few kept; it stops early only when ctx ends.
@@ -53,7 +53,7 @@ func drive(ctx context.Context, prog *Progress, n, c int, fn op) driveResult {
 				mu.Lock()
 				if err != nil {
 					res.failed++
-					if len(res.errs) < keepErrors {
+					if len(res.errs) < report.KeepErrors {
 						res.errs = append(res.errs, err)
 					}
 				} else {
@@ -73,8 +73,8 @@ func drive(ctx context.Context, prog *Progress, n, c int, fn op) driveResult {
 // counted and their first errors noted; a scenario in which every one
 // failed is reported as failed by Result.finish, once its chunks are
 // merged (one chunk failing entirely is not the whole scenario failing).
-func (d driveResult) result(name string, kind Kind, p Params) (*Result, error) {
-	r := timed(name, kind, p, d.samples, d.failed, d.wall)
+func (d driveResult) result(name string, kind report.Kind, p report.Params) (*report.Result, error) {
+	r := report.Timed(name, kind, p, d.samples, d.failed, d.wall)
 	for _, err := range d.errs {
 		r.Notes = append(r.Notes, "failure: "+err.Error())
 	}
@@ -87,7 +87,7 @@ func (d *driveResult) merge(o driveResult) {
 	d.failed += o.failed
 	d.wall += o.wall
 	for _, err := range o.errs {
-		if len(d.errs) < keepErrors {
+		if len(d.errs) < report.KeepErrors {
 			d.errs = append(d.errs, err)
 		}
 	}

@@ -8,10 +8,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/cubesandbox/cube/internal/bench/raw"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
-// The gVisor and VM runtimes' raw restore baselines (rawgvisor.go,
-// rawvm.go) and the E2B round trip (cubemaster + cubeproxy). Each probes
+// The gVisor and VM runtimes' raw restore baselines (raw/runsc.go,
+// raw/qemu.go, timed in baselines.go) and the E2B round trip (cubemaster + cubeproxy). Each probes
 // the node and skips with the reason when what it measures is missing;
 // none of them fakes a number.
 
@@ -48,14 +51,14 @@ func implemented(ctx context.Context, rpc string, call func(context.Context) err
 func init() {
 	for _, h := range []struct {
 		name, rt, bin, help string
-		run                 func(context.Context, *Env, Params) (*Result, error)
+		run                 func(context.Context, *Env, report.Params) (*report.Result, error)
 	}{
-		{"runsc-restore", "gvisor", runscBinary, "bare `runsc restore --detach` of the warm template's checkpoint + agent wake + first /health", runRunscRestore},
-		{"qemu-incoming", "vm", qemuBinary, "bare QEMU `-incoming exec:zstd -dc` of the warm template's snapshot + cont + first /health", runQemuIncoming},
+		{"runsc-restore", "gvisor", raw.RunscBinary, "bare `runsc restore --detach` of the warm template's checkpoint + agent wake + first /health", runRunscRestore},
+		{"qemu-incoming", "vm", raw.QemuBinary, "bare QEMU `-incoming exec:zstd -dc` of the warm template's snapshot + cont + first /health", runQemuIncoming},
 	} {
 		Register(Scenario{
-			Name: h.name, Kind: KindBaseline, Runtime: h.rt, Help: h.help,
-			Params: func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+			Name: h.name, Kind: report.KindBaseline, Runtime: h.rt, Help: h.help,
+			Params: func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 			Probe: func(ctx context.Context, e *Env) error {
 				if err := hasRuntime(ctx, e, h.rt); err != nil {
 					return err
@@ -73,14 +76,14 @@ func init() {
 	}
 
 	Register(Scenario{
-		Name: "e2b", Kind: KindCube,
+		Name: "e2b", Kind: report.KindCube,
 		Help:      "E2B round trip: POST /sandboxes on the E2B API, first envd /health through cubeproxy, DELETE",
 		Baselines: []string{"runc-run", "podman-run"},
-		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe: func(context.Context, *Env) error {
 			return skipf("not wired yet: the bench would have to start cubemaster (E2B API) and cubeproxy in front of its node")
 		},
-		Run: func(context.Context, *Env, Params) (*Result, error) {
+		Run: func(context.Context, *Env, report.Params) (*report.Result, error) {
 			return nil, skipf("E2B round trip not available")
 		},
 	})

@@ -10,33 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/raw"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
-// Machine describes where a run happened: absolute figures only mean
-// something next to it (and ratios next to the load it was under).
-type Machine struct {
-	Hostname    string `json:"hostname"`
-	CPUs        int    `json:"cpus"`
-	CPUModel    string `json:"cpu_model"`
-	MemoryBytes Bytes  `json:"memory_bytes"`
-	Kernel      string `json:"kernel"`
-	OS          string `json:"os"`
-	Runc        string `json:"runc"`
-	Podman      string `json:"podman,omitempty"`
-	Go          string `json:"go"`
-	Cgroups     string `json:"cgroups"`
-	KVM         bool   `json:"kvm"`
-	Storage     string `json:"storage,omitempty"` // cubelet's pool mode
-	// Runtime is the runtime the run creates with and what its driver
-	// says of itself ("vm (accel=tcg channel=virtio-serial)").
-	Runtime   string `json:"runtime,omitempty"`
-	LoadStart string `json:"load_start"`
-	LoadEnd   string `json:"load_end"`
-}
-
 // DescribeMachine collects the machine description.
-func DescribeMachine(ctx context.Context, e *Env) Machine {
-	m := Machine{CPUs: goruntime.NumCPU(), Go: goruntime.Version(), LoadStart: loadAvg()}
+func DescribeMachine(ctx context.Context, e *Env) report.Machine {
+	m := report.Machine{CPUs: goruntime.NumCPU(), Go: goruntime.Version(), LoadStart: loadAvg()}
 	m.Hostname, _ = os.Hostname()
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
@@ -44,7 +24,7 @@ func DescribeMachine(ctx context.Context, e *Env) Machine {
 	}
 	var si unix.Sysinfo_t
 	if unix.Sysinfo(&si) == nil {
-		m.MemoryBytes = Bytes(int64(si.Totalram) * int64(si.Unit))
+		m.MemoryBytes = report.Bytes(int64(si.Totalram) * int64(si.Unit))
 	}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
@@ -111,13 +91,13 @@ func loadAvg() string {
 }
 
 func cgroupMode() string {
-	ms, err := cgroupMounts()
+	ms, err := raw.CgroupMounts()
 	if err != nil {
 		return ""
 	}
 	v1, v2 := false, false
 	for _, m := range ms {
-		if m.v2 {
+		if m.V2 {
 			v2 = true
 		} else {
 			v1 = true

@@ -14,16 +14,12 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
-// Bytes is a memory size.
-type Bytes int64
-
-// MiB renders b in MiB with two decimals.
-func (b Bytes) MiB() string { return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20)) }
-
 // procMem is /proc/<pid>/smaps_rollup's Rss and Pss.
-type procMem struct{ rss, pss Bytes }
+type procMem struct{ rss, pss report.Bytes }
 
 func readProcMem(pid int) (procMem, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
@@ -49,21 +45,21 @@ func readProcMem(pid int) (procMem, error) {
 }
 
 // kbField parses "   1234 kB".
-func kbField(v string) Bytes {
+func kbField(v string) report.Bytes {
 	f := strings.Fields(v)
 	if len(f) == 0 {
 		return 0
 	}
 	n, _ := strconv.ParseInt(f[0], 10, 64)
-	return Bytes(n << 10)
+	return report.Bytes(n << 10)
 }
 
 // cgroupMem is what the memory controller charges to a cgroup.
 type cgroupMem struct {
-	charged Bytes // v1 memory.usage_in_bytes, v2 memory.current: everything charged
-	anon    Bytes // v1 rss, v2 anon
-	file    Bytes // v1 cache, v2 file: page cache charged here (its disk's pages)
-	kernel  Bytes // v1 memory.kmem.usage_in_bytes, v2 kernel
+	charged report.Bytes // v1 memory.usage_in_bytes, v2 memory.current: everything charged
+	anon    report.Bytes // v1 rss, v2 anon
+	file    report.Bytes // v1 cache, v2 file: page cache charged here (its disk's pages)
+	kernel  report.Bytes // v1 memory.kmem.usage_in_bytes, v2 kernel
 }
 
 func readCgroupMem(dir string, v2 bool) (cgroupMem, error) {
@@ -73,17 +69,17 @@ func readCgroupMem(dir string, v2 bool) (cgroupMem, error) {
 		return m, err
 	}
 	if v2 {
-		m.anon, m.file, m.kernel = Bytes(stat["anon"]), Bytes(stat["file"]), Bytes(stat["kernel"])
+		m.anon, m.file, m.kernel = report.Bytes(stat["anon"]), report.Bytes(stat["file"]), report.Bytes(stat["kernel"])
 		cur, err := readInt(filepath.Join(dir, "memory.current"))
-		m.charged = Bytes(cur)
+		m.charged = report.Bytes(cur)
 		return m, err
 	}
-	m.anon, m.file = Bytes(stat["rss"]), Bytes(stat["cache"])
+	m.anon, m.file = report.Bytes(stat["rss"]), report.Bytes(stat["cache"])
 	if k, err := readInt(filepath.Join(dir, "memory.kmem.usage_in_bytes")); err == nil {
-		m.kernel = Bytes(k)
+		m.kernel = report.Bytes(k)
 	}
 	cur, err := readInt(filepath.Join(dir, "memory.usage_in_bytes"))
-	m.charged = Bytes(cur)
+	m.charged = report.Bytes(cur)
 	return m, err
 }
 
@@ -147,7 +143,7 @@ func rootLoop(pid int) (dev, backing string, dio bool, err error) {
 
 // pageCached returns how much of file is in the page cache (mincore of a
 // read-only mapping: nothing is read in by asking).
-func pageCached(file string) (Bytes, error) {
+func pageCached(file string) (report.Bytes, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return 0, err
@@ -171,11 +167,11 @@ func pageCached(file string) (Bytes, error) {
 	for _, v := range vec {
 		n += int64(v & 1)
 	}
-	return Bytes(n * int64(page)), nil
+	return report.Bytes(n * int64(page)), nil
 }
 
 // memAvailable is /proc/meminfo's MemAvailable.
-func memAvailable() (Bytes, error) {
+func memAvailable() (report.Bytes, error) {
 	data, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0, err
@@ -190,7 +186,7 @@ func memAvailable() (Bytes, error) {
 
 // cubeletRSS is cubelet's resident memory: from /proc when its PID is
 // known, else from process_resident_memory_bytes on its /metrics.
-func (e *Env) cubeletRSS(ctx context.Context) (rss, pss Bytes, err error) {
+func (e *Env) cubeletRSS(ctx context.Context) (rss, pss report.Bytes, err error) {
 	if e.CubeletPID > 0 {
 		m, err := readProcMem(e.CubeletPID)
 		return m.rss, m.pss, err
@@ -214,7 +210,7 @@ func (e *Env) cubeletRSS(ctx context.Context) (rss, pss Bytes, err error) {
 	for _, line := range bytes.Split(body, []byte("\n")) {
 		if v, ok := bytes.CutPrefix(line, []byte("process_resident_memory_bytes ")); ok {
 			f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
-			return Bytes(f), 0, err
+			return report.Bytes(f), 0, err
 		}
 	}
 	return 0, 0, fmt.Errorf("no process_resident_memory_bytes on %s/metrics", e.MetricsURL)

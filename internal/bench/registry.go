@@ -1,3 +1,10 @@
+// Package bench is cube-bench's load generator: the scenarios that drive
+// a cubelet through its gRPC API (registered here, one file per area),
+// the runner that interleaves each with its raw baselines and compares
+// them, and the environment they run against (a private cubelet or a
+// running one, the test image, the raw baselines' scratch space). The
+// bare runtimes it times live in bench/raw, the private node in
+// bench/node, and the report model and its rendering in bench/report.
 package bench
 
 import (
@@ -7,32 +14,16 @@ import (
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
-
-// Kind says whose code a scenario measures.
-type Kind string
-
-const (
-	// KindCube scenarios drive cubelet through its gRPC API.
-	KindCube Kind = "cube"
-	// KindBaseline scenarios time the raw building block a cube scenario
-	// is compared with (bare runc, podman, the cgroup freezer), in the
-	// same run and on the same rootfs.
-	KindBaseline Kind = "baseline"
-)
-
-// Params are the size of one run of a scenario.
-type Params struct {
-	N           int `json:"n"`
-	Concurrency int `json:"concurrency"`
-}
 
 // Scenario is one measurement. Scenarios register themselves (Register, in
 // init) so that new areas (snapshots, clones, the E2B API, other runtimes)
 // add a file and nothing else.
 type Scenario struct {
 	Name string
-	Kind Kind
+	Kind report.Kind
 	Help string
 	// Runtime is the cubelet runtime a baseline stands for ("" = any):
 	// the runner compares a cube scenario only with the baselines of the
@@ -42,13 +33,13 @@ type Scenario struct {
 	// each with the same Params (N capped by Options.BaselineN).
 	Baselines []string
 	// Params picks N and concurrency from the options.
-	Params func(Options) Params
+	Params func(report.Options) report.Params
 	// Probe reports, wrapped in ErrSkip, why the scenario cannot run
 	// against this node (an RPC the cubelet does not implement, a missing
 	// runtime or binary). nil means it can run. May be nil.
 	Probe func(ctx context.Context, e *Env) error
 	// Run measures. It must leave nothing behind, also when it fails.
-	Run func(ctx context.Context, e *Env, p Params) (*Result, error)
+	Run func(ctx context.Context, e *Env, p report.Params) (*report.Result, error)
 }
 
 // ErrSkip marks a scenario that cannot run here; the message says why.
@@ -91,7 +82,7 @@ func Lookup(name string) (*Scenario, bool) {
 
 // Scenarios returns every registered scenario of kind ("" = all), in
 // registration order.
-func Scenarios(kind Kind) []*Scenario {
+func Scenarios(kind report.Kind) []*Scenario {
 	regMu.Lock()
 	defer regMu.Unlock()
 	var out []*Scenario
@@ -110,7 +101,7 @@ func Resolve(names []string) ([]*Scenario, error) {
 	seen := map[string]bool{}
 	for _, n := range names {
 		if n == "all" {
-			for _, s := range Scenarios(KindCube) {
+			for _, s := range Scenarios(report.KindCube) {
 				if !seen[s.Name] {
 					seen[s.Name] = true
 					out = append(out, s)

@@ -8,29 +8,17 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
-
-// Report is one run of cube-bench: what ran, where, and what came out.
-type Report struct {
-	RunID    string    `json:"run_id"`
-	Command  string    `json:"command"`
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished"`
-	Machine  Machine   `json:"machine"`
-	Options  Options   `json:"options"`
-	Results  []*Result `json:"results"`
-	Targets  []Target  `json:"targets"`
-	Notes    []string  `json:"notes,omitempty"`
-}
 
 // Run runs the scenarios in order. Each cube scenario runs interleaved
 // with its baselines (those of the runtime in use, each once per set of
 // Params) and is compared with them. A failing or skipped scenario is reported and the
 // run goes on; only ctx ending stops it.
-func Run(ctx context.Context, e *Env, list []*Scenario) *Report {
-	rep := &Report{RunID: e.RunID, Started: time.Now().UTC(), Options: e.Opts}
+func Run(ctx context.Context, e *Env, list []*Scenario) *report.Report {
+	rep := &report.Report{RunID: e.RunID, Started: time.Now().UTC(), Options: e.Opts}
 	rep.Machine = DescribeMachine(ctx, e)
-	cache := map[string]*Result{}
+	cache := map[string]*report.Result{}
 	rt := e.Opts.Runtime
 	if rt == "" {
 		rt = "runc"
@@ -40,7 +28,7 @@ func Run(ctx context.Context, e *Env, list []*Scenario) *Report {
 			break
 		}
 		p := s.Params(e.Opts)
-		if s.Kind == KindBaseline {
+		if s.Kind == report.KindBaseline {
 			r := runOne(ctx, e, s, p)
 			cache[cacheKey(s.Name, p)] = r
 			rep.Results = append(rep.Results, r)
@@ -53,14 +41,14 @@ func Run(ctx context.Context, e *Env, list []*Scenario) *Report {
 	}
 	rep.Finished = time.Now().UTC()
 	rep.Machine.LoadEnd = loadAvg()
-	rep.Targets = Evaluate(rep)
+	rep.Targets = report.Evaluate(rep)
 	return rep
 }
 
 // runCube runs a cube scenario with its baselines and appends the results
 // (and the baselines measured for it) to rep. cache holds the baselines
 // measured so far, by name and Params.
-func runCube(ctx context.Context, e *Env, s *Scenario, p Params, rt string, cache map[string]*Result, rep *Report) {
+func runCube(ctx context.Context, e *Env, s *Scenario, p report.Params, rt string, cache map[string]*report.Result, rep *report.Report) {
 	if s.Probe != nil {
 		if err := s.Probe(ctx, e); err != nil {
 			rep.Results = append(rep.Results, failed(s, p, err))
@@ -72,8 +60,8 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p Params, rt string, cach
 	// by BaselineN) unless an earlier scenario already did.
 	type pending struct {
 		s     *Scenario
-		p     Params
-		parts []*Result
+		p     report.Params
+		parts []*report.Result
 	}
 	var fresh []*pending
 	var bases []string
@@ -109,14 +97,14 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p Params, rt string, cach
 		chunks = split(p.N, e.Opts.Chunks)
 	}
 	prof := e.startProfile(ctx, s.Name, rep)
-	var ours []*Result
+	var ours []*report.Result
 	for i, n := range chunks {
 		for _, f := range fresh {
 			if bn := split(f.p.N, len(chunks))[i]; bn > 0 {
-				f.parts = append(f.parts, runPart(ctx, e, f.s, Params{N: bn, Concurrency: f.p.Concurrency}))
+				f.parts = append(f.parts, runPart(ctx, e, f.s, report.Params{N: bn, Concurrency: f.p.Concurrency}))
 			}
 		}
-		r := runPart(ctx, e, s, Params{N: n, Concurrency: p.Concurrency})
+		r := runPart(ctx, e, s, report.Params{N: n, Concurrency: p.Concurrency})
 		ours = append(ours, r)
 		if r.Error != "" || r.Skipped != "" || ctx.Err() != nil {
 			break
@@ -124,17 +112,17 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p Params, rt string, cach
 	}
 	e.profiler = nil
 	for _, f := range fresh {
-		r := mergeResults(f.s, f.p, f.parts)
-		r.finish()
+		r := report.Merge(f.s.Name, f.s.Kind, f.p, f.parts)
+		r.Finish()
 		cache[cacheKey(f.s.Name, f.p)] = r
 		rep.Results = append(rep.Results, r)
 	}
 	r := ours[0]
 	if len(ours) > 1 {
-		r = mergeResults(s, p, ours)
+		r = report.Merge(s.Name, s.Kind, p, ours)
 	}
 	r.Params = p
-	r.finish()
+	r.Finish()
 	if prof != nil {
 		files, err := prof.finish(ctx)
 		r.Profiles = files
@@ -143,14 +131,16 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p Params, rt string, cach
 		}
 	}
 	for _, k := range bases {
-		r.Compare = append(r.Compare, compare(r, cache[k]))
+		r.Compare = append(r.Compare, report.Compare(r, cache[k]))
 	}
 	rep.Results = append(rep.Results, r)
 }
 
-func cacheKey(name string, p Params) string { return fmt.Sprintf("%s/%d/%d", name, p.N, p.Concurrency) }
+func cacheKey(name string, p report.Params) string {
+	return fmt.Sprintf("%s/%d/%d", name, p.N, p.Concurrency)
+}
 
-func runOne(ctx context.Context, e *Env, s *Scenario, p Params) *Result {
+func runOne(ctx context.Context, e *Env, s *Scenario, p report.Params) *report.Result {
 	if s.Probe != nil {
 		if err := s.Probe(ctx, e); err != nil {
 			e.Progress.Note("%s: %s", s.Name, err)
@@ -158,12 +148,12 @@ func runOne(ctx context.Context, e *Env, s *Scenario, p Params) *Result {
 		}
 	}
 	r := runPart(ctx, e, s, p)
-	r.finish()
+	r.Finish()
 	return r
 }
 
 // runPart runs s once with p (already probed).
-func runPart(ctx context.Context, e *Env, s *Scenario, p Params) *Result {
+func runPart(ctx context.Context, e *Env, s *Scenario, p report.Params) *report.Result {
 	if err := ctx.Err(); err != nil {
 		return failed(s, p, err)
 	}
@@ -197,7 +187,7 @@ func split(n, k int) []int {
 
 // startProfile starts capturing cubelet's profiles for scenario name when
 // --profile is on; nil otherwise (a reason goes to the report's notes).
-func (e *Env) startProfile(ctx context.Context, name string, rep *Report) *profiler {
+func (e *Env) startProfile(ctx context.Context, name string, rep *report.Report) *profiler {
 	if e.Opts.ProfileDir == "" {
 		return nil
 	}
@@ -215,8 +205,8 @@ func (e *Env) startProfile(ctx context.Context, name string, rep *Report) *profi
 }
 
 // failed is the Result of a scenario that was skipped or failed.
-func failed(s *Scenario, p Params, err error) *Result {
-	r := &Result{Scenario: s.Name, Kind: s.Kind, Params: p}
+func failed(s *Scenario, p report.Params, err error) *report.Result {
+	r := &report.Result{Scenario: s.Name, Kind: s.Kind, Params: p}
 	if errors.Is(err, ErrSkip) {
 		r.Skipped = err.Error()
 	} else {

@@ -8,13 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/bench/raw"
+	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/runtime/vm"
 )
 
-func TestCheckRuntimeAndSmallDefaults(t *testing.T) {
+func TestCheckRuntime(t *testing.T) {
 	for _, rt := range KnownRuntimes {
 		if err := CheckRuntime(rt); err != nil {
 			t.Errorf("%s: %v", rt, err)
@@ -22,32 +24,6 @@ func TestCheckRuntimeAndSmallDefaults(t *testing.T) {
 	}
 	if err := CheckRuntime("kata"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "kata") {
 		t.Errorf("kata: %v", err)
-	}
-
-	o := DefaultOptions()
-	o.Runtime = "runc"
-	o.SmallDefaults(nil)
-	if o.N1 != 100 || o.CloneCount != 10 {
-		t.Errorf("runc sizes changed: n=%d clone-count=%d", o.N1, o.CloneCount)
-	}
-	o = DefaultOptions()
-	o.Runtime, o.N1 = "vm", 7
-	o.SmallDefaults(map[string]bool{"n": true})
-	if o.N1 != 7 || o.SnapshotN != 5 || o.CloneCount != 3 || o.DensityN != 10 {
-		t.Errorf("vm sizes: n=%d snapshot-n=%d clone-count=%d density-n=%d", o.N1, o.SnapshotN, o.CloneCount, o.DensityN)
-	}
-	if err := o.Validate(); err != nil {
-		t.Error(err)
-	}
-
-	toml := runtimeTOML("gvisor", "/run/a.sock", "")
-	for _, want := range []string{`agent_socket = "/run/a.sock"`, "checkpoint = true", "agent_ready_timeout"} {
-		if !strings.Contains(toml, want) {
-			t.Errorf("gvisor config lacks %q:\n%s", want, toml)
-		}
-	}
-	if toml := runtimeTOML("vm", "/run/a.sock", "/g"); !strings.Contains(toml, `guest_dir = "/g"`) || !strings.Contains(toml, "enabled = true") {
-		t.Errorf("vm config:\n%s", toml)
 	}
 }
 
@@ -68,7 +44,7 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 				t.Skipf("%s not installed", tc.bin)
 			}
 			ctx := context.Background()
-			o := DefaultOptions()
+			o := report.DefaultOptions()
 			o.Runtime = tc.rt
 			o.SmallDefaults(nil)
 			o.N1, o.SnapshotN, o.Chunks = 2, 1, 2
@@ -90,11 +66,11 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 			}
 			rep := Run(ctx, e, list)
 			var tab strings.Builder
-			if err := WriteTable(&tab, rep); err != nil {
+			if err := report.WriteTable(&tab, rep); err != nil {
 				t.Fatal(err)
 			}
 			t.Log("\n" + tab.String())
-			byName := map[string]*Result{}
+			byName := map[string]*report.Result{}
 			for _, r := range rep.Results {
 				byName[r.Scenario] = r
 			}
@@ -117,7 +93,7 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 			// Scenarios clean up after themselves (the warm template stays
 			// until the run's cleanup).
 			leakcheck.AssertNone(t, ctx, e.Node().Scope())
-			netScope := e.net.scope()
+			netScope := e.net.Scope()
 			nodeScope := e.Node().Scope()
 			cleaned = true
 			if err := cleanup(ctx); err != nil {
@@ -162,7 +138,7 @@ func rawIncomingFailureLeaksNothing(t *testing.T, e *Env) {
 		}
 	}
 	work := filepath.Join(bad, "work")
-	if _, err := rawIncoming(ctx, bad, disk, work, 2000); err == nil {
+	if _, err := raw.Incoming(ctx, bad, disk, work, 2000); err == nil {
 		t.Fatal("raw restore of a truncated image succeeded")
 	} else {
 		t.Logf("truncated image: %v", err)
@@ -178,7 +154,7 @@ func qemusUnder(dir string) []string {
 	ents, _ := os.ReadDir("/proc")
 	for _, ent := range ents {
 		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err != nil || !containsQemu(b) {
+		if err != nil || !raw.IsQemu(b) {
 			continue
 		}
 		if strings.Contains(string(b), dir) {

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,9 +14,33 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/node"
+	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
+
+// NewRunID returns a short random ID for a run (sandbox labels, cgroup
+// and directory names).
+func NewRunID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// KnownRuntimes are the values --runtime accepts.
+var KnownRuntimes = []string{"runc", "gvisor", "vm"}
+
+// CheckRuntime rejects a runtime the bench does not know how to set up.
+func CheckRuntime(rt string) error {
+	for _, k := range KnownRuntimes {
+		if rt == k {
+			return nil
+		}
+	}
+	return fmt.Errorf("--runtime %q: want one of %v: %w", rt, KnownRuntimes, errdefs.ErrInvalidArgument)
+}
 
 // Setup says what a run drives.
 type Setup struct {
@@ -29,7 +55,7 @@ type Setup struct {
 	// WorkDir holds everything the run makes; removed at the end.
 	WorkDir  string
 	RunID    string
-	Opts     Options
+	Opts     report.Options
 	Progress *Progress
 	Log      *slog.Logger
 	// NodeTOML is appended to a private cubelet's config.
@@ -60,20 +86,20 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		return nil, nil, err
 	}
 	e := &Env{RunID: s.RunID, Opts: s.Opts, Progress: s.Progress, Log: s.Log, WorkDir: s.WorkDir, CubeletPID: s.CubeletPID}
-	var node *Node
-	var net *netAgent
+	var nd *node.Node
+	var net *node.NetAgent
 	var closeConn func() error
 	cleanup = func(ctx context.Context) error {
 		ctx = context.WithoutCancel(ctx)
 		var errs []error
 		errs = append(errs, e.Close(ctx))
-		if node != nil {
-			errs = append(errs, node.Stop(ctx))
-			sweepRunsc(ctx, filepath.Join(node.RunDir, "runsc"))
-			errs = append(errs, node.Teardown(ctx))
+		if nd != nil {
+			errs = append(errs, nd.Stop(ctx))
+			node.SweepRunsc(ctx, filepath.Join(nd.RunDir, "runsc"))
+			errs = append(errs, nd.Teardown(ctx))
 		}
 		if net != nil {
-			errs = append(errs, net.close(ctx))
+			errs = append(errs, net.Close(ctx))
 		}
 		if closeConn != nil {
 			errs = append(errs, closeConn())
@@ -108,14 +134,14 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 			return nil, cleanup, err
 		}
 		s.Progress.Note("starting a private cubelet in %s", filepath.Join(s.WorkDir, "node"))
-		// StartNode removes what it made when it fails.
-		nd, err := StartNode(ctx, NodeConfig{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: extra + s.NodeTOML})
+		// node.Start removes what it made when it fails.
+		n, err := node.Start(ctx, node.Config{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: extra + s.NodeTOML})
 		if err != nil {
 			return nil, cleanup, err
 		}
-		node = nd
-		e.Client, e.CubeletPID, e.MetricsURL = node.Client, node.PID(), node.MetricsURL
-		e.node, e.net = node, net
+		nd = n
+		e.Client, e.CubeletPID, e.MetricsURL = nd.Client, nd.PID(), nd.MetricsURL
+		e.node, e.net = nd, net
 	} else {
 		conn, err := cubeletclient.Dial(s.Addr)
 		if err != nil {
@@ -151,26 +177,26 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 
 // runtimeSetup starts what a private node needs for s.Opts.Runtime
 // (network-agent, the VM guest) and returns the config it adds.
-func (s Setup) runtimeSetup(ctx context.Context, net **netAgent) (string, error) {
+func (s Setup) runtimeSetup(ctx context.Context, net **node.NetAgent) (string, error) {
 	rt := s.Opts.Runtime
 	if rt == "" || rt == "runc" {
 		return "", nil
 	}
 	guest := ""
 	if rt == "vm" {
-		g, err := guestDir(ctx, s.VMGuestDir, s.WorkDir)
+		g, err := node.GuestDir(ctx, s.VMGuestDir, s.WorkDir)
 		if err != nil {
 			return "", err
 		}
 		guest = g
 	}
 	s.Progress.Note("starting network-agent for the %s runtime", rt)
-	n, err := startNetAgent(ctx, s.RunID, filepath.Join(s.WorkDir, "net"), s.Log)
+	n, err := node.StartNetAgent(ctx, s.RunID, filepath.Join(s.WorkDir, "net"), s.Log)
 	if err != nil {
 		return "", err
 	}
 	*net = n
-	return runtimeTOML(rt, n.socket, guest), nil
+	return node.RuntimeTOML(rt, n.Socket(), guest), nil
 }
 
 func importTemplate(ctx context.Context, c pb.CubeletServiceClient, id, source string) error {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 // Snapshots and clones. They probe the RPCs and skip with the
@@ -32,36 +33,36 @@ func probeClone(ctx context.Context, e *Env) error {
 
 func init() {
 	Register(Scenario{
-		Name: "snapshot", Kind: KindCube,
+		Name: "snapshot", Kind: report.KindCube,
 		Help:      "SnapshotSandbox of a running sandbox (disk; memory where the runtime can checkpoint)",
 		Baselines: []string{"reflink-copy"},
-		Params:    func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.SnapshotN, Concurrency: 1} },
 		Probe:     probeSnapshot,
 		Run:       runSnapshot,
 	})
 	Register(Scenario{
-		Name: "clone-1", Kind: KindCube,
+		Name: "clone-1", Kind: report.KindCube,
 		Help:      "CloneSandbox of one sandbox from a snapshot, until its agent answers",
 		Baselines: []string{"runc-run", "runsc-restore", "qemu-incoming"},
-		Params:    func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.SnapshotN, Concurrency: 1} },
 		Probe:     probeClone,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return runClone(ctx, e, p, "clone-1", 1)
 		},
 	})
 	Register(Scenario{
-		Name: "clone-n", Kind: KindCube,
+		Name: "clone-n", Kind: report.KindCube,
 		Help:   "CloneSandbox of --clone-count sandboxes in one call (latency per call)",
-		Params: func(o Options) Params { return Params{N: max(1, o.SnapshotN/5), Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: max(1, o.SnapshotN/5), Concurrency: 1} },
 		Probe:  probeClone,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return runClone(ctx, e, p, "clone-n", e.Opts.CloneCount)
 		},
 	})
 	Register(Scenario{
-		Name: "reflink-copy", Kind: KindBaseline,
+		Name: "reflink-copy", Kind: report.KindBaseline,
 		Help:   "raw FICLONE of a template-sized disk image (a runc snapshot is a disk clone)",
-		Params: func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.SnapshotN, Concurrency: 1} },
 		Probe:  probeRaw,
 		Run:    runReflinkCopy,
 	})
@@ -69,7 +70,7 @@ func init() {
 
 // runSnapshot times SnapshotSandbox of one running sandbox N times, then
 // removes the snapshots and the sandbox.
-func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runSnapshot(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	ids, err := e.fill(ctx, "snapshot: setup", 1, 1)
 	if err != nil {
 		return nil, err
@@ -77,7 +78,7 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 	var snaps []string
 	var sizes []int64
 	var memory bool
-	var at actionTimes
+	var at report.ActionTimes
 	e.Progress.Start("snapshot", p.N)
 	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
 		start := time.Now()
@@ -89,7 +90,7 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 		snaps = append(snaps, resp.Snapshot.Id)
 		sizes = append(sizes, resp.Snapshot.SizeBytes)
 		memory = resp.Snapshot.HasMemory
-		at.add(resp.Timings)
+		addTimings(&at, resp.Timings)
 		return d, nil
 	})
 	e.Progress.Finish()
@@ -102,13 +103,13 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 	if cleanup != nil {
 		return nil, cleanup
 	}
-	r, err := d.result("snapshot", KindCube, p)
+	r, err := d.result("snapshot", report.KindCube, p)
 	if r != nil {
-		r.acts = &at
+		r.Acts = &at
 		if len(sizes) > 0 {
 			slices.Sort(sizes)
 			r.Notes = append(r.Notes, fmt.Sprintf("snapshot size (bytes its own files allocate), median of a chunk: %s; memory image: %v",
-				Bytes(sizes[len(sizes)/2]).MiB(), memory))
+				report.Bytes(sizes[len(sizes)/2]).MiB(), memory))
 		}
 	}
 	return r, err
@@ -116,7 +117,7 @@ func runSnapshot(ctx context.Context, e *Env, p Params) (*Result, error) {
 
 // runClone snapshots one sandbox, then times N CloneSandbox calls of count
 // sandboxes each (each call's clones are deleted before the next call).
-func runClone(ctx context.Context, e *Env, p Params, name string, count int) (*Result, error) {
+func runClone(ctx context.Context, e *Env, p report.Params, name string, count int) (*report.Result, error) {
 	ids, err := e.fill(ctx, name+": setup", 1, 1)
 	if err != nil {
 		return nil, err
@@ -125,7 +126,7 @@ func runClone(ctx context.Context, e *Env, p Params, name string, count int) (*R
 	if err != nil {
 		return nil, errors.Join(err, e.deleteAll(ctx, "cleanup", ids, 1))
 	}
-	var at actionTimes
+	var at report.ActionTimes
 	e.Progress.Start(name, p.N)
 	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
 		start := time.Now()
@@ -136,7 +137,7 @@ func runClone(ctx context.Context, e *Env, p Params, name string, count int) (*R
 		if err != nil {
 			return 0, err
 		}
-		at.add(resp.Timings)
+		addTimings(&at, resp.Timings)
 		var clones []string
 		for _, s := range resp.Sandboxes {
 			clones = append(clones, s.Id)
@@ -151,9 +152,9 @@ func runClone(ctx context.Context, e *Env, p Params, name string, count int) (*R
 	if cleanup != nil {
 		return nil, cleanup
 	}
-	r, err := d.result(name, KindCube, p)
+	r, err := d.result(name, report.KindCube, p)
 	if r != nil {
-		r.acts = &at
+		r.Acts = &at
 	}
 	return r, err
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 // Warm templates and pause to disk: what only runtimes with memory
@@ -102,28 +103,28 @@ func (e *Env) warmSnapshotFiles(ctx context.Context) (memDir, disk string, err e
 
 func init() {
 	Register(Scenario{
-		Name: "create-warm", Kind: KindCube,
+		Name: "create-warm", Kind: report.KindCube,
 		Help:      "create-to-ready from a warmed template (WarmTemplate once, untimed): a restore of its memory snapshot",
 		Baselines: []string{"runsc-restore", "qemu-incoming"},
-		Params:    func(o Options) Params { return Params{N: o.N1, Concurrency: 1} },
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     memoryRuntime,
 		Run:       runCreateWarm,
 	})
 	Register(Scenario{
-		Name: "pause-disk", Kind: KindCube,
+		Name: "pause-disk", Kind: report.KindCube,
 		Help:   "PauseSandbox mode DISK: memory image written, runtime stopped",
-		Params: func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.SnapshotN, Concurrency: 1} },
 		Probe:  memoryRuntime,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return pauseResumeDisk(ctx, e, p, "pause-disk")
 		},
 	})
 	Register(Scenario{
-		Name: "resume-disk", Kind: KindCube,
+		Name: "resume-disk", Kind: report.KindCube,
 		Help:   "ResumeSandbox of a sandbox paused to disk: restore until the agent answers",
-		Params: func(o Options) Params { return Params{N: o.SnapshotN, Concurrency: 1} },
+		Params: func(o report.Options) report.Params { return report.Params{N: o.SnapshotN, Concurrency: 1} },
 		Probe:  memoryRuntime,
-		Run: func(ctx context.Context, e *Env, p Params) (*Result, error) {
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 			return pauseResumeDisk(ctx, e, p, "resume-disk")
 		},
 	})
@@ -132,12 +133,12 @@ func init() {
 // runCreateWarm times creates from the warmed template, one at a time,
 // deleting each before the next (untimed). A create that was not served
 // warm fails the sample: it would be a cold boot under the wrong name.
-func runCreateWarm(ctx context.Context, e *Env, p Params) (*Result, error) {
+func runCreateWarm(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	w, err := e.warm(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var at actionTimes
+	var at report.ActionTimes
 	e.Progress.Start("create-warm", p.N)
 	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
 		start := time.Now()
@@ -152,19 +153,19 @@ func runCreateWarm(ctx context.Context, e *Env, p Params) (*Result, error) {
 		if !resp.Warm {
 			return 0, errors.Join(fmt.Errorf("create of %s was not served from the warm snapshot", resp.Sandbox.Id), derr)
 		}
-		at.add(resp.Timings)
+		addTimings(&at, resp.Timings)
 		return dur, derr
 	})
 	e.Progress.Finish()
-	r, err := d.result("create-warm", KindCube, p)
+	r, err := d.result("create-warm", report.KindCube, p)
 	if r != nil {
-		r.acts = &at
+		r.Acts = &at
 		r.Notes = append(r.Notes, fmt.Sprintf("WarmTemplate (boot + memory snapshot, untimed) took %s", w.took.Round(time.Millisecond)))
 	}
 	return r, err
 }
 
 // pauseResumeDisk is pauseResume with the memory written to disk.
-func pauseResumeDisk(ctx context.Context, e *Env, p Params, want string) (*Result, error) {
+func pauseResumeDisk(ctx context.Context, e *Env, p report.Params, want string) (*report.Result, error) {
 	return pauseCycles(ctx, e, p, want, pauseCycle{pause: "pause-disk", resume: "resume-disk", mode: pb.PauseMode_PAUSE_MODE_DISK})
 }

@@ -1,4 +1,4 @@
-package bench
+package node
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/agentapi"
@@ -27,46 +26,9 @@ import (
 // a VM needs the guest kernel and, under TCG, far more time to boot than
 // the default agent-ready timeout allows.
 
-// KnownRuntimes are the values --runtime accepts.
-var KnownRuntimes = []string{"runc", "gvisor", "vm"}
-
-// CheckRuntime rejects a runtime the bench does not know how to set up.
-func CheckRuntime(rt string) error {
-	for _, k := range KnownRuntimes {
-		if rt == k {
-			return nil
-		}
-	}
-	return fmt.Errorf("--runtime %q: want one of %v: %w", rt, KnownRuntimes, errdefs.ErrInvalidArgument)
-}
-
-// SmallDefaults shrinks the sample counts the user did not set for a slow
-// runtime (TCG boots take seconds, runsc delete over a second): the
-// anchor's 100 creates would take most of an hour. set says which flags
-// were given explicitly.
-func (o *Options) SmallDefaults(set map[string]bool) {
-	if o.Runtime == "" || o.Runtime == "runc" {
-		return
-	}
-	small := map[string]*int{"n": &o.N1, "n-c50": &o.N50, "concurrency": &o.Concurrency, "snapshot-n": &o.SnapshotN,
-		"density-n": &o.DensityN, "chunks": &o.Chunks}
-	want := map[string]int{"n": 5, "n-c50": 10, "concurrency": 4, "snapshot-n": 5, "density-n": 10, "chunks": 5}
-	for name, p := range small {
-		if !set[name] {
-			*p = want[name]
-		}
-	}
-	if !set["clone-count"] {
-		o.CloneCount = 10
-		if o.Runtime == "vm" {
-			o.CloneCount = 3 // three TCG guests fill two cores
-		}
-	}
-}
-
-// runtimeTOML is what a private node's config needs for rt; agentSock is
+// RuntimeTOML is what a private node's config needs for rt; agentSock is
 // the network-agent socket ("" when none runs).
-func runtimeTOML(rt, agentSock, guestDir string) string {
+func RuntimeTOML(rt, agentSock, guestDir string) string {
 	var b strings.Builder
 	if agentSock != "" {
 		fmt.Fprintf(&b, "[network]\nagent_socket = %q\nagent_timeout = \"60s\"\n", agentSock)
@@ -83,10 +45,10 @@ func runtimeTOML(rt, agentSock, guestDir string) string {
 	return b.String()
 }
 
-// guestDir returns a directory with the VM guest artifacts: want when
+// GuestDir returns a directory with the VM guest artifacts: want when
 // given, else the default place, else ones built into dir (the kernel
 // package comes from the cache hack/vm-guest keeps).
-func guestDir(ctx context.Context, want, dir string) (string, error) {
+func GuestDir(ctx context.Context, want, dir string) (string, error) {
 	if want != "" {
 		if _, err := vmguest.Load(want); err != nil {
 			return "", fmt.Errorf("--vm-guest-dir %s: %w", want, err)
@@ -103,9 +65,9 @@ func guestDir(ctx context.Context, want, dir string) (string, error) {
 	return out, nil
 }
 
-// netAgent is a network-agent served in-process for a private node, on
+// NetAgent is a network-agent served in-process for a private node, on
 // private directories, a random node CIDR and its own link prefix.
-type netAgent struct {
+type NetAgent struct {
 	a      *agent.Agent
 	prefix string
 	socket string
@@ -114,8 +76,8 @@ type netAgent struct {
 	served chan error
 }
 
-// startNetAgent starts it; its close purges every slot.
-func startNetAgent(ctx context.Context, runID, dir string, log *slog.Logger) (*netAgent, error) {
+// StartNetAgent starts it, for the node of run runID, in dir; its close purges every slot.
+func StartNetAgent(ctx context.Context, runID, dir string, log *slog.Logger) (*NetAgent, error) {
 	c := agent.Defaults()
 	c.Prefix = "b" + runID[:min(7, len(runID))]
 	c.RunDir, c.DataDir = filepath.Join(dir, "run"), filepath.Join(dir, "data")
@@ -140,7 +102,7 @@ func startNetAgent(ctx context.Context, runID, dir string, log *slog.Logger) (*n
 		return nil, fmt.Errorf("start network-agent: %w", err)
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	n := &netAgent{a: a, prefix: c.Prefix, socket: c.API.Socket, dir: dir, stop: cancel, served: make(chan error, 1)}
+	n := &NetAgent{a: a, prefix: c.Prefix, socket: c.API.Socket, dir: dir, stop: cancel, served: make(chan error, 1)}
 	go func() { n.served <- agentapi.Serve(sctx, a, log) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -150,18 +112,21 @@ func startNetAgent(ctx context.Context, runID, dir string, log *slog.Logger) (*n
 		select {
 		case err := <-n.served:
 			n.served <- err
-			return nil, errors.Join(fmt.Errorf("network-agent serve: %w", err), n.close(ctx))
+			return nil, errors.Join(fmt.Errorf("network-agent serve: %w", err), n.Close(ctx))
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, errors.Join(errors.New("network-agent socket did not appear within 10s"), n.close(ctx))
+			return nil, errors.Join(errors.New("network-agent socket did not appear within 10s"), n.Close(ctx))
 		}
 	}
 }
 
-// close stops serving and releases every slot and host rule; call it
+// Socket is the agent's API socket, for cubelet's [network] agent_socket.
+func (n *NetAgent) Socket() string { return n.socket }
+
+// Close stops serving and releases every slot and host rule; call it
 // after cubelet has stopped (its sandboxes gave their slots back).
-func (n *netAgent) close(ctx context.Context) error {
+func (n *NetAgent) Close(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	n.stop()
 	serr := <-n.served
@@ -174,8 +139,8 @@ func (n *netAgent) close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// scope is what the leak checker inspects for this agent.
-func (n *netAgent) scope() leakcheck.Scope {
+// Scope is what the leak checker inspects for this agent.
+func (n *NetAgent) Scope() leakcheck.Scope {
 	return leakcheck.Scope{NetPrefix: n.prefix, NetnsDir: filepath.Join(n.dir, "run", "netns")}
 }
 
@@ -188,9 +153,9 @@ func randomCIDR(bits int) string {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), bits).String()
 }
 
-// sweepRunsc deletes what a runsc root still holds (a safety net behind
+// SweepRunsc deletes what a runsc root still holds (a safety net behind
 // cubelet's own deletes, like Teardown's runc sweep).
-func sweepRunsc(ctx context.Context, root string) {
+func SweepRunsc(ctx context.Context, root string) {
 	if _, err := os.Stat(root); err != nil {
 		return
 	}

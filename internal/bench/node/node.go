@@ -1,12 +1,15 @@
-package bench
+// Package node starts and removes the private cubelet cube-bench drives
+// by default: a cubelet process on private data and run directories (its
+// own reflink pool, store, runc root, cgroup parent, socket and metrics
+// listener with pprof on) and, for the gvisor and vm runtimes, the
+// network-agent it needs (served in-process) and the VM guest. Nothing
+// of it is shared with a cubelet already on the host.
+package node
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,22 +21,14 @@ import (
 	"google.golang.org/grpc"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/raw"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/leakcheck"
-	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/storage"
 )
 
-// NewRunID returns a short random ID for a run (sandbox labels, cgroup
-// and directory names).
-func NewRunID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// NodeConfig says how to start a private cubelet.
-type NodeConfig struct {
+// Config says how to start a private cubelet.
+type Config struct {
 	RunID       string
 	BinDir      string // holds the cubelet and cube-agent binaries
 	Dir         string // everything the node makes lives under it
@@ -60,9 +55,9 @@ type Node struct {
 	Client pb.CubeletServiceClient
 }
 
-// StartNode writes a config and starts cubelet, returning once its API
+// Start writes a config and starts cubelet, returning once its API
 // answers.
-func StartNode(ctx context.Context, cfg NodeConfig) (n *Node, err error) {
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	bin := filepath.Join(cfg.BinDir, "cubelet")
 	agent := filepath.Join(cfg.BinDir, "cube-agent")
 	for _, f := range []string{bin, agent} {
@@ -143,7 +138,7 @@ agent_binary = %q
 		select {
 		case werr := <-n.exited:
 			n.exited <- werr
-			return n, fmt.Errorf("cubelet exited during start-up (%v): %s", werr, tail(filepath.Join(cfg.Dir, "cubelet.log")))
+			return n, fmt.Errorf("cubelet exited during start-up (%v): %s", werr, raw.Tail(filepath.Join(cfg.Dir, "cubelet.log")))
 		case <-ctx.Done():
 			return n, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
@@ -212,36 +207,17 @@ func (n *Node) Teardown(ctx context.Context) error {
 		errs = append(errs, storage.UnmountDisk(ctx, filepath.Join(n.RunDir, "sandboxes", ent.Name(), "rootfs"),
 			filepath.Join(pool, "sandboxes", ent.Name(), "disk.img")))
 	}
-	errs = append(errs, removeCgroupTree("/"+n.CgroupParent))
+	errs = append(errs, raw.RemoveCgroupTree("/"+n.CgroupParent))
 	// Only a mounted pool: opening an unmounted one would make a new image.
 	if mounted, _ := storage.IsMounted(pool); mounted {
 		if p, err := storage.OpenPool(ctx, storage.PoolConfig{Dir: pool, ImageSizeBytes: 1 << 30}); err == nil {
-			errs = append(errs, p.Teardown(ctx), waitLoopGone(pool+".img", 10*time.Second))
+			errs = append(errs, p.Teardown(ctx), raw.WaitLoopGone(pool+".img", 10*time.Second))
 		}
 	}
 	if err := os.RemoveAll(n.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// waitLoopGone waits until no loop device is backed by image. A pool's
-// loop device outlives its unmount for a moment when sandbox disks inside
-// it were unmounted just before: the kernel releases their loop devices
-// asynchronously, and until then the pool is busy, so its teardown could
-// only switch its device to autoclear.
-func waitLoopGone(image string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		devs, err := loopdev.FindByBacking(image)
-		if err != nil || len(devs) == 0 {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("loop device %s still backed by %s after %s", devs[0].Path, image, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func freePort() (string, error) {
@@ -251,17 +227,4 @@ func freePort() (string, error) {
 	}
 	addr := l.Addr().String()
 	return addr, l.Close()
-}
-
-func tail(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	b, _ := io.ReadAll(f)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
 }

@@ -1,4 +1,4 @@
-package bench
+package raw
 
 import (
 	"bufio"
@@ -13,22 +13,22 @@ import (
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
-// cgroupMount is one mounted cgroup hierarchy.
-type cgroupMount struct {
-	dir         string
-	v2          bool
-	controllers []string // v1: the controllers (and name=...) of the hierarchy
+// CgroupMount is one mounted cgroup hierarchy.
+type CgroupMount struct {
+	Dir         string
+	V2          bool
+	Controllers []string // v1: the controllers (and name=...) of the hierarchy
 }
 
-// cgroupMounts lists every cgroup hierarchy from mountinfo, so hybrid,
+// CgroupMounts lists every cgroup hierarchy from mountinfo, so hybrid,
 // pure v1 and pure v2 hosts are handled by the same code.
-func cgroupMounts() ([]cgroupMount, error) {
+func CgroupMounts() ([]CgroupMount, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var out []cgroupMount
+	var out []CgroupMount
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -41,7 +41,7 @@ func cgroupMounts() ([]cgroupMount, error) {
 		}
 		switch qf[0] {
 		case "cgroup2":
-			out = append(out, cgroupMount{dir: pf[4], v2: true})
+			out = append(out, CgroupMount{Dir: pf[4], V2: true})
 		case "cgroup":
 			var ctrls []string
 			for _, o := range strings.Split(qf[2], ",") {
@@ -49,17 +49,17 @@ func cgroupMounts() ([]cgroupMount, error) {
 					ctrls = append(ctrls, o)
 				}
 			}
-			out = append(out, cgroupMount{dir: pf[4], controllers: ctrls})
+			out = append(out, CgroupMount{Dir: pf[4], Controllers: ctrls})
 		}
 	}
 	return out, sc.Err()
 }
 
-// cgroupDir returns where the cgroup of pid for controller lives: a v1
+// CgroupDir returns where the cgroup of pid for controller lives: a v1
 // hierarchy carrying controller, else the v2 hierarchy. ok is false when
 // neither exists.
-func cgroupDir(pid int, controller string) (dir string, v2 bool, err error) {
-	mounts, err := cgroupMounts()
+func CgroupDir(pid int, controller string) (dir string, v2 bool, err error) {
+	mounts, err := CgroupMounts()
 	if err != nil {
 		return "", false, err
 	}
@@ -83,26 +83,26 @@ func cgroupDir(pid int, controller string) (dir string, v2 bool, err error) {
 		}
 	}
 	for _, m := range mounts {
-		if m.v2 {
+		if m.V2 {
 			continue
 		}
-		for _, c := range m.controllers {
+		for _, c := range m.Controllers {
 			if p, ok := v1[c]; ok && c == controller {
-				return filepath.Join(m.dir, p), false, nil
+				return filepath.Join(m.Dir, p), false, nil
 			}
 		}
 	}
 	for _, m := range mounts {
-		if m.v2 && v2path != "" {
-			return filepath.Join(m.dir, v2path), true, nil
+		if m.V2 && v2path != "" {
+			return filepath.Join(m.Dir, v2path), true, nil
 		}
 	}
 	return "", false, fmt.Errorf("no %s cgroup for pid %d", controller, pid)
 }
 
-// removeCgroupTree removes cgroupPath and the cgroups directly under it,
+// RemoveCgroupTree removes cgroupPath and the cgroups directly under it,
 // in every hierarchy.
-func removeCgroupTree(cgroupPath string) error {
+func RemoveCgroupTree(cgroupPath string) error {
 	dirs, err := cgroups.Dirs(cgroupPath)
 	if err != nil {
 		return err
@@ -125,8 +125,8 @@ func removeCgroupTree(cgroupPath string) error {
 	return errors.Join(append(errs, err)...)
 }
 
-// cgroupProcs lists the PIDs in a cgroup directory.
-func cgroupProcs(dir string) ([]int, error) {
+// CgroupProcs lists the PIDs in a cgroup directory.
+func CgroupProcs(dir string) ([]int, error) {
 	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return nil, err
@@ -140,26 +140,30 @@ func cgroupProcs(dir string) ([]int, error) {
 	return pids, nil
 }
 
-// freezer is the freezer of one cgroup: v1 freezer.state or v2
-// cgroup.freeze. freeze and thaw return once the kernel reports the new
+// Freezer is the freezer of one cgroup: v1 freezer.state or v2
+// cgroup.freeze. Freeze and Thaw return once the kernel reports the new
 // state, which is when `runc pause` returns too.
-type freezer struct {
+type Freezer struct {
 	dir string
 	v2  bool
 }
 
-func freezerOf(pid int) (*freezer, error) {
-	dir, v2, err := cgroupDir(pid, "freezer")
+// FreezerOf is the freezer of pid's cgroup.
+func FreezerOf(pid int) (*Freezer, error) {
+	dir, v2, err := CgroupDir(pid, "freezer")
 	if err != nil {
 		return nil, err
 	}
-	return &freezer{dir: dir, v2: v2}, nil
+	return &Freezer{dir: dir, v2: v2}, nil
 }
 
-func (f *freezer) freeze() error { return f.set(true) }
-func (f *freezer) thaw() error   { return f.set(false) }
+// Freeze freezes the cgroup and waits until the kernel reports it frozen.
+func (f *Freezer) Freeze() error { return f.set(true) }
 
-func (f *freezer) set(frozen bool) error {
+// Thaw thaws the cgroup and waits until the kernel reports it thawed.
+func (f *Freezer) Thaw() error { return f.set(false) }
+
+func (f *Freezer) set(frozen bool) error {
 	file, val, stateFile := "freezer.state", "FROZEN", "freezer.state"
 	if !frozen {
 		val = "THAWED"

@@ -1,4 +1,4 @@
-package bench
+package raw
 
 import (
 	"context"
@@ -26,30 +26,13 @@ import (
 // reported the migration completed and the VM was continued. What it
 // leaves out of a create: cgroup, network slot, state store, reinit.
 
-const qemuBinary = "qemu-system-x86_64"
+// QemuBinary is the QEMU the raw restore runs.
+const QemuBinary = "qemu-system-x86_64"
 
-func runQemuIncoming(ctx context.Context, e *Env, p Params) (*Result, error) {
-	mem, disk, err := e.warmSnapshotFiles(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// In the pool (FICLONE needs the same filesystem), outside the
-	// directories cubelet owns in it.
-	dir, err := os.MkdirTemp(filepath.Join(e.node.DataDir, "pool"), "bench-raw-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	e.Progress.Start("qemu-incoming", p.N)
-	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, i int) (time.Duration, error) {
-		return rawIncoming(ctx, mem, disk, filepath.Join(dir, fmt.Sprint(i)), uint32(1000+i))
-	})
-	e.Progress.Finish()
-	return d.result("qemu-incoming", KindBaseline, p)
-}
-
-// rawIncoming is one timed raw restore in work (removed at the end).
-func rawIncoming(ctx context.Context, mem, disk, work string, cid uint32) (took time.Duration, err error) {
+// Incoming is one timed raw restore of the VM snapshot in mem with a
+// FICLONE of disk, in work (removed at the end); cid is the vsock CID
+// the guest gets where the snapshot has vsock.
+func Incoming(ctx context.Context, mem, disk, work string, cid uint32) (took time.Duration, err error) {
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return 0, err
 	}
@@ -69,12 +52,12 @@ func rawIncoming(ctx context.Context, mem, disk, work string, cid uint32) (took 
 	start := time.Now()
 	// unshare --net: a namespace of its own for the TAP; it lives as long
 	// as the daemonized QEMU does.
-	cmd := exec.CommandContext(ctx, "unshare", append([]string{"--net", "--", qemuBinary}, args...)...)
+	cmd := exec.CommandContext(ctx, "unshare", append([]string{"--net", "--", QemuBinary}, args...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("qemu -incoming: %w: %s %s", err, out, tail(f.Log))
+		return 0, fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
 	}
 	if err := vm.WaitIncoming(ctx, f.QMP, true); err != nil {
-		return 0, fmt.Errorf("%w: %s", err, tail(f.Log))
+		return 0, fmt.Errorf("%w: %s", err, Tail(f.Log))
 	}
 	c := agentchan.SerialClient(f.Agent)
 	if f.VsockCID != 0 {
@@ -132,7 +115,7 @@ func killQemu(pidFile string) error {
 		// Not our child (it daemonized): poll until the PID is gone or
 		// reused by something that is not this QEMU.
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !containsQemu(b) {
+		if err != nil || !IsQemu(b) {
 			return nil //nolint:nilerr // no /proc entry: the PID is gone
 		}
 		if time.Now().After(deadline) {
@@ -142,8 +125,9 @@ func killQemu(pidFile string) error {
 	}
 }
 
-func containsQemu(cmdline []byte) bool {
-	return len(cmdline) > 0 && filepath.Base(string(cmdline[:clen(cmdline)])) == qemuBinary
+// IsQemu reports whether cmdline (/proc/<pid>/cmdline) runs QemuBinary.
+func IsQemu(cmdline []byte) bool {
+	return len(cmdline) > 0 && filepath.Base(string(cmdline[:clen(cmdline)])) == QemuBinary
 }
 
 func clen(b []byte) int {

@@ -1,11 +1,8 @@
-package bench
+package report
 
 import (
-	"fmt"
 	"sync"
 	"time"
-
-	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 )
 
 // ActionStat is the latency of one workflow action inside cubelet, from
@@ -17,14 +14,17 @@ type ActionStat struct {
 	Latency Summary `json:"latency"`
 }
 
-// actionTimes collects ActionTimings across the calls of a scenario.
-type actionTimes struct {
+// ActionTimes collects action timings across the calls of a scenario,
+// keyed flow/step/action, in the order first seen. A nil *ActionTimes
+// ignores what it is given.
+type ActionTimes struct {
 	mu    sync.Mutex
 	m     map[string][]time.Duration
 	order []string
 }
 
-func (a *actionTimes) add(ts []*pb.ActionTiming) {
+// Add records one timing of the action key.
+func (a *ActionTimes) Add(key string, d time.Duration) {
 	if a == nil {
 		return
 	}
@@ -33,20 +33,14 @@ func (a *actionTimes) add(ts []*pb.ActionTiming) {
 	if a.m == nil {
 		a.m = map[string][]time.Duration{}
 	}
-	for _, t := range ts {
-		if t.Phase != "" && t.Phase != "do" {
-			continue // undo timings belong to failed calls
-		}
-		k := fmt.Sprintf("%s/%d/%s", t.Flow, t.Step, t.Action)
-		if _, ok := a.m[k]; !ok {
-			a.order = append(a.order, k)
-		}
-		a.m[k] = append(a.m[k], t.Duration.AsDuration())
+	if _, ok := a.m[key]; !ok {
+		a.order = append(a.order, key)
 	}
+	a.m[key] = append(a.m[key], d)
 }
 
-// merge adds o's timings (o may be nil).
-func (a *actionTimes) merge(o *actionTimes) {
+// Merge adds o's timings (o may be nil).
+func (a *ActionTimes) Merge(o *ActionTimes) {
 	if o == nil {
 		return
 	}
@@ -65,7 +59,8 @@ func (a *actionTimes) merge(o *actionTimes) {
 	}
 }
 
-func (a *actionTimes) stats() []ActionStat {
+// Stats summarises each action's timings.
+func (a *ActionTimes) Stats() []ActionStat {
 	if a == nil {
 		return nil
 	}

@@ -1,9 +1,31 @@
-package bench
+package report
 
 import (
 	"fmt"
 	"time"
 )
+
+// Kind says whose code a scenario measures.
+type Kind string
+
+const (
+	// KindCube scenarios drive cubelet through its gRPC API.
+	KindCube Kind = "cube"
+	// KindBaseline scenarios time the raw building block a cube scenario
+	// is compared with (bare runc, podman, the cgroup freezer), in the
+	// same run and on the same rootfs.
+	KindBaseline Kind = "baseline"
+)
+
+// Params are the size of one run of a scenario.
+type Params struct {
+	N           int `json:"n"`
+	Concurrency int `json:"concurrency"`
+}
+
+// KeepErrors is how many failures (and distinct notes of merged chunks)
+// a result keeps for the report.
+const KeepErrors = 3
 
 // Result is the outcome of one scenario run.
 type Result struct {
@@ -30,32 +52,28 @@ type Result struct {
 	// Profiles are the files written for this scenario.
 	Profiles []string `json:"profiles,omitempty"`
 
-	samples []time.Duration
-	acts    *actionTimes // raw action timings behind Actions
+	// Samples are the raw latencies behind Latency; Acts the raw action
+	// timings behind Actions. Neither is reported.
+	Samples []time.Duration `json:"-"`
+	Acts    *ActionTimes    `json:"-"`
 }
 
-func (b batch) result(name string, kind Kind, p Params) *Result {
-	r := timed(name, kind, p, b.samples, 0, 0)
-	r.acts = b.acts
-	return r
-}
-
-// finish computes what is derived from the raw samples.
-func (r *Result) finish() {
-	if r.acts != nil {
-		r.Actions = r.acts.stats()
+// Finish computes what is derived from the raw samples.
+func (r *Result) Finish() {
+	if r.Acts != nil {
+		r.Actions = r.Acts.Stats()
 	}
 	if r.Error == "" && r.Latency != nil && r.Latency.N == 0 && r.Failed > 0 {
 		r.Error = fmt.Sprintf("all %d operations failed", r.Failed)
 	}
 }
 
-// mergeResults joins the chunks of one interleaved scenario into one
-// Result. A chunk that failed fails the whole.
-func mergeResults(s *Scenario, p Params, parts []*Result) *Result {
-	out := &Result{Scenario: s.Name, Kind: s.Kind, Params: p}
+// Merge joins the chunks of one interleaved scenario into one Result. A
+// chunk that failed fails the whole.
+func Merge(name string, kind Kind, p Params, parts []*Result) *Result {
+	out := &Result{Scenario: name, Kind: kind, Params: p}
 	var samples []time.Duration
-	acts := &actionTimes{}
+	acts := &ActionTimes{}
 	notes := map[string]bool{}
 	for _, r := range parts {
 		switch {
@@ -66,19 +84,19 @@ func mergeResults(s *Scenario, p Params, parts []*Result) *Result {
 			out.Skipped = r.Skipped
 			return out
 		}
-		samples = append(samples, r.samples...)
+		samples = append(samples, r.Samples...)
 		out.Failed += r.Failed
 		out.Wall += r.Wall
-		acts.merge(r.acts)
+		acts.Merge(r.Acts)
 		for _, n := range r.Notes {
-			if !notes[n] && len(notes) < keepErrors+1 {
+			if !notes[n] && len(notes) < KeepErrors+1 {
 				notes[n] = true
 				out.Notes = append(out.Notes, n)
 			}
 		}
 	}
 	sum := Summarize(samples)
-	out.Latency, out.samples, out.acts = &sum, samples, acts
+	out.Latency, out.Samples, out.Acts = &sum, samples, acts
 	if len(parts) > 1 {
 		out.Notes = append(out.Notes, fmt.Sprintf("measured in %d chunks interleaved with its baselines (--chunks)", len(parts)))
 	}
@@ -98,14 +116,14 @@ type Comparison struct {
 	Skipped  string        `json:"skipped,omitempty"`
 }
 
-// timed builds a Result from latency samples.
-func timed(name string, kind Kind, p Params, samples []time.Duration, failed int, wall time.Duration) *Result {
+// Timed builds a Result from latency samples.
+func Timed(name string, kind Kind, p Params, samples []time.Duration, failed int, wall time.Duration) *Result {
 	s := Summarize(samples)
-	return &Result{Scenario: name, Kind: kind, Params: p, Latency: &s, Failed: failed, Wall: wall, samples: samples}
+	return &Result{Scenario: name, Kind: kind, Params: p, Latency: &s, Failed: failed, Wall: wall, Samples: samples}
 }
 
-// compare fills a Comparison of ours against base.
-func compare(ours, base *Result) Comparison {
+// Compare fills a Comparison of ours against base.
+func Compare(ours, base *Result) Comparison {
 	c := Comparison{Baseline: base.Scenario}
 	switch {
 	case base.Skipped != "":

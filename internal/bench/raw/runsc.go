@@ -1,9 +1,8 @@
-package bench
+package raw
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,13 +13,12 @@ import (
 	"syscall"
 	"time"
 
-	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/runtime/gvisor"
 )
 
 // runsc-restore: the floor under a gVisor create from a warm template.
-// Setup (untimed) creates a sandbox from the warmed template through
+// Setup (untimed, package bench) creates a sandbox from the warmed template through
 // cubelet, which gives it what a sandbox has — its disk (a clone of the
 // warm snapshot's), network slot, bundle — then removes its runsc
 // sandbox with a bare `runsc delete --force` and gives the slot's
@@ -32,45 +30,23 @@ import (
 // sandbox through cubelet. Left out of a create: disk clone, rootfs mount,
 // slot, state store, reinit.
 
-const runscBinary = "runsc"
+// RunscBinary is the runsc the raw restore runs.
+const RunscBinary = "runsc"
 
-// runscPlatform is what the bench's private node runs runsc with (the
+// RunscPlatform is what the bench's private node runs runsc with (the
 // [gvisor] default); the raw restore must use the same.
-const runscPlatform = "ptrace"
+const RunscPlatform = "ptrace"
 
-func runRunscRestore(ctx context.Context, e *Env, p Params) (*Result, error) {
-	mem, _, err := e.warmSnapshotFiles(ctx)
-	if err != nil {
-		return nil, err
+// RunscRestore replaces the runsc sandbox of cubelet's sandbox id (under
+// runsc root root, reachable at hostIP, its network slot's address) by a
+// bare restore of the image in mem and times it to the agent's first
+// /health.
+func RunscRestore(ctx context.Context, root, mem, id, hostIP string) (time.Duration, error) {
+	if hostIP == "" {
+		return 0, fmt.Errorf("sandbox %s has no network slot address", id)
 	}
-	w, err := e.warm(ctx)
-	if err != nil {
-		return nil, err
-	}
-	root := filepath.Join(e.node.RunDir, "runsc")
-	e.Progress.Start("runsc-restore", p.N)
-	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
-		resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
-			TemplateId: w.id, Runtime: "gvisor", Labels: map[string]string{LabelKey: e.RunID},
-		})
-		if err != nil {
-			return 0, fmt.Errorf("setup create: %w", err)
-		}
-		took, err := rawRunscRestore(ctx, root, mem, resp.Sandbox)
-		return took, errors.Join(err, e.deleteAll(ctx, "", []string{resp.Sandbox.Id}, 1))
-	})
-	e.Progress.Finish()
-	return d.result("runsc-restore", KindBaseline, p)
-}
-
-// rawRunscRestore replaces sandbox sb's runsc sandbox by a bare restore
-// of the image in mem and times it to the agent's first /health.
-func rawRunscRestore(ctx context.Context, root, mem string, sb *pb.Sandbox) (time.Duration, error) {
-	if sb.Network == nil || sb.Network.HostIp == "" {
-		return 0, fmt.Errorf("sandbox %s has no network slot address", sb.Id)
-	}
-	rid := gvisor.RunscID(sb.Id)
-	out, err := exec.CommandContext(ctx, runscBinary, "--root", root, "state", rid).Output()
+	rid := gvisor.RunscID(id)
+	out, err := exec.CommandContext(ctx, RunscBinary, "--root", root, "state", rid).Output()
 	if err != nil {
 		return 0, fmt.Errorf("runsc state %s: %w", rid, err)
 	}
@@ -80,15 +56,15 @@ func rawRunscRestore(ctx context.Context, root, mem string, sb *pb.Sandbox) (tim
 	if err := json.Unmarshal(out, &st); err != nil || st.Bundle == "" {
 		return 0, fmt.Errorf("runsc state %s: no bundle in %q: %v", rid, out, err)
 	}
-	if out, err := exec.CommandContext(ctx, runscBinary, "--root", root, "delete", "--force", rid).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, RunscBinary, "--root", root, "delete", "--force", rid).CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("runsc delete %s: %w: %s", rid, err, out)
 	}
 	// As the driver's Stop does: runsc took the slot's addresses.
 	if err := gvisor.RawGiveBackNet(st.Bundle); err != nil {
-		return 0, fmt.Errorf("give the netns of %s its addresses back: %w", sb.Id, err)
+		return 0, fmt.Errorf("give the netns of %s its addresses back: %w", id, err)
 	}
 	logFile := filepath.Join(st.Bundle, "runsc-raw.log")
-	bin, args, err := gvisor.RawRestore(runscBinary, root, runscPlatform, st.Bundle, mem, sb.Id, logFile)
+	bin, args, err := gvisor.RawRestore(RunscBinary, root, RunscPlatform, st.Bundle, mem, id, logFile)
 	if err != nil {
 		return 0, err
 	}
@@ -102,17 +78,17 @@ func rawRunscRestore(ctx context.Context, root, mem string, sb *pb.Sandbox) (tim
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("runsc restore %s: %w: %s", rid, err, tail(logFile))
+		return 0, fmt.Errorf("runsc restore %s: %w: %s", rid, err, Tail(logFile))
 	}
-	wake := append(gvisor.RawGlobal(root, runscPlatform, st.Bundle, ""), gvisor.RawWake(sb.Id)...)
-	url := "http://" + net.JoinHostPort(sb.Network.HostIp, strconv.Itoa(agentproto.Port)) + "/health"
+	wake := append(gvisor.RawGlobal(root, RunscPlatform, st.Bundle, ""), gvisor.RawWake(id)...)
+	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(agentproto.Port)) + "/health"
 	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 	deadline := time.Now().Add(60 * time.Second)
 	var lastWake time.Time
 	var last error
 	for time.Now().Before(deadline) {
 		if time.Since(lastWake) >= time.Second {
-			if out, err := exec.CommandContext(ctx, runscBinary, wake...).CombinedOutput(); err != nil {
+			if out, err := exec.CommandContext(ctx, RunscBinary, wake...).CombinedOutput(); err != nil {
 				return 0, fmt.Errorf("wake agent: %w: %s", err, out)
 			}
 			lastWake = time.Now()
@@ -125,7 +101,7 @@ func rawRunscRestore(ctx context.Context, root, mem string, sb *pb.Sandbox) (tim
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	return 0, fmt.Errorf("agent of %s did not answer /health within 60s: %v", sb.Id, last)
+	return 0, fmt.Errorf("agent of %s did not answer /health within 60s: %v", id, last)
 }
 
 func getOK(ctx context.Context, c *http.Client, url string) error {

@@ -1,4 +1,13 @@
-package bench
+// Package raw runs the building blocks cubelet stands on bare, without
+// cubelet, so that cube-bench can time them next to cubelet's own
+// operations: `runc run -d` of the agent on a rootfs prepared the way
+// cubelet prepares one, `runc pause|resume|delete`, the cgroup freezer,
+// `podman run`, `runsc restore` of a checkpoint and QEMU `-incoming` of a
+// memory snapshot, each until the agent answers /health the way cubelet
+// waits for it. It also holds the host-level helpers (cgroup hierarchies,
+// loop devices) the bench uses to measure and to clean up. It knows
+// nothing of scenarios or reports: package bench times what it runs.
+package raw
 
 import (
 	"context"
@@ -29,14 +38,14 @@ import (
 	"github.com/cubesandbox/cube/internal/template"
 )
 
-// rawNode is the bench's own minimal node for the raw runc baselines: a
+// Runc is the bench's own minimal node for the raw runc baselines: a
 // reflink pool of its own (a loop-mounted XFS image, like cubelet's), a
 // template image built from the same OCI image and agent binary as
 // cubelet's template, a runc root and a cgroup parent. Each baseline
 // container gets a fresh FICLONE of that image loop-mounted as its rootfs,
 // prepared before the clock starts: the baseline times runc and the agent,
 // on a rootfs in exactly the state cubelet gives its sandboxes.
-type rawNode struct {
+type Runc struct {
 	dir          string
 	runc         string
 	runcRoot     string
@@ -47,45 +56,36 @@ type rawNode struct {
 	seq          atomic.Int64
 }
 
-// rawBox is one bare runc container of the agent.
-type rawBox struct {
-	n      *rawNode
-	id     string
+// Box is one bare runc container of the agent.
+type Box struct {
+	n      *Runc
+	ID     string
 	disk   string
 	rootfs string
 	bundle string
 	cgroup string
-	pid    int
+	// PID is the host PID of the container's PID 1, once started.
+	PID int
 }
 
-// raw sets the raw node up once per Env.
-func (e *Env) raw(ctx context.Context) (*rawNode, error) {
-	e.rawOnce.Do(func() { e.rawNode, e.rawErr = e.newRawNode(ctx) })
-	return e.rawNode, e.rawErr
-}
-
-func (e *Env) newRawNode(ctx context.Context) (*rawNode, error) {
+// NewRunc sets up a raw runc node in dir (which it removes on Close),
+// with its containers under cgroupParent and its template image imported
+// from imageLayout with agentBinary.
+func NewRunc(ctx context.Context, dir, cgroupParent, imageLayout, agentBinary string) (*Runc, error) {
 	bin, err := exec.LookPath("runc")
 	if err != nil {
-		return nil, skipf("runc is not installed")
-	}
-	if e.Opts.ImageLayout == "" || e.Opts.AgentBinary == "" {
-		return nil, skipf("raw baselines need the busybox image layout and the cube-agent binary")
-	}
-	dir, err := e.scratch("raw")
-	if err != nil {
-		return nil, err
+		return nil, errors.New("runc is not installed")
 	}
 	defCfg, err := config.Parse(nil)
 	if err != nil {
 		return nil, err
 	}
 	d := defCfg.Sandbox
-	n := &rawNode{
+	n := &Runc{
 		dir:          dir,
 		runc:         bin,
 		runcRoot:     filepath.Join(dir, "runc"),
-		cgroupParent: "cube-bench-raw-" + e.RunID,
+		cgroupParent: cgroupParent,
 		defaults:     runtime.Limits{MilliCPU: d.DefaultMilliCPU, MemoryMiB: d.DefaultMemoryMiB, Pids: d.DefaultPids},
 	}
 	n.pool, err = storage.OpenPool(ctx, storage.PoolConfig{Dir: filepath.Join(dir, "pool"), ImageSizeBytes: 8 << 30})
@@ -95,26 +95,32 @@ func (e *Env) newRawNode(ctx context.Context) (*rawNode, error) {
 	}
 	n.image = filepath.Join(n.pool.Dir(), "templates", "raw", "rootfs.img")
 	if err := os.MkdirAll(filepath.Dir(n.image), 0o755); err != nil {
-		return nil, errors.Join(err, n.close(ctx))
+		return nil, errors.Join(err, n.Close(ctx))
 	}
 	// The same importer, image and agent as cubelet's template, with
 	// cubelet's default headroom, so both rootfs images are alike.
 	if _, err := template.Import(ctx, template.ImportRequest{
-		Source: e.Opts.ImageLayout, AgentBinary: e.Opts.AgentBinary,
+		Source: imageLayout, AgentBinary: agentBinary,
 		HeadroomMiB: defCfg.Storage.TemplateHeadroomMiB, Output: n.image,
 	}, nil); err != nil {
-		return nil, errors.Join(fmt.Errorf("raw baseline template: %w", err), n.close(ctx))
+		return nil, errors.Join(fmt.Errorf("raw baseline template: %w", err), n.Close(ctx))
 	}
 	return n, nil
 }
 
-// prepare clones and mounts a rootfs and writes the bundle: everything
+// PoolDir is the node's reflink pool (FICLONE works within it).
+func (n *Runc) PoolDir() string { return n.pool.Dir() }
+
+// Image is the node's template rootfs image, in the pool.
+func (n *Runc) Image() string { return n.image }
+
+// Prepare clones and mounts a rootfs and writes the bundle: everything
 // before `runc run`, untimed.
-func (n *rawNode) prepare(ctx context.Context) (b *rawBox, err error) {
+func (n *Runc) Prepare(ctx context.Context) (b *Box, err error) {
 	id := fmt.Sprintf("raw-%d", n.seq.Add(1))
-	b = &rawBox{
+	b = &Box{
 		n:      n,
-		id:     id,
+		ID:     id,
 		disk:   filepath.Join(n.pool.Dir(), "sandboxes", id, "disk.img"),
 		rootfs: filepath.Join(n.dir, "run", "sandboxes", id, "rootfs"),
 		bundle: filepath.Join(n.dir, "run", "sandboxes", id, "bundle"),
@@ -122,7 +128,7 @@ func (n *rawNode) prepare(ctx context.Context) (b *rawBox, err error) {
 	}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, b.destroy(context.WithoutCancel(ctx)))
+			err = errors.Join(err, b.Destroy(context.WithoutCancel(ctx)))
 		}
 	}()
 	if err := n.pool.Clone(ctx, n.image, b.disk); err != nil {
@@ -158,31 +164,31 @@ func (n *rawNode) prepare(ctx context.Context) (b *rawBox, err error) {
 	return b, os.WriteFile(filepath.Join(b.bundle, "config.json"), data, 0o600)
 }
 
-// start is the bare `runc run -d`; it returns PID 1's host PID.
-func (b *rawBox) start(ctx context.Context) (int, error) {
+// Start is the bare `runc run -d`; it returns PID 1's host PID.
+func (b *Box) Start(ctx context.Context) (int, error) {
 	console, err := os.OpenFile(filepath.Join(b.bundle, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return 0, err
 	}
 	defer console.Close()
 	pidFile := filepath.Join(b.bundle, "init.pid")
-	cmd := exec.CommandContext(ctx, b.n.runc, "--root", b.n.runcRoot, "run", "-d", "--pid-file", pidFile, "--bundle", b.bundle, b.id)
+	cmd := exec.CommandContext(ctx, b.n.runc, "--root", b.n.runcRoot, "run", "-d", "--pid-file", pidFile, "--bundle", b.bundle, b.ID)
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(console.Name())
-		return 0, fmt.Errorf("runc run %s: %w: %s", b.id, err, lastLine(log))
+		return 0, fmt.Errorf("runc run %s: %w: %s", b.ID, err, lastLine(log))
 	}
 	pid, err := readPidFile(pidFile)
 	if err != nil {
 		return 0, err
 	}
-	b.pid = pid
+	b.PID = pid
 	return pid, nil
 }
 
-// runcCmd runs one runc verb on the box.
-func (b *rawBox) runcCmd(ctx context.Context, args ...string) error {
+// Runc runs one runc verb on the box.
+func (b *Box) Runc(ctx context.Context, args ...string) error {
 	full := append([]string{"--root", b.n.runcRoot}, args...)
 	out, err := exec.CommandContext(ctx, b.n.runc, full...).CombinedOutput()
 	if err != nil {
@@ -191,12 +197,12 @@ func (b *rawBox) runcCmd(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// destroy removes everything prepare and start made; safe to call on a
+// Destroy removes everything Prepare and Start made; safe to call on a
 // half-prepared box and twice.
-func (b *rawBox) destroy(ctx context.Context) error {
+func (b *Box) Destroy(ctx context.Context) error {
 	var errs []error
-	if _, err := os.Stat(filepath.Join(b.n.runcRoot, b.id)); err == nil {
-		errs = append(errs, b.runcCmd(ctx, "delete", "--force", b.id))
+	if _, err := os.Stat(filepath.Join(b.n.runcRoot, b.ID)); err == nil {
+		errs = append(errs, b.Runc(ctx, "delete", "--force", b.ID))
 	}
 	_, err := cgroups.Remove(b.cgroup, 2*time.Second)
 	errs = append(errs, err)
@@ -210,14 +216,14 @@ func (b *rawBox) destroy(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// close removes whatever containers are left, the pool and the directory.
-func (n *rawNode) close(ctx context.Context) error {
+// Close removes whatever containers are left, the pool and the directory.
+func (n *Runc) Close(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if ents, err := os.ReadDir(n.runcRoot); err == nil {
 		for _, ent := range ents {
-			b := &rawBox{n: n, id: ent.Name()}
-			errs = append(errs, b.runcCmd(ctx, "delete", "--force", ent.Name()))
+			b := &Box{n: n, ID: ent.Name()}
+			errs = append(errs, b.Runc(ctx, "delete", "--force", ent.Name()))
 		}
 	}
 	if ents, err := os.ReadDir(filepath.Join(n.dir, "run", "sandboxes")); err == nil {
@@ -226,9 +232,9 @@ func (n *rawNode) close(ctx context.Context) error {
 			errs = append(errs, storage.UnmountDisk(ctx, rootfs, filepath.Join(n.pool.Dir(), "sandboxes", ent.Name(), "disk.img")))
 		}
 	}
-	errs = append(errs, removeCgroupTree("/"+n.cgroupParent))
+	errs = append(errs, RemoveCgroupTree("/"+n.cgroupParent))
 	if n.pool != nil {
-		errs = append(errs, n.pool.Teardown(ctx), waitLoopGone(n.pool.Dir()+".img", 10*time.Second))
+		errs = append(errs, n.pool.Teardown(ctx), WaitLoopGone(n.pool.Dir()+".img", 10*time.Second))
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		errs = append(errs, err)
@@ -236,9 +242,9 @@ func (n *rawNode) close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// scope is what the leak checker inspects for the raw node: the same
+// Scope is what the leak checker inspects for the raw node: the same
 // layout as a cubelet's (pool/sandboxes, run/sandboxes, runc root).
-func (n *rawNode) scope() leakcheck.Scope {
+func (n *Runc) Scope() leakcheck.Scope {
 	pool := n.pool.Dir()
 	return leakcheck.Scope{
 		DataDir: n.dir, RunDir: filepath.Join(n.dir, "run"), RuncRoot: n.runcRoot, CgroupName: n.cgroupParent,
@@ -267,26 +273,9 @@ func fitRlimits(sp *specs.Spec) {
 	}
 }
 
-func readPidFile(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("bad pid file %s: %q", path, b)
-	}
-	return pid, nil
-}
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
-}
-
-// waitAgent is cubelet's own readiness check (the same /health poll, the
+// WaitAgent is cubelet's own readiness check (the same /health poll, the
 // same back-off), so baselines and cube scenarios stop the clock alike.
-func waitAgent(ctx context.Context, pid int) error {
+func WaitAgent(ctx context.Context, pid int) error {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	return agentclient.WaitAgent(ctx, pid)

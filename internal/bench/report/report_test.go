@@ -1,0 +1,116 @@
+package report
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReportAndTargets(t *testing.T) {
+	ms := func(f float64) time.Duration { return time.Duration(f * 1e6) }
+	lat := func(avg, p50, p99 float64) *Summary {
+		return &Summary{N: 10, Min: ms(avg / 2), Avg: ms(avg), P50: ms(p50), P90: ms(p99), P95: ms(p99), P99: ms(p99), Max: ms(p99)}
+	}
+	c1 := &Result{Scenario: "create-c1", Kind: KindCube, Params: Params{10, 1}, Latency: lat(60, 58, 70)}
+	runc := &Result{Scenario: "runc-run", Kind: KindBaseline, Params: Params{10, 1}, Latency: lat(55, 54, 60)}
+	pod := &Result{Scenario: "podman-run", Kind: KindBaseline, Params: Params{10, 1}, Latency: lat(200, 190, 250)}
+	c1.Compare = []Comparison{Compare(c1, runc), Compare(c1, pod)}
+	c50 := &Result{Scenario: "create-c50", Kind: KindCube, Params: Params{10, 50}, Latency: lat(500, 480, 900)}
+	pause := &Result{Scenario: "pause", Kind: KindCube, Latency: lat(9, 9, 12)}
+	freeze := &Result{Scenario: "freezer-freeze", Kind: KindBaseline, Latency: lat(0.2, 0.2, 0.3)}
+	dens := &Result{Scenario: "density", Kind: KindCube, Density: &DensityReport{Sandboxes: 200, Total: Stats[Bytes]{Avg: 6 << 20}, CubeletRSS: 50 << 20}}
+	skipped := &Result{Scenario: "snapshot", Kind: KindCube, Skipped: "skipped: cubelet does not implement SnapshotSandbox yet"}
+	rep := &Report{RunID: "r1", Command: "cube-bench -n 10", Results: []*Result{runc, pod, c1, c50, freeze, pause, dens, skipped}}
+	rep.Targets = Evaluate(rep)
+
+	want := map[string]string{
+		"create-to-ready c=1 vs bare runc run -d + first /health": "yes", // 60/55 = 1.09
+		"create-to-ready c=1 vs podman run":                       "yes",
+		"create-to-ready P99 at c=50 vs c=1 median":               "NO", // 900/58
+		"pause vs raw freezer write":                              "NO", // +8.8 ms
+		"resume vs raw freezer write":                             "-",
+	}
+	for _, tg := range rep.Targets {
+		w, ok := want[tg.Name]
+		if !ok {
+			continue
+		}
+		got := "-"
+		if tg.Met != nil {
+			got = map[bool]string{true: "yes", false: "NO"}[*tg.Met]
+		}
+		if got != w {
+			t.Errorf("target %q: met %s (%s), want %s", tg.Name, got, tg.Got, w)
+		}
+		delete(want, tg.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("targets missing: %v", want)
+	}
+	if c := c1.Compare[0]; c.RatioAvg < 1.09 || c.RatioAvg > 1.091 || c.DeltaAvg != ms(5) {
+		t.Errorf("compare: %+v", c)
+	}
+
+	var tab, md, js bytes.Buffer
+	if err := WriteTable(&tab, rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteMarkdown(&md, rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(&js, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"create-c1", "1.09x", "+5.00 ms", "DENSITY: 200 idle sandboxes", "6.00 MiB", "does not implement SnapshotSandbox"} {
+		if !strings.Contains(tab.String(), s) {
+			t.Errorf("table lacks %q:\n%s", s, tab.String())
+		}
+	}
+	for _, s := range []string{"# cube-bench results", "`cube-bench -n 10`", "| create-c1 | runc-run | 1.09x |", "## Density: 200 idle sandboxes"} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md.String())
+		}
+	}
+	if !strings.Contains(js.String(), `"scenario": "create-c1"`) || !strings.Contains(js.String(), `"ratio_avg": 1.09`) {
+		t.Errorf("json:\n%s", js.String())
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	if err := DefaultOptions().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for name, mod := range map[string]func(*Options){
+		"--n 0":              func(o *Options) { o.N1 = 0 },
+		"--concurrency -1":   func(o *Options) { o.Concurrency = -1 },
+		"--chunks 0":         func(o *Options) { o.Chunks = 0 },
+		"--clone-count 101":  func(o *Options) { o.CloneCount = 101 },
+		"--baseline-n -1":    func(o *Options) { o.BaselineN = -1 },
+		"--template (empty)": func(o *Options) { o.Template = "" },
+	} {
+		o := DefaultOptions()
+		mod(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+}
+
+func TestSmallDefaults(t *testing.T) {
+	o := DefaultOptions()
+	o.Runtime = "runc"
+	o.SmallDefaults(nil)
+	if o.N1 != 100 || o.CloneCount != 10 {
+		t.Errorf("runc sizes changed: n=%d clone-count=%d", o.N1, o.CloneCount)
+	}
+	o = DefaultOptions()
+	o.Runtime, o.N1 = "vm", 7
+	o.SmallDefaults(map[string]bool{"n": true})
+	if o.N1 != 7 || o.SnapshotN != 5 || o.CloneCount != 3 || o.DensityN != 10 {
+		t.Errorf("vm sizes: n=%d snapshot-n=%d clone-count=%d density-n=%d", o.N1, o.SnapshotN, o.CloneCount, o.DensityN)
+	}
+	if err := o.Validate(); err != nil {
+		t.Error(err)
+	}
+}
