@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,23 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// interrupter passes progress lines on to the test log and cancels the run
+// once phase's line shows at least one finished step.
+type interrupter struct {
+	testWriter
+	phase  string
+	cancel context.CancelFunc
+}
+
+var progressRE = regexp.MustCompile(`^(\S+)\s+\[[#.]*\]\s+(\d+)/\d+`)
+
+func (w *interrupter) Write(p []byte) (int, error) {
+	if m := progressRE.FindSubmatch(p); m != nil && string(m[1]) == w.phase && string(m[2]) != "0" {
+		w.cancel()
+	}
+	return w.testWriter.Write(p)
 }
 
 // TestScenariosTiny runs every scenario and baseline with tiny N against
@@ -139,18 +157,25 @@ func TestScenariosTiny(t *testing.T) {
 	}
 
 	// An interrupted run (Ctrl-C) stops mid-phase and still removes what
-	// it made: once inside a baseline, once inside a cube scenario. 32
-	// creates take well over the 300 ms before the interrupt even on an
-	// idle machine (8 creates and their cleanup could finish before it).
+	// it made: once inside a baseline, once inside a cube scenario. The
+	// interrupt comes when the phase's progress line first shows finished
+	// steps (a tenth of 32), so it lands mid-phase however fast the machine.
 	c50, _ := Lookup("create-c50")
 	e.Opts.N50, e.Opts.Concurrency, e.Opts.MaxLive, e.Opts.ProfileDir = 32, 4, 32, ""
+	prog := e.Progress
 	for _, noBase := range []bool{false, true} {
 		e.Opts.NoBaselines = noBase
 		cctx, cancel := context.WithCancel(ctx)
-		timer := time.AfterFunc(300*time.Millisecond, cancel)
+		phase := "runc-run"
+		if noBase {
+			phase = "create-c50"
+		}
+		e.Progress = NewProgress(&interrupter{testWriter: testWriter{t}, phase: phase, cancel: cancel})
 		irep := Run(cctx, e, []*Scenario{c50})
-		timer.Stop()
 		cancel()
+		if cctx.Err() == nil {
+			t.Fatalf("phase %s never showed progress", phase)
+		}
 		if len(irep.Results) == 0 {
 			t.Errorf("interrupted run (no baselines: %v) ran nothing", noBase)
 		}
@@ -164,6 +189,7 @@ func TestScenariosTiny(t *testing.T) {
 		leakcheck.AssertNone(t, ctx, e.Node().Scope())
 		leakcheck.AssertNone(t, ctx, e.rawNode.Scope())
 	}
+	e.Progress = prog
 
 	// --addr: drive the same cubelet as an already running one; its RSS
 	// then comes from /metrics.
