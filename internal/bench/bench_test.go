@@ -34,7 +34,7 @@ type interrupter struct {
 var progressRE = regexp.MustCompile(`^(\S+)\s+\[[#.]*\]\s+(\d+)/\d+`)
 
 func (w *interrupter) Write(p []byte) (int, error) {
-	if m := progressRE.FindSubmatch(p); m != nil && string(m[1]) == w.phase && string(m[2]) != "0" {
+	if m := progressRE.FindSubmatch(p); len(m) == 3 && string(m[1]) == w.phase && string(m[2]) != "0" {
 		w.cancel()
 	}
 	return w.testWriter.Write(p)
