@@ -172,7 +172,10 @@ func TestUp(t *testing.T) {
 		if err != nil {
 			return 0
 		}
-		_, _ = io.Copy(io.Discard, resp.Body) // only the status matters
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusNoContent {
+			t.Logf("health %s: %d %s", sandboxID, resp.StatusCode, b)
+		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}

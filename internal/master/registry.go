@@ -206,6 +206,10 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	}
 	if registered {
 		ns.registered = now
+		// A node registers once it listens: a connection that failed
+		// while it was down (a restart) retries now instead of sitting
+		// out its backoff, so routes and creates reach it at once.
+		ns.conn.ResetConnectBackoff()
 	}
 	ns.report, ns.lastSeen = r, now
 	// Drop the placements the report already counts.
