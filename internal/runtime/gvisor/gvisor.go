@@ -325,7 +325,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	}
 	d.log.DebugContext(ctx, "checkpointed", "id", id, "dir", dir, "took", time.Since(begin))
 	if !leaveRunning {
-		return nil
+		return d.waitStopped(ctx, id)
 	}
 	if _, err := d.RestoreInPlace(ctx, id, dir); err != nil {
 		return err
@@ -334,6 +334,31 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		return d.Pause(ctx, id)
 	}
 	return nil
+}
+
+// waitStopped returns once runsc reports the checkpointed sandbox
+// stopped: `runsc checkpoint` returns when the image is written, and the
+// sandbox process exits just after, so a caller that reads the state at
+// once (or restores in place) could still see it running.
+func (d *Driver) waitStopped(ctx context.Context, id string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := d.container(ctx, id)
+		if err != nil {
+			return err
+		}
+		if c.Status == "stopped" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gvisor checkpoint %s: sandbox still %s 10s after its image was written: %w", id, c.Status, errdefs.ErrInternal)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("gvisor checkpoint %s: %w", id, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // connRetries bounds how often Checkpoint retries while a TCP connection
