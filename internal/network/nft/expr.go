@@ -50,6 +50,9 @@ func ipAddr(offset uint32, op expr.CmpOp, a netip.Addr) []expr.Any {
 func saddr(a netip.Addr) []expr.Any { return ipAddr(12, expr.CmpOpEq, a) }
 func daddr(a netip.Addr) []expr.Any { return ipAddr(16, expr.CmpOpEq, a) }
 
+// saddrNot matches any other source (ip saddr != a).
+func saddrNot(a netip.Addr) []expr.Any { return ipAddr(12, expr.CmpOpNeq, a) }
+
 // saddrIn matches a source prefix (ip saddr 10.200.0.0/16).
 func saddrIn(p netip.Prefix) []expr.Any {
 	m := make([]byte, 4)

@@ -48,6 +48,7 @@ type Slot struct {
 //	input:   lo and established only: nobody talks to the slot itself
 //	forward: policy drop
 //	    ct state invalid drop
+//	    iifname != uplink ip saddr != SANDBOXIP drop   anti-spoofing
 //	    ct status dnat accept                 host → sandbox ports, both ways
 //	    iifname != uplink limit rate over …   bandwidth knob
 //	    ct state established,related accept
@@ -158,6 +159,10 @@ func ApplySlot(nsFD int, s Slot) error {
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
 
 	add(fwd, ctState(expr.CtStateBitINVALID), drop())
+	// Anti-spoofing: whatever comes from the sandbox's side carries the
+	// sandbox's own address, or it goes nowhere (a raw socket could
+	// otherwise forge any source, for reflection from the node's address).
+	add(fwd, iifname(expr.CmpOpNeq, up), saddrNot(s.SandboxIP), drop())
 	add(fwd, ctStatusDNAT(), accept())
 	if kbps := s.Policy.EgressKbps; kbps > 0 {
 		// The kernel's byte bucket holds one second of the rate plus the
