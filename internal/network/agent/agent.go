@@ -275,7 +275,7 @@ func (a *Agent) Config() *Config { return a.cfg }
 // layout locates a slot's kernel objects.
 func (a *Agent) layout(i int, kind network.Kind) slot.Layout {
 	addrs, _ := a.space.Addrs(i) // i came from the space
-	return slot.Layout{Index: i, Kind: kind, Dir: a.cfg.NetnsDir(), Prefix: a.cfg.Prefix, Addrs: addrs, NodeCIDR: a.cfg.CIDR()}
+	return slot.Layout{Index: i, Kind: kind, Dir: a.cfg.NetnsDir(), Prefix: a.cfg.Prefix, Addrs: addrs, NodeCIDR: a.cfg.CIDR(), Opened: a.cfg.Opened()}
 }
 
 // view turns a record into the API's Network.

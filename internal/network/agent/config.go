@@ -36,8 +36,12 @@ type Config struct {
 		VMSize          int     `toml:"vm_size"`
 		RefillPerSecond float64 `toml:"refill_per_second"`
 	} `toml:"pool"`
+	Policy struct {
+		OpenPrivate []string `toml:"open_private"`
+	} `toml:"policy"`
 
-	cidr netip.Prefix
+	cidr   netip.Prefix
+	opened []netip.Prefix
 }
 
 // Defaults returns the embedded configuration, validated.
@@ -76,6 +80,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: node_cidr: %w", err)
 	}
 	c.cidr = p
+	if c.opened, err = policy.ParseOpened(c.Policy.OpenPrivate); err != nil {
+		return fmt.Errorf("config: policy.%w", err)
+	}
 	if !prefixRE.MatchString(c.Prefix) {
 		// Link names are <prefix>-<slot>, at most 15 bytes (IFNAMSIZ-1).
 		return bad("prefix %q must be 1-8 lowercase letters or digits, starting with a letter", c.Prefix)
@@ -95,6 +102,9 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// Opened is the validated [policy] open_private.
+func (c *Config) Opened() []netip.Prefix { return c.opened }
 
 // CIDR is the validated node CIDR.
 func (c *Config) CIDR() netip.Prefix { return c.cidr }

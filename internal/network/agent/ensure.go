@@ -45,6 +45,9 @@ func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Netwo
 	if err != nil {
 		return nil, false, err
 	}
+	if err := policy.CheckOpened("policy", req.Policy, a.cfg.Opened()); err != nil {
+		return nil, false, err
+	}
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()
 	unlock := a.locks.lock(req.SandboxID)
@@ -282,6 +285,11 @@ func (a *Agent) List(context.Context) []*network.Network {
 func (a *Agent) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.Policy) (*network.Network, error) {
 	if err := sandboxid.Validate("sandbox", sandboxID); err != nil {
 		return nil, err
+	}
+	if p != nil {
+		if err := policy.CheckOpened("policy", *p, a.cfg.Opened()); err != nil {
+			return nil, err
+		}
 	}
 	a.opMu.RLock()
 	defer a.opMu.RUnlock()

@@ -2,12 +2,14 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
@@ -73,7 +75,7 @@ func cidr32(a netip.Addr) string { return netip.PrefixFrom(a, 32).String() }
 // TestPolicy drives one sandbox through the policies of the issue against
 // a world namespace, a neighbour sandbox and services on the host.
 func TestPolicy(t *testing.T) {
-	e := nettest.Start(t, nettest.Options{})
+	e := nettest.Start(t, nettest.Options{OpenPrivate: []string{nettest.PrivateRange}})
 	a := e.Agent
 	w := nettest.NewWorld(t)
 	sb := ensure(t, a, "sb-a", network.Container, policy.Policy{})
@@ -94,7 +96,7 @@ func TestPolicy(t *testing.T) {
 
 	t.Run("private ranges and metadata are unreachable by default", func(t *testing.T) {
 		p := probe{t: t, ns: sb.NetNS, port: w.Port}
-		p.blocked(w.Private, netip.MustParseAddr("169.254.169.254"))
+		p.blocked(w.Private, w.Closed, netip.MustParseAddr("169.254.169.254"))
 	})
 
 	t.Run("host services and the neighbour are unreachable", func(t *testing.T) {
@@ -103,8 +105,9 @@ func TestPolicy(t *testing.T) {
 		nettest.ServeIn(t, nb.NetNS, hostPort) // a service in the neighbour
 		hp := probe{t: t, ns: sb.NetNS, port: hostPort}
 		hp.blocked(netip.MustParseAddr(sb.GatewayIP), w.HostEnd, netip.MustParseAddr(nb.HostIP), netip.MustParseAddr(nb.GatewayIP))
-		// Even an allow list naming them opens nothing.
-		update(t, a, "sb-a", policy.Spec{Allow: []string{e.Config.NodeCIDR, cidr32(w.HostEnd)}})
+		// Even an allow list naming them opens nothing (the node CIDR is
+		// private: naming it is refused outright, see below).
+		update(t, a, "sb-a", policy.Spec{Allow: []string{cidr32(w.HostEnd)}})
 		hp.blocked(netip.MustParseAddr(nb.HostIP), netip.MustParseAddr(sb.GatewayIP), w.HostEnd)
 		// The host itself reaches the neighbour's port through its host IP
 		// (port exposure), and what it sees is the neighbour.
@@ -129,6 +132,26 @@ func TestPolicy(t *testing.T) {
 		p.ok(w.Addrs[1])
 		p.ok(w.Private)
 		p.blocked(w.Addrs[0], w.Addrs[2])
+	})
+
+	t.Run("a private range the operator did not open stays closed", func(t *testing.T) {
+		// Allowing everything opens the range the operator opened (the
+		// control: the same kind of address over the same path answers)
+		// and nothing of the one it did not.
+		update(t, a, "sb-a", policy.Spec{Allow: []string{"0.0.0.0/0"}})
+		p := probe{t: t, ns: sb.NetNS, port: w.Port}
+		p.ok(w.Private)
+		p.blocked(w.Closed)
+		// Naming the closed range is refused, not silently ignored.
+		pol := mustPolicy(t, policy.Spec{Allow: []string{cidr32(w.Closed)}})
+		_, err := a.UpdatePolicy(ctx, "sb-a", &pol)
+		var fe *errdefs.FieldError
+		if !errors.As(err, &fe) || fe.Field != "policy.allow_out[0]" || !strings.Contains(fe.Msg, "open_private") {
+			t.Fatalf("allow_out of a closed private address: %v, want a field error naming open_private", err)
+		}
+		if _, _, err := a.Ensure(ctx, agent.EnsureRequest{SandboxID: "sb-closed", Kind: network.Container, Policy: pol}); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("ensure with a closed private address: %v, want invalid argument", err)
+		}
 	})
 
 	t.Run("deny beats the default allow", func(t *testing.T) {

@@ -42,6 +42,8 @@ type Options struct {
 	CIDRBits int
 	// Serve starts the gRPC API on Env.Socket.
 	Serve bool
+	// OpenPrivate is the agent's [policy] open_private.
+	OpenPrivate []string
 }
 
 // Env is one test agent's world: config, directories and the agent.
@@ -89,6 +91,7 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 	c.API.Socket = filepath.Join(dir, "agent.sock")
 	c.API.HTTP = ""
 	c.Pool.Size, c.Pool.VMSize = o.PoolSize, o.VMPoolSize
+	c.Policy.OpenPrivate = o.OpenPrivate
 	c.Pool.RefillPerSecond = o.RefillPerSecond
 	if c.Pool.RefillPerSecond == 0 {
 		c.Pool.RefillPerSecond = 200

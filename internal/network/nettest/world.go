@@ -36,11 +36,18 @@ type World struct {
 	// HostEnd is the host's address on the link to the world: a host
 	// address a sandbox must not reach.
 	HostEnd netip.Addr
-	// Private is a world address in a private range (172.31.255.0/24):
-	// unreachable unless a policy allows it.
+	// Private is a world address in a private range (PrivateRange):
+	// unreachable unless the agent opens the range (Options.OpenPrivate)
+	// and a policy allows it.
 	Private netip.Addr
-	link    string
+	// Closed is a world address in a private range no test agent opens
+	// (172.31.254.0/24): unreachable whatever the policy.
+	Closed netip.Addr
+	link   string
 }
+
+// PrivateRange holds every world's Private address.
+const PrivateRange = "172.31.255.0/24"
 
 // NewWorld makes a world with three addresses; its cleanup removes it.
 func NewWorld(t testing.TB) *World {
@@ -75,6 +82,7 @@ func (w *World) wire(k int) error {
 	worldEnd := addr4(203, 0, 113, 4*k+2)
 	w.Addrs = []netip.Addr{addr4(198, 51, 100, 4*k+1), addr4(198, 51, 100, 4*k+2), addr4(198, 51, 100, 4*k+3)}
 	w.Private = addr4(172, 31, 255, k)
+	w.Closed = addr4(172, 31, 254, k)
 	// Refuse a block another test already routes.
 	routes, err := nl.Dump(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
@@ -87,7 +95,7 @@ func (w *World) wire(k int) error {
 		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
 			continue // the default route is not a collision
 		}
-		for _, a := range append([]netip.Addr{w.HostEnd, w.Private}, w.Addrs...) {
+		for _, a := range append([]netip.Addr{w.HostEnd, w.Private, w.Closed}, w.Addrs...) {
 			if r.Dst.Contains(a.AsSlice()) {
 				return fmt.Errorf("%s already routed", a)
 			}
@@ -126,7 +134,7 @@ func (w *World) wire(k int) error {
 			return step
 		}
 	}
-	for _, a := range append([]netip.Addr{w.Private}, w.Addrs...) {
+	for _, a := range append([]netip.Addr{w.Private, w.Closed}, w.Addrs...) {
 		if err := in.AddrAdd(lo, addr(a, 32)); err != nil {
 			return err
 		}

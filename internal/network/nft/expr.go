@@ -74,6 +74,14 @@ func daddrInSet(s *nftables.Set) []expr.Any {
 	}
 }
 
+// daddrNotInSet matches a destination outside set s (ip daddr != @s).
+func daddrNotInSet(s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: true},
+	}
+}
+
 // ctBits matches `ct <key> <bits>` (any of bits set).
 func ctBits(key expr.CtKey, bits uint32) []expr.Any {
 	return []expr.Any{

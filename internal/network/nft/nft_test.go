@@ -98,7 +98,9 @@ func TestSlotGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ApplySlot(fd, testSlot(p)); err != nil {
+	s := testSlot(p)
+	s.Opened = []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16"), netip.MustParsePrefix("192.168.7.0/24")}
+	if err := ApplySlot(fd, s); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "slot.nft", listTable(t, path, SlotTable))

@@ -36,7 +36,11 @@ type Slot struct {
 	HostIP    netip.Addr // the slot's host-facing address
 	SandboxIP netip.Addr // the sandbox's fixed address
 	NodeCIDR  netip.Prefix
-	Policy    policy.Policy
+	// Opened are the private ranges the operator lets a policy's allow
+	// list open; every other private address stays closed whatever the
+	// policy says (an allow of 0.0.0.0/0 included).
+	Opened []netip.Prefix
+	Policy policy.Policy
 }
 
 // ApplySlot replaces the slot table in the namespace open at nsFD.
@@ -57,6 +61,7 @@ type Slot struct {
 //	egress: the decision of package policy, first match wins
 //	    ip daddr @blocked drop
 //	    ct count over N drop                  connection limit
+//	    ip daddr @private ip daddr != @opened drop   closed to tenants
 //	    ip daddr @allow accept
 //	    ip daddr @deny drop
 //	    ip daddr @private drop
@@ -127,6 +132,10 @@ func ApplySlot(nsFD int, s Slot) error {
 	if err != nil {
 		return err
 	}
+	opened, err := set("opened", s.Opened)
+	if err != nil {
+		return err
+	}
 
 	up := ifname(s.Uplink)
 	acceptPolicy := nftables.ChainPolicyAccept
@@ -182,6 +191,7 @@ func ApplySlot(nsFD int, s Slot) error {
 	if p.MaxConnections > 0 {
 		add(egress, &expr.Connlimit{Count: uint32(p.MaxConnections), Flags: nftConnlimitInvert}, drop())
 	}
+	add(egress, daddrInSet(private), daddrNotInSet(opened), drop())
 	add(egress, daddrInSet(allow), accept())
 	add(egress, daddrInSet(deny), drop())
 	add(egress, daddrInSet(private), drop())
@@ -272,7 +282,7 @@ func diff(old, cur []netip.Prefix) (removed, added []netip.Prefix) {
 // slotChains and slotSets are the names ApplySlot creates.
 var (
 	slotChains = []string{"egress", "forward", "input", "postrouting", "prerouting"}
-	slotSets   = []string{"allow", "blocked", "deny", "internet", "private"}
+	slotSets   = []string{"allow", "blocked", "deny", "internet", "opened", "private"}
 )
 
 // shape reports whether table t exists and whether it holds exactly the

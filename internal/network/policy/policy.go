@@ -8,11 +8,14 @@
 //  1. D in Blocked (host, node CIDR = every slot, link-local/metadata,
 //     loopback, multicast/reserved)        → drop, whatever the policy
 //  2. connection limit exceeded            → drop
-//  3. D in Allow                           → accept   (allow wins, as in E2B)
-//  4. D in Deny                            → drop
-//  5. internet off                         → drop
-//  6. D in Private (RFC 1918, CGNAT)       → drop
-//  7. → accept
+//  3. D in Private (RFC 1918, CGNAT) and not in a range the operator
+//     opened (network-agent [policy] open_private) → drop, whatever the
+//     policy: a tenant cannot reach the node's LAN on its own say-so
+//  4. D in Allow                           → accept   (allow wins, as in E2B)
+//  5. D in Deny                            → drop
+//  6. D in Private                         → drop     (opened ranges need an allow)
+//  7. internet off                         → drop
+//  8. → accept
 package policy
 
 import (

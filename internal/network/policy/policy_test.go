@@ -85,3 +85,37 @@ func TestNodeCIDR(t *testing.T) {
 		t.Errorf("blocked: %v", b)
 	}
 }
+
+func TestOpened(t *testing.T) {
+	opened, err := ParseOpened([]string{"172.31.255.0/24", "10.1.2.3"})
+	if err != nil || len(opened) != 2 {
+		t.Fatalf("ParseOpened = %v, %v", opened, err)
+	}
+	for _, bad := range [][]string{{"8.8.8.0/24"}, {"10.0.0.0/8", "10.1.0.0/16"}, {"fd00::/8"}} {
+		if _, err := ParseOpened(bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("ParseOpened(%v) = %v, want invalid argument", bad, err)
+		}
+	}
+	for _, c := range []struct {
+		allow []string
+		ok    bool
+	}{
+		{[]string{"172.31.255.7"}, true},
+		{[]string{"10.1.2.3/32"}, true},
+		{[]string{"0.0.0.0/0"}, true}, // overlaps private ranges, opens none of them
+		{[]string{"198.51.100.0/24"}, true},
+		{[]string{"172.31.254.7"}, false},
+		{[]string{"10.0.0.0/8"}, false},
+		{[]string{"8.8.8.8", "192.168.1.0/24"}, false},
+	} {
+		p, err := Parse("network", Spec{Allow: c.allow})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = CheckOpened("network", p, opened)
+		var fe *FieldError
+		if c.ok != (err == nil) || (err != nil && (!errors.As(err, &fe) || !strings.HasPrefix(fe.Field, "network.allow_out["))) {
+			t.Errorf("CheckOpened(%v) = %v, want ok=%v", c.allow, err, c.ok)
+		}
+	}
+}

@@ -61,3 +61,38 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 	}
 	return out
 }
+
+// ParseOpened validates the operator's list of private ranges a policy's
+// allow list may open: IPv4 CIDRs or addresses, each inside one private
+// range, none overlapping another.
+func ParseOpened(in []string) ([]netip.Prefix, error) {
+	out, err := parseList("open_private", in, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range out {
+		if _, ok := within(p, Private); !ok {
+			return nil, fmt.Errorf("open_private: %s is not inside a private range (%v): %w", p, Private, errdefs.ErrInvalidArgument)
+		}
+	}
+	return out, nil
+}
+
+// CheckOpened refuses a policy whose allow list names private addresses
+// the operator has not opened (opened, from ParseOpened): they would stay
+// closed, and a rule that silently does nothing is a bug in the making.
+// An entry that merely overlaps a private range (0.0.0.0/0) is fine: its
+// private part stays closed.
+func CheckOpened(field string, p Policy, opened []netip.Prefix) error {
+	for i, a := range p.Allow {
+		r, ok := within(a, Private)
+		if !ok {
+			continue
+		}
+		if _, ok := within(a, opened); !ok {
+			return &FieldError{Field: fmt.Sprintf("%s[%d]", join(field, "allow_out"), i),
+				Msg: fmt.Sprintf("%s is inside the private range %s, which this node keeps closed (the operator opens ranges with network-agent's [policy] open_private)", a, r)}
+		}
+	}
+	return nil
+}

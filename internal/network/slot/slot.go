@@ -63,6 +63,7 @@ type Layout struct {
 	Prefix   string // link and namespace name prefix
 	Addrs    ipam.Addrs
 	NodeCIDR netip.Prefix
+	Opened   []netip.Prefix // private ranges the operator lets policies open
 }
 
 // HostLink is the host end of the veth pair.
@@ -85,7 +86,7 @@ func (l Layout) RuntimeNS() string {
 // Rules returns the slot table for policy p.
 func (l Layout) Rules(p policy.Policy) nft.Slot {
 	return nft.Slot{Uplink: Uplink, Gateway: l.Addrs.Gateway, HostIP: l.Addrs.HostIP,
-		SandboxIP: SandboxIP, NodeCIDR: l.NodeCIDR, Policy: p}
+		SandboxIP: SandboxIP, NodeCIDR: l.NodeCIDR, Opened: l.Opened, Policy: p}
 }
 
 // Converge makes every piece of the slot exist and be configured, and
