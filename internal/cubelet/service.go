@@ -64,10 +64,21 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if log == nil {
 		log = slog.Default()
 	}
-	for _, d := range []string{cfg.Node.DataDir, cfg.Node.RunDir, filepath.Join(cfg.Node.RunDir, "sandboxes")} {
+	for _, d := range []string{cfg.Node.DataDir, cfg.Node.RunDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, err
 		}
+	}
+	// Sandbox bundles and root filesystems are root's alone: a rootfs is
+	// the tenant's files and whatever setuid binary or device node its
+	// root planted, which another host account must not reach. Chmod
+	// also tightens a directory an older cubelet made.
+	sandboxes := filepath.Join(cfg.Node.RunDir, "sandboxes")
+	if err := os.MkdirAll(sandboxes, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(sandboxes, 0o700); err != nil {
+		return nil, err
 	}
 	st, err := store.Open(cfg.StorePath())
 	if err != nil {

@@ -98,6 +98,9 @@ func OpenPool(ctx context.Context, cfg PoolConfig) (*Pool, error) {
 				p.mode = ModeReflinkLoop
 			}
 		}
+		if err := p.seal(); err != nil {
+			return nil, err
+		}
 		log.Info("storage pool opened", "mode", p.mode)
 		return p, nil
 	}
@@ -107,6 +110,10 @@ func OpenPool(ctx context.Context, cfg PoolConfig) (*Pool, error) {
 	if loopErr == nil {
 		if loopErr = probeReflink(dir); loopErr == nil {
 			p.mode = ModeReflinkLoop
+			if err := p.seal(); err != nil {
+				_ = unmountAll(ctx, dir)
+				return nil, err
+			}
 			log.Info("storage pool opened", "mode", p.mode, "image", image)
 			return p, nil
 		}
@@ -118,10 +125,23 @@ func OpenPool(ctx context.Context, cfg PoolConfig) (*Pool, error) {
 	}
 	if cfg.AllowCopy {
 		p.mode = ModeCopy
+		if err := p.seal(); err != nil {
+			return nil, err
+		}
 		log.Warn("storage pool cannot reflink; falling back to full copies", "err", loopErr)
 		return p, nil
 	}
 	return nil, fmt.Errorf("storage: pool %s cannot reflink and AllowCopy is off: %w: %w", dir, loopErr, errdefs.ErrFailedPrecondition)
+}
+
+// seal makes the pool's root (the mounted image's root when there is one)
+// root's alone: it holds every sandbox's disk and snapshots, with tenants'
+// data, and setuid binaries a sandbox's root may have planted.
+func (p *Pool) seal() error {
+	if err := os.Chmod(p.dir, 0o700); err != nil {
+		return fmt.Errorf("storage: seal pool dir: %w", err)
+	}
+	return nil
 }
 
 // mountImage mounts the pool image on the pool dir, creating and formatting
