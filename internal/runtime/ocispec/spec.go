@@ -33,17 +33,23 @@ const (
 	defaultCgroupParent = "/cube"
 )
 
-// defaultCaps mirrors containerd's default set. CAP_SYS_ADMIN stays out on
-// purpose: with it a sandbox can mount, and reach far into the host kernel.
-// The agent will want it for FIFREEZE before disk snapshots; when that lands
-// it should be granted narrowly (or done from the host side), not here.
+// defaultCaps is containerd's default set less CAP_MKNOD and CAP_NET_RAW.
+// What stays is what the envd API and ordinary programs need: the agent
+// runs commands as other users (SETUID, SETGID) and writes files for them
+// (CHOWN, DAC_OVERRIDE, FOWNER, FSETID); package managers set file
+// capabilities and drop their own (SETFCAP, SETPCAP); servers bind low
+// ports (NET_BIND_SERVICE); chroot, signals to other users' processes and
+// login-style audit writes (SYS_CHROOT, KILL, AUDIT_WRITE).
+//
+// Out on purpose: CAP_SYS_ADMIN (mount, and a long reach into the host
+// kernel); CAP_NET_RAW (forged packets, sniffing; ping works without it
+// through ICMP datagram sockets, see the runc driver's ping_group_range);
+// CAP_MKNOD (device nodes a sandbox never needs).
 var defaultCaps = []string{
 	"CAP_CHOWN",
 	"CAP_DAC_OVERRIDE",
 	"CAP_FSETID",
 	"CAP_FOWNER",
-	"CAP_MKNOD",
-	"CAP_NET_RAW",
 	"CAP_SETGID",
 	"CAP_SETUID",
 	"CAP_SETFCAP",

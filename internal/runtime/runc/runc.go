@@ -126,6 +126,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}
 
+	allowUnprivilegedPing(spec)
 	if fitRlimits(spec) {
 		d.log.WarnContext(ctx, "rlimits lowered to this process's hard limits (no CAP_SYS_RESOURCE)", "id", s.ID)
 	}
@@ -433,3 +434,15 @@ func (fileIO) Stdin() io.WriteCloser { return nil }
 func (fileIO) Stdout() io.ReadCloser { return nil }
 func (fileIO) Stderr() io.ReadCloser { return nil }
 func (o fileIO) Set(cmd *exec.Cmd)   { cmd.Stdout, cmd.Stderr = o.f, o.f }
+
+// allowUnprivilegedPing lets every group of the sandbox open ICMP datagram
+// sockets in its network namespace: ping keeps working although the
+// sandbox has no CAP_NET_RAW (raw sockets forge packets). The sysctl is
+// per network namespace; runc refuses it only in the host's, which a
+// sandbox never joins.
+func allowUnprivilegedPing(spec *specs.Spec) {
+	if spec.Linux.Sysctl == nil {
+		spec.Linux.Sysctl = map[string]string{}
+	}
+	spec.Linux.Sysctl["net.ipv4.ping_group_range"] = "0 2147483647"
+}
