@@ -14,6 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nft"
 	"github.com/cubesandbox/cube/internal/network/nl"
+	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/network/slot"
 	"github.com/cubesandbox/cube/internal/network/slotstore"
 )
@@ -110,6 +111,12 @@ func (a *Agent) reconcileSlot(ctx context.Context, r *slotstore.Record, sum *Sum
 		a.pool[r.Kind] = append(a.pool[r.Kind], r.Index)
 		a.mu.Unlock()
 	case slotstore.Assigned:
+		if err := policy.CheckOpened("policy", r.Policy, a.cfg.Opened()); err != nil {
+			// Stored before the range was closed: the slot is repaired,
+			// and the entry reaches nothing.
+			a.log.Warn("stored policy names private addresses this node keeps closed; they stay unreachable",
+				"sandbox_id", r.SandboxID, "error", err)
+		}
 		made, err := slot.Converge(ctx, a.layout(r.Index, r.Kind), r.Policy)
 		if err != nil {
 			fail(err)

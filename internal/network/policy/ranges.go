@@ -84,13 +84,14 @@ func ParseOpened(in []string) ([]netip.Prefix, error) {
 // An entry that merely overlaps a private range (0.0.0.0/0) is fine: its
 // private part stays closed.
 func CheckOpened(field string, p Policy, opened []netip.Prefix) error {
-	for i, a := range p.Allow {
+	for _, a := range p.Allow {
 		r, ok := within(a, Private)
 		if !ok {
 			continue
 		}
 		if _, ok := within(a, opened); !ok {
-			return &FieldError{Field: fmt.Sprintf("%s[%d]", join(field, "allow_out"), i),
+			// No index: Allow is sorted, so its order is not the request's.
+			return &FieldError{Field: join(field, "allow_out"),
 				Msg: fmt.Sprintf("%s is inside the private range %s, which this node keeps closed (the operator opens ranges with network-agent's [policy] open_private)", a, r)}
 		}
 	}
