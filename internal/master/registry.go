@@ -336,8 +336,9 @@ func (s *Service) schedNodes() []*scheduler.Node {
 }
 
 // reserve counts a placement against a node until a heartbeat counts it;
-// the returned func is called with the create's outcome: the node's
-// creation time of the sandbox, or zero when the create failed.
+// the returned func is called with the create's outcome: the node's time
+// of the sandbox's last record change (a report generated from then on
+// counts it), or zero when the create failed.
 func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(created time.Time) {
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[nodeID]; ns != nil {
