@@ -75,9 +75,7 @@ func sandboxLike(t *testing.T) (identity.DB, string, string) {
 // TestConformance runs the envd conformance suite against an in-process
 // agent on the host.
 func TestConformance(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: acts as other users")
-	}
+	testenv.RequireRoot(t, "acts as other users")
 	db, home, rootOnly := sandboxLike(t)
 	srv := New(Config{
 		Starter: reaper,

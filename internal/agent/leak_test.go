@@ -36,9 +36,7 @@ func openFDs(t *testing.T) int {
 // checks that the agent holds no more file descriptors (pipes, PTYs,
 // inotify) or goroutines than before, and left no files.
 func TestNothingLeaks(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: acts as other users")
-	}
+	testenv.RequireRoot(t, "acts as other users")
 	db, home, _ := sandboxLike(t)
 	srv := New(Config{Starter: reaper, Users: db, Logger: slog.New(slog.DiscardHandler)})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

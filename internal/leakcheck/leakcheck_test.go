@@ -21,9 +21,7 @@ import (
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "leakcheck tests need root (mounts, loop devices, cgroups)")
-	}
+	testenv.RequireRoot(t, "mounts, loop devices, cgroups")
 }
 
 func mkdir(t *testing.T, p string) {

@@ -11,13 +11,12 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loopdev tests need root (loop-control ioctls)")
-	}
+	testenv.RequireRoot(t, "loop-control ioctls")
 	if _, err := os.Stat(controlPath); err != nil {
 		t.Skipf("no %s: %v", controlPath, err)
 	}

@@ -22,9 +22,7 @@ import (
 // goroutine, except the main thread, which Go parks forever).
 func newNetns(t *testing.T) (string, net.Listener) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: creates a network namespace")
-	}
+	testenv.RequireRoot(t, "creates a network namespace")
 	path := filepath.Join(t.TempDir(), "netns")
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)

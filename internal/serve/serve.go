@@ -117,7 +117,7 @@ func (g *Group) Run(ctx context.Context) error {
 	if grace == 0 {
 		grace = 10 * time.Second
 	}
-	errc := make(chan error, len(g.grpcs)+len(g.https))
+	errc := make(chan error, len(g.grpcs))
 	for _, s := range g.https {
 		log.Info(s.name+" listening", "addr", s.l.Addr().String())
 		go func() {
@@ -138,7 +138,12 @@ func (g *Group) Run(ctx context.Context) error {
 			err = nil
 		}
 	}
+	stoppedServers := map[*grpc.Server]bool{}
 	for _, s := range g.grpcs {
+		if stoppedServers[s.s] { // one server may serve several listeners
+			continue
+		}
+		stoppedServers[s.s] = true
 		stopped := make(chan struct{})
 		go func() { s.s.GracefulStop(); close(stopped) }()
 		select {

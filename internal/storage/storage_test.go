@@ -21,9 +21,7 @@ const testPoolSize = 512 << 20 // XFS needs at least 300 MiB
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "storage tests need root (loop devices, mounts)")
-	}
+	testenv.RequireRoot(t, "loop devices, mounts")
 }
 
 // openTestPool opens a pool under a fresh temp dir and guarantees it is

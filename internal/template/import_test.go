@@ -27,9 +27,7 @@ import (
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "template import tests need root (lchown, mknod, loop mounts)")
-	}
+	testenv.RequireRoot(t, "lchown, mknod, loop mounts")
 	if _, err := os.Stat(testimage.BusyboxPath); err != nil {
 		testenv.Missing(t, "%s missing (busybox-static): %v", testimage.BusyboxPath, err)
 	}

@@ -33,9 +33,7 @@ func requireTools(t testing.TB) {
 			testenv.Missing(t, "%s not installed", tool)
 		}
 	}
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root (apt-get download into the cache)")
-	}
+	testenv.RequireRoot(t, "apt-get download into the cache")
 }
 
 func TestBuildCacheHitAndContents(t *testing.T) {

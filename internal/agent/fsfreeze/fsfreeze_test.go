@@ -17,9 +17,7 @@ import (
 // host's root) from a test is out of the question.
 func scratchFS(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: loop-mounts a filesystem and freezes it")
-	}
+	testenv.RequireRoot(t, "loop-mounts a filesystem and freezes it")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "fs.img")
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img, "16M").CombinedOutput(); err != nil {

@@ -16,9 +16,7 @@ import (
 // belong to the user, a root-only file is refused, and the thread is root
 // again afterwards with its groups back.
 func TestSwitchThreadEffective(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root")
-	}
+	testenv.RequireRoot(t, "the test acts as root")
 	// Not t.TempDir(): its parent is 0700, which nobody cannot cross.
 	dir, err := os.MkdirTemp("", "cube-identity-")
 	if err != nil {

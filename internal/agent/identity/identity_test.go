@@ -101,9 +101,7 @@ func fsuids(t *testing.T) []string {
 }
 
 func TestAsUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: switches filesystem credentials")
-	}
+	testenv.RequireRoot(t, "switches filesystem credentials")
 	// Not t.TempDir: its parent is 0700, which the user could not cross.
 	dir, err := os.MkdirTemp("", "asuser-")
 	if err != nil {

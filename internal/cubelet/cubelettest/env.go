@@ -30,9 +30,7 @@ import (
 // RequireRoot skips t unless it runs as root (loop devices, mounts, runc).
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: loop devices, mounts, cgroups and runc")
-	}
+	testenv.RequireRoot(t, "loop devices, mounts, cgroups and runc")
 }
 
 // Env is one isolated cubelet environment.

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -85,9 +84,7 @@ func agentClient() *http.Client {
 
 func requireRunsc(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("runsc"); err != nil {
-		testenv.Missing(t, "needs runsc (Debian package runsc)")
-	}
+	testenv.RequireBinary(t, "runsc", "runsc")
 }
 
 // TestGvisorSandboxes runs gVisor sandboxes through cubelet in network

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -27,9 +26,7 @@ import (
 func vmEnv(t *testing.T, extra string) (*cubelettest.Env, *cubelet.Service) {
 	t.Helper()
 	cubelettest.RequireRoot(t)
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		testenv.Missing(t, "needs qemu-system-x86_64 (Debian package qemu-system-x86)")
-	}
+	testenv.RequireBinary(t, "qemu-system-x86_64", "qemu-system-x86")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := filepath.Join(vmguest.DefaultCacheDir, "guest-cubelet")

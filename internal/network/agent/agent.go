@@ -283,12 +283,12 @@ func (a *Agent) view(r *slotstore.Record) *network.Network {
 	l := a.layout(r.Index, r.Kind)
 	n := &network.Network{
 		SandboxID: r.SandboxID, Kind: r.Kind, Slot: r.Index,
-		HostIP: l.Addrs.HostIP.String(), GatewayIP: l.Addrs.Gateway.String(), SandboxIP: slot.SandboxIP.String(),
+		HostIP: l.Addrs.HostIP.String(), GatewayIP: l.Addrs.Gateway.String(), SandboxIP: network.SandboxIP.String(),
 		NetNS: l.RuntimeNS(), SlotNetNS: l.SlotNS(), HostLink: l.HostLink(),
 		Policy: r.Policy.Clone(), AssignedAt: r.AssignedAt, FromPool: r.FromPool,
 	}
 	if r.Kind == network.VM {
-		n.Tap = slot.TapName
+		n.Tap = network.TapName
 	}
 	return n
 }

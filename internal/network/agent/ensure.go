@@ -367,7 +367,7 @@ func (a *Agent) forgetConnections(r *slotstore.Record) error {
 	}
 	defer h.Close()
 	f := &netlink.ConntrackFilter{}
-	if err := f.AddIP(netlink.ConntrackOrigSrcIP, net.IP(slot.SandboxIP.AsSlice())); err != nil {
+	if err := f.AddIP(netlink.ConntrackOrigSrcIP, net.IP(network.SandboxIP.AsSlice())); err != nil {
 		return err
 	}
 	if _, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f); err != nil {

@@ -29,9 +29,7 @@ import (
 // RequireRoot skips t unless it runs as root (namespaces, links, nftables).
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: network namespaces, links and nftables")
-	}
+	testenv.RequireRoot(t, "network namespaces, links and nftables")
 }
 
 // Options shape a test agent.

@@ -19,9 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // nsFixture pins a scratch namespace for one test.
 func nsFixture(t *testing.T) (path string, fd int) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: network namespaces")
-	}
+	testenv.RequireRoot(t, "network namespaces")
 	path = filepath.Join(t.TempDir(), "ns")
 	if err := netnsdir.Create(path); err != nil {
 		t.Fatal(err)

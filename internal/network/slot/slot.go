@@ -45,14 +45,6 @@ const (
 	Uplink      = "up0"  // slot end of the veth pair to the host
 	GatewayLink = "gw0"  // slot end of the veth pair to the sandbox namespace
 	SandboxLink = "eth0" // the sandbox's interface
-	TapName     = network.TapName
-)
-
-// The sandbox's side of every slot (network.SandboxIP and friends).
-var (
-	SandboxIP      = network.SandboxIP
-	SandboxGateway = network.SandboxGateway
-	sandboxBits    = network.SandboxPrefixBits
 )
 
 // Layout locates slot Index of an agent: its names, paths and addresses.
@@ -86,7 +78,7 @@ func (l Layout) RuntimeNS() string {
 // Rules returns the slot table for policy p.
 func (l Layout) Rules(p policy.Policy) nft.Slot {
 	return nft.Slot{Uplink: Uplink, Gateway: l.Addrs.Gateway, HostIP: l.Addrs.HostIP,
-		SandboxIP: SandboxIP, NodeCIDR: l.NodeCIDR, Opened: l.Opened, Policy: p}
+		SandboxIP: network.SandboxIP, NodeCIDR: l.NodeCIDR, Opened: l.Opened, Policy: p}
 }
 
 // Converge makes every piece of the slot exist and be configured, and
@@ -151,7 +143,7 @@ func Converge(ctx context.Context, l Layout, p policy.Policy) (created []string,
 	case network.VM:
 		_ = step("tap", func() (bool, error) { return ensureTap(in, l.SlotNS()) })
 		_ = step("tap-addr", func() (bool, error) {
-			return false, linkUp(in, TapName, netip.PrefixFrom(SandboxGateway, sandboxBits))
+			return false, linkUp(in, network.TapName, netip.PrefixFrom(network.SandboxGateway, network.SandboxPrefixBits))
 		})
 	default:
 		_ = step("sandbox-link", func() (bool, error) { return ensureSandboxLink(in, l) })
@@ -232,27 +224,27 @@ func ensureSandboxLink(in *netlink.Handle, l Layout) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := linkUp(in, GatewayLink, netip.PrefixFrom(SandboxGateway, sandboxBits)); err != nil {
+	if err := linkUp(in, GatewayLink, netip.PrefixFrom(network.SandboxGateway, network.SandboxPrefixBits)); err != nil {
 		return made, err
 	}
 	if err := linkUp(sb, "lo", netip.Prefix{}); err != nil {
 		return made, err
 	}
-	if err := linkUp(sb, SandboxLink, netip.PrefixFrom(SandboxIP, sandboxBits)); err != nil {
+	if err := linkUp(sb, SandboxLink, netip.PrefixFrom(network.SandboxIP, network.SandboxPrefixBits)); err != nil {
 		return made, err
 	}
-	return made, defaultRoute(sb, SandboxLink, SandboxGateway)
+	return made, defaultRoute(sb, SandboxLink, network.SandboxGateway)
 }
 
 // ensureTap makes a persistent TAP in the slot namespace. TUNSETIFF makes
 // the device in the calling thread's namespace, hence Do.
 func ensureTap(in *netlink.Handle, nsPath string) (bool, error) {
-	if _, err := in.LinkByName(TapName); err == nil {
+	if _, err := in.LinkByName(network.TapName); err == nil {
 		return false, nil
 	}
 	err := netnsdir.Do(nsPath, func() error {
 		return netlink.LinkAdd(&netlink.Tuntap{
-			LinkAttrs: netlink.LinkAttrs{Name: TapName},
+			LinkAttrs: netlink.LinkAttrs{Name: network.TapName},
 			Mode:      netlink.TUNTAP_MODE_TAP,
 			// No multi-queue: QEMU must open it with the same queue mode.
 			Flags: netlink.TUNTAP_NO_PI | netlink.TUNTAP_ONE_QUEUE | netlink.TUNTAP_VNET_HDR,

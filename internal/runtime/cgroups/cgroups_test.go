@@ -48,9 +48,7 @@ func TestMounts(t *testing.T) {
 // finds it there, Remove takes it out of all of them and a second Remove
 // is a no-op.
 func TestDirsRemove(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: creates cgroups")
-	}
+	testenv.RequireRoot(t, "creates cgroups")
 	mounts, err := Mounts()
 	if err != nil {
 		t.Fatal(err)

@@ -20,12 +20,8 @@ import (
 
 func requireRunsc(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: runsc creates namespaces and cgroups")
-	}
-	if _, err := exec.LookPath("runsc"); err != nil {
-		testenv.Missing(t, "needs runsc (Debian package runsc)")
-	}
+	testenv.RequireRoot(t, "runsc creates namespaces and cgroups")
+	testenv.RequireBinary(t, "runsc", "runsc")
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		testenv.Missing(t, "needs /bin/busybox (busybox-static) for the test rootfs")
 	}

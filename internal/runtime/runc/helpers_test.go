@@ -18,9 +18,7 @@ import (
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: runc creates namespaces and cgroups")
-	}
+	testenv.RequireRoot(t, "runc creates namespaces and cgroups")
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		testenv.Missing(t, "needs /bin/busybox (busybox-static) for the test rootfs")
 	}

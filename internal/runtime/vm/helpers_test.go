@@ -41,13 +41,9 @@ func testAccel() string {
 
 func requireVM(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: cgroups, netns")
-	}
-	for _, tool := range []string{"qemu-system-x86_64", "zstd", "mkfs.ext4", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testenv.Missing(t, "needs %s", tool)
-		}
+	testenv.RequireRoot(t, "cgroups, netns")
+	for tool, pkg := range map[string]string{"qemu-system-x86_64": "qemu-system-x86", "zstd": "zstd", "mkfs.ext4": "e2fsprogs", "nsenter": "util-linux"} {
+		testenv.RequireBinary(t, tool, pkg)
 	}
 	if _, err := os.Stat(vmguest.DefaultBusybox); err != nil {
 		testenv.Missing(t, "needs busybox-static")

@@ -18,9 +18,7 @@ import (
 // slot's fixed guest address.
 func TestNetworkTap(t *testing.T) {
 	e := newEnv(t)
-	if _, err := exec.LookPath("ip"); err != nil {
-		testenv.Missing(t, "needs iproute2")
-	}
+	testenv.RequireBinary(t, "ip", "iproute2")
 	ns := fmt.Sprintf("cube-vmt-%d", os.Getpid())
 	ip := func(args ...string) {
 		t.Helper()

@@ -25,9 +25,7 @@ func TestBuildBase(t *testing.T) {
 	if os.Getenv("CUBE_TEST_BASE") != "1" {
 		t.Skip("set CUBE_TEST_BASE=1 to build the base image with debootstrap")
 	}
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: debootstrap, chroot, loop mounts")
-	}
+	testenv.RequireRoot(t, "debootstrap, chroot, loop mounts")
 	cache := os.Getenv("CUBE_BASE_CACHE")
 	if cache == "" {
 		cache = "/var/cache/cube/base"

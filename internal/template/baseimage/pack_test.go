@@ -17,9 +17,7 @@ import (
 // TestPackDir: the tar carries owners, modes, links, devices and xattrs as
 // they are on disk, skips what it is told to, and its digest is the file's.
 func TestPackDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: chown and mknod")
-	}
+	testenv.RequireRoot(t, "chown and mknod")
 	root := filepath.Join(t.TempDir(), "root")
 	must := func(err error) {
 		t.Helper()

@@ -17,9 +17,7 @@ import (
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testenv.Missing(t, "needs root: namespaces, links, nftables, loop devices")
-	}
+	testenv.RequireRoot(t, "namespaces, links, nftables, loop devices")
 }
 
 // privateTemp points os.TempDir, where the harness keeps every directory
