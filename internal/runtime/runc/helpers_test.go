@@ -39,11 +39,35 @@ func testLogger(t *testing.T) *slog.Logger {
 // earlier crashed runs cannot collide with it.
 func newTestDriver(t *testing.T) *Driver {
 	t.Helper()
-	d, err := New(Config{Root: t.TempDir(), Logger: testLogger(t)})
+	return newTestDriverWith(t, UserNS{})
+}
+
+// newTestDriverWith is newTestDriver with the given user namespace
+// settings. Its root lies in a directory other users may pass through
+// (t.TempDir's parent is 0700), as the sandboxes' idmapped root
+// filesystems next to it must be reachable by their ranges' roots.
+func newTestDriverWith(t *testing.T, u UserNS) *Driver {
+	t.Helper()
+	d, err := New(Config{Root: filepath.Join(searchableDir(t), "runc"), Logger: testLogger(t), UserNS: u})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// searchableDir returns a fresh directory under os.TempDir() with mode
+// 0711, removed when t ends.
+func searchableDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cube-runc-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // cgroupParent returns a cgroup parent unique to t and removes it from every

@@ -46,6 +46,8 @@ type Config struct {
 	Binary string       // runc executable; "runc" (from PATH) when empty
 	Root   string       // runc --root, e.g. /run/cube/runc; required
 	Logger *slog.Logger // slog.Default() when nil
+	// UserNS: every sandbox's user namespace (userns.go).
+	UserNS UserNS
 }
 
 // Driver runs sandboxes as runc containers. It keeps no in-memory state:
@@ -54,6 +56,7 @@ type Config struct {
 type Driver struct {
 	rc  *gorunc.Runc // never mutated after New; copied per call when a call needs its own log
 	log *slog.Logger
+	uns *usernsState
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -78,6 +81,11 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	log = log.With("runtime", "runc")
+	uns, err := newUsernsState(cfg.Root, cfg.UserNS, log)
+	if err != nil {
+		return nil, err
+	}
 	return &Driver{
 		rc: &gorunc.Runc{
 			Command: path,
@@ -87,7 +95,8 @@ func New(cfg Config) (*Driver, error) {
 			// while it is between fork and detach.
 			Setpgid: true,
 		},
-		log: log.With("runtime", "runc"),
+		log: log,
+		uns: uns,
 	}, nil
 }
 
@@ -130,6 +139,17 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	if fitRlimits(spec) {
 		d.log.WarnContext(ctx, "rlimits lowered to this process's hard limits (no CAP_SYS_RESOURCE)", "id", s.ID)
 	}
+	if err := d.uns.prepare(ctx, s, spec); err != nil {
+		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
+	}
+	ran := false // once runc ran, the rollback below releases the namespace
+	defer func() {
+		if err != nil && !ran {
+			if rerr := d.uns.release(context.WithoutCancel(ctx), s.ID); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
 	if err := writeBundle(s.BundleDir, spec); err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}
@@ -150,6 +170,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	rc := *d.rc
 	rc.Log, rc.LogFormat = runcLog, gorunc.JSON
 
+	ran = true
 	_, err = rc.Run(ctx, s.ID, s.BundleDir, &gorunc.CreateOpts{
 		IO:      fileIO{console},
 		PidFile: pidFile,
@@ -169,7 +190,11 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 		// Detached from ctx: the caller's ctx may be the very reason we
 		// are here, and the rollback must still run to completion.
 		cctx := context.WithoutCancel(ctx)
-		if cerr := d.destroy(cctx, s.ID, spec.Linux.CgroupsPath); cerr != nil {
+		cerr := d.destroy(cctx, s.ID, spec.Linux.CgroupsPath)
+		if cerr == nil {
+			cerr = d.uns.release(cctx, s.ID)
+		}
+		if cerr != nil {
 			d.log.WarnContext(ctx, "rollback of failed start", "id", s.ID, "error", cerr)
 			err = errors.Join(err, cerr)
 		}
@@ -234,7 +259,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		if derr := d.rc.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); derr != nil {
 			return d.classify(ctx, "delete", id, derr, "")
 		}
-		return nil
+		return d.uns.release(ctx, id)
 	}
 	cgroupPath := cgroupPathFromBundle(c.Bundle)
 
@@ -259,6 +284,9 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	if err := d.destroy(ctx, id, cgroupPath); err != nil {
 		return err
+	}
+	if err := d.uns.release(ctx, id); err != nil {
+		return fmt.Errorf("runc stop %s: %w", id, err)
 	}
 	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
 	return nil

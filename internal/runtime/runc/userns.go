@@ -1,0 +1,312 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/userns"
+)
+
+// UserNS configures the user namespace every sandbox runs in. The zero
+// value is the production setting.
+type UserNS struct {
+	// Disabled runs sandboxes as the host's real root, as containers
+	// without a user namespace do. Only the tests' control cases set it.
+	Disabled bool
+	// First and Count are the host IDs handed out: Count blocks of
+	// userns.Size IDs from First (userns.DefaultFirst, DefaultCount).
+	First uint32
+	Count int
+	// MountDir holds each sandbox's idmapped root filesystem and sysfs:
+	// <MountDir>/<id>/{rootfs,sys}. Default: Root + "-userns". Every
+	// directory above it must be searchable by other users (the
+	// sandbox's root is one, on the host), MountDir itself is made 0711
+	// (no listing) and <id> 0700 owned by the sandbox's range.
+	MountDir string
+	// InotifyInstances and InotifyWatches are the per-user inotify
+	// limits set inside every sandbox's namespace (user.max_inotify_*);
+	// 0 means 128 and 65536, negative leaves the namespace unlimited (the
+	// host's limits for root then bound the sandbox: controls only).
+	InotifyInstances int
+	InotifyWatches   int
+	// AllowNested lets code in a sandbox create user namespaces of its
+	// own (user.max_user_namespaces is 0 otherwise). Controls only.
+	AllowNested bool
+}
+
+const (
+	defaultInotifyInstances = 128
+	defaultInotifyWatches   = 65536
+	// hostInotifyInstances and hostInotifyWatches are the floors the
+	// driver raises the host's per-user limits to. Every sandbox's
+	// namespace is created by root, and the kernel charges each inotify
+	// instance also to the namespace's owner in the parent namespace
+	// (kernel/ucount.c, inc_ucount walks up), so all sandboxes together
+	// and host root share root's host limit: with the kernel's default
+	// of 128, sandboxes would exhaust host root's instances long before
+	// their own limit.
+	hostInotifyInstances = 1 << 16
+	hostInotifyWatches   = 1 << 22
+	// allocName is the allocator's state file in runc's root: ':' is not
+	// allowed in a runc container ID, so it never names a container, and
+	// runc list skips plain files.
+	allocName = "cube:userns.json"
+)
+
+// usernsState is what the driver keeps for user namespaces.
+type usernsState struct {
+	cfg   UserNS
+	alloc *userns.Allocator
+	sh    string // runs the createContainer hook
+}
+
+func newUsernsState(root string, cfg UserNS, log interface {
+	Warn(string, ...any)
+}) (*usernsState, error) {
+	if cfg.Disabled {
+		return &usernsState{cfg: cfg}, nil
+	}
+	if cfg.MountDir == "" {
+		cfg.MountDir = root + "-userns"
+	}
+	if cfg.InotifyInstances == 0 {
+		cfg.InotifyInstances = defaultInotifyInstances
+	}
+	if cfg.InotifyWatches == 0 {
+		cfg.InotifyWatches = defaultInotifyWatches
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		return nil, fmt.Errorf("runc: %w: %w", errdefs.ErrUnavailable, err)
+	}
+	alloc, err := userns.NewAllocator(root, allocName, cfg.First, cfg.Count)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.MountDir, 0o711); err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	if err := os.Chmod(cfg.MountDir, 0o711); err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	if err := searchableByOthers(cfg.MountDir); err != nil {
+		return nil, err
+	}
+	for file, floor := range map[string]int{
+		"/proc/sys/fs/inotify/max_user_instances": hostInotifyInstances,
+		"/proc/sys/fs/inotify/max_user_watches":   hostInotifyWatches,
+	} {
+		if err := raiseSysctl(file, floor); err != nil {
+			log.Warn("cannot raise host inotify limit; sandboxes share root's", "file", file, "error", err)
+		}
+	}
+	return &usernsState{cfg: cfg, alloc: alloc, sh: sh}, nil
+}
+
+// searchableByOthers checks that every directory from / to dir lets
+// other users pass: runc's init opens the root filesystem as the
+// sandbox's root, an unprivileged host user.
+func searchableByOthers(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("runc: %w", err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("runc: %s (mode %v) is not searchable by other users, so no sandbox's root could reach %s: %w",
+				d, st.Mode().Perm(), dir, errdefs.ErrFailedPrecondition)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
+func raiseSysctl(file string, floor int) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	if cur, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && cur >= floor {
+		return nil
+	}
+	return os.WriteFile(file, []byte(strconv.Itoa(floor)), 0)
+}
+
+func (u *usernsState) dir(id string) string { return filepath.Join(u.cfg.MountDir, id) }
+
+// prepare gives sandbox s its ID range and mounts and rewrites spec to
+// use them: a user namespace with the range's mapping, the idmapped view
+// of s.RootFS as root, a sysfs of the sandbox's network namespace, and a
+// hook that sets the namespace's limits before PID 1 runs. On error
+// everything it did is undone.
+func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.Spec) (err error) {
+	if u.cfg.Disabled {
+		return nil
+	}
+	r, err := u.alloc.Acquire(s.ID)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, u.release(context.WithoutCancel(ctx), s.ID))
+		}
+	}()
+	dir := u.dir(s.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("runc: %w", err)
+	}
+	// Owned by the range's root: runc's init passes through it as that
+	// user; any other host user is kept out of the sandbox's files.
+	if err := os.Chown(dir, int(r.HostID), int(r.HostID)); err != nil {
+		return fmt.Errorf("runc: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("runc: %w", err)
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.Mkdir(rootfs, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("runc: %w", err)
+	}
+	if err := userns.MountIDMapped(s.RootFS, rootfs, r); err != nil {
+		return err
+	}
+	spec.Root.Path = rootfs
+
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.HostID, Size: r.Size}}
+	spec.Linux.UIDMappings, spec.Linux.GIDMappings = m, m
+	spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+
+	if s.NetNSPath != "" {
+		// A sysfs mount shows the network devices of the mounter's
+		// network namespace, and the kernel refuses it from a user
+		// namespace that does not own that namespace (the network agent
+		// creates it in the host's). So it is mounted here, from inside
+		// the sandbox's network namespace, and bound read-only.
+		sys := filepath.Join(dir, "sys")
+		if err := os.Mkdir(sys, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("runc: %w", err)
+		}
+		if err := inNetNS(s.NetNSPath, func() error {
+			if err := unix.Mount("sysfs", sys, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+				return fmt.Errorf("mount sysfs: %w", err)
+			}
+			// Written from the host's user namespace: the network
+			// namespace's owner. The sandbox's own root may not, and
+			// its namespace could not name host GIDs beyond its range.
+			return os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 2147483647"), 0)
+		}); err != nil {
+			return fmt.Errorf("runc start %s: %w", s.ID, err)
+		}
+		delete(spec.Linux.Sysctl, "net.ipv4.ping_group_range")
+		for i, mnt := range spec.Mounts {
+			if mnt.Destination == "/sys" && mnt.Type == "sysfs" {
+				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: sys,
+					Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
+			}
+		}
+	} else if _, ok := spec.Linux.Sysctl["net.ipv4.ping_group_range"]; ok {
+		// runc makes the network namespace inside the user namespace,
+		// whose GIDs end at Size-1.
+		spec.Linux.Sysctl["net.ipv4.ping_group_range"] = fmt.Sprintf("0 %d", r.Size-1)
+	}
+	if script := u.limitsScript(); script != "" {
+		if spec.Hooks == nil {
+			spec.Hooks = &specs.Hooks{}
+		}
+		// createContainer hooks run as the container's root, in its
+		// user namespace (with every capability there) before PID 1
+		// is started: the one point where the namespace's own limits
+		// can be set before any of the sandbox's code runs. The host's
+		// /proc/sys/user shows and sets the limits of the writer's
+		// user namespace.
+		spec.Hooks.CreateContainer = append(spec.Hooks.CreateContainer, specs.Hook{
+			Path: u.sh, Args: []string{"sh", "-c", script},
+		})
+	}
+	return nil
+}
+
+func (u *usernsState) limitsScript() string {
+	var set []string
+	if u.cfg.InotifyInstances > 0 {
+		set = append(set, fmt.Sprintf("echo %d >/proc/sys/user/max_inotify_instances", u.cfg.InotifyInstances))
+	}
+	if u.cfg.InotifyWatches > 0 {
+		set = append(set, fmt.Sprintf("echo %d >/proc/sys/user/max_inotify_watches", u.cfg.InotifyWatches))
+	}
+	if !u.cfg.AllowNested {
+		set = append(set, "echo 0 >/proc/sys/user/max_user_namespaces")
+	}
+	return strings.Join(set, " && ")
+}
+
+// release unmounts what prepare mounted for id and frees its range. It is
+// a no-op for an id without either.
+func (u *usernsState) release(ctx context.Context, id string) error {
+	if u.cfg.Disabled {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dir := u.dir(id)
+	var errs []error
+	for _, m := range []string{filepath.Join(dir, "sys"), filepath.Join(dir, "rootfs")} {
+		errs = append(errs, userns.Unmount(m))
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("runc: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err // the range stays taken while its mounts may exist
+	}
+	return u.alloc.Release(id)
+}
+
+// inNetNS runs fn on an OS thread switched into the network namespace at
+// path. The thread is thrown away if it cannot be switched back.
+func inNetNS(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		errc <- func() error {
+			orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				goruntime.UnlockOSThread()
+				return err
+			}
+			defer unix.Close(orig)
+			ns, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				goruntime.UnlockOSThread()
+				return err
+			}
+			defer unix.Close(ns)
+			if err := unix.Setns(ns, unix.CLONE_NEWNET); err != nil {
+				goruntime.UnlockOSThread()
+				return fmt.Errorf("setns %s: %w", path, err)
+			}
+			ferr := fn()
+			if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+				return errors.Join(ferr, err) // still locked: the thread exits with us
+			}
+			goruntime.UnlockOSThread()
+			return ferr
+		}()
+	}()
+	return <-errc
+}
