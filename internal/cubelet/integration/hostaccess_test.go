@@ -14,10 +14,10 @@ import (
 
 // TestSandboxFilesPrivateToRoot: another host account (nobody) can
 // neither reach a running sandbox's root filesystem (where its root may
-// plant a setuid binary or a device node) nor list the pool's sandboxes
-// (their IDs are their URLs). Each row has its control: with the one
-// directory that stops it loosened to what it used to be, the same probe
-// succeeds. (The disk images themselves are 0600 besides.)
+// plant a setuid binary or a device node), directly or through runc's
+// idmapped view of it, nor list the sandboxes (their IDs are their URLs).
+// Each row has its control: with the one directory that stops it
+// loosened, the same probe succeeds. (The disk images themselves are 0600 besides.)
 func TestSandboxFilesPrivateToRoot(t *testing.T) {
 	env := cubelettest.New(t, "")
 	svc := env.Start(t)
@@ -34,21 +34,28 @@ func TestSandboxFilesPrivateToRoot(t *testing.T) {
 	if err := os.Chmod(planted, 0o4755); err != nil { // setuid root, as a sandbox's root could
 		t.Fatal(err)
 	}
+	// runc hands each sandbox an idmapped view of its rootfs under a
+	// directory its range's root (an unprivileged host user) can pass:
+	// <runc root>-userns is 0711 (no listing), <id> in it 0700 and owned
+	// by the range.
+	runcViews := env.Config.Runc.Root + "-userns"
 	for _, row := range []struct {
 		name, path, dir string
-		loose           os.FileMode
+		mode, loose     os.FileMode
 	}{
-		{"planted setuid file in the rootfs", planted, sandboxes, 0o711},
-		{"sandbox IDs in the pool", filepath.Join(env.Config.PoolDir(), "sandboxes"), env.Config.PoolDir(), 0o755},
+		{"planted setuid file in the rootfs", planted, sandboxes, 0o700, 0o711},
+		{"sandbox IDs in the pool", filepath.Join(env.Config.PoolDir(), "sandboxes"), env.Config.PoolDir(), 0o700, 0o755},
+		{"planted setuid file through runc's idmapped view", filepath.Join(runcViews, sb.ID, "rootfs", "tmp", "planted"), filepath.Join(runcViews, sb.ID), 0o700, 0o711},
+		{"sandbox IDs among runc's idmapped views", runcViews, runcViews, 0o711, 0o755},
 	} {
 		t.Run(row.name, func(t *testing.T) {
-			if fi, err := os.Stat(row.dir); err != nil || fi.Mode().Perm() != 0o700 {
-				t.Fatalf("%s: %v, %v; want 0700", row.dir, fi.Mode(), err)
+			if fi, err := os.Stat(row.dir); err != nil || fi.Mode().Perm() != row.mode {
+				t.Fatalf("%s: %v, %v; want %v", row.dir, fi.Mode(), err, row.mode)
 			}
 			if out, err := readAsNobody(row.path); err == nil {
 				t.Fatalf("nobody read %s: %q", row.path, out)
 			} else {
-				t.Logf("nobody cannot read %s: %v (stopped by %s, mode 0700)", row.path, err, row.dir)
+				t.Logf("nobody cannot read %s: %v (stopped by %s, mode %v)", row.path, err, row.dir, row.mode)
 			}
 			// Control: the same probe through a directory as loose as it
 			// was succeeds, so the probe can fail for one reason only.
@@ -56,7 +63,7 @@ func TestSandboxFilesPrivateToRoot(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() {
-				if err := os.Chmod(row.dir, 0o700); err != nil {
+				if err := os.Chmod(row.dir, row.mode); err != nil {
 					t.Error(err)
 				}
 			}()

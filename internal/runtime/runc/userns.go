@@ -10,6 +10,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -112,7 +113,38 @@ func newUsernsState(root string, cfg UserNS, log interface {
 			log.Warn("cannot raise host inotify limit; sandboxes share root's", "file", file, "error", err)
 		}
 	}
-	return &usernsState{cfg: cfg, alloc: alloc, sh: sh}, nil
+	u := &usernsState{cfg: cfg, alloc: alloc, sh: sh}
+	u.reap(root, log)
+	return u, nil
+}
+
+// reapGrace is how old a sandbox's mount directory must be before a new
+// Driver takes its range back: younger ones may belong to a Start of
+// another process sharing the root, between taking the range and runc
+// creating its state.
+const reapGrace = time.Minute
+
+// reap releases the ranges of sandboxes runc does not know (a process
+// that died between taking a range and runc creating the container, or
+// before it released one). Sandboxes runc knows are released by Stop,
+// which reconcile calls for the ones without a record.
+func (u *usernsState) reap(root string, log interface{ Warn(string, ...any) }) {
+	ids, err := u.alloc.IDs()
+	if err != nil {
+		log.Warn("cannot read user namespace allocations", "error", err)
+		return
+	}
+	for _, id := range ids {
+		if _, err := os.Stat(filepath.Join(root, id)); err == nil {
+			continue
+		}
+		if st, err := os.Stat(u.dir(id)); err == nil && time.Since(st.ModTime()) < reapGrace {
+			continue
+		}
+		if err := u.release(context.Background(), id); err != nil {
+			log.Warn("cannot release the ID range of a sandbox runc does not know", "id", id, "error", err)
+		}
+	}
 }
 
 // searchableByOthers checks that every directory from / to dir lets

@@ -168,7 +168,7 @@ func TestRangesDisjointAndReleased(t *testing.T) {
 	for _, st := range []runtime.State{a, b} {
 		r, _, _ := d.uns.alloc.Get(st.ID)
 		uid, _ := strconv.ParseUint(procStatusField(t, st.PID, "Uid")[0], 10, 32)
-		if !r.Contains(uint32(uid)) || uint32(uid) != r.HostID {
+		if uid != uint64(r.HostID) {
 			t.Errorf("%s runs as host uid %d, its range is %+v", st.ID, uid, r)
 		}
 	}
@@ -222,6 +222,18 @@ func TestRangesDisjointAndReleased(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(d.uns.cfg.MountDir); len(ents) != 2 {
 		t.Errorf("mount dirs after failed starts: %v", ents)
+	}
+
+	// A range whose sandbox runc never created (the process died in
+	// between) is taken back by the next Driver; live ones stay.
+	if _, err := d.uns.alloc.Acquire("range-orphan"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Root: d.rc.Root, Logger: testLogger(t)}); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := d.uns.alloc.IDs(); strings.Join(ids, ",") != "range-b,range-c" {
+		t.Errorf("allocations after a new Driver reaped orphans: %v", ids)
 	}
 }
 
@@ -360,7 +372,6 @@ func TestNoNestedUserNS(t *testing.T) {
 		})
 	}
 }
-
 
 // TestSysfsOfJoinedNetNS: a sandbox joining a network namespace made in
 // the host's user namespace (as the network agent does) gets a read-only

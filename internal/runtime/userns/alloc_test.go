@@ -1,0 +1,96 @@
+package userns
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+func TestAllocatorDisjointReleasedPersistent(t *testing.T) {
+	dir := t.TempDir()
+	a, err := NewAllocator(dir, "state.json", DefaultFirst, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := a.Acquire("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := a.Acquire("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.HostID != DefaultFirst || r2.HostID != DefaultFirst+Size || r1.overlaps(r2) {
+		t.Fatalf("ranges %+v %+v", r1, r2)
+	}
+	if again, _ := a.Acquire("a"); again != r1 {
+		t.Errorf("second Acquire of a = %+v, want %+v", again, r1)
+	}
+	// Another allocator on the same state (a restarted process) sees both.
+	b, err := NewAllocator(dir, "state.json", DefaultFirst, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := b.Get("b"); err != nil || !ok || got != r2 {
+		t.Fatalf("restarted allocator: b = %+v %v %v", got, ok, err)
+	}
+	if _, err := b.Acquire("c"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire("d"); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("fourth range of three: %v, want resource exhausted", err)
+	}
+	if err := a.Release("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release("a"); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	if got, err := b.Acquire("d"); err != nil || got != r1 {
+		t.Fatalf("freed block not reused: %+v %v", got, err)
+	}
+}
+
+func TestAllocatorConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	const n = 32
+	var wg sync.WaitGroup
+	got := make([]Range, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each goroutine its own Allocator, as separate processes.
+			a, err := NewAllocator(dir, "state.json", 0, 0)
+			if err == nil {
+				got[i], err = a.Acquire(fmt.Sprint("sb", i))
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		for j := range i {
+			if got[i].overlaps(got[j]) {
+				t.Fatalf("sb%d %+v overlaps sb%d %+v", i, got[i], j, got[j])
+			}
+		}
+	}
+}
+
+func TestAllocatorRejectsBadRange(t *testing.T) {
+	for _, c := range []struct {
+		first uint32
+		count int
+	}{{1, 1}, {1 << 31, 1 << 15}} {
+		if _, err := NewAllocator(t.TempDir(), "s", c.first, c.count); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("first %d count %d: %v, want invalid argument", c.first, c.count, err)
+		}
+	}
+}
