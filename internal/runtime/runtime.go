@@ -6,7 +6,7 @@
 // Layering of internal/runtime/... (each layer imports only the ones to
 // its left; no driver imports another driver):
 //
-//	runtime (interfaces)  <-  cgroups, ocispec (helpers)  <-  runc, gvisor, vm (drivers)
+//	runtime (interfaces)  <-  cgroups, ocispec, userns (helpers)  <-  runc, gvisor, vm (drivers)
 //
 // The packages:
 //   - runtime: Driver, Spec, State, Capabilities and the optional
@@ -15,6 +15,8 @@
 //     (used by runc, gvisor, vm).
 //   - ocispec: builds a sandbox's OCI runtime spec from a Spec (used by
 //     runc, gvisor).
+//   - userns: host ID ranges for sandboxes' user namespaces and idmapped
+//     mounts through them (used by runc).
 //   - runtimetest: the conformance suite; it imports runtime only, and
 //     each driver's tests run it.
 //

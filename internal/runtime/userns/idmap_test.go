@@ -85,7 +85,7 @@ func createAs(path string, id int) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
-		_ = unix.Setfsgid(id) // returns the previous fsgid, never an error
+		_ = unix.Setfsgid(id)  // returns the previous fsgid, never an error
 		_ = unix.Setfsuid(id)
 		f, err := os.Create(path)
 		if err == nil {
