@@ -10,6 +10,14 @@
 //
 // runc keeps the container's state under Config.Root, which is what lets a
 // restarted cubelet List and Stop sandboxes it did not start itself.
+//
+// Every sandbox runs in a user namespace of its own, its root an
+// unprivileged block of host IDs, on an idmapped view of Spec.RootFS
+// (userns.go; docs/security.md):
+//
+//	<Root>/cube:userns.json        the blocks in use, by sandbox ID
+//	<Root>-userns/<id>/rootfs      idmapped view of Spec.RootFS (runc's root.path)
+//	<Root>-userns/<id>/sys         sysfs of Spec.NetNSPath's network namespace
 package runc
 
 import (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,12 +71,11 @@ const (
 type usernsState struct {
 	cfg   UserNS
 	alloc *userns.Allocator
+	ids   userns.Mapper
 	sh    string // runs the createContainer hook
 }
 
-func newUsernsState(root string, cfg UserNS, log interface {
-	Warn(string, ...any)
-}) (*usernsState, error) {
+func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, error) {
 	if cfg.Disabled {
 		return &usernsState{cfg: cfg}, nil
 	}
@@ -128,7 +128,7 @@ const reapGrace = time.Minute
 // that died between taking a range and runc creating the container, or
 // before it released one). Sandboxes runc knows are released by Stop,
 // which reconcile calls for the ones without a record.
-func (u *usernsState) reap(root string, log interface{ Warn(string, ...any) }) {
+func (u *usernsState) reap(root string, log *slog.Logger) {
 	ids, err := u.alloc.IDs()
 	if err != nil {
 		log.Warn("cannot read user namespace allocations", "error", err)
@@ -213,7 +213,7 @@ func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.S
 	if err := os.Mkdir(rootfs, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("runc: %w", err)
 	}
-	if err := userns.MountIDMapped(s.RootFS, rootfs, r); err != nil {
+	if err := u.ids.Mount(s.RootFS, rootfs, r); err != nil {
 		return err
 	}
 	spec.Root.Path = rootfs

@@ -5,10 +5,47 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
+
+// Mapper makes idmapped mounts. It keeps one user namespace fd per Range
+// it has mapped (at most one per block: a few KiB of kernel memory each),
+// because creating a namespace costs a process start (~4 ms) and blocks
+// are handed out lowest-first, so most sandboxes reuse a recent block.
+// Its zero value is ready; it is safe for concurrent use.
+type Mapper struct {
+	mu  sync.Mutex
+	fds map[Range]int
+}
+
+// Mount is MountIDMapped with r's namespace from m's cache.
+func (m *Mapper) Mount(src, dst string, r Range) error {
+	nsfd, err := m.nsFd(r)
+	if err != nil {
+		return err
+	}
+	return mountIDMapped(src, dst, nsfd)
+}
+
+func (m *Mapper) nsFd(r Range) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if fd, ok := m.fds[r]; ok {
+		return fd, nil
+	}
+	fd, err := userNSFd(r)
+	if err != nil {
+		return -1, err
+	}
+	if m.fds == nil {
+		m.fds = map[Range]int{}
+	}
+	m.fds[r] = fd
+	return fd, nil
+}
 
 // MountIDMapped mounts an idmapped view of the mount at src on dst: a
 // file owned by ID n on disk appears owned by r.HostID+n, so processes in
@@ -26,6 +63,10 @@ func MountIDMapped(src, dst string, r Range) error {
 		return err
 	}
 	defer unix.Close(nsfd)
+	return mountIDMapped(src, dst, nsfd)
+}
+
+func mountIDMapped(src, dst string, nsfd int) error {
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("userns: open_tree %s: %w", src, err)

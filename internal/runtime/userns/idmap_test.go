@@ -122,3 +122,28 @@ func catChildren(t *testing.T) int {
 	}
 	return n
 }
+
+// BenchmarkMountIDMapped is what each runc Start spends on its view and
+// Stop on removing it, for a block mapped before (Mapper's cache; the
+// first Mount of a block adds the holder process, ~4 ms).
+func BenchmarkMountIDMapped(b *testing.B) {
+	testenv.RequireRoot(b, "idmapped mounts need CAP_SYS_ADMIN")
+	top := b.TempDir()
+	src, dst := filepath.Join(top, "src"), filepath.Join(top, "dst")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	r := Range{HostID: DefaultFirst, Size: Size}
+	var m Mapper
+	for b.Loop() {
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Mount(src, dst, r); err != nil {
+			b.Fatal(err)
+		}
+		if err := Unmount(dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
