@@ -8,6 +8,7 @@ package leakcheck
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -143,6 +144,20 @@ func check(ctx context.Context, s Scope) ([]Leak, error) {
 	if s.RuncRoot != "" {
 		for _, c := range subdirs(s.RuncRoot) {
 			add(KindRunc, "%s", c)
+		}
+		// The runc driver's user namespaces (internal/runtime/runc,
+		// userns.go): each sandbox's mount directory and its host ID
+		// block in <root>/cube:userns.json.
+		for _, c := range subdirs(s.RuncRoot + "-userns") {
+			add(KindFile, "%s", c)
+		}
+		if b, err := os.ReadFile(filepath.Join(s.RuncRoot, "cube:userns.json")); err == nil {
+			var ranges map[string]json.RawMessage
+			if json.Unmarshal(b, &ranges) == nil {
+				for id := range ranges {
+					add(KindRunc, "user namespace ID range of %s", id)
+				}
+			}
 		}
 	}
 

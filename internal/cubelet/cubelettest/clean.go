@@ -21,6 +21,18 @@ func forceClean(ctx context.Context, e *Env) {
 			_ = exec.CommandContext(ctx, c.Runc.Binary, "--root", c.Runc.Root, "delete", "--force", id).Run()
 		}
 	}
+	// The runc driver's idmapped views and sysfs mounts of the
+	// sandboxes deleted above (its Stop would have removed them).
+	views := c.Runc.Root + "-userns"
+	ids, _ := os.ReadDir(views)
+	for _, id := range ids {
+		for _, m := range []string{"sys", "rootfs"} {
+			_ = syscall.Unmount(filepath.Join(views, id.Name(), m), syscall.MNT_DETACH)
+			_ = os.Remove(filepath.Join(views, id.Name(), m)) // never RemoveAll: a mount may remain
+		}
+		_ = os.Remove(filepath.Join(views, id.Name()))
+	}
+	_ = os.Remove(filepath.Join(c.Runc.Root, "cube:userns.json"))
 	killQEMU(c.Node.RunDir)
 	_ = os.RemoveAll(c.VM.Root)
 	runRoot := filepath.Join(c.Node.RunDir, "sandboxes")
