@@ -148,9 +148,11 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	if fitRlimits(spec) {
 		d.log.WarnContext(ctx, "rlimits lowered to this process's hard limits (no CAP_SYS_RESOURCE)", "id", s.ID)
 	}
-	if err := d.uns.prepare(ctx, s, spec); err != nil {
+	prep, err := d.uns.prepare(ctx, s, spec)
+	if err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}
+	defer prep.close()
 	ran := false // once runc ran, the rollback below releases the namespace
 	defer func() {
 		if err != nil && !ran {
@@ -180,11 +182,21 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	rc.Log, rc.LogFormat = runcLog, gorunc.JSON
 
 	ran = true
-	_, err = rc.Run(ctx, s.ID, s.BundleDir, &gorunc.CreateOpts{
-		IO:      fileIO{console},
-		PidFile: pidFile,
-		Detach:  true,
-	})
+	run := func() error {
+		_, err := rc.Run(ctx, s.ID, s.BundleDir, &gorunc.CreateOpts{
+			IO:      fileIO{console},
+			PidFile: pidFile,
+			Detach:  true,
+		})
+		return err
+	}
+	if prep.netns != "" {
+		// runc and the sandbox get the network namespace by birth
+		// (prepare says why runc cannot join it).
+		err = inNetNS(prep.netns, run)
+	} else {
+		err = run()
+	}
 	if err == nil {
 		var pid int
 		pid, err = readPid(pidFile)

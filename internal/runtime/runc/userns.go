@@ -9,7 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,7 +40,8 @@ type UserNS struct {
 	// InotifyInstances and InotifyWatches are the per-user inotify
 	// limits set inside every sandbox's namespace (user.max_inotify_*);
 	// 0 means 128 and 65536, negative leaves the namespace unlimited (the
-	// host's limits for root then bound the sandbox: controls only).
+	// host's per-user limits for the range's base UID then bound the
+	// sandbox: controls only).
 	InotifyInstances int
 	InotifyWatches   int
 	// AllowNested lets code in a sandbox create user namespaces of its
@@ -51,16 +52,6 @@ type UserNS struct {
 const (
 	defaultInotifyInstances = 128
 	defaultInotifyWatches   = 65536
-	// hostInotifyInstances and hostInotifyWatches are the floors the
-	// driver raises the host's per-user limits to. Every sandbox's
-	// namespace is created by root, and the kernel charges each inotify
-	// instance also to the namespace's owner in the parent namespace
-	// (kernel/ucount.c, inc_ucount walks up), so all sandboxes together
-	// and host root share root's host limit: with the kernel's default
-	// of 128, sandboxes would exhaust host root's instances long before
-	// their own limit.
-	hostInotifyInstances = 1 << 16
-	hostInotifyWatches   = 1 << 22
 	// allocName is the allocator's state file in runc's root: ':' is not
 	// allowed in a runc container ID, so it never names a container, and
 	// runc list skips plain files.
@@ -71,8 +62,8 @@ const (
 type usernsState struct {
 	cfg   UserNS
 	alloc *userns.Allocator
-	ids   userns.Mapper
 	sh    string // runs the createContainer hook
+	log   *slog.Logger
 }
 
 func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, error) {
@@ -105,15 +96,7 @@ func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, er
 	if err := searchableByOthers(cfg.MountDir); err != nil {
 		return nil, err
 	}
-	for file, floor := range map[string]int{
-		"/proc/sys/fs/inotify/max_user_instances": hostInotifyInstances,
-		"/proc/sys/fs/inotify/max_user_watches":   hostInotifyWatches,
-	} {
-		if err := raiseSysctl(file, floor); err != nil {
-			log.Warn("cannot raise host inotify limit; sandboxes share root's", "file", file, "error", err)
-		}
-	}
-	u := &usernsState{cfg: cfg, alloc: alloc, sh: sh}
+	u := &usernsState{cfg: cfg, alloc: alloc, sh: sh, log: log}
 	u.reap(root, log)
 	return u, nil
 }
@@ -166,90 +149,85 @@ func searchableByOthers(dir string) error {
 	}
 }
 
-func raiseSysctl(file string, floor int) error {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return err
-	}
-	if cur, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && cur >= floor {
-		return nil
-	}
-	return os.WriteFile(file, []byte(strconv.Itoa(floor)), 0)
-}
-
 func (u *usernsState) dir(id string) string { return filepath.Join(u.cfg.MountDir, id) }
 
-// prepare gives sandbox s its ID range and mounts and rewrites spec to
-// use them: a user namespace with the range's mapping, the idmapped view
-// of s.RootFS as root, a sysfs of the sandbox's network namespace, and a
-// hook that sets the namespace's limits before PID 1 runs. On error
-// everything it did is undone.
-func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.Spec) (err error) {
+// prepared is what Start needs from prepare until runc has run.
+type prepared struct {
+	ns *userns.Namespace // nil without a user namespace
+	// netns: run runc with this network namespace as its own, the
+	// sandbox inheriting it (see prepare).
+	netns string
+}
+
+// close drops the namespace fd; runc's processes keep the namespace.
+func (p prepared) close() {
+	if p.ns != nil {
+		_ = p.ns.Close()
+	}
+}
+
+// prepare gives sandbox s its ID range, user namespace and mounts and
+// rewrites spec to use them: runc joins the namespace, the idmapped view
+// of s.RootFS is the root, sysfs comes from the sandbox's network
+// namespace, and a hook sets the namespace's limits before PID 1 runs.
+// On error everything it did is undone.
+func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.Spec) (p prepared, err error) {
 	if u.cfg.Disabled {
-		return nil
+		return prepared{}, nil
 	}
 	r, err := u.alloc.Acquire(s.ID)
 	if err != nil {
-		return err
+		return prepared{}, err
 	}
 	defer func() {
 		if err != nil {
+			p.close()
 			err = errors.Join(err, u.release(context.WithoutCancel(ctx), s.ID))
+			p = prepared{}
 		}
 	}()
 	dir := u.dir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("runc: %w", err)
+		return p, fmt.Errorf("runc: %w", err)
 	}
 	// Owned by the range's root: runc's init passes through it as that
 	// user; any other host user is kept out of the sandbox's files.
 	if err := os.Chown(dir, int(r.HostID), int(r.HostID)); err != nil {
-		return fmt.Errorf("runc: %w", err)
+		return p, fmt.Errorf("runc: %w", err)
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("runc: %w", err)
+		return p, fmt.Errorf("runc: %w", err)
+	}
+	// A namespace of its own for every sandbox, never reused: keyrings
+	// and other per-namespace state would otherwise pass from one
+	// tenant to the next.
+	if p.ns, err = userns.NewNamespace(r); err != nil {
+		return p, err
 	}
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.Mkdir(rootfs, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("runc: %w", err)
+		return p, fmt.Errorf("runc: %w", err)
 	}
-	if err := u.ids.Mount(s.RootFS, rootfs, r); err != nil {
-		return err
+	if err := userns.MountIDMapped(s.RootFS, rootfs, p.ns); err != nil {
+		return p, err
 	}
 	spec.Root.Path = rootfs
+	if dropped := dropInheritedRlimits(spec); len(dropped) > 0 {
+		u.log.DebugContext(ctx, "rlimits left to inheritance (no CAP_SYS_RESOURCE to set them in a user namespace)", "id", s.ID, "rlimits", dropped)
+	}
 
+	// runc joins the namespace rather than creating one: created by runc
+	// it would be owned by host root, and every sandbox's per-user counts
+	// would add up against root's host limits (userns.NewNamespace).
 	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.HostID, Size: r.Size}}
 	spec.Linux.UIDMappings, spec.Linux.GIDMappings = m, m
-	spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+	spec.Linux.Namespaces = append(spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: p.ns.Path()})
 
 	if s.NetNSPath != "" {
-		// A sysfs mount shows the network devices of the mounter's
-		// network namespace, and the kernel refuses it from a user
-		// namespace that does not own that namespace (the network agent
-		// creates it in the host's). So it is mounted here, from inside
-		// the sandbox's network namespace, and bound read-only.
-		sys := filepath.Join(dir, "sys")
-		if err := os.Mkdir(sys, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("runc: %w", err)
+		if err := u.hostSideNetwork(s, spec, dir); err != nil {
+			return p, fmt.Errorf("runc start %s: %w", s.ID, err)
 		}
-		if err := inNetNS(s.NetNSPath, func() error {
-			if err := unix.Mount("sysfs", sys, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-				return fmt.Errorf("mount sysfs: %w", err)
-			}
-			// Written from the host's user namespace: the network
-			// namespace's owner. The sandbox's own root may not, and
-			// its namespace could not name host GIDs beyond its range.
-			return os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 2147483647"), 0)
-		}); err != nil {
-			return fmt.Errorf("runc start %s: %w", s.ID, err)
-		}
-		delete(spec.Linux.Sysctl, "net.ipv4.ping_group_range")
-		for i, mnt := range spec.Mounts {
-			if mnt.Destination == "/sys" && mnt.Type == "sysfs" {
-				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: sys,
-					Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
-			}
-		}
+		p.netns = s.NetNSPath
 	} else if _, ok := spec.Linux.Sysctl["net.ipv4.ping_group_range"]; ok {
 		// runc makes the network namespace inside the user namespace,
 		// whose GIDs end at Size-1.
@@ -268,6 +246,84 @@ func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.S
 		spec.Hooks.CreateContainer = append(spec.Hooks.CreateContainer, specs.Hook{
 			Path: u.sh, Args: []string{"sh", "-c", script},
 		})
+	}
+	return p, nil
+}
+
+// dropInheritedRlimits removes the rlimits a sandbox would inherit from
+// runc anyway, when this process lacks CAP_SYS_RESOURCE (cubelet in a
+// restricted container). runc sets a container's rlimits with prlimit
+// from the host side, which the kernel allows on a process of another
+// user only with CAP_SYS_RESOURCE over its user namespace; the sandbox's
+// namespace is owned by its range, not by root, so only the host-wide
+// capability would do. An entry whose hard limit fitRlimits already
+// lowered to ours is what the sandbox inherits (the soft limit inherited
+// is at most as high), so dropping it loosens nothing; lower limits
+// stay and make runc fail loudly rather than be lost.
+func dropInheritedRlimits(sp *specs.Spec) (dropped []string) {
+	if sp.Process == nil || hasCap(capSysResource) {
+		return nil
+	}
+	sp.Process.Rlimits = slices.DeleteFunc(sp.Process.Rlimits, func(rl specs.POSIXRlimit) bool {
+		res, ok := rlimitResources[rl.Type]
+		if !ok {
+			return false
+		}
+		var cur unix.Rlimit
+		if unix.Getrlimit(res, &cur) != nil || rl.Hard != cur.Max {
+			return false
+		}
+		dropped = append(dropped, rl.Type)
+		return true
+	})
+	return dropped
+}
+
+// hostSideNetwork adapts spec to a network namespace made in the host's
+// user namespace (the network agent's). runc joins the user namespace
+// before any other, and from inside it may not join a network namespace
+// the host owns (setns: EPERM); so the namespace leaves the spec and
+// Start runs runc inside it, the sandbox inheriting it. For the same
+// reason the sandbox could neither mount a sysfs of it (the kernel refuses
+// sysfs to a user namespace that does not own the network namespace) nor
+// write its sysctls: both happen here, on an OS thread switched into the
+// namespace, and sysfs is bound read-only at /sys.
+func (u *usernsState) hostSideNetwork(s runtime.Spec, spec *specs.Spec, dir string) error {
+	spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(n specs.LinuxNamespace) bool {
+		return n.Type == specs.NetworkNamespace
+	})
+	sysctls := map[string]string{}
+	for k, v := range spec.Linux.Sysctl {
+		if strings.HasPrefix(k, "net.") {
+			sysctls[k] = v
+			delete(spec.Linux.Sysctl, k)
+		}
+	}
+	sys := filepath.Join(dir, "sys")
+	if err := os.Mkdir(sys, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := inNetNS(s.NetNSPath, func() error {
+		if err := unix.Mount("sysfs", sys, "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mount sysfs: %w", err)
+		}
+		// Values as the host's user namespace reads them: GIDs are host
+		// GIDs here (ping_group_range "0 2147483647" covers every range).
+		for k, v := range sysctls {
+			file := filepath.Join("/proc/sys", strings.ReplaceAll(k, ".", "/"))
+			if err := os.WriteFile(file, []byte(v), 0); err != nil {
+				return fmt.Errorf("sysctl %s: %w", k, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for i, mnt := range spec.Mounts {
+		if mnt.Destination == "/sys" && mnt.Type == "sysfs" {
+			spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: sys,
+				Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}
+		}
 	}
 	return nil
 }

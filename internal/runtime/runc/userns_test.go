@@ -287,32 +287,54 @@ func rootHeadroom(t *testing.T) int {
 }
 
 // TestInotifyLimitPerSandbox: a sandbox creating inotify instances stops
-// at its own limit and host root can still create one. Control: without
-// the per-namespace limit the same loop takes every instance host root
-// has left (host limit lowered to keep that cheap).
+// at its namespace's limit; spread over many of its users it stops at the
+// host's per-user limit for its range's base UID (the namespace's owner);
+// either way host root can still create one. Controls: without the
+// namespace limit the loop goes on to the host limit (so the first stop
+// was the namespace's), and without a user namespace the same loop takes
+// every instance host root has left. The host limit is lowered to root's
+// use plus a little, so each loop ends quickly.
 func TestInotifyLimitPerSandbox(t *testing.T) {
 	requireRoot(t)
 	probe := buildProbe(t)
 	parent := cgroupParent(t)
 	const perSandbox, slack = 8, 24
 	for _, tc := range []struct {
-		name string
-		u    UserNS
+		name  string
+		u     UserNS
+		args  string
+		check func(t *testing.T, n, limit int, hostErr error)
 	}{
-		{"limit", UserNS{InotifyInstances: perSandbox}},
-		{"control without limit", UserNS{InotifyInstances: -1}},
+		{"namespace limit", UserNS{InotifyInstances: perSandbox}, "inotify 1000", func(t *testing.T, n, _ int, hostErr error) {
+			if n != perSandbox || hostErr != nil {
+				t.Fatalf("sandbox made %d instances (want %d); host root: %v", n, perSandbox, hostErr)
+			}
+		}},
+		{"spread over 6 users", UserNS{InotifyInstances: perSandbox}, "inotify-uids 6 1000", func(t *testing.T, n, limit int, hostErr error) {
+			if n != limit || hostErr != nil {
+				t.Fatalf("sandbox made %d instances as 6 users (want the host's per-user limit %d); host root: %v", n, limit, hostErr)
+			}
+		}},
+		{"control without namespace limit", UserNS{InotifyInstances: -1}, "inotify 1000", func(t *testing.T, n, limit int, hostErr error) {
+			if n != limit || hostErr != nil {
+				t.Fatalf("control: sandbox made %d instances (want the host limit %d); host root: %v", n, limit, hostErr)
+			}
+		}},
+		{"control without user namespace", UserNS{Disabled: true}, "inotify 1000", func(t *testing.T, n, _ int, hostErr error) {
+			if n < slack-4 || hostErr == nil {
+				t.Fatalf("control: sandbox as host root made %d of root's %d spare instances and host root still got one (%v)", n, slack, hostErr)
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newTestDriverWith(t, tc.u)
-			// New raised the host limit; lower it to what root uses now
-			// plus a little, so the control's loop ends quickly.
 			const probeLimit = 512 // above root's use (the kernel default is 128), below our fd limit
 			setHostInotify(t, probeLimit)
-			used := probeLimit - rootHeadroom(t)
-			setHostInotify(t, used+slack)
+			limit := probeLimit - rootHeadroom(t) + slack
+			setHostInotify(t, limit)
 			spec := sleepSpec(t, parent, "inotify-"+strconv.Itoa(len(tc.name)))
 			copyFile(t, probe, filepath.Join(spec.RootFS, "bin/probe"))
-			spec.Args = []string{"/bin/sh", "-c", "/bin/probe inotify 1000 > /tmp/out"}
+			spec.Args = []string{"/bin/sh", "-c", "/bin/probe " + tc.args + " > /tmp/out"}
 			startSleep(t, d, spec)
 			var out string
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -326,16 +348,8 @@ func TestInotifyLimitPerSandbox(t *testing.T) {
 			if herr == nil {
 				unix.Close(fd)
 			}
-			t.Logf("sandbox created %s inotify instances; host root then: %v", out, herr)
-			if tc.u.InotifyInstances > 0 {
-				if n != perSandbox || herr != nil {
-					t.Fatalf("sandbox made %d instances (want %d), host root: %v", n, perSandbox, herr)
-				}
-				return
-			}
-			if n < slack-4 || herr == nil {
-				t.Fatalf("control: sandbox made %d instances of the host's %d spare and host root still got one (%v)", n, slack, herr)
-			}
+			t.Logf("host per-user limit %d; sandbox: %s; host root then: %v", limit, out, herr)
+			tc.check(t, n, limit, herr)
 		})
 	}
 }

@@ -5,68 +5,152 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"sync"
+	"path/filepath"
+	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// Mapper makes idmapped mounts. It keeps one user namespace fd per Range
-// it has mapped (at most one per block: a few KiB of kernel memory each),
-// because creating a namespace costs a process start (~4 ms) and blocks
-// are handed out lowest-first, so most sandboxes reuse a recent block.
-// Its zero value is ready; it is safe for concurrent use.
-type Mapper struct {
-	mu  sync.Mutex
-	fds map[Range]int
-}
+// holderTimeout bounds how long NewNamespace waits for its helper to
+// create the namespace.
+const holderTimeout = 10 * time.Second
 
-// Mount is MountIDMapped with r's namespace from m's cache.
-func (m *Mapper) Mount(src, dst string, r Range) error {
-	nsfd, err := m.nsFd(r)
-	if err != nil {
-		return err
-	}
-	return mountIDMapped(src, dst, nsfd)
-}
+// Namespace is an open user namespace. It lives as long as it is open.
+type Namespace struct{ fd int }
 
-func (m *Mapper) nsFd(r Range) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if fd, ok := m.fds[r]; ok {
-		return fd, nil
-	}
-	fd, err := userNSFd(r)
-	if err != nil {
-		return -1, err
-	}
-	if m.fds == nil {
-		m.fds = map[Range]int{}
-	}
-	m.fds[r] = fd
-	return fd, nil
-}
-
-// MountIDMapped mounts an idmapped view of the mount at src on dst: a
-// file owned by ID n on disk appears owned by r.HostID+n, so processes in
-// a user namespace with r's mapping see the on-disk owners unchanged, and
-// files they create are stored with container IDs. The view is nodev:
-// device nodes in an image are never usable through it.
+// NewNamespace creates a user namespace that maps container IDs
+// 0..r.Size-1 onto r (UIDs and GIDs) and is owned by host UID r.HostID.
 //
-// The kernel takes the mapping from a user namespace fd, and only a
-// process can create one: a short-lived child is started in a new user
-// namespace with r's mapping, its namespace is opened, and the child is
-// killed and reaped before MountIDMapped returns, on every path.
-func MountIDMapped(src, dst string, r Range) error {
-	nsfd, err := userNSFd(r)
+// The owner matters: the kernel charges every per-user count made inside
+// a namespace (inotify instances and watches, user namespaces, ...) also
+// to the namespace's owner in the parent namespace (inc_ucount in
+// kernel/ucount.c). Owned by its range's base, a sandbox's usage adds up
+// against the host's per-user limits for that UID alone, never against
+// host root's.
+//
+// Only a process can create a namespace, and its owner is that process's
+// effective UID: util-linux unshare is started as r.HostID, unshares a
+// user namespace and runs cat, which blocks on its stdin. Once the
+// namespace exists its ID maps are written from here (host root may map
+// any range), it is opened, and the helper is killed and reaped before
+// NewNamespace returns, on every path.
+func NewNamespace(r Range) (*Namespace, error) {
+	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("userns: %w", err)
 	}
-	defer unix.Close(nsfd)
-	return mountIDMapped(src, dst, nsfd)
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		return nil, fmt.Errorf("userns: %w", err)
+	}
+	own, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return nil, fmt.Errorf("userns: %w", err)
+	}
+	cmd := exec.Command(unshare, "--user", "--", cat)
+	cmd.Dir = "/"
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: r.HostID, Gid: r.HostID, Groups: []uint32{}},
+		// cat also exits by itself when this process dies (its stdin
+		// pipe closes); Pdeathsig is the backstop.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("userns: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		stdin.Close()
+		return nil, fmt.Errorf("userns: start namespace helper: %w", err)
+	}
+	defer func() {
+		stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	if err := waitUnshared(proc, own); err != nil {
+		return nil, err
+	}
+	m := fmt.Sprintf("0 %d %d\n", r.HostID, r.Size)
+	for _, f := range []string{"uid_map", "gid_map"} {
+		if err := os.WriteFile(filepath.Join(proc, f), []byte(m), 0); err != nil {
+			return nil, fmt.Errorf("userns: write %s: %w", f, err)
+		}
+	}
+	fd, err := unix.Open(filepath.Join(proc, "ns/user"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("userns: open namespace: %w", err)
+	}
+	return &Namespace{fd: fd}, nil
 }
 
-func mountIDMapped(src, dst string, nsfd int) error {
+// waitUnshared waits until the process at proc is in another user
+// namespace than own.
+func waitUnshared(proc, own string) error {
+	deadline := time.Now().Add(holderTimeout)
+	delay := 50 * time.Microsecond
+	for {
+		ns, err := os.Readlink(filepath.Join(proc, "ns/user"))
+		if err != nil {
+			return fmt.Errorf("userns: namespace helper: %w", err)
+		}
+		if ns != own {
+			return nil
+		}
+		if st, err := os.ReadFile(filepath.Join(proc, "stat")); err == nil && isZombie(st) {
+			return errors.New("userns: namespace helper exited before unsharing")
+		}
+		if time.Now().After(deadline) {
+			return errors.New("userns: namespace helper did not unshare in time")
+		}
+		time.Sleep(delay)
+		delay = min(delay*2, 2*time.Millisecond)
+	}
+}
+
+// isZombie reports whether a /proc/<pid>/stat line says the process has
+// exited.
+func isZombie(stat []byte) bool {
+	for i := len(stat) - 1; i > 0; i-- {
+		if stat[i] == ')' {
+			return i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
+		}
+	}
+	return false
+}
+
+// Fd is the namespace's file descriptor.
+func (n *Namespace) Fd() int { return n.fd }
+
+// Path names the namespace for another process (runc's namespace path)
+// while n is open.
+func (n *Namespace) Path() string {
+	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), n.fd)
+}
+
+// OwnerUID is the host UID that owns the namespace.
+func (n *Namespace) OwnerUID() (uint32, error) {
+	const nsGetOwnerUID = 0xb704 // NS_GET_OWNER_UID, _IO(0xb7, 0x4): writes a uid_t
+	uid, err := unix.IoctlGetUint32(n.fd, nsGetOwnerUID)
+	if err != nil {
+		return 0, fmt.Errorf("userns: NS_GET_OWNER_UID: %w", err)
+	}
+	return uid, nil
+}
+
+// Close releases the namespace (it lives on while a process is in it).
+func (n *Namespace) Close() error { return unix.Close(n.fd) }
+
+// MountIDMapped mounts an idmapped view of the mount at src on dst through
+// ns: a file owned by ID n on disk appears owned by ns's host ID for n, so
+// processes in ns see the on-disk owners unchanged, and files they create
+// are stored with container IDs. The view is nodev: device nodes in an
+// image are never usable through it.
+func MountIDMapped(src, dst string, ns *Namespace) error {
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("userns: open_tree %s: %w", src, err)
@@ -74,7 +158,7 @@ func mountIDMapped(src, dst string, nsfd int) error {
 	defer unix.Close(tree)
 	attr := &unix.MountAttr{
 		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NODEV,
-		Userns_fd: uint64(nsfd),
+		Userns_fd: uint64(ns.fd),
 	}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
 		return fmt.Errorf("userns: idmap %s: %w", src, err)
@@ -83,48 +167,6 @@ func mountIDMapped(src, dst string, nsfd int) error {
 		return fmt.Errorf("userns: move_mount to %s: %w", dst, err)
 	}
 	return nil
-}
-
-// userNSFd returns an fd of a new user namespace mapping 0..r.Size-1 to
-// r for both UIDs and GIDs. The namespace lives as long as the fd.
-func userNSFd(r Range) (int, error) {
-	cat, err := exec.LookPath("cat")
-	if err != nil {
-		return -1, fmt.Errorf("userns: %w", err)
-	}
-	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.HostID), Size: int(r.Size)}}
-	// cat blocks on its stdin until we close it, and exits by itself if
-	// this process dies first (the pipe closes); Pdeathsig is the backstop.
-	cmd := exec.Command(cat)
-	cmd.Dir = "/"
-	cmd.Env = []string{}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: m,
-		GidMappings: m,
-		Pdeathsig:   syscall.SIGKILL,
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return -1, fmt.Errorf("userns: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		stdin.Close()
-		return -1, fmt.Errorf("userns: start namespace holder: %w", err)
-	}
-	fd, oerr := unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	stdin.Close()
-	_ = cmd.Process.Kill()
-	werr := cmd.Wait()
-	if oerr != nil {
-		return -1, fmt.Errorf("userns: open namespace of holder: %w", oerr)
-	}
-	var ee *exec.ExitError
-	if werr != nil && !errors.As(werr, &ee) {
-		unix.Close(fd)
-		return -1, fmt.Errorf("userns: reap namespace holder: %w", werr)
-	}
-	return fd, nil
 }
 
 // Unmount detaches the mount at dst (lazily: a process still inside
