@@ -58,10 +58,9 @@ type Config struct {
 	UserNS UserNS
 }
 
-// Driver runs sandboxes as runc containers. It keeps no in-memory state
-// beyond a cache (user namespace fds per ID block): everything it needs
-// lives in runc's root, next to it and in each bundle, so any number of
-// Drivers (and processes) may share one Root.
+// Driver runs sandboxes as runc containers. It keeps no in-memory state:
+// everything it needs lives in runc's root, next to it and in each
+// bundle, so any number of Drivers (and processes) may share one Root.
 type Driver struct {
 	rc  *gorunc.Runc // never mutated after New; copied per call when a call needs its own log
 	log *slog.Logger

@@ -4,9 +4,10 @@
 // A sandbox's user namespace maps container IDs 0..Size-1 onto host IDs
 // HostID..HostID+Size-1. Allocator hands out non-overlapping blocks and
 // keeps them in a small file, so a restarted process (or another one
-// sharing the directory) sees every block still in use. MountIDMapped
-// shows a filesystem owned by container IDs (a template's files, owned by
-// 0..65535 on disk) to such a namespace as its own, without rewriting a
+// sharing the directory) sees every block still in use. NewNamespace
+// creates such a namespace, owned by the block's base UID, and
+// MountIDMapped shows a filesystem owned by container IDs (a template's
+// files, owned by 0..65535 on disk) to it as its own, without rewriting a
 // single inode.
 package userns
 
