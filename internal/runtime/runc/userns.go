@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -62,8 +65,15 @@ const (
 type usernsState struct {
 	cfg   UserNS
 	alloc *userns.Allocator
-	sh    string // runs the createContainer hook
 	log   *slog.Logger
+
+	// spare holds fresh, never used namespaces for free blocks, by host
+	// ID: creating one (a helper process) is most of what a user
+	// namespace adds to a create, so it is done ahead, in the
+	// background, and Acquire prefers the blocks that have one.
+	spareMu sync.Mutex
+	spare   map[uint32]*userns.Namespace
+	filling atomic.Bool
 }
 
 func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, error) {
@@ -79,9 +89,10 @@ func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, er
 	if cfg.InotifyWatches == 0 {
 		cfg.InotifyWatches = defaultInotifyWatches
 	}
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		return nil, fmt.Errorf("runc: %w: %w", errdefs.ErrUnavailable, err)
+	for _, bin := range []string{"unshare", "sh"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return nil, fmt.Errorf("runc: user namespaces need %s (util-linux, sh): %w: %w", bin, errdefs.ErrUnavailable, err)
+		}
 	}
 	alloc, err := userns.NewAllocator(root, allocName, cfg.First, cfg.Count)
 	if err != nil {
@@ -96,7 +107,7 @@ func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, er
 	if err := searchableByOthers(cfg.MountDir); err != nil {
 		return nil, err
 	}
-	u := &usernsState{cfg: cfg, alloc: alloc, sh: sh, log: log}
+	u := &usernsState{cfg: cfg, alloc: alloc, log: log}
 	u.reap(root, log)
 	return u, nil
 }
@@ -167,18 +178,19 @@ func (p prepared) close() {
 }
 
 // prepare gives sandbox s its ID range, user namespace and mounts and
-// rewrites spec to use them: runc joins the namespace, the idmapped view
-// of s.RootFS is the root, sysfs comes from the sandbox's network
-// namespace, and a hook sets the namespace's limits before PID 1 runs.
+// rewrites spec to use them: runc joins the namespace (its limits already
+// set), the idmapped view of s.RootFS is the root, and sysfs comes from
+// the sandbox's network namespace.
 // On error everything it did is undone.
 func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.Spec) (p prepared, err error) {
 	if u.cfg.Disabled {
 		return prepared{}, nil
 	}
-	r, err := u.alloc.Acquire(s.ID)
+	r, err := u.alloc.Acquire(s.ID, u.spareIDs()...)
 	if err != nil {
 		return prepared{}, err
 	}
+	defer u.refill()
 	defer func() {
 		if err != nil {
 			p.close()
@@ -201,7 +213,7 @@ func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.S
 	// A namespace of its own for every sandbox, never reused: keyrings
 	// and other per-namespace state would otherwise pass from one
 	// tenant to the next.
-	if p.ns, err = userns.NewNamespace(r); err != nil {
+	if p.ns, err = u.namespace(r); err != nil {
 		return p, err
 	}
 	rootfs := filepath.Join(dir, "rootfs")
@@ -232,20 +244,6 @@ func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.S
 		// runc makes the network namespace inside the user namespace,
 		// whose GIDs end at Size-1.
 		spec.Linux.Sysctl["net.ipv4.ping_group_range"] = fmt.Sprintf("0 %d", r.Size-1)
-	}
-	if script := u.limitsScript(); script != "" {
-		if spec.Hooks == nil {
-			spec.Hooks = &specs.Hooks{}
-		}
-		// createContainer hooks run as the container's root, in its
-		// user namespace (with every capability there) before PID 1
-		// is started: the one point where the namespace's own limits
-		// can be set before any of the sandbox's code runs. The host's
-		// /proc/sys/user shows and sets the limits of the writer's
-		// user namespace.
-		spec.Hooks.CreateContainer = append(spec.Hooks.CreateContainer, specs.Hook{
-			Path: u.sh, Args: []string{"sh", "-c", script},
-		})
 	}
 	return p, nil
 }
@@ -328,18 +326,95 @@ func (u *usernsState) hostSideNetwork(s runtime.Spec, spec *specs.Spec, dir stri
 	return nil
 }
 
-func (u *usernsState) limitsScript() string {
-	var set []string
+const spareCount = 2
+
+// spareIDs lists the blocks that have a spare namespace.
+func (u *usernsState) spareIDs() []uint32 {
+	u.spareMu.Lock()
+	defer u.spareMu.Unlock()
+	return slices.Sorted(maps.Keys(u.spare))
+}
+
+// namespace returns r's spare namespace, or a new one.
+func (u *usernsState) namespace(r userns.Range) (*userns.Namespace, error) {
+	u.spareMu.Lock()
+	ns := u.spare[r.HostID]
+	delete(u.spare, r.HostID)
+	u.spareMu.Unlock()
+	if ns != nil {
+		return ns, nil
+	}
+	return userns.NewNamespace(r, u.limits())
+}
+
+// refill tops the spares up to spareCount free blocks in the background
+// (one refill at a time). A spare whose block another process took is
+// closed: it was never used, but it is not needed either.
+func (u *usernsState) refill() {
+	if !u.filling.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer u.filling.Store(false)
+		free, err := u.alloc.Free(spareCount + len(u.spareIDs()))
+		if err != nil {
+			u.log.Warn("cannot list free ID ranges", "error", err)
+			return
+		}
+		isFree := map[uint32]bool{}
+		for _, r := range free {
+			isFree[r.HostID] = true
+		}
+		u.spareMu.Lock()
+		for h, ns := range u.spare {
+			if !isFree[h] {
+				_ = ns.Close()
+				delete(u.spare, h)
+			}
+		}
+		have := len(u.spare)
+		u.spareMu.Unlock()
+		for _, r := range free {
+			if have >= spareCount {
+				return
+			}
+			u.spareMu.Lock()
+			_, ok := u.spare[r.HostID]
+			u.spareMu.Unlock()
+			if ok {
+				continue
+			}
+			ns, err := userns.NewNamespace(r, u.limits())
+			if err != nil {
+				u.log.Warn("cannot create a spare user namespace", "error", err)
+				return
+			}
+			u.spareMu.Lock()
+			if u.spare == nil {
+				u.spare = map[uint32]*userns.Namespace{}
+			}
+			u.spare[r.HostID] = ns
+			u.spareMu.Unlock()
+			have++
+		}
+	}()
+}
+
+// limits are the namespace's /proc/sys/user settings, written by
+// userns.NewNamespace as the namespace's root before runc starts: the
+// sandbox's code never runs without them.
+func (u *usernsState) limits() map[string]int {
+	l := map[string]int{}
 	if u.cfg.InotifyInstances > 0 {
-		set = append(set, fmt.Sprintf("echo %d >/proc/sys/user/max_inotify_instances", u.cfg.InotifyInstances))
+		l["max_inotify_instances"] = u.cfg.InotifyInstances
 	}
 	if u.cfg.InotifyWatches > 0 {
-		set = append(set, fmt.Sprintf("echo %d >/proc/sys/user/max_inotify_watches", u.cfg.InotifyWatches))
+		l["max_inotify_watches"] = u.cfg.InotifyWatches
 	}
 	if !u.cfg.AllowNested {
-		set = append(set, "echo 0 >/proc/sys/user/max_user_namespaces")
+		l["max_user_namespaces"] = 0
 	}
-	return strings.Join(set, " && ")
+	return l
 }
 
 // release unmounts what prepare mounted for id and frees its range. It is

@@ -84,14 +84,23 @@ func NewAllocator(dir, name string, first uint32, count int) (*Allocator, error)
 	}, nil
 }
 
-// Acquire returns id's range, allocating the lowest free block when id
-// has none yet (so a retried start reuses its block).
-func (a *Allocator) Acquire(id string) (Range, error) {
+// Acquire returns id's range, allocating a free block when id has none
+// yet (so a retried start reuses its block): the first free one of
+// prefer (blocks by host ID that the caller has something ready for),
+// else the lowest.
+func (a *Allocator) Acquire(id string, prefer ...uint32) (Range, error) {
 	var got Range
 	err := a.update(func(m map[string]Range) error {
 		if r, ok := m[id]; ok {
 			got = r
 			return nil
+		}
+		for _, h := range prefer {
+			r := Range{HostID: h, Size: Size}
+			if a.inBounds(r) && !overlapsAny(r, m) {
+				m[id], got = r, r
+				return nil
+			}
 		}
 		for i := range a.count {
 			r := Range{HostID: a.first + uint32(i)*Size, Size: Size}
@@ -103,6 +112,27 @@ func (a *Allocator) Acquire(id string) (Range, error) {
 		return fmt.Errorf("userns: all %d ID ranges are in use: %w", a.count, errdefs.ErrResourceExhausted)
 	})
 	return got, err
+}
+
+// Free returns up to n free blocks, lowest first.
+func (a *Allocator) Free(n int) ([]Range, error) {
+	m, err := a.All()
+	if err != nil {
+		return nil, err
+	}
+	var out []Range
+	for i := 0; i < a.count && len(out) < n; i++ {
+		r := Range{HostID: a.first + uint32(i)*Size, Size: Size}
+		if !overlapsAny(r, m) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// inBounds reports whether r is one of a's blocks.
+func (a *Allocator) inBounds(r Range) bool {
+	return r.HostID >= a.first && (r.HostID-a.first)%Size == 0 && int((r.HostID-a.first)/Size) < a.count
 }
 
 // Release frees id's range; releasing an id without one is a no-op.

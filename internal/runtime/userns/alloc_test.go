@@ -51,6 +51,26 @@ func TestAllocatorDisjointReleasedPersistent(t *testing.T) {
 	if got, err := b.Acquire("d"); err != nil || got != r1 {
 		t.Fatalf("freed block not reused: %+v %v", got, err)
 	}
+	if err := b.Release("b"); err != nil {
+		t.Fatal(err)
+	}
+	if free, err := b.Free(5); err != nil || len(free) != 1 || free[0] != r2 {
+		t.Fatalf("Free = %+v, %v; want [%+v]", free, err, r2)
+	}
+}
+
+func TestAllocatorPrefers(t *testing.T) {
+	a, err := NewAllocator(t.TempDir(), "state.json", DefaultFirst, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third := DefaultFirst + 2*Size
+	if r, err := a.Acquire("a", DefaultFirst+1, third); err != nil || r.HostID != third {
+		t.Fatalf("Acquire preferring block 2 (and a non-block) = %+v, %v", r, err)
+	}
+	if r, err := a.Acquire("b", third); err != nil || r.HostID != DefaultFirst {
+		t.Fatalf("Acquire preferring a taken block = %+v, %v; want the lowest free", r, err)
+	}
 }
 
 func TestAllocatorConcurrent(t *testing.T) {

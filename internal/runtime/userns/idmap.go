@@ -1,16 +1,24 @@
 package userns
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
 // holderTimeout bounds how long NewNamespace waits for its helper to
@@ -21,7 +29,8 @@ const holderTimeout = 10 * time.Second
 type Namespace struct{ fd int }
 
 // NewNamespace creates a user namespace that maps container IDs
-// 0..r.Size-1 onto r (UIDs and GIDs) and is owned by host UID r.HostID.
+// 0..r.Size-1 onto r (UIDs and GIDs), is owned by host UID r.HostID, and
+// has limits set in its /proc/sys/user (e.g. "max_user_namespaces": 0).
 //
 // The owner matters: the kernel charges every per-user count made inside
 // a namespace (inotify instances and watches, user namespaces, ...) also
@@ -31,17 +40,19 @@ type Namespace struct{ fd int }
 // host root's.
 //
 // Only a process can create a namespace, and its owner is that process's
-// effective UID: util-linux unshare is started as r.HostID, unshares a
-// user namespace and runs cat, which blocks on its stdin. Once the
-// namespace exists its ID maps are written from here (host root may map
-// any range), it is opened, and the helper is killed and reaped before
-// NewNamespace returns, on every path.
-func NewNamespace(r Range) (*Namespace, error) {
+// effective UID: util-linux unshare is started as r.HostID and runs sh in
+// a new user namespace. Once the namespace exists its ID maps are written
+// from here (host root may map any range); then the shell execs a second
+// one, which, now root of the namespace with every capability in it,
+// writes the limits (/proc/sys/user shows the writer's namespace), says
+// so and waits. The namespace is opened, and the helper is killed and
+// reaped before NewNamespace returns, on every path.
+func NewNamespace(r Range, limits map[string]int) (*Namespace, error) {
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
 		return nil, fmt.Errorf("userns: %w", err)
 	}
-	cat, err := exec.LookPath("cat")
+	sh, err := exec.LookPath("sh")
 	if err != nil {
 		return nil, fmt.Errorf("userns: %w", err)
 	}
@@ -49,17 +60,35 @@ func NewNamespace(r Range) (*Namespace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("userns: %w", err)
 	}
-	cmd := exec.Command(unshare, "--user", "--", cat)
+	var script strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(limits)) {
+		if !validLimit(k) {
+			return nil, fmt.Errorf("userns: limit %q: %w", k, errdefs.ErrInvalidArgument)
+		}
+		fmt.Fprintf(&script, "echo %d >/proc/sys/user/%s && ", limits[k], k)
+	}
+	script.WriteString("echo ok && read _")
+	// The first shell's capabilities were computed when the namespace
+	// had no maps yet (so it has none); the one it execs after the maps
+	// are written is the namespace's root.
+	cmd := exec.Command(unshare, "--user", "--", sh, "-c", `read _ && exec "$0" -c "$1"`, sh, script.String())
 	cmd.Dir = "/"
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: r.HostID, Gid: r.HostID, Groups: []uint32{}},
-		// cat also exits by itself when this process dies (its stdin
-		// pipe closes); Pdeathsig is the backstop.
+		// The helper also exits by itself when this process dies (its
+		// stdin pipe closes); Pdeathsig is the backstop.
 		Pdeathsig: syscall.SIGKILL,
 	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
+		return nil, fmt.Errorf("userns: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		stdin.Close()
 		return nil, fmt.Errorf("userns: %w", err)
 	}
 	if err := cmd.Start(); err != nil {
@@ -81,11 +110,50 @@ func NewNamespace(r Range) (*Namespace, error) {
 			return nil, fmt.Errorf("userns: write %s: %w", f, err)
 		}
 	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		return nil, fmt.Errorf("userns: namespace helper: %w", err)
+	}
+	if err := readOK(stdout); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("userns: set limits: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
 	fd, err := unix.Open(filepath.Join(proc, "ns/user"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("userns: open namespace: %w", err)
 	}
 	return &Namespace{fd: fd}, nil
+}
+
+// validLimit: a file name of /proc/sys/user.
+func validLimit(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, c := range k {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// readOK reads the helper's "ok" line, bounded by holderTimeout.
+func readOK(r io.ReadCloser) error {
+	done := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(r).ReadString('\n')
+		if err == nil && line != "ok\n" {
+			err = fmt.Errorf("helper said %q", line)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(holderTimeout):
+		return errors.New("namespace helper did not answer in time")
+	}
 }
 
 // waitUnshared waits until the process at proc is in another user

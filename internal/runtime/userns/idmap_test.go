@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/testenv"
 )
 
@@ -44,11 +45,14 @@ func TestMountIDMapped(t *testing.T) {
 		}
 	}
 	r := Range{HostID: DefaultFirst, Size: Size}
-	ns, err := NewNamespace(r)
+	ns, err := NewNamespace(r, map[string]int{"max_user_namespaces": 0})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Close()
+	if _, err := NewNamespace(r, map[string]int{"../../fs/x": 1}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("limit with a path: %v, want invalid argument", err)
+	}
 	if n := helperChildren(t); n != 0 {
 		t.Errorf("%d namespace helpers left running", n)
 	}
@@ -145,7 +149,7 @@ func BenchmarkNamespaceAndView(b *testing.B) {
 		if err := os.Mkdir(dst, 0o700); err != nil {
 			b.Fatal(err)
 		}
-		ns, err := NewNamespace(r)
+		ns, err := NewNamespace(r, map[string]int{"max_user_namespaces": 0, "max_inotify_instances": 128})
 		if err != nil {
 			b.Fatal(err)
 		}
