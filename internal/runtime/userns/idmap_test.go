@@ -53,6 +53,15 @@ func TestMountIDMapped(t *testing.T) {
 	if _, err := NewNamespace(r, map[string]int{"../../fs/x": 1}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("limit with a path: %v, want invalid argument", err)
 	}
+	// A limit the kernel refuses fails the namespace, helper reaped.
+	if _, err := NewNamespace(r, map[string]int{"max_user_namespaces": -5}); err == nil {
+		t.Error("a negative limit was accepted")
+	} else {
+		t.Logf("negative limit: %v", err)
+	}
+	if n := helperChildren(t); n != 0 {
+		t.Errorf("%d namespace helpers left running after a failure", n)
+	}
 	if n := helperChildren(t); n != 0 {
 		t.Errorf("%d namespace helpers left running", n)
 	}
@@ -108,7 +117,8 @@ func createAs(path string, id int) error {
 	return <-errc
 }
 
-// helperChildren counts this process's children running cat or unshare.
+// helperChildren counts this process's children running unshare or sh
+// (the namespace helper before and after it unshares).
 func helperChildren(t *testing.T) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
@@ -125,7 +135,7 @@ func helperChildren(t *testing.T) int {
 		// pid (comm) state ppid ...
 		s := string(b)
 		i := strings.LastIndexByte(s, ')')
-		if i < 0 || !strings.HasSuffix(s[:i], "(cat") && !strings.HasSuffix(s[:i], "(unshare") {
+		if i < 0 || !strings.HasSuffix(s[:i], "(sh") && !strings.HasSuffix(s[:i], "(unshare") {
 			continue
 		}
 		if f := strings.Fields(s[i+1:]); len(f) > 1 && f[1] == me {
