@@ -38,7 +38,6 @@ func plant(t *testing.T, dir string) planted {
 		t.Fatal(err)
 	}
 	if err := unix.Chmod(p.setuid, 0o4755); err != nil { // os.Chmod drops a raw 04000
-
 		t.Fatal(err)
 	}
 	if err := unix.Mknod(p.device, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
