@@ -12,7 +12,10 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/failpoint"
@@ -205,6 +208,58 @@ func TestHostMountsStagedGvisor(t *testing.T) {
 	}
 	if _, err := svc.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// TestHostMountStagingCrash: cubelet dies with a host mount staged (the
+// staging bind of the host directory is in the sandbox's run directory);
+// the restart's reconcile undoes the create and unmounts the staging
+// before it removes the run directory, so the host directory's files
+// survive and nothing is left.
+func TestHostMountStagingCrash(t *testing.T) {
+	w := newHostMountWorld(t)
+	if err := os.WriteFile(filepath.Join(w.rw, "precious"), []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := cubelettest.New(t, w.toml())
+	cfgPath := env.WriteConfig(t, w.toml())
+	ctx := context.Background()
+	d := startDaemon(t, env, cfgPath, "")
+	stream, err := d.client.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: "busybox", Source: env.Image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if !strings.Contains(err.Error(), "EOF") {
+				t.Fatalf("import: %v", err)
+			}
+			break
+		}
+	}
+	d.kill()
+
+	d = startDaemon(t, env, cfgPath, hostbind.FailpointStaged+"=kill")
+	_, err = d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: "victim", TemplateId: "busybox",
+		HostMounts: []*pb.HostMount{{Source: w.rw, Destination: "/out"}}})
+	if err == nil {
+		t.Fatal("create succeeded; the failpoint never fired")
+	}
+	d.waitDead(t)
+	staged := filepath.Join(env.Config.SandboxRunDir("victim"), "hostmounts", "0")
+	if b, err := os.ReadFile(filepath.Join(staged, "precious")); err != nil || string(b) != "keep" {
+		t.Fatalf("no staging bind left by the crash (%q %v): the test proves nothing", b, err)
+	}
+	t.Logf("crash left the staging bind %s of %s", staged, w.rw)
+
+	d = startDaemon(t, env, cfgPath, "")
+	if _, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: "victim"}); status.Code(err) != codes.NotFound {
+		t.Errorf("victim after restart: %v; want NotFound (create undone)", err)
+	}
+	d.kill()
+	if b, err := os.ReadFile(filepath.Join(w.rw, "precious")); err != nil || string(b) != "keep" {
+		t.Fatalf("the host directory lost its files in the cleanup: %q %v", b, err)
 	}
 	env.AssertNoLeaks(t)
 }
