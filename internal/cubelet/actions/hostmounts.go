@@ -148,7 +148,11 @@ func (n *Node) StageHostMounts(ctx context.Context, id string, ms []sandbox.Host
 		if !stage {
 			continue
 		}
-		root, _ := allowedPath(n.Cfg, resolved, m.ReadOnly)
+		root, err := allowedPath(n.Cfg, resolved, m.ReadOnly)
+		if err != nil { // AllowedSource just passed: only a config change races here
+			unstage()
+			return nil, func() {}, fmt.Errorf("host mount %s: %v: %w", m.Destination, err, errdefs.ErrFailedPrecondition)
+		}
 		target := filepath.Join(dir, strconv.Itoa(i))
 		err = hostbind.Stage(ctx, hostbind.Request{
 			Root: root, Source: m.Source, Target: target, ReadOnly: m.ReadOnly,
