@@ -177,7 +177,10 @@ func mountsFor(extra []runtime.Mount) []specs.Mount {
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 	}
 	for _, m := range extra {
-		opts := []string{"rbind", "rprivate"}
+		// nosuid,nodev spelled out: runc remounts an "ro" bind with the
+		// flags listed here only, which would drop those of the source
+		// mount (cubelet stages host mounts nosuid,nodev).
+		opts := []string{"rbind", "rprivate", "nosuid", "nodev"}
 		if m.ReadOnly {
 			opts = append(opts, "ro")
 		} else {
