@@ -22,8 +22,15 @@ func main() {
 	vm := flag.Bool("vm", false, "run as PID 1 of a VM: mount, name and network the guest from cube.* kernel parameters, and serve on the agent channel too")
 	flag.Parse()
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "cube-agent")
+	// First: nothing in the sandbox may read the agent's environment or
+	// write to its console through /proc before it is protected.
+	protectErr := protectSelf()
+	log := slog.New(slog.NewTextHandler(newCappedConsole(os.Stderr, consoleMax, consoleKeep), nil)).With("component", "cube-agent")
 	slog.SetDefault(log)
+	if protectErr != nil {
+		log.Error("protect the agent from its sandbox", "error", protectErr)
+		os.Exit(1)
+	}
 	if *vm {
 		if err := vmSetup(log); err != nil {
 			log.Error("vm setup", "error", err)
