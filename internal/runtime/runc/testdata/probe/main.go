@@ -219,7 +219,15 @@ func main() {
 	case "true":
 		return
 	case "euid":
-		fmt.Printf("uid=%d euid=%d\n", os.Getuid(), os.Geteuid())
+		nnp := "?"
+		if b, err := os.ReadFile("/proc/self/status"); err == nil {
+			for line := range strings.Lines(string(b)) {
+				if v, ok := strings.CutPrefix(line, "NoNewPrivs:"); ok {
+					nnp = strings.TrimSpace(v)
+				}
+			}
+		}
+		fmt.Printf("uid=%d euid=%d nnp=%s\n", os.Getuid(), os.Geteuid(), nnp)
 	case "all":
 		names := make([]string, 0, len(probes))
 		for n := range probes {
