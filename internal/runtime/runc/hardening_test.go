@@ -22,12 +22,13 @@ import (
 	"github.com/cubesandbox/cube/internal/runtime/ocispec"
 )
 
-// buildProbe compiles testdata/probe statically (busybox has no keyctl,
-// bpf or perf_event_open).
+// buildProbe compiles internal/runtime/testdata/probe statically (busybox
+// has no keyctl, bpf or perf_event_open).
 func buildProbe(t *testing.T) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "probe")
 	cmd := exec.Command("go", "build", "-o", out, "./testdata/probe")
+	cmd.Dir = ".."
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build probe: %v\n%s", err, b)
@@ -152,6 +153,8 @@ var hardeningRows = []hardeningRow{
 	{probe: "firmware", refusal: "empty (masked)", stopper: "/sys/firmware masked"},
 	{probe: "proc1-fd1", refusal: "permission denied", stopper: "cube-agent non-dumpable (no CAP_SYS_PTRACE)"},
 	{probe: "proc1-environ", refusal: "permission denied", stopper: "cube-agent non-dumpable (no CAP_SYS_PTRACE)"},
+	{probe: "proc1-mem", refusal: "permission denied", stopper: "cube-agent non-dumpable (no CAP_SYS_PTRACE)"},
+	{probe: "ptrace1", refusal: "operation not permitted", stopper: "cube-agent non-dumpable (no CAP_SYS_PTRACE)"},
 }
 
 // unprotect takes away what the rows test, except the seccomp filter:
@@ -299,5 +302,43 @@ func TestHardening(t *testing.T) {
 	sort.Strings(names)
 	if len(names) > 0 {
 		t.Errorf("probes without a row: %v", names)
+	}
+}
+
+// TestMeasureSeccomp prints what the seccomp filter and no_new_privs add
+// to a create: `runc run -d` of the same sandbox with and without them,
+// interleaved. It only runs with CUBE_RUNC_MEASURE=<iterations>.
+func TestMeasureSeccomp(t *testing.T) {
+	requireRoot(t)
+	n := 0
+	if _, err := fmt.Sscan(os.Getenv("CUBE_RUNC_MEASURE"), &n); err != nil || n <= 0 {
+		t.Skip("set CUBE_RUNC_MEASURE=<iterations> to measure")
+	}
+	parent := cgroupParent(t)
+	d := newTestDriver(t)
+	ctx := t.Context()
+	variants := []struct {
+		name   string
+		mutate func(*specs.Spec)
+	}{
+		{"with seccomp+nnp", nil},
+		{"without", func(sp *specs.Spec) { sp.Linux.Seccomp = nil; sp.Process.NoNewPrivileges = false }},
+	}
+	times := map[string][]time.Duration{}
+	for i := range n {
+		for _, v := range variants {
+			spec := sleepSpec(t, parent, fmt.Sprintf("m-%d-%s", i, strings.Fields(v.name)[0]))
+			begin := time.Now()
+			startWith(ctx, t, d, spec, v.mutate)
+			times[v.name] = append(times[v.name], time.Since(begin))
+			if err := d.Stop(ctx, spec.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, v := range variants {
+		ts := times[v.name]
+		slices.Sort(ts)
+		t.Logf("runc run -d %-17s n=%d median %v p90 %v", v.name, len(ts), ts[len(ts)/2].Round(time.Microsecond*100), ts[len(ts)*9/10].Round(time.Microsecond*100))
 	}
 }

@@ -1,11 +1,12 @@
 // Command probe tries one attack from inside a sandbox and says whether
-// the kernel let it through. The runc tests build it statically into the
-// test rootfs (busybox has no keyctl, bpf or perf_event_open).
+// the kernel let it through. The runc and gvisor tests build it statically
+// into their test rootfs (busybox has no keyctl, bpf or perf_event_open).
 //
 //	probe all         run every probe, one child process each, one line each
 //	probe <name>      run one probe: "ok: ..." and exit 0, or
 //	                  "refused: ..." and exit 1
 //	probe euid        print the effective uid (the setuid row)
+//	probe ftruncate F whether F (a console) can be truncated, to its own size
 //
 // Every probe stops at the first step that shows the attack would work
 // (a file opened for writing is never written, a handle is closed): the
@@ -177,6 +178,24 @@ var probes = map[string]func() (string, error){
 		}
 		return fmt.Sprintf("read %d bytes", len(b)), nil
 	},
+	"proc1-mem": func() (string, error) {
+		// The agent's memory holds the sandbox's access token.
+		f, err := os.Open("/proc/1/mem")
+		if err != nil {
+			return "", err
+		}
+		f.Close()
+		return "opened", nil
+	},
+	"ptrace1": func() (string, error) {
+		// PTRACE_SEIZE does not stop PID 1; detached right away.
+		runtime.LockOSThread()
+		if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, 1, 0, 0, 0, 0); e != 0 {
+			return "", e
+		}
+		_, _, _ = unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, 1, 0, 0, 0, 0)
+		return "attached to PID 1", nil
+	},
 	"interrupts": func() (string, error) { return readNonEmpty("/proc/interrupts") },
 	"firmware": func() (string, error) {
 		ents, err := os.ReadDir("/sys/firmware")
@@ -228,6 +247,21 @@ func main() {
 			}
 		}
 		fmt.Printf("uid=%d euid=%d nnp=%s\n", os.Getuid(), os.Geteuid(), nnp)
+	case "ftruncate":
+		f, err := os.OpenFile(os.Args[2], os.O_WRONLY|os.O_APPEND, 0)
+		if err == nil {
+			var st os.FileInfo
+			if st, err = f.Stat(); err == nil {
+				fmt.Printf("%s is %v, %d bytes; ", os.Args[2], st.Mode().Type(), st.Size())
+				err = f.Truncate(st.Size())
+			}
+			f.Close()
+		}
+		if err != nil {
+			fmt.Printf("refused: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println("ok: truncated")
 	case "all":
 		names := make([]string, 0, len(probes))
 		for n := range probes {
