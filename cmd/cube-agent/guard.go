@@ -45,8 +45,8 @@ type cappedConsole struct {
 	stopped   bool   // truncation failed: nothing more is written
 }
 
-func newCappedConsole(f *os.File, max, keep int) *cappedConsole {
-	c := &cappedConsole{f: f, max: max, keep: keep}
+func newCappedConsole(f *os.File, limit, keep int) *cappedConsole {
+	c := &cappedConsole{f: f, max: limit, keep: keep}
 	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 		c.file, c.size = true, st.Size()
 	}

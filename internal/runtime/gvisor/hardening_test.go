@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,7 +81,7 @@ func runscExec(t *testing.T, d *Driver, bundle, id string, uid uint32, args ...s
 		t.Fatal(err)
 	}
 	out, err := exec.Command(d.bin, "--root", d.root, "--platform="+d.platform, "exec", "--process", pf, id).CombinedOutput()
-	if _, exit := err.(*exec.ExitError); err != nil && !exit {
+	if exit := (*exec.ExitError)(nil); err != nil && !errors.As(err, &exit) {
 		t.Fatalf("runsc exec %s %v: %v: %s", id, args, err, out)
 	}
 	return string(out)
@@ -113,11 +114,11 @@ func TestProbeReport(t *testing.T) {
 		installFile(t, agentBin, filepath.Join(s.RootFS, "usr/local/bin/cube-agent"), 0o755)
 		return s
 	}
-	real := mk("hard-real", []string{"/usr/local/bin/cube-agent"})
+	sb := mk("hard-real", []string{"/usr/local/bin/cube-agent"})
 	ctrl := mk("hard-ctrl", []string{"/bin/sleep", "1000000"})
-	stopAtEnd(t, d, real.ID)
+	stopAtEnd(t, d, sb.ID)
 	stopAtEnd(t, d, ctrl.ID)
-	if _, err := d.Start(ctx, real); err != nil {
+	if _, err := d.Start(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
 	cs, err := SpecFor(ctrl)
@@ -137,7 +138,7 @@ func TestProbeReport(t *testing.T) {
 	// Probe once the agent is up (it protects itself first thing).
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		b, _ := os.ReadFile(filepath.Join(real.BundleDir, "console.log"))
+		b, _ := os.ReadFile(filepath.Join(sb.BundleDir, "console.log"))
 		if strings.Contains(string(b), "agent listening") {
 			break
 		}
@@ -148,7 +149,7 @@ func TestProbeReport(t *testing.T) {
 	}
 
 	res := map[string]map[string]string{}
-	for _, s := range []runtime.Spec{real, ctrl} {
+	for _, s := range []runtime.Spec{sb, ctrl} {
 		res[s.ID] = map[string]string{}
 		for line := range strings.Lines(runscExec(t, d, s.BundleDir, s.ID, 0, "/usr/local/bin/probe", "all")) {
 			if name, rest, ok := strings.Cut(strings.TrimSpace(line), ": "); ok {
@@ -165,7 +166,7 @@ func TestProbeReport(t *testing.T) {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		r, c := res[real.ID][n], res[ctrl.ID][n]
+		r, c := res[sb.ID][n], res[ctrl.ID][n]
 		t.Logf("%-18s sandbox %q; control %q", n, r, c)
 	}
 }

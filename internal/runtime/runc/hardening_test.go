@@ -3,6 +3,7 @@ package runc
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -96,7 +97,7 @@ func execIn(t *testing.T, d *Driver, bundle, id string, uid uint32, args ...stri
 	out, err := exec.Command(d.rc.Command, "--root", d.rc.Root, "exec", "-p", pf, id).CombinedOutput()
 	if err != nil {
 		// A probe that is refused exits 1; its output says why.
-		if _, ok := err.(*exec.ExitError); !ok {
+		if exit := (*exec.ExitError)(nil); !errors.As(err, &exit) {
 			t.Fatalf("runc exec %s %v: %v: %s", id, args, err, out)
 		}
 	}
@@ -222,12 +223,12 @@ func TestHardening(t *testing.T) {
 			Limits: runtime.Limits{MilliCPU: 500, MemoryMiB: 128, Pids: 64},
 		}}
 	}
-	real := mk("real", true, nil)
+	prod := mk("real", true, nil)
 	seccompOnly := mk("seccomp", false, unprotect)
 	none := mk("none", false, func(sp *specs.Spec) { unprotect(sp); sp.Linux.Seccomp = nil })
 
-	t.Cleanup(func() { _ = d.Stop(context.Background(), real.spec.ID) })
-	st, err := d.Start(ctx, real.spec)
+	t.Cleanup(func() { _ = d.Stop(context.Background(), prod.spec.ID) })
+	st, err := d.Start(ctx, prod.spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +245,7 @@ func TestHardening(t *testing.T) {
 	euid := map[string]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, sb := range []*sandbox{real, seccompOnly, none} {
+	for _, sb := range []*sandbox{prod, seccompOnly, none} {
 		wg.Go(func() {
 			all := parseProbes(t, execIn(t, d, sb.spec.BundleDir, sb.spec.ID, 0, "/usr/local/bin/probe", "all"))
 			e := strings.TrimSpace(execIn(t, d, sb.spec.BundleDir, sb.spec.ID, 1000, "/usr/local/bin/suid-probe", "euid"))
