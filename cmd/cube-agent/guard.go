@@ -42,7 +42,7 @@ type cappedConsole struct {
 	size      int64  // bytes in the file, as far as this writer knows
 	tail      []byte // the newest keep bytes written
 	file      bool   // f is a regular file that can be truncated
-	stopped   bool   // truncation failed: nothing more is written
+	stopped   bool   // truncation failed or detached: nothing more is written
 }
 
 func newCappedConsole(f *os.File, limit, keep int) *cappedConsole {
@@ -56,11 +56,11 @@ func newCappedConsole(f *os.File, limit, keep int) *cappedConsole {
 func (c *cappedConsole) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.file {
-		return c.f.Write(p)
-	}
 	if c.stopped {
 		return len(p), nil
+	}
+	if !c.file {
+		return c.f.Write(p)
 	}
 	if c.size+int64(len(p)) > int64(c.max) {
 		c.truncate()
@@ -102,4 +102,30 @@ func (c *cappedConsole) remember(p []byte) {
 		c.tail = append(c.tail[:0], c.tail[over:]...)
 	}
 	c.tail = append(c.tail, p...)
+}
+
+// detach points fds (the agent's stdout and stderr) at /dev/null after a
+// last line on the console, so that no descriptor in the sandbox refers
+// to the console file any more (where /proc/<pid>/fd ignores
+// dumpability, as in gVisor's sentry). What the agent logs afterwards, a
+// Go panic included, is lost. Detaching twice is a no-op.
+func (c *cappedConsole) detach(fds ...int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.f == nil {
+		return nil
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("detach console: %w", err)
+	}
+	defer null.Close()
+	_, _ = c.f.WriteString("cube-agent: listening; console detached, nothing more is logged here\n")
+	for _, fd := range fds {
+		if err := unix.Dup3(int(null.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("detach console: dup3 onto fd %d: %w", fd, err)
+		}
+	}
+	c.f, c.stopped, c.tail = nil, true, nil
+	return nil
 }

@@ -103,3 +103,43 @@ func TestProtectSelf(t *testing.T) {
 		t.Fatalf("PR_GET_DUMPABLE = %d, %v after protectSelf; want 0", v, err)
 	}
 }
+
+// TestDetachLetsGoOfTheConsole: after detach the descriptor that was the
+// console refers to /dev/null (so /proc/<pid>/fd/N no longer reaches the
+// file) and later log lines are dropped. The control is the file before
+// detach, which the same descriptor reaches.
+func TestDetachLetsGoOfTheConsole(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	c := newCappedConsole(f, 1<<20, 64)
+	fdPath := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	if got, _ := os.Readlink(fdPath); got != path {
+		t.Fatalf("control: %s -> %q, want the console %s", fdPath, got, path)
+	}
+	if _, err := c.Write([]byte("before\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.detach(int(f.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.detach(int(f.Fd())); err != nil {
+		t.Fatalf("second detach: %v", err)
+	}
+	if got, _ := os.Readlink(fdPath); got != os.DevNull {
+		t.Errorf("after detach %s -> %q, want %s", fdPath, got, os.DevNull)
+	}
+	if _, err := c.Write([]byte("after\n")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "before\ncube-agent: listening; console detached, nothing more is logged here\n"; string(b) != want {
+		t.Errorf("console %q, want %q", b, want)
+	}
+}

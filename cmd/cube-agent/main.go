@@ -25,7 +25,8 @@ func main() {
 	// First: nothing in the sandbox may read the agent's environment or
 	// write to its console through /proc before it is protected.
 	protectErr := protectSelf()
-	log := slog.New(slog.NewTextHandler(newCappedConsole(os.Stderr, consoleMax, consoleKeep), nil)).With("component", "cube-agent")
+	console := newCappedConsole(os.Stderr, consoleMax, consoleKeep)
+	log := slog.New(slog.NewTextHandler(console, nil)).With("component", "cube-agent")
 	slog.SetDefault(log)
 	if protectErr != nil {
 		log.Error("protect the agent from its sandbox", "error", protectErr)
@@ -53,10 +54,19 @@ func main() {
 	// The Reaper is the only waiter in this process: the processes the
 	// API starts go through it too, so PID 1's reaping never steals their
 	// exit statuses.
+	var onListening func()
+	if os.Getenv(agentproto.DetachConsoleEnv) == "1" {
+		os.Unsetenv(agentproto.DetachConsoleEnv)
+		onListening = func() {
+			if err := console.detach(1, 2); err != nil {
+				log.Error("detach from the console", "error", err)
+			}
+		}
+	}
 	reaper := initproc.NewReaper(log)
 	srv := agent.New(agent.Config{
 		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
-		Env: agent.SandboxEnv(os.Environ()),
+		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening,
 	})
 
 	if *vm {

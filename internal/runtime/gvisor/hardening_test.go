@@ -47,6 +47,36 @@ func installFile(t *testing.T, src, dst string, mode os.FileMode) {
 	}
 }
 
+// probeSpec is a busybox sandbox running args, with the probe (and a
+// setuid-root copy) and cube-agent in /usr/local/bin.
+func probeSpec(t *testing.T, parent, id string, args []string, probe, agentBin string) runtime.Spec {
+	t.Helper()
+	s := shellSpec(t, parent, id, "")
+	s.Args = args
+	s.Env = []string{"PATH=/usr/local/bin:/bin"}
+	installFile(t, probe, filepath.Join(s.RootFS, "usr/local/bin/probe"), 0o755)
+	installFile(t, probe, filepath.Join(s.RootFS, "usr/local/bin/suid-probe"), os.ModeSetuid|0o755)
+	installFile(t, agentBin, filepath.Join(s.RootFS, "usr/local/bin/cube-agent"), 0o755)
+	return s
+}
+
+// waitListening waits for cube-agent's "agent listening" on the console:
+// by then it has protected itself and, where asked, detached.
+func waitListening(t *testing.T, bundle string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(bundle, "console.log"))
+		if strings.Contains(string(b), "agent listening") {
+			return string(b)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never started: %s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // runscExec runs args in sandbox id with the process settings of its
 // config.json less CAP_SYS_ADMIN (which only the agent, PID 1, holds:
 // what it starts never has it), as uid when uid > 0 and then with no
@@ -105,15 +135,7 @@ func TestProbeReport(t *testing.T) {
 	d, parent := newTestDriver(t), cgroupParent(t)
 	ctx := t.Context()
 
-	mk := func(id string, args []string) runtime.Spec {
-		s := shellSpec(t, parent, id, "")
-		s.Args = args
-		s.Env = []string{"PATH=/usr/local/bin:/bin"}
-		installFile(t, probe, filepath.Join(s.RootFS, "usr/local/bin/probe"), 0o755)
-		installFile(t, probe, filepath.Join(s.RootFS, "usr/local/bin/suid-probe"), os.ModeSetuid|0o755)
-		installFile(t, agentBin, filepath.Join(s.RootFS, "usr/local/bin/cube-agent"), 0o755)
-		return s
-	}
+	mk := func(id string, args []string) runtime.Spec { return probeSpec(t, parent, id, args, probe, agentBin) }
 	sb := mk("hard-real", []string{"/usr/local/bin/cube-agent"})
 	ctrl := mk("hard-ctrl", []string{"/bin/sleep", "1000000"})
 	stopAtEnd(t, d, sb.ID)
@@ -135,18 +157,7 @@ func TestProbeReport(t *testing.T) {
 	if _, err := d.launch(ctx, ctrl.ID, ctrl.BundleDir, cs, ""); err != nil {
 		t.Fatal(err)
 	}
-	// Probe once the agent is up (it protects itself first thing).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		b, _ := os.ReadFile(filepath.Join(sb.BundleDir, "console.log"))
-		if strings.Contains(string(b), "agent listening") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent never started: %s", b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitListening(t, sb.BundleDir)
 
 	res := map[string]map[string]string{}
 	for _, s := range []runtime.Spec{sb, ctrl} {
@@ -172,7 +183,8 @@ func TestProbeReport(t *testing.T) {
 }
 
 // TestSpecForHasNoSeccomp: runsc would ignore the filter anyway (no
-// --oci-seccomp); config.json says what applies.
+// --oci-seccomp); config.json says what applies. And the agent is asked to
+// let go of its console (TestConsoleOutOfReach).
 func TestSpecForHasNoSeccomp(t *testing.T) {
 	sp, err := SpecFor(runtime.Spec{ID: "x", RootFS: "/r", Args: []string{"/bin/true"}})
 	if err != nil {
@@ -184,4 +196,62 @@ func TestSpecForHasNoSeccomp(t *testing.T) {
 	if !sp.Process.NoNewPrivileges {
 		t.Errorf("gVisor spec lost no_new_privs")
 	}
+	if !slices.Contains(sp.Process.Env, agentproto.DetachConsoleEnv+"=1") {
+		t.Errorf("gVisor spec does not ask the agent to detach from the console: %v", sp.Process.Env)
+	}
+}
+
+// TestConsoleOutOfReach: gVisor's sentry lets root in the sandbox open the
+// agent's /proc/1/fd/1 although the agent is non-dumpable, so the agent
+// detaches from the console (agentproto.DetachConsoleEnv, set by SpecFor)
+// once it listens: the probe then finds /dev/null there, not the console
+// file on the host. Control: the same sandbox without that variable, where
+// the probe opens the console file for writing (the flood would work).
+func TestConsoleOutOfReach(t *testing.T) {
+	requireRunsc(t)
+	probe := buildStatic(t, "./testdata/probe", "..")
+	agentBin := buildStatic(t, "./cmd/cube-agent", "../../..")
+	d, parent := newTestDriver(t), cgroupParent(t)
+	ctx := t.Context()
+	agent := []string{"/usr/local/bin/cube-agent"}
+
+	sb := probeSpec(t, parent, "console-real", agent, probe, agentBin)
+	stopAtEnd(t, d, sb.ID)
+	if _, err := d.Start(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	ctrl := probeSpec(t, parent, "console-ctrl", agent, probe, agentBin)
+	stopAtEnd(t, d, ctrl.ID)
+	cs, err := SpecFor(ctrl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs.Process.Env = slices.DeleteFunc(cs.Process.Env, func(e string) bool { return strings.HasPrefix(e, agentproto.DetachConsoleEnv+"=") })
+	if _, err := d.launch(ctx, ctrl.ID, ctrl.BundleDir, cs, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{sb.BundleDir, ctrl.BundleDir} {
+		waitListening(t, b)
+	}
+	// The detach follows the "listening" line; give it a moment.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(sb.BundleDir, "console.log"))
+		if strings.Contains(string(b), "console detached") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never detached: %s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := strings.TrimSpace(runscExec(t, d, sb.BundleDir, sb.ID, 0, "/usr/local/bin/probe", "proc1-fd1"))
+	ctl := strings.TrimSpace(runscExec(t, d, ctrl.BundleDir, ctrl.ID, 0, "/usr/local/bin/probe", "proc1-fd1"))
+	if !strings.HasPrefix(got, "refused:") {
+		t.Errorf("sandbox: /proc/1/fd/1 gave %q, want refused (not the console)", got)
+	}
+	if !strings.HasPrefix(ctl, "ok:") {
+		t.Errorf("control (agent keeps its console): %q, want the console file opened", ctl)
+	}
+	t.Logf("tried to open the agent's stdout through /proc/1/fd/1 as root: sandbox %q; control %q; stopped by the agent detaching from the console", got, ctl)
 }

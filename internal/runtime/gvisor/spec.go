@@ -51,5 +51,9 @@ func SpecFor(s runtime.Spec) (*specs.Spec, error) {
 		c.Permitted = append(c.Permitted, capSysAdmin)
 		sp.Process.Env = append(sp.Process.Env, agentproto.DropSysAdminEnv+"=1")
 	}
+	// The sentry does not apply dumpability to /proc/<pid>/fd: the agent
+	// lets go of the console (a file on the host) once it serves, so
+	// nothing in the sandbox can reach that file (docs/security.md).
+	sp.Process.Env = append(sp.Process.Env, agentproto.DetachConsoleEnv+"=1")
 	return sp, nil
 }

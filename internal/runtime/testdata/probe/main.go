@@ -168,8 +168,21 @@ var probes = map[string]func() (string, error){
 	"sys":      func() (string, error) { return openWrite("/sys/kernel/mm/transparent_hugepage/enabled") },
 	"proc1-fd1": func() (string, error) {
 		// Opened for writing only: the flood itself is the agent's
-		// console file growing on the host.
-		return openWrite("/proc/1/fd/1")
+		// console file (a regular file on the host) growing without
+		// bound. A PID 1 whose stdout is /dev/null offers nothing.
+		f, err := os.OpenFile("/proc/1/fd/1", os.O_WRONLY, 0)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return "", err
+		}
+		if !st.Mode().IsRegular() {
+			return "", fmt.Errorf("PID 1's stdout is not the console file but %v", st.Mode().Type())
+		}
+		return fmt.Sprintf("console file opened for writing (%d bytes)", st.Size()), nil
 	},
 	"proc1-environ": func() (string, error) {
 		b, err := os.ReadFile("/proc/1/environ")
