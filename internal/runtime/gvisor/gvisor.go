@@ -5,7 +5,7 @@
 // Every sandbox is one runsc container whose bundle is Spec.BundleDir:
 //
 //	BundleDir/config.json  OCI spec (ocispec.For, adjusted for gVisor: SpecFor)
-//	BundleDir/console.log  stdout+stderr of PID 1 and of runsc (a file, never a pipe)
+//	BundleDir/console.log  stdout+stderr of PID 1 (cube-agent's until it listens) and of runsc (a file, never a pipe)
 //	BundleDir/runsc.log    runsc's own log for the last run/restore/checkpoint
 //	BundleDir/debug/       runsc --debug-log output, only with Config.Debug
 //
