@@ -68,16 +68,23 @@ type Config struct {
 	// ExtraCmdline is appended to the guest kernel command line (e.g.
 	// "loglevel=7" while debugging a boot).
 	ExtraCmdline []string
-	Logger       *slog.Logger
+	// UIDBase and UIDCount are the host uids (and gids) VMs' QEMUs run
+	// as, one each (uid.go); DefaultUIDBase/DefaultUIDCount when 0.
+	UIDBase, UIDCount uint32
+	Logger            *slog.Logger
 }
 
 // Driver runs VMs. It keeps no state in memory: Root and the bundles hold
 // everything.
 type Driver struct {
 	qemu, guestDir, accel, root string
+	qemuReal                    string // qemu with symlinks resolved: its path in the jail
 	defMem                      int64
 	vhost, vsock                bool
 	extra                       []string
+	uids                        uidAlloc
+	jailBinds                   []jailBind // QEMU, its libraries and firmware (qemuFiles)
+	jailExtra                   []jailBind // tests only: a probe binary in the jail
 	log                         *slog.Logger
 }
 
@@ -119,16 +126,35 @@ func New(cfg Config) (*Driver, error) {
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("vm: create root: %w", err)
 	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.UIDCount == 0 {
+		cfg.UIDCount = DefaultUIDCount
+	}
+	if uint64(cfg.UIDBase)+uint64(cfg.UIDCount) > 1<<32-1 {
+		return nil, fmt.Errorf("vm: uid range %d+%d: %w", cfg.UIDBase, cfg.UIDCount, errdefs.ErrInvalidArgument)
+	}
+	binds, err := qemuFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("vm: %w", err)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	d := &Driver{
-		qemu: path, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
+		qemu: path, qemuReal: real, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
+		uids: uidAlloc{root: cfg.Root, base: cfg.UIDBase, count: cfg.UIDCount}, jailBinds: binds,
 		vhost: cfg.Vhost && exists("/dev/vhost-net"), vsock: exists("/dev/vhost-vsock"),
 		extra: cfg.ExtraCmdline, log: log.With("runtime", "vm"),
 	}
-	d.log.Info("vm driver", "accel", accel, "qemu", path, "guest_dir", cfg.GuestDir, "vhost_net", d.vhost, "vsock", d.vsock)
+	d.log.Info("vm driver", "accel", accel, "qemu", path, "guest_dir", cfg.GuestDir, "vhost_net", d.vhost, "vsock", d.vsock,
+		"uids", fmt.Sprintf("%d-%d", cfg.UIDBase, cfg.UIDBase+cfg.UIDCount-1))
 	return d, nil
 }
 
@@ -158,6 +184,8 @@ type vmState struct {
 	Cgroup  string    `json:"cgroup,omitempty"`
 	Accel   string    `json:"accel"`
 	CID     uint32    `json:"vsock_cid,omitempty"`
+	// UID is QEMU's uid and gid (uid.go), released when QEMU is gone.
+	UID     uint32    `json:"uid,omitempty"`
 	Started time.Time `json:"started"`
 	Shape   Shape     `json:"shape"`
 	// ShapeNote says how a restore's requested shape differed from the
@@ -168,7 +196,7 @@ type vmState struct {
 func (d *Driver) stateDir(id string) string { return filepath.Join(d.root, id) }
 
 func validID(id string) error {
-	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+	if id == "" || id == "." || id == ".." || strings.HasPrefix(id, uidPrefix) || strings.ContainsAny(id, "/\x00") {
 		return fmt.Errorf("vm: sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -253,7 +281,10 @@ func alive(st *vmState) bool {
 	if err != nil {
 		return false
 	}
-	if !strings.Contains(string(b), "unix:"+st.QMP+",") {
+	// A jailed QEMU names its bundle in -name; one started before QEMU
+	// was jailed names its QMP socket.
+	cl := string(b)
+	if !strings.Contains(cl, "\x00"+nameMarker(st.Bundle)+"\x00") && !strings.Contains(cl, "unix:"+st.QMP+",") {
 		return false
 	}
 	// A zombie has a cmdline of "" on exit, but be explicit.
@@ -440,6 +471,11 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 			if _, err := cgroups.Remove(st.Cgroup, cgroupRemoveTimeout); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		// QEMU is gone: its uid may go to the next VM. Before the state
+		// dir, so a crash in between leaves a file take() reclaims.
+		if err := d.uids.release(st.UID, st.ID); err != nil {
+			errs = append(errs, err)
 		}
 		if err := os.RemoveAll(d.stateDir(st.ID)); err != nil {
 			errs = append(errs, err)
