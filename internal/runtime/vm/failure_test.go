@@ -100,7 +100,7 @@ func TestRestoreFailures(t *testing.T) {
 		// Cancel once QEMU exists: mid-launch or mid-load.
 		go func() {
 			for cctx.Err() == nil {
-				if _, err := os.Stat(filepath.Join(s.BundleDir, "qemu.pid")); err == nil {
+				if st, err := d.load(s.ID); err == nil && st.PID > 0 {
 					cancel()
 					return
 				}
