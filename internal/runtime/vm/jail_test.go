@@ -3,12 +3,15 @@ package vm
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,6 +41,8 @@ func TestJailConfinement(t *testing.T) {
 	}
 	e := newEnv(t)
 	e.d.jailExtra = []jailBind{{From: probeBin, To: jailProbe}}
+	logs := &syncBuf{}
+	e.d.log = slog.New(slog.NewTextHandler(io.MultiWriter(tWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sa, sb := e.spec(t, "ja"), e.spec(t, "jb")
@@ -213,6 +218,61 @@ func TestJailConfinement(t *testing.T) {
 			t.Errorf("control: uid %s in the host netns cannot reach 127.0.0.1:%s: %v %s", ua, port, err, out)
 		}
 	})
+
+	// Last: it ends QEMU A.
+	t.Run("SeccompSpawn", func(t *testing.T) {
+		// As a compromised QEMU would: start a program. QMP's "exec:"
+		// migration makes QEMU fork and exec /bin/sh; spawn=deny kills it.
+		err := e.d.execute(ctx, a, "migrate", map[string]any{"uri": "exec:cat >/dev/null"}, nil)
+		if gerr := waitGone(a, 5*time.Second); gerr != nil {
+			t.Fatalf("attack: QEMU A survived spawning (migrate: %v)", err)
+		}
+		var exit string
+		for i := 0; i < 100 && exit == ""; i++ {
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "qemu exited") && strings.Contains(l, "id="+sa.ID) {
+					exit = l
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !strings.Contains(exit, "bad system call") {
+			t.Errorf("attack: QEMU A ended otherwise than by seccomp: %q (migrate: %v)", exit, err)
+		}
+		t.Logf("attack: migrate to exec: in QEMU A: %v; %s", err, exit)
+		// Control: the same command to a QEMU without -sandbox runs the
+		// program and completes.
+		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+		defer ccancel()
+		c := exec.CommandContext(cctx, e.d.qemu, "-M", "none", "-S", "-display", "none", "-nodefaults", "-qmp", "stdio")
+		c.Stdin = strings.NewReader(`{"execute":"qmp_capabilities"}
+{"execute":"migrate","arguments":{"uri":"exec:cat >/dev/null"}}
+{"execute":"quit"}
+`)
+		out, _ := probeRun(c)
+		if strings.Count(out, `"return": {}`) < 3 {
+			t.Errorf("control: unsandboxed QEMU refused exec: migration: %s", out)
+		}
+		t.Logf("control: QEMU without -sandbox: migrate exec: accepted")
+	})
+}
+
+// syncBuf collects log output from the driver's goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestUIDAlloc: distinct uids, persistence in Root (a second allocator,

@@ -330,10 +330,17 @@ func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths
 	}
 	st.PID = cmd.Process.Pid
 	q.exited = make(chan struct{})
-	go func() {
+	go func(id string, pid int) {
 		_ = cmd.Wait()
+		// A signal here is worth a line: SIGSYS is QEMU's seccomp
+		// sandbox stopping a forbidden call.
+		if ps := cmd.ProcessState; ps != nil && ps.ExitCode() != 0 {
+			d.log.Warn("qemu exited", "id", id, "pid", pid, "status", ps.String())
+		} else {
+			d.log.Debug("qemu exited", "id", id, "pid", pid)
+		}
 		close(q.exited)
-	}()
+	}(st.ID, st.PID)
 	if err := d.save(st); err != nil {
 		return q, err
 	}
