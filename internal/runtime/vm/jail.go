@@ -293,7 +293,7 @@ const (
 // and QEMU's firmware directory (microvm's qboot). QEMU finds modules and
 // firmware relative to its binary, so all keep their host paths.
 func qemuFiles(qemu string) ([]jailBind, error) {
-	real, err := filepath.EvalSymlinks(qemu)
+	resolved, err := filepath.EvalSymlinks(qemu)
 	if err != nil {
 		return nil, fmt.Errorf("vm jail: %w", err)
 	}
@@ -311,14 +311,14 @@ func qemuFiles(qemu string) ([]jailBind, error) {
 		out = append(out, jailBind{From: src, To: to})
 		return nil
 	}
-	if err := add(real, real); err != nil {
+	if err := add(resolved, resolved); err != nil {
 		return nil, err
 	}
-	prefix := filepath.Dir(filepath.Dir(real))
+	prefix := filepath.Dir(filepath.Dir(resolved))
 	mods, _ := filepath.Glob(filepath.Join(prefix, "lib", "*", "qemu", "accel-*.so"))
 	more, _ := filepath.Glob(filepath.Join(prefix, "lib*", "qemu", "accel-*.so"))
 	mods = append(mods, more...)
-	for _, bin := range append([]string{real}, mods...) {
+	for _, bin := range append([]string{resolved}, mods...) {
 		libs, err := ldd(bin)
 		if err != nil {
 			return nil, err

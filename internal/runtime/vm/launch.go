@@ -211,10 +211,11 @@ func (q *started) release() {
 		return
 	}
 	select {
-	case <-q.unzstdCh:
+	case err := <-q.unzstdCh:
+		q.unzstdCh <- err
 	default:
 		_ = q.unzstd.Process.Kill()
-		<-q.unzstdCh
+		q.unzstdCh <- <-q.unzstdCh
 	}
 }
 

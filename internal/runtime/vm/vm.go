@@ -139,7 +139,7 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	real, err := filepath.EvalSymlinks(path)
+	resolved, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return nil, fmt.Errorf("vm: %w", err)
 	}
@@ -148,7 +148,7 @@ func New(cfg Config) (*Driver, error) {
 		log = slog.Default()
 	}
 	d := &Driver{
-		qemu: path, qemuReal: real, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
+		qemu: path, qemuReal: resolved, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
 		uids: uidAlloc{root: cfg.Root, base: cfg.UIDBase, count: cfg.UIDCount}, jailBinds: binds,
 		vhost: cfg.Vhost && exists("/dev/vhost-net"), vsock: exists("/dev/vhost-vsock"),
 		extra: cfg.ExtraCmdline, log: log.With("runtime", "vm"),
@@ -175,15 +175,15 @@ func (d *Driver) Capabilities() runtime.Capabilities {
 
 // vmState is Root/<id>/state.json.
 type vmState struct {
-	ID      string    `json:"id"`
-	PID     int       `json:"pid"`
-	Bundle  string    `json:"bundle"`
-	QMP     string    `json:"qmp"`
-	Agent   string    `json:"agent"`
-	Console string    `json:"console"`
-	Cgroup  string    `json:"cgroup,omitempty"`
-	Accel   string    `json:"accel"`
-	CID     uint32    `json:"vsock_cid,omitempty"`
+	ID      string `json:"id"`
+	PID     int    `json:"pid"`
+	Bundle  string `json:"bundle"`
+	QMP     string `json:"qmp"`
+	Agent   string `json:"agent"`
+	Console string `json:"console"`
+	Cgroup  string `json:"cgroup,omitempty"`
+	Accel   string `json:"accel"`
+	CID     uint32 `json:"vsock_cid,omitempty"`
 	// UID is QEMU's uid and gid (uid.go), released when QEMU is gone.
 	UID     uint32    `json:"uid,omitempty"`
 	Started time.Time `json:"started"`
