@@ -2,24 +2,28 @@
 // uses KVM where /dev/kvm works and TCG otherwise, and reports which
 // (Driver.Accel). docs/vm.md explains the command line and the snapshots.
 //
-// Every VM is one daemonized QEMU process, not a child of cubelet:
+// Every VM is one QEMU process, confined (jail.go): its own uid (uid.go),
+// no capabilities, no_new_privs, QEMU's seccomp sandbox, and a mount
+// namespace whose root holds only QEMU, its libraries and the guest
+// kernel. Every file it uses is a descriptor the driver passes in:
 //
-//	Root/<id>/state.json  pid, bundle, sockets, accel, shape (List/State/Stop
-//	                      work for VMs an earlier cubelet process started)
+//	Root/<id>/state.json  pid, uid, bundle, sockets, accel, shape (List/State/
+//	                      Stop work for VMs an earlier cubelet process started)
+//	Root/.uid.<uid>       the VM owning <uid>
 //	Bundle/qmp.sock       QMP (one client at a time; the driver connects per call)
 //	Bundle/agent.sock     the agent channel (virtio-serial chardev)
 //	Bundle/console.log    the guest's serial console
-//	Bundle/qemu.log       QEMU's stderr up to daemonizing (quoted in errors)
-//	Bundle/qemu.pid       written by QEMU (-pidfile)
+//	Bundle/qemu.log       QEMU's stderr (quoted in errors)
 //
 // Lifecycle (QMP status in brackets):
 //
-//	Start:   qemu -S -daemonize  -> cgroup join -> cont        [running]
+//	Start:   jail helper -> qemu -S -> QMP answers -> cgroup join -> cont [running]
 //	Pause:   stop                                              [paused]
 //	Resume:  cont                                              [running]
-//	Checkpoint: stop -> migrate exec:zstd -> (cont | quit)
-//	Restore: qemu -S -incoming defer -> cgroup join -> migrate-incoming -> cont
-//	Stop:    quit (short timeout) -> SIGKILL -> remove files and cgroup
+//	Checkpoint: stop -> getfd + migrate fd: (pipe to zstd) -> (cont | quit)
+//	Restore: qemu -S -incoming defer (pipe from zstd) -> cgroup join ->
+//	         migrate-incoming fd: -> cont
+//	Stop:    quit (short timeout) -> SIGKILL -> remove files, uid and cgroup
 package vm
 
 import (
