@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -363,4 +364,58 @@ func probeRun(c *exec.Cmd) (string, error) {
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return s
+}
+
+// TestJailKVMNode: under KVM a jailed QEMU opens the /dev/kvm node the
+// helper makes in its jail, owned by its uid (the host's is root's, 0600).
+// Control: the same node left to root, and QEMU cannot use KVM.
+func TestJailKVMNode(t *testing.T) {
+	testenv.RequireRoot(t, "mount namespaces, mknod")
+	testenv.RequireBinary(t, "qemu-system-x86_64", "qemu-system-x86")
+	major, minor, err := charDev("/dev/kvm")
+	if err != nil {
+		t.Skipf("no usable /dev/kvm on this host: %v", err)
+	}
+	qemu, err := filepath.EvalSymlinks("/usr/bin/qemu-system-x86_64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	binds, err := qemuFiles(qemu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, own := range []bool{true, false} {
+		jd := filepath.Join(t.TempDir(), "jail")
+		if err := os.Mkdir(jd, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		spec := jailSpec{
+			Dir: jd, UID: DefaultUIDBase + DefaultUIDCount - 1, GID: DefaultUIDBase + DefaultUIDCount - 1, NetNS: -1, Binds: binds, Exec: qemu,
+			Argv:  []string{qemu, "-M", "none", "-accel", "kvm", "-display", "none", "-nodefaults", "-S", "-sandbox", sandboxOpts, "-qmp", "stdio"},
+			Nodes: []jailNode{{Path: "/dev/null", Major: 1, Minor: 3, Mode: 0o666}, {Path: "/dev/kvm", Major: major, Minor: minor, Mode: 0o600, Own: own}},
+		}
+		arg, err := json.Marshal(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{jailArg0, string(arg)}, Env: []string{}}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET}
+		cmd.Stdin = strings.NewReader(`{"execute":"qmp_capabilities"}
+{"execute":"query-kvm"}
+{"execute":"quit"}
+`)
+		out, err := probeRun(cmd)
+		ok := err == nil && strings.Contains(out, `"enabled": true`)
+		if own && !ok {
+			t.Errorf("jailed QEMU with its own /dev/kvm node: %v: %s", err, out)
+		}
+		if !own && (ok || !strings.Contains(out, "Permission denied")) {
+			t.Errorf("control: /dev/kvm left to root, QEMU: %v: %s", err, out)
+		}
+		msg := "query-kvm: enabled"
+		if !ok {
+			msg = firstLine(out)
+		}
+		t.Logf("/dev/kvm node owned by QEMU's uid: %v: %s", own, msg)
+	}
 }
