@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/testenv"
+	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
 // probeBin is a static busybox: the only program that runs inside a
@@ -25,7 +26,7 @@ import (
 // jailProbe so probes can run in QEMU's own mount namespace. Its name
 // must stay "busybox": busybox picks the applet from argv[0] otherwise.
 const (
-	probeBin  = "/usr/bin/busybox"
+	probeBin  = vmguest.DefaultBusybox
 	jailProbe = "/busybox"
 )
 
