@@ -174,6 +174,11 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 		if err := joinCgroup(s.CgroupPath, st.PID, d.limits(st.Shape, s.Limits)); err != nil {
 			return runtime.State{}, err
 		}
+		if q.unzstd != nil {
+			if err := addToCgroup(s.CgroupPath, q.unzstd.Process.Pid); err != nil {
+				d.log.DebugContext(ctx, "zstd stays in the driver's cgroup", "id", st.ID, "error", err)
+			}
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return runtime.State{}, err

@@ -97,6 +97,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
 	defer zw.kill()
+	if err := addToCgroup(st.Cgroup, zw.cmd.Process.Pid); err != nil {
+		d.log.DebugContext(ctx, "zstd stays in the driver's cgroup", "id", id, "error", err)
+	}
 	err = c.ExecuteFD(ctx, "getfd", map[string]any{"fdname": migrateFDName}, nil, zw.w)
 	zw.w.Close()
 	if err != nil {
