@@ -37,6 +37,13 @@ func TestRestoreFailures(t *testing.T) {
 			t.Errorf("State(%s) after failed restore = %v, want ErrNotFound", s.ID, err)
 		}
 		wantNoFiles(t, s.BundleDir)
+		// Its uid is free again: no allocation file names it.
+		uids, _ := filepath.Glob(filepath.Join(d.root, uidPrefix+"*"))
+		for _, f := range uids {
+			if b, _ := os.ReadFile(f); string(b) == s.ID {
+				t.Errorf("failed restore of %s left its uid allocated: %s", s.ID, f)
+			}
+		}
 	}
 	variant := func(t *testing.T, edit func(dir string)) string {
 		dir := filepath.Join(t.TempDir(), "img")
