@@ -38,9 +38,9 @@ func TestRestoreFailures(t *testing.T) {
 		}
 		wantNoFiles(t, s.BundleDir)
 		// Its uid is free again: no allocation file names it.
-		uids, _ := filepath.Glob(filepath.Join(d.root, uidPrefix+"*"))
+		uids, _ := filepath.Glob(filepath.Join(d.uids.dir, "*"))
 		for _, f := range uids {
-			if b, _ := os.ReadFile(f); string(b) == s.ID {
+			if b, _ := os.ReadFile(f); string(b) == d.stateDir(s.ID) {
 				t.Errorf("failed restore of %s left its uid allocated: %s", s.ID, f)
 			}
 		}

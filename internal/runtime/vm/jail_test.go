@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
@@ -277,52 +278,50 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
-// TestUIDAlloc: distinct uids, persistence in Root (a second allocator,
-// as after a cubelet restart, does not hand out a live VM's uid),
-// exhaustion, release, and reclaim of a crashed start's leftover.
+// TestUIDAlloc: distinct uids, persistence in the shared directory (a
+// second allocator, as after a cubelet restart or another driver of the
+// host, does not hand out a live VM's uid), exhaustion, release only by
+// the owner, and reclaim of a crashed start's leftover.
 func TestUIDAlloc(t *testing.T) {
 	root := t.TempDir()
-	a := uidAlloc{root: root, base: 5000, count: 3}
-	for _, id := range []string{"x", "y", "w"} {
-		if err := os.Mkdir(filepath.Join(root, id), 0o700); err != nil {
+	dir := filepath.Join(root, "uids")
+	a := uidAlloc{dir: dir, base: 5000, count: 3}
+	state := func(id string) string { return filepath.Join(root, id) }
+	for _, id := range []string{"x", "y", "w", "v"} {
+		if err := os.Mkdir(state(id), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ux, err := a.take("x")
+	ux, err := a.take(state("x"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	uy, err := uidAlloc{root: root, base: 5000, count: 3}.take("y")
+	uy, err := uidAlloc{dir: dir, base: 5000, count: 3}.take(state("y"))
 	if err != nil || uy == ux || uy < 5000 || uy > 5002 {
 		t.Fatalf("second allocator: %d, %v (first has %d)", uy, err, ux)
 	}
 	// "z" has no state dir: its file is a crash leftover, reclaimed.
-	uz, err := a.take("z")
-	if err != nil {
+	if _, err := a.take(state("z")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.take("w"); err != nil {
+	if _, err := a.take(state("w")); err != nil {
 		t.Fatalf("z's leftover was not reclaimed: %v", err)
 	}
-	if err := os.Mkdir(filepath.Join(root, "v"), 0o700); err != nil {
-		t.Fatal(err)
+	if _, err := a.take(state("v")); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("a fourth live uid out of three: %v", err)
 	}
-	if _, err := a.take("v"); err == nil {
-		t.Fatalf("a fourth live uid out of three")
-	}
-	if err := a.release(ux, "not-x"); err != nil {
+	if err := a.release(ux, state("y")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(a.file(ux)); err != nil {
-		t.Errorf("release by another ID freed x's uid")
+		t.Errorf("release by another owner freed x's uid")
 	}
-	if err := a.release(ux, "x"); err != nil {
+	if err := a.release(ux, state("x")); err != nil {
 		t.Fatal(err)
 	}
-	if u, err := a.take("v"); err != nil || u != ux {
+	if u, err := a.take(state("v")); err != nil || u != ux {
 		t.Errorf("after release: %d, %v; want %d", u, err, ux)
 	}
-	_ = uz
 }
 
 func procStatus(t *testing.T, pid int) map[string]string {

@@ -155,7 +155,7 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 			return runtime.State{}, err
 		}
 	}
-	uid, err := d.uids.take(st.ID)
+	uid, err := d.uids.take(d.stateDir(st.ID))
 	if err != nil {
 		return runtime.State{}, err
 	}

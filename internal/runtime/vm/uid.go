@@ -25,31 +25,36 @@ const (
 	DefaultUIDCount = 65536
 )
 
-// uidPrefix names the allocation files in Root: Root/.uid.<uid> holds the
-// ID of the VM that owns <uid>. They live with the state dirs, so they
-// survive a cubelet restart (Root is on /run: a reboot clears both, with
-// the VMs).
-const uidPrefix = ".uid."
+// DefaultUIDDir holds the allocation files: DefaultUIDDir/<uid> names
+// the state dir of the VM that owns <uid>. uids are a resource of the
+// host, not of one driver: every driver on the host (whatever its Root)
+// allocates from the same directory. It is on /run, so allocations
+// survive a cubelet restart and go, with the VMs, at reboot.
+const DefaultUIDDir = "/run/cube/vm-uids"
 
 // uidAlloc hands out per-VM uids. Creating the allocation file with
 // O_EXCL is the lock: two concurrent Starts never get the same uid, with
 // no lock held between calls and nothing kept in memory.
 type uidAlloc struct {
-	root        string
+	dir         string
 	base, count uint32
 }
 
 func (a uidAlloc) file(uid uint32) string {
-	return filepath.Join(a.root, uidPrefix+strconv.FormatUint(uint64(uid), 10))
+	return filepath.Join(a.dir, strconv.FormatUint(uint64(uid), 10))
 }
 
-// take allocates a uid for id. The search starts at a slot derived from
-// id, so concurrent Starts rarely contend for the same file. A file whose
-// owner has no state dir is a leftover of a crash between allocation and
-// rollback (release runs before the state dir goes): it is reclaimed.
-func (a uidAlloc) take(id string) (uint32, error) {
+// take allocates a uid for the VM whose state dir is owner. The search
+// starts at a slot derived from owner, so concurrent Starts rarely
+// contend for the same file. A file whose owner's state dir is gone is a
+// leftover of a crash between allocation and rollback (release runs
+// before the state dir goes): it is reclaimed.
+func (a uidAlloc) take(owner string) (uint32, error) {
+	if err := os.MkdirAll(a.dir, 0o700); err != nil {
+		return 0, fmt.Errorf("allocate vm uid: %w", err)
+	}
 	start := uint32(0)
-	for _, c := range []byte(id) {
+	for _, c := range []byte(owner) {
 		start = start*31 + uint32(c)
 	}
 	start %= a.count
@@ -65,7 +70,7 @@ func (a uidAlloc) take(id string) (uint32, error) {
 		if err != nil {
 			return 0, fmt.Errorf("allocate vm uid: %w", err)
 		}
-		_, werr := f.WriteString(id)
+		_, werr := f.WriteString(owner)
 		if cerr := f.Close(); werr == nil {
 			werr = cerr
 		}
@@ -84,17 +89,18 @@ func (a uidAlloc) stale(uid uint32) bool {
 	if err != nil {
 		return false
 	}
-	id := strings.TrimSpace(string(b))
-	if validID(id) != nil {
+	owner := strings.TrimSpace(string(b))
+	if !filepath.IsAbs(owner) {
 		return true
 	}
-	_, err = os.Stat(filepath.Join(a.root, id))
+	_, err = os.Stat(owner)
 	return errors.Is(err, fs.ErrNotExist)
 }
 
-// release frees uid if id owns it. Callers release only once no process
-// of the uid is left (QEMU reaped), or the next VM would share it.
-func (a uidAlloc) release(uid uint32, id string) error {
+// release frees uid if owner (a state dir) holds it. Callers release only
+// once no process of the uid is left (QEMU reaped), or the next VM would
+// share it.
+func (a uidAlloc) release(uid uint32, owner string) error {
 	if uid == 0 {
 		return nil
 	}
@@ -105,7 +111,7 @@ func (a uidAlloc) release(uid uint32, id string) error {
 	if err != nil {
 		return err
 	}
-	if strings.TrimSpace(string(b)) != id {
+	if strings.TrimSpace(string(b)) != owner {
 		return nil // reclaimed and reused already
 	}
 	if err := os.Remove(a.file(uid)); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -9,7 +9,6 @@
 //
 //	Root/<id>/state.json  pid, uid, bundle, sockets, accel, shape (List/State/
 //	                      Stop work for VMs an earlier cubelet process started)
-//	Root/.uid.<uid>       the VM owning <uid>
 //	Bundle/qmp.sock       QMP (one client at a time; the driver connects per call)
 //	Bundle/agent.sock     the agent channel (virtio-serial chardev)
 //	Bundle/console.log    the guest's serial console
@@ -74,7 +73,10 @@ type Config struct {
 	ExtraCmdline []string
 	// UIDBase and UIDCount are the host uids (and gids) VMs' QEMUs run
 	// as, one each (uid.go); DefaultUIDBase/DefaultUIDCount when 0.
+	// UIDDir holds their allocation, shared by every driver of the host
+	// (DefaultUIDDir when empty).
 	UIDBase, UIDCount uint32
+	UIDDir            string
 	Logger            *slog.Logger
 }
 
@@ -136,6 +138,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.UIDCount == 0 {
 		cfg.UIDCount = DefaultUIDCount
 	}
+	if cfg.UIDDir == "" {
+		cfg.UIDDir = DefaultUIDDir
+	}
 	if uint64(cfg.UIDBase)+uint64(cfg.UIDCount) > 1<<32-1 {
 		return nil, fmt.Errorf("vm: uid range %d+%d: %w", cfg.UIDBase, cfg.UIDCount, errdefs.ErrInvalidArgument)
 	}
@@ -153,7 +158,7 @@ func New(cfg Config) (*Driver, error) {
 	}
 	d := &Driver{
 		qemu: path, qemuReal: resolved, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
-		uids: uidAlloc{root: cfg.Root, base: cfg.UIDBase, count: cfg.UIDCount}, jailBinds: binds,
+		uids: uidAlloc{dir: cfg.UIDDir, base: cfg.UIDBase, count: cfg.UIDCount}, jailBinds: binds,
 		vhost: cfg.Vhost && exists("/dev/vhost-net"), vsock: exists("/dev/vhost-vsock"),
 		extra: cfg.ExtraCmdline, log: log.With("runtime", "vm"),
 	}
@@ -200,7 +205,7 @@ type vmState struct {
 func (d *Driver) stateDir(id string) string { return filepath.Join(d.root, id) }
 
 func validID(id string) error {
-	if id == "" || id == "." || id == ".." || strings.HasPrefix(id, uidPrefix) || strings.ContainsAny(id, "/\x00") {
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
 		return fmt.Errorf("vm: sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -478,7 +483,7 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 		}
 		// QEMU is gone: its uid may go to the next VM. Before the state
 		// dir, so a crash in between leaves a file take() reclaims.
-		if err := d.uids.release(st.UID, st.ID); err != nil {
+		if err := d.uids.release(st.UID, d.stateDir(st.ID)); err != nil {
 			errs = append(errs, err)
 		}
 		if err := os.RemoveAll(d.stateDir(st.ID)); err != nil {
