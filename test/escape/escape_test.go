@@ -62,11 +62,13 @@ type suite struct {
 	keyring  int
 	sbs      map[string]*sandbox.Record
 
-	mu     sync.Mutex
-	obs    map[string]map[string]obs // row -> runtime
-	ctl    map[string]obs            // row -> control (Escaped: the control succeeded)
-	netOK  map[string]map[string]string
-	images map[string]int64 // runtime -> disk image size
+	mu    sync.Mutex
+	obs   map[string]map[string]obs // row -> runtime
+	ctl   map[string]obs            // row -> control (Escaped: the control succeeded)
+	netOK map[string]map[string]string
+	// fillRoom is what the sandboxes' images can still allocate, summed
+	// before the fills.
+	fillRoom int64
 }
 
 func (s *suite) record(rowName, rt string, escaped bool, format string, a ...any) {
@@ -121,7 +123,7 @@ func TestEscape(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	s := &suite{t: t, obs: map[string]map[string]obs{}, ctl: map[string]obs{},
-		netOK: map[string]map[string]string{}, images: map[string]int64{}, sbs: map[string]*sandbox.Record{}}
+		netOK: map[string]map[string]string{}, sbs: map[string]*sandbox.Record{}}
 	dir := t.TempDir()
 	s.probe = buildProbe(t, dir)
 	image := probeImage(t, s.probe, dir)
@@ -176,6 +178,7 @@ func TestEscape(t *testing.T) {
 
 	// Attempts: every runtime at once (they share nothing the rows
 	// change). Rows that touch shared state run after, one at a time.
+	poolBefore := poolFree(s.env.Config.PoolDir())
 	var wg sync.WaitGroup
 	for _, rt := range runtimes {
 		wg.Add(1)
@@ -186,6 +189,7 @@ func TestEscape(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("attempts done at %v", time.Since(start).Round(time.Millisecond))
+	s.poolCheck(poolBefore)
 	s.serialRows(ctx)
 	s.controls(ctx)
 	t.Logf("controls done at %v", time.Since(start).Round(time.Millisecond))
@@ -461,12 +465,30 @@ func poolFree(dir string) int64 {
 	return int64(st.Bavail) * st.Bsize
 }
 
+// poolCheck: every disk fill together cost the host pool at most what
+// the sandboxes' images could still allocate (their size less what they
+// held before): nothing a sandbox writes lands anywhere else.
+func (s *suite) poolCheck(before int64) {
+	after := poolFree(s.env.Config.PoolDir())
+	s.mu.Lock()
+	room := s.fillRoom
+	s.mu.Unlock()
+	if lost := before - after; lost > room {
+		s.t.Errorf("disk-fill: the pool lost %d MiB to the fills, more than the %d MiB the images had left", lost>>20, room>>20)
+	} else {
+		s.t.Logf("disk-fill: the pool lost %d MiB to the fills, at most the %d MiB the images had left", lost>>20, room>>20)
+	}
+}
+
 func (s *suite) diskFill(ctx context.Context, rt string, sb *sandbox.Record) {
 	size, before, err := allocated(sb.Disk.Path)
 	if err != nil {
 		s.t.Errorf("[%s] disk image: %v", rt, err)
 		return
 	}
+	s.mu.Lock()
+	s.fillRoom += size - before
+	s.mu.Unlock()
 	res, err := s.exec(ctx, rt, 3*time.Minute, nil, "fill", "/root/escape-fill")
 	if err != nil {
 		s.t.Errorf("[%s] fill: %v", rt, err)

@@ -105,7 +105,7 @@ type opts struct {
 	hostKeyring      int
 	marker           string
 	hostPID          int
-	world, forged    string
+	world            string
 	port             int
 	nonce            string
 	spoofSrc         string
@@ -756,12 +756,12 @@ func fill(path string) {
 	}
 }
 
-// inotifyHold takes inotify instances until the kernel refuses or max
+// inotifyHold takes inotify instances until the kernel refuses or limit
 // are held, prints the count, and holds them for seconds.
-func inotifyHold(max, seconds int) {
+func inotifyHold(limit, seconds int) {
 	var fds []int
 	var last error
-	for len(fds) < max {
+	for len(fds) < limit {
 		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 		if err != nil {
 			last = err
