@@ -15,9 +15,12 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nft"
+	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
 // controls runs every row's control: the same probe where the one
@@ -297,4 +300,101 @@ func mountOptions(target string) string {
 		}
 	}
 	return "not mounted"
+}
+
+// hostMountDirs are the host side of the symlink-swap row: a directory
+// the node allows sandboxes to bind (each runtime's sandbox gets it
+// read-write at /shared), and a secret outside it.
+type hostMountDirs struct {
+	Shared, Secret, Nonce string
+}
+
+func newHostMountDirs(t interface {
+	Fatal(...any)
+	Cleanup(func())
+}) hostMountDirs {
+	base, err := os.MkdirTemp("", "escape-hm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	d := hostMountDirs{Shared: filepath.Join(base, "shared"), Secret: filepath.Join(base, "secret"), Nonce: "secret-" + randHex(8)}
+	for _, p := range []string{d.Shared, d.Secret} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(d.Secret, "flag"), []byte(d.Nonce), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// symlinkSwap: sandbox A (rw bind of the shared directory) swaps a
+// directory for a symlink to the secret after cubelet checked sandbox B's
+// bind source at B's create request and before B's container is made (a
+// failpoint holds B's create for 3 s before its container step, where
+// the disk and rootfs steps otherwise take that time). Bound by the name
+// checked at the request, B would get the secret.
+func (s *suite) symlinkSwap(ctx context.Context, rt string) {
+	sub := filepath.Join(s.hm.Shared, rt, "sub")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "flag"), []byte("legit"), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := failpoint.Enable("create/container", "1*sleep(3s)"); err != nil {
+		s.t.Fatal(err)
+	}
+	defer failpoint.Disable("create/container")
+	id := "esc-" + rt + "-swap"
+	type created struct {
+		sb  *sandbox.Record
+		err error
+	}
+	done := make(chan created, 1)
+	go func() {
+		res, err := s.svc.Create(ctx, cubelet.CreateRequest{SandboxID: id, TemplateID: "escape", Runtime: rt,
+			HostMounts: []sandbox.HostMount{{Source: sub, Destination: "/data", ReadOnly: true}}})
+		if err != nil {
+			done <- created{err: err}
+			return
+		}
+		done <- created{sb: res.Sandbox}
+	}()
+	// The record exists once the request's checks passed.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if _, err := s.svc.Get(ctx, id); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.t.Errorf("[%s] symlink-swap: sandbox %s never recorded", rt, id)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := s.exec(ctx, rt, time.Minute, nil, "swap", filepath.Join("/shared", rt, "sub"), s.hm.Secret)
+	swapped := parseLines(res.Stdout)["swap"]
+	c := <-done
+	if c.sb != nil {
+		defer func() {
+			if _, err := s.svc.Delete(ctx, id); err != nil {
+				s.t.Errorf("delete %s: %v", id, err)
+			}
+		}()
+	}
+	switch {
+	case err != nil || swapped.Word != "escaped":
+		s.t.Errorf("[%s] symlink-swap: the sandbox could not swap: %v %+v", rt, err, res)
+	case c.err != nil:
+		s.record("symlink-swap", rt, false, "swapped %s; the create failed: %v", swapped.Detail, c.err)
+	default:
+		out, err := agentExec(ctx, c.sb, time.Minute, nil, "/bin/cat", "/data/flag")
+		got := strings.TrimSpace(out.Stdout)
+		s.record("symlink-swap", rt, got == s.hm.Nonce, "swapped %s during the create; the new sandbox's /data/flag: %q %v", swapped.Detail, got, err)
+	}
+	// Control: by name, the checked path now leads to the secret.
+	b, err := os.ReadFile(filepath.Join(sub, "flag"))
+	s.control("symlink-swap", err == nil && string(b) == s.hm.Nonce, "%s: host path %s now reads %q (%v): a bind by name gets the secret", rt, sub, b, err)
 }

@@ -107,6 +107,9 @@ var table = []row{
 	{Name: "inotify", Attempt: "take inotify instances until refused (at most 8192) and hold them while host root calls inotify_init",
 		Stops: "per-sandbox inotify limits (user namespace)", Control: "the same probe on the host gets the host's ceiling (or the cap)",
 		Expect: map[string]expect{runc: {Pending: "userns"}, gvisor: {NA: sentry}, vm: {NA: guestKernel}}},
+	{Name: "symlink-swap", Attempt: "a sandbox with a rw host mount swaps a directory for a symlink to a secret after cubelet checked another sandbox's bind source at its request, before its container is made",
+		Stops: "the source is checked again where it is bound (and bound by descriptor, O_PATH, on branch hostmounts)", Control: "by name, the checked path now leads to the secret",
+		Expect: map[string]expect{vm: {NA: "a VM gets no host mounts", Skip: true}}},
 }
 
 // Network rows: one per target and protocol. "internet" is the positive

@@ -19,6 +19,7 @@
 //	probe membomb MIB           allocate and touch MIB MiB
 //	probe fill PATH             write PATH until the disk is full
 //	probe inotify MAX SECONDS   hold up to MAX inotify instances
+//	probe swap DIR TARGET       move DIR aside, put a symlink to TARGET there
 //	probe euid                  print the effective uid (setuid check)
 //	probe hold MARKER           sleep (a ptrace target with MARKER in argv)
 package main
@@ -67,6 +68,8 @@ func main() {
 		inotifyHold(atoi(args, 0), atoi(args, 1))
 	case "euid":
 		fmt.Println(os.Geteuid())
+	case "swap":
+		swap(args[0], args[1])
 	case "hold":
 		time.Sleep(time.Hour)
 	case "netadmin":
@@ -478,6 +481,21 @@ func ping6(addr string, wait time.Duration, own map[netip.Addr]bool) (string, er
 			}
 		}
 	}
+}
+
+// swap replaces the directory dir (in a host directory the sandbox has
+// bound) by a symlink to target, a path as the host sees it: whoever
+// binds dir by name after that gets target.
+func swap(dir, target string) {
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		fmt.Printf("swap\tblocked\trename: %v\n", err)
+		return
+	}
+	if err := os.Symlink(target, dir); err != nil {
+		fmt.Printf("swap\tblocked\tsymlink: %v\n", err)
+		return
+	}
+	fmt.Printf("swap\tescaped\t%s -> %s\n", dir, target)
 }
 
 // rawSpoof sends a TCP SYN, a UDP datagram and an ICMP echo request from
