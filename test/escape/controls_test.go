@@ -60,6 +60,12 @@ func (s *suite) hostControls() {
 		l := got[r]
 		s.control(r, l.Word == "escaped", "host root: %s", l.Detail)
 	}
+	for _, r := range []struct{ row, path string }{{"ro-bind", s.hm.RO}, {"ro-submount", filepath.Join(s.hm.RO, "sub")}} {
+		p := filepath.Join(r.path, "escape-ctl")
+		err := os.WriteFile(p, nil, 0o644)
+		s.control(r.row, err == nil, "host root creates %s: %v", p, err)
+		_ = os.Remove(p)
+	}
 	l := got["ptrace-host"]
 	s.control("ptrace-agent", l.Word == "escaped", "host root attaching a dumpable process of its uid: %s", l.Detail)
 }
@@ -307,6 +313,9 @@ func mountOptions(target string) string {
 // read-write at /shared), and a secret outside it.
 type hostMountDirs struct {
 	Shared, Secret, Nonce string
+	// RO is bound read-only at /ro; a tmpfs is mounted at RO/sub on the
+	// host, so a bind that is read-only only at its top leaves it writable.
+	RO string
 }
 
 func newHostMountDirs(t interface {
@@ -318,12 +327,18 @@ func newHostMountDirs(t interface {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	d := hostMountDirs{Shared: filepath.Join(base, "shared"), Secret: filepath.Join(base, "secret"), Nonce: "secret-" + randHex(8)}
-	for _, p := range []string{d.Shared, d.Secret} {
+	d := hostMountDirs{Shared: filepath.Join(base, "shared"), Secret: filepath.Join(base, "secret"), Nonce: "secret-" + randHex(8),
+		RO: filepath.Join(base, "ro")}
+	for _, p := range []string{d.Shared, d.Secret, filepath.Join(d.RO, "sub")} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	sub := filepath.Join(d.RO, "sub")
+	if err := syscall.Mount("escape-ro", sub, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(sub, syscall.MNT_DETACH) })
 	if err := os.WriteFile(filepath.Join(d.Secret, "flag"), []byte(d.Nonce), 0o644); err != nil {
 		t.Fatal(err)
 	}

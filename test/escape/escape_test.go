@@ -140,8 +140,8 @@ func TestEscape(t *testing.T) {
 		accel = "tcg"
 	}
 	s.hm = newHostMountDirs(t)
-	s.env = cubelettest.New(t, fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"120s\"\n[[storage.host_mount_allow]]\nprefix = %q\n",
-		guest, accel, s.hm.Shared))
+	s.env = cubelettest.New(t, fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"120s\"\n[[storage.host_mount_allow]]\nprefix = %q\n[[storage.host_mount_allow]]\nprefix = %q\nread_only = true\n",
+		guest, accel, s.hm.Shared, s.hm.RO))
 	s.net = s.env.StartNetworkAgent(t, nettest.Options{PoolSize: 2, VMPoolSize: 1})
 	s.svc = s.env.Start(t)
 	if _, err := s.svc.ImportTemplate(ctx, "escape", image, nil); err != nil {
@@ -239,7 +239,8 @@ func (s *suite) create(ctx context.Context) {
 			req := cubelet.CreateRequest{SandboxID: "esc-" + rt, TemplateID: "escape", Runtime: rt}
 			if rt != vm {
 				req.Resources = sandbox.Resources{MemoryMiB: memLimitMiB, Pids: pidsLimit}
-				req.HostMounts = []sandbox.HostMount{{Source: s.hm.Shared, Destination: "/shared"}}
+				req.HostMounts = []sandbox.HostMount{{Source: s.hm.Shared, Destination: "/shared"},
+					{Source: s.hm.RO, Destination: "/ro", ReadOnly: true}}
 			}
 			res, err := s.svc.Create(ctx, req)
 			mu.Lock()
@@ -327,7 +328,7 @@ func (s *suite) attempts(ctx context.Context, rt string) {
 	sb := s.sbs[rt]
 	nonce := "esc" + randHex(4) + rt
 	rows := []string{"userns", "keyctl", "mount", "bpf", "ptrace-host", "ptrace-agent", "proc1-fd1",
-		"proc-sys", "sys", "agent-binary", "raw-spoof", "plant-setuid", "mknod", "ipv6"}
+		"proc-sys", "sys", "agent-binary", "raw-spoof", "plant-setuid", "mknod", "ipv6", "ro-bind", "ro-submount"}
 	args := append([]string{"rows", "-host-keyring", strconv.Itoa(s.keyring), "-marker", s.marker,
 		"-host-pid", strconv.Itoa(s.holdPID), "-world", s.w.Addrs[0].String(), "-port", strconv.Itoa(s.w.Port),
 		"-nonce", nonce}, rows...)

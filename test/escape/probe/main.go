@@ -164,6 +164,10 @@ func rows(args []string) {
 			mknod(filepath.Dir(o.plant))
 		case "ipv6":
 			ipv6()
+		case "ro-bind":
+			create("ro-bind", "/ro/escape")
+		case "ro-submount":
+			create("ro-submount", "/ro/sub/escape")
 		default:
 			fmt.Printf("%s\tblocked\tunknown row\n", r)
 		}
@@ -397,6 +401,18 @@ func mknod(dir string) {
 		return
 	}
 	report("mknod", true, "made char device 1:1 (/dev/mem) at %s", p)
+}
+
+// create makes a file at path (a write to a host directory bound
+// read-only, when the sandbox has one there).
+func create(row, path string) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		report(row, false, "create %s: %v", path, err)
+		return
+	}
+	f.Close()
+	report(row, true, "created %s", path)
 }
 
 // ipv6: any IPv6 answer on the sandbox's link (the all-nodes group
