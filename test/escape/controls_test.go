@@ -351,6 +351,14 @@ func (s *suite) symlinkSwap(ctx context.Context, rt string) {
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		s.t.Fatal(err)
 	}
+	// Writable by whatever host uid the sandbox's root is (a user
+	// namespace maps it away from 0): the attack needs a read-write mount
+	// the sandbox can actually write, which is what an operator grants.
+	for _, d := range []string{s.hm.Shared, filepath.Dir(sub)} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			s.t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(sub, "flag"), []byte("legit"), 0o644); err != nil {
 		s.t.Fatal(err)
 	}
