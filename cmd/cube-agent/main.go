@@ -22,8 +22,16 @@ func main() {
 	vm := flag.Bool("vm", false, "run as PID 1 of a VM: mount, name and network the guest from cube.* kernel parameters, and serve on the agent channel too")
 	flag.Parse()
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "cube-agent")
+	// First: nothing in the sandbox may read the agent's environment or
+	// write to its console through /proc before it is protected.
+	protectErr := protectSelf()
+	console := newCappedConsole(os.Stderr, consoleMax, consoleKeep)
+	log := slog.New(slog.NewTextHandler(console, nil)).With("component", "cube-agent")
 	slog.SetDefault(log)
+	if protectErr != nil {
+		log.Error("protect the agent from its sandbox", "error", protectErr)
+		os.Exit(1)
+	}
 	if *vm {
 		if err := vmSetup(log); err != nil {
 			log.Error("vm setup", "error", err)
@@ -46,10 +54,19 @@ func main() {
 	// The Reaper is the only waiter in this process: the processes the
 	// API starts go through it too, so PID 1's reaping never steals their
 	// exit statuses.
+	var onListening func()
+	if os.Getenv(agentproto.DetachConsoleEnv) == "1" {
+		os.Unsetenv(agentproto.DetachConsoleEnv)
+		onListening = func() {
+			if err := console.detach(1, 2); err != nil {
+				log.Error("detach from the console", "error", err)
+			}
+		}
+	}
 	reaper := initproc.NewReaper(log)
 	srv := agent.New(agent.Config{
 		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
-		Env: agent.SandboxEnv(os.Environ()),
+		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening,
 	})
 
 	if *vm {

@@ -110,6 +110,9 @@ type Config struct {
 	// WakeSignal wakes a quiesced agent (quiesce.go); SIGUSR2 when nil.
 	// The runtime sends it to PID 1 after a memory restore.
 	WakeSignal os.Signal
+	// OnListening, when set, runs each time the agent starts listening
+	// (again after a quiesce), after it logged so.
+	OnListening func()
 }
 
 // Server is the agent's HTTP server.
@@ -279,6 +282,9 @@ func (s *Server) serveOnce(ctx context.Context, ln net.Listener) (*quiesceOrder,
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("agent listening", "addr", ln.Addr().String(), "envd_version", EnvdVersion)
+	if s.cfg.OnListening != nil {
+		s.cfg.OnListening()
+	}
 	select {
 	case err := <-errc:
 		return nil, fmt.Errorf("agent: serve: %w", err)

@@ -109,3 +109,10 @@ type ReinitResponse struct {
 // CAP_SYS_ADMIN from its bounding set before it serves (agent.DropSysAdminBound):
 // the gVisor spec grants PID 1 the capability for the hostname only.
 const DropSysAdminEnv = "CUBE_AGENT_DROP_SYS_ADMIN"
+
+// DetachConsoleEnv, set to 1 in PID 1's environment, makes cube-agent
+// point its stdout and stderr at /dev/null once it listens. gVisor's
+// sentry lets root in the sandbox open a non-dumpable process's
+// /proc/<pid>/fd, so as long as the agent holds the console (a file on
+// the host) anything inside could write to it without bound.
+const DetachConsoleEnv = "CUBE_AGENT_DETACH_CONSOLE"

@@ -1,16 +1,24 @@
 package cubelet
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
+	"github.com/cubesandbox/cube/internal/hostbind"
 	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestCheckHostMounts covers the allow-list rules without a cubelet:
@@ -65,7 +73,7 @@ func TestCheckHostMounts(t *testing.T) {
 	if got[3].Source != filepath.Join(rw, "sub") {
 		t.Errorf("source not resolved: %q", got[3].Source)
 	}
-	if _, err := n.HostMountsFor(got); err != nil {
+	if _, _, err := n.StageHostMounts(context.Background(), "sb", got, false); err != nil {
 		t.Errorf("re-check at start: %v", err)
 	}
 
@@ -111,7 +119,7 @@ func TestCheckHostMounts(t *testing.T) {
 	if err := os.Symlink(outside, swapped); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.HostMountsFor(got); !errdefs.IsFailedPrecondition(err) {
+	if _, _, err := n.StageHostMounts(context.Background(), "sb", got, false); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("swapped source at start: %v", err)
 	}
 
@@ -119,5 +127,108 @@ func TestCheckHostMounts(t *testing.T) {
 	cfg.Storage.HostMountAllow = nil
 	if _, err := checkHostMounts(cfg, ok[:1]); err == nil || !strings.Contains(err.Error(), "host_mount_allow is empty") {
 		t.Errorf("no rules: %v", err)
+	}
+}
+
+// TestHostMountSwapRace: a host mount's source is swapped for a symlink
+// to /etc (the directory renamed away, the symlink put in its place) at
+// each step between the check by name and the runtime's bind. The bind
+// ends on the original directory or is refused, never on /etc. Control,
+// each row: binding the source by name after the swap, as the runtime
+// did before, reaches /etc.
+func TestHostMountSwapRace(t *testing.T) {
+	testenv.RequireRoot(t, "mounts")
+	dir := t.TempDir()
+	mk := func(p string) string {
+		full := filepath.Join(dir, p)
+		if err := os.MkdirAll(full, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return full
+	}
+	allowed, outside := mk("allowed"), mk("outside")
+	cfg := &config.Config{}
+	cfg.Node.DataDir, cfg.Node.RunDir = mk("cube/data"), mk("cube/run")
+	cfg.Storage.HostMountAllow = []config.HostMountRule{{Prefix: allowed}}
+	n := actions.NewNode(cfg)
+	ctx := context.Background()
+
+	for i, row := range []struct {
+		name, point string
+		movedTo     string // where the original directory goes
+		refused     bool
+	}{
+		{"swapped before the open", hostbind.FailpointOpen, allowed, true},
+		{"swapped after the open", hostbind.FailpointOpened, allowed, false},
+		{"swapped after the open, original moved out of the allowed prefix", hostbind.FailpointOpened, outside, true},
+		{"swapped after the check", hostbind.FailpointChecked, allowed, false},
+		{"swapped after staging, before the runtime binds", hostbind.FailpointStaged, allowed, false},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			id := fmt.Sprintf("sb%d", i)
+			if err := os.MkdirAll(cfg.SandboxRunDir(id), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			src := mk(fmt.Sprintf("allowed/data%d", i))
+			if err := os.WriteFile(filepath.Join(src, "marker"), []byte("original"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			swapped := false
+			swap := func(context.Context) error {
+				if err := os.Rename(src, filepath.Join(row.movedTo, fmt.Sprintf("moved%d", i))); err != nil {
+					return err
+				}
+				swapped = true
+				return os.Symlink("/etc", src)
+			}
+			if err := failpoint.EnableFunc(row.point, swap); err != nil {
+				t.Fatal(err)
+			}
+			mounts, unstage, err := n.StageHostMounts(ctx, id, []sandbox.HostMount{{Source: src, Destination: "/data"}}, true)
+			failpoint.Disable(row.point)
+			if !swapped {
+				t.Fatalf("the swap at %s did not happen (err %v)", row.point, err)
+			}
+			switch {
+			case err != nil && row.refused && errdefs.IsFailedPrecondition(err):
+				t.Logf("swap at %s: refused: %v", row.point, err)
+			case err != nil:
+				t.Fatalf("swap at %s: %v; want it bound to the original directory", row.point, err)
+			case row.refused:
+				unstage()
+				t.Fatalf("swap at %s: staged %v; want a refusal", row.point, mounts)
+			default:
+				b, rerr := os.ReadFile(filepath.Join(mounts[0].Source, "marker"))
+				_, perr := os.Stat(filepath.Join(mounts[0].Source, "passwd"))
+				unstage()
+				if string(b) != "original" || perr == nil {
+					t.Fatalf("swap at %s: the staged bind shows marker %q (%v), passwd %v; want the original directory", row.point, b, rerr, perr)
+				}
+				t.Logf("swap at %s: bound to the original directory (marker %q, no passwd), not /etc", row.point, b)
+			}
+			if _, err := os.Lstat(n.HostMountsDir(id)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("staging dir left: %v", err)
+			}
+			if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(cfg.Node.RunDir)); len(ms) != 0 {
+				t.Errorf("mounts left under the run dir: %v", ms)
+			}
+
+			// Control: the same source bound by name, now.
+			ctl := filepath.Join(t.TempDir(), "ctl")
+			if err := os.Mkdir(ctl, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Mount(src, ctl, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+				t.Fatal(err)
+			}
+			_, perr := os.Stat(filepath.Join(ctl, "passwd"))
+			if err := unix.Unmount(ctl, unix.MNT_DETACH); err != nil {
+				t.Error(err)
+			}
+			if perr != nil {
+				t.Fatalf("control: bind by name after the swap does not reach /etc: %v", perr)
+			}
+			t.Logf("control: bound by name after the swap, %s shows /etc (passwd present)", src)
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostbind"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -173,6 +174,11 @@ func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *
 	runRoot := filepath.Join(s.cfg.Node.RunDir, "sandboxes")
 	for _, id := range dirNames(runRoot) {
 		if known[id] {
+			// Host mounts are staged only while a sandbox starts, and
+			// nothing starts during start-up: these are a crash's.
+			if err := hostbind.Unstage(s.node.HostMountsDir(id)); err != nil {
+				errf("unstage %s: %v", id, err)
+			}
 			continue
 		}
 		target := filepath.Join(runRoot, id, "rootfs")
@@ -181,6 +187,12 @@ func (s *Service) sweepOrphans(ctx context.Context, known map[string]bool, sum *
 		}
 		if err := storage.UnmountDisk(ctx, target, s.node.Pool.SandboxDiskPath(id)); err != nil {
 			errf("unmount orphan %s: %v", target, err)
+			continue
+		}
+		// Staged host mounts first: RemoveAll would reach through one
+		// into the host directory it binds.
+		if err := hostbind.Unstage(s.node.HostMountsDir(id)); err != nil {
+			errf("unstage orphan %s: %v", id, err)
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(runRoot, id)); err != nil {

@@ -22,6 +22,10 @@
 //	kill               the process SIGKILLs itself: a crash at exactly this point.
 //	off                enabled but never fires (arms name tracking, see Names).
 //
+// In-process tests may also run their own code at a point with EnableFunc:
+// a test that must change the world at exactly one instant (swap a path
+// for a symlink between two system calls) does it there, without timing.
+//
 // A COUNT prefix ("2*error") fires on the first COUNT evaluations only; after
 // that the point behaves as if disabled.
 //
@@ -63,12 +67,14 @@ const (
 	kindSleep
 	kindHang
 	kindKill
+	kindFunc
 )
 
 type point struct {
 	kind    kind
 	arg     string        // error/panic message
 	dur     time.Duration // sleep
+	fn      func(context.Context) error
 	counted bool
 	left    atomic.Int64 // evaluations left to fire when counted
 }
@@ -107,6 +113,20 @@ func Enable(name, spec string) error {
 	mu.Lock()
 	defer mu.Unlock()
 	points[name] = p
+	rearm()
+	return nil
+}
+
+// EnableFunc arms the point name to call fn, whose result Eval returns,
+// replacing any previous spec for that name. Unlike Enable it is for
+// in-process tests only: a function cannot travel in $CUBE_FAILPOINTS.
+func EnableFunc(name string, fn func(context.Context) error) error {
+	if name == "" || fn == nil {
+		return errors.New("failpoint: empty name or nil func")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	points[name] = &point{kind: kindFunc, fn: fn}
 	rearm()
 	return nil
 }
@@ -243,6 +263,8 @@ func eval(ctx context.Context, name string) error {
 	case kindHang:
 		<-ctx.Done()
 		return ctx.Err()
+	case kindFunc:
+		return p.fn(ctx)
 	case kindKill:
 		if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
 			return fmt.Errorf("failpoint %q: kill: %w", name, err)

@@ -245,3 +245,22 @@ func BenchmarkEvalDisabled(b *testing.B) {
 		_ = Eval(ctx, "create/disk.clone")
 	}
 }
+
+func TestEnableFunc(t *testing.T) {
+	t.Cleanup(Reset)
+	calls := 0
+	boom := errors.New("boom")
+	if err := EnableFunc("fn", func(context.Context) error { calls++; return boom }); err != nil {
+		t.Fatal(err)
+	}
+	if err := Eval(context.Background(), "fn"); !errors.Is(err, boom) || calls != 1 {
+		t.Fatalf("Eval = %v after %d calls; want the func's error after 1", err, calls)
+	}
+	if err := EnableFunc("fn", nil); err == nil {
+		t.Fatal("nil func accepted")
+	}
+	Disable("fn")
+	if err := Eval(context.Background(), "fn"); err != nil || calls != 1 {
+		t.Fatalf("disabled point ran the func: %v, %d calls", err, calls)
+	}
+}

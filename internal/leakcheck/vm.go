@@ -44,7 +44,8 @@ func vmLeaks(s Scope) []Leak {
 		if strings.Contains(cl, sandboxes) {
 			continue // processes() reports it
 		}
-		if strings.Contains(cl, "-qmp unix:"+run+"/") {
+		// A jailed QEMU names its bundle in -name (vm.nameMarker).
+		if strings.Contains(cl, "-qmp unix:"+run+"/") || strings.Contains(cl, "-name cube-vm:"+run+"/") {
 			comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
 			leaks = append(leaks, Leak{Kind: KindProcess, What: fmt.Sprintf("pid %d (%s) QEMU under %s", pid, strings.TrimSpace(string(comm)), run)})
 		}

@@ -20,6 +20,12 @@ func TestVMLeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// A jailed QEMU names its bundle instead.
+	jailed := exec.Command("sh", "-c", "sleep 30", "qemu", "-name", "cube-vm:"+run+"/b/vm2")
+	if err := jailed.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = jailed.Process.Kill(); _ = jailed.Wait() })
 	leaks, err := Check(context.Background(), Scope{RunDir: run, VMRoot: root})
 	if err != nil {
 		t.Fatal(err)
@@ -29,11 +35,13 @@ func TestVMLeaks(t *testing.T) {
 		got = append(got, l.String())
 	}
 	all := strings.Join(got, "\n")
-	if !strings.Contains(all, "vm: "+filepath.Join(canon(root), "vm1")) || !strings.Contains(all, "QEMU under") {
+	if !strings.Contains(all, "vm: "+filepath.Join(canon(root), "vm1")) || strings.Count(all, "QEMU under") != 2 {
 		t.Fatalf("leaks = %v, want the state dir and the process", got)
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
+	_ = jailed.Process.Kill()
+	_ = jailed.Wait()
 	_ = os.Remove(filepath.Join(root, "vm1"))
 	if leaks, _ := Check(context.Background(), Scope{RunDir: run, VMRoot: root}); len(leaks) != 0 {
 		t.Fatalf("after cleanup: %v", leaks)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -69,7 +70,7 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 		err = fmt.Errorf("unexpected greeting")
 	}
 	if err == nil {
-		err = c.execLocked("qmp_capabilities", nil, nil)
+		err = c.execLocked("qmp_capabilities", nil, nil, nil)
 	}
 	if err != nil {
 		conn.Close()
@@ -106,10 +107,21 @@ func (c *Client) Execute(ctx context.Context, cmd string, args, out any) error {
 	defer c.mu.Unlock()
 	stop := c.bind(ctx)
 	defer stop()
-	return ctxErr(ctx, c.execLocked(cmd, args, out))
+	return ctxErr(ctx, c.execLocked(cmd, args, out, nil))
 }
 
-func (c *Client) execLocked(cmd string, args, out any) error {
+// ExecuteFD is Execute with f passed along as SCM_RIGHTS ancillary data,
+// for commands that take a file descriptor from the client ("getfd",
+// "add-fd"): QEMU then needs no access to the file's path.
+func (c *Client) ExecuteFD(ctx context.Context, cmd string, args, out any, f *os.File) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	stop := c.bind(ctx)
+	defer stop()
+	return ctxErr(ctx, c.execLocked(cmd, args, out, f))
+}
+
+func (c *Client) execLocked(cmd string, args, out any, f *os.File) error {
 	c.next++
 	id := strconv.FormatUint(c.next, 10)
 	req := map[string]any{"execute": cmd, "id": id}
@@ -120,7 +132,7 @@ func (c *Client) execLocked(cmd string, args, out any) error {
 	if err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
-	if _, err := c.conn.Write(append(b, '\n')); err != nil {
+	if err := c.write(append(b, '\n'), f); err != nil {
 		return fmt.Errorf("qmp %s: write: %w", cmd, err)
 	}
 	for {
@@ -145,6 +157,24 @@ func (c *Client) execLocked(cmd string, args, out any) error {
 		}
 		return nil
 	}
+}
+
+// write sends one request, with f's descriptor attached when f is set.
+func (c *Client) write(b []byte, f *os.File) error {
+	if f == nil {
+		_, err := c.conn.Write(b)
+		return err
+	}
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		return fmt.Errorf("passing a file needs a unix socket, have %T", c.conn)
+	}
+	rights := syscall.UnixRights(int(f.Fd()))
+	n, oobn, err := uc.WriteMsgUnix(b, rights, nil)
+	if err == nil && (n != len(b) || oobn != len(rights)) {
+		err = io.ErrShortWrite
+	}
+	return err
 }
 
 func (c *Client) read() (message, error) {

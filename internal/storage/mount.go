@@ -23,9 +23,19 @@ const (
 	unmountBackoff = 100 * time.Millisecond
 )
 
-// MountDisk loop-mounts the ext4 image on target (created if missing) and
-// returns the loop device. The device is autoclear: it frees itself when the
-// mount goes away. On failure everything MountDisk made is removed.
+// DiskMountFlags are the flags of every sandbox disk mount. The image is
+// written by the sandbox's root, so a setuid binary or a device node in it
+// must mean nothing on the host: nosuid and nodev. The mount is also the
+// container's / (the runtime binds it), where the same flags apply: a
+// setuid binary does not elevate and a device node in the image cannot be
+// opened (the sandbox's /dev is a tmpfs with the standard set). Not
+// noexec: the sandbox runs its programs from it.
+const DiskMountFlags = unix.MS_NOSUID | unix.MS_NODEV
+
+// MountDisk loop-mounts the ext4 image on target (created if missing) with
+// DiskMountFlags and returns the loop device. The device is autoclear: it
+// frees itself when the mount goes away. On failure everything MountDisk
+// made is removed.
 func MountDisk(ctx context.Context, image, target string, readOnly bool) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
@@ -46,7 +56,7 @@ func MountDisk(ctx context.Context, image, target string, readOnly bool) (string
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return "", fmt.Errorf("storage: create mount point: %w", err)
 	}
-	var flags uintptr
+	var flags uintptr = DiskMountFlags
 	if readOnly {
 		flags |= unix.MS_RDONLY
 	}

@@ -94,8 +94,12 @@ func OpenPool(ctx context.Context, cfg PoolConfig) (*Pool, error) {
 		p.mode = ModeReflink
 		if mounted, _ := IsMounted(dir); mounted {
 			if devs, _ := loopdev.FindByBacking(image); len(devs) > 0 {
-				// A previous cubelet mounted the image and it is still there.
+				// A previous cubelet mounted the image and it is still there
+				// (maybe with older flags: they are set again, on this mount only).
 				p.mode = ModeReflinkLoop
+				if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|PoolMountFlags, ""); err != nil {
+					return nil, fmt.Errorf("storage: remount pool %s with %#x: %w", dir, PoolMountFlags, err)
+				}
 			}
 		}
 		if err := p.seal(); err != nil {
@@ -134,6 +138,12 @@ func OpenPool(ctx context.Context, cfg PoolConfig) (*Pool, error) {
 	return nil, fmt.Errorf("storage: pool %s cannot reflink and AllowCopy is off: %w: %w", dir, loopErr, errdefs.ErrFailedPrecondition)
 }
 
+// PoolMountFlags are the flags of the loop-backed pool mount. The pool
+// holds images, clones, snapshots and memory images: files that are read,
+// written, cloned and loop-mounted, never executed or used as devices on
+// the host.
+const PoolMountFlags = unix.MS_NOATIME | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+
 // seal makes the pool's root (the mounted image's root when there is one)
 // root's alone: it holds every sandbox's disk and snapshots, with tenants'
 // data, and setuid binaries a sandbox's root may have planted.
@@ -166,7 +176,7 @@ func (p *Pool) mountImage(ctx context.Context, size int64, log *slog.Logger) err
 	// Autoclear: the device lives exactly as long as the mount, so an
 	// unmount (or Teardown) never leaves a device behind.
 	_, err := loopdev.AttachAutoclear(ctx, p.image, false, func(dev string) error {
-		if err := unix.Mount(dev, p.dir, "xfs", unix.MS_NOATIME, ""); err != nil {
+		if err := unix.Mount(dev, p.dir, "xfs", PoolMountFlags, ""); err != nil {
 			return fmt.Errorf("mount %s (%s) on %s: %w", p.image, dev, p.dir, err)
 		}
 		return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostbind"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -43,16 +44,12 @@ func (a *containerAction) Create(ctx context.Context, t *Task) error {
 	if err := os.MkdirAll(c.Bundle, 0o700); err != nil {
 		return err
 	}
-	spec := specOf(rec, c, t.Template)
-	// Checked again right before the bind: a path component may have
-	// become a symlink since create validated it.
-	if spec.Mounts, err = a.n.HostMountsFor(rec.HostMounts); err != nil {
+	spec, unstage, err := a.n.launchSpec(ctx, t.Record(), t.Template)
+	if err != nil {
 		return err
 	}
-	if m, ok := a.n.sharedAgent(); ok && !d.Capabilities().BootsDisk {
-		spec.Mounts = append(spec.Mounts, m)
-	}
 	st, err := launch(ctx, d, t, spec)
+	unstage()
 	if err != nil {
 		return err
 	}
@@ -95,24 +92,30 @@ func specOf(rec *sandbox.Record, c *sandbox.Container, tmpl *sandbox.Template) r
 	}
 }
 
-// launchSpec is the runtime spec containerAction.Create starts the
-// sandbox with, rebuilt from the record and template.
-func (n *Node) launchSpec(rec *sandbox.Record, tmpl *sandbox.Template) (runtime.Spec, error) {
+// launchSpec is the runtime spec the sandbox starts (or is restored)
+// with, rebuilt from the record and template. Its host mounts are staged
+// (StageHostMounts): the caller calls unstage once the runtime has
+// started or failed to, on every path.
+func (n *Node) launchSpec(ctx context.Context, rec *sandbox.Record, tmpl *sandbox.Template) (spec runtime.Spec, unstage func(), err error) {
+	unstage = func() {}
 	if tmpl == nil {
-		return runtime.Spec{}, fmt.Errorf("sandbox %s: no template to build its spec: %w", rec.ID, errdefs.ErrInternal)
+		return spec, unstage, fmt.Errorf("sandbox %s: no template to build its spec: %w", rec.ID, errdefs.ErrInternal)
 	}
 	d, err := n.Driver(rec.Runtime)
 	if err != nil {
-		return runtime.Spec{}, err
+		return spec, unstage, err
 	}
-	spec := specOf(rec, rec.Container, tmpl)
-	if spec.Mounts, err = n.HostMountsFor(rec.HostMounts); err != nil {
-		return runtime.Spec{}, err
+	boots := d.Capabilities().BootsDisk
+	spec = specOf(rec, rec.Container, tmpl)
+	// Checked again right before the bind, and bound by descriptor: a
+	// path component may have become a symlink since create validated it.
+	if spec.Mounts, unstage, err = n.StageHostMounts(ctx, rec.ID, rec.HostMounts, !boots); err != nil {
+		return spec, unstage, err
 	}
-	if m, ok := n.sharedAgent(); ok && !d.Capabilities().BootsDisk {
+	if m, ok := n.sharedAgent(); ok && !boots {
 		spec.Mounts = append(spec.Mounts, m)
 	}
-	return spec, nil
+	return spec, unstage, nil
 }
 
 // launch starts the sandbox's container: restored from the memory image
@@ -165,6 +168,12 @@ func (a *containerAction) Destroy(ctx context.Context, t *Task) error {
 		return err
 	}
 	if err := d.Stop(ctx, rec.Container.ID); err != nil {
+		return err
+	}
+	// Normally gone once the sandbox started; left by a cubelet that died
+	// mid-start. Before any RemoveAll near it, which would reach through
+	// a staging mount into the host directory.
+	if err := hostbind.Unstage(a.n.HostMountsDir(rec.ID)); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(rec.Container.Bundle); err != nil {

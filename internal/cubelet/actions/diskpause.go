@@ -198,11 +198,12 @@ func (n *Node) restoreFromImage(ctx context.Context, t *Task, d runtime.Driver, 
 	if err := d.Stop(ctx, rec.Container.ID); err != nil {
 		return err
 	}
-	spec, err := n.launchSpec(rec, t.Template)
+	spec, unstage, err := n.launchSpec(ctx, rec, t.Template)
 	if err != nil {
 		return err
 	}
 	st, err := d.Restore(ctx, spec, run.Image)
+	unstage()
 	if err != nil {
 		return err
 	}

@@ -80,11 +80,12 @@ func (a *memoryAction) UndoSnapshot(ctx context.Context, t *Task) error {
 	if err != nil {
 		return err
 	}
-	if err := run.Holds.Release(ctx, Checkpointed); err != nil {
-		return err
-	}
+	// The image goes even when the sandbox could not be brought back
+	// from it: a partial image left in the snapshot's directory would
+	// break the next attempt under the same snapshot ID.
+	err = run.Holds.Release(ctx, Checkpointed)
 	run.Snap.HasMemory = false
-	return os.RemoveAll(a.n.Pool.SnapshotMemoryDir(run.Snap.ID))
+	return errors.Join(err, os.RemoveAll(a.n.Pool.SnapshotMemoryDir(run.Snap.ID)))
 }
 
 // restoreInPlace brings back the sandbox the memory action's checkpoint

@@ -47,6 +47,11 @@ func (a *Agent) Health(context.Context) Health {
 	if err == nil && !ok {
 		err = fmt.Errorf("host table %q is missing", a.cfg.Prefix)
 	}
+	if err == nil {
+		if ok, err = nft.HasTable6(-1, a.cfg.Prefix); err == nil && !ok {
+			err = fmt.Errorf("host IPv6 table %q is missing", a.cfg.Prefix)
+		}
+	}
 	add("host-rules", err)
 	_, err = os.Stat(a.cfg.NetnsDir())
 	add("netns-dir", err)

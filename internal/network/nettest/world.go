@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -328,4 +329,57 @@ func (c *Conn) Transfer(n int, wait time.Duration) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Since(start), <-errc
+}
+
+// MetadataAddr is the cloud metadata address (169.254.169.254).
+var MetadataAddr = netip.MustParseAddr("169.254.169.254")
+
+// ServeMetadata puts a responder on the metadata address: the world gets
+// 169.254.169.254/32 (its TCP server and anything else listening on all
+// addresses answer there) and the host routes it to the world, so a test
+// that a sandbox cannot reach the metadata service can fail. Only one
+// world on the host can hold the route: it waits up to a minute for
+// another test's to go. Its cleanup removes both.
+func (w *World) ServeMetadata(t testing.TB) netip.Addr {
+	t.Helper()
+	ns, err := netns.GetFromPath(w.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	in, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	lo, err := in.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.AddrAdd(lo, addr(MetadataAddr, 32)); err != nil {
+		t.Fatalf("metadata address in the world: %v", err)
+	}
+	host, err := netlink.LinkByName(w.link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := w.HostEnd.Next() // the world's end of the /30
+	route := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: addr(MetadataAddr, 32).IPNet, Gw: net.IP(gw.AsSlice())}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err = netlink.RouteAdd(route)
+		if err == nil || !errors.Is(err, syscall.EEXIST) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("host route to the metadata address: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := netlink.RouteDel(route); err != nil {
+			t.Errorf("metadata route: %v", err)
+		}
+	})
+	return MetadataAddr
 }

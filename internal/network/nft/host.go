@@ -24,6 +24,9 @@ type Host struct {
 //	             oifname "P*" drop                  nothing from outside opens a connection in
 //	postrouting: ip saddr CIDR oifname != "P*" masquerade
 //
+// and "table ip6 P" (same name): input and forward drop whatever comes
+// from a slot link, forward drops whatever goes to one.
+//
 // Base chains accept by default: the table only ever narrows what the
 // node allows, so it composes with the node's own firewall (whose drops
 // still apply: every table at a hook must accept a packet).
@@ -51,6 +54,22 @@ func ApplyHost(h Host) error {
 	add(fwd, oifname(expr.CmpOpEq, slots), established, accept())
 	add(fwd, oifname(expr.CmpOpEq, slots), drop())
 	add(post, saddrIn(h.NodeCIDR), oifname(expr.CmpOpNeq, slots), &expr.Masq{})
+
+	// IPv6: slots have none, so nothing from a slot link is accepted
+	// (the host end of every slot veth has a link-local address) and
+	// nothing is forwarded to or from one.
+	t6 := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: h.Table}
+	replaceTable(c, t6)
+	in6 := c.AddChain(&nftables.Chain{Name: "input", Table: t6, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &acc})
+	fwd6 := c.AddChain(&nftables.Chain{Name: "forward", Table: t6, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &acc})
+	add6 := func(ch *nftables.Chain, e ...any) {
+		c.AddRule(&nftables.Rule{Table: t6, Chain: ch, Exprs: rule(e...)})
+	}
+	add6(in6, iifname(expr.CmpOpEq, slots), drop())
+	add6(fwd6, iifname(expr.CmpOpEq, slots), drop())
+	add6(fwd6, oifname(expr.CmpOpEq, slots), drop())
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("apply host rules: %w", err)
 	}

@@ -41,13 +41,18 @@ func nsFixture(t *testing.T) (path string, fd int) {
 // compare what the kernel holds with the golden file.
 func listTable(t *testing.T, nsPath, table string) string {
 	t.Helper()
+	return listFamily(t, nsPath, "ip", table)
+}
+
+func listFamily(t *testing.T, nsPath, family, table string) string {
+	t.Helper()
 	if _, err := exec.LookPath("nft"); err != nil {
 		testenv.Missing(t, "nft binary not installed (hack/deps.sh installs it for tests)")
 	}
 	var out []byte
 	err := netnsdir.Do(nsPath, func() error {
 		var err error
-		out, err = exec.Command("nft", "list", "table", "ip", table).CombinedOutput()
+		out, err = exec.Command("nft", "list", "table", family, table).CombinedOutput()
 		return err
 	})
 	if err != nil {
@@ -112,6 +117,16 @@ func TestSlotGolden(t *testing.T) {
 	if err != nil || len(ts) != 1 {
 		t.Fatalf("tables %v %v", ts, err)
 	}
+	// The IPv6 table beside it, once (applied twice above).
+	golden(t, "slot6.nft", listFamily(t, path, "ip6", SlotTable))
+	if err := DeleteTable(fd, SlotTable); err != nil {
+		t.Fatal(err)
+	}
+	for _, has := range []func(int, string) (bool, error){HasTable, HasTable6} {
+		if ok, err := has(fd, SlotTable); ok || err != nil {
+			t.Fatalf("after DeleteTable: table still there (%v, %v)", ok, err)
+		}
+	}
 }
 
 // A rejected batch must leave the previous rule set whole: the
@@ -144,6 +159,7 @@ func TestHostGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "host.nft", listTable(t, path, "cubetest"))
+	golden(t, "host6.nft", listFamily(t, path, "ip6", "cubetest"))
 	if err := netnsdir.Do(path, func() error { return DeleteTable(-1, "cubetest") }); err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,10 @@ type Slot struct {
 //	    ip daddr @private drop
 //	    ip daddr @internet accept             {0.0.0.0/0} or empty
 //
+// Beside it, in the same transaction, "table ip6 slot" drops every IPv6
+// packet the slot namespace would receive, forward or send (testdata/
+// slot6.nft): the slot is IPv4 only.
+//
 // Everything a policy's lists and its internet switch change lives in set
 // elements, so UpdateSlotPolicy can change them without touching a rule.
 //
@@ -196,6 +200,7 @@ func ApplySlot(nsFD int, s Slot) error {
 	add(egress, daddrInSet(deny), drop())
 	add(egress, daddrInSet(private), drop())
 	add(egress, daddrInSet(internet), accept())
+	applyNoIPv6(c, SlotTable)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("apply slot rules: %w", err)
 	}
@@ -336,7 +341,17 @@ func replaceTable(c *nftables.Conn, t *nftables.Table) {
 // HasTable reports whether the namespace open at nsFD (-1: the caller's)
 // has an IPv4 table called name.
 func HasTable(nsFD int, name string) (bool, error) {
-	tables, err := Tables(nsFD)
+	return hasTable(nsFD, nftables.TableFamilyIPv4, name)
+}
+
+// HasTable6 reports whether the namespace open at nsFD (-1: the caller's)
+// has an IPv6 table called name.
+func HasTable6(nsFD int, name string) (bool, error) {
+	return hasTable(nsFD, nftables.TableFamilyIPv6, name)
+}
+
+func hasTable(nsFD int, family nftables.TableFamily, name string) (bool, error) {
+	tables, err := tablesOf(nsFD, family)
 	if err != nil {
 		return false, err
 	}
@@ -346,15 +361,23 @@ func HasTable(nsFD int, name string) (bool, error) {
 // Tables lists the IPv4 tables of the namespace open at nsFD (-1: the
 // caller's).
 func Tables(nsFD int) ([]string, error) {
+	return tablesOf(nsFD, nftables.TableFamilyIPv4)
+}
+
+func conn(nsFD int) (*nftables.Conn, error) {
 	var opts []nftables.ConnOption
 	if nsFD >= 0 {
 		opts = append(opts, nftables.WithNetNSFd(nsFD))
 	}
-	c, err := nftables.New(opts...)
+	return nftables.New(opts...)
+}
+
+func tablesOf(nsFD int, family nftables.TableFamily) ([]string, error) {
+	c, err := conn(nsFD)
 	if err != nil {
 		return nil, err
 	}
-	ts, err := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	ts, err := c.ListTablesOfFamily(family)
 	if err != nil {
 		return nil, fmt.Errorf("list nft tables: %w", err)
 	}
@@ -365,24 +388,57 @@ func Tables(nsFD int) ([]string, error) {
 	return out, nil
 }
 
-// DeleteTable removes the IPv4 table name from the namespace open at nsFD
-// (-1: the caller's); a missing table is not an error.
+// DeleteTable removes the tables called name, IPv4 and IPv6 (the agent's
+// rule sets come in such pairs), from the namespace open at nsFD (-1: the
+// caller's); a missing table is not an error.
 func DeleteTable(nsFD int, name string) error {
-	ok, err := HasTable(nsFD, name)
-	if err != nil || !ok {
-		return err
-	}
-	var opts []nftables.ConnOption
-	if nsFD >= 0 {
-		opts = append(opts, nftables.WithNetNSFd(nsFD))
-	}
-	c, err := nftables.New(opts...)
+	return deleteTable(nsFD, name, nftables.TableFamilyIPv4, nftables.TableFamilyIPv6)
+}
+
+// DeleteTable6 removes only the IPv6 table called name.
+func DeleteTable6(nsFD int, name string) error {
+	return deleteTable(nsFD, name, nftables.TableFamilyIPv6)
+}
+
+func deleteTable(nsFD int, name string, families ...nftables.TableFamily) error {
+	c, err := conn(nsFD)
 	if err != nil {
 		return err
 	}
-	c.DelTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: name})
+	n := 0
+	for _, f := range families {
+		ok, err := hasTable(nsFD, f, name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			c.DelTable(&nftables.Table{Family: f, Name: name})
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("delete nft table %s: %w", name, err)
 	}
 	return nil
+}
+
+// applyNoIPv6 queues, in c's batch, the IPv6 table name whose input,
+// forward and output chains drop everything. Slots are IPv4 only and
+// their namespaces have IPv6 disabled; this table is what still holds if
+// IPv6 comes on there (a sysctl flipped, a kernel default changed), so an
+// IPv6 path can never bypass the IPv4 policy. Re-applying it is a no-op
+// (base chains without rules, created if missing).
+func applyNoIPv6(c *nftables.Conn, name string) {
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv6, Name: name})
+	drop := nftables.ChainPolicyDrop
+	for _, h := range []struct {
+		name string
+		hook *nftables.ChainHook
+	}{{"input", nftables.ChainHookInput}, {"forward", nftables.ChainHookForward}, {"output", nftables.ChainHookOutput}} {
+		c.AddChain(&nftables.Chain{Name: h.name, Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: h.hook, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	}
 }

@@ -5,7 +5,7 @@
 // Every sandbox is one runsc container whose bundle is Spec.BundleDir:
 //
 //	BundleDir/config.json  OCI spec (ocispec.For, adjusted for gVisor: SpecFor)
-//	BundleDir/console.log  stdout+stderr of PID 1 and of runsc (a file, never a pipe)
+//	BundleDir/console.log  stdout+stderr of PID 1 (cube-agent's until it listens) and of runsc (a file, never a pipe)
 //	BundleDir/runsc.log    runsc's own log for the last run/restore/checkpoint
 //	BundleDir/debug/       runsc --debug-log output, only with Config.Debug
 //
@@ -377,6 +377,12 @@ const connRetries = 10
 // before it is reported as FailedPrecondition.
 func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile string) error {
 	for attempt := 0; ; attempt++ {
+		// runsc creates the image with O_EXCL and leaves it behind when
+		// it fails: a retry, or a new attempt on the same directory,
+		// would die on "file exists" before it reached the sandbox.
+		if err := os.Remove(filepath.Join(dir, CheckpointFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("gvisor checkpoint %s: remove stale image: %w", id, err)
+		}
 		err := d.rsc(network, logFile).Checkpoint(ctx, runscID(id), &gorunc.CheckpointOpts{ImagePath: dir})
 		if err == nil {
 			return nil

@@ -141,6 +141,37 @@ func TestRepeatedCheckpoint(t *testing.T) {
 	}
 }
 
+// TestCheckpointOverStaleImage: runsc leaves a partial image behind when
+// a checkpoint fails (it creates the file with O_EXCL first), which is what
+// a retry after "cannot be saved in connected state" or a new attempt on
+// the same snapshot directory meets. The driver clears it, the checkpoint
+// succeeds and the sandbox keeps running with its memory.
+func TestCheckpointOverStaleImage(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	id := "mem-stale"
+	startCounter(t, d, parent, id)
+	prev := readState(t, d, id)
+	dir := filepath.Join(t.TempDir(), "img")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, CheckpointFile)
+	if err := os.WriteFile(stale, []byte("partial image of a failed attempt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Checkpoint(t.Context(), id, dir, true); err != nil {
+		t.Fatalf("Checkpoint over a stale image: %v", err)
+	}
+	if st, err := d.State(t.Context(), id); err != nil || st.Status != runtime.StatusRunning {
+		t.Fatalf("after checkpoint: %+v, %v; want running", st, err)
+	}
+	wantContinued(t, d, id, prev)
+	if fi, err := os.Stat(stale); err != nil || fi.Size() < 4096 {
+		t.Fatalf("image after checkpoint: %v, %v; want the new image", fi, err)
+	}
+}
+
 // TestPauseToDisk is the driver side of pause-to-disk: checkpoint (the
 // sandbox stops), Stop frees everything, Restore brings the memory back.
 func TestPauseToDisk(t *testing.T) {

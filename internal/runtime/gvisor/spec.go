@@ -31,6 +31,15 @@ func SpecFor(s runtime.Spec) (*specs.Spec, error) {
 	sp.Mounts = slices.DeleteFunc(sp.Mounts, func(m specs.Mount) bool {
 		return slices.Contains(unsupportedMounts, m.Destination)
 	})
+	// No OCI seccomp filter: runsc ignores it unless started with
+	// --oci-seccomp, and the boundary here is the sentry, which runs
+	// under runsc's own host-side filter and implements the sandbox's
+	// syscalls itself (keyctl, bpf, userfaultfd, perf_event_open, mount
+	// and the others the runc filter refuses never reach the host
+	// kernel). Applied inside the sentry it would also refuse the
+	// agent's sethostname after a restore (reinit). Dropping it keeps
+	// config.json saying what actually applies.
+	sp.Linux.Seccomp = nil
 	// cube-agent (PID 1) sets a restored clone's hostname, which needs
 	// CAP_SYS_ADMIN in the sandbox's UTS namespace. It is granted to PID 1
 	// only: the agent drops it from its bounding set at start
@@ -42,5 +51,9 @@ func SpecFor(s runtime.Spec) (*specs.Spec, error) {
 		c.Permitted = append(c.Permitted, capSysAdmin)
 		sp.Process.Env = append(sp.Process.Env, agentproto.DropSysAdminEnv+"=1")
 	}
+	// The sentry does not apply dumpability to /proc/<pid>/fd: the agent
+	// lets go of the console (a file on the host) once it serves, so
+	// nothing in the sandbox can reach that file (docs/security.md).
+	sp.Process.Env = append(sp.Process.Env, agentproto.DetachConsoleEnv+"=1")
 	return sp, nil
 }

@@ -1,6 +1,7 @@
 // Package ocispec builds the OCI runtime spec (config.json) of a sandbox
-// from a runtime.Spec: namespaces, mounts, capabilities, masked paths,
-// device rules and cgroup limits. The OCI drivers (runc, gvisor) write
+// from a runtime.Spec: namespaces, mounts, capabilities, no_new_privs, the
+// seccomp filter (seccomp.go), masked paths, device rules and cgroup
+// limits. The OCI drivers (runc, gvisor) write
 // what For returns, gvisor after its own adjustments. Building is pure
 // (no host access), so the output is pinned by golden files; a driver
 // fits the result to the host at Start.
@@ -34,17 +35,34 @@ const (
 )
 
 // defaultCaps is containerd's default set less CAP_MKNOD and CAP_NET_RAW.
-// What stays is what the envd API and ordinary programs need: the agent
-// runs commands as other users (SETUID, SETGID) and writes files for them
-// (CHOWN, DAC_OVERRIDE, FOWNER, FSETID); package managers set file
-// capabilities and drop their own (SETFCAP, SETPCAP); servers bind low
-// ports (NET_BIND_SERVICE); chroot, signals to other users' processes and
-// login-style audit writes (SYS_CHROOT, KILL, AUDIT_WRITE).
+// Each one that stays, and who needs it:
+//
+//   - CHOWN, DAC_OVERRIDE, FOWNER, FSETID: root in the sandbox owns the
+//     sandbox's files (E2B's user "root"; package managers): chown, write
+//     and chmod anything, keep setgid bits on files it changes. The agent
+//     writes files as the requesting user (setfsuid), not through these.
+//   - SETUID, SETGID: the agent starts commands as other users, and su,
+//     runuser or a server dropping to its own account do the same.
+//   - SETPCAP: a process drops capabilities from its bounding set (the
+//     agent does, where a runtime grants it CAP_SYS_ADMIN; setpriv, capsh).
+//   - SETFCAP: package installs write file capabilities (dpkg postinst
+//     setcap, tar --xattrs). Such a file grants nothing at exec: the
+//     bounding set caps it and no_new_privs ignores file capabilities.
+//   - KILL: root signals processes of other users (the agent's kill and
+//     signal requests, a user's own kill as root).
+//   - NET_BIND_SERVICE: root servers bind ports below 1024, in the
+//     sandbox's own network namespace only.
+//   - SYS_CHROOT: build tools and package scripts chroot; inside the
+//     sandbox's mount namespace a chroot reaches nothing new.
+//   - AUDIT_WRITE: su, login and sshd running as root treat an EPERM from
+//     the audit socket as fatal (libpam, OpenSSH). What it allows is
+//     writing user-type records into the host's audit log.
 //
 // Out on purpose: CAP_SYS_ADMIN (mount, and a long reach into the host
 // kernel); CAP_NET_RAW (forged packets, sniffing; ping works without it
 // through ICMP datagram sockets, see the runc driver's ping_group_range);
-// CAP_MKNOD (device nodes a sandbox never needs).
+// CAP_MKNOD (device nodes a sandbox never needs); every other capability
+// (SYS_PTRACE, SYS_MODULE, SYS_TIME, NET_ADMIN, BPF, PERFMON, ...).
 var defaultCaps = []string{
 	"CAP_CHOWN",
 	"CAP_DAC_OVERRIDE",
@@ -60,12 +78,18 @@ var defaultCaps = []string{
 	"CAP_AUDIT_WRITE",
 }
 
-// maskedPaths and readonlyPaths are containerd's defaults: kernel
-// interfaces that leak host information or allow host-wide changes.
+// maskedPaths and readonlyPaths are containerd's and Docker's defaults:
+// kernel interfaces that leak host information or allow host-wide
+// changes. Masked files read as empty (/dev/null over them), masked
+// directories as an empty read-only tmpfs. /proc/interrupts is masked
+// because per-CPU interrupt counts of the host's devices are a timing
+// side channel (keystrokes, network activity of neighbours). /sys is
+// mounted read-only as a whole (mountsFor).
 var (
 	maskedPaths = []string{
 		"/proc/acpi",
 		"/proc/asound",
+		"/proc/interrupts",
 		"/proc/kcore",
 		"/proc/keys",
 		"/proc/latency_stats",
@@ -115,6 +139,13 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 				Permitted: slices.Clone(defaultCaps),
 			},
 			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+			// No process in the sandbox gains privileges at exec: setuid
+			// and setgid bits and file capabilities are ignored, so sudo
+			// and su cannot raise a user to root. Root commands go
+			// through the API's user "root" (the agent switches itself).
+			// It also lets runc install the seccomp filter as late as
+			// possible, right before PID 1's exec.
+			NoNewPrivileges: true,
 		},
 		Root:        &specs.Root{Path: s.RootFS, Readonly: false},
 		Hostname:    hostname,
@@ -133,6 +164,7 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 			},
 			MaskedPaths:   slices.Clone(maskedPaths),
 			ReadonlyPaths: slices.Clone(readonlyPaths),
+			Seccomp:       seccompProfile(hostArch),
 		},
 	}
 	return sp, nil
@@ -177,7 +209,10 @@ func mountsFor(extra []runtime.Mount) []specs.Mount {
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 	}
 	for _, m := range extra {
-		opts := []string{"rbind", "rprivate"}
+		// nosuid,nodev spelled out: runc remounts an "ro" bind with the
+		// flags listed here only, which would drop those of the source
+		// mount (cubelet stages host mounts nosuid,nodev).
+		opts := []string{"rbind", "rprivate", "nosuid", "nodev"}
 		if m.ReadOnly {
 			opts = append(opts, "ro")
 		} else {

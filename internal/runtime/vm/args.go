@@ -56,7 +56,29 @@ func (s Shape) has(dev string) bool {
 type paths struct {
 	Disk, QMP, Agent, Console, Log, PIDFile string
 	VsockCID                                uint32
+	// FDs, when set, is a jailed QEMU's command line (jail.go): it
+	// reaches no host path, so every file is a descriptor it inherits,
+	// and it runs under QEMU's own seccomp sandbox. Unset, QEMU opens
+	// the paths above itself and daemonizes (RawIncoming).
+	FDs *qemuFDs
 }
+
+// qemuFDs are the descriptor numbers a jailed QEMU inherits; 0 = none.
+type qemuFDs struct {
+	Name                      string // -name: nameMarker(bundle)
+	QMP, Agent, Disk, Console int
+	Tap, VhostNet, Vsock      int
+}
+
+// sandboxOpts is QEMU's seccomp filter: besides its default deny list
+// (obsolete=deny), no set*uid/set*gid (elevateprivileges), no fork or
+// exec (spawn: migration streams are descriptors the driver passes, never
+// "exec:" URIs) and no scheduler or priority changes (resourcecontrol).
+const sandboxOpts = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// nameMarker is a jailed QEMU's -name: it names the bundle, so a pid is
+// recognised as this VM's QEMU (alive) and as a leak under a test's dir.
+func nameMarker(bundle string) string { return "cube-vm:" + escapeOpt(bundle) }
 
 // cpuModel: TCG emulates "max" (every feature TCG can do); KVM passes the
 // host CPU through. Both tie a snapshot to the host kind it was taken on,
@@ -116,8 +138,13 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 	if s.Accel == "tcg" {
 		accel = "tcg,tb-size=" + strconv.Itoa(tcgTBSizeMiB)
 	}
+	name, fds := "cube-vm", p.FDs
+	if fds != nil {
+		name = fds.Name
+		s.Kernel, s.Initrd = jailKernel, jailInitrd
+	}
 	a := []string{
-		"-name", "cube-vm",
+		"-name", name,
 		"-M", s.Machine,
 		"-accel", accel,
 		"-cpu", s.CPU,
@@ -135,17 +162,25 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 		// shift=auto keeps guest time close to real time.
 		a = append(a, "-icount", "shift=auto")
 	}
-	a = append(a,
-		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-		"-S",
-		"-daemonize", "-pidfile", p.PIDFile,
-		// With a log file QEMU keeps stderr (ours: qemu.log) after
-		// daemonizing instead of pointing it at /dev/null, so a failed
-		// incoming stream or a crash says why there. No -d items: they
-		// would let the guest grow a host file at will.
-		"-D", p.Log,
-		"-kernel", s.Kernel,
-	)
+	a = append(a, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-S")
+	if fds != nil {
+		// stderr is qemu.log already (QEMU is the driver's child, not a
+		// daemon). The disk and the console are fd sets: QEMU opens
+		// /dev/fdset/N by duplicating the descriptor of the right mode.
+		a = append(a, "-sandbox", sandboxOpts,
+			"-add-fd", "fd="+strconv.Itoa(fds.Disk)+",set=1,opaque=disk",
+			"-add-fd", "fd="+strconv.Itoa(fds.Console)+",set=2,opaque=console")
+		p.Disk, p.Console = "/dev/fdset/1", "/dev/fdset/2"
+	} else {
+		a = append(a,
+			"-daemonize", "-pidfile", p.PIDFile,
+			// With a log file QEMU keeps stderr (ours: qemu.log) after
+			// daemonizing instead of pointing it at /dev/null, so a failed
+			// incoming stream or a crash says why there. No -d items: they
+			// would let the guest grow a host file at will.
+			"-D", p.Log)
+	}
+	a = append(a, "-kernel", s.Kernel)
 	if s.Initrd != "" {
 		a = append(a, "-initrd", s.Initrd)
 	}
@@ -156,8 +191,12 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 		// disk through it.
 		"-chardev", "file,id="+ConsoleChardev+",path="+escapeOpt(p.Console),
 		"-serial", "chardev:"+ConsoleChardev,
-		"-qmp", "unix:"+p.QMP+",server=on,wait=off",
 	)
+	if fds != nil {
+		a = append(a, "-chardev", "socket,id=qmp,fd="+strconv.Itoa(fds.QMP)+",server=on,wait=off", "-mon", "chardev=qmp,mode=control")
+	} else {
+		a = append(a, "-qmp", "unix:"+p.QMP+",server=on,wait=off")
+	}
 	for _, dev := range s.Devices {
 		switch dev {
 		case "virtio-blk":
@@ -167,21 +206,44 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 			// shares a template's blocks between its clones. QEMU flushes
 			// the disk on stop, so a paused VM's disk is consistent for a
 			// snapshot's FICLONE.
-			a = append(a,
-				"-drive", "id=root,file="+escapeOpt(p.Disk)+",format=raw,if=none,cache=writeback,aio=threads,discard=unmap",
-				"-device", "virtio-blk-device,drive=root")
+			// auto-read-only=off: QEMU opens the image read-write at once
+			// instead of probing it read-only first, so one read-write
+			// descriptor serves (a read-only one in the set would keep
+			// its lock and block the write lock a cont after a
+			// migration takes again).
+			drive := "id=root,file=" + escapeOpt(p.Disk) + ",format=raw,if=none,cache=writeback,aio=threads,discard=unmap"
+			if fds != nil {
+				drive += ",auto-read-only=off"
+			}
+			a = append(a, "-drive", drive, "-device", "virtio-blk-device,drive=root")
 		case "virtio-serial":
+			agent := "path=" + escapeOpt(p.Agent)
+			if fds != nil {
+				agent = "fd=" + strconv.Itoa(fds.Agent)
+			}
 			a = append(a,
-				"-chardev", "socket,id=agent,path="+escapeOpt(p.Agent)+",server=on,wait=off",
+				"-chardev", "socket,id=agent,"+agent+",server=on,wait=off",
 				"-device", "virtio-serial-device",
 				"-device", "virtserialport,chardev=agent,name=org.cube.agent")
 		case "vhost-vsock":
-			a = append(a, "-device", "vhost-vsock-device,guest-cid="+strconv.FormatUint(uint64(p.VsockCID), 10))
+			dev := "vhost-vsock-device,guest-cid=" + strconv.FormatUint(uint64(p.VsockCID), 10)
+			if fds != nil {
+				dev += ",vhostfd=" + strconv.Itoa(fds.Vsock)
+			}
+			a = append(a, "-device", dev)
 		case "virtio-net":
 			// vhost=off: QEMU aborts with vhost=on where /dev/vhost-net is
 			// missing; Config.Vhost turns it on where it exists.
+			netdev := "tap,id=net0,ifname=" + tapName + ",script=no,downscript=no,vhost=" + onOff(s.has("vhost-net"))
+			if fds != nil {
+				// The helper attached the TAP in the slot's namespace.
+				netdev = "tap,id=net0,fd=" + strconv.Itoa(fds.Tap) + ",vhost=" + onOff(s.has("vhost-net"))
+				if s.has("vhost-net") {
+					netdev += ",vhostfd=" + strconv.Itoa(fds.VhostNet)
+				}
+			}
 			a = append(a,
-				"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no,vhost="+onOff(s.has("vhost-net")),
+				"-netdev", netdev,
 				"-device", "virtio-net-device,netdev=net0,mac="+s.MAC)
 		}
 	}

@@ -154,3 +154,27 @@ func mkCgroup(root, path string) ([]string, error) {
 	}
 	return made, nil
 }
+
+// addToCgroup moves pid into path in every hierarchy where path exists:
+// the driver's zstd for a VM's memory image works for that VM, so its CPU
+// and memory are charged to the sandbox, as QEMU's own are.
+func addToCgroup(path string, pid int) error {
+	if path == "" {
+		return nil
+	}
+	roots, err := cgroupRoots()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range roots {
+		dir := filepath.Join(r, path)
+		if !exists(dir) {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			errs = append(errs, fmt.Errorf("cgroup %s: add pid %d: %w", dir, pid, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -37,6 +37,13 @@ func TestRestoreFailures(t *testing.T) {
 			t.Errorf("State(%s) after failed restore = %v, want ErrNotFound", s.ID, err)
 		}
 		wantNoFiles(t, s.BundleDir)
+		// Its uid is free again: no allocation file names it.
+		uids, _ := filepath.Glob(filepath.Join(d.uids.dir, "*"))
+		for _, f := range uids {
+			if b, _ := os.ReadFile(f); string(b) == d.stateDir(s.ID) {
+				t.Errorf("failed restore of %s left its uid allocated: %s", s.ID, f)
+			}
+		}
 	}
 	variant := func(t *testing.T, edit func(dir string)) string {
 		dir := filepath.Join(t.TempDir(), "img")
@@ -100,7 +107,7 @@ func TestRestoreFailures(t *testing.T) {
 		// Cancel once QEMU exists: mid-launch or mid-load.
 		go func() {
 			for cctx.Err() == nil {
-				if _, err := os.Stat(filepath.Join(s.BundleDir, "qemu.pid")); err == nil {
+				if st, err := d.load(s.ID); err == nil && st.PID > 0 {
 					cancel()
 					return
 				}

@@ -118,6 +118,13 @@ func newEnv(t testing.TB, extra ...string) *testEnv {
 			}
 		}
 		leakcheck.AssertNone(t, ctx, leakcheck.Scope{RunDir: dir, CgroupName: strings.TrimPrefix(e.cgroup, "/"), VMRoot: d.root})
+		// uids are allocated outside Root (shared by the host's drivers).
+		uids, _ := filepath.Glob(filepath.Join(d.uids.dir, "*"))
+		for _, f := range uids {
+			if b, _ := os.ReadFile(f); strings.HasPrefix(string(b), d.root+"/") {
+				t.Errorf("leak: vm uid %s still allocated to %s", filepath.Base(f), b)
+			}
+		}
 		if _, err := cgroups.Remove(e.cgroup, 2*time.Second); err != nil {
 			t.Errorf("remove cgroup parent: %v", err)
 		}

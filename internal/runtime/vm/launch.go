@@ -4,15 +4,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/qmp"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
@@ -153,32 +155,36 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 			return runtime.State{}, err
 		}
 	}
-	argv := append([]string{d.qemu}, qemuArgs(st.Shape, p, image != "")...)
-	if s.NetNSPath != "" {
-		// nsenter execs QEMU in the namespace: the TAP is only visible
-		// there, and QEMU's daemonized child stays in it.
-		argv = append([]string{"nsenter", "--net=" + s.NetNSPath, "--"}, argv...)
+	uid, err := d.uids.take(d.stateDir(st.ID))
+	if err != nil {
+		return runtime.State{}, err
 	}
-	pid, err := d.spawn(ctx, argv, p)
-	if pid > 0 {
-		st.PID = pid
-		if serr := d.save(st); serr != nil {
-			err = errors.Join(err, serr)
-		}
+	st.UID = uid
+	if err := d.save(st); err != nil {
+		return runtime.State{}, err
+	}
+	q, err := d.spawn(ctx, st, s, p, image)
+	if q != nil {
+		defer q.release()
 	}
 	if err != nil {
 		return runtime.State{}, err
 	}
 	if s.CgroupPath != "" {
-		if err := joinCgroup(s.CgroupPath, pid, d.limits(st.Shape, s.Limits)); err != nil {
+		if err := joinCgroup(s.CgroupPath, st.PID, d.limits(st.Shape, s.Limits)); err != nil {
 			return runtime.State{}, err
+		}
+		if q.unzstd != nil {
+			if err := addToCgroup(s.CgroupPath, q.unzstd.Process.Pid); err != nil {
+				d.log.DebugContext(ctx, "zstd stays in the driver's cgroup", "id", st.ID, "error", err)
+			}
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return runtime.State{}, err
 	}
 	if image != "" {
-		if err := d.incoming(ctx, st, image, p.Log); err != nil {
+		if err := d.incoming(ctx, st, q, p.Log); err != nil {
 			return runtime.State{}, err
 		}
 	}
@@ -192,34 +198,231 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	return out, err
 }
 
-// spawn runs QEMU with -daemonize: the command returns once QEMU is
-// initialised (devices, sockets) and its daemon child, in its own session
-// and holding no pipe of ours, carries on. It returns the daemon's pid.
-func (d *Driver) spawn(ctx context.Context, argv []string, p paths) (int, error) {
+// startTimeout bounds how long QEMU may take to answer QMP after exec.
+const startTimeout = 30 * time.Second
+
+// started is a QEMU the driver just spawned: an exit channel while this
+// process is its parent, and for a restore the zstd feeding its stream.
+type started struct {
+	exited   chan struct{}
+	inFD     int       // the migration stream's fd number inside QEMU
+	unzstd   *exec.Cmd // zstd -dc writing into that stream
+	unzstdCh chan error
+}
+
+// release ends the decompressor if it still runs (a failed restore).
+func (q *started) release() {
+	if q.unzstd == nil {
+		return
+	}
+	select {
+	case err := <-q.unzstdCh:
+		q.unzstdCh <- err
+	default:
+		_ = q.unzstd.Process.Kill()
+		q.unzstdCh <- <-q.unzstdCh
+	}
+}
+
+// spawn starts QEMU through the jail helper (jail.go) with every file it
+// uses already open, and returns once it answers QMP (initialised:
+// devices set up, vCPUs stopped by -S). QEMU is the driver's child, in a
+// session of its own and holding no pipe of ours, so it outlives cubelet;
+// a goroutine reaps it while this process lives (afterwards init does).
+func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths, image string) (*started, error) {
 	_ = os.Remove(p.Log)
 	logf, err := os.OpenFile(p.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	// A file, never a pipe: QEMU keeps stderr until it daemonizes, and
-	// the daemon must not hold anything of cubelet's.
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Run()
-	b, rerr := os.ReadFile(p.PIDFile)
-	pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
-	if rerr != nil || perr != nil || pid <= 0 {
-		pid = 0
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	// Inherited descriptors are numbered from 3 in the order added.
+	add := func(f *os.File) int { files = append(files, f); return 2 + len(files) }
+	fds := &qemuFDs{Name: nameMarker(s.BundleDir)}
+	for _, l := range []struct {
+		path string
+		fd   *int
+	}{{p.QMP, &fds.QMP}, {p.Agent, &fds.Agent}} {
+		f, err := listenUnix(l.path)
+		if err != nil {
+			return nil, err
+		}
+		*l.fd = add(f)
 	}
+	disk, err := os.OpenFile(p.Disk, os.O_RDWR, 0)
 	if err != nil {
-		return pid, fmt.Errorf("qemu: %w%s", err, logTail(p.Log))
+		return nil, fmt.Errorf("open disk: %w", err)
 	}
-	if pid == 0 {
-		return 0, fmt.Errorf("qemu wrote no pid file %s: %w%s", p.PIDFile, errdefs.ErrInternal, logTail(p.Log))
+	fds.Disk = add(disk)
+	_ = os.Remove(p.Console)
+	con, err := os.OpenFile(p.Console, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open console log: %w", err)
 	}
-	return pid, ctx.Err()
+	fds.Console = add(con)
+	q := &started{}
+	if image != "" {
+		r, err := q.decompress(image, logf)
+		if err != nil {
+			return nil, err
+		}
+		q.inFD = add(r)
+	}
+	spec := jailSpec{
+		Dir: filepath.Join(d.stateDir(st.ID), "jail"), UID: st.UID, GID: st.UID, NetNS: -1,
+		Binds: append(append([]jailBind{}, d.jailBinds...), d.jailExtra...),
+		Nodes: []jailNode{{Path: "/dev/null", Major: 1, Minor: 3, Mode: 0o666}, {Path: "/dev/urandom", Major: 1, Minor: 9, Mode: 0o666}},
+	}
+	spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Kernel, To: jailKernel})
+	if st.Shape.Initrd != "" {
+		spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Initrd, To: jailInitrd})
+	}
+	if st.Shape.Accel == "kvm" {
+		major, minor, err := charDev("/dev/kvm")
+		if err != nil {
+			return q, err
+		}
+		spec.Nodes = append(spec.Nodes, jailNode{Path: "/dev/kvm", Major: major, Minor: minor, Mode: 0o600, Own: true})
+	}
+	cloneflags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS)
+	if s.NetNSPath != "" {
+		ns, err := os.Open(s.NetNSPath)
+		if err != nil {
+			return q, fmt.Errorf("network namespace: %w", err)
+		}
+		spec.NetNS = add(ns)
+	} else {
+		// No NIC: an empty network namespace, so QEMU reaches no host
+		// socket (loopback services, abstract unix sockets).
+		cloneflags |= syscall.CLONE_NEWNET
+	}
+	// Descriptors the helper opens itself follow the inherited ones.
+	next := 3 + len(files)
+	if st.Shape.has("virtio-net") {
+		spec.Tap, spec.TapFD, fds.Tap = tapName, next, next
+		next++
+		if st.Shape.has("vhost-net") {
+			spec.Opens = append(spec.Opens, jailOpen{Path: "/dev/vhost-net", FD: next})
+			fds.VhostNet = next
+			next++
+		}
+	}
+	if st.Shape.has("vhost-vsock") {
+		spec.Opens = append(spec.Opens, jailOpen{Path: "/dev/vhost-vsock", FD: next})
+		fds.Vsock = next
+	}
+	p.FDs = fds
+	spec.Exec = d.qemuReal
+	spec.Argv = append([]string{d.qemuReal}, qemuArgs(st.Shape, p, image != "")...)
+	if err := os.Mkdir(spec.Dir, 0o700); err != nil {
+		return q, err
+	}
+	arg, err := json.Marshal(spec)
+	if err != nil {
+		return q, err
+	}
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{jailArg0, string(arg)}, Env: []string{}}
+	// A file, never a pipe: QEMU keeps stderr for its whole life.
+	cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = logf, logf, files
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: cloneflags}
+	if err := cmd.Start(); err != nil {
+		return q, fmt.Errorf("start qemu jail: %w", err)
+	}
+	st.PID = cmd.Process.Pid
+	q.exited = make(chan struct{})
+	go func(id string, pid int) {
+		_ = cmd.Wait()
+		// A signal here is worth a line: SIGSYS is QEMU's seccomp
+		// sandbox stopping a forbidden call.
+		if ps := cmd.ProcessState; ps != nil && ps.ExitCode() != 0 {
+			d.log.Warn("qemu exited", "id", id, "pid", pid, "status", ps.String())
+		} else {
+			d.log.Debug("qemu exited", "id", id, "pid", pid)
+		}
+		close(q.exited)
+	}(st.ID, st.PID)
+	if err := d.save(st); err != nil {
+		return q, err
+	}
+	// Ours are copies: closed now, a QEMU that dies leaves no listener.
+	for _, f := range files {
+		f.Close()
+	}
+	files = nil
+	return q, d.waitQMP(ctx, st, q, p.Log)
+}
+
+// waitQMP waits until QEMU answers QMP, or fails as soon as it exits.
+func (d *Driver) waitQMP(ctx context.Context, st *vmState, q *started, log string) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	dctx, dcancel := context.WithCancel(ctx)
+	defer dcancel()
+	go func() {
+		select {
+		case <-q.exited:
+			dcancel()
+		case <-dctx.Done():
+		}
+	}()
+	for {
+		c, err := qmp.Dial(dctx, st.QMP)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-q.exited:
+			return fmt.Errorf("qemu exited while starting: %w%s", errdefs.ErrInternal, logTail(log))
+		case <-ctx.Done():
+			return fmt.Errorf("qemu does not answer QMP: %w%s", ctx.Err(), logTail(log))
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// listenUnix binds and listens on a unix socket at path for QEMU to
+// inherit: the socket file stays root's, QEMU only gets the descriptor.
+func listenUnix(path string) (*os.File, error) {
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	l.Close()
+	return f, err
+}
+
+// decompress starts "zstd -dc image" (as root, in the host: it only reads
+// the image the driver wrote) and returns the read end of its output,
+// for QEMU's incoming migration.
+func (q *started) decompress(image string, logf *os.File) (*os.File, error) {
+	in, err := os.Open(image)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	cmd := exec.Command("zstd", "-dc", "-q")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, w, logf
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	q.unzstd, q.unzstdCh = cmd, make(chan error, 1)
+	go func() { q.unzstdCh <- cmd.Wait() }()
+	return r, nil
 }
 
 // limits: the cgroup holds QEMU, so memory is guest RAM plus QEMU's own;

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -87,19 +89,31 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(migrateBandwidth)}, nil); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
-	// QEMU runs the exec: URI with sh -c; the marker files say how zstd
-	// ended, which QEMU's "completed" does not (waitZstd).
-	uri := "exec:zstd -1 -q -f -o " + shellQuote(tmp) + " && : > " + shellQuote(tmp+".ok") + " || : > " + shellQuote(tmp+".failed")
-	if err := c.Execute(ctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
+	// The stream goes through a pipe the driver hands QEMU over QMP
+	// (getfd) into "zstd -1", run by the driver: QEMU's sandbox lets it
+	// spawn nothing, and its jail holds no path to write to.
+	zw, err := startCompress(tmp, filepath.Join(st.Bundle, "qemu.log"))
+	if err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	defer zw.kill()
+	if err := addToCgroup(st.Cgroup, zw.cmd.Process.Pid); err != nil {
+		d.log.DebugContext(ctx, "zstd stays in the driver's cgroup", "id", id, "error", err)
+	}
+	err = c.ExecuteFD(ctx, "getfd", map[string]any{"fdname": migrateFDName}, nil, zw.w)
+	zw.w.Close()
+	if err != nil {
+		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	if err := c.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + migrateFDName}, nil); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
 	if err := d.waitMigrate(ctx, c.Execute, "migrate_cancel"); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w%s", id, err, logTail(filepath.Join(st.Bundle, "qemu.log")))
 	}
-	// QEMU reports "completed" when it has written the stream to the pipe;
-	// zstd may still be flushing. The file is complete once zstd exited,
-	// which it does on EOF: wait for the frame to be readable.
-	if err := waitZstd(ctx, tmp); err != nil {
+	// QEMU reports "completed" once the stream is in the pipe and closes
+	// its end; the file is complete when zstd has exited cleanly.
+	if err := zw.wait(ctx); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
 	b, err := json.MarshalIndent(st.Shape, "", "  ")
@@ -163,30 +177,71 @@ func (d *Driver) waitMigrate(ctx context.Context, exec executeFunc, cancelCmd st
 	}
 }
 
-// waitZstd waits until the zstd writer QEMU spawned has exited: QEMU
-// reports "completed" once the stream is in the pipe, while zstd may still
-// be flushing. The shell around zstd leaves path.ok on success and
-// path.failed otherwise (a full disk on the last block, say).
-func waitZstd(ctx context.Context, path string) error {
-	ok, failed := path+".ok", path+".failed"
-	defer os.Remove(ok)
-	defer os.Remove(failed)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(ok); err == nil {
-			return nil
+// migrateFDName is the name the outgoing stream's pipe gets in QEMU.
+const migrateFDName = "migrate"
+
+// compressor is "zstd -1 -q" writing one checkpoint's image.
+type compressor struct {
+	w    *os.File // the pipe's write end, for QEMU
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// startCompress starts zstd reading a pipe and writing path; its
+// messages go to the VM's log. It runs as root in the host, a child of
+// the driver: never under the VM's uid, which a compromised QEMU could
+// ptrace from its jail into the host's namespaces.
+func startCompress(path, log string) (*compressor, error) {
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	logf, err := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command("zstd", "-1", "-q")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, out, logf
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	z := &compressor{w: w, cmd: cmd, done: make(chan error, 1)}
+	go func() { z.done <- cmd.Wait() }()
+	return z, nil
+}
+
+// wait returns once zstd exited: nil when it wrote the whole stream.
+func (z *compressor) wait(ctx context.Context) error {
+	select {
+	case err := <-z.done:
+		z.done <- err
+		if err != nil {
+			return fmt.Errorf("zstd failed writing the image: %w: %w", err, errdefs.ErrInternal)
 		}
-		if _, err := os.Stat(failed); err == nil {
-			return fmt.Errorf("zstd failed writing %s: %w", path, errdefs.ErrInternal)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("zstd still writing %s after 30s: %w", path, errdefs.ErrInternal)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
+		return nil
+	case <-time.After(zstdTimeout):
+		return fmt.Errorf("zstd still writing after %s: %w", zstdTimeout, errdefs.ErrInternal)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// kill ends zstd if it still runs (a failed checkpoint) and reaps it.
+func (z *compressor) kill() {
+	select {
+	case err := <-z.done:
+		z.done <- err
+	default:
+		_ = z.cmd.Process.Kill()
+		z.done <- <-z.done
 	}
 }
 
@@ -277,21 +332,38 @@ func shapeNote(s Shape, l runtime.Limits, defMem int64) string {
 	return fmt.Sprint(diffs)
 }
 
-// incoming loads image into the freshly started (-incoming defer) QEMU.
-func (d *Driver) incoming(ctx context.Context, st *vmState, image, log string) error {
+// incoming loads the memory image QEMU inherited as q.inFD (a pipe
+// from "zstd -dc") into the freshly started (-incoming defer) QEMU.
+func (d *Driver) incoming(ctx context.Context, st *vmState, q *started, log string) error {
 	c, err := d.client(ctx, st)
 	if err != nil {
 		return fmt.Errorf("qmp: %w%s", err, logTail(log))
 	}
 	defer c.Close()
-	uri := "exec:zstd -dc " + shellQuote(image)
+	uri := "fd:" + strconv.Itoa(q.inFD)
 	if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil); err != nil {
 		return fmt.Errorf("migrate-incoming: %w%s", err, logTail(log))
 	}
 	// A stream that fails to load makes QEMU exit: the QMP connection
 	// then breaks, and the log says why.
 	if err := d.waitMigrate(ctx, c.Execute, ""); err != nil {
-		return fmt.Errorf("load %s: %w%s", image, err, logTail(log))
+		return fmt.Errorf("load memory image: %w%s", err, logTail(log))
+	}
+	// QEMU read the whole stream; zstd ends with it.
+	select {
+	case err := <-q.unzstdCh:
+		q.unzstdCh <- err // release() reads it again
+		if err != nil {
+			return fmt.Errorf("zstd -d: %w%s", err, logTail(log))
+		}
+	case <-time.After(zstdTimeout):
+		return fmt.Errorf("zstd -d still running after the stream loaded: %w", errdefs.ErrInternal)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	return nil
 }
+
+// zstdTimeout bounds how long zstd may take to finish once QEMU is done
+// with the stream (flushing the last block to disk on a checkpoint).
+const zstdTimeout = 30 * time.Second

@@ -2,24 +2,27 @@
 // uses KVM where /dev/kvm works and TCG otherwise, and reports which
 // (Driver.Accel). docs/vm.md explains the command line and the snapshots.
 //
-// Every VM is one daemonized QEMU process, not a child of cubelet:
+// Every VM is one QEMU process, confined (jail.go): its own uid (uid.go),
+// no capabilities, no_new_privs, QEMU's seccomp sandbox, and a mount
+// namespace whose root holds only QEMU, its libraries and the guest
+// kernel. Every file it uses is a descriptor the driver passes in:
 //
-//	Root/<id>/state.json  pid, bundle, sockets, accel, shape (List/State/Stop
-//	                      work for VMs an earlier cubelet process started)
+//	Root/<id>/state.json  pid, uid, bundle, sockets, accel, shape (List/State/
+//	                      Stop work for VMs an earlier cubelet process started)
 //	Bundle/qmp.sock       QMP (one client at a time; the driver connects per call)
 //	Bundle/agent.sock     the agent channel (virtio-serial chardev)
 //	Bundle/console.log    the guest's serial console
-//	Bundle/qemu.log       QEMU's stderr up to daemonizing (quoted in errors)
-//	Bundle/qemu.pid       written by QEMU (-pidfile)
+//	Bundle/qemu.log       QEMU's stderr (quoted in errors)
 //
 // Lifecycle (QMP status in brackets):
 //
-//	Start:   qemu -S -daemonize  -> cgroup join -> cont        [running]
+//	Start:   jail helper -> qemu -S -> QMP answers -> cgroup join -> cont [running]
 //	Pause:   stop                                              [paused]
 //	Resume:  cont                                              [running]
-//	Checkpoint: stop -> migrate exec:zstd -> (cont | quit)
-//	Restore: qemu -S -incoming defer -> cgroup join -> migrate-incoming -> cont
-//	Stop:    quit (short timeout) -> SIGKILL -> remove files and cgroup
+//	Checkpoint: stop -> getfd + migrate fd: (pipe to zstd) -> (cont | quit)
+//	Restore: qemu -S -incoming defer (pipe from zstd) -> cgroup join ->
+//	         migrate-incoming fd: -> cont
+//	Stop:    quit (short timeout) -> SIGKILL -> remove files, uid and cgroup
 package vm
 
 import (
@@ -68,16 +71,26 @@ type Config struct {
 	// ExtraCmdline is appended to the guest kernel command line (e.g.
 	// "loglevel=7" while debugging a boot).
 	ExtraCmdline []string
-	Logger       *slog.Logger
+	// UIDBase and UIDCount are the host uids (and gids) VMs' QEMUs run
+	// as, one each (uid.go); DefaultUIDBase/DefaultUIDCount when 0.
+	// UIDDir holds their allocation, shared by every driver of the host
+	// (DefaultUIDDir when empty).
+	UIDBase, UIDCount uint32
+	UIDDir            string
+	Logger            *slog.Logger
 }
 
 // Driver runs VMs. It keeps no state in memory: Root and the bundles hold
 // everything.
 type Driver struct {
 	qemu, guestDir, accel, root string
+	qemuReal                    string // qemu with symlinks resolved: its path in the jail
 	defMem                      int64
 	vhost, vsock                bool
 	extra                       []string
+	uids                        uidAlloc
+	jailBinds                   []jailBind // QEMU, its libraries and firmware (qemuFiles)
+	jailExtra                   []jailBind // tests only: a probe binary in the jail
 	log                         *slog.Logger
 }
 
@@ -119,16 +132,38 @@ func New(cfg Config) (*Driver, error) {
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("vm: create root: %w", err)
 	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.UIDCount == 0 {
+		cfg.UIDCount = DefaultUIDCount
+	}
+	if cfg.UIDDir == "" {
+		cfg.UIDDir = DefaultUIDDir
+	}
+	if uint64(cfg.UIDBase)+uint64(cfg.UIDCount) > 1<<32-1 {
+		return nil, fmt.Errorf("vm: uid range %d+%d: %w", cfg.UIDBase, cfg.UIDCount, errdefs.ErrInvalidArgument)
+	}
+	binds, err := qemuFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("vm: %w", err)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	d := &Driver{
-		qemu: path, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
+		qemu: path, qemuReal: resolved, guestDir: cfg.GuestDir, accel: accel, root: cfg.Root, defMem: cfg.DefaultMemoryMiB,
+		uids: uidAlloc{dir: cfg.UIDDir, base: cfg.UIDBase, count: cfg.UIDCount}, jailBinds: binds,
 		vhost: cfg.Vhost && exists("/dev/vhost-net"), vsock: exists("/dev/vhost-vsock"),
 		extra: cfg.ExtraCmdline, log: log.With("runtime", "vm"),
 	}
-	d.log.Info("vm driver", "accel", accel, "qemu", path, "guest_dir", cfg.GuestDir, "vhost_net", d.vhost, "vsock", d.vsock)
+	d.log.Info("vm driver", "accel", accel, "qemu", path, "guest_dir", cfg.GuestDir, "vhost_net", d.vhost, "vsock", d.vsock,
+		"uids", fmt.Sprintf("%d-%d", cfg.UIDBase, cfg.UIDBase+cfg.UIDCount-1))
 	return d, nil
 }
 
@@ -149,15 +184,17 @@ func (d *Driver) Capabilities() runtime.Capabilities {
 
 // vmState is Root/<id>/state.json.
 type vmState struct {
-	ID      string    `json:"id"`
-	PID     int       `json:"pid"`
-	Bundle  string    `json:"bundle"`
-	QMP     string    `json:"qmp"`
-	Agent   string    `json:"agent"`
-	Console string    `json:"console"`
-	Cgroup  string    `json:"cgroup,omitempty"`
-	Accel   string    `json:"accel"`
-	CID     uint32    `json:"vsock_cid,omitempty"`
+	ID      string `json:"id"`
+	PID     int    `json:"pid"`
+	Bundle  string `json:"bundle"`
+	QMP     string `json:"qmp"`
+	Agent   string `json:"agent"`
+	Console string `json:"console"`
+	Cgroup  string `json:"cgroup,omitempty"`
+	Accel   string `json:"accel"`
+	CID     uint32 `json:"vsock_cid,omitempty"`
+	// UID is QEMU's uid and gid (uid.go), released when QEMU is gone.
+	UID     uint32    `json:"uid,omitempty"`
 	Started time.Time `json:"started"`
 	Shape   Shape     `json:"shape"`
 	// ShapeNote says how a restore's requested shape differed from the
@@ -253,7 +290,10 @@ func alive(st *vmState) bool {
 	if err != nil {
 		return false
 	}
-	if !strings.Contains(string(b), "unix:"+st.QMP+",") {
+	// A jailed QEMU names its bundle in -name; one started before QEMU
+	// was jailed names its QMP socket.
+	cl := string(b)
+	if !strings.Contains(cl, "\x00"+nameMarker(st.Bundle)+"\x00") && !strings.Contains(cl, "unix:"+st.QMP+",") {
 		return false
 	}
 	// A zombie has a cmdline of "" on exit, but be explicit.
@@ -440,6 +480,11 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 			if _, err := cgroups.Remove(st.Cgroup, cgroupRemoveTimeout); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		// QEMU is gone: its uid may go to the next VM. Before the state
+		// dir, so a crash in between leaves a file take() reclaims.
+		if err := d.uids.release(st.UID, d.stateDir(st.ID)); err != nil {
+			errs = append(errs, err)
 		}
 		if err := os.RemoveAll(d.stateDir(st.ID)); err != nil {
 			errs = append(errs, err)

@@ -46,6 +46,29 @@ func TestLifecycleSnapshotClone(t *testing.T) {
 	if got := strings.TrimSpace(run(ctx, t, c, "hostname")); got != "life" {
 		t.Errorf("guest hostname %q, want life (from Spec.Hostname)", got)
 	}
+	// The console: a guest write reaches console.log (the driver's file,
+	// QEMU's fd set) until sealed, then only QEMU's ring buffer.
+	con, err := d.ConsoleLog(spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(ctx, t, c, "echo console-before-seal >/dev/ttyS0")
+	waitFileHas(t, con, "console-before-seal")
+	if err := d.SealConsole(ctx, spec.ID); err != nil {
+		t.Fatalf("SealConsole: %v", err)
+	}
+	run(ctx, t, c, "echo console-after-seal >/dev/ttyS0")
+	var ring string
+	if err := d.execute(ctx, mustLoad(t, d, spec.ID), "ringbuf-read", map[string]any{"device": ConsoleChardev, "size": consoleRing, "format": "utf8"}, &ring); err != nil {
+		t.Fatalf("ringbuf-read: %v", err)
+	}
+	if !strings.Contains(ring, "console-after-seal") {
+		t.Errorf("sealed console ring lacks the guest's write: %q", ring)
+	}
+	if b, _ := os.ReadFile(con); strings.Contains(string(b), "console-after-seal") {
+		t.Errorf("console.log still grows after SealConsole")
+	}
+
 	// The marker lives only in guest memory: a detached process's argv.
 	marker := fmt.Sprintf("%d", 100000+time.Now().UnixNano()%1e8)
 	run(ctx, t, c, "setsid sleep "+marker+" </dev/null >/dev/null 2>&1 &")
@@ -171,4 +194,26 @@ func wantMemoryLimit(t testing.TB, path string, want int64, accel string) {
 	if !found {
 		t.Errorf("no memory limit file for %s", path)
 	}
+}
+
+// waitFileHas waits until path contains s.
+func waitFileHas(t *testing.T, path, s string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, _ := os.ReadFile(path); strings.Contains(string(b), s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never got %q", path, s)
+		}
+	}
+}
+
+func mustLoad(t *testing.T, d *Driver, id string) *vmState {
+	t.Helper()
+	st, err := d.load(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
