@@ -147,7 +147,9 @@ var hardeningRows = []hardeningRow{
 	{probe: "open_by_handle_at", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (open_by_handle_at), and no CAP_DAC_READ_SEARCH"},
 	{probe: "personality", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (personality values)"},
 	{probe: "vsock", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (socket(AF_VSOCK))", host: "/dev/vsock"},
-	{probe: "proc-sys", refusal: "read-only file system", stopper: "/proc/sys read-only"},
+	// The user namespace refuses first (host root owns /proc/sys/kernel's
+	// files; permission is checked before the read-only mount).
+	{probe: "proc-sys", refusal: "permission denied", stopper: "the user namespace (host root's files), and /proc/sys read-only"},
 	{probe: "sysrq", refusal: "read-only file system", stopper: "/proc/sysrq-trigger read-only", host: "/proc/sysrq-trigger"},
 	{probe: "sys", refusal: "read-only file system", stopper: "/sys mounted read-only"},
 	{probe: "interrupts", refusal: "empty (masked)", stopper: "/proc/interrupts masked"},

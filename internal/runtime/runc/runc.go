@@ -65,6 +65,9 @@ type Driver struct {
 	rc  *gorunc.Runc // never mutated after New; copied per call when a call needs its own log
 	log *slog.Logger
 	uns *usernsState
+	// specHook, when set, changes the spec right before the bundle is
+	// written. Only tests set it: controls take one protection away.
+	specHook func(*specs.Spec)
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -160,6 +163,9 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 			}
 		}
 	}()
+	if d.specHook != nil {
+		d.specHook(spec)
+	}
 	if err := writeBundle(s.BundleDir, spec); err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}

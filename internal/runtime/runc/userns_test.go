@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -41,9 +42,9 @@ func procStatusField(t *testing.T, pid int, field string) []string {
 	return nil
 }
 
-// execIn runs a command in a running sandbox with `runc exec` and returns
+// runcExec runs a command in a running sandbox with `runc exec` and returns
 // its combined output.
-func execIn(t *testing.T, d *Driver, id string, args ...string) (string, error) {
+func runcExec(t *testing.T, d *Driver, id string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -127,7 +128,7 @@ func TestRootIsUnprivilegedOnHost(t *testing.T) {
 			}
 			t.Logf("PID 1 runs as host uid %s", uids[0])
 
-			if out, err := execIn(t, d, spec.ID, "/bin/sh", "-c", "echo x > /tmp/made-inside"); err != nil {
+			if out, err := runcExec(t, d, spec.ID, "/bin/sh", "-c", "echo x > /tmp/made-inside"); err != nil {
 				t.Fatalf("create file inside: %v: %s", err, out)
 			}
 			var fi unix.Stat_t
@@ -139,7 +140,7 @@ func TestRootIsUnprivilegedOnHost(t *testing.T) {
 			}
 			t.Logf("file made by the sandbox's root is %d:%d on disk", fi.Uid, fi.Gid)
 
-			out, err := execIn(t, d, spec.ID, "/bin/cat", "/mnt/secret")
+			out, err := runcExec(t, d, spec.ID, "/bin/cat", "/mnt/secret")
 			switch {
 			case tc.isolated && err == nil:
 				t.Fatalf("sandbox root read a host-root-only file: %q", out)
@@ -243,8 +244,8 @@ func TestRangesDisjointAndReleased(t *testing.T) {
 	}
 }
 
-// buildProbe compiles testdata/probe statically.
-func buildProbe(t *testing.T) string {
+// buildUsernsProbe compiles testdata/probe statically.
+func buildUsernsProbe(t *testing.T) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "probe")
 	cmd := exec.Command("go", "build", "-o", out, "./testdata/probe")
@@ -300,7 +301,7 @@ func rootHeadroom(t *testing.T) int {
 // use plus a little, so each loop ends quickly.
 func TestInotifyLimitPerSandbox(t *testing.T) {
 	requireRoot(t)
-	probe := buildProbe(t)
+	probe := buildUsernsProbe(t)
 	parent := cgroupParent(t)
 	const perSandbox, slack = 8, 24
 	for _, tc := range []struct {
@@ -358,37 +359,45 @@ func TestInotifyLimitPerSandbox(t *testing.T) {
 	}
 }
 
-// TestNoNestedUserNS: `unshare -Urn true` fails in a sandbox. Control: it
-// succeeds where the namespace's max_user_namespaces is left alone.
+// TestNoNestedUserNS: `unshare -Urn true` fails in a sandbox because its
+// namespace allows no nested user namespace (ENOSPC), with the seccomp
+// filter that also refuses it taken away, so the row proves the
+// namespace limit alone. Control: the same probe succeeds where the limit
+// is left alone (seccomp also off). The production sandbox (both) fails
+// too.
 func TestNoNestedUserNS(t *testing.T) {
 	requireRoot(t)
 	parent := cgroupParent(t)
+	noSeccomp := func(sp *specs.Spec) { sp.Linux.Seccomp = nil }
 	for _, tc := range []struct {
-		name string
-		u    UserNS
+		name    string
+		u       UserNS
+		hook    func(*specs.Spec)
+		allowed bool
 	}{
-		{"blocked", UserNS{}},
-		{"control allowed", UserNS{AllowNested: true}},
+		{"limit without seccomp", UserNS{}, noSeccomp, false},
+		{"control: neither", UserNS{AllowNested: true}, noSeccomp, true},
+		{"production", UserNS{}, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newTestDriverWith(t, tc.u)
-			spec := sleepSpec(t, parent, "nested-"+strconv.FormatBool(tc.u.AllowNested))
+			d.specHook = tc.hook
+			spec := sleepSpec(t, parent, "nested-"+strconv.Itoa(len(tc.name)))
 			if err := os.Symlink("busybox", filepath.Join(spec.RootFS, "bin/unshare")); err != nil {
 				t.Fatal(err)
 			}
 			startSleep(t, d, spec)
-			out, err := execIn(t, d, spec.ID, "/bin/unshare", "-Urn", "/bin/sh", "-c", "echo inside")
-			if tc.u.AllowNested {
-				if err != nil {
-					t.Fatalf("control: unshare -Urn fails without the limit too: %v: %s", err, out)
-				}
+			out, err := runcExec(t, d, spec.ID, "/bin/unshare", "-Urn", "/bin/sh", "-c", "echo inside")
+			switch {
+			case tc.allowed && err != nil:
+				t.Fatalf("control: unshare -Urn fails without the limit and seccomp too: %v: %s", err, out)
+			case tc.allowed:
 				t.Logf("control: unshare -Urn succeeds: %s", out)
-				return
-			}
-			if err == nil {
+			case err == nil:
 				t.Fatalf("unshare -Urn succeeded: %s", out)
+			default:
+				t.Logf("unshare -Urn fails: %v: %s", err, out)
 			}
-			t.Logf("unshare -Urn fails: %v: %s (stopped by user.max_user_namespaces=0)", err, out)
 		})
 	}
 }
@@ -414,7 +423,7 @@ func TestSysfsOfJoinedNetNS(t *testing.T) {
 	d := newTestDriver(t)
 	spec := sleepSpec(t, parent, "sysfs")
 	spec.NetNSPath = "/run/netns/" + name
-	copyFile(t, buildProbe(t), filepath.Join(spec.RootFS, "bin/probe"))
+	copyFile(t, buildUsernsProbe(t), filepath.Join(spec.RootFS, "bin/probe"))
 	st := startSleep(t, d, spec)
 
 	out, err := nsenterIn(t, st.PID, "/bin/ls", "/sys/class/net")
