@@ -42,7 +42,7 @@ type UserNS struct {
 	MountDir string
 	// InotifyInstances and InotifyWatches are the per-user inotify
 	// limits set inside every sandbox's namespace (user.max_inotify_*);
-	// 0 means 128 and 65536, negative leaves the namespace unlimited (the
+	// 0 means 64 and 65536, negative leaves the namespace unlimited (the
 	// host's per-user limits for the range's base UID then bound the
 	// sandbox: controls only).
 	InotifyInstances int
@@ -53,7 +53,13 @@ type UserNS struct {
 }
 
 const (
-	defaultInotifyInstances = 128
+	// defaultInotifyInstances is per user of a sandbox. The whole sandbox
+	// is bounded by the host's per-user limit for its range's base UID
+	// (fs.inotify.max_user_instances, 128 by default), since every
+	// instance is charged to the namespace's owner too: half of that
+	// default, so no single user in a sandbox takes all of it (the agent,
+	// root inside, watches directories for the files API).
+	defaultInotifyInstances = 64
 	defaultInotifyWatches   = 65536
 	// allocName is the allocator's state file in runc's root: ':' is not
 	// allowed in a runc container ID, so it never names a container, and
