@@ -140,11 +140,41 @@ func (p *Proc) pump(r *os.File, chunk int, wrap func([]byte) *pb.ProcessEvent_Da
 		if n > 0 {
 			p.publish(Event{Data: wrap(buf[:n])})
 		}
-		if err != nil {
-			// EOF, EIO from a PTY whose last slave closed, or the drain
-			// deadline: either way there is nothing more to read.
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			p.drainNow(r, chunk, wrap)
 			return
 		}
+		if err != nil {
+			// EOF, or EIO from a PTY whose last slave closed: there is
+			// nothing more to read.
+			return
+		}
+	}
+}
+
+// drainNow publishes what is already buffered in r once the drain
+// deadline has passed. The deadline can wake a blocked Read before the
+// poller reports data the process wrote just before it exited (a loaded
+// node, or gVisor's slower epoll), and Read then returns without trying
+// the descriptor again: the output of `echo x` would be lost. Reads here
+// go straight to the (non-blocking) descriptor until it is empty, and
+// never wait.
+func (p *Proc) drainNow(r *os.File, chunk int, wrap func([]byte) *pb.ProcessEvent_DataEvent) {
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		buf := make([]byte, chunk)
+		var n int
+		var rerr error
+		if err := rc.Control(func(fd uintptr) { n, rerr = unix.Read(int(fd), buf) }); err != nil {
+			return
+		}
+		if n <= 0 || rerr != nil {
+			return // empty (EAGAIN), EOF or an error
+		}
+		p.publish(Event{Data: wrap(buf[:n])})
 	}
 }
 

@@ -1,13 +1,16 @@
 package procs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/internal/agent/identity"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -66,5 +69,42 @@ func TestLookPath(t *testing.T) {
 	}
 	if p, err := lookPath("./rel/x", env); err != nil || p != "./rel/x" {
 		t.Errorf("a path is taken as is: %q %v", p, err)
+	}
+}
+
+// TestPumpDrainsAfterDeadline: output a process wrote just before it
+// exited is published even when the drain deadline fires before the read
+// (the deadline can wake the reader before the poller reports the data,
+// and Go's Read then returns without trying the descriptor). Here the
+// deadline has passed before the first read, so a plain Read never looks.
+func TestPumpDrainsAfterDeadline(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	want := "written just before exit\n"
+	if _, err := w.WriteString(want); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if err := r.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// Control: the deadline alone stops a plain Read from seeing the data.
+	if n, err := r.Read(make([]byte, 64)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("control: Read after the deadline = %d, %v; want 0 and a deadline error", n, err)
+	}
+	p := &Proc{subs: map[*Subscription]struct{}{}, closed: make(chan struct{})}
+	sub, _ := p.Subscribe()
+	p.pump(r, pipeChunk, func(b []byte) *pb.ProcessEvent_DataEvent {
+		return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
+	})
+	var got []byte
+	for len(sub.C) > 0 {
+		got = append(got, (<-sub.C).Data.GetStdout()...)
+	}
+	if string(got) != want {
+		t.Fatalf("published %q, want %q", got, want)
 	}
 }
