@@ -50,7 +50,7 @@ const (
 var table = []row{
 	{Name: "userns", Attempt: "clone(CLONE_NEWUSER|CLONE_NEWNET), then CAP_NET_ADMIN in the new netns (lo up): the nf_tables attack surface",
 		Stops: "no nested user namespaces (userns ban / seccomp)", Control: "host root: the same probe works",
-		Expect: map[string]expect{runc: {Pending: "userns"}, gvisor: {NA: sentry + " (the sentry's netstack has no nf_tables)"}, vm: {NA: guestKernel}}},
+		Expect: map[string]expect{gvisor: {NA: sentry + " (the sentry's netstack has no nf_tables)"}, vm: {NA: guestKernel}}},
 	{Name: "keyctl", Attempt: "keyctl(KEYCTL_GET_KEYRING_ID, user keyring): the host kernel's keyrings",
 		Stops: "seccomp denies keyctl/add_key", Control: "host root: the same probe reaches its keyring",
 		Expect: map[string]expect{vm: {NA: guestKernel}}},
@@ -106,7 +106,7 @@ var table = []row{
 		Expect: map[string]expect{}},
 	{Name: "inotify", Attempt: "take inotify instances until refused (at most 8192) and hold them while host root calls inotify_init",
 		Stops: "per-sandbox inotify limits (user namespace)", Control: "the same probe on the host gets the host's ceiling (or the cap)",
-		Expect: map[string]expect{runc: {Pending: "userns"}, gvisor: {NA: sentry}, vm: {NA: guestKernel}}},
+		Expect: map[string]expect{gvisor: {NA: sentry}, vm: {NA: guestKernel}}},
 	{Name: "ro-bind", Attempt: "create a file in a host directory bound read-only (/ro)",
 		Stops: "the bind is read-only", Control: "host root: the same create in that directory works",
 		Expect: map[string]expect{vm: {NA: "a VM gets no host mounts"}}},
