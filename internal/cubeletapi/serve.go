@@ -24,7 +24,7 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 
 	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
-		l, err := g.Unix(p, 0)
+		l, err := g.Unix(p)
 		if err != nil {
 			return err
 		}

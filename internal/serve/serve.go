@@ -1,9 +1,10 @@
 // Package serve runs a daemon's listeners: gRPC servers and HTTP servers
 // on unix sockets and TCP addresses, started together and stopped
 // together when the daemon's context ends (gracefully, within a bound),
-// with the unix sockets removed on the way out. cubelet, network-agent and
-// cubemaster's node API share it, so every listener is opened, logged and
-// closed the same way.
+// with the unix sockets removed on the way out. Unix sockets are always
+// mode 0600: only the daemon's account (root) may connect. cubelet,
+// network-agent and cubemaster's node API share it, so every listener is
+// opened, logged and closed the same way.
 package serve
 
 import (
@@ -45,29 +46,57 @@ type httpServe struct {
 	name string
 }
 
-// Unix listens on the unix socket path, creating its directory and
-// replacing a stale socket a killed daemon left. A non-zero mode is set on
-// the socket right after it is created and before anything is served on
-// it (a connect in between waits for Run); zero leaves the umask's. Run
-// removes the socket when it returns.
-func (g *Group) Unix(path string, mode os.FileMode) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// Unix listens on the unix socket path with mode 0600 (the daemon's own
+// account only), creating its directory and replacing a stale socket a
+// killed daemon left. Run removes the socket when it returns.
+//
+// The mode does not depend on the umask and there is no moment at which
+// the socket is open to others: it is bound inside a fresh directory only
+// the owner may enter, set to 0600, and then renamed over path (a bind
+// followed by a chmod at path would leave a window in which any account
+// the umask allows could connect, and a connection made then stays).
+func (g *Group) Unix(path string) (net.Listener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(dir, ".s")
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	if mode != 0 {
-		if err := os.Chmod(path, mode); err != nil {
-			l.Close()
-			return nil, err
-		}
+	defer os.RemoveAll(private)
+	// MkdirTemp asks for 0700 less the umask; set it exactly.
+	if err := os.Chmod(private, 0o700); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	tmp := filepath.Join(private, "s")
+	l, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	ul := l.(*net.UnixListener)
+	// The socket's name changes below; Close must not unlink by the old
+	// one. Group.Close and Run remove path.
+	ul.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	g.sockets = append(g.sockets, path)
-	return l, nil
+	return unixListener{ul, &net.UnixAddr{Name: path, Net: "unix"}}, nil
 }
+
+// unixListener reports the path its socket was renamed to.
+type unixListener struct {
+	*net.UnixListener
+	addr net.Addr
+}
+
+func (l unixListener) Addr() net.Addr { return l.addr }
 
 // TCP listens on addr.
 func (g *Group) TCP(addr string) (net.Listener, error) {

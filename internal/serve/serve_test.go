@@ -26,7 +26,7 @@ func TestGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := &serve.Group{Grace: time.Second}
-	ul, err := g.Unix(sock, 0o600)
+	ul, err := g.Unix(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestGroup(t *testing.T) {
 func TestCloseBeforeRun(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "api.sock")
 	g := &serve.Group{}
-	l, err := g.Unix(sock, 0)
+	l, err := g.Unix(sock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -217,7 +217,7 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 	cfg := svc.Config()
 	g := &serve.Group{Log: log, Grace: 5 * time.Second}
 	if p := cfg.API.Socket; p != "" {
-		l, err := g.Unix(p, 0o600)
+		l, err := g.Unix(p)
 		if err != nil {
 			return err
 		}

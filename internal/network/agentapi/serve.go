@@ -24,7 +24,7 @@ func Serve(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
 		// Only root (cubelet) may ask for slots and change policies.
-		l, err := g.Unix(p, 0o600)
+		l, err := g.Unix(p)
 		if err != nil {
 			return err
 		}
