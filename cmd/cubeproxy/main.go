@@ -15,6 +15,7 @@ import (
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 func main() {
@@ -28,6 +29,10 @@ func main() {
 	flag.BoolVar(&cfg.TLS.SelfSigned, "tls-self-signed", false, "serve TLS with a self-signed certificate made at start (development)")
 	masterAddr := flag.String("master", envOr("CUBEMASTER_ADDR", "/run/cube/cubemaster.sock"), "cubemaster's admin API: unix socket path or host:port")
 	token := flag.String("admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster's api.admin_token (host:port only)")
+	var masterTLS serve.TLSFiles
+	flag.StringVar(&masterTLS.Cert, "master-tls-cert", "", "certificate (PEM, signed by the cluster CA) for a master at host:port with [tls]")
+	flag.StringVar(&masterTLS.Key, "master-tls-key", "", "its key (PEM)")
+	flag.StringVar(&masterTLS.CA, "master-tls-ca", "", "the cluster CA (PEM) that signed the master's certificate")
 	debug := flag.Bool("debug", false, "debug logging")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -36,7 +41,12 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
-	conn, err := cubeproxy.DialMaster(*masterAddr, *token)
+	tc, err := masterTLS.Client("--master-tls-*")
+	if err != nil {
+		log.Error("cubeproxy: master TLS", "err", err)
+		os.Exit(1)
+	}
+	conn, err := cubeproxy.DialMaster(*masterAddr, *token, tc)
 	if err != nil {
 		log.Error("cubeproxy: master", "err", err)
 		os.Exit(1)

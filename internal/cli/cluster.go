@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -87,7 +88,15 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 	if strings.HasPrefix(target, "/") {
 		target = "unix://" + target
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	tc, err := c.g.tls.Client("--tls-*")
+	if err != nil {
+		return usageError{err}
+	}
+	creds := insecure.NewCredentials()
+	if tc != nil && !strings.HasPrefix(target, "unix:") {
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return usageError{fmt.Errorf("--master %q: %v", c.addr, err)}
 	}

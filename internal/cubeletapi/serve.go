@@ -22,6 +22,11 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(logUnary(log)))
 	pb.RegisterCubeletServiceServer(gs, New(svc))
 
+	mtls, err := cfg.TLS.MutualServer("tls")
+	if err != nil {
+		return err
+	}
+	const tlsSetting = "[tls] cert, key and ca"
 	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
 		l, err := g.Unix(p)
@@ -31,7 +36,7 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		g.GRPC("cubelet API", gs, l)
 	}
 	if a := cfg.API.TCP; a != "" {
-		l, err := g.TCP(a)
+		l, err := g.TCP("api.tcp", tlsSetting, a, mtls)
 		if err != nil {
 			g.Close()
 			return err
@@ -39,7 +44,7 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		g.GRPC("cubelet API", gs, l)
 	}
 	if a := cfg.API.Metrics; a != "" {
-		l, err := g.TCP(a)
+		l, err := g.TCP("api.metrics", tlsSetting, a, mtls)
 		if err != nil {
 			g.Close()
 			return err

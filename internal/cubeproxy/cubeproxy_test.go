@@ -137,7 +137,7 @@ func TestCubeProxy(t *testing.T) {
 	owner := t
 	startReplica := func(t *testing.T, listen string) *cubeproxy.Server {
 		t.Helper()
-		conn, err := cubeproxy.DialMaster(m.Socket, "")
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -441,7 +441,7 @@ func TestCubeProxy(t *testing.T) {
 	})
 
 	t.Run("RouteService and create validate input", func(t *testing.T) {
-		conn, err := cubeproxy.DialMaster(m.Socket, "")
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,7 +480,7 @@ func TestCubeProxy(t *testing.T) {
 				t.Errorf("/metrics lacks %s", want)
 			}
 		}
-		conn, err := cubeproxy.DialMaster(m.Socket, "")
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"regexp"
 	"sort"
@@ -32,6 +33,8 @@ import (
 type registry struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeState
+	// tls is how nodes at host:port are dialled ([tls]); nil = plaintext.
+	tls *tls.Config
 }
 
 type nodeState struct {
@@ -73,11 +76,11 @@ func validateReport(r *masterpb.NodeReport) error {
 }
 
 // setAddress (re)connects a node when its address changed. Caller holds mu.
-func (n *nodeState) setAddress(addr string) error {
+func (n *nodeState) setAddress(addr string, tc *tls.Config) error {
 	if n.conn != nil && n.conn.Target() == addr || n.conn != nil && n.conn.Target() == "unix://"+addr {
 		return nil
 	}
-	conn, err := cubeletclient.Dial(addr)
+	conn, err := cubeletclient.DialTLS(addr, tc)
 	if err != nil {
 		return fmt.Errorf("node address %q: %v: %w", addr, err, errdefs.ErrInvalidArgument)
 	}
@@ -103,7 +106,7 @@ func (s *Service) loadNodes(ctx context.Context) error {
 			continue
 		}
 		ns := &nodeState{report: &rep, lastSeen: n.LastHeartbeat, registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
-		if err := ns.setAddress(n.Address); err != nil {
+		if err := ns.setAddress(n.Address, s.reg.tls); err != nil {
 			s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
 			continue
 		}
@@ -201,7 +204,7 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	if ns == nil {
 		ns = &nodeState{schedulable: schedulable, registered: now, pending: map[string]reservation{}}
 	}
-	if err := ns.setAddress(r.Address); err != nil {
+	if err := ns.setAddress(r.Address, s.reg.tls); err != nil {
 		return err
 	}
 	if registered {

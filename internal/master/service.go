@@ -100,6 +100,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if log == nil {
 		log = slog.Default()
 	}
+	nodeTLS, err := cfg.TLS.Client("tls")
+	if err != nil {
+		return nil, err
+	}
 	cat, err := catalog.Open(ctx, cfg.Catalog.Driver, cfg.Catalog.DSN)
 	if err != nil {
 		return nil, err
@@ -109,7 +113,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		cfg: cfg, log: log, cat: cat,
 		keys:     apikey.New(cat, cfg.APIKeys.CacheTTL.Duration, log),
 		sched:    scheduler.New(cfg.Scheduler),
-		reg:      &registry{nodes: map[string]*nodeState{}},
+		reg:      &registry{nodes: map[string]*nodeState{}, tls: nodeTLS},
 		self:     selfIdentity(),
 		dialer:   proxy.NetDialer{},
 		routes:   newRouteCache(),

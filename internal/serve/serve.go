@@ -9,6 +9,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,13 +99,15 @@ type unixListener struct {
 
 func (l unixListener) Addr() net.Addr { return l.addr }
 
-// TCP listens on addr.
-func (g *Group) TCP(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
+// TCP listens on addr, the value of setting (ListenTCP), serving TLS with
+// tc. Without tc only a loopback address is allowed; the refusal names
+// tlsSetting.
+func (g *Group) TCP(setting, tlsSetting, addr string, tc *tls.Config) (net.Listener, error) {
+	l, err := ListenTCP(setting, tlsSetting, addr, tc != nil)
+	if err != nil || tc == nil {
+		return l, err
 	}
-	return l, nil
+	return tls.NewListener(l, tc), nil
 }
 
 // GRPC serves s on l once Run starts; name says what it is in the log.

@@ -36,7 +36,7 @@ func TestGroup(t *testing.T) {
 	gs := grpc.NewServer()
 	healthpb.RegisterHealthServer(gs, health.NewServer())
 	g.GRPC("test API", gs, ul)
-	tl, err := g.TCP("127.0.0.1:0")
+	tl, err := g.TCP("test.tcp", "test TLS", "127.0.0.1:0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestCloseBeforeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.GRPC("test API", grpc.NewServer(), l)
-	if _, err := g.TCP("256.0.0.1:1"); err == nil {
+	if _, err := g.TCP("test.tcp", "test TLS", "256.0.0.1:1", nil); err == nil {
 		t.Fatal("listening on a bad address must fail")
 	}
 	g.Close()

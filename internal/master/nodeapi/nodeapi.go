@@ -7,7 +7,8 @@
 //
 //   - the unix socket (api.socket, mode 0600: root only) serves both;
 //   - the TCP address (api.node) serves NodeService, and AdminService only
-//     when api.admin_token is set, to callers presenting it.
+//     when api.admin_token is set, to callers presenting it; with [tls]
+//     over mutual TLS, without only on a loopback address.
 //
 // When nodes.token is set, every NodeService call must carry it.
 package nodeapi
@@ -212,14 +213,16 @@ func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 	}
 }
 
-// Serve runs the socket and TCP listeners until ctx ends.
-func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
+// Listen opens the socket and TCP listeners (a refusal, such as api.node
+// beyond loopback without [tls], is an error here); the group's Run
+// serves them.
+func Listen(svc *master.Service, log *slog.Logger) (*serve.Group, error) {
 	cfg := svc.Config()
 	g := &serve.Group{Log: log, Grace: 5 * time.Second}
 	if p := cfg.API.Socket; p != "" {
 		l, err := g.Unix(p)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
@@ -228,10 +231,15 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 		g.GRPC("cubemaster node API", gs, l)
 	}
 	if a := cfg.API.Node; a != "" {
-		l, err := g.TCP(a)
+		mtls, err := cfg.TLS.MutualServer("tls")
 		if err != nil {
 			g.Close()
-			return err
+			return nil, err
+		}
+		l, err := g.TCP("api.node", "[tls] cert, key and ca", a, mtls)
+		if err != nil {
+			g.Close()
+			return nil, err
 		}
 		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
 			grpc.StreamInterceptor(streamGuard(cfg.API.AdminToken)))
@@ -242,7 +250,7 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 		}
 		g.GRPC("cubemaster node API", gs, l)
 	}
-	return g.Run(ctx)
+	return g, nil
 }
 
 func idleTimeout(d time.Duration) *durationpb.Duration {

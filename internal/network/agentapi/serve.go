@@ -31,7 +31,12 @@ func Serve(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 		g.GRPC("network-agent API", gs, l)
 	}
 	if addr := cfg.API.HTTP; addr != "" {
-		l, err := g.TCP(addr)
+		mtls, err := cfg.TLS.MutualServer("tls")
+		if err != nil {
+			g.Close()
+			return err
+		}
+		l, err := g.TCP("api.http", "[tls] cert, key and ca", addr, mtls)
 		if err != nil {
 			g.Close()
 			return err

@@ -1,0 +1,185 @@
+package server_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/server"
+	"github.com/cubesandbox/cube/internal/pki"
+	"github.com/cubesandbox/cube/internal/serve"
+)
+
+func config(t *testing.T, set func(*master.Config)) *master.Config {
+	t.Helper()
+	dir := t.TempDir()
+	cfg, err := master.ParseConfig([]byte(fmt.Sprintf(`
+[api]
+e2b = "127.0.0.1:0"
+node = ""
+socket = %q
+[proxy]
+listen = "127.0.0.1:0"
+[catalog]
+dsn = %q
+`, filepath.Join(dir, "master.sock"), filepath.Join(dir, "catalog.db"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set != nil {
+		set(cfg)
+	}
+	return cfg
+}
+
+// freePort is a TCP port nothing listens on right now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	return port
+}
+
+// TestListenersBeyondLoopbackNeedTLS: cubemaster refuses to start when a
+// listener is configured beyond loopback without TLS, naming the setting;
+// with TLS configured the same addresses start (the controls), and on
+// api.node only a caller with a certificate of the cluster CA is served.
+func TestListenersBeyondLoopbackNeedTLS(t *testing.T) {
+	ca, err := pki.NewCA("test cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := t.TempDir()
+	masterFiles, err := ca.Issue(certs, "master", "cubemaster", pki.RoleMaster, "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeFiles, err := ca.Issue(certs, "node", "node-1", pki.RoleNode, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		setting string
+		set     func(*master.Config)
+	}{
+		{"api.node", func(c *master.Config) { c.API.Node = "0.0.0.0:0" }},
+		{"api.e2b", func(c *master.Config) { c.API.E2B = "0.0.0.0:0" }},
+		{"proxy.listen", func(c *master.Config) { c.Proxy.Listen = "0.0.0.0:0" }},
+	} {
+		t.Run("refused/"+c.setting, func(t *testing.T) {
+			cfg := config(t, c.set)
+			s, err := server.Start(context.Background(), cfg, nil)
+			if err == nil {
+				_ = s.Stop()
+				t.Fatalf("%s beyond loopback without TLS: started", c.setting)
+			}
+			if !errors.Is(err, serve.ErrNotLocal) || !strings.Contains(err.Error(), c.setting+" = ") {
+				t.Fatalf("%v, want ErrNotLocal naming %s", err, c.setting)
+			}
+			t.Logf("refused: %v", err)
+			// Nothing is left open: the same config on loopback starts.
+			cfg.API.E2B, cfg.API.Node, cfg.Proxy.Listen = "127.0.0.1:0", "", "127.0.0.1:0"
+			s, err = server.Start(context.Background(), cfg, nil)
+			if err != nil {
+				t.Fatalf("the same master on loopback: %v", err)
+			}
+			if err := s.Stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+
+	t.Run("control/api.e2b with TLS", func(t *testing.T) {
+		cfg := config(t, func(c *master.Config) {
+			c.API.E2B, c.API.E2BTLSCert, c.API.E2BTLSKey = "0.0.0.0:0", masterFiles.Cert, masterFiles.Key
+		})
+		s, err := server.Start(context.Background(), cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Stop() })
+		tc, err := nodeFiles.Client("tls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.Certificates = nil // SDKs hold no client certificate
+		_, port, _ := net.SplitHostPort(s.E2BAddr)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 5 * time.Second}
+		resp, err := hc.Get("https://127.0.0.1:" + port + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /health over TLS: %d", resp.StatusCode)
+		}
+	})
+
+	t.Run("control/proxy.listen with TLS", func(t *testing.T) {
+		s, err := server.Start(context.Background(), config(t, func(c *master.Config) {
+			c.Proxy.Listen, c.Proxy.TLSSelfSigned = "0.0.0.0:0", true
+		}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Stop()
+	})
+
+	t.Run("control/api.node with [tls]", func(t *testing.T) {
+		port := freePort(t)
+		s, err := server.Start(context.Background(), config(t, func(c *master.Config) {
+			c.API.Node, c.TLS = "0.0.0.0:"+port, masterFiles
+		}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Stop() })
+		good, err := nodeFiles.Client("tls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		noCert := good.Clone()
+		noCert.Certificates = nil
+		call := func(tc *tls.Config) error {
+			conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			// An empty report: the handler refuses it (InvalidArgument),
+			// which shows the call reached it.
+			_, err = masterpb.NewNodeServiceClient(conn).Register(ctx, &masterpb.RegisterRequest{})
+			return err
+		}
+		err = call(noCert)
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("Register without a client certificate: %v, want Unavailable (handshake refused)", err)
+		}
+		t.Logf("without a client certificate: %v", err)
+		err = call(good)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("control: Register with the node's certificate: %v, want InvalidArgument from the handler", err)
+		}
+		t.Logf("control: with the node's certificate the handler answers: %v", err)
+	})
+}
