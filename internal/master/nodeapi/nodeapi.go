@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -196,7 +198,9 @@ func tokenOK(ctx context.Context, header, want string) bool {
 }
 
 // guard checks the node token on NodeService calls and, when adminToken
-// is set, the admin token on AdminService calls.
+// is set, the admin token on AdminService calls. A call over mutual TLS
+// ([tls]) must also come from a certificate of the right role, and a
+// node's report must be about the node its certificate names.
 func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		switch {
@@ -204,13 +208,60 @@ func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 			if nodeToken != "" && !tokenOK(ctx, masterpb.NodeTokenHeader, nodeToken) {
 				return nil, status.Error(codes.Unauthenticated, "missing or wrong node token (master nodes.token)")
 			}
+			if err := nodeIdentity(ctx, req); err != nil {
+				return nil, err
+			}
 		case strings.HasPrefix(info.FullMethod, "/master.v1.AdminService/"), strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/"):
 			if adminToken != "" && !tokenOK(ctx, masterpb.AdminTokenHeader, adminToken) {
 				return nil, status.Error(codes.Unauthenticated, "missing or wrong admin token")
 			}
+			if err := adminIdentity(ctx, info.FullMethod); err != nil {
+				return nil, err
+			}
 		}
 		return h(ctx, req)
 	}
+}
+
+// nodeIdentity binds a node's reports to its certificate: over mutual TLS
+// a Register or Heartbeat must come from a node certificate whose common
+// name is the reported node ID, so a holder of one node's certificate
+// cannot register as, or report for, another. Calls without a peer
+// certificate (the root-only socket) are not checked here.
+func nodeIdentity(ctx context.Context, req any) error {
+	cert := serve.PeerCert(ctx)
+	if cert == nil {
+		return nil
+	}
+	var id string
+	switch r := req.(type) {
+	case *masterpb.RegisterRequest:
+		id = r.GetNode().GetNodeId()
+	case *masterpb.HeartbeatRequest:
+		id = r.GetNode().GetNodeId()
+	default:
+		return nil
+	}
+	if !slices.Contains(cert.Subject.OrganizationalUnit, string(pki.RoleNode)) || cert.Subject.CommonName != id {
+		return status.Errorf(codes.PermissionDenied, "node %q: the caller's certificate is %q (role %v), not this node's", id, cert.Subject.CommonName, cert.Subject.OrganizationalUnit)
+	}
+	return nil
+}
+
+// adminIdentity: over mutual TLS, AdminService needs an admin certificate
+// and RouteService an admin or proxy one (a node's certificate is not
+// enough to act on the cluster).
+func adminIdentity(ctx context.Context, method string) error {
+	cert := serve.PeerCert(ctx)
+	if cert == nil {
+		return nil
+	}
+	ou := cert.Subject.OrganizationalUnit
+	if slices.Contains(ou, string(pki.RoleAdmin)) ||
+		strings.HasPrefix(method, "/master.v1.RouteService/") && slices.Contains(ou, string(pki.RoleProxy)) {
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied, "%s: the caller's certificate %q has role %v", method, cert.Subject.CommonName, ou)
 }
 
 // Listen opens the socket and TCP listeners (a refusal, such as api.node
@@ -224,7 +275,7 @@ func Listen(svc *master.Service, log *slog.Logger) (*serve.Group, error) {
 		if err != nil {
 			return nil, err
 		}
-		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
+		gs := serve.NewGRPCServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
 		masterpb.RegisterRouteServiceServer(gs, &RouteServer{svc: svc})
@@ -241,7 +292,7 @@ func Listen(svc *master.Service, log *slog.Logger) (*serve.Group, error) {
 			g.Close()
 			return nil, err
 		}
-		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
+		gs := serve.NewGRPCServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
 			grpc.StreamInterceptor(streamGuard(cfg.API.AdminToken)))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		if cfg.API.AdminToken != "" {

@@ -70,6 +70,9 @@ func streamGuard(adminToken string) grpc.StreamServerInterceptor {
 			!tokenOK(ss.Context(), masterpb.AdminTokenHeader, adminToken) {
 			return status.Error(codes.Unauthenticated, "missing or wrong admin token")
 		}
+		if err := adminIdentity(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
 		return h(srv, ss)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
@@ -182,4 +183,99 @@ func TestListenersBeyondLoopbackNeedTLS(t *testing.T) {
 		}
 		t.Logf("control: with the node's certificate the handler answers: %v", err)
 	})
+}
+
+// TestNodeIdentityBoundToCertificate: over mutual TLS a node registers and
+// heartbeats only as the node its certificate names. Probes: node-1's
+// certificate registering and heartbeating as node-2, and the master's
+// and an admin's certificate registering as node-2: PermissionDenied,
+// and the catalog holds no node. Control: node-2's certificate registers
+// node-2, which the catalog then lists. Over the same listener the admin
+// API (api.admin_token set) refuses a node's certificate with the right
+// token and serves an admin certificate (control).
+func TestNodeIdentityBoundToCertificate(t *testing.T) {
+	ca, err := pki.NewCA("test cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := t.TempDir()
+	issue := func(base, name string, role pki.Role) *tls.Config {
+		f, err := ca.Issue(certs, base, name, role, "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := f.Client("tls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tc
+	}
+	masterFiles, err := ca.Issue(certs, "master", "cubemaster", pki.RoleMaster, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node1, node2 := issue("node1", "node-1", pki.RoleNode), issue("node2", "node-2", pki.RoleNode)
+	masterCert, admin := issue("master-client", "cubemaster", pki.RoleMaster), issue("admin", "ops", pki.RoleAdmin)
+
+	port := freePort(t)
+	cfg := config(t, func(c *master.Config) {
+		c.API.Node, c.TLS, c.API.AdminToken = "127.0.0.1:"+port, masterFiles, "admin-secret"
+	})
+	s, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	dial := func(tc *tls.Config) *grpc.ClientConn {
+		conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	report := &masterpb.NodeReport{NodeId: "node-2", Address: "127.0.0.1:1"}
+	nodes := func() int {
+		n, err := s.Service.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(n)
+	}
+	for _, c := range []struct {
+		name string
+		tc   *tls.Config
+	}{{"node-1's certificate", node1}, {"the master's certificate", masterCert}, {"an admin certificate", admin}} {
+		ns := masterpb.NewNodeServiceClient(dial(c.tc))
+		_, err := ns.Register(ctx, &masterpb.RegisterRequest{Node: report})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("Register node-2 with %s: %v, want PermissionDenied", c.name, err)
+		}
+		t.Logf("Register node-2 with %s: %v", c.name, err)
+		_, err = ns.Heartbeat(ctx, &masterpb.HeartbeatRequest{Node: report})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("Heartbeat node-2 with %s: %v, want PermissionDenied", c.name, err)
+		}
+	}
+	if n := nodes(); n != 0 {
+		t.Fatalf("the refused registrations left %d nodes in the catalog", n)
+	}
+	if _, err := masterpb.NewNodeServiceClient(dial(node2)).Register(ctx, &masterpb.RegisterRequest{Node: report}); err != nil {
+		t.Fatalf("control: node-2 registering with its own certificate: %v", err)
+	}
+	if n := nodes(); n != 1 {
+		t.Fatalf("control: after node-2 registered the catalog holds %d nodes", n)
+	}
+	t.Log("control: node-2's certificate registers node-2")
+
+	withToken := metadata.AppendToOutgoingContext(ctx, masterpb.AdminTokenHeader, "admin-secret")
+	if _, err := masterpb.NewAdminServiceClient(dial(node1)).ListNodes(withToken, &masterpb.ListNodesRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("admin API with a node's certificate and the token: %v, want PermissionDenied", err)
+	}
+	if _, err := masterpb.NewAdminServiceClient(dial(admin)).ListNodes(withToken, &masterpb.ListNodesRequest{}); err != nil {
+		t.Fatalf("control: admin API with an admin certificate and the token: %v", err)
+	}
+	t.Log("admin API: a node's certificate is refused, an admin's served")
 }

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
@@ -24,8 +27,9 @@ import (
 // every interface, both with [tls]. cubelet refuses api.tcp beyond
 // loopback without TLS; with it, the node registers and heartbeats over
 // mutual TLS and the master imports a template on it over mutual TLS. A
-// caller without the cluster's certificate is refused by the node's
-// api.tcp; the master's certificate is served (the control).
+// caller without the cluster's certificate, and one with another node's,
+// is refused by the node's api.tcp; the master's certificate is served
+// (the control).
 func TestNodeOverMutualTLS(t *testing.T) {
 	ca, err := pki.NewCA("test cluster")
 	if err != nil {
@@ -121,6 +125,24 @@ func TestNodeOverMutualTLS(t *testing.T) {
 		t.Fatal("a TLS caller without a certificate reached cubelet's api.tcp")
 	} else {
 		t.Logf("TLS caller without a certificate: %v", err)
+	}
+	otherFiles, err := ca.Issue(certs, "other-node", "other-node", pki.RoleNode, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc, err := otherFiles.Client("tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherNode, err := cubeletclient.DialTLS("127.0.0.1:"+apiPort, oc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherNode.Close()
+	if err := health(cubeletclient.New(otherNode)); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("another node's certificate calling cubelet's api.tcp: %v, want PermissionDenied", err)
+	} else {
+		t.Logf("another node's certificate: %v", err)
 	}
 	mc, err := masterFiles.Client("tls")
 	if err != nil {
