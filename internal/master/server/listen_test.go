@@ -167,9 +167,9 @@ func TestListenersBeyondLoopbackNeedTLS(t *testing.T) {
 			defer conn.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			// An empty report: the handler refuses it (InvalidArgument),
-			// which shows the call reached it.
-			_, err = masterpb.NewNodeServiceClient(conn).Register(ctx, &masterpb.RegisterRequest{})
+			// node-1's report without an address: the handler refuses it
+			// (InvalidArgument), which shows the call reached it.
+			_, err = masterpb.NewNodeServiceClient(conn).Register(ctx, &masterpb.RegisterRequest{Node: &masterpb.NodeReport{NodeId: "node-1"}})
 			return err
 		}
 		err = call(noCert)
