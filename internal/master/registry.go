@@ -131,6 +131,9 @@ func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
 	if err := validateReport(r); err != nil {
 		return err
 	}
+	if err := s.secondRegistrant(r); err != nil {
+		return err
+	}
 	now := time.Now()
 	if err := s.putNode(ctx, r, now, true); err != nil {
 		return err
@@ -168,7 +171,32 @@ func (s *Service) Heartbeat(ctx context.Context, r *masterpb.NodeReport) (bool, 
 	if !known {
 		return false, nil
 	}
+	if err := s.secondRegistrant(r); err != nil {
+		return false, err
+	}
 	return true, s.putNode(ctx, r, time.Now(), false)
+}
+
+// secondRegistrant refuses a report for a live node (one heard from
+// within nodes.unhealthy_after) that comes from another cubelet than the
+// one registered: another machine (boot ID) or another API address. The
+// registered node's record, address and sandboxes stay as they are. A
+// cubelet that restarts on the same machine and address registers again
+// at once; one that moved (a reboot, a new address) is accepted once the
+// old registration has been silent for nodes.unhealthy_after.
+func (s *Service) secondRegistrant(r *masterpb.NodeReport) error {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[r.NodeId]
+	if ns == nil || ns.report == nil {
+		return nil
+	}
+	age := time.Since(ns.lastSeen)
+	if age > s.cfg.Nodes.UnhealthyAfter.Duration || ns.report.BootId == r.BootId && ns.report.Address == r.Address {
+		return nil
+	}
+	return fmt.Errorf("node %s is live (last report %s ago, from %s on boot %s); a report from %s on boot %s is refused until it has been silent for nodes.unhealthy_after (%s): %w",
+		r.NodeId, age.Round(time.Millisecond), ns.report.Address, ns.report.BootId, r.Address, r.BootId, s.cfg.Nodes.UnhealthyAfter, errdefs.ErrAlreadyExists)
 }
 
 func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.Time, registered bool) error {

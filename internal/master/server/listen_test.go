@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
 	"github.com/cubesandbox/cube/internal/pki"
@@ -278,4 +279,67 @@ func TestNodeIdentityBoundToCertificate(t *testing.T) {
 		t.Fatalf("control: admin API with an admin certificate and the token: %v", err)
 	}
 	t.Log("admin API: a node's certificate is refused, an admin's served")
+}
+
+// TestSecondRegistrantRefused: while a node is live, a registration or a
+// heartbeat under its ID from another machine (boot ID) or address is
+// AlreadyExists and the catalog keeps the node as it was. Controls: the
+// same cubelet registering again (a restart: same boot ID and address)
+// is accepted, and so is the other machine once the node has been silent
+// for nodes.unhealthy_after.
+func TestSecondRegistrantRefused(t *testing.T) {
+	cfg := config(t, func(c *master.Config) {
+		c.Nodes.HeartbeatInterval.Duration, c.Nodes.UnhealthyAfter.Duration = 100*time.Millisecond, time.Second
+	})
+	s, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	ctx := context.Background()
+	live := &masterpb.NodeReport{NodeId: "node-x", Address: "127.0.0.1:1", BootId: "boot-a"}
+	if err := s.Service.Register(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	recorded := func() (int, string) {
+		nodes, err := s.Service.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			if n.Report.NodeId == "node-x" {
+				return len(nodes), n.Report.Address + " " + n.Report.BootId
+			}
+		}
+		return len(nodes), ""
+	}
+	for _, rogue := range []*masterpb.NodeReport{
+		{NodeId: "node-x", Address: "127.0.0.1:2", BootId: "boot-b"},
+		{NodeId: "node-x", Address: "127.0.0.1:2", BootId: "boot-a"},
+		{NodeId: "node-x", Address: "127.0.0.1:1", BootId: "boot-b"},
+	} {
+		err := s.Service.Register(ctx, rogue)
+		if !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("register %s/%s over the live node: %v, want AlreadyExists", rogue.Address, rogue.BootId, err)
+		}
+		t.Logf("register %s/%s: %v", rogue.Address, rogue.BootId, err)
+		if _, err := s.Service.Heartbeat(ctx, rogue); !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("heartbeat %s/%s over the live node: %v, want AlreadyExists", rogue.Address, rogue.BootId, err)
+		}
+		if n, got := recorded(); n != 1 || got != "127.0.0.1:1 boot-a" {
+			t.Fatalf("after the refused report the catalog holds %d nodes, node-x %q", n, got)
+		}
+	}
+	if err := s.Service.Register(ctx, live); err != nil {
+		t.Fatalf("control: the same cubelet registering again: %v", err)
+	}
+	time.Sleep(1200 * time.Millisecond) // node-x silent past unhealthy_after
+	moved := &masterpb.NodeReport{NodeId: "node-x", Address: "127.0.0.1:2", BootId: "boot-b"}
+	if err := s.Service.Register(ctx, moved); err != nil {
+		t.Fatalf("control: registering once the node went silent: %v", err)
+	}
+	if _, got := recorded(); got != "127.0.0.1:2 boot-b" {
+		t.Fatalf("control: node-x recorded as %q after it moved", got)
+	}
+	t.Log("controls: a restart registers at once; another machine once the node went silent")
 }
