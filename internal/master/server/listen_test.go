@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubeproxy"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
@@ -193,7 +194,8 @@ func TestListenersBeyondLoopbackNeedTLS(t *testing.T) {
 // and the catalog holds no node. Control: node-2's certificate registers
 // node-2, which the catalog then lists. Over the same listener the admin
 // API (api.admin_token set) refuses a node's certificate with the right
-// token and serves an admin certificate (control).
+// token and serves an admin certificate (control), and RouteService, as
+// cubeproxy dials it, refuses a node's certificate and serves a proxy's.
 func TestNodeIdentityBoundToCertificate(t *testing.T) {
 	ca, err := pki.NewCA("test cluster")
 	if err != nil {
@@ -279,6 +281,34 @@ func TestNodeIdentityBoundToCertificate(t *testing.T) {
 		t.Fatalf("control: admin API with an admin certificate and the token: %v", err)
 	}
 	t.Log("admin API: a node's certificate is refused, an admin's served")
+
+	// cubeproxy's link: RouteService with a proxy certificate (and the
+	// token), the way cubeproxy --master host:port --master-tls-* dials.
+	proxyFiles, err := ca.Issue(certs, "proxy", "proxy-1", pki.RoleProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptc, err := proxyFiles.Client("tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := func(tc *tls.Config) error {
+		conn, err := cubeproxy.DialMaster("127.0.0.1:"+port, "admin-secret", tc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, err = masterpb.NewRouteServiceClient(conn).ResolveRoute(ctx, &masterpb.ResolveRouteRequest{SandboxId: "nosuchsandbox00000000"})
+		return err
+	}
+	if err := route(node1); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("RouteService with a node's certificate: %v, want PermissionDenied", err)
+	}
+	if err := route(ptc); status.Code(err) == codes.PermissionDenied || status.Code(err) == codes.Unavailable || status.Code(err) == codes.Unauthenticated {
+		t.Fatalf("control: RouteService with a proxy certificate: %v, want the handler's answer", err)
+	} else {
+		t.Logf("control: RouteService with a proxy certificate reaches the handler: %v", err)
+	}
 }
 
 // TestSecondRegistrantRefused: while a node is live, a registration or a
