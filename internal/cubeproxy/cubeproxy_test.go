@@ -28,6 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 type created struct {
@@ -467,6 +468,42 @@ func TestCubeProxy(t *testing.T) {
 			if r.StatusCode != http.StatusBadRequest {
 				t.Errorf("idleTimeout %v: %d %s", idle, r.StatusCode, r.Body)
 			}
+		}
+	})
+
+	t.Run("IDs that resolve to nothing leave no per-sandbox state", func(t *testing.T) {
+		// Series labelled with a sandbox ID on the replica's /metrics.
+		series := func() int {
+			_, page := get(t, http.DefaultClient, "http://"+replica.Addr+"/metrics", replica.Addr, nil)
+			return len(regexp.MustCompile(`(?m)^cubeproxy_\w+\{[^}]*sandbox_id="[^"]+"`).FindAllString(page, -1))
+		}
+		sec := create(t, map[string]any{"timeout": 120, "network": map[string]any{"allowPublicTraffic": false}})
+		serve(t, replica.Addr, sec, "cat > /tmp/web.sh <<'EOF'\n"+webScript+"\nEOF\nexec nc -ll -p 8000 -e /bin/sh /tmp/web.sh")
+		before := series()
+		const n = 2000
+		for i := range n {
+			id := sandboxid.New()
+			if i%2 == 1 {
+				// A real sandbox with a wrong traffic token: refused too (401;
+				// an unknown ID is 502, E2B's "sandbox not found").
+				id = sec.SandboxID
+			}
+			if code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", "8000-"+id+".cube.test", map[string]string{proxy.HeaderTrafficToken: "wrong"}); code != http.StatusBadGateway && code != http.StatusUnauthorized {
+				t.Fatalf("request %d for %s: %d %s", i, id, code, body)
+			}
+		}
+		if after := series(); after != before {
+			t.Fatalf("%d refused requests (unknown IDs, a wrong token) grew the labelled series from %d to %d", n, before, after)
+		}
+		t.Logf("%d refused requests: labelled series %d before and after", n, before)
+		// Control: the same request with the right token is admitted and
+		// its sandbox gets its series.
+		mastertest.WaitFor(t, 10*time.Second, "served with the right token", func() bool {
+			code, _ := get(t, http.DefaultClient, "http://"+replica.Addr+"/", "8000-"+sec.SandboxID+".cube.test", map[string]string{proxy.HeaderTrafficToken: *sec.TrafficAccessToken})
+			return code == http.StatusOK
+		})
+		if after := series(); after <= before {
+			t.Fatalf("control: an admitted request added no labelled series (%d before, %d after)", before, after)
 		}
 	})
 

@@ -164,10 +164,20 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	if id != "" {
+	// Per-sandbox state (activity for the idle policy, labelled series)
+	// only once the route admitted the request: a flood of IDs that
+	// resolve to nothing, or of requests with a wrong token, must not grow
+	// it (nor the master's, which the activity reports feed).
+	admitted := false
+	r = r.WithContext(proxy.WithAdmitted(r.Context(), func(*proxy.Target) {
+		admitted = true
 		o.act.begin(id)
-		defer o.act.end(id)
-	}
+	}))
+	defer func() {
+		if admitted {
+			o.act.end(id)
+		}
+	}()
 	o.metrics.inFlight.Inc()
 	defer o.metrics.inFlight.Dec()
 	body := &countReader{ReadCloser: r.Body}
@@ -177,16 +187,20 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cw := &countWriter{ResponseWriter: w, code: http.StatusOK}
 	o.route.ServeHTTP(cw, r)
 	d := time.Since(start)
-	ps := strconv.Itoa(port)
+	ps, sid := strconv.Itoa(port), id
+	if !admitted {
+		// One series for everything the route refused.
+		ps, sid = "", ""
+	}
 	code := cw.code
 	if cw.hijacked {
 		code = http.StatusSwitchingProtocols
 	}
-	if id != "" {
-		o.metrics.requests.WithLabelValues(id, ps, strconv.Itoa(code)).Inc()
-		o.metrics.bytes.WithLabelValues(id, ps, "in").Add(float64(body.n.Load()))
-		o.metrics.bytes.WithLabelValues(id, ps, "out").Add(float64(cw.n))
-		o.metrics.latency.WithLabelValues(id, ps).Observe(d.Seconds())
+	o.metrics.requests.WithLabelValues(sid, ps, strconv.Itoa(code)).Inc()
+	if admitted {
+		o.metrics.bytes.WithLabelValues(sid, ps, "in").Add(float64(body.n.Load()))
+		o.metrics.bytes.WithLabelValues(sid, ps, "out").Add(float64(cw.n))
+		o.metrics.latency.WithLabelValues(sid, ps).Observe(d.Seconds())
 	}
 	o.log.Info("access", "sandbox_id", id, "port", port, "method", r.Method, "host", r.Host, "path", r.URL.Path,
 		"proto", r.Proto, "status", code, "bytes_in", body.n.Load(), "bytes_out", cw.n,

@@ -116,6 +116,17 @@ type Handler struct {
 
 type ctxKey struct{}
 
+type admittedKey struct{}
+
+// WithAdmitted returns ctx carrying fn, which ServeHTTP calls (in its own
+// goroutine) once the request's sandbox resolved and its token checked,
+// right before the request goes to the sandbox. A wrapper keeps per-
+// sandbox state (metrics, activity) only for requests it admitted: IDs
+// that resolve to nothing, or whose token is wrong, leave none.
+func WithAdmitted(ctx context.Context, fn func(*Target)) context.Context {
+	return context.WithValue(ctx, admittedKey{}, fn)
+}
+
 // routed is what ServeHTTP learned about a request, handed to the
 // transport's dialer through the request context.
 type routed struct {
@@ -269,6 +280,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if t.TrafficAccessToken != "" && port != agentproto.Port && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
 		writeError(w, id, errUnauthorized)
 		return
+	}
+	if fn, ok := r.Context().Value(admittedKey{}).(func(*Target)); ok {
+		fn(t)
 	}
 	ctx := context.WithValue(r.Context(), ctxKey{}, routed{target: t, port: port})
 	h.rp.ServeHTTP(w, r.WithContext(ctx))
