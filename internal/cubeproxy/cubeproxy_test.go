@@ -356,6 +356,52 @@ func TestCubeProxy(t *testing.T) {
 		t.Logf("LATENCY auto-resume (runc): first request to answer %s", took)
 	})
 
+	t.Run("a paused private sandbox resumes only for its tokens", func(t *testing.T) {
+		priv := create(t, map[string]any{"timeout": 300, "autoPause": true, "autoResume": map[string]any{"enabled": true},
+			"secure": true, "network": map[string]any{"allowPublicTraffic": false}})
+		if priv.TrafficAccessToken == nil || priv.EnvdAccessToken == "" {
+			t.Fatalf("want both tokens: %+v", priv)
+		}
+		serve(t, replica.Addr, priv, "cat > /tmp/web.sh <<'EOF'\n"+webScript+"\nEOF\nexec nc -ll -p 8000 -e /bin/sh /tmp/web.sh")
+		ph := "8000-" + priv.SandboxID + ".cube.test"
+		mastertest.WaitFor(t, 10*time.Second, "the web server", func() bool {
+			code, _ := get(t, http.DefaultClient, "http://"+replica.Addr+"/", ph, map[string]string{proxy.HeaderTrafficToken: *priv.TrafficAccessToken})
+			return code == http.StatusOK
+		})
+		pause(t, priv.SandboxID)
+		eh := "49983-" + priv.SandboxID + ".cube.test"
+		for _, c := range []struct {
+			name, host string
+			hdr        map[string]string
+		}{
+			{"its port, no token", ph, nil},
+			{"its port, a wrong token", ph, map[string]string{proxy.HeaderTrafficToken: "nope"}},
+			{"its port, the envd token", ph, map[string]string{proxy.HeaderTrafficToken: priv.EnvdAccessToken}},
+			{"envd's port, no token", eh, nil},
+			{"envd's port, the traffic token", eh, map[string]string{proxy.HeaderEnvdToken: *priv.TrafficAccessToken}},
+		} {
+			code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", c.host, c.hdr)
+			if code != http.StatusUnauthorized {
+				t.Fatalf("%s: %d %s, want 401", c.name, code, body)
+			}
+			if st := state(t, priv.SandboxID); st != "paused" {
+				t.Fatalf("%s: the sandbox is %s, want still paused", c.name, st)
+			}
+			t.Logf("%s: 401, still paused", c.name)
+		}
+		// Controls: the same requests with the right tokens resume it.
+		code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", ph, map[string]string{proxy.HeaderTrafficToken: *priv.TrafficAccessToken})
+		if code != 200 || body != "hello\n" || state(t, priv.SandboxID) != "running" {
+			t.Fatalf("control: the traffic token: %d %q, %s", code, body, state(t, priv.SandboxID))
+		}
+		pause(t, priv.SandboxID)
+		code, _ = get(t, http.DefaultClient, "http://"+replica.Addr+"/health", eh, map[string]string{proxy.HeaderEnvdToken: priv.EnvdAccessToken})
+		if code != http.StatusNoContent || state(t, priv.SandboxID) != "running" {
+			t.Fatalf("control: envd's port with its token: %d, %s", code, state(t, priv.SandboxID))
+		}
+		t.Log("controls: the right token resumes it on either port")
+	})
+
 	t.Run("100 concurrent requests to a paused sandbox resume it once", func(t *testing.T) {
 		pause(t, web.SandboxID)
 		before := resumes(t)
@@ -369,6 +415,8 @@ func TestCubeProxy(t *testing.T) {
 			wg.Go(func() {
 				req, _ := http.NewRequest("GET", "http://"+addr+"/health", nil)
 				req.Host = "49983-" + web.SandboxID + ".cube.test"
+				// Resuming for envd's port needs envd's token.
+				req.Header.Set(proxy.HeaderEnvdToken, web.EnvdAccessToken)
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					errs <- err.Error()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/proxy"
@@ -87,10 +89,17 @@ func (r *Routes) Resolve(ctx context.Context, id string) (*proxy.Target, error) 
 	if ok && time.Now().Before(e.expires) {
 		return e.t, nil
 	}
-	ch := r.sf.DoChan(id, func() (any, error) {
+	// What the client presented goes with the resolve: the master checks
+	// it before resuming a paused sandbox. Concurrent requests share a
+	// resolve only when they presented the same, so a caller with a wrong
+	// token cannot fail (or succeed) one for another.
+	p, _ := proxy.PresentedFrom(ctx)
+	key := id + "\x00" + strconv.FormatBool(p.Port == agentproto.Port) + "\x00" + p.TrafficToken + "\x00" + p.EnvdToken
+	ch := r.sf.DoChan(key, func() (any, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 		defer cancel()
-		resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id, Resume: true})
+		resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id, Resume: true,
+			Port: int32(p.Port), TrafficAccessToken: p.TrafficToken, EnvdAccessToken: p.EnvdToken})
 		if err != nil {
 			return nil, fromGRPC(err)
 		}

@@ -118,6 +118,26 @@ type ctxKey struct{}
 
 type admittedKey struct{}
 
+type presentedKey struct{}
+
+// HeaderEnvdToken is envd's access token header (checked by the agent).
+const HeaderEnvdToken = "X-Access-Token"
+
+// Presented is what a request showed for its sandbox: the port and the
+// tokens. ServeHTTP hands it to the Resolver in the context, so one that
+// would resume a paused sandbox can check the tokens first.
+type Presented struct {
+	Port                    int
+	TrafficToken, EnvdToken string
+}
+
+// PresentedFrom returns what the request being resolved presented; false
+// outside ServeHTTP.
+func PresentedFrom(ctx context.Context) (Presented, bool) {
+	p, ok := ctx.Value(presentedKey{}).(Presented)
+	return p, ok
+}
+
 // WithAdmitted returns ctx carrying fn, which ServeHTTP calls (in its own
 // goroutine) once the request's sandbox resolved and its token checked,
 // right before the request goes to the sandbox. A wrapper keeps per-
@@ -269,7 +289,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentproto.InternalPrefix, errdefs.ErrNotFound))
 		return
 	}
-	t, err := h.cfg.Resolver.Resolve(r.Context(), id)
+	t, err := h.cfg.Resolver.Resolve(context.WithValue(r.Context(), presentedKey{}, Presented{
+		Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken),
+	}), id)
 	if err != nil {
 		writeError(w, id, err)
 		return
@@ -315,7 +337,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 func writeError(w http.ResponseWriter, id string, err error) {
 	code := http.StatusBadGateway
 	switch {
-	case errors.Is(err, errUnauthorized):
+	case errors.Is(err, errUnauthorized), errdefs.IsUnauthenticated(err):
 		code = http.StatusUnauthorized
 	case errdefs.IsInvalidArgument(err):
 		code = http.StatusBadRequest

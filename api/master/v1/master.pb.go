@@ -25,11 +25,18 @@ const (
 )
 
 type ResolveRouteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Resume        bool                   `protobuf:"varint,2,opt,name=resume,proto3" json:"resume,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Resume    bool                   `protobuf:"varint,2,opt,name=resume,proto3" json:"resume,omitempty"`
+	// What the client presented, checked before a paused sandbox is resumed
+	// (a refusal is Unauthenticated and resumes nothing): the port it asked
+	// for, its E2b-Traffic-Access-Token (a sandbox's own ports) and its
+	// X-Access-Token (envd's port).
+	Port               int32  `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	TrafficAccessToken string `protobuf:"bytes,4,opt,name=traffic_access_token,json=trafficAccessToken,proto3" json:"traffic_access_token,omitempty"`
+	EnvdAccessToken    string `protobuf:"bytes,5,opt,name=envd_access_token,json=envdAccessToken,proto3" json:"envd_access_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ResolveRouteRequest) Reset() {
@@ -74,6 +81,27 @@ func (x *ResolveRouteRequest) GetResume() bool {
 		return x.Resume
 	}
 	return false
+}
+
+func (x *ResolveRouteRequest) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ResolveRouteRequest) GetTrafficAccessToken() string {
+	if x != nil {
+		return x.TrafficAccessToken
+	}
+	return ""
+}
+
+func (x *ResolveRouteRequest) GetEnvdAccessToken() string {
+	if x != nil {
+		return x.EnvdAccessToken
+	}
+	return ""
 }
 
 type ResolveRouteResponse struct {
@@ -2182,11 +2210,14 @@ var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
-	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x01\n" +
 	"\x13ResolveRouteRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
-	"\x06resume\x18\x02 \x01(\bR\x06resume\"\x95\x02\n" +
+	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\x05R\x04port\x120\n" +
+	"\x14traffic_access_token\x18\x04 \x01(\tR\x12trafficAccessToken\x12*\n" +
+	"\x11envd_access_token\x18\x05 \x01(\tR\x0fenvdAccessToken\"\x95\x02\n" +
 	"\x14ResolveRouteResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
