@@ -22,7 +22,7 @@ func main() {
 	var cfg cubeproxy.Config
 	flag.StringVar(&cfg.Listen, "listen", "127.0.0.1:8082", "proxy address")
 	flag.StringVar(&cfg.Domain, "domain", "localhost", "sandbox host suffix: <port>-<sandboxID>.<domain>")
-	flag.StringVar(&cfg.MetricsListen, "metrics", "", "extra address serving /metrics (the proxy address serves it too)")
+	flag.StringVar(&cfg.MetricsListen, "metrics", "", "address serving /metrics (the proxy address does not: its series name live sandboxes); empty = none")
 	flag.StringVar(&cfg.ID, "id", "", "replica name in activity reports (default host-pid)")
 	flag.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "TLS certificate (PEM)")
 	flag.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "TLS key (PEM)")

@@ -131,7 +131,7 @@ func TestCubeProxy(t *testing.T) {
 	if m.Server.Proxy == nil {
 		t.Fatal("the master does not run cubeproxy in-process")
 	}
-	inproc := m.Server.ProxyAddr
+	inproc, inprocMetrics := m.Server.ProxyAddr, m.Server.ProxyMetricsAddr
 
 	// A standalone replica, as cmd/cubeproxy runs it, over the admin socket.
 	// Replicas live until the whole test ends, whichever subtest starts them.
@@ -142,7 +142,7 @@ func TestCubeProxy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := cubeproxy.Start(context.Background(), cubeproxy.Config{Listen: listen, Domain: "cube.test", ID: "replica-" + listen},
+		p, err := cubeproxy.Start(context.Background(), cubeproxy.Config{Listen: listen, MetricsListen: "127.0.0.1:0", Domain: "cube.test", ID: "replica-" + listen},
 			masterpb.NewRouteServiceClient(conn), mastertest.Log(t).With("replica", listen))
 		if err != nil {
 			conn.Close()
@@ -335,7 +335,7 @@ func TestCubeProxy(t *testing.T) {
 	}
 	resumes := func(t *testing.T) float64 {
 		s := `cubeproxy_resumes_total{sandbox_id="` + web.SandboxID + `"}`
-		return scrape(t, inproc, s) + scrape(t, replica.Addr, s)
+		return scrape(t, inprocMetrics, s) + scrape(t, replica.MetricsAddr, s)
 	}
 
 	t.Run("auto-resume on the first request", func(t *testing.T) {
@@ -522,7 +522,7 @@ func TestCubeProxy(t *testing.T) {
 	t.Run("IDs that resolve to nothing leave no per-sandbox state", func(t *testing.T) {
 		// Series labelled with a sandbox ID on the replica's /metrics.
 		series := func() int {
-			_, page := get(t, http.DefaultClient, "http://"+replica.Addr+"/metrics", replica.Addr, nil)
+			_, page := get(t, http.DefaultClient, "http://"+replica.MetricsAddr+"/metrics", replica.MetricsAddr, nil)
 			return len(regexp.MustCompile(`(?m)^cubeproxy_\w+\{[^}]*sandbox_id="[^"]+"`).FindAllString(page, -1))
 		}
 		sec := create(t, map[string]any{"timeout": 120, "network": map[string]any{"allowPublicTraffic": false}})
@@ -556,10 +556,19 @@ func TestCubeProxy(t *testing.T) {
 	})
 
 	t.Run("metrics and TLS", func(t *testing.T) {
-		if v := scrape(t, inproc, `cubeproxy_in_flight`); v < 0 {
+		if v := scrape(t, inprocMetrics, `cubeproxy_in_flight`); v < 0 {
 			t.Fatalf("in flight %v", v)
 		}
-		_, page := get(t, http.DefaultClient, "http://"+inproc+"/metrics", inproc, nil)
+		// The data-plane listeners do not serve /metrics (its series name
+		// live sandboxes); their metrics listeners do (the control).
+		for _, addr := range []string{inproc, replica.Addr} {
+			if code, body := get(t, http.DefaultClient, "http://"+addr+"/metrics", addr, nil); code == http.StatusOK || strings.Contains(body, "cubeproxy_") {
+				t.Fatalf("the route at %s served /metrics: %d", addr, code)
+			} else {
+				t.Logf("GET /metrics on the route %s: %d", addr, code)
+			}
+		}
+		_, page := get(t, http.DefaultClient, "http://"+inprocMetrics+"/metrics", inprocMetrics, nil)
 		for _, want := range []string{"cubeproxy_requests_total{", "cubeproxy_bytes_total{", "cubeproxy_request_duration_seconds_bucket{"} {
 			if !strings.Contains(page, want) {
 				t.Errorf("/metrics lacks %s", want)

@@ -31,8 +31,9 @@ type Config struct {
 	// Domain is the suffix of <port>-<sandboxID>.<domain> hosts.
 	Domain string
 	TLS    TLSConfig
-	// MetricsListen, when set, serves /metrics there too. The proxy's own
-	// listener serves /metrics and /health to requests naming no sandbox.
+	// MetricsListen, when set, serves /metrics (and /health) there. The
+	// proxy's own listener serves sandbox traffic and /health (to requests
+	// naming no sandbox), never /metrics: its series name live sandboxes.
 	MetricsListen string
 	// ID names this replica in activity reports; the host name and PID
 	// when empty.
@@ -106,9 +107,12 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	s.Routes = NewRoutes(client, cfg.CacheTTL, s.Metrics, log)
 	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
 	act := newActivity()
+	health := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	local := http.NewServeMux()
-	local.Handle("GET /metrics", s.Metrics.Handler())
-	local.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	local.HandleFunc("GET /health", health)
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("GET /metrics", s.Metrics.Handler())
+	metricsMux.HandleFunc("GET /health", health)
 	h := &observe{route: route, metrics: s.Metrics, act: act, log: log, local: local}
 
 	rctx, cancel := context.WithCancel(ctx)
@@ -126,7 +130,7 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	s.goRun(func() error { return serveHTTP(rctx, srv, ln, s.TLS != nil) })
 	if mln != nil {
-		msrv := &http.Server{Handler: local, TLSConfig: s.TLS, ReadHeaderTimeout: 10 * time.Second}
+		msrv := &http.Server{Handler: metricsMux, TLSConfig: s.TLS, ReadHeaderTimeout: 10 * time.Second}
 		s.goRun(func() error { return serveHTTP(rctx, msrv, mln, s.TLS != nil) })
 	}
 	s.goRun(func() error { <-rctx.Done(); route.Close(); return nil })

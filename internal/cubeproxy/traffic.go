@@ -159,7 +159,7 @@ type observe struct {
 
 func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, port, err := o.route.Route(r)
-	if err != nil && o.local != nil && (r.URL.Path == "/metrics" || r.URL.Path == "/health") {
+	if err != nil && o.local != nil && r.URL.Path == "/health" {
 		o.local.ServeHTTP(w, r)
 		return
 	}

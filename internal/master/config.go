@@ -42,6 +42,8 @@ type Config struct {
 	Proxy struct {
 		Listen string `toml:"listen"`
 		Domain string `toml:"domain"`
+		// Metrics is the in-process cubeproxy's /metrics listener.
+		Metrics string `toml:"metrics"`
 		// TLS for the in-process cubeproxy: a certificate and key, or a
 		// self-signed certificate made at start (development).
 		TLSCert       string `toml:"tls_cert"`

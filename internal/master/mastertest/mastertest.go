@@ -78,6 +78,7 @@ node = ""
 socket = %q
 [proxy]
 listen = "127.0.0.1:0"
+metrics = "127.0.0.1:0"
 domain = "cube.test"
 [catalog]
 dsn = %q

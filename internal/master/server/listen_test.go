@@ -86,6 +86,7 @@ func TestListenersBeyondLoopbackNeedTLS(t *testing.T) {
 		{"api.node", func(c *master.Config) { c.API.Node = "0.0.0.0:0" }},
 		{"api.e2b", func(c *master.Config) { c.API.E2B = "0.0.0.0:0" }},
 		{"proxy.listen", func(c *master.Config) { c.Proxy.Listen = "0.0.0.0:0" }},
+		{"proxy.metrics", func(c *master.Config) { c.Proxy.Metrics = "0.0.0.0:0" }},
 	} {
 		t.Run("refused/"+c.setting, func(t *testing.T) {
 			cfg := config(t, c.set)
@@ -99,7 +100,7 @@ func TestListenersBeyondLoopbackNeedTLS(t *testing.T) {
 			}
 			t.Logf("refused: %v", err)
 			// Nothing is left open: the same config on loopback starts.
-			cfg.API.E2B, cfg.API.Node, cfg.Proxy.Listen = "127.0.0.1:0", "", "127.0.0.1:0"
+			cfg.API.E2B, cfg.API.Node, cfg.Proxy.Listen, cfg.Proxy.Metrics = "127.0.0.1:0", "", "127.0.0.1:0", "127.0.0.1:0"
 			s, err = server.Start(context.Background(), cfg, nil)
 			if err != nil {
 				t.Fatalf("the same master on loopback: %v", err)

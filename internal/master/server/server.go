@@ -24,6 +24,9 @@ type Server struct {
 	Service *master.Service
 	// Addresses actually bound (useful when the config says port 0).
 	E2BAddr, ProxyAddr string
+	// ProxyMetricsAddr is the in-process cubeproxy's /metrics listener
+	// (proxy.metrics), "" when none.
+	ProxyMetricsAddr string
 	// Proxy is the in-process cubeproxy (nil when the plain route runs).
 	Proxy *cubeproxy.Server
 
