@@ -13,10 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -533,10 +535,11 @@ func TestCubeProxy(t *testing.T) {
 			id := sandboxid.New()
 			if i%2 == 1 {
 				// A real sandbox with a wrong traffic token: refused too (401;
-				// an unknown ID is 502, E2B's "sandbox not found").
+				// an unknown ID is 502, E2B's "sandbox not found", or 429
+				// once this client asked for too many).
 				id = sec.SandboxID
 			}
-			if code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", "8000-"+id+".cube.test", map[string]string{proxy.HeaderTrafficToken: "wrong"}); code != http.StatusBadGateway && code != http.StatusUnauthorized {
+			if code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", "8000-"+id+".cube.test", map[string]string{proxy.HeaderTrafficToken: "wrong"}); code != http.StatusBadGateway && code != http.StatusUnauthorized && code != http.StatusTooManyRequests {
 				t.Fatalf("request %d for %s: %d %s", i, id, code, body)
 			}
 		}
@@ -553,6 +556,69 @@ func TestCubeProxy(t *testing.T) {
 		if after := series(); after <= before {
 			t.Fatalf("control: an admitted request added no labelled series (%d before, %d after)", before, after)
 		}
+	})
+
+	t.Run("unknown IDs cost the master little", func(t *testing.T) {
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cc := &countingRoutes{RouteServiceClient: masterpb.NewRouteServiceClient(conn)}
+		p, err := cubeproxy.Start(context.Background(), cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: "counting"}, cc, mastertest.Log(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := p.Stop(); err != nil {
+				t.Error(err)
+			}
+		}()
+		mastertest.WaitFor(t, 10*time.Second, "replica watching", func() bool { return watching(p) })
+		known := create(t, map[string]any{"timeout": 120})
+		health := func(hc *http.Client, id string) int {
+			code, _ := get(t, hc, "http://"+p.Addr+"/health", "49983-"+id+".cube.test", nil)
+			return code
+		}
+		if code := health(http.DefaultClient, known.SandboxID); code != http.StatusNoContent {
+			t.Fatalf("a running sandbox: %d", code)
+		}
+
+		// The same unknown ID asked 50 times: the master is asked once.
+		unknown, calls := sandboxid.New(), cc.n.Load()
+		for range 50 {
+			if code := health(http.DefaultClient, unknown); code != http.StatusBadGateway {
+				t.Fatalf("unknown ID: %d", code)
+			}
+		}
+		if n := cc.n.Load() - calls; n != 1 {
+			t.Fatalf("50 requests for one unknown ID asked the master %d times, want 1", n)
+		}
+
+		// 2,000 distinct random IDs from one client.
+		calls, start := cc.n.Load(), time.Now()
+		codes := map[int]int{}
+		for range 2000 {
+			codes[health(http.DefaultClient, sandboxid.New())]++
+		}
+		took, asked := time.Since(start), cc.n.Load()-calls
+		bound := int64(100 + 20*took.Seconds() + 5)
+		t.Logf("2000 random IDs from one client in %s: answers %v, the master asked %d times (bound %d), %d IDs remembered as unknown",
+			took.Round(time.Millisecond), codes, asked, bound, p.Routes.Negative())
+		if codes[http.StatusTooManyRequests] == 0 || asked > bound {
+			t.Fatalf("the flood was not limited: answers %v, master asked %d times (bound %d)", codes, asked, bound)
+		}
+		// Controls: the same client still reaches the sandbox it uses (its
+		// route is cached), and another client's unknown ID is asked for
+		// (502, not 429): the limit is per client and per unknown ID.
+		if code := health(http.DefaultClient, known.SandboxID); code != http.StatusNoContent {
+			t.Fatalf("control: the limited client's own sandbox: %d", code)
+		}
+		other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+		if code := health(other, sandboxid.New()); code != http.StatusBadGateway {
+			t.Fatalf("control: another client's unknown ID: %d, want 502", code)
+		}
+		t.Log("controls: the limited client reaches its own sandbox; another client is not limited")
 	})
 
 	t.Run("metrics and TLS", func(t *testing.T) {
@@ -603,3 +669,15 @@ func TestCubeProxy(t *testing.T) {
 }
 
 func watching(p *cubeproxy.Server) bool { return p.Routes.Watching() }
+
+// countingRoutes counts the ResolveRoute calls a replica makes to the
+// real master.
+type countingRoutes struct {
+	masterpb.RouteServiceClient
+	n atomic.Int64
+}
+
+func (c *countingRoutes) ResolveRoute(ctx context.Context, in *masterpb.ResolveRouteRequest, opts ...grpc.CallOption) (*masterpb.ResolveRouteResponse, error) {
+	c.n.Add(1)
+	return c.RouteServiceClient.ResolveRoute(ctx, in, opts...)
+}

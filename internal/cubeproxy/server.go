@@ -113,7 +113,7 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("GET /metrics", s.Metrics.Handler())
 	metricsMux.HandleFunc("GET /health", health)
-	h := &observe{route: route, metrics: s.Metrics, act: act, log: log, local: local}
+	h := &observe{route: route, routes: s.Routes, unknown: newUnknownLimit(), metrics: s.Metrics, act: act, log: log, local: local}
 
 	rctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel

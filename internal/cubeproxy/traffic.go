@@ -3,6 +3,7 @@ package cubeproxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
 
@@ -151,6 +153,8 @@ func (a *activity) report(ctx context.Context, client masterpb.RouteServiceClien
 // upgraded WebSocket included), so an open stream counts as in flight.
 type observe struct {
 	route   *proxy.Handler
+	routes  *Routes
+	unknown *unknownLimit
 	metrics *Metrics
 	act     *activity
 	log     *slog.Logger
@@ -163,6 +167,21 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		o.local.ServeHTTP(w, r)
 		return
 	}
+	client := clientOf(r.RemoteAddr)
+	if id != "" && o.unknown.exhausted(client) && !o.routes.Cached(id) {
+		o.metrics.requests.WithLabelValues("", "", strconv.Itoa(http.StatusTooManyRequests)).Inc()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_ = json.NewEncoder(w).Encode(map[string]any{"sandboxId": id, "code": http.StatusTooManyRequests,
+			"message": "too many requests for sandboxes that do not exist from this client; retry later"})
+		return
+	}
+	r = r.WithContext(proxy.WithUnresolved(r.Context(), func(err error) {
+		if errdefs.IsNotFound(err) {
+			o.unknown.miss(client)
+		}
+	}))
 	start := time.Now()
 	// Per-sandbox state (activity for the idle policy, labelled series)
 	// only once the route admitted the request: a flood of IDs that

@@ -120,6 +120,16 @@ type admittedKey struct{}
 
 type presentedKey struct{}
 
+type unresolvedKey struct{}
+
+// WithUnresolved returns ctx carrying fn, which ServeHTTP calls (in its
+// own goroutine) when the request's sandbox did not resolve, with the
+// Resolver's error: a wrapper can limit what a client may cost by asking
+// for sandboxes that do not exist.
+func WithUnresolved(ctx context.Context, fn func(error)) context.Context {
+	return context.WithValue(ctx, unresolvedKey{}, fn)
+}
+
 // HeaderEnvdToken is envd's access token header (checked by the agent).
 const HeaderEnvdToken = "X-Access-Token"
 
@@ -293,6 +303,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken),
 	}), id)
 	if err != nil {
+		if fn, ok := r.Context().Value(unresolvedKey{}).(func(error)); ok {
+			fn(err)
+		}
 		writeError(w, id, err)
 		return
 	}
