@@ -172,6 +172,7 @@ func TestUp(t *testing.T) {
 		t.Fatalf("environment: %v\n%s", e, out.String())
 	}
 	checkTLS(t, cfg, nodeAPI, cubeletTCP)
+	checkListeners(t, cfg, nodeAPI, cubeletTCP)
 	// A second launcher does not start anything.
 	if err := launcher.Up(context.Background(), cfg); !errors.Is(err, launcher.ErrAlreadyRunning) {
 		t.Fatalf("second cube up: %v", err)

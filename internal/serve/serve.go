@@ -17,8 +17,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 )
 
@@ -51,53 +53,53 @@ type httpServe struct {
 // account only), creating its directory and replacing a stale socket a
 // killed daemon left. Run removes the socket when it returns.
 //
-// The mode does not depend on the umask and there is no moment at which
-// the socket is open to others: it is bound inside a fresh directory only
-// the owner may enter, set to 0600, and then renamed over path (a bind
-// followed by a chmod at path would leave a window in which any account
-// the umask allows could connect, and a connection made then stays).
+// The mode does not depend on the process's umask and there is no moment
+// at which the socket is open to others: it is bound on an OS thread of
+// its own whose umask is 0177 (a bind followed by a chmod would leave a
+// window in which any account the umask allows could connect, and a
+// connection made then stays).
 func (g *Group) Unix(path string) (net.Listener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	private, err := os.MkdirTemp(dir, ".s")
+	_ = os.Remove(path)
+	l, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	defer os.RemoveAll(private)
-	// MkdirTemp asks for 0700 less the umask; set it exactly.
-	if err := os.Chmod(private, 0o700); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	tmp := filepath.Join(private, "s")
-	l, err := net.Listen("unix", tmp)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	ul := l.(*net.UnixListener)
-	// The socket's name changes below; Close must not unlink by the old
-	// one. Group.Close and Run remove path.
-	ul.SetUnlinkOnClose(false)
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	// The thread's umask made it 0600 already; say so explicitly too.
+	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	g.sockets = append(g.sockets, path)
-	return unixListener{ul, &net.UnixAddr{Name: path, Net: "unix"}}, nil
+	return l, nil
 }
 
-// unixListener reports the path its socket was renamed to.
-type unixListener struct {
-	*net.UnixListener
-	addr net.Addr
+// listenPrivate binds path with umask 0177 on a locked OS thread that has
+// left the process's shared filesystem attributes (unshare CLONE_FS), so
+// the umask of no other goroutine changes, not even for an instant. The
+// thread is never unlocked: it ends with the goroutine instead of going
+// back to the scheduler with its own umask.
+func listenPrivate(path string) (net.Listener, error) {
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			done <- result{err: fmt.Errorf("unshare CLONE_FS: %w", err)}
+			return
+		}
+		unix.Umask(0o177)
+		l, err := net.Listen("unix", path)
+		done <- result{l, err}
+	}()
+	r := <-done
+	return r.l, r.err
 }
-
-func (l unixListener) Addr() net.Addr { return l.addr }
 
 // TCP listens on addr, the value of setting (ListenTCP), serving TLS with
 // tc. Without tc only a loopback address is allowed; the refusal names
