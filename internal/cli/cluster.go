@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -111,13 +112,14 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 
 func apikeyCmd(c *cluster) *cobra.Command {
 	cmd := &cobra.Command{Use: "apikey", Short: "API keys for the E2B API (X-API-Key), through cubemaster"}
-	cmd.AddCommand(&cobra.Command{
+	var admin bool
+	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a key; its secret is printed once and only its hash is kept",
 		Args:  exactArgs(1, "a key name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
-				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0]})
+				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0], Admin: admin})
 				if err != nil {
 					return err
 				}
@@ -128,7 +130,9 @@ func apikeyCmd(c *cluster) *cobra.Command {
 				return nil
 			})
 		},
-	}, &cobra.Command{
+	}
+	create.Flags().BoolVar(&admin, "admin", false, "an admin key: may also do the E2B API's admin operations (template delete)")
+	cmd.AddCommand(create, &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List keys (never their secrets)",
@@ -148,9 +152,9 @@ func apikeyCmd(c *cluster) *cobra.Command {
 					if k.LastUsedAt != nil {
 						used = age(k.LastUsedAt.AsTime()) + " ago"
 					}
-					rows = append(rows, []string{k.Id, k.Name, k.Prefix + "…", age(k.CreatedAt.AsTime()), used})
+					rows = append(rows, []string{k.Id, k.Name, k.Prefix + "…", strconv.FormatBool(k.Admin), age(k.CreatedAt.AsTime()), used})
 				}
-				c.g.table([]string{"ID", "NAME", "PREFIX", "AGE", "LAST USED"}, rows)
+				c.g.table([]string{"ID", "NAME", "PREFIX", "ADMIN", "AGE", "LAST USED"}, rows)
 				return nil
 			})
 		},

@@ -1230,9 +1230,11 @@ type APIKey struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// First characters of the secret, to tell keys apart.
-	Prefix        string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	LastUsedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	Prefix     string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LastUsedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	// Admin keys may do the E2B API's admin operations (template delete).
+	Admin         bool `protobuf:"varint,6,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1302,9 +1304,17 @@ func (x *APIKey) GetLastUsedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *APIKey) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
+}
+
 type CreateAPIKeyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Admin         bool                   `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1344,6 +1354,13 @@ func (x *CreateAPIKeyRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *CreateAPIKeyRequest) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
 }
 
 type CreateAPIKeyResponse struct {
@@ -2313,7 +2330,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xbd\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xd3\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -2321,9 +2338,11 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12<\n" +
 	"\flast_used_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"lastUsedAt\")\n" +
+	"lastUsedAt\x12\x14\n" +
+	"\x05admin\x18\x06 \x01(\bR\x05admin\"?\n" +
 	"\x13CreateAPIKeyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"S\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05admin\x18\x02 \x01(\bR\x05admin\"S\n" +
 	"\x14CreateAPIKeyResponse\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.master.v1.APIKeyR\x03key\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x14\n" +

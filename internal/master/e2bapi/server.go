@@ -51,7 +51,7 @@ type Backend interface {
 	Events(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error)
 	Templates() []master.Template
 	GetTemplate(ctx context.Context, name string) (master.Template, error)
-	DeleteTemplate(ctx context.Context, name string) ([]string, error)
+	DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error)
 	Audit(ctx context.Context, sandboxID, action string, key *catalog.APIKey)
 }
 
@@ -210,6 +210,8 @@ func statusOf(err error) (int, string) {
 	switch {
 	case errors.Is(err, apikey.ErrUnauthenticated):
 		return http.StatusUnauthorized, ""
+	case errdefs.IsPermissionDenied(err):
+		return http.StatusForbidden, ""
 	case errdefs.IsInvalidArgument(err):
 		return http.StatusBadRequest, ""
 	case errdefs.IsNotFound(err):

@@ -102,12 +102,12 @@ func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetN
 }
 
 func keyToPB(k *catalog.APIKey) *masterpb.APIKey {
-	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt)}
+	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt), Admin: k.Admin}
 }
 
 // CreateAPIKey implements AdminService.
 func (a *AdminServer) CreateAPIKey(ctx context.Context, req *masterpb.CreateAPIKeyRequest) (*masterpb.CreateAPIKeyResponse, error) {
-	k, secret, err := a.svc.Keys().Create(ctx, req.Name)
+	k, secret, err := a.svc.Keys().Create(ctx, req.Name, req.Admin)
 	if err != nil {
 		return nil, grpcerr.ToGRPC(err)
 	}
