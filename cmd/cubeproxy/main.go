@@ -15,19 +15,24 @@ import (
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 func main() {
 	var cfg cubeproxy.Config
 	flag.StringVar(&cfg.Listen, "listen", "127.0.0.1:8082", "proxy address")
 	flag.StringVar(&cfg.Domain, "domain", "localhost", "sandbox host suffix: <port>-<sandboxID>.<domain>")
-	flag.StringVar(&cfg.MetricsListen, "metrics", "", "extra address serving /metrics (the proxy address serves it too)")
+	flag.StringVar(&cfg.MetricsListen, "metrics", "", "address serving /metrics (the proxy address does not: its series name live sandboxes); empty = none")
 	flag.StringVar(&cfg.ID, "id", "", "replica name in activity reports (default host-pid)")
 	flag.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "TLS certificate (PEM)")
 	flag.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "TLS key (PEM)")
 	flag.BoolVar(&cfg.TLS.SelfSigned, "tls-self-signed", false, "serve TLS with a self-signed certificate made at start (development)")
 	masterAddr := flag.String("master", envOr("CUBEMASTER_ADDR", "/run/cube/cubemaster.sock"), "cubemaster's admin API: unix socket path or host:port")
 	token := flag.String("admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster's api.admin_token (host:port only)")
+	var masterTLS serve.TLSFiles
+	flag.StringVar(&masterTLS.Cert, "master-tls-cert", "", "certificate (PEM, signed by the cluster CA) for a master at host:port with [tls]")
+	flag.StringVar(&masterTLS.Key, "master-tls-key", "", "its key (PEM)")
+	flag.StringVar(&masterTLS.CA, "master-tls-ca", "", "the cluster CA (PEM) that signed the master's certificate")
 	debug := flag.Bool("debug", false, "debug logging")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -36,7 +41,12 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
-	conn, err := cubeproxy.DialMaster(*masterAddr, *token)
+	tc, err := masterTLS.Client("--master-tls-*")
+	if err != nil {
+		log.Error("cubeproxy: master TLS", "err", err)
+		os.Exit(1)
+	}
+	conn, err := cubeproxy.DialMaster(*masterAddr, *token, tc)
 	if err != nil {
 		log.Error("cubeproxy: master", "err", err)
 		os.Exit(1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -33,6 +34,8 @@ type Env struct {
 	// MetricsURL is cubelet's metrics listener ("http://127.0.0.1:9998"),
 	// "" if unknown. Profiles need [api] pprof = true there.
 	MetricsURL string
+	// MetricsHTTP reads MetricsURL (with the TLS of --tls-* when set).
+	MetricsHTTP *http.Client
 
 	info *pb.InfoResponse
 	node *node.Node // the private cubelet, when the bench started one

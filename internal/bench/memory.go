@@ -198,7 +198,11 @@ func (e *Env) cubeletRSS(ctx context.Context) (rss, pss report.Bytes, err error)
 	if err != nil {
 		return 0, 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc := e.MetricsHTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -33,16 +33,20 @@ type profiler struct {
 }
 
 // startProfiler begins capturing into dir.
-func startProfiler(ctx context.Context, base, dir string, window time.Duration) (*profiler, error) {
+// hc (nil: a plain client) reads base.
+func startProfiler(ctx context.Context, hc *http.Client, base, dir string, window time.Duration) (*profiler, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	if window < time.Second {
 		window = time.Second
 	}
+	if hc == nil {
+		hc = &http.Client{}
+	}
 	p := &profiler{
 		base: base, dir: dir, window: window.Round(time.Second),
-		client: &http.Client{},
+		client: hc,
 		stop:   make(chan struct{}), done: make(chan struct{}),
 		heaps: map[string]bool{},
 	}

@@ -195,7 +195,7 @@ func (e *Env) startProfile(ctx context.Context, name string, rep *report.Report)
 		rep.Notes = append(rep.Notes, name+": no profile: cubelet's metrics address is unknown (--metrics-addr)")
 		return nil
 	}
-	prof, err := startProfiler(ctx, e.MetricsURL, filepath.Join(e.Opts.ProfileDir, name), e.Opts.ProfileWindow)
+	prof, err := startProfiler(ctx, e.MetricsHTTP, e.MetricsURL, filepath.Join(e.Opts.ProfileDir, name), e.Opts.ProfileWindow)
 	if err != nil {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: no profile: %v", name, err))
 		return nil

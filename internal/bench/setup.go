@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -50,6 +52,9 @@ type Setup struct {
 	// profiles and its RSS; CubeletPID, when known, is read from /proc.
 	MetricsAddr string
 	CubeletPID  int
+	// TLS is the certificate Addr (host:port) and MetricsAddr take when
+	// that cubelet has [tls] (cube up's: <state>/pki/admin.*).
+	TLS serve.TLSFiles
 	// BinDir holds cubelet and cube-agent.
 	BinDir string
 	// WorkDir holds everything the run makes; removed at the end.
@@ -143,7 +148,11 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		e.Client, e.CubeletPID, e.MetricsURL = nd.Client, nd.PID(), nd.MetricsURL
 		e.node, e.net = nd, net
 	} else {
-		conn, err := cubeletclient.Dial(s.Addr)
+		tc, err := s.TLS.Client("--tls-*")
+		if err != nil {
+			return nil, cleanup, err
+		}
+		conn, err := cubeletclient.DialTLS(s.Addr, tc)
 		if err != nil {
 			return nil, cleanup, err
 		}
@@ -151,6 +160,10 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		e.Client = cubeletclient.New(conn)
 		if s.MetricsAddr != "" {
 			e.MetricsURL = "http://" + s.MetricsAddr
+			if tc != nil {
+				e.MetricsURL = "https://" + s.MetricsAddr
+				e.MetricsHTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+			}
 		}
 	}
 	if rt := e.Opts.Runtime; rt != "" {

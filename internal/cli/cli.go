@@ -23,6 +23,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Exit codes. Stable: scripts depend on them.
@@ -92,6 +93,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 type globals struct {
 	addr    string
+	tls     serve.TLSFiles
 	output  string
 	timeout time.Duration
 	out     io.Writer
@@ -119,6 +121,9 @@ func NewRoot(out io.Writer) *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.addr, "addr", def, "cubelet address: socket path, unix:///path or host:port (env CUBELET_ADDR)")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().StringVar(&g.tls.Cert, "tls-cert", os.Getenv("CUBE_TLS_CERT"), "certificate (PEM, signed by the cluster CA) for a cubelet or master at host:port with [tls] (env CUBE_TLS_CERT)")
+	root.PersistentFlags().StringVar(&g.tls.Key, "tls-key", os.Getenv("CUBE_TLS_KEY"), "its key (PEM; env CUBE_TLS_KEY)")
+	root.PersistentFlags().StringVar(&g.tls.CA, "tls-ca", os.Getenv("CUBE_TLS_CA"), "the cluster CA (PEM; env CUBE_TLS_CA)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 5*time.Minute, "give up after this long")
 	root.AddCommand(sandboxCmd(g), templateCmd(g), nodeCmd(g), flowCmd(g), snapshotCmd(g))
 	addCluster(root, g)
@@ -127,7 +132,11 @@ func NewRoot(out io.Writer) *cobra.Command {
 
 // call dials cubelet and runs fn with a client and a deadline.
 func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, c pb.CubeletServiceClient) error) error {
-	conn, err := cubeletclient.Dial(g.addr)
+	tc, err := g.tls.Client("--tls-*")
+	if err != nil {
+		return usageError{err}
+	}
+	conn, err := cubeletclient.DialTLS(g.addr, tc)
 	if err != nil {
 		return err
 	}

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -87,7 +89,15 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 	if strings.HasPrefix(target, "/") {
 		target = "unix://" + target
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	tc, err := c.g.tls.Client("--tls-*")
+	if err != nil {
+		return usageError{err}
+	}
+	creds := insecure.NewCredentials()
+	if tc != nil && !strings.HasPrefix(target, "unix:") {
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return usageError{fmt.Errorf("--master %q: %v", c.addr, err)}
 	}
@@ -102,13 +112,14 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 
 func apikeyCmd(c *cluster) *cobra.Command {
 	cmd := &cobra.Command{Use: "apikey", Short: "API keys for the E2B API (X-API-Key), through cubemaster"}
-	cmd.AddCommand(&cobra.Command{
+	var admin bool
+	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a key; its secret is printed once and only its hash is kept",
 		Args:  exactArgs(1, "a key name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
-				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0]})
+				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0], Admin: admin})
 				if err != nil {
 					return err
 				}
@@ -119,7 +130,9 @@ func apikeyCmd(c *cluster) *cobra.Command {
 				return nil
 			})
 		},
-	}, &cobra.Command{
+	}
+	create.Flags().BoolVar(&admin, "admin", false, "an admin key: may also do the E2B API's admin operations (template delete)")
+	cmd.AddCommand(create, &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List keys (never their secrets)",
@@ -139,9 +152,9 @@ func apikeyCmd(c *cluster) *cobra.Command {
 					if k.LastUsedAt != nil {
 						used = age(k.LastUsedAt.AsTime()) + " ago"
 					}
-					rows = append(rows, []string{k.Id, k.Name, k.Prefix + "…", age(k.CreatedAt.AsTime()), used})
+					rows = append(rows, []string{k.Id, k.Name, k.Prefix + "…", strconv.FormatBool(k.Admin), age(k.CreatedAt.AsTime()), used})
 				}
-				c.g.table([]string{"ID", "NAME", "PREFIX", "AGE", "LAST USED"}, rows)
+				c.g.table([]string{"ID", "NAME", "PREFIX", "ADMIN", "AGE", "LAST USED"}, rows)
 				return nil
 			})
 		},

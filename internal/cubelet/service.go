@@ -127,7 +127,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err := s.startStorage(ctx); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
-	if s.hb, err = masterlink.Start(cfg.Master, s.NodeReport, log); err != nil {
+	masterTLS, err := cfg.TLS.Client("tls")
+	if err != nil {
+		return nil, err
+	}
+	if s.hb, err = masterlink.Start(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
 	go s.gcLoop(life)

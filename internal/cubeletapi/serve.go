@@ -4,13 +4,17 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -19,19 +23,24 @@ import (
 // is closed. Sandboxes are not touched on the way out.
 func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 	cfg := svc.Config()
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(logUnary(log)))
+	gs := serve.NewGRPCServer(grpc.ChainUnaryInterceptor(callerRole, logUnary(log)), grpc.ChainStreamInterceptor(callerRoleStream))
 	pb.RegisterCubeletServiceServer(gs, New(svc))
 
+	mtls, err := cfg.TLS.MutualServer("tls")
+	if err != nil {
+		return err
+	}
+	const tlsSetting = "[tls] cert, key and ca"
 	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
-		l, err := g.Unix(p, 0)
+		l, err := g.Unix(p)
 		if err != nil {
 			return err
 		}
 		g.GRPC("cubelet API", gs, l)
 	}
 	if a := cfg.API.TCP; a != "" {
-		l, err := g.TCP(a)
+		l, err := g.TCP("api.tcp", tlsSetting, a, mtls)
 		if err != nil {
 			g.Close()
 			return err
@@ -39,7 +48,7 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		g.GRPC("cubelet API", gs, l)
 	}
 	if a := cfg.API.Metrics; a != "" {
-		l, err := g.TCP(a)
+		l, err := g.TCP("api.metrics", tlsSetting, a, mtls)
 		if err != nil {
 			g.Close()
 			return err
@@ -59,6 +68,35 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		g.HTTP("cubelet metrics", mux, l)
 	}
 	return g.Run(ctx)
+}
+
+// callerRole: over mutual TLS ([tls]) only the master and operators
+// (admin certificates) may call a node; another node's certificate may
+// not. Calls on the root-only socket carry no certificate.
+func callerRole(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := checkRole(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func callerRoleStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := checkRole(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+func checkRole(ctx context.Context, method string) error {
+	cert := serve.PeerCert(ctx)
+	if cert == nil {
+		return nil
+	}
+	ou := cert.Subject.OrganizationalUnit
+	if slices.Contains(ou, string(pki.RoleMaster)) || slices.Contains(ou, string(pki.RoleAdmin)) {
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied, "%s: the caller's certificate %q has role %v, not master or admin", method, cert.Subject.CommonName, ou)
 }
 
 func logUnary(log *slog.Logger) grpc.UnaryServerInterceptor {

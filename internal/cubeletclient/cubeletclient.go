@@ -7,11 +7,13 @@
 package cubeletclient
 
 import (
+	"crypto/tls"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
@@ -19,15 +21,23 @@ import (
 
 // Dial connects (lazily) to a cubelet at addr: "unix:///run/cube/cubelet.sock",
 // a bare socket path, or "host:port".
-func Dial(addr string) (*grpc.ClientConn, error) {
+func Dial(addr string) (*grpc.ClientConn, error) { return DialTLS(addr, nil) }
+
+// DialTLS is Dial with tc, when set, as the TLS of a cubelet at host:port
+// (a unix socket needs none: its mode admits root only).
+func DialTLS(addr string, tc *tls.Config) (*grpc.ClientConn, error) {
 	target := addr
 	if strings.HasPrefix(addr, "/") {
 		target = "unix://" + addr
 	}
+	creds := insecure.NewCredentials()
+	if tc != nil && !strings.HasPrefix(target, "unix:") {
+		creds = credentials.NewTLS(tc)
+	}
 	// A short reconnect backoff: cubelet restarts in well under a second and
 	// callers (the CLI, the master) should not sit out gRPC's default 1 s+.
 	return grpc.NewClient(target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,

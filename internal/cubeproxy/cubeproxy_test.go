@@ -13,10 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -28,6 +30,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
 type created struct {
@@ -130,18 +133,18 @@ func TestCubeProxy(t *testing.T) {
 	if m.Server.Proxy == nil {
 		t.Fatal("the master does not run cubeproxy in-process")
 	}
-	inproc := m.Server.ProxyAddr
+	inproc, inprocMetrics := m.Server.ProxyAddr, m.Server.ProxyMetricsAddr
 
 	// A standalone replica, as cmd/cubeproxy runs it, over the admin socket.
 	// Replicas live until the whole test ends, whichever subtest starts them.
 	owner := t
 	startReplica := func(t *testing.T, listen string) *cubeproxy.Server {
 		t.Helper()
-		conn, err := cubeproxy.DialMaster(m.Socket, "")
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := cubeproxy.Start(context.Background(), cubeproxy.Config{Listen: listen, Domain: "cube.test", ID: "replica-" + listen},
+		p, err := cubeproxy.Start(context.Background(), cubeproxy.Config{Listen: listen, MetricsListen: "127.0.0.1:0", Domain: "cube.test", ID: "replica-" + listen},
 			masterpb.NewRouteServiceClient(conn), mastertest.Log(t).With("replica", listen))
 		if err != nil {
 			conn.Close()
@@ -334,7 +337,7 @@ func TestCubeProxy(t *testing.T) {
 	}
 	resumes := func(t *testing.T) float64 {
 		s := `cubeproxy_resumes_total{sandbox_id="` + web.SandboxID + `"}`
-		return scrape(t, inproc, s) + scrape(t, replica.Addr, s)
+		return scrape(t, inprocMetrics, s) + scrape(t, replica.MetricsAddr, s)
 	}
 
 	t.Run("auto-resume on the first request", func(t *testing.T) {
@@ -355,6 +358,52 @@ func TestCubeProxy(t *testing.T) {
 		t.Logf("LATENCY auto-resume (runc): first request to answer %s", took)
 	})
 
+	t.Run("a paused private sandbox resumes only for its tokens", func(t *testing.T) {
+		priv := create(t, map[string]any{"timeout": 300, "autoPause": true, "autoResume": map[string]any{"enabled": true},
+			"secure": true, "network": map[string]any{"allowPublicTraffic": false}})
+		if priv.TrafficAccessToken == nil || priv.EnvdAccessToken == "" {
+			t.Fatalf("want both tokens: %+v", priv)
+		}
+		serve(t, replica.Addr, priv, "cat > /tmp/web.sh <<'EOF'\n"+webScript+"\nEOF\nexec nc -ll -p 8000 -e /bin/sh /tmp/web.sh")
+		ph := "8000-" + priv.SandboxID + ".cube.test"
+		mastertest.WaitFor(t, 10*time.Second, "the web server", func() bool {
+			code, _ := get(t, http.DefaultClient, "http://"+replica.Addr+"/", ph, map[string]string{proxy.HeaderTrafficToken: *priv.TrafficAccessToken})
+			return code == http.StatusOK
+		})
+		pause(t, priv.SandboxID)
+		eh := "49983-" + priv.SandboxID + ".cube.test"
+		for _, c := range []struct {
+			name, host string
+			hdr        map[string]string
+		}{
+			{"its port, no token", ph, nil},
+			{"its port, a wrong token", ph, map[string]string{proxy.HeaderTrafficToken: "nope"}},
+			{"its port, the envd token", ph, map[string]string{proxy.HeaderTrafficToken: priv.EnvdAccessToken}},
+			{"envd's port, no token", eh, nil},
+			{"envd's port, the traffic token", eh, map[string]string{proxy.HeaderEnvdToken: *priv.TrafficAccessToken}},
+		} {
+			code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", c.host, c.hdr)
+			if code != http.StatusUnauthorized {
+				t.Fatalf("%s: %d %s, want 401", c.name, code, body)
+			}
+			if st := state(t, priv.SandboxID); st != "paused" {
+				t.Fatalf("%s: the sandbox is %s, want still paused", c.name, st)
+			}
+			t.Logf("%s: 401, still paused", c.name)
+		}
+		// Controls: the same requests with the right tokens resume it.
+		code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", ph, map[string]string{proxy.HeaderTrafficToken: *priv.TrafficAccessToken})
+		if code != 200 || body != "hello\n" || state(t, priv.SandboxID) != "running" {
+			t.Fatalf("control: the traffic token: %d %q, %s", code, body, state(t, priv.SandboxID))
+		}
+		pause(t, priv.SandboxID)
+		code, _ = get(t, http.DefaultClient, "http://"+replica.Addr+"/health", eh, map[string]string{proxy.HeaderEnvdToken: priv.EnvdAccessToken})
+		if code != http.StatusNoContent || state(t, priv.SandboxID) != "running" {
+			t.Fatalf("control: envd's port with its token: %d, %s", code, state(t, priv.SandboxID))
+		}
+		t.Log("controls: the right token resumes it on either port")
+	})
+
 	t.Run("100 concurrent requests to a paused sandbox resume it once", func(t *testing.T) {
 		pause(t, web.SandboxID)
 		before := resumes(t)
@@ -368,6 +417,8 @@ func TestCubeProxy(t *testing.T) {
 			wg.Go(func() {
 				req, _ := http.NewRequest("GET", "http://"+addr+"/health", nil)
 				req.Host = "49983-" + web.SandboxID + ".cube.test"
+				// Resuming for envd's port needs envd's token.
+				req.Header.Set(proxy.HeaderEnvdToken, web.EnvdAccessToken)
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					errs <- err.Error()
@@ -441,7 +492,7 @@ func TestCubeProxy(t *testing.T) {
 	})
 
 	t.Run("RouteService and create validate input", func(t *testing.T) {
-		conn, err := cubeproxy.DialMaster(m.Socket, "")
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -470,17 +521,126 @@ func TestCubeProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("IDs that resolve to nothing leave no per-sandbox state", func(t *testing.T) {
+		// Series labelled with a sandbox ID on the replica's /metrics.
+		series := func() int {
+			_, page := get(t, http.DefaultClient, "http://"+replica.MetricsAddr+"/metrics", replica.MetricsAddr, nil)
+			return len(regexp.MustCompile(`(?m)^cubeproxy_\w+\{[^}]*sandbox_id="[^"]+"`).FindAllString(page, -1))
+		}
+		sec := create(t, map[string]any{"timeout": 120, "network": map[string]any{"allowPublicTraffic": false}})
+		serve(t, replica.Addr, sec, "cat > /tmp/web.sh <<'EOF'\n"+webScript+"\nEOF\nexec nc -ll -p 8000 -e /bin/sh /tmp/web.sh")
+		before := series()
+		const n = 2000
+		for i := range n {
+			id := sandboxid.New()
+			if i%2 == 1 {
+				// A real sandbox with a wrong traffic token: refused too (401;
+				// an unknown ID is 502, E2B's "sandbox not found", or 429
+				// once this client asked for too many).
+				id = sec.SandboxID
+			}
+			if code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/", "8000-"+id+".cube.test", map[string]string{proxy.HeaderTrafficToken: "wrong"}); code != http.StatusBadGateway && code != http.StatusUnauthorized && code != http.StatusTooManyRequests {
+				t.Fatalf("request %d for %s: %d %s", i, id, code, body)
+			}
+		}
+		if after := series(); after != before {
+			t.Fatalf("%d refused requests (unknown IDs, a wrong token) grew the labelled series from %d to %d", n, before, after)
+		}
+		t.Logf("%d refused requests: labelled series %d before and after", n, before)
+		// Control: the same request with the right token is admitted and
+		// its sandbox gets its series.
+		mastertest.WaitFor(t, 10*time.Second, "served with the right token", func() bool {
+			code, _ := get(t, http.DefaultClient, "http://"+replica.Addr+"/", "8000-"+sec.SandboxID+".cube.test", map[string]string{proxy.HeaderTrafficToken: *sec.TrafficAccessToken})
+			return code == http.StatusOK
+		})
+		if after := series(); after <= before {
+			t.Fatalf("control: an admitted request added no labelled series (%d before, %d after)", before, after)
+		}
+	})
+
+	t.Run("unknown IDs cost the master little", func(t *testing.T) {
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cc := &countingRoutes{RouteServiceClient: masterpb.NewRouteServiceClient(conn)}
+		p, err := cubeproxy.Start(context.Background(), cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: "counting"}, cc, mastertest.Log(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := p.Stop(); err != nil {
+				t.Error(err)
+			}
+		}()
+		mastertest.WaitFor(t, 10*time.Second, "replica watching", func() bool { return watching(p) })
+		known := create(t, map[string]any{"timeout": 120})
+		health := func(hc *http.Client, id string) int {
+			code, _ := get(t, hc, "http://"+p.Addr+"/health", "49983-"+id+".cube.test", nil)
+			return code
+		}
+		if code := health(http.DefaultClient, known.SandboxID); code != http.StatusNoContent {
+			t.Fatalf("a running sandbox: %d", code)
+		}
+
+		// The same unknown ID asked 50 times: the master is asked once.
+		unknown, calls := sandboxid.New(), cc.n.Load()
+		for range 50 {
+			if code := health(http.DefaultClient, unknown); code != http.StatusBadGateway {
+				t.Fatalf("unknown ID: %d", code)
+			}
+		}
+		if n := cc.n.Load() - calls; n != 1 {
+			t.Fatalf("50 requests for one unknown ID asked the master %d times, want 1", n)
+		}
+
+		// 2,000 distinct random IDs from one client.
+		calls, start := cc.n.Load(), time.Now()
+		codes := map[int]int{}
+		for range 2000 {
+			codes[health(http.DefaultClient, sandboxid.New())]++
+		}
+		took, asked := time.Since(start), cc.n.Load()-calls
+		bound := int64(100 + 20*took.Seconds() + 5)
+		t.Logf("2000 random IDs from one client in %s: answers %v, the master asked %d times (bound %d), %d IDs remembered as unknown",
+			took.Round(time.Millisecond), codes, asked, bound, p.Routes.Negative())
+		if codes[http.StatusTooManyRequests] == 0 || asked > bound {
+			t.Fatalf("the flood was not limited: answers %v, master asked %d times (bound %d)", codes, asked, bound)
+		}
+		// Controls: the same client still reaches the sandbox it uses (its
+		// route is cached), and another client's unknown ID is asked for
+		// (502, not 429): the limit is per client and per unknown ID.
+		if code := health(http.DefaultClient, known.SandboxID); code != http.StatusNoContent {
+			t.Fatalf("control: the limited client's own sandbox: %d", code)
+		}
+		other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+		if code := health(other, sandboxid.New()); code != http.StatusBadGateway {
+			t.Fatalf("control: another client's unknown ID: %d, want 502", code)
+		}
+		t.Log("controls: the limited client reaches its own sandbox; another client is not limited")
+	})
+
 	t.Run("metrics and TLS", func(t *testing.T) {
-		if v := scrape(t, inproc, `cubeproxy_in_flight`); v < 0 {
+		if v := scrape(t, inprocMetrics, `cubeproxy_in_flight`); v < 0 {
 			t.Fatalf("in flight %v", v)
 		}
-		_, page := get(t, http.DefaultClient, "http://"+inproc+"/metrics", inproc, nil)
+		// The data-plane listeners do not serve /metrics (its series name
+		// live sandboxes); their metrics listeners do (the control).
+		for _, addr := range []string{inproc, replica.Addr} {
+			if code, body := get(t, http.DefaultClient, "http://"+addr+"/metrics", addr, nil); code == http.StatusOK || strings.Contains(body, "cubeproxy_") {
+				t.Fatalf("the route at %s served /metrics: %d", addr, code)
+			} else {
+				t.Logf("GET /metrics on the route %s: %d", addr, code)
+			}
+		}
+		_, page := get(t, http.DefaultClient, "http://"+inprocMetrics+"/metrics", inprocMetrics, nil)
 		for _, want := range []string{"cubeproxy_requests_total{", "cubeproxy_bytes_total{", "cubeproxy_request_duration_seconds_bucket{"} {
 			if !strings.Contains(page, want) {
 				t.Errorf("/metrics lacks %s", want)
 			}
 		}
-		conn, err := cubeproxy.DialMaster(m.Socket, "")
+		conn, err := cubeproxy.DialMaster(m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -509,3 +669,15 @@ func TestCubeProxy(t *testing.T) {
 }
 
 func watching(p *cubeproxy.Server) bool { return p.Routes.Watching() }
+
+// countingRoutes counts the ResolveRoute calls a replica makes to the
+// real master.
+type countingRoutes struct {
+	masterpb.RouteServiceClient
+	n atomic.Int64
+}
+
+func (c *countingRoutes) ResolveRoute(ctx context.Context, in *masterpb.ResolveRouteRequest, opts ...grpc.CallOption) (*masterpb.ResolveRouteResponse, error) {
+	c.n.Add(1)
+	return c.RouteServiceClient.ResolveRoute(ctx, in, opts...)
+}

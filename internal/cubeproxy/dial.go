@@ -2,9 +2,11 @@ package cubeproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -13,13 +15,18 @@ import (
 
 // DialMaster connects to the master's RouteService: addr is a unix socket
 // path ("/run/cube/cubemaster.sock" or "unix:///…"), served to root
-// without a token, or host:port, which needs the master's api.admin_token.
-func DialMaster(addr, token string) (*grpc.ClientConn, error) {
+// without a token, or host:port, which needs the master's api.admin_token
+// and, when the master has [tls], tc: a certificate the cluster CA signed.
+func DialMaster(addr, token string, tc *tls.Config) (*grpc.ClientConn, error) {
 	target := addr
 	if strings.HasPrefix(addr, "/") {
 		target = "unix://" + addr
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	creds := insecure.NewCredentials()
+	if tc != nil && !strings.HasPrefix(target, "unix:") {
+		creds = credentials.NewTLS(tc)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if token != "" {
 		withToken := func(ctx context.Context) context.Context {
 			return metadata.AppendToOutgoingContext(ctx, masterpb.AdminTokenHeader, token)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/proxy"
@@ -40,7 +42,8 @@ type Routes struct {
 
 	mu      sync.Mutex
 	m       map[string]cached
-	gen     uint64 // bumped on every invalidation; a resolve started before one is not cached
+	neg     map[string]time.Time // IDs the master did not know, until when (bounded: maxNegative)
+	gen     uint64               // bumped on every invalidation; a resolve started before one is not cached
 	watched atomic.Bool
 	sf      singleflight.Group
 }
@@ -68,6 +71,15 @@ func selfIdentity() identity {
 // must not fail because the first client hung up.
 const resolveTimeout = 60 * time.Second
 
+// An ID the master answered NotFound is answered so again without asking
+// for negativeTTL, under the same rules as a cached route (only while
+// watched; dropped by the master's events). At most maxNegative are kept:
+// a flood of random IDs costs bounded memory.
+const (
+	negativeTTL = 5 * time.Second
+	maxNegative = 10000
+)
+
 var _ proxy.Resolver = (*Routes)(nil)
 
 // NewRoutes returns a Routes; Watch must run for it to cache.
@@ -75,24 +87,39 @@ func NewRoutes(client masterpb.RouteServiceClient, ttl time.Duration, m *Metrics
 	if ttl <= 0 {
 		ttl = 30 * time.Second
 	}
-	return &Routes{client: client, log: log, ttl: ttl, self: selfIdentity(), metrics: m, m: map[string]cached{}}
+	return &Routes{client: client, log: log, ttl: ttl, self: selfIdentity(), metrics: m, m: map[string]cached{}, neg: map[string]time.Time{}}
 }
 
 // Resolve implements proxy.Resolver.
 func (r *Routes) Resolve(ctx context.Context, id string) (*proxy.Target, error) {
 	r.mu.Lock()
 	e, ok := r.m[id]
+	negUntil, neg := r.neg[id]
 	gen := r.gen
 	r.mu.Unlock()
 	if ok && time.Now().Before(e.expires) {
 		return e.t, nil
 	}
-	ch := r.sf.DoChan(id, func() (any, error) {
+	if neg && time.Now().Before(negUntil) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	// What the client presented goes with the resolve: the master checks
+	// it before resuming a paused sandbox. Concurrent requests share a
+	// resolve only when they presented the same, so a caller with a wrong
+	// token cannot fail (or succeed) one for another.
+	p, _ := proxy.PresentedFrom(ctx)
+	key := id + "\x00" + strconv.FormatBool(p.Port == agentproto.Port) + "\x00" + p.TrafficToken + "\x00" + p.EnvdToken
+	ch := r.sf.DoChan(key, func() (any, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveTimeout)
 		defer cancel()
-		resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id, Resume: true})
+		resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id, Resume: true,
+			Port: int32(p.Port), TrafficAccessToken: p.TrafficToken, EnvdAccessToken: p.EnvdToken})
 		if err != nil {
-			return nil, fromGRPC(err)
+			err = fromGRPC(err)
+			if errdefs.IsNotFound(err) {
+				r.remember(id, gen)
+			}
+			return nil, err
 		}
 		if resp.Resumed {
 			r.metrics.resumed(id)
@@ -130,10 +157,53 @@ func (r *Routes) invalidate(id string) {
 	r.gen++
 	if id == "" {
 		clear(r.m)
+		clear(r.neg)
 	} else {
 		delete(r.m, id)
+		delete(r.neg, id)
 	}
 	r.mu.Unlock()
+}
+
+// remember records that the master does not know id (a NotFound from a
+// resolve started at generation gen).
+func (r *Routes) remember(id string, gen uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.watched.Load() || r.gen != gen {
+		return
+	}
+	if len(r.neg) >= maxNegative {
+		now := time.Now()
+		for k, until := range r.neg {
+			if now.After(until) {
+				delete(r.neg, k)
+			}
+		}
+		for k := range r.neg { // still full: drop any one
+			if len(r.neg) < maxNegative {
+				break
+			}
+			delete(r.neg, k)
+		}
+	}
+	r.neg[id] = time.Now().Add(negativeTTL)
+}
+
+// Cached reports whether a route for id is cached now (a sandbox this
+// replica served recently).
+func (r *Routes) Cached(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.m[id]
+	return ok && time.Now().Before(e.expires)
+}
+
+// Negative is the number of IDs remembered as unknown.
+func (r *Routes) Negative() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.neg)
 }
 
 // Len is the number of cached routes.

@@ -21,6 +21,7 @@ import (
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Config configures a Server.
@@ -30,8 +31,9 @@ type Config struct {
 	// Domain is the suffix of <port>-<sandboxID>.<domain> hosts.
 	Domain string
 	TLS    TLSConfig
-	// MetricsListen, when set, serves /metrics there too. The proxy's own
-	// listener serves /metrics and /health to requests naming no sandbox.
+	// MetricsListen, when set, serves /metrics (and /health) there. The
+	// proxy's own listener serves sandbox traffic and /health (to requests
+	// naming no sandbox), never /metrics: its series name live sandboxes.
 	MetricsListen string
 	// ID names this replica in activity reports; the host name and PID
 	// when empty.
@@ -42,7 +44,13 @@ type Config struct {
 	ReportInterval time.Duration
 	// Dialer reaches sandboxes (proxy.NetDialer when nil).
 	Dialer proxy.Dialer
+	// Settings names Listen, MetricsListen and TLS in errors (cubeproxy's
+	// flags when empty): a listener beyond loopback without TLS is refused.
+	Settings Settings
 }
+
+// Settings are the names of a Config's fields where they are configured.
+type Settings struct{ Listen, Metrics, TLS string }
 
 // Server is a running cubeproxy.
 type Server struct {
@@ -78,15 +86,20 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 			return nil, err
 		}
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	names := cfg.Settings
+	if names == (Settings{}) {
+		names = Settings{Listen: "--listen", Metrics: "--metrics", TLS: "--tls-cert and --tls-key (or --tls-self-signed)"}
+	}
+	ln, err := serve.ListenTCP(names.Listen, names.TLS, cfg.Listen, s.TLS != nil)
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		return nil, err
 	}
 	var mln net.Listener
 	if cfg.MetricsListen != "" {
-		if mln, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+		// The metrics listener serves the proxy's TLS too.
+		if mln, err = serve.ListenTCP(names.Metrics, names.TLS, cfg.MetricsListen, s.TLS != nil); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("listen %s: %w", cfg.MetricsListen, err)
+			return nil, err
 		}
 		s.MetricsAddr = mln.Addr().String()
 	}
@@ -94,10 +107,13 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	s.Routes = NewRoutes(client, cfg.CacheTTL, s.Metrics, log)
 	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
 	act := newActivity()
+	health := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	local := http.NewServeMux()
-	local.Handle("GET /metrics", s.Metrics.Handler())
-	local.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	h := &observe{route: route, metrics: s.Metrics, act: act, log: log, local: local}
+	local.HandleFunc("GET /health", health)
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("GET /metrics", s.Metrics.Handler())
+	metricsMux.HandleFunc("GET /health", health)
+	h := &observe{route: route, routes: s.Routes, unknown: newUnknownLimit(), metrics: s.Metrics, act: act, log: log, local: local}
 
 	rctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
@@ -112,17 +128,17 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	}
 	srv := &http.Server{Handler: h, Protocols: protocols, TLSConfig: s.TLS, ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	s.goRun(func() error { return serve(rctx, srv, ln, s.TLS != nil) })
+	s.goRun(func() error { return serveHTTP(rctx, srv, ln, s.TLS != nil) })
 	if mln != nil {
-		msrv := &http.Server{Handler: local, ReadHeaderTimeout: 10 * time.Second}
-		s.goRun(func() error { return serve(rctx, msrv, mln, false) })
+		msrv := &http.Server{Handler: metricsMux, TLSConfig: s.TLS, ReadHeaderTimeout: 10 * time.Second}
+		s.goRun(func() error { return serveHTTP(rctx, msrv, mln, s.TLS != nil) })
 	}
 	s.goRun(func() error { <-rctx.Done(); route.Close(); return nil })
 	log.Info("cubeproxy listening", "addr", s.Addr, "domain", cfg.Domain, "tls", s.TLS != nil, "metrics", s.MetricsAddr, "id", cfg.ID)
 	return s, nil
 }
 
-func serve(ctx context.Context, srv *http.Server, ln net.Listener, withTLS bool) error {
+func serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener, withTLS bool) error {
 	errc := make(chan error, 1)
 	go func() {
 		if withTLS {

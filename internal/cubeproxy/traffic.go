@@ -3,6 +3,7 @@ package cubeproxy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
 
@@ -151,6 +153,8 @@ func (a *activity) report(ctx context.Context, client masterpb.RouteServiceClien
 // upgraded WebSocket included), so an open stream counts as in flight.
 type observe struct {
 	route   *proxy.Handler
+	routes  *Routes
+	unknown *unknownLimit
 	metrics *Metrics
 	act     *activity
 	log     *slog.Logger
@@ -159,15 +163,40 @@ type observe struct {
 
 func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, port, err := o.route.Route(r)
-	if err != nil && o.local != nil && (r.URL.Path == "/metrics" || r.URL.Path == "/health") {
+	if err != nil && o.local != nil && r.URL.Path == "/health" {
 		o.local.ServeHTTP(w, r)
 		return
 	}
-	start := time.Now()
-	if id != "" {
-		o.act.begin(id)
-		defer o.act.end(id)
+	client := clientOf(r.RemoteAddr)
+	if id != "" && o.unknown.exhausted(client) && !o.routes.Cached(id) {
+		o.metrics.requests.WithLabelValues("", "", strconv.Itoa(http.StatusTooManyRequests)).Inc()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_ = json.NewEncoder(w).Encode(map[string]any{"sandboxId": id, "code": http.StatusTooManyRequests,
+			"message": "too many requests for sandboxes that do not exist from this client; retry later"})
+		return
 	}
+	r = r.WithContext(proxy.WithUnresolved(r.Context(), func(err error) {
+		if errdefs.IsNotFound(err) {
+			o.unknown.miss(client)
+		}
+	}))
+	start := time.Now()
+	// Per-sandbox state (activity for the idle policy, labelled series)
+	// only once the route admitted the request: a flood of IDs that
+	// resolve to nothing, or of requests with a wrong token, must not grow
+	// it (nor the master's, which the activity reports feed).
+	admitted := false
+	r = r.WithContext(proxy.WithAdmitted(r.Context(), func(*proxy.Target) {
+		admitted = true
+		o.act.begin(id)
+	}))
+	defer func() {
+		if admitted {
+			o.act.end(id)
+		}
+	}()
 	o.metrics.inFlight.Inc()
 	defer o.metrics.inFlight.Dec()
 	body := &countReader{ReadCloser: r.Body}
@@ -177,16 +206,20 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cw := &countWriter{ResponseWriter: w, code: http.StatusOK}
 	o.route.ServeHTTP(cw, r)
 	d := time.Since(start)
-	ps := strconv.Itoa(port)
+	ps, sid := strconv.Itoa(port), id
+	if !admitted {
+		// One series for everything the route refused.
+		ps, sid = "", ""
+	}
 	code := cw.code
 	if cw.hijacked {
 		code = http.StatusSwitchingProtocols
 	}
-	if id != "" {
-		o.metrics.requests.WithLabelValues(id, ps, strconv.Itoa(code)).Inc()
-		o.metrics.bytes.WithLabelValues(id, ps, "in").Add(float64(body.n.Load()))
-		o.metrics.bytes.WithLabelValues(id, ps, "out").Add(float64(cw.n))
-		o.metrics.latency.WithLabelValues(id, ps).Observe(d.Seconds())
+	o.metrics.requests.WithLabelValues(sid, ps, strconv.Itoa(code)).Inc()
+	if admitted {
+		o.metrics.bytes.WithLabelValues(sid, ps, "in").Add(float64(body.n.Load()))
+		o.metrics.bytes.WithLabelValues(sid, ps, "out").Add(float64(cw.n))
+		o.metrics.latency.WithLabelValues(sid, ps).Observe(d.Seconds())
 	}
 	o.log.Info("access", "sandbox_id", id, "port", port, "method", r.Method, "host", r.Host, "path", r.URL.Path,
 		"proto", r.Proto, "status", code, "bytes_in", body.n.Load(), "bytes_out", cw.n,

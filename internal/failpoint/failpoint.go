@@ -8,7 +8,8 @@
 //	}
 //
 // and a test (or the CUBE_FAILPOINTS environment variable of a daemon, read
-// by LoadEnv) decides what happens there:
+// by LoadEnv in binaries built with the failpoints tag) decides what
+// happens there:
 //
 //	failpoint.Enable("create/disk.clone", "error(disk full)")
 //	CUBE_FAILPOINTS='create/disk.clone=2*error;create/agent.wait/after=kill'
@@ -34,6 +35,12 @@
 // package is armed, that is while some point is enabled or after Track; tests
 // that iterate over every point call Track, run the code once, and read Names.
 //
+// Where they work: Enable and friends in any process that calls them (the
+// tests' own processes; no daemon code calls them). CUBE_FAILPOINTS only in
+// daemon binaries built with `-tags failpoints`, as the test harnesses
+// build them (cubelettest.Binaries, nettest.Binary); a release binary
+// logs that it ignores the variable and carries on (EnvHonoured).
+//
 // All functions are safe for concurrent use.
 package failpoint
 
@@ -41,6 +48,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
@@ -175,8 +183,17 @@ func Names() []string {
 // LoadEnv enables the points listed in $CUBE_FAILPOINTS
 // ("name1=spec;name2=spec"; empty entries are ignored). The daemon calls it
 // at start. On a malformed entry it returns an error and enables nothing.
+// In a binary built without the failpoints tag it enables nothing and
+// logs (slog's default logger) that the variable is ignored.
 func LoadEnv() error {
-	return load(os.Getenv(EnvVar))
+	v := os.Getenv(EnvVar)
+	if !EnvHonoured {
+		if v != "" {
+			slog.Warn(EnvVar+" ignored: this binary was built without the failpoints tag (test builds only)", "value", v)
+		}
+		return nil
+	}
+	return load(v)
 }
 
 func load(s string) error {

@@ -183,10 +183,11 @@ func TestNamesTrack(t *testing.T) {
 	}
 }
 
-func TestLoadEnv(t *testing.T) {
+func TestLoad(t *testing.T) {
 	t.Cleanup(Reset)
-	t.Setenv(EnvVar, " create/disk.clone=error(full) ; ;create/net.slot/after=1*error")
-	if err := LoadEnv(); err != nil {
+	// load is what LoadEnv applies to $CUBE_FAILPOINTS in a build with
+	// the failpoints tag (TestLoadEnvFollowsBuildTag covers the tag).
+	if err := load(" create/disk.clone=error(full) ; ;create/net.slot/after=1*error"); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -201,22 +202,21 @@ func TestLoadEnv(t *testing.T) {
 	}
 
 	Reset()
-	t.Setenv(EnvVar, "a=error;b=nonsense")
-	if err := LoadEnv(); err == nil {
+	if err := load("a=error;b=nonsense"); err == nil {
 		t.Fatal("LoadEnv accepted a bad spec")
 	}
 	if err := Eval(ctx, "a"); err != nil {
 		t.Fatalf("a bad env enabled a point: %v", err)
 	}
-	t.Setenv(EnvVar, "noequals")
-	if err := LoadEnv(); err == nil {
+	if err := load("noequals"); err == nil {
 		t.Fatal("LoadEnv accepted an entry without =")
 	}
 }
 
 // TestKill runs this test binary as a child with CUBE_FAILPOINTS set, the way
 // restart tests drive a daemon, and checks the child died of SIGKILL at the
-// point.
+// point when built with the failpoints tag, and ran past it (exit 4)
+// without.
 func TestKill(t *testing.T) {
 	if os.Getenv("FAILPOINT_KILL_CHILD") == "1" {
 		if err := LoadEnv(); err != nil {
@@ -233,6 +233,13 @@ func TestKill(t *testing.T) {
 		t.Fatalf("child: %v, want it killed", err)
 	}
 	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !EnvHonoured {
+		if !ok || ws.Signaled() || ws.ExitStatus() != 4 {
+			t.Fatalf("child exit = %v, want 4: a build without the failpoints tag ignores %s", ee, EnvVar)
+		}
+		t.Logf("without the failpoints tag the child ran past the kill point: %v", ee)
+		return
+	}
 	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		t.Fatalf("child exit = %v, want SIGKILL", ee)
 	}
@@ -262,5 +269,28 @@ func TestEnableFunc(t *testing.T) {
 	Disable("fn")
 	if err := Eval(context.Background(), "fn"); err != nil || calls != 1 {
 		t.Fatalf("disabled point ran the func: %v, %d calls", err, calls)
+	}
+}
+
+// TestLoadEnvFollowsBuildTag: $CUBE_FAILPOINTS arms a point only in a
+// build with the failpoints tag (go test -tags failpoints); otherwise
+// LoadEnv enables nothing and returns no error. Enable works in both.
+func TestLoadEnvFollowsBuildTag(t *testing.T) {
+	defer Reset()
+	t.Setenv(EnvVar, "tag/probe=error")
+	if err := LoadEnv(); err != nil {
+		t.Fatal(err)
+	}
+	err := Eval(context.Background(), "tag/probe")
+	if EnvHonoured != errors.Is(err, ErrInjected) {
+		t.Fatalf("built with the failpoints tag: %v; Eval after LoadEnv: %v", EnvHonoured, err)
+	}
+	t.Logf("built with the failpoints tag: %v; Eval after LoadEnv: %v", EnvHonoured, err)
+	Reset()
+	if err := Enable("tag/probe", "error"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Eval(context.Background(), "tag/probe"); !errors.Is(err, ErrInjected) {
+		t.Fatalf("Enable in-process: %v", err)
 	}
 }

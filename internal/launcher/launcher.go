@@ -17,6 +17,8 @@
 //	<state>/launcher/env                             the E2B_* variables, to source
 //	<state>/images/                                  the default template's OCI layout
 //	<state>/master/catalog.db                        cubemaster's catalog (SQLite)
+//	<state>/pki/ca.crt, ca.key                       the cluster CA (made once; the key 0600)
+//	<state>/pki/{master,node,admin}.{crt,key}        certificates issued at every start
 //	<run>/cube-up.lock, cube-up.pid                  one launcher at a time
 //	<logs>/<daemon>.log                              each daemon's output
 package launcher
@@ -316,6 +318,24 @@ addr = %q
 	}
 	if ct, err = mergeTOML(ct, cfg.ExtraCubeletTOML); err != nil {
 		return "", "", fmt.Errorf("extra cubelet config: %w", err)
+	}
+	// The component links go over the root-only sockets; the TCP
+	// listeners (cubemaster's api.node, cubelet's api.tcp and api.metrics,
+	// loopback by default) serve mutual TLS with the cluster's
+	// certificates, so another local account cannot call them.
+	id, err := nodeID(ct)
+	if err != nil {
+		return "", "", err
+	}
+	masterTLS, nodeTLS, err := cfg.certificates(id)
+	if err != nil {
+		return "", "", err
+	}
+	if mt, err = withTLS(mt, masterTLS); err != nil {
+		return "", "", err
+	}
+	if ct, err = withTLS(ct, nodeTLS); err != nil {
+		return "", "", err
 	}
 	if err := os.WriteFile(master, []byte(mt), 0o600); err != nil {
 		return "", "", err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -21,10 +22,20 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/launcher"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
@@ -92,12 +103,13 @@ func TestUp(t *testing.T) {
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)
 	out := &syncBuffer{}
+	nodeAPI, cubeletTCP := freePort(t), freePort(t)
 	cfg := launcher.Config{
 		StateDir: filepath.Join(root, "state"), RunDir: filepath.Join(root, "run"), LogDir: filepath.Join(root, "log"),
 		BinDir: bin, APIAddr: freePort(t), ProxyAddr: freePort(t), Template: "busybox", TemplateSource: layout,
-		ExtraMasterTOML: "[api]\nnode = \"\"\n[nodes]\nheartbeat_interval = \"200ms\"\nunhealthy_after = \"3s\"\n",
-		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"up-%[1]s\"\ncgroup_parent = \"cube-test-%[1]s\"\n[api]\ntcp = \"\"\nmetrics = \"\"\n"+
-			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n", id),
+		ExtraMasterTOML: fmt.Sprintf("[api]\nnode = %q\n[nodes]\nheartbeat_interval = \"200ms\"\nunhealthy_after = \"3s\"\n", nodeAPI),
+		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"up-%[1]s\"\ncgroup_parent = \"cube-test-%[1]s\"\n[api]\ntcp = %[2]q\nmetrics = \"\"\n"+
+			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n", id, cubeletTCP),
 		Out: out, Log: mastertest.Log(t),
 	}
 	scope := leakcheck.Scope{
@@ -159,6 +171,8 @@ func TestUp(t *testing.T) {
 		!strings.HasPrefix(e["E2B_API_KEY"], "e2b_") || !strings.Contains(out.String(), "E2B_API_KEY="+e["E2B_API_KEY"]) {
 		t.Fatalf("environment: %v\n%s", e, out.String())
 	}
+	checkTLS(t, cfg, nodeAPI, cubeletTCP)
+	checkListeners(t, cfg, nodeAPI, cubeletTCP)
 	// A second launcher does not start anything.
 	if err := launcher.Up(context.Background(), cfg); !errors.Is(err, launcher.ErrAlreadyRunning) {
 		t.Fatalf("second cube up: %v", err)
@@ -230,4 +244,61 @@ func measure(t *testing.T, api *mastertest.Client, health func(string) int, n in
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	res, _ := json.Marshal(map[string]string{"n": fmt.Sprint(n), "median": ds[n/2].String(), "p90": ds[n*9/10].String(), "min": ds[0].String()})
 	t.Logf("create -> first /health through the route: %s", res)
+}
+
+// checkTLS: cube up made the cluster CA (key 0600) and serves the TCP
+// listeners of master and node with mutual TLS: a plaintext caller and a
+// TLS caller without a certificate are refused on cubelet's api.tcp and
+// cubemaster's api.node; the operator certificate it issued (role admin)
+// is served by cubelet (the control).
+func checkTLS(t *testing.T, cfg launcher.Config, nodeAPI, cubeletTCP string) {
+	t.Helper()
+	dir := filepath.Join(cfg.StateDir, "pki")
+	if fi, err := os.Stat(filepath.Join(dir, "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("CA key: %v, %v: want a 0600 file", fi, err)
+	}
+	admin := serve.TLSFiles{Cert: filepath.Join(dir, "admin.crt"), Key: filepath.Join(dir, "admin.key"), CA: filepath.Join(dir, "ca.crt")}
+	tc, err := admin.Client("tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	noCert := tc.Clone()
+	noCert.Certificates = nil
+	health := func(tc *tls.Config) error {
+		conn, err := cubeletclient.DialTLS(cubeletTCP, tc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = cubeletclient.New(conn).Health(ctx, &cubeletpb.HealthRequest{})
+		return err
+	}
+	for name, c := range map[string]*tls.Config{"plaintext": nil, "TLS without a certificate": noCert} {
+		if err := health(c); err == nil {
+			t.Fatalf("cubelet api.tcp served a %s caller", name)
+		} else {
+			t.Logf("cubelet api.tcp, %s caller: %v", name, err)
+		}
+		conn, err := grpc.NewClient(nodeAPI, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if c != nil {
+			conn, err = grpc.NewClient(nodeAPI, grpc.WithTransportCredentials(credentials.NewTLS(c)))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = masterpb.NewNodeServiceClient(conn).Register(ctx, &masterpb.RegisterRequest{Node: &masterpb.NodeReport{NodeId: "rogue", Address: "127.0.0.1:1"}})
+		cancel()
+		conn.Close()
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("cubemaster api.node, %s caller: %v, want Unavailable (no handshake)", name, err)
+		}
+		t.Logf("cubemaster api.node, %s caller: %v", name, err)
+	}
+	if err := health(tc); err != nil {
+		t.Fatalf("control: cubelet api.tcp with cube up's admin certificate: %v", err)
+	}
+	t.Log("control: cube up's admin certificate is served by cubelet api.tcp")
 }

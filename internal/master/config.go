@@ -11,6 +11,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
 	"github.com/cubesandbox/cube/internal/sandboxid"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/tomlconfig"
 )
 
@@ -30,10 +31,19 @@ type Config struct {
 		Node       string `toml:"node"`
 		Socket     string `toml:"socket"`
 		AdminToken string `toml:"admin_token"`
+		// E2BTLSCert and E2BTLSKey serve TLS on api.e2b (SDKs hold no
+		// client certificate: keys authenticate them).
+		E2BTLSCert string `toml:"e2b_tls_cert"`
+		E2BTLSKey  string `toml:"e2b_tls_key"`
 	} `toml:"api"`
+	// TLS is the master's certificate, key and the cluster CA: mutual TLS
+	// on api.node and towards nodes at host:port.
+	TLS   serve.TLSFiles `toml:"tls"`
 	Proxy struct {
 		Listen string `toml:"listen"`
 		Domain string `toml:"domain"`
+		// Metrics is the in-process cubeproxy's /metrics listener.
+		Metrics string `toml:"metrics"`
 		// TLS for the in-process cubeproxy: a certificate and key, or a
 		// self-signed certificate made at start (development).
 		TLSCert       string `toml:"tls_cert"`

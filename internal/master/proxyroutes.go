@@ -2,11 +2,13 @@ package master
 
 import (
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"sync"
 	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
@@ -27,12 +29,40 @@ type RouteInfo struct {
 	Resumed             bool   // this call resumed the sandbox
 }
 
+// Presented is what a proxied client showed: the port it asked for and
+// its tokens. It is checked before a paused sandbox is resumed for it.
+type Presented struct {
+	Port         int
+	TrafficToken string // E2b-Traffic-Access-Token: the sandbox's own ports
+	EnvdToken    string // X-Access-Token: envd's port
+}
+
+// mayResume says whether p may wake sb: the token that would guard the
+// request once the sandbox runs must be right already, or a caller
+// without it could resume (and keep running) any private sandbox.
+func (p Presented) mayResume(sb *catalog.Sandbox) error {
+	if p.Port == agentproto.Port {
+		if sb.EnvdAccessToken != "" && subtle.ConstantTimeCompare([]byte(p.EnvdToken), []byte(sb.EnvdAccessToken)) != 1 {
+			return fmt.Errorf("sandbox %s is paused; resuming it for envd's port needs its access token (X-Access-Token): %w", sb.ID, errdefs.ErrUnauthenticated)
+		}
+		return nil
+	}
+	if sb.TrafficAccessToken != "" && subtle.ConstantTimeCompare([]byte(p.TrafficToken), []byte(sb.TrafficAccessToken)) != 1 {
+		return fmt.Errorf("sandbox %s is paused; resuming it needs its traffic access token (E2b-Traffic-Access-Token): %w", sb.ID, errdefs.ErrUnauthenticated)
+	}
+	return nil
+}
+
 // ResolveRoute says where a sandbox is. A paused one is resumed first
 // (with sandbox.default_timeout as its new deadline) when resume is set and
 // it was created with autoResume; otherwise it is FailedPrecondition, which
 // proxies answer 409. Concurrent calls for one sandbox resume it once: the
 // verb lock serialises them and the later ones find it running.
-func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool) (*RouteInfo, error) {
+//
+// Before resuming, what the client presented (p) is checked as the route
+// would check it once the sandbox runs: a wrong or missing token is
+// Unauthenticated and the sandbox stays paused.
+func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Presented) (*RouteInfo, error) {
 	sb, err := s.Get(ctx, id)
 	if err != nil {
 		return nil, err
@@ -41,6 +71,9 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool) (*Ro
 	if sb.State == catalog.StatePaused {
 		if !resume || !sb.AutoResume {
 			return nil, fmt.Errorf("sandbox %s is paused and was not created with autoResume; resume or connect to it first: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		if err := p.mayResume(sb); err != nil {
+			return nil, err
 		}
 		if sb, resumed, err = s.Connect(ctx, id, 0); err != nil {
 			return nil, fmt.Errorf("auto-resume %s: %w", id, err)

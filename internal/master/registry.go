@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"regexp"
 	"sort"
@@ -32,6 +33,8 @@ import (
 type registry struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeState
+	// tls is how nodes at host:port are dialled ([tls]); nil = plaintext.
+	tls *tls.Config
 }
 
 type nodeState struct {
@@ -73,11 +76,11 @@ func validateReport(r *masterpb.NodeReport) error {
 }
 
 // setAddress (re)connects a node when its address changed. Caller holds mu.
-func (n *nodeState) setAddress(addr string) error {
+func (n *nodeState) setAddress(addr string, tc *tls.Config) error {
 	if n.conn != nil && n.conn.Target() == addr || n.conn != nil && n.conn.Target() == "unix://"+addr {
 		return nil
 	}
-	conn, err := cubeletclient.Dial(addr)
+	conn, err := cubeletclient.DialTLS(addr, tc)
 	if err != nil {
 		return fmt.Errorf("node address %q: %v: %w", addr, err, errdefs.ErrInvalidArgument)
 	}
@@ -103,7 +106,7 @@ func (s *Service) loadNodes(ctx context.Context) error {
 			continue
 		}
 		ns := &nodeState{report: &rep, lastSeen: n.LastHeartbeat, registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
-		if err := ns.setAddress(n.Address); err != nil {
+		if err := ns.setAddress(n.Address, s.reg.tls); err != nil {
 			s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
 			continue
 		}
@@ -126,6 +129,9 @@ func reportTemplates(r *masterpb.NodeReport) []catalog.NodeTemplate {
 // wait on a call back to the node).
 func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
 	if err := validateReport(r); err != nil {
+		return err
+	}
+	if err := s.secondRegistrant(r); err != nil {
 		return err
 	}
 	now := time.Now()
@@ -165,7 +171,32 @@ func (s *Service) Heartbeat(ctx context.Context, r *masterpb.NodeReport) (bool, 
 	if !known {
 		return false, nil
 	}
+	if err := s.secondRegistrant(r); err != nil {
+		return false, err
+	}
 	return true, s.putNode(ctx, r, time.Now(), false)
+}
+
+// secondRegistrant refuses a report for a live node (one heard from
+// within nodes.unhealthy_after) that comes from another cubelet than the
+// one registered: another machine (boot ID) or another API address. The
+// registered node's record, address and sandboxes stay as they are. A
+// cubelet that restarts on the same machine and address registers again
+// at once; one that moved (a reboot, a new address) is accepted once the
+// old registration has been silent for nodes.unhealthy_after.
+func (s *Service) secondRegistrant(r *masterpb.NodeReport) error {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[r.NodeId]
+	if ns == nil || ns.report == nil {
+		return nil
+	}
+	age := time.Since(ns.lastSeen)
+	if age > s.cfg.Nodes.UnhealthyAfter.Duration || ns.report.BootId == r.BootId && ns.report.Address == r.Address {
+		return nil
+	}
+	return fmt.Errorf("node %s is live (last report %s ago, from %s on boot %s); a report from %s on boot %s is refused until it has been silent for nodes.unhealthy_after (%s): %w",
+		r.NodeId, age.Round(time.Millisecond), ns.report.Address, ns.report.BootId, r.Address, r.BootId, s.cfg.Nodes.UnhealthyAfter, errdefs.ErrAlreadyExists)
 }
 
 func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.Time, registered bool) error {
@@ -201,7 +232,7 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	if ns == nil {
 		ns = &nodeState{schedulable: schedulable, registered: now, pending: map[string]reservation{}}
 	}
-	if err := ns.setAddress(r.Address); err != nil {
+	if err := ns.setAddress(r.Address, s.reg.tls); err != nil {
 		return err
 	}
 	if registered {

@@ -100,6 +100,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if log == nil {
 		log = slog.Default()
 	}
+	nodeTLS, err := cfg.TLS.Client("tls")
+	if err != nil {
+		return nil, err
+	}
 	cat, err := catalog.Open(ctx, cfg.Catalog.Driver, cfg.Catalog.DSN)
 	if err != nil {
 		return nil, err
@@ -109,7 +113,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		cfg: cfg, log: log, cat: cat,
 		keys:     apikey.New(cat, cfg.APIKeys.CacheTTL.Duration, log),
 		sched:    scheduler.New(cfg.Scheduler),
-		reg:      &registry{nodes: map[string]*nodeState{}},
+		reg:      &registry{nodes: map[string]*nodeState{}, tls: nodeTLS},
 		self:     selfIdentity(),
 		dialer:   proxy.NetDialer{},
 		routes:   newRouteCache(),
@@ -173,6 +177,25 @@ func (s *Service) Keys() *apikey.Keys { return s.keys }
 func (s *Service) Ping(ctx context.Context) error { return s.cat.Ping(ctx) }
 
 // event appends to a sandbox's log; failures are only logged.
+// Audit records that the holder of an API key did action to a sandbox:
+// who (the key's name and ID) did what to which sandbox. It goes to the
+// master's log always and to the sandbox's event log (the E2B logs
+// endpoint) while the sandbox has one: a kill removes the sandbox's row
+// and its events, so its audit line is in the master's log only.
+func (s *Service) Audit(ctx context.Context, sandboxID, action string, key *catalog.APIKey) {
+	fields := map[string]string{"audit": action}
+	who := "an unknown key"
+	if key != nil {
+		fields["api_key_id"], fields["api_key_name"] = key.ID, key.Name
+		who = fmt.Sprintf("API key %q (%s)", key.Name, key.ID)
+	}
+	s.log.Info("audit", "sandbox_id", sandboxID, "action", action, "api_key_id", fields["api_key_id"], "api_key_name", fields["api_key_name"])
+	if _, err := s.cat.GetSandbox(ctx, sandboxID); err != nil {
+		return
+	}
+	s.event(sandboxID, "info", "audit: "+action+" by "+who, fields)
+}
+
 func (s *Service) event(sandboxID, level, msg string, fields map[string]string) {
 	if err := s.cat.AddEvent(context.Background(), catalog.Event{SandboxID: sandboxID, Level: level, Message: msg, Fields: fields}); err != nil {
 		s.log.Warn("record sandbox event", "sandbox_id", sandboxID, "err", err)

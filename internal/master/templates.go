@@ -94,6 +94,22 @@ func (s *Service) templateSizeMiB(id string) int64 {
 	return 0
 }
 
+// DeleteFromAPI is DeleteTemplate for the E2B API, where the same call
+// deletes snapshots (any key may) and templates (an admin key only:
+// every key's sandboxes use them).
+func (s *Service) DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error) {
+	if _, err := s.cat.GetSnapshot(ctx, name); err == nil {
+		return nil, s.DeleteSnapshot(ctx, name)
+	}
+	if !admin {
+		if _, err := s.GetTemplate(ctx, name); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("deleting template %q needs an admin API key (cubecli apikey create --admin): %w", name, errdefs.ErrPermissionDenied)
+	}
+	return s.DeleteTemplate(ctx, name)
+}
+
 // DeleteTemplate deletes a snapshot with this ID, else the template from
 // every node that holds it (E2B deletes snapshots through the template
 // endpoint). A template in use on a node is FailedPrecondition.

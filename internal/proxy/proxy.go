@@ -116,6 +116,47 @@ type Handler struct {
 
 type ctxKey struct{}
 
+type admittedKey struct{}
+
+type presentedKey struct{}
+
+type unresolvedKey struct{}
+
+// WithUnresolved returns ctx carrying fn, which ServeHTTP calls (in its
+// own goroutine) when the request's sandbox did not resolve, with the
+// Resolver's error: a wrapper can limit what a client may cost by asking
+// for sandboxes that do not exist.
+func WithUnresolved(ctx context.Context, fn func(error)) context.Context {
+	return context.WithValue(ctx, unresolvedKey{}, fn)
+}
+
+// HeaderEnvdToken is envd's access token header (checked by the agent).
+const HeaderEnvdToken = "X-Access-Token"
+
+// Presented is what a request showed for its sandbox: the port and the
+// tokens. ServeHTTP hands it to the Resolver in the context, so one that
+// would resume a paused sandbox can check the tokens first.
+type Presented struct {
+	Port                    int
+	TrafficToken, EnvdToken string
+}
+
+// PresentedFrom returns what the request being resolved presented; false
+// outside ServeHTTP.
+func PresentedFrom(ctx context.Context) (Presented, bool) {
+	p, ok := ctx.Value(presentedKey{}).(Presented)
+	return p, ok
+}
+
+// WithAdmitted returns ctx carrying fn, which ServeHTTP calls (in its own
+// goroutine) once the request's sandbox resolved and its token checked,
+// right before the request goes to the sandbox. A wrapper keeps per-
+// sandbox state (metrics, activity) only for requests it admitted: IDs
+// that resolve to nothing, or whose token is wrong, leave none.
+func WithAdmitted(ctx context.Context, fn func(*Target)) context.Context {
+	return context.WithValue(ctx, admittedKey{}, fn)
+}
+
 // routed is what ServeHTTP learned about a request, handed to the
 // transport's dialer through the request context.
 type routed struct {
@@ -258,8 +299,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentproto.InternalPrefix, errdefs.ErrNotFound))
 		return
 	}
-	t, err := h.cfg.Resolver.Resolve(r.Context(), id)
+	t, err := h.cfg.Resolver.Resolve(context.WithValue(r.Context(), presentedKey{}, Presented{
+		Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken),
+	}), id)
 	if err != nil {
+		if fn, ok := r.Context().Value(unresolvedKey{}).(func(error)); ok {
+			fn(err)
+		}
 		writeError(w, id, err)
 		return
 	}
@@ -269,6 +315,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if t.TrafficAccessToken != "" && port != agentproto.Port && !tokenEqual(r.Header.Get(HeaderTrafficToken), t.TrafficAccessToken) {
 		writeError(w, id, errUnauthorized)
 		return
+	}
+	if fn, ok := r.Context().Value(admittedKey{}).(func(*Target)); ok {
+		fn(t)
 	}
 	ctx := context.WithValue(r.Context(), ctxKey{}, routed{target: t, port: port})
 	h.rp.ServeHTTP(w, r.WithContext(ctx))
@@ -301,7 +350,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 func writeError(w http.ResponseWriter, id string, err error) {
 	code := http.StatusBadGateway
 	switch {
-	case errors.Is(err, errUnauthorized):
+	case errors.Is(err, errUnauthorized), errdefs.IsUnauthenticated(err):
 		code = http.StatusUnauthorized
 	case errdefs.IsInvalidArgument(err):
 		code = http.StatusBadRequest

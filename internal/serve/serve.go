@@ -1,13 +1,15 @@
 // Package serve runs a daemon's listeners: gRPC servers and HTTP servers
 // on unix sockets and TCP addresses, started together and stopped
 // together when the daemon's context ends (gracefully, within a bound),
-// with the unix sockets removed on the way out. cubelet, network-agent and
-// cubemaster's node API share it, so every listener is opened, logged and
-// closed the same way.
+// with the unix sockets removed on the way out. Unix sockets are always
+// mode 0600: only the daemon's account (root) may connect. cubelet,
+// network-agent and cubemaster's node API share it, so every listener is
+// opened, logged and closed the same way.
 package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,8 +17,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 )
 
@@ -45,37 +49,67 @@ type httpServe struct {
 	name string
 }
 
-// Unix listens on the unix socket path, creating its directory and
-// replacing a stale socket a killed daemon left. A non-zero mode is set on
-// the socket right after it is created and before anything is served on
-// it (a connect in between waits for Run); zero leaves the umask's. Run
-// removes the socket when it returns.
-func (g *Group) Unix(path string, mode os.FileMode) (net.Listener, error) {
+// Unix listens on the unix socket path with mode 0600 (the daemon's own
+// account only), creating its directory and replacing a stale socket a
+// killed daemon left. Run removes the socket when it returns.
+//
+// The mode does not depend on the process's umask and there is no moment
+// at which the socket is open to others: it is bound on an OS thread of
+// its own whose umask is 0177 (a bind followed by a chmod would leave a
+// window in which any account the umask allows could connect, and a
+// connection made then stays).
+func (g *Group) Unix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
 	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
+	l, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	if mode != 0 {
-		if err := os.Chmod(path, mode); err != nil {
-			l.Close()
-			return nil, err
-		}
+	// The thread's umask made it 0600 already; say so explicitly too.
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	g.sockets = append(g.sockets, path)
 	return l, nil
 }
 
-// TCP listens on addr.
-func (g *Group) TCP(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
+// listenPrivate binds path with umask 0177 on a locked OS thread that has
+// left the process's shared filesystem attributes (unshare CLONE_FS), so
+// the umask of no other goroutine changes, not even for an instant. The
+// thread is never unlocked: it ends with the goroutine instead of going
+// back to the scheduler with its own umask.
+func listenPrivate(path string) (net.Listener, error) {
+	type result struct {
+		l   net.Listener
+		err error
 	}
-	return l, nil
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			done <- result{err: fmt.Errorf("unshare CLONE_FS: %w", err)}
+			return
+		}
+		unix.Umask(0o177)
+		l, err := net.Listen("unix", path)
+		done <- result{l, err}
+	}()
+	r := <-done
+	return r.l, r.err
+}
+
+// TCP listens on addr, the value of setting (ListenTCP), serving TLS with
+// tc. Without tc only a loopback address is allowed; the refusal names
+// tlsSetting.
+func (g *Group) TCP(setting, tlsSetting, addr string, tc *tls.Config) (net.Listener, error) {
+	l, err := ListenTCP(setting, tlsSetting, addr, tc != nil)
+	if err != nil || tc == nil {
+		return l, err
+	}
+	return tls.NewListener(l, tc), nil
 }
 
 // GRPC serves s on l once Run starts; name says what it is in the log.

@@ -26,7 +26,7 @@ func TestGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := &serve.Group{Grace: time.Second}
-	ul, err := g.Unix(sock, 0o600)
+	ul, err := g.Unix(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestGroup(t *testing.T) {
 	gs := grpc.NewServer()
 	healthpb.RegisterHealthServer(gs, health.NewServer())
 	g.GRPC("test API", gs, ul)
-	tl, err := g.TCP("127.0.0.1:0")
+	tl, err := g.TCP("test.tcp", "test TLS", "127.0.0.1:0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +84,12 @@ func TestGroup(t *testing.T) {
 func TestCloseBeforeRun(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "api.sock")
 	g := &serve.Group{}
-	l, err := g.Unix(sock, 0)
+	l, err := g.Unix(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.GRPC("test API", grpc.NewServer(), l)
-	if _, err := g.TCP("256.0.0.1:1"); err == nil {
+	if _, err := g.TCP("test.tcp", "test TLS", "256.0.0.1:1", nil); err == nil {
 		t.Fatal("listening on a bad address must fail")
 	}
 	g.Close()

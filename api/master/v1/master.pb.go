@@ -25,11 +25,18 @@ const (
 )
 
 type ResolveRouteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Resume        bool                   `protobuf:"varint,2,opt,name=resume,proto3" json:"resume,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Resume    bool                   `protobuf:"varint,2,opt,name=resume,proto3" json:"resume,omitempty"`
+	// What the client presented, checked before a paused sandbox is resumed
+	// (a refusal is Unauthenticated and resumes nothing): the port it asked
+	// for, its E2b-Traffic-Access-Token (a sandbox's own ports) and its
+	// X-Access-Token (envd's port).
+	Port               int32  `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	TrafficAccessToken string `protobuf:"bytes,4,opt,name=traffic_access_token,json=trafficAccessToken,proto3" json:"traffic_access_token,omitempty"`
+	EnvdAccessToken    string `protobuf:"bytes,5,opt,name=envd_access_token,json=envdAccessToken,proto3" json:"envd_access_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ResolveRouteRequest) Reset() {
@@ -74,6 +81,27 @@ func (x *ResolveRouteRequest) GetResume() bool {
 		return x.Resume
 	}
 	return false
+}
+
+func (x *ResolveRouteRequest) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ResolveRouteRequest) GetTrafficAccessToken() string {
+	if x != nil {
+		return x.TrafficAccessToken
+	}
+	return ""
+}
+
+func (x *ResolveRouteRequest) GetEnvdAccessToken() string {
+	if x != nil {
+		return x.EnvdAccessToken
+	}
+	return ""
 }
 
 type ResolveRouteResponse struct {
@@ -1202,9 +1230,11 @@ type APIKey struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// First characters of the secret, to tell keys apart.
-	Prefix        string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	LastUsedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	Prefix     string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LastUsedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	// Admin keys may do the E2B API's admin operations (template delete).
+	Admin         bool `protobuf:"varint,6,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1274,9 +1304,17 @@ func (x *APIKey) GetLastUsedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *APIKey) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
+}
+
 type CreateAPIKeyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Admin         bool                   `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1316,6 +1354,13 @@ func (x *CreateAPIKeyRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *CreateAPIKeyRequest) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
 }
 
 type CreateAPIKeyResponse struct {
@@ -2182,11 +2227,14 @@ var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
-	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\x16master/v1/master.proto\x12\tmaster.v1\x1a\x18cubelet/v1/cubelet.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x01\n" +
 	"\x13ResolveRouteRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
-	"\x06resume\x18\x02 \x01(\bR\x06resume\"\x95\x02\n" +
+	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\x05R\x04port\x120\n" +
+	"\x14traffic_access_token\x18\x04 \x01(\tR\x12trafficAccessToken\x12*\n" +
+	"\x11envd_access_token\x18\x05 \x01(\tR\x0fenvdAccessToken\"\x95\x02\n" +
 	"\x14ResolveRouteResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -2282,7 +2330,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xbd\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xd3\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -2290,9 +2338,11 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12<\n" +
 	"\flast_used_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"lastUsedAt\")\n" +
+	"lastUsedAt\x12\x14\n" +
+	"\x05admin\x18\x06 \x01(\bR\x05admin\"?\n" +
 	"\x13CreateAPIKeyRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"S\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05admin\x18\x02 \x01(\bR\x05admin\"S\n" +
 	"\x14CreateAPIKeyResponse\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.master.v1.APIKeyR\x03key\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x14\n" +

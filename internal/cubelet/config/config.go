@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/tomlconfig"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
@@ -42,6 +43,9 @@ type Config struct {
 		// --profile reads it). Off by default: profiles expose internals.
 		Pprof bool `toml:"pprof"`
 	} `toml:"api"`
+	// TLS is the node's certificate, key and the cluster CA: mutual TLS
+	// on api.tcp and api.metrics and on the link to a master at host:port.
+	TLS     serve.TLSFiles `toml:"tls"`
 	Storage struct {
 		PoolImageSizeMiB    int64  `toml:"pool_image_size_mib"`
 		AllowCopy           bool   `toml:"allow_copy"`

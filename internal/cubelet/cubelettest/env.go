@@ -63,7 +63,9 @@ func Binaries(t testing.TB) string {
 			return
 		}
 		for _, b := range []string{"cube-agent", "cubelet", "cubecli"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(buildDir, b), "./cmd/"+b)
+			// -tags failpoints: tests drive the daemons' faults through
+			// CUBE_FAILPOINTS, which release builds ignore.
+			cmd := exec.Command("go", "build", "-trimpath", "-tags", "failpoints", "-o", filepath.Join(buildDir, b), "./cmd/"+b)
 			cmd.Dir = RepoRoot()
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {

@@ -4,6 +4,7 @@ package masterlink
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -36,8 +38,9 @@ type Link struct {
 type Reporter func(ctx context.Context) *masterpb.NodeReport
 
 // Start dials the master and starts heartbeating in the background. It
-// returns nil when no master is configured (standalone node).
-func Start(c config.MasterConfig, report Reporter, log *slog.Logger) (*Link, error) {
+// returns nil when no master is configured (standalone node). tc, when
+// set, is the TLS of a master at host:port (a unix socket needs none).
+func Start(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Logger) (*Link, error) {
 	if c.Addr == "" {
 		return nil, nil
 	}
@@ -48,8 +51,12 @@ func Start(c config.MasterConfig, report Reporter, log *slog.Logger) (*Link, err
 	if strings.HasPrefix(target, "/") {
 		target = "unix://" + target
 	}
+	creds := insecure.NewCredentials()
+	if tc != nil && !strings.HasPrefix(target, "unix:") {
+		creds = credentials.NewTLS(tc)
+	}
 	conn, err := grpc.NewClient(target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
 			MinConnectTimeout: 2 * time.Second,

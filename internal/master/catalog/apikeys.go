@@ -18,24 +18,26 @@ type APIKey struct {
 	Hash       string // hex SHA-256 of the secret
 	CreatedAt  time.Time
 	LastUsedAt time.Time
+	// Admin keys may do the E2B API's admin operations (template delete).
+	Admin bool
 }
 
-const apiKeyCols = `id, name, prefix, hash, created_at, last_used_at`
+const apiKeyCols = `id, name, prefix, hash, created_at, last_used_at, admin`
 
 func scanAPIKey(s interface{ Scan(...any) error }) (*APIKey, error) {
 	var k APIKey
-	var created, used int64
-	if err := s.Scan(&k.ID, &k.Name, &k.Prefix, &k.Hash, &created, &used); err != nil {
+	var created, used, admin int64
+	if err := s.Scan(&k.ID, &k.Name, &k.Prefix, &k.Hash, &created, &used, &admin); err != nil {
 		return nil, err
 	}
-	k.CreatedAt, k.LastUsedAt = fromMS(created), fromMS(used)
+	k.CreatedAt, k.LastUsedAt, k.Admin = fromMS(created), fromMS(used), admin != 0
 	return &k, nil
 }
 
 // CreateAPIKey stores a key. AlreadyExists if its name (or ID) is taken.
 func (c *Catalog) CreateAPIKey(ctx context.Context, k *APIKey) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(6)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
-		k.ID, k.Name, k.Prefix, k.Hash, ms(k.CreatedAt), ms(k.LastUsedAt))
+	_, err := c.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(7)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+		k.ID, k.Name, k.Prefix, k.Hash, ms(k.CreatedAt), ms(k.LastUsedAt), b2i(k.Admin))
 	if isDuplicate(err) {
 		return fmt.Errorf("api key %q: %w", k.Name, errdefs.ErrAlreadyExists)
 	}

@@ -52,7 +52,8 @@ func TestRuntimeMigrationUpgrade(t *testing.T) {
 	for _, q := range []string{
 		`ALTER TABLE sandboxes DROP COLUMN runtime`,
 		`ALTER TABLE snapshots DROP COLUMN runtime`,
-		`DELETE FROM schema_migrations WHERE version = 3`,
+		`ALTER TABLE api_keys DROP COLUMN admin`, // 0004, applied again too
+		`DELETE FROM schema_migrations WHERE version >= 3`,
 		`INSERT INTO sandboxes (id, version, template_id, alias, node_id, state, milli_cpu, memory_mib, disk_mib, started_at, end_at,
 auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms)
 VALUES ('old', 1, 'busybox', '', 'n1', 'running', 1000, 512, 0, 1, 2, 0, 0, '', '', '', '', '', 0)`,
@@ -74,5 +75,26 @@ VALUES ('old', 1, 'busybox', '', 'n1', 'running', 1000, 512, 0, 1, 2, 0, 0, '', 
 	got, err := c.GetSandbox(ctx, "old")
 	if err != nil || got.Runtime != "" || got.TemplateID != "busybox" {
 		t.Fatalf("old row: %+v %v", got, err)
+	}
+}
+
+// TestAdminKeyColumn: a key's admin flag round-trips; keys are not admin
+// unless created so.
+func TestAdminKeyColumn(t *testing.T) {
+	c, err := catalog.Open(ctx, catalog.SQLite, filepath.Join(t.TempDir(), "catalog.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, k := range []*catalog.APIKey{{ID: "key_a", Name: "plain", Prefix: "e2b_1", Hash: "h1"}, {ID: "key_b", Name: "ops", Prefix: "e2b_2", Hash: "h2", Admin: true}} {
+		if err := c.CreateAPIKey(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for hash, admin := range map[string]bool{"h1": false, "h2": true} {
+		k, err := c.APIKeyByHash(ctx, hash)
+		if err != nil || k.Admin != admin {
+			t.Fatalf("key %s: %+v %v, want admin %v", hash, k, err, admin)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package e2bapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
@@ -351,8 +353,13 @@ func TestE2BAPI(t *testing.T) {
 		if r := c.Do(t, "GET", "/templates/base", nil, &one); r.StatusCode != 200 || one.TemplateID != "busybox" || len(one.Builds) != 1 {
 			t.Fatalf("template by alias: %d %s", r.StatusCode, r.Body)
 		}
-		if r := c.Do(t, "DELETE", "/templates/busybox", nil, nil); r.StatusCode != 409 {
-			t.Fatalf("delete a template in use: %d %s", r.StatusCode, r.Body)
+		// Deleting a template needs an admin key: 403 for this one, and
+		// the admin key reaches the delete (409: the template is in use).
+		if r := c.Do(t, "DELETE", "/templates/busybox", nil, nil); r.StatusCode != http.StatusForbidden {
+			t.Fatalf("delete a template with a plain key: %d %s", r.StatusCode, r.Body)
+		}
+		if r := m.API(m.AdminAPIKey(t)).Do(t, "DELETE", "/templates/busybox", nil, nil); r.StatusCode != 409 {
+			t.Fatalf("control: delete a template in use with an admin key: %d %s", r.StatusCode, r.Body)
 		}
 	})
 
@@ -387,6 +394,60 @@ func TestE2BAPI(t *testing.T) {
 			}
 		default:
 			t.Fatalf("snapshot: %d %s", r.StatusCode, r.Body)
+		}
+	})
+
+	t.Run("audit events say which key did what", func(t *testing.T) {
+		resp, err := m.Admin.CreateAPIKey(context.Background(), &masterpb.CreateAPIKeyRequest{Name: "auditor"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2 := m.API(resp.Secret)
+		var sb sandboxResp
+		if r := c2.Do(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": 120}, &sb); r.StatusCode != http.StatusCreated {
+			t.Fatalf("create: %d %s", r.StatusCode, r.Body)
+		}
+		if r := c2.Do(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("pause: %d %s", r.StatusCode, r.Body)
+		}
+		if r := c2.Do(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", nil, nil); r.StatusCode != http.StatusConflict {
+			t.Fatalf("pause twice: %d %s", r.StatusCode, r.Body)
+		}
+		if r := c.Do(t, "POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 60}, nil); r.StatusCode != http.StatusCreated && r.StatusCode != http.StatusOK {
+			t.Fatalf("connect: %d %s", r.StatusCode, r.Body)
+		}
+		var logs struct {
+			Logs []struct{ Message string } `json:"logs"`
+		}
+		if r := c.Do(t, "GET", "/v2/sandboxes/"+sb.SandboxID+"/logs", nil, &logs); r.StatusCode != http.StatusOK {
+			t.Fatalf("logs: %d %s", r.StatusCode, r.Body)
+		}
+		var audit []string
+		for _, l := range logs.Logs {
+			if strings.HasPrefix(l.Message, "audit: ") {
+				audit = append(audit, l.Message)
+			}
+		}
+		t.Logf("audit events: %q", audit)
+		wantKey := func(action, name string) string { return "audit: " + action + " by API key \"" + name + "\"" }
+		firstKeyName := ""
+		if len(audit) == 3 {
+			if _, rest, ok := strings.Cut(audit[2], "\""); ok {
+				firstKeyName, _, _ = strings.Cut(rest, "\"")
+			}
+		}
+		// The failed second pause leaves none.
+		want := []string{wantKey("create", "auditor"), wantKey("pause", "auditor"), wantKey("connect", firstKeyName)}
+		if len(audit) != len(want) || !strings.HasPrefix(firstKeyName, "test-") {
+			t.Fatalf("audit events %q, want %d: create, pause, connect (the other key)", audit, len(want))
+		}
+		for i := range want {
+			if !strings.HasPrefix(audit[i], want[i]) {
+				t.Fatalf("audit event %d: %q, want %q…", i, audit[i], want[i])
+			}
+		}
+		if r := c2.Do(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("kill: %d %s", r.StatusCode, r.Body)
 		}
 	})
 

@@ -158,6 +158,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		writeError(w, err)
 		return
 	}
+	h.b.Audit(r.Context(), sb.ID, "create", apiKey(r))
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(sb))
 }
 

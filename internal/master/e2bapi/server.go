@@ -51,7 +51,8 @@ type Backend interface {
 	Events(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error)
 	Templates() []master.Template
 	GetTemplate(ctx context.Context, name string) (master.Template, error)
-	DeleteTemplate(ctx context.Context, name string) ([]string, error)
+	DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error)
+	Audit(ctx context.Context, sandboxID, action string, key *catalog.APIKey)
 }
 
 var _ Backend = (*master.Service)(nil)
@@ -91,22 +92,25 @@ func (h *Handler) routes() {
 	m := h.mux
 	m.HandleFunc("GET /health", h.health)
 	auth := func(pattern string, fn http.HandlerFunc) { m.Handle(pattern, h.authenticated(fn)) }
+	// Verbs on a sandbox leave an audit event in its log when they
+	// succeed (who did what); creates record theirs in create.
+	audited := func(pattern, action string, fn http.HandlerFunc) { auth(pattern, h.audited(action, fn)) }
 	auth("POST /sandboxes", h.createV1)
 	auth("POST /v2/sandboxes", h.createV2)
 	auth("GET /sandboxes", h.listV1)
 	auth("GET /v2/sandboxes", h.listV2)
 	auth("GET /sandboxes/metrics", h.metricsMany)
 	auth("GET /sandboxes/{sandboxID}", h.get)
-	auth("DELETE /sandboxes/{sandboxID}", h.kill)
-	auth("POST /sandboxes/{sandboxID}/pause", h.pause)
-	auth("POST /sandboxes/{sandboxID}/resume", h.resume)
-	auth("POST /sandboxes/{sandboxID}/connect", h.connectV1)
-	auth("POST /v2/sandboxes/{sandboxID}/connect", h.connectV2)
-	auth("POST /sandboxes/{sandboxID}/timeout", h.setTimeout)
-	auth("POST /sandboxes/{sandboxID}/refreshes", h.refresh)
-	auth("PUT /sandboxes/{sandboxID}/network", h.network)
-	auth("POST /sandboxes/{sandboxID}/snapshots", h.snapshot)
-	auth("POST /sandboxes/{sandboxID}/fork", h.fork)
+	audited("DELETE /sandboxes/{sandboxID}", "kill", h.kill)
+	audited("POST /sandboxes/{sandboxID}/pause", "pause", h.pause)
+	audited("POST /sandboxes/{sandboxID}/resume", "resume", h.resume)
+	audited("POST /sandboxes/{sandboxID}/connect", "connect", h.connectV1)
+	audited("POST /v2/sandboxes/{sandboxID}/connect", "connect", h.connectV2)
+	audited("POST /sandboxes/{sandboxID}/timeout", "set timeout", h.setTimeout)
+	audited("POST /sandboxes/{sandboxID}/refreshes", "refresh", h.refresh)
+	audited("PUT /sandboxes/{sandboxID}/network", "update network", h.network)
+	audited("POST /sandboxes/{sandboxID}/snapshots", "snapshot", h.snapshot)
+	audited("POST /sandboxes/{sandboxID}/fork", "fork", h.fork)
 	auth("GET /sandboxes/{sandboxID}/metrics", h.metrics)
 	auth("GET /sandboxes/{sandboxID}/logs", h.logsV1)
 	auth("GET /v2/sandboxes/{sandboxID}/logs", h.logsV2)
@@ -157,6 +161,23 @@ func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
 	})
 }
 
+// audited runs fn and, when it succeeded (2xx), records who did action to
+// the sandbox of the path.
+func (h *Handler) audited(action string, fn http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		fn(sw, r)
+		if sw.code >= 200 && sw.code < 300 {
+			h.b.Audit(r.Context(), r.PathValue("sandboxID"), action, apiKey(r))
+		}
+	}
+}
+
+func apiKey(r *http.Request) *catalog.APIKey {
+	k, _ := r.Context().Value(keyCtx{}).(*catalog.APIKey)
+	return k
+}
+
 func apiKeyID(r *http.Request) string {
 	if k, ok := r.Context().Value(keyCtx{}).(*catalog.APIKey); ok {
 		return k.ID
@@ -189,6 +210,8 @@ func statusOf(err error) (int, string) {
 	switch {
 	case errors.Is(err, apikey.ErrUnauthenticated):
 		return http.StatusUnauthorized, ""
+	case errdefs.IsPermissionDenied(err):
+		return http.StatusForbidden, ""
 	case errdefs.IsInvalidArgument(err):
 		return http.StatusBadRequest, ""
 	case errdefs.IsNotFound(err):

@@ -78,6 +78,7 @@ node = ""
 socket = %q
 [proxy]
 listen = "127.0.0.1:0"
+metrics = "127.0.0.1:0"
 domain = "cube.test"
 [catalog]
 dsn = %q
@@ -135,9 +136,14 @@ func (m *Master) Stop() {
 }
 
 // APIKey creates an API key through the admin API.
-func (m *Master) APIKey(t testing.TB) string {
+func (m *Master) APIKey(t testing.TB) string { return m.apiKey(t, false) }
+
+// AdminAPIKey creates an admin API key (template delete).
+func (m *Master) AdminAPIKey(t testing.TB) string { return m.apiKey(t, true) }
+
+func (m *Master) apiKey(t testing.TB, admin bool) string {
 	t.Helper()
-	resp, err := m.Admin.CreateAPIKey(context.Background(), &masterpb.CreateAPIKeyRequest{Name: fmt.Sprintf("test-%d", time.Now().UnixNano())})
+	resp, err := m.Admin.CreateAPIKey(context.Background(), &masterpb.CreateAPIKeyRequest{Name: fmt.Sprintf("test-%d", time.Now().UnixNano()), Admin: admin})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,8 @@
 //
 //   - the unix socket (api.socket, mode 0600: root only) serves both;
 //   - the TCP address (api.node) serves NodeService, and AdminService only
-//     when api.admin_token is set, to callers presenting it.
+//     when api.admin_token is set, to callers presenting it; with [tls]
+//     over mutual TLS, without only on a loopback address.
 //
 // When nodes.token is set, every NodeService call must carry it.
 package nodeapi
@@ -16,6 +17,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +32,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -99,12 +102,12 @@ func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetN
 }
 
 func keyToPB(k *catalog.APIKey) *masterpb.APIKey {
-	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt)}
+	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt), Admin: k.Admin}
 }
 
 // CreateAPIKey implements AdminService.
 func (a *AdminServer) CreateAPIKey(ctx context.Context, req *masterpb.CreateAPIKeyRequest) (*masterpb.CreateAPIKeyResponse, error) {
-	k, secret, err := a.svc.Keys().Create(ctx, req.Name)
+	k, secret, err := a.svc.Keys().Create(ctx, req.Name, req.Admin)
 	if err != nil {
 		return nil, grpcerr.ToGRPC(err)
 	}
@@ -195,7 +198,9 @@ func tokenOK(ctx context.Context, header, want string) bool {
 }
 
 // guard checks the node token on NodeService calls and, when adminToken
-// is set, the admin token on AdminService calls.
+// is set, the admin token on AdminService calls. A call over mutual TLS
+// ([tls]) must also come from a certificate of the right role, and a
+// node's report must be about the node its certificate names.
 func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		switch {
@@ -203,37 +208,91 @@ func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 			if nodeToken != "" && !tokenOK(ctx, masterpb.NodeTokenHeader, nodeToken) {
 				return nil, status.Error(codes.Unauthenticated, "missing or wrong node token (master nodes.token)")
 			}
+			if err := nodeIdentity(ctx, req); err != nil {
+				return nil, err
+			}
 		case strings.HasPrefix(info.FullMethod, "/master.v1.AdminService/"), strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/"):
 			if adminToken != "" && !tokenOK(ctx, masterpb.AdminTokenHeader, adminToken) {
 				return nil, status.Error(codes.Unauthenticated, "missing or wrong admin token")
+			}
+			if err := adminIdentity(ctx, info.FullMethod); err != nil {
+				return nil, err
 			}
 		}
 		return h(ctx, req)
 	}
 }
 
-// Serve runs the socket and TCP listeners until ctx ends.
-func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
+// nodeIdentity binds a node's reports to its certificate: over mutual TLS
+// a Register or Heartbeat must come from a node certificate whose common
+// name is the reported node ID, so a holder of one node's certificate
+// cannot register as, or report for, another. Calls without a peer
+// certificate (the root-only socket) are not checked here.
+func nodeIdentity(ctx context.Context, req any) error {
+	cert := serve.PeerCert(ctx)
+	if cert == nil {
+		return nil
+	}
+	var id string
+	switch r := req.(type) {
+	case *masterpb.RegisterRequest:
+		id = r.GetNode().GetNodeId()
+	case *masterpb.HeartbeatRequest:
+		id = r.GetNode().GetNodeId()
+	default:
+		return nil
+	}
+	if !slices.Contains(cert.Subject.OrganizationalUnit, string(pki.RoleNode)) || cert.Subject.CommonName != id {
+		return status.Errorf(codes.PermissionDenied, "node %q: the caller's certificate is %q (role %v), not this node's", id, cert.Subject.CommonName, cert.Subject.OrganizationalUnit)
+	}
+	return nil
+}
+
+// adminIdentity: over mutual TLS, AdminService needs an admin certificate
+// and RouteService an admin or proxy one (a node's certificate is not
+// enough to act on the cluster).
+func adminIdentity(ctx context.Context, method string) error {
+	cert := serve.PeerCert(ctx)
+	if cert == nil {
+		return nil
+	}
+	ou := cert.Subject.OrganizationalUnit
+	if slices.Contains(ou, string(pki.RoleAdmin)) ||
+		strings.HasPrefix(method, "/master.v1.RouteService/") && slices.Contains(ou, string(pki.RoleProxy)) {
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied, "%s: the caller's certificate %q has role %v", method, cert.Subject.CommonName, ou)
+}
+
+// Listen opens the socket and TCP listeners (a refusal, such as api.node
+// beyond loopback without [tls], is an error here); the group's Run
+// serves them.
+func Listen(svc *master.Service, log *slog.Logger) (*serve.Group, error) {
 	cfg := svc.Config()
 	g := &serve.Group{Log: log, Grace: 5 * time.Second}
 	if p := cfg.API.Socket; p != "" {
-		l, err := g.Unix(p, 0o600)
+		l, err := g.Unix(p)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
+		gs := serve.NewGRPCServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, "")))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		masterpb.RegisterAdminServiceServer(gs, &AdminServer{svc: svc})
 		masterpb.RegisterRouteServiceServer(gs, &RouteServer{svc: svc})
 		g.GRPC("cubemaster node API", gs, l)
 	}
 	if a := cfg.API.Node; a != "" {
-		l, err := g.TCP(a)
+		mtls, err := cfg.TLS.MutualServer("tls")
 		if err != nil {
 			g.Close()
-			return err
+			return nil, err
 		}
-		gs := grpc.NewServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
+		l, err := g.TCP("api.node", "[tls] cert, key and ca", a, mtls)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		gs := serve.NewGRPCServer(grpc.UnaryInterceptor(guard(cfg.Nodes.Token, cfg.API.AdminToken)),
 			grpc.StreamInterceptor(streamGuard(cfg.API.AdminToken)))
 		masterpb.RegisterNodeServiceServer(gs, &NodeServer{svc: svc})
 		if cfg.API.AdminToken != "" {
@@ -242,7 +301,7 @@ func Serve(ctx context.Context, svc *master.Service, log *slog.Logger) error {
 		}
 		g.GRPC("cubemaster node API", gs, l)
 	}
-	return g.Run(ctx)
+	return g, nil
 }
 
 func idleTimeout(d time.Duration) *durationpb.Duration {

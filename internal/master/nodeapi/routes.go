@@ -26,7 +26,9 @@ func (r *RouteServer) ResolveRoute(ctx context.Context, req *masterpb.ResolveRou
 	if err := sandboxid.Validate("sandbox_id", req.SandboxId); err != nil {
 		return nil, grpcerr.ToGRPC(err)
 	}
-	ri, err := r.svc.ResolveRoute(ctx, req.SandboxId, req.Resume)
+	ri, err := r.svc.ResolveRoute(ctx, req.SandboxId, req.Resume, master.Presented{
+		Port: int(req.Port), TrafficToken: req.TrafficAccessToken, EnvdToken: req.EnvdAccessToken,
+	})
 	if err != nil {
 		return nil, grpcerr.ToGRPC(err)
 	}
@@ -69,6 +71,9 @@ func streamGuard(adminToken string) grpc.StreamServerInterceptor {
 		if strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/") && adminToken != "" &&
 			!tokenOK(ss.Context(), masterpb.AdminTokenHeader, adminToken) {
 			return status.Error(codes.Unauthenticated, "missing or wrong admin token")
+		}
+		if err := adminIdentity(ss.Context(), info.FullMethod); err != nil {
+			return err
 		}
 		return h(srv, ss)
 	}

@@ -5,8 +5,8 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -16,6 +16,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
 	"github.com/cubesandbox/cube/internal/master/nodeapi"
 	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Server is a running cubemaster.
@@ -23,6 +24,9 @@ type Server struct {
 	Service *master.Service
 	// Addresses actually bound (useful when the config says port 0).
 	E2BAddr, ProxyAddr string
+	// ProxyMetricsAddr is the in-process cubeproxy's /metrics listener
+	// (proxy.metrics), "" when none.
+	ProxyMetricsAddr string
 	// Proxy is the in-process cubeproxy (nil when the plain route runs).
 	Proxy *cubeproxy.Server
 
@@ -43,21 +47,29 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		return nil, err
 	}
 	var lis []net.Listener
-	listen := func(addr string) (net.Listener, error) {
-		l, err := net.Listen("tcp", addr)
+	listen := func(setting, tlsSetting, addr string, tc *tls.Config) (net.Listener, error) {
+		l, err := serve.ListenTCP(setting, tlsSetting, addr, tc != nil)
 		if err != nil {
 			for _, l := range lis {
 				l.Close()
 			}
 			svc.Close()
-			return nil, fmt.Errorf("listen %s: %w", addr, err)
+			return nil, err
+		}
+		if tc != nil {
+			l = tls.NewListener(l, tc)
 		}
 		lis = append(lis, l)
 		return l, nil
 	}
+	e2bTLS, err := serve.ServerCert("api.e2b_tls_cert", cfg.API.E2BTLSCert, cfg.API.E2BTLSKey)
+	if err != nil {
+		svc.Close()
+		return nil, err
+	}
 	var e2bLn, proxyLn net.Listener
 	if cfg.API.E2B != "" {
-		if e2bLn, err = listen(cfg.API.E2B); err != nil {
+		if e2bLn, err = listen("api.e2b", "api.e2b_tls_cert and api.e2b_tls_key", cfg.API.E2B, e2bTLS); err != nil {
 			return nil, err
 		}
 	}
@@ -65,13 +77,22 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 	// itself, below, once the socket is served.
 	inProcessProxy := cfg.Proxy.Listen != "" && cfg.API.Socket != ""
 	if cfg.Proxy.Listen != "" && !inProcessProxy {
-		if proxyLn, err = listen(cfg.Proxy.Listen); err != nil {
+		// The plain route (no api.socket) serves no TLS.
+		if proxyLn, err = listen("proxy.listen", "api.socket (the route with TLS is the in-process cubeproxy)", cfg.Proxy.Listen, nil); err != nil {
 			return nil, err
 		}
 	}
+	nodes, err := nodeapi.Listen(svc, log)
+	if err != nil {
+		for _, l := range lis {
+			l.Close()
+		}
+		svc.Close()
+		return nil, err
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	s := &Server{Service: svc, cancel: cancel}
-	s.run(func() error { return nodeapi.Serve(rctx, svc, log) })
+	s.run(func() error { return nodes.Run(rctx) })
 	if e2bLn != nil {
 		s.E2BAddr = e2bLn.Addr().String()
 		api := e2bapi.New(svc, e2bapi.Config{

@@ -11,6 +11,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/ipam"
 	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/tomlconfig"
 )
 
@@ -31,6 +32,8 @@ type Config struct {
 		Socket string `toml:"socket"`
 		HTTP   string `toml:"http"`
 	} `toml:"api"`
+	// TLS: mutual TLS on api.http (the certificate, key and cluster CA).
+	TLS  serve.TLSFiles `toml:"tls"`
 	Pool struct {
 		Size            int     `toml:"size"`
 		VMSize          int     `toml:"vm_size"`

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/agent"
+	"github.com/cubesandbox/cube/internal/network/client"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
@@ -108,4 +110,54 @@ func TestAssignFailureUndo(t *testing.T) {
 		t.Fatal("the broken pooled slot (0) was handed out")
 	}
 	releaseAll(t, e.Agent)
+}
+
+// TestReleaseBuildIgnoresFailpoints: a network-agent built as releases
+// are (no failpoints tag) ignores CUBE_FAILPOINTS, kill included: with a
+// kill at the first step of creating a slot and a pool to fill, it says
+// so in its log, fills the pool and keeps running. Control: the test
+// build (-tags failpoints) with the same environment kills itself there.
+func TestReleaseBuildIgnoresFailpoints(t *testing.T) {
+	e := nettest.NewProcessEnv(t, nettest.Options{})
+	e.Config.Pool.Size = 1
+	const fp = "slot/netns=kill"
+
+	p := e.SpawnBinary(t, nettest.ReleaseBinary(t), fp)
+	e.WaitHealthy(t, p)
+	c, err := client.Dial(e.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		h, err := c.Health(ctx)
+		if err == nil && h.PoolReady >= 1 {
+			break
+		}
+		if p.Exited(0) {
+			t.Fatalf("the release build exited with CUBE_FAILPOINTS=%s:\n%s", fp, p.Output())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the release build's pool never filled (%v, %v):\n%s", h, err, p.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if p.Exited(500 * time.Millisecond) {
+		t.Fatalf("the release build exited after filling its pool:\n%s", p.Output())
+	}
+	if !strings.Contains(p.Output(), "CUBE_FAILPOINTS ignored") {
+		t.Fatalf("the release build did not log that it ignores CUBE_FAILPOINTS:\n%s", p.Output())
+	}
+	t.Logf("release build: passed slot/netns (a pooled slot is ready) and runs on; it logged that CUBE_FAILPOINTS is ignored")
+	p.Kill()
+
+	ctl := e.SpawnProcess(t, fp)
+	if !ctl.Exited(30 * time.Second) {
+		t.Fatalf("control: the failpoints build with CUBE_FAILPOINTS=%s kept running:\n%s", fp, ctl.Output())
+	}
+	if err := ctl.Err(); err == nil || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("control: the failpoints build ended with %v, want SIGKILL (the failpoint):\n%s", err, ctl.Output())
+	}
+	t.Log("control: the failpoints build killed itself at slot/netns")
 }

@@ -24,14 +24,19 @@ func Serve(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 	g := &serve.Group{Log: log}
 	if p := cfg.API.Socket; p != "" {
 		// Only root (cubelet) may ask for slots and change policies.
-		l, err := g.Unix(p, 0o600)
+		l, err := g.Unix(p)
 		if err != nil {
 			return err
 		}
 		g.GRPC("network-agent API", gs, l)
 	}
 	if addr := cfg.API.HTTP; addr != "" {
-		l, err := g.TCP(addr)
+		mtls, err := cfg.TLS.MutualServer("tls")
+		if err != nil {
+			g.Close()
+			return err
+		}
+		l, err := g.TCP("api.http", "[tls] cert, key and ca", addr, mtls)
 		if err != nil {
 			g.Close()
 			return err

@@ -25,7 +25,9 @@ var (
 )
 
 // Binary builds cmd/network-agent once per test process (with the test's
-// own build settings, so the build cache already holds its packages).
+// own build settings, so the build cache already holds its packages) with
+// the failpoints tag: the tests drive its faults through CUBE_FAILPOINTS,
+// which release builds ignore.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -37,7 +39,7 @@ func Binary(t testing.TB) string {
 		binPath = filepath.Join(dir, "network-agent")
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/network-agent")
+		cmd := exec.Command("go", "build", "-tags", "failpoints", "-o", binPath, "./cmd/network-agent")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("build network-agent: %v\n%s", err, out)
@@ -47,6 +49,36 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+var (
+	releaseOnce sync.Once
+	releasePath string
+	releaseErr  error
+)
+
+// ReleaseBinary builds cmd/network-agent once per test process as
+// release builds are made: without the failpoints tag.
+func ReleaseBinary(t testing.TB) string {
+	t.Helper()
+	releaseOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cube-netbin-release-")
+		if err != nil {
+			releaseErr = err
+			return
+		}
+		releasePath = filepath.Join(dir, "network-agent")
+		_, file, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-o", releasePath, "./cmd/network-agent")
+		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			releaseErr = fmt.Errorf("build network-agent: %v\n%s", err, out)
+		}
+	})
+	if releaseErr != nil {
+		t.Fatal(releaseErr)
+	}
+	return releasePath
 }
 
 // Process is network-agent running as a process on an Env's state.
@@ -84,7 +116,26 @@ func (e *Env) SpawnProcess(t testing.TB, failpoints string) *Process {
 	return e.spawn(t, failpoints)
 }
 
+// SpawnBinary is SpawnProcess with another network-agent binary (e.g.
+// ReleaseBinary).
+func (e *Env) SpawnBinary(t testing.TB, bin, failpoints string) *Process {
+	t.Helper()
+	return e.spawnBinary(t, bin, failpoints)
+}
+
+// WaitHealthy waits until the process answers Health on the env's
+// socket; it fails t if the process exits first.
+func (e *Env) WaitHealthy(t testing.TB, p *Process) {
+	t.Helper()
+	p.waitHealthy(t, e.Socket)
+}
+
 func (e *Env) spawn(t testing.TB, failpoints string) *Process {
+	t.Helper()
+	return e.spawnBinary(t, Binary(t), failpoints)
+}
+
+func (e *Env) spawnBinary(t testing.TB, bin, failpoints string) *Process {
 	t.Helper()
 	data, err := toml.Marshal(e.Config)
 	if err != nil {
@@ -95,7 +146,7 @@ func (e *Env) spawn(t testing.TB, failpoints string) *Process {
 		t.Fatal(err)
 	}
 	p := &Process{done: make(chan struct{})}
-	p.cmd = exec.Command(Binary(t), "--config", cfgPath)
+	p.cmd = exec.Command(bin, "--config", cfgPath)
 	p.cmd.Env = append(os.Environ(), failpoint.EnvVar+"="+failpoints)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
@@ -145,6 +196,12 @@ func (p *Process) Exited(d time.Duration) bool {
 
 // Output is what the process logged.
 func (p *Process) Output() string { return p.out.String() }
+
+// Err waits for the process to end and says how (exec's Wait error).
+func (p *Process) Err() error {
+	<-p.done
+	return p.err
+}
 
 // Kill SIGKILLs the process and waits for it.
 func (p *Process) Kill() {
