@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"flag"
 	"log/slog"
 	"os"
@@ -32,11 +33,29 @@ func main() {
 		log.Error("protect the agent from its sandbox", "error", protectErr)
 		os.Exit(1)
 	}
+	// The access token's verifier, before anything serves: a sandbox
+	// created with a token never answers without it. Taken out of the
+	// environment so that nothing the agent starts inherits it.
+	tokenHash, hasHash := os.LookupEnv(agentproto.TokenHashEnv)
+	os.Unsetenv(agentproto.TokenHashEnv)
 	if *vm {
-		if err := vmSetup(log); err != nil {
+		h, err := vmSetup(log)
+		if err != nil {
 			log.Error("vm setup", "error", err)
 			os.Exit(1)
 		}
+		tokenHash, hasHash = h, h != ""
+	}
+	var verifier *[sha256.Size]byte
+	if hasHash {
+		h, err := agent.ParseTokenHash(tokenHash)
+		if err != nil {
+			// Fail closed: serving without the token is what a verifier
+			// in the spec asks never to happen.
+			log.Error("access token", "error", err)
+			os.Exit(1)
+		}
+		verifier = &h
 	}
 
 	// Before anything serves or starts: nothing the agent starts may
@@ -66,7 +85,7 @@ func main() {
 	reaper := initproc.NewReaper(log)
 	srv := agent.New(agent.Config{
 		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
-		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening,
+		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening, TokenHash: verifier,
 	})
 
 	if *vm {

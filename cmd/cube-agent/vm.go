@@ -11,9 +11,11 @@ import (
 
 // vmSetup is --vm's first step: as PID 1 of a VM the agent mounts, names
 // and networks the guest itself (docs/vm-guest.md).
-func vmSetup(log *slog.Logger) error {
-	_, err := vminit.Setup(log)
-	return err
+// It returns the access token's verifier the host put on the kernel
+// command line ("" for none).
+func vmSetup(log *slog.Logger) (string, error) {
+	cfg, err := vminit.Setup(log)
+	return cfg.TokenHash, err
 }
 
 // serveChannel serves the agent's API to the host over the agent channel

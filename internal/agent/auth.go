@@ -15,17 +15,20 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agent/identity"
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
 // AccessTokenHeader carries the sandbox's access token (envd's name).
-const AccessTokenHeader = "X-Access-Token"
+const AccessTokenHeader = agentproto.AccessTokenHeader
 
 // withAuth is the one gate in front of every route:
 //
-//   - Once /init has set an access token, every request must carry it in
-//     X-Access-Token, except GET /health, and /files, which may instead
-//     carry a signature made with it (envd's signed upload/download URLs).
+//   - Once the sandbox has an access token (from its create spec, as a
+//     verifier the agent starts with: Config.TokenHash; or set by /init
+//     or a reinit), every request must carry it in X-Access-Token, except
+//     GET /health, and /files, which may instead carry a signature made
+//     with it (envd's signed upload/download URLs).
 //   - Routes that act as a user (the Connect services and /files) get the
 //     user in their context: the Basic-auth username (for /files the
 //     username query parameter), or the default user.
@@ -45,11 +48,11 @@ func (a *Server) withAuth(next http.Handler) http.Handler {
 			}
 			rpcerr.WriteHTTP(w, err)
 		}
-		if token := a.state.accessToken(); token != "" && !(r.Method == http.MethodGet && path == "/health") {
+		if required, _ := a.state.tokenRequired(); required && !(r.Method == http.MethodGet && path == "/health") {
 			var err error
 			if files {
-				err = a.checkSignature(r, token)
-			} else if !equal(r.Header.Get(AccessTokenHeader), token) {
+				err = a.checkSignature(r)
+			} else if !a.state.checkToken(r.Header.Get(AccessTokenHeader)) {
 				err = fmt.Errorf("unauthorized access, please provide a valid access token: %w", errdefs.ErrUnauthenticated)
 			}
 			if err != nil {
@@ -97,12 +100,20 @@ func (a *Server) actingUser(r *http.Request, files bool) (*identity.User, error)
 // checkSignature accepts /files when the header token matches or when the
 // query carries envd's signature: "v1_" + base64(sha256(path:operation:
 // username:token[:expiration])) without padding, not yet expired.
-func (a *Server) checkSignature(r *http.Request, token string) error {
+func (a *Server) checkSignature(r *http.Request) error {
 	if h := r.Header.Get(AccessTokenHeader); h != "" {
-		if equal(h, token) {
+		if a.state.checkToken(h) {
 			return nil
 		}
 		return fmt.Errorf("access token present in header but does not match: %w", errdefs.ErrUnauthenticated)
+	}
+	_, token := a.state.tokenRequired()
+	if token == "" {
+		// Only the verifier so far: a signature cannot be checked
+		// against it. The first request with the token (cubelet's or
+		// the control plane's, before the sandbox is handed out)
+		// teaches the agent the token.
+		return fmt.Errorf("signed URLs are accepted once the agent has seen its access token: %w", errdefs.ErrUnauthenticated)
 	}
 	q := r.URL.Query()
 	sig := q.Get("signature")

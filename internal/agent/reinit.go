@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -30,6 +31,10 @@ func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
 	seed, err := base64.StdEncoding.DecodeString(req.Entropy)
 	if err != nil || len(seed) > maxEntropy {
 		rpcerr.WriteHTTP(w, fmt.Errorf("reinit: entropy must be base64 of at most %d bytes: %w", maxEntropy, errdefs.ErrInvalidArgument))
+		return
+	}
+	if req.AccessToken != nil && strings.ContainsAny(*req.AccessToken, "\r\n") {
+		rpcerr.WriteHTTP(w, fmt.Errorf("reinit: access token must be one line: %w", errdefs.ErrInvalidArgument))
 		return
 	}
 	var mac net.HardwareAddr
@@ -80,6 +85,14 @@ func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
 	}
 	if mac != nil {
 		step("mac", setMAC("eth0", mac))
+	}
+	if req.AccessToken != nil {
+		// Last: the answer to this request is the last thing the old
+		// token (the snapshot's) gets from this agent.
+		a.state.mu.Lock()
+		a.state.setToken(*req.AccessToken)
+		a.state.mu.Unlock()
+		step("access_token", nil)
 	}
 	a.log.Info("re-initialised after restore", "applied", res.Applied, "skipped", res.Skipped)
 	writeJSON(w, http.StatusOK, res)

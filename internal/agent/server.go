@@ -23,6 +23,7 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -113,6 +114,10 @@ type Config struct {
 	// OnListening, when set, runs each time the agent starts listening
 	// (again after a quiesce), after it logged so.
 	OnListening func()
+	// TokenHash, when set, is the SHA-256 of the sandbox's access token
+	// (agentproto.TokenHashEnv, ParseTokenHash): every request but GET
+	// /health needs the token from the first one on.
+	TokenHash *[sha256.Size]byte
 }
 
 // Server is the agent's HTTP server.
@@ -151,6 +156,9 @@ func New(cfg Config) *Server {
 		freezer: &fsfreeze.Freezer{Path: cfg.FreezePath, Log: log},
 		sampler: &sysinfo.Sampler{},
 		life:    newLifecycle(),
+	}
+	if cfg.TokenHash != nil {
+		s.state.tokenSet, s.state.hash = true, *cfg.TokenHash
 	}
 	s.fs = fsys.New(cfg.Users, s.state, log)
 	mux := http.NewServeMux()

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,11 +24,60 @@ import (
 // directory. It lives as long as the agent (and, in a VM, is restored with
 // its memory on resume).
 type state struct {
-	mu      sync.RWMutex
-	env     map[string]string
-	token   string // "" = no X-Access-Token required
-	user    string
-	workdir string
+	mu  sync.RWMutex
+	env map[string]string
+	// The access token: required when tokenSet. hash is always its
+	// SHA-256; token is the token itself once known ("" while the agent
+	// holds only the verifier it started with).
+	tokenSet bool
+	hash     [sha256.Size]byte
+	token    string
+	user     string
+	workdir  string
+}
+
+// setToken makes token the one every request needs ("" = none).
+// Callers hold mu.
+func (s *state) setToken(token string) {
+	s.tokenSet, s.token, s.hash = token != "", token, sha256.Sum256([]byte(token))
+}
+
+// checkToken says whether presented is the access token (always true
+// when none is set). An agent that started with only the verifier
+// learns the token from the first request that presents it, so that it
+// can check signed URLs from then on.
+func (s *state) checkToken(presented string) bool {
+	s.mu.RLock()
+	set, token, hash := s.tokenSet, s.token, s.hash
+	s.mu.RUnlock()
+	if !set {
+		return true
+	}
+	if token != "" {
+		return equal(presented, token)
+	}
+	sum := sha256.Sum256([]byte(presented))
+	if subtle.ConstantTimeCompare(sum[:], hash[:]) != 1 {
+		return false
+	}
+	s.mu.Lock()
+	if s.tokenSet && s.token == "" && s.hash == sum {
+		s.token = presented
+	}
+	s.mu.Unlock()
+	return true
+}
+
+// ParseTokenHash reads the verifier a sandbox's agent starts with
+// (agentproto.TokenHashEnv, agentproto.TokenHashParam): 64 hex digits.
+func ParseTokenHash(v string) ([sha256.Size]byte, error) {
+	var h [sha256.Size]byte
+	b, err := hex.DecodeString(v)
+	if err != nil || len(b) != len(h) {
+		return h, fmt.Errorf("access token verifier %q: want %d hex digits: %w", v, 2*len(h), errdefs.ErrInvalidArgument)
+	}
+	copy(h[:], b)
+	return h, nil
 }
 
 func (s *state) EnvVars() map[string]string {
@@ -40,10 +92,13 @@ func (s *state) Workdir() string {
 	return s.workdir
 }
 
-func (s *state) accessToken() string {
+// tokenRequired says whether requests need the access token, and
+// returns the token itself when the agent knows it ("" while it holds
+// only the verifier).
+func (s *state) tokenRequired() (bool, string) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.token
+	return s.tokenSet, s.token
 }
 
 func (s *state) defaultUser() string {
@@ -99,7 +154,7 @@ func (a *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	maps.Copy(a.state.env, req.EnvVars)
 	if req.AccessToken != nil {
-		a.state.token = *req.AccessToken
+		a.state.setToken(*req.AccessToken)
 	}
 	if req.DefaultUser != nil {
 		a.state.user = *req.DefaultUser

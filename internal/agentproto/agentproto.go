@@ -5,7 +5,11 @@
 // host links it without linking the in-sandbox server.
 package agentproto
 
-import "time"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
 
 // Port is where cube-agent serves the envd API inside every sandbox (and
 // the vsock port of a VM's agent): envd's port, which E2B clients hard-code.
@@ -96,6 +100,10 @@ type ReinitRequest struct {
 	Entropy string `json:"entropy,omitempty"`
 	// MAC is eth0's new address (VMs: each clone has its own NIC).
 	MAC string `json:"mac,omitempty"`
+	// AccessToken, when present, replaces the agent's access token ("" =
+	// none): a clone restored from memory holds its source's token until
+	// this request, which must carry that token, gives it its own.
+	AccessToken *string `json:"access_token,omitempty"`
 }
 
 // ReinitResponse says, per item, what was applied and what was skipped
@@ -103,6 +111,30 @@ type ReinitRequest struct {
 type ReinitResponse struct {
 	Applied []string          `json:"applied"`
 	Skipped map[string]string `json:"skipped,omitempty"`
+}
+
+// AccessTokenHeader carries a sandbox's access token on every request to
+// its agent (envd's name).
+const AccessTokenHeader = "X-Access-Token"
+
+// The access token a sandbox is created with reaches its agent before
+// the agent serves, as a SHA-256 verifier only: in PID 1's environment
+// (containers) or on the kernel command line (VMs), both of which code in
+// the sandbox can read, so neither may hold the token itself. From its
+// first request the agent refuses any token that does not hash to it, and
+// learns the token itself from the first request that presents it.
+const (
+	// TokenHashEnv holds the hex SHA-256 in a container's PID 1 environment.
+	TokenHashEnv = "CUBE_AGENT_TOKEN_SHA256"
+	// TokenHashParam holds it on a VM's kernel command line.
+	TokenHashParam = "cube.token_sha256"
+)
+
+// TokenHash is the verifier of token that TokenHashEnv and TokenHashParam
+// carry: its SHA-256 in lowercase hex.
+func TokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
 }
 
 // DropSysAdminEnv, set to 1 in PID 1's environment, makes cube-agent drop

@@ -34,6 +34,10 @@ type CloneRequest struct {
 	// Network replaces the egress policy the snapshot's sandbox had; nil
 	// keeps that one.
 	Network *policy.Policy
+	// AccessTokens are the clones' access tokens, one per clone, or none
+	// (clones without one). A clone restored from memory is given its
+	// token by its reinit, before anything else reaches it.
+	AccessTokens []string
 }
 
 // CloneResult is the new sandboxes, in request order, and the timings of
@@ -92,6 +96,9 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 			State: lifecycle.Creating, Labels: maps.Clone(req.Labels), Annotations: maps.Clone(req.Annotations),
 			Env: maps.Clone(env), Resources: sn.Resources, RequestID: req.RequestID,
 			SourceSnapshotID: sn.ID, CreatedAt: now, UpdatedAt: now, NetworkPolicy: netPolicy,
+		}
+		if len(req.AccessTokens) > 0 {
+			rec.AccessToken = req.AccessTokens[i]
 		}
 		e := newEntry(rec)
 		_ = e.acquire(context.Background()) // fresh entry: never blocks
@@ -185,6 +192,14 @@ func (s *Service) validateClone(req *CloneRequest) error {
 		}
 	default:
 		return errdefs.FieldErrorf("sandbox_ids", "%d IDs for %d clones", len(req.SandboxIDs), req.Count)
+	}
+	if len(req.AccessTokens) != 0 && len(req.AccessTokens) != req.Count {
+		return errdefs.FieldErrorf("access_tokens", "%d tokens for %d clones", len(req.AccessTokens), req.Count)
+	}
+	for i, tok := range req.AccessTokens {
+		if err := validateToken(tok); err != nil {
+			return errdefs.FieldErrorf(fmt.Sprintf("access_tokens[%d]", i), "%v", err)
+		}
 	}
 	if err := validateMap("labels", req.Labels, labelKeyRE, 256); err != nil {
 		return err

@@ -29,6 +29,10 @@ type CreateRequest struct {
 	HostMounts []sandbox.HostMount
 	// Network is the egress policy; nil = the default (internet allowed).
 	Network *policy.Policy
+	// AccessToken is what the agent requires on every request from its
+	// first ("" = none: the agent serves anyone who reaches it until
+	// something sets a token through /init).
+	AccessToken string
 	// cold boots even when the template is warm (warming it).
 	cold bool
 }
@@ -65,7 +69,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
 		HostMounts: req.HostMounts, CreatedAt: now, UpdatedAt: now,
-		NetworkPolicy: req.Network,
+		NetworkPolicy: req.Network, AccessToken: req.AccessToken,
 	}
 	e := newEntry(rec)
 	_ = e.acquire(context.Background()) // fresh entry: never blocks

@@ -101,7 +101,7 @@ func (s *Service) snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotR
 		TemplateID: cur.TemplateID, Runtime: cur.Runtime, Labels: req.Labels,
 		CreatedAt: time.Now().UTC(), State: sandbox.SnapshotCreating,
 		Dir: pool.SnapshotDir(req.SnapshotID), DiskPath: pool.SnapshotDiskPath(req.SnapshotID),
-		Resources: cur.Resources, Env: cur.Env, NetworkPolicy: cur.NetworkPolicy,
+		Resources: cur.Resources, Env: cur.Env, NetworkPolicy: cur.NetworkPolicy, AccessToken: cur.AccessToken,
 	}
 	// The record first: whatever the flow writes, reconcile can find.
 	if err := s.store.CreateSnapshot(sn); err != nil {

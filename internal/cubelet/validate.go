@@ -1,6 +1,8 @@
 package cubelet
 
 import (
+	"errors"
+	"fmt"
 	"regexp"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -88,6 +90,9 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if err := validateMap("env", req.Env, sandbox.EnvKeyRE, 128<<10); err != nil {
 		return nil, err
 	}
+	if err := validateToken(req.AccessToken); err != nil {
+		return nil, errdefs.FieldErrorf("access_token", "%v", err)
+	}
 	if len(req.RequestID) > 128 {
 		return nil, errdefs.FieldErrorf("request_id", "longer than 128 bytes")
 	}
@@ -98,4 +103,22 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 		return nil, err
 	}
 	return tmpl, nil
+}
+
+// maxTokenLen bounds an agent access token (the control plane's are 64
+// hex digits).
+const maxTokenLen = 512
+
+// validateToken admits access tokens that fit in an HTTP header as they
+// are: printable ASCII without spaces.
+func validateToken(tok string) error {
+	if len(tok) > maxTokenLen {
+		return fmt.Errorf("longer than %d bytes", maxTokenLen)
+	}
+	for i := 0; i < len(tok); i++ {
+		if tok[i] <= ' ' || tok[i] > '~' {
+			return errors.New("only printable ASCII without spaces")
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package cubelet
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -60,6 +61,10 @@ func (s *Service) WarmTemplate(ctx context.Context, id, runtime string) (*WarmRe
 	boot, err := s.Create(ctx, CreateRequest{
 		SandboxID: "warm-" + sandboxid.New()[:12], TemplateID: id, Runtime: runtime, cold: true,
 		Labels: map[string]string{LabelWarmTemplate: id},
+		// A token nobody but this node knows: every clone of the warm
+		// snapshot holds it until its reinit gives it its own, so none
+		// serves without a token in between.
+		AccessToken: rand.Text(),
 	})
 	if boot != nil {
 		timings = append(timings, boot.Timings...)
@@ -172,6 +177,7 @@ func (s *Service) createWarm(ctx context.Context, req CreateRequest, sn *sandbox
 	res, err := s.Clone(ctx, CloneRequest{
 		RequestID: req.RequestID, SnapshotID: sn.ID, Count: 1, SandboxIDs: []string{req.SandboxID},
 		Labels: req.Labels, Annotations: req.Annotations, Env: req.Env, Network: req.Network,
+		AccessTokens: []string{req.AccessToken},
 	})
 	if err != nil {
 		var timings []workflow.Timing

@@ -42,9 +42,10 @@ func (s *Server) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest
 	res, err := s.svc.Create(ctx, cubelet.CreateRequest{
 		RequestID: req.RequestId, SandboxID: req.SandboxId, TemplateID: req.TemplateId,
 		Runtime: req.Runtime, Labels: req.Labels, Annotations: req.Annotations, Env: req.Env,
-		Resources:  resourcesFromPB(req.Resources),
-		HostMounts: hostMountsFromPB(req.HostMounts),
-		Network:    netPolicy,
+		Resources:   resourcesFromPB(req.Resources),
+		HostMounts:  hostMountsFromPB(req.HostMounts),
+		Network:     netPolicy,
+		AccessToken: req.AccessToken,
 	})
 	if err != nil {
 		return nil, ToGRPC(err, req.SandboxId)

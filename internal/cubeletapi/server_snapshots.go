@@ -56,7 +56,7 @@ func (s *Server) CloneSandbox(ctx context.Context, req *pb.CloneSandboxRequest) 
 	res, err := s.svc.Clone(ctx, cubelet.CloneRequest{
 		RequestID: req.RequestId, SnapshotID: req.SnapshotId, Count: int(req.Count),
 		SandboxIDs: req.SandboxIds, Labels: req.Labels, Annotations: req.Annotations, Env: req.Env,
-		Network: netPolicy,
+		Network: netPolicy, AccessTokens: req.AccessTokens,
 	})
 	if err != nil {
 		return nil, ToGRPC(err, "")

@@ -304,7 +304,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	}
 	err = failpoint.Eval(cctx, "master/create/placed")
 	if err == nil {
-		err = s.initAgent(cctx, sb, created, req.Env, "")
+		err = s.initAgent(cctx, sb, created, req.Env)
 	}
 	if err != nil {
 		s.log.Error("agent init failed; destroying the new sandbox", "sandbox_id", sb.ID, "node_id", node.ID, "err", err)
@@ -343,6 +343,9 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
 		Network:   networkPolicy(sb.Network),
 		Runtime:   sb.Runtime,
+		// The agent requires it from its first request: there is no
+		// moment between create and /init when it answers without.
+		AccessToken: sb.EnvdAccessToken,
 	})
 	err = fromGRPC(nodeID, err)
 	var created time.Time

@@ -188,18 +188,19 @@ func (a *agentClient) do(ctx context.Context, t *proxy.Target, method, path, tok
 
 // agentInit is envd's POST /init body.
 type agentInit struct {
-	EnvVars     map[string]string `json:"envVars,omitempty"`
-	AccessToken *string           `json:"accessToken,omitempty"`
-	Timestamp   *time.Time        `json:"timestamp,omitempty"`
+	EnvVars   map[string]string `json:"envVars,omitempty"`
+	Timestamp *time.Time        `json:"timestamp,omitempty"`
 }
 
 // initAgent reads the agent's envd version and hands it the sandbox's
-// environment and access token. oldToken is the token the agent may
-// already hold (a clone restored from a snapshot of a secured sandbox).
-func (s *Service) initAgent(ctx context.Context, sb *catalog.Sandbox, pb *cubeletpb.Sandbox, env map[string]string, oldToken string) error {
+// environment. The node started the agent with the sandbox's access
+// token (clones too: their reinit gave them their own), so every call
+// carries it.
+func (s *Service) initAgent(ctx context.Context, sb *catalog.Sandbox, pb *cubeletpb.Sandbox, env map[string]string) error {
 	t := s.target(sb, pb)
+	tok := sb.EnvdAccessToken
 	var info agentproto.Info
-	code, err := s.agents.do(ctx, t, http.MethodGet, agentproto.PathInfo, oldToken, nil, &info)
+	code, err := s.agents.do(ctx, t, http.MethodGet, agentproto.PathInfo, tok, nil, &info)
 	switch {
 	case err == nil && versionRE.MatchString(info.EnvdVersion):
 		sb.EnvdVersion = info.EnvdVersion
@@ -208,14 +209,12 @@ func (s *Service) initAgent(ctx context.Context, sb *catalog.Sandbox, pb *cubele
 	default:
 		return err
 	}
-	if sb.EnvdAccessToken == "" && len(env) == 0 && oldToken == "" {
+	if len(env) == 0 {
 		return nil
 	}
 	now := time.Now().UTC()
 	req := agentInit{EnvVars: env, Timestamp: &now}
-	tok := sb.EnvdAccessToken
-	req.AccessToken = &tok
-	if _, err := s.agents.do(ctx, t, http.MethodPost, "/init", oldToken, req, nil); err != nil {
+	if _, err := s.agents.do(ctx, t, http.MethodPost, "/init", tok, req, nil); err != nil {
 		return fmt.Errorf("initialise agent: %w", err)
 	}
 	return nil

@@ -212,9 +212,25 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 	c, err := s.client(snap.NodeID)
 	var resp *cubeletpb.CloneSandboxResponse
 	if err == nil {
+		// Each clone's own token: the node gives it to the clone's agent
+		// (its reinit, for one restored from memory) before returning it,
+		// so no clone answers the snapshot's token any more.
+		var tokens []string
+		for _, i := range written {
+			if rows[i].EnvdAccessToken != "" {
+				tokens = make([]string, 0, len(written))
+				break
+			}
+		}
+		if tokens != nil {
+			for _, i := range written {
+				tokens = append(tokens, rows[i].EnvdAccessToken)
+			}
+		}
 		resp, err = c.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
 			RequestId: ids[0], SnapshotId: snap.ID, Count: int32(len(ids)), SandboxIds: ids,
 			Labels: map[string]string{ManagedLabel: ManagedValue}, Env: env, Network: networkPolicy(rows[written[0]].Network),
+			AccessTokens: tokens,
 		})
 		err = fromGRPC(snap.NodeID, err)
 	}
@@ -243,7 +259,7 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 			fail(i, fmt.Errorf("node %s did not start clone %s: %w", snap.NodeID, r.ID, errdefs.ErrInternal))
 			continue
 		}
-		if err := s.initAgent(ctx, r, pb, env, snap.EnvdAccessToken); err != nil {
+		if err := s.initAgent(ctx, r, pb, env); err != nil {
 			s.destroyOn(snap.NodeID, r.ID)
 			fail(i, err)
 			continue

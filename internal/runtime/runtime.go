@@ -80,6 +80,12 @@ type Spec struct {
 	NetNSPath  string            // join this network namespace; "" = a new, empty one
 	Mounts     []Mount           // extra bind mounts
 	Labels     map[string]string // annotations, informational
+	// AgentTokenHash is the verifier (hex SHA-256) of the sandbox's agent
+	// access token, "" for none. The runtime hands it to PID 1 before it
+	// runs — containers in its environment, VMs on the kernel command
+	// line — so the agent refuses requests without the token from its
+	// first. Only the hash: both places are readable inside the sandbox.
+	AgentTokenHash string
 }
 
 // Mount is a bind mount from the host into the sandbox.

@@ -61,6 +61,11 @@ type Record struct {
 	// NetworkPolicy is the egress policy asked for at create or by the
 	// last UpdateSandboxNetwork; nil = the default (internet allowed).
 	NetworkPolicy *policy.Policy `json:"network_policy,omitempty"`
+	// AccessToken is the token the sandbox's agent requires ("" = none):
+	// given at create, handed to the agent as a verifier before it runs,
+	// and sent by cubelet on every call it makes to the agent. Never
+	// returned by the API.
+	AccessToken string `json:"access_token,omitempty"`
 }
 
 // PauseMode is how a paused sandbox keeps its memory.

@@ -47,6 +47,10 @@ type Snapshot struct {
 	// NetworkPolicy is the sandbox's egress policy when it was taken: a
 	// clone of a locked-down sandbox must not come up with internet.
 	NetworkPolicy *policy.Policy `json:"network_policy,omitempty"`
+	// AccessToken is the token the snapshotted agent held: a clone
+	// restored from the memory image answers it until its reinit gives
+	// it the clone's own.
+	AccessToken string `json:"access_token,omitempty"`
 }
 
 // SnapshotState is where a snapshot is in its own short life.

@@ -3,6 +3,8 @@ package vmguest
 import (
 	"net/netip"
 	"strings"
+
+	"github.com/cubesandbox/cube/internal/agentproto"
 )
 
 // NetConfig is the guest's eth0 address and default route.
@@ -16,7 +18,11 @@ type CmdlineOptions struct {
 	TCG      bool // no KVM: the TSC and timer checks are unreliable and slow
 	Hostname string
 	Net      *NetConfig
-	Extra    []string
+	// TokenHash is the verifier of the sandbox's agent access token
+	// (agentproto.TokenHashParam), never the token: /proc/cmdline is
+	// readable by every process in the guest.
+	TokenHash string
+	Extra     []string
 }
 
 // baseCmdline is what every guest boots with; docs/vm-guest.md says why.
@@ -42,6 +48,9 @@ func Cmdline(o CmdlineOptions) string {
 		if o.Net.Gateway.IsValid() {
 			args = append(args, "cube.gw="+o.Net.Gateway.String())
 		}
+	}
+	if o.TokenHash != "" {
+		args = append(args, agentproto.TokenHashParam+"="+o.TokenHash)
 	}
 	args = append(args, o.Extra...)
 	return strings.Join(args, " ")

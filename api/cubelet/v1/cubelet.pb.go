@@ -691,9 +691,13 @@ type CreateSandboxRequest struct {
 	Resources   *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
 	Env         map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Runtime driver; empty = the node default.
-	Runtime       string         `protobuf:"bytes,8,opt,name=runtime,proto3" json:"runtime,omitempty"`
-	Network       *NetworkPolicy `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
-	HostMounts    []*HostMount   `protobuf:"bytes,10,rep,name=host_mounts,json=hostMounts,proto3" json:"host_mounts,omitempty"`
+	Runtime    string         `protobuf:"bytes,8,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Network    *NetworkPolicy `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
+	HostMounts []*HostMount   `protobuf:"bytes,10,rep,name=host_mounts,json=hostMounts,proto3" json:"host_mounts,omitempty"`
+	// The token the sandbox's agent requires on every request from its
+	// first (envd's X-Access-Token); empty = none. Printable ASCII without
+	// spaces, at most 512 bytes. Never returned.
+	AccessToken   string `protobuf:"bytes,11,opt,name=access_token,json=accessToken,proto3" json:"access_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -796,6 +800,13 @@ func (x *CreateSandboxRequest) GetHostMounts() []*HostMount {
 		return x.HostMounts
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetAccessToken() string {
+	if x != nil {
+		return x.AccessToken
+	}
+	return ""
 }
 
 type CreateSandboxResponse struct {
@@ -3565,11 +3576,15 @@ type CloneSandboxRequest struct {
 	// 1-100.
 	Count int32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
 	// Optional explicit IDs (len = count); generated when empty.
-	SandboxIds    []string          `protobuf:"bytes,4,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"`
-	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Annotations   map[string]string `protobuf:"bytes,6,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Env           map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Network       *NetworkPolicy    `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	SandboxIds  []string          `protobuf:"bytes,4,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"`
+	Labels      map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Annotations map[string]string `protobuf:"bytes,6,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Env         map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Network     *NetworkPolicy    `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	// One access token per clone (as CreateSandboxRequest.access_token),
+	// in sandbox_ids' order; empty = clones without one. A clone restored
+	// from memory is given its own by its reinit, before it is returned.
+	AccessTokens  []string `protobuf:"bytes,9,rep,name=access_tokens,json=accessTokens,proto3" json:"access_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3656,6 +3671,13 @@ func (x *CloneSandboxRequest) GetEnv() map[string]string {
 func (x *CloneSandboxRequest) GetNetwork() *NetworkPolicy {
 	if x != nil {
 		return x.Network
+	}
+	return nil
+}
+
+func (x *CloneSandboxRequest) GetAccessTokens() []string {
+	if x != nil {
+		return x.AccessTokens
 	}
 	return nil
 }
@@ -3892,7 +3914,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x06action\x18\x03 \x01(\tR\x06action\x12\x14\n" +
 	"\x05phase\x18\x04 \x01(\tR\x05phase\x125\n" +
 	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xbc\x05\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xdf\x05\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -3908,7 +3930,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\anetwork\x18\t \x01(\v2\x19.cubelet.v1.NetworkPolicyR\anetwork\x126\n" +
 	"\vhost_mounts\x18\n" +
 	" \x03(\v2\x15.cubelet.v1.HostMountR\n" +
-	"hostMounts\x1a9\n" +
+	"hostMounts\x12!\n" +
+	"\faccess_token\x18\v \x01(\tR\vaccessToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -4141,7 +4164,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\xc9\x04\n" +
+	"\x16DeleteSnapshotResponse\"\xee\x04\n" +
 	"\x13CloneSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
@@ -4153,7 +4176,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v2+.cubelet.v1.CloneSandboxRequest.LabelsEntryR\x06labels\x12R\n" +
 	"\vannotations\x18\x06 \x03(\v20.cubelet.v1.CloneSandboxRequest.AnnotationsEntryR\vannotations\x12:\n" +
 	"\x03env\x18\a \x03(\v2(.cubelet.v1.CloneSandboxRequest.EnvEntryR\x03env\x123\n" +
-	"\anetwork\x18\b \x01(\v2\x19.cubelet.v1.NetworkPolicyR\anetwork\x1a9\n" +
+	"\anetwork\x18\b \x01(\v2\x19.cubelet.v1.NetworkPolicyR\anetwork\x12#\n" +
+	"\raccess_tokens\x18\t \x03(\tR\faccessTokens\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +

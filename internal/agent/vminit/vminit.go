@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
@@ -29,6 +30,10 @@ type Config struct {
 	Hostname string
 	Addr     netip.Prefix // eth0's address; invalid: leave eth0 down
 	Gateway  netip.Addr   // default route; invalid: none
+	// TokenHash is the verifier of the sandbox's access token
+	// (agentproto.TokenHashParam), "" when it has none: only the hash
+	// goes on the command line, which anything in the guest can read.
+	TokenHash string
 }
 
 var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
@@ -53,6 +58,8 @@ func ParseCmdline(cmdline string) (Config, error) {
 			if err != nil {
 				err = fmt.Errorf("vminit: cube.ip=%q: %v: %w", v, err, errdefs.ErrInvalidArgument)
 			}
+		case agentproto.TokenHashParam:
+			c.TokenHash = v
 		case "cube.gw":
 			c.Gateway, err = netip.ParseAddr(v)
 			if err != nil {

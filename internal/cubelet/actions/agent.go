@@ -59,14 +59,29 @@ func (a *agentAction) Clone(ctx context.Context, t *Task) error {
 	return a.n.reinitAgent(ctx, t)
 }
 
+// heldToken is the access token the sandbox's agent holds right after
+// launch: the snapshot's when it was restored from a memory image (clone,
+// rollback), its own otherwise (a cold boot got its verifier in the spec).
+func heldToken(d runtime.Driver, t *Task) string {
+	if memoryImage(d, t) != "" {
+		return t.source().AccessToken
+	}
+	return t.Record().AccessToken
+}
+
 // Rollback waits for the agent of the re-rooted sandbox.
 // A VM also re-syncs its clock: its memory image stopped the guest's time
-// when the snapshot was taken.
+// when the snapshot was taken. An agent restored from a snapshot taken
+// under another token is given the sandbox's own.
 func (a *agentAction) Rollback(ctx context.Context, t *Task) error {
 	if err := a.wait(ctx, t); err != nil {
 		return err
 	}
-	if a.n.BootsDisk(t.Record().Runtime) {
+	d, err := a.n.Driver(t.Record().Runtime)
+	if err != nil {
+		return err
+	}
+	if d.Capabilities().BootsDisk || heldToken(d, t) != t.Record().AccessToken {
 		return a.n.reinitAgent(ctx, t)
 	}
 	return nil
@@ -132,7 +147,7 @@ func (n *Node) reinitAgent(ctx context.Context, t *Task) error {
 	spec := specOf(rec, rec.Container, t.Template)
 	// A VM's agent starts with the kernel's bare environment, so it gets
 	// all of it, PATH included; a container's has it from its spec.
-	return agentclient.Reinit(ctx, d, rec, spec.Hostname, spec.Env, d.Capabilities().BootsDisk)
+	return agentclient.Reinit(ctx, d, rec, heldToken(d, t), spec.Hostname, spec.Env, d.Capabilities().BootsDisk)
 }
 
 // sealConsole switches a VM's console away from its file once the agent

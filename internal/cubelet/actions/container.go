@@ -88,8 +88,18 @@ func specOf(rec *sandbox.Record, c *sandbox.Container, tmpl *sandbox.Template) r
 			MemoryMiB: rec.Resources.MemoryMiB,
 			Pids:      rec.Resources.Pids,
 		},
-		Labels: rec.Labels,
+		Labels:         rec.Labels,
+		AgentTokenHash: tokenHash(rec.AccessToken),
 	}
+}
+
+// tokenHash is the verifier of an access token the runtime hands the
+// agent ("" for no token).
+func tokenHash(token string) string {
+	if token == "" {
+		return ""
+	}
+	return agentproto.TokenHash(token)
 }
 
 // launchSpec is the runtime spec the sandbox starts (or is restored)

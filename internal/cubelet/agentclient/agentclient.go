@@ -1,7 +1,9 @@
 // Package agentclient is how cubelet talks to the cube-agent inside a
 // sandbox over HTTP: it picks the endpoint (the runtime's own channel,
 // the network slot's host IP, or the sandbox's network namespace), polls
-// /health, and quiesces, wakes and re-initialises the agent.
+// /health, and quiesces, wakes and re-initialises the agent. Every request
+// carries the sandbox's access token (sandbox.Record.AccessToken): a
+// sandbox created with one has an agent that answers nothing without it.
 package agentclient
 
 import (
@@ -36,10 +38,27 @@ type Endpoint struct {
 	Client *http.Client
 	Base   string // "http://host:port", no trailing slash
 	PID    int    // the sandbox's init on the host, watched while polling
+	// Token goes in X-Access-Token on every request ("" = none).
+	Token string
 }
 
 // URL is path on the agent.
 func (e Endpoint) URL(path string) string { return e.Base + path }
+
+// NewRequest is a request to path on the agent, with the access token.
+func (e Endpoint) NewRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, e.URL(path), body)
+	if err != nil {
+		return nil, err
+	}
+	if e.Token != "" {
+		req.Header.Set(agentproto.AccessTokenHeader, e.Token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
+}
 
 // EndpointFor picks the path to a sandbox's agent, most direct first: the
 // runtime's own channel (runtime.AgentChannel: VMs), the slot's host IP
@@ -57,15 +76,16 @@ func EndpointFor(d runtime.Driver, rec *sandbox.Record) (Endpoint, error) {
 			return Endpoint{}, err
 		}
 		// The host is a placeholder: the channel's transport ignores it.
-		return Endpoint{Client: c, Base: "http://agent", PID: pid}, nil
+		return Endpoint{Client: c, Base: "http://agent", PID: pid, Token: rec.AccessToken}, nil
 	}
 	if nw := rec.Network; nw != nil && nw.HostIP != "" {
-		return Endpoint{Client: hostIPClient(), Base: "http://" + net.JoinHostPort(nw.HostIP, strconv.Itoa(agentproto.Port)), PID: pid}, nil
+		return Endpoint{Client: hostIPClient(), Base: "http://" + net.JoinHostPort(nw.HostIP, strconv.Itoa(agentproto.Port)), PID: pid, Token: rec.AccessToken}, nil
 	}
 	return Endpoint{
 		Client: nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid)),
 		Base:   fmt.Sprintf("http://127.0.0.1:%d", agentproto.Port),
 		PID:    pid,
+		Token:  rec.AccessToken,
 	}, nil
 }
 
@@ -82,14 +102,16 @@ func Wait(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	return pollHealth(ctx, e.Client, e.URL("/health"), e.PID)
+	return pollHealth(ctx, e)
 }
 
 // WaitAgent polls the agent's /health in the network namespace of pid
 // until it answers, the process dies, or ctx ends.
 func WaitAgent(ctx context.Context, pid int) error {
-	client := nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid))
-	return pollHealth(ctx, client, fmt.Sprintf("http://127.0.0.1:%d/health", agentproto.Port), pid)
+	return pollHealth(ctx, Endpoint{
+		Client: nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", pid)),
+		Base:   fmt.Sprintf("http://127.0.0.1:%d", agentproto.Port), PID: pid,
+	})
 }
 
 // WaitAgentVia polls the agent's /health through the sandbox's host IP
@@ -97,20 +119,21 @@ func WaitAgent(ctx context.Context, pid int) error {
 // sandbox's init (pid) dies, or ctx ends. This is the path the proxy
 // uses, so a sandbox is Running only when it is reachable that way.
 func WaitAgentVia(ctx context.Context, pid int, hostIP string) error {
-	client := hostIPClient()
-	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(agentproto.Port)) + "/health"
-	return pollHealth(ctx, client, url, pid)
+	return pollHealth(ctx, Endpoint{
+		Client: hostIPClient(), Base: "http://" + net.JoinHostPort(hostIP, strconv.Itoa(agentproto.Port)), PID: pid,
+	})
 }
 
-// pollHealth GETs url with a doubling delay (1 ms to 20 ms) until it
-// answers 2xx, the sandbox's init (pid) dies, or ctx ends. Every way of
+// pollHealth GETs /health with a doubling delay (1 ms to 20 ms) until it
+// answers 2xx, the sandbox's init (e.PID) dies, or ctx ends. Every way of
 // reaching the agent uses it.
-func pollHealth(ctx context.Context, client *http.Client, url string, pid int) error {
+func pollHealth(ctx context.Context, e Endpoint) error {
+	client, url, pid := e.Client, e.URL("/health"), e.PID
 	defer client.CloseIdleConnections()
 	delay := time.Millisecond
 	var last error
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req, _ := e.NewRequest(ctx, http.MethodGet, "/health", nil)
 		resp, err := client.Do(req)
 		if err == nil {
 			resp.Body.Close()
@@ -162,11 +185,10 @@ func Quiesce(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
 	}
 	defer e.Client.CloseIdleConnections()
 	body, _ := json.Marshal(agentproto.QuiesceRequest{TimeoutMs: QuiesceTimeout.Milliseconds()})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL(agentproto.PathQuiesce), bytes.NewReader(body))
+	req, err := e.NewRequest(ctx, http.MethodPost, agentproto.PathQuiesce, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.Client.Do(req)
 	if err != nil {
 		return fmt.Errorf("quiesce agent: %w: %w", err, errdefs.ErrUnavailable)
@@ -247,16 +269,20 @@ func Wake(ctx context.Context, d runtime.Driver, rec *sandbox.Record, timeout ti
 
 // Reinit re-initialises what must differ in a clone restored from another
 // sandbox's memory image: hostname, the variables of env ("K=V", what the
-// container spec sets: CUBE_SANDBOX_ID, ...), clock and entropy, and a
-// VM's MAC (runtime.MACReporter). fullEnv sends PATH too (a VM's agent
-// starts with the kernel's bare environment). The response says what the
-// sandbox permitted; skipped items are logged, not failures (gVisor keeps
-// the host clock and may refuse the hostname).
-func Reinit(ctx context.Context, d runtime.Driver, rec *sandbox.Record, hostname string, envList []string, fullEnv bool) error {
+// container spec sets: CUBE_SANDBOX_ID, ...), clock and entropy, a VM's
+// MAC (runtime.MACReporter), and the access token, which becomes rec's.
+// held is the token the agent holds now, which the request carries: the
+// snapshot's for a clone restored from memory, rec's own otherwise.
+// fullEnv sends PATH too (a VM's agent starts with the kernel's bare
+// environment). The response says what the sandbox permitted; skipped
+// items are logged, not failures (gVisor keeps the host clock and may
+// refuse the hostname).
+func Reinit(ctx context.Context, d runtime.Driver, rec *sandbox.Record, held, hostname string, envList []string, fullEnv bool) error {
 	e, err := EndpointFor(d, rec)
 	if err != nil {
 		return err
 	}
+	e.Token = held
 	defer e.Client.CloseIdleConnections()
 	env := map[string]string{}
 	for _, kv := range envList {
@@ -266,20 +292,20 @@ func Reinit(ctx context.Context, d runtime.Driver, rec *sandbox.Record, hostname
 	}
 	seed := make([]byte, 64)
 	_, _ = rand.Read(seed)
+	token := rec.AccessToken
 	ri := agentproto.ReinitRequest{
 		Hostname: hostname, Env: env, TimeUnixNs: time.Now().UnixNano(),
-		Entropy: base64.StdEncoding.EncodeToString(seed),
+		Entropy: base64.StdEncoding.EncodeToString(seed), AccessToken: &token,
 	}
 	// A VM clone's NIC still has the original's address in guest memory.
 	if m, ok := d.(runtime.MACReporter); ok && rec.Network != nil {
 		ri.MAC = m.MAC(rec.Container.ID)
 	}
 	body, _ := json.Marshal(ri)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL(agentproto.PathReinit), bytes.NewReader(body))
+	req, err := e.NewRequest(ctx, http.MethodPost, agentproto.PathReinit, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := e.Client.Do(req)
 	if err != nil {
 		return fmt.Errorf("reinit agent: %w: %w", err, errdefs.ErrUnavailable)

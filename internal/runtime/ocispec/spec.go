@@ -16,6 +16,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
 )
@@ -125,13 +126,17 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 		hostname = s.ID
 	}
 
+	env := slices.Clone(s.Env)
+	if s.AgentTokenHash != "" {
+		env = append(env, agentproto.TokenHashEnv+"="+s.AgentTokenHash)
+	}
 	sp := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			Terminal: false,
 			User:     specs.User{UID: 0, GID: 0},
 			Args:     slices.Clone(s.Args),
-			Env:      slices.Clone(s.Env),
+			Env:      env,
 			Cwd:      cwd,
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  slices.Clone(defaultCaps),

@@ -61,7 +61,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 	if hostname == "" {
 		hostname = s.ID
 	}
-	opts := vmguest.CmdlineOptions{TCG: d.accel == "tcg", Hostname: hostname, Extra: d.extra}
+	opts := vmguest.CmdlineOptions{TCG: d.accel == "tcg", Hostname: hostname, TokenHash: s.AgentTokenHash, Extra: d.extra}
 	shape := Shape{
 		MemoryMiB: mem, VCPUs: vcpusFor(s.Limits.MilliCPU), Accel: d.accel, Machine: Machine,
 		CPU: cpuModel(d.accel), Kernel: g.Kernel, Initrd: g.Initrd, KernelVersion: g.KernelVersion,
