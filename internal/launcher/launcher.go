@@ -69,6 +69,7 @@ type Config struct {
 	// flags do not cover; tests use it for private cgroups and ports).
 	ExtraMasterTOML  string
 	ExtraCubeletTOML string
+	ExtraNetworkTOML string
 	// Out receives the environment and the sample; Log the progress.
 	Out io.Writer
 	Log *slog.Logger
@@ -154,6 +155,9 @@ func Up(ctx context.Context, cfg Config) error {
 		// CIDR, pool) keeps network-agent's defaults.
 		nt := fmt.Sprintf("# Written by cube up; regenerated at every start.\nrun_dir = %q\ndata_dir = %q\n[api]\nsocket = %q\n",
 			filepath.Join(cfg.RunDir, "network"), filepath.Join(cfg.StateDir, "network"), filepath.Join(cfg.RunDir, "network-agent.sock"))
+		if nt, err = mergeTOML(nt, cfg.ExtraNetworkTOML); err != nil {
+			return fmt.Errorf("extra network-agent config: %w", err)
+		}
 		if err := os.WriteFile(netCfg, []byte(nt), 0o600); err != nil {
 			return err
 		}

@@ -117,8 +117,20 @@ test('an unknown template is 404, a malformed one 400', async () => {
   await assert.rejects(Sandbox.create('Not a template!'), (err) => err instanceof SandboxError && /^400: /.test(err.message))
 })
 
-test('snapshots and fork, where the node supports them', async (t) => {
+// envd's port of a sandbox through the route, with token (or none).
+const envd = (id, path, token) => fetch(process.env.E2B_SANDBOX_URL + path, {
+  headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '49983', ...(token ? { 'X-Access-Token': token } : {}) },
+})
+
+// Every SDK sandbox is secure: the node (cubelet) calls its agent with its
+// access token (quiesce, reinit), and each clone answers its own token,
+// never its source's. CUBE_E2E_RUNTIME is the node's runtime (runc,
+// gvisor: memory snapshots, vm: memory snapshots).
+test('snapshot, create from snapshot and fork of secure sandboxes', async (t) => {
   const sbx = await make(template, { metadata: { tag } })
+  assert.ok(sbx.envdAccessToken, 'an SDK sandbox is secure (has an envd access token)')
+  assert.equal((await envd(sbx.sandboxId, '/envs')).status, 401, 'envd without the token')
+  assert.equal((await envd(sbx.sandboxId, '/envs', sbx.envdAccessToken)).status, 200, 'envd with the token')
   await sbx.commands.run('echo snap > /tmp/mark')
   let snap
   try {
@@ -128,14 +140,22 @@ test('snapshots and fork, where the node supports them', async (t) => {
     throw err
   }
   const child = await make(snap.snapshotId)
+  assert.ok(child.envdAccessToken && child.envdAccessToken !== sbx.envdAccessToken, 'the clone has its own token')
   assert.equal((await child.commands.run('cat /tmp/mark')).stdout, 'snap\n')
+  assert.equal((await envd(child.sandboxId, '/envs', sbx.envdAccessToken)).status, 401, "the clone refuses its source's token")
+  assert.equal((await envd(child.sandboxId, '/envs')).status, 401, 'the clone refuses no token')
+  // The source is still secure and still answers its own token.
+  assert.equal((await sbx.commands.run('cat /tmp/mark')).stdout, 'snap\n')
   const forks = await sbx.fork({ count: 2 })
   for (const f of forks) {
     if (f instanceof Error) throw f
     created.push(f.sandboxId)
+    assert.ok(f.envdAccessToken && f.envdAccessToken !== sbx.envdAccessToken, 'a fork has its own token')
     assert.equal((await f.commands.run('cat /tmp/mark')).stdout, 'snap\n')
+    assert.equal((await envd(f.sandboxId, '/envs', sbx.envdAccessToken)).status, 401, "a fork refuses its source's token")
   }
   await Sandbox.deleteSnapshot(snap.snapshotId)
+  console.log(`SNAPSHOTS runtime ${process.env.CUBE_E2E_RUNTIME || 'runc'}: snapshot, create from snapshot, fork x2 of secure sandboxes ok`)
 })
 
 // The closing-note figure: Sandbox.create() -> commands.run('echo hi'),

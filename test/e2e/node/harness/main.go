@@ -3,7 +3,9 @@
 // template (plus a bash shim the E2B SDK needs), creates a sandbox,
 // initialises its agent the way cubelet will (access token, default user,
 // env), forwards a host port into the sandbox's network namespace, and
-// serves the single control-plane call the SDK makes. Then it runs the
+// serves the single control-plane call the SDK makes. The sandbox is
+// created with its access token, as the control plane creates every one:
+// the harness first checks that the agent refuses a request without it. Then it runs the
 // command with the E2B_* variables pointing there, tears everything down,
 // checks for leaks, and exits with the command's status.
 //
@@ -92,8 +94,9 @@ func run(agentBin, runtime string, command []string, log *slog.Logger) (code int
 			code = max(code, 1)
 		}
 	}()
+	token := randHex(16)
 	created := time.Now()
-	sb, err := n.createSandbox(setupCtx)
+	sb, err := n.createSandbox(setupCtx, token)
 	if err != nil {
 		return fail(err)
 	}
@@ -125,17 +128,20 @@ func run(agentBin, runtime string, command []string, log *slog.Logger) (code int
 	var info struct {
 		EnvdVersion string `json:"envdVersion"`
 	}
-	if err := call(setupCtx, agent, "GET", "http://"+agentAddr+"/_cube/info", "", nil, &info); err != nil {
+	// Before anything initialised the agent: without the token, 401.
+	if err := call(setupCtx, agent, "GET", "http://"+agentAddr+"/_cube/info", "", nil, nil); err == nil || !strings.Contains(err.Error(), "401") {
+		return fail(fmt.Errorf("agent info without the access token right after create: %v, want 401", err))
+	}
+	if err := call(setupCtx, agent, "GET", "http://"+agentAddr+"/_cube/info", token, nil, &info); err != nil {
 		return fail(fmt.Errorf("agent info: %w", err))
 	}
-	token := randHex(16)
 	initBody, _ := json.Marshal(map[string]any{
 		"accessToken": token,
 		"defaultUser": "user",
 		"envVars":     map[string]string{"CUBE_SANDBOX_ID": sb.ID, "CUBE_E2E": "1"},
 		"timestamp":   time.Now().UTC(),
 	})
-	if err := call(setupCtx, agent, "POST", "http://"+agentAddr+"/init", "", initBody, nil); err != nil {
+	if err := call(setupCtx, agent, "POST", "http://"+agentAddr+"/init", token, initBody, nil); err != nil {
 		return fail(fmt.Errorf("agent init: %w", err))
 	}
 	time.Sleep(time.Second) // let the agent settle before measuring it idle

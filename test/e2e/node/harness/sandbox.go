@@ -95,8 +95,8 @@ max_backoff = "2s"
 }
 
 // createSandbox imports the E2B-flavoured busybox template and creates
-// one sandbox from it.
-func (n *node) createSandbox(ctx context.Context) (*sandbox.Record, error) {
+// one sandbox from it, with token as its agent's access token.
+func (n *node) createSandbox(ctx context.Context, token string) (*sandbox.Record, error) {
 	img := filepath.Join(n.dir, "e2b-busybox-oci")
 	if err := testimage.WriteE2BBusybox(img); err != nil {
 		return nil, fmt.Errorf("template image: %w", err)
@@ -105,10 +105,11 @@ func (n *node) createSandbox(ctx context.Context) (*sandbox.Record, error) {
 		return nil, fmt.Errorf("import template: %w", err)
 	}
 	res, err := n.svc.Create(ctx, cubelet.CreateRequest{
-		TemplateID: "e2b-busybox",
-		Labels:     map[string]string{"suite": "e2e-node"},
-		Runtime:    n.runtime,
-		Resources:  sandbox.Resources{MilliCPU: 1000, MemoryMiB: 512, Pids: 1024},
+		TemplateID:  "e2b-busybox",
+		Labels:      map[string]string{"suite": "e2e-node"},
+		Runtime:     n.runtime,
+		Resources:   sandbox.Resources{MilliCPU: 1000, MemoryMiB: 512, Pids: 1024},
+		AccessToken: token,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)

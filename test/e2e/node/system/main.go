@@ -9,8 +9,14 @@
 // E2B_SANDBOX_URL is cubemaster's in-process cubeproxy; with
 // -standalone-proxy it is a separate cmd/cubeproxy process instead.
 //
+// With -runtime gvisor or vm the node's default runtime is that one, with
+// a network-agent (on a private link prefix and a random node CIDR) for
+// the sandboxes' slots; vm builds the guest kernel and initramfs once
+// (CUBE_VM_ACCEL: tcg by default). CUBE_E2E_RUNTIME tells the suite.
+//
 //	go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -standalone-proxy -- npm --prefix test/e2e/node run test:controlplane
+//	go run ./test/e2e/node/system -runtime gvisor -- npm --prefix test/e2e/node run test:snapshots
 package main
 
 import (
@@ -41,6 +47,7 @@ import (
 func main() {
 	verbose := flag.Bool("v", false, "show the daemons' logs")
 	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
+	flag.StringVar(&runtimeName, "runtime", "runc", "the node's default runtime: runc, gvisor or vm")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
 		flag.PrintDefaults()
@@ -54,6 +61,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "system: needs root (loop devices, mounts, cgroups, runc)")
 		os.Exit(2)
 	}
+	switch runtimeName {
+	case "runc", "gvisor", "vm":
+	default:
+		fmt.Fprintf(os.Stderr, "system: -runtime %q: want runc, gvisor or vm\n", runtimeName)
+		os.Exit(2)
+	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelInfo
@@ -62,7 +75,10 @@ func main() {
 	os.Exit(run(flag.Args(), *verbose, log))
 }
 
-var standaloneProxy bool
+var (
+	standaloneProxy bool
+	runtimeName     string
+)
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -80,7 +96,12 @@ func freeAddr() (string, error) {
 }
 
 func build(dir string) error {
-	for _, b := range []string{"cubelet", "cubemaster", "cube-agent", "cubeproxy"} {
+	bins := []string{"cubelet", "cubemaster", "cube-agent", "cubeproxy"}
+	if runtimeName != "runc" {
+		// gVisor and VM sandboxes are reached only through a slot.
+		bins = append(bins, "network-agent")
+	}
+	for _, b := range bins {
 		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b), "./cmd/"+b)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -98,6 +119,13 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		return 1
 	}
 	id := randHex(4)
+	var rtNode, rtTables string
+	if runtimeName != "runc" {
+		var err error
+		if rtNode, rtTables, err = runtimeTOML(); err != nil {
+			return fail(err)
+		}
+	}
 	root := filepath.Join(os.TempDir(), "cube-e2e-system-"+id)
 	bin := filepath.Join(root, "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
@@ -107,13 +135,22 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		StateDir: filepath.Join(root, "state"), RunDir: filepath.Join(root, "run"), LogDir: filepath.Join(root, "log"), BinDir: bin,
 		Template: "e2b", TemplateSource: filepath.Join(root, "image"),
 		ExtraMasterTOML: "[api]\nnode = \"\"\n",
-		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"e2e-%[1]s\"\ncgroup_parent = \"cube-e2e-%[1]s\"\n[api]\ntcp = \"\"\nmetrics = \"\"\n"+
-			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 64\n[gc]\ninterval = \"200ms\"\n", id),
+		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"e2e-%[1]s\"\ncgroup_parent = \"cube-e2e-%[1]s\"\n%[2]s[api]\ntcp = \"\"\nmetrics = \"\"\n"+
+			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 64\n[gc]\ninterval = \"200ms\"\n%[3]s", id, rtNode, rtTables),
 		Out: io.Discard, Log: log,
 	}
 	scope := leakcheck.Scope{
 		DataDir: cfg.StateDir, RunDir: cfg.RunDir, RuncRoot: filepath.Join(cfg.RunDir, "runc"), CgroupName: "cube-e2e-" + id,
 		AllowMounts: []string{filepath.Join(cfg.StateDir, "pool")}, AllowLoopBacking: []string{filepath.Join(cfg.StateDir, "pool.img")},
+	}
+	if runtimeName != "runc" {
+		// A TCG VM boots in seconds when it gets a core; a fork restores
+		// two of them at once.
+		cfg.ExtraMasterTOML += "[sandbox]\ncreate_timeout = \"5m\"\n"
+		prefix := "sy" + id[:6]
+		cfg.ExtraNetworkTOML = networkTOML(prefix)
+		scope.NetPrefix, scope.NetnsDir = prefix, filepath.Join(cfg.RunDir, "network", "netns")
+		scope.RunscRoot, scope.VMRoot = filepath.Join(cfg.RunDir, "runsc"), filepath.Join(cfg.RunDir, "vm")
 	}
 	defer func() {
 		if p, err := storage.OpenPool(context.Background(), storage.PoolConfig{Dir: filepath.Join(cfg.StateDir, "pool"), ImageSizeBytes: 1 << 30}); err == nil {
@@ -200,7 +237,8 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],
-		"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template)
+		"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template,
+		"CUBE_E2E_RUNTIME="+runtimeName)
 	code := 0
 	if err := cmd.Run(); err != nil {
 		code = 1
