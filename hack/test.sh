@@ -59,4 +59,14 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   # runs the suite through a separate cmd/cubeproxy process instead.
   proxy_flag=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && proxy_flag="-standalone-proxy"
   go run ./test/e2e/node/system $proxy_flag -- npm --prefix test/e2e/node run test:controlplane
+  # Snapshot, create from snapshot and fork of secure SDK sandboxes through
+  # the E2B API on the memory-snapshot runtimes too (runc ran them above).
+  if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
+    echo "== node e2e: control plane snapshots, gvisor runtime"
+    go run ./test/e2e/node/system -runtime gvisor -- npm --prefix test/e2e/node run test:snapshots
+  fi
+  if [ "${CUBE_TEST_VM:-1}" != 0 ]; then
+    echo "== node e2e: control plane snapshots, vm runtime"
+    go run ./test/e2e/node/system -runtime vm -- npm --prefix test/e2e/node run test:snapshots
+  fi
 fi

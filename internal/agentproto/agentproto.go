@@ -125,9 +125,9 @@ const AccessTokenHeader = "X-Access-Token"
 // learns the token itself from the first request that presents it.
 const (
 	// TokenHashEnv holds the hex SHA-256 in a container's PID 1 environment.
-	TokenHashEnv = "CUBE_AGENT_TOKEN_SHA256"
+	TokenHashEnv = "CUBE_AGENT_TOKEN_SHA256" //nolint:gosec // G101: a variable's name, not a credential
 	// TokenHashParam holds it on a VM's kernel command line.
-	TokenHashParam = "cube.token_sha256"
+	TokenHashParam = "cube.token_sha256" //nolint:gosec // G101: a parameter's name, not a credential
 )
 
 // TokenHash is the verifier of token that TokenHashEnv and TokenHashParam

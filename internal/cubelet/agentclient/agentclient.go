@@ -301,7 +301,7 @@ func Reinit(ctx context.Context, d runtime.Driver, rec *sandbox.Record, held, ho
 	if m, ok := d.(runtime.MACReporter); ok && rec.Network != nil {
 		ri.MAC = m.MAC(rec.Container.ID)
 	}
-	body, _ := json.Marshal(ri)
+	body, _ := json.Marshal(ri) //nolint:gosec // G117: the token goes to the sandbox's own agent, whose token it becomes
 	req, err := e.NewRequest(ctx, http.MethodPost, agentproto.PathReinit, bytes.NewReader(body))
 	if err != nil {
 		return err

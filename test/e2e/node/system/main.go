@@ -256,6 +256,23 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		fmt.Fprintln(os.Stdout, "system: cube up:", err)
 		code = max(code, 1)
 	}
+	if runtimeName != "runc" {
+		// cube up leaves network-agent's slots for the next start, as it
+		// leaves sandboxes: this run's go with it.
+		out, err := exec.Command(filepath.Join(bin, "network-agent"), "--config",
+			filepath.Join(cfg.StateDir, "launcher", "network-agent.toml"), "--purge").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stdout, "system: network-agent --purge: %v\n%s", err, out)
+			code = max(code, 1)
+		}
+	}
+	if code != 0 {
+		// root goes when this returns: keep the daemons' logs.
+		keep := root + "-logs"
+		if err := exec.Command("cp", "-a", cfg.LogDir, keep).Run(); err == nil {
+			fmt.Fprintln(os.Stdout, "system: daemon logs kept in", keep)
+		}
+	}
 	if leaks, err := leakcheck.Check(context.Background(), scope); err != nil || len(leaks) > 0 {
 		fmt.Fprintf(os.Stdout, "system: leaks after the run: %v %v\n", leaks, err)
 		code = max(code, 1)
