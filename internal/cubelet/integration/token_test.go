@@ -11,6 +11,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 )
@@ -121,6 +122,11 @@ func TestAgentAccessToken(t *testing.T) {
 			// Right after create, before any /init.
 			wantRefused(t, svc, a.ID, "", "wrong", tokA+"x")
 			wantServed(t, svc, a.ID, tokA)
+			for _, bad := range []string{"has space", "line\nbreak", strings.Repeat("x", 513)} {
+				if _, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", Runtime: rt, AccessToken: bad}); !errdefs.IsInvalidArgument(err) {
+					t.Fatalf("create with access token %.20q = %v, want InvalidArgument", bad, err)
+				}
+			}
 			if rt != "vm" {
 				// Control: no token in the spec, the same probe succeeds.
 				b := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "tok-b", Runtime: rt})
