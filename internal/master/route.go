@@ -119,14 +119,24 @@ func (s *Service) target(sb *catalog.Sandbox, pb *cubeletpb.Sandbox) *proxy.Targ
 // agentClient talks HTTP to the cube-agent (envd) in sandboxes, through
 // the same dialer as the route: its transport's host is the sandbox ID.
 type agentClient struct {
-	s  *Service
-	hc *http.Client
-	tr *http.Transport
+	s *Service
 }
 
 type agentTargetKey struct{}
 
-func newAgentClient(s *Service) *agentClient {
+func newAgentClient(s *Service) *agentClient { return &agentClient{s: s} }
+
+// client is a client for one call, and closes the connections it dialed.
+// No pooling: every call may be for a sandbox whose network namespace was
+// just created or restored. Yet the request does not ask the agent to
+// close ("Connection: close"): this side closes once the answer is read.
+// Had the agent closed first, its end would sit in TIME_WAIT inside the
+// sandbox for a minute, and a gVisor sandbox cannot save such an
+// endpoint: a memory snapshot in that minute (a fork right after a
+// create) would fail and take the sandbox down.
+func (a *agentClient) client() (*http.Client, func()) {
+	var mu sync.Mutex
+	var conns []net.Conn
 	tr := &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -136,16 +146,25 @@ func newAgentClient(s *Service) *agentClient {
 			}
 			_, ps, _ := net.SplitHostPort(addr)
 			port, _ := strconv.Atoi(ps)
-			return s.dialer.DialSandbox(ctx, t, port)
+			c, err := a.s.dialer.DialSandbox(ctx, t, port)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+			return c, err
 		},
-		// No pooling: every call may be for a sandbox whose network
-		// namespace was just created or restored.
-		DisableKeepAlives: true,
 	}
-	return &agentClient{s: s, tr: tr, hc: &http.Client{Transport: tr, Timeout: 15 * time.Second}}
+	done := func() {
+		tr.CloseIdleConnections()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	return &http.Client{Transport: tr, Timeout: 15 * time.Second}, done
 }
-
-func (a *agentClient) close() { a.tr.CloseIdleConnections() }
 
 // do sends one request to the agent of t. token, when set, goes in
 // X-Access-Token.
@@ -169,7 +188,11 @@ func (a *agentClient) do(ctx context.Context, t *proxy.Target, method, path, tok
 	if token != "" {
 		req.Header.Set("X-Access-Token", token)
 	}
-	resp, err := a.hc.Do(req)
+	hc, done := a.client()
+	// Deferred before the body's Close, so it runs after it: the answer
+	// is read, and this side closes the connection.
+	defer done()
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("agent of %s: %v: %w", t.SandboxID, err, errdefs.ErrUnavailable)
 	}

@@ -156,7 +156,6 @@ func (s *Service) goBackground(fn func(ctx context.Context)) {
 func (s *Service) Close() error {
 	s.cancel()
 	s.wg.Wait()
-	s.agents.close()
 	s.reg.mu.Lock()
 	for _, ns := range s.reg.nodes {
 		if ns.conn != nil {
