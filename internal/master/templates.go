@@ -98,7 +98,7 @@ func (s *Service) templateSizeMiB(id string) int64 {
 // deletes snapshots (any key may) and templates (an admin key only:
 // every key's sandboxes use them).
 func (s *Service) DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error) {
-	if _, err := s.cat.GetSnapshot(ctx, name); err == nil {
+	if _, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), name); err == nil {
 		return nil, s.DeleteSnapshot(ctx, name)
 	}
 	if !admin {
@@ -114,7 +114,7 @@ func (s *Service) DeleteFromAPI(ctx context.Context, name string, admin bool) ([
 // every node that holds it (E2B deletes snapshots through the template
 // endpoint). A template in use on a node is FailedPrecondition.
 func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, error) {
-	if _, err := s.cat.GetSnapshot(ctx, name); err == nil {
+	if _, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), name); err == nil {
 		return nil, s.DeleteSnapshot(ctx, name)
 	}
 	t, err := s.GetTemplate(ctx, name)
