@@ -110,9 +110,17 @@ func (c *Catalog) CreateSandbox(ctx context.Context, s *Sandbox) error {
 	if s.Team == "" {
 		s.Team = DefaultTeam
 	}
-	err := c.tx(ctx, func(tx *sql.Tx) error {
-		if err := checkQuota(ctx, tx, s); err != nil {
-			return err
+	// A quota set between this read and the transaction applies from the
+	// next create on.
+	limited, err := c.teamLimited(ctx, s.Team)
+	if err != nil {
+		return err
+	}
+	err = c.tx(ctx, func(tx *sql.Tx) error {
+		if limited {
+			if err := checkQuota(ctx, tx, s); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(21)+`)`, append(s.args(), s.Team)...); err != nil { //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
 			return err

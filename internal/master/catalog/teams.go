@@ -137,28 +137,34 @@ func (c *Catalog) ListTeams(ctx context.Context) ([]*Team, map[string]TeamUsage,
 	return out, usage, urows.Err()
 }
 
+// teamLimited reports whether a team has a quota (read before the
+// create's transaction: a team without one costs no write).
+func (c *Catalog) teamLimited(ctx context.Context, team string) (bool, error) {
+	t, err := c.GetTeam(ctx, team)
+	if err != nil {
+		return false, err
+	}
+	return t.Quota.limited(), nil
+}
+
 // checkQuota refuses, inside the transaction that inserts s, a row that
-// would take its team over a quota. A team without limits costs one read.
-// A limited one first writes its team row: that write takes the row's lock
-// (InnoDB) or the database's write lock (SQLite) until the transaction
-// ends, so the creates of one team are counted one after another and two
-// concurrent creates cannot both fit under the last free slot.
+// would take its team over a quota. Its first statement writes the team's
+// row: that takes the row's lock (InnoDB) or the database's write lock
+// (SQLite) until the transaction ends, so the creates of one team are
+// counted one after another and two concurrent creates cannot both fit
+// under the last free slot. The write comes before any read on purpose:
+// InnoDB's repeatable-read snapshot starts at a transaction's first read,
+// so a read before the lock would count rows as they were before the
+// creates it waited for.
 func checkQuota(ctx context.Context, tx *sql.Tx, s *Sandbox) error {
-	read := func() (*Team, error) {
-		t, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamCols+` FROM teams WHERE name = ?`, s.Team))
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("team %q: %w", s.Team, errdefs.ErrNotFound)
-		}
-		return t, err
-	}
-	t, err := read()
-	if err != nil || !t.Quota.limited() {
-		return err
-	}
 	if _, err := tx.ExecContext(ctx, `UPDATE teams SET creates = creates + 1 WHERE name = ?`, s.Team); err != nil {
 		return err
 	}
-	if t, err = read(); err != nil { // the quota as of the lock
+	t, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamCols+` FROM teams WHERE name = ?`, s.Team))
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("team %q: %w", s.Team, errdefs.ErrNotFound)
+	}
+	if err != nil {
 		return err
 	}
 	var u TeamUsage
