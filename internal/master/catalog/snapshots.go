@@ -71,10 +71,10 @@ func (c *Catalog) GetTeamSnapshot(ctx context.Context, team, idOrName string) (*
 	if team != "" {
 		cond, args = ` AND team = ?`, append(args, team)
 	}
-	s, err := scanSnapshot(c.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`+cond, args...)) //nolint:gosec // G202: constant conditions; values are bound as args
+	s, err := scanSnapshot(c.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`+cond, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		s, err = scanSnapshot(c.db.QueryRowContext(ctx,
-			`SELECT `+snapshotCols+` FROM snapshots WHERE name = ?`+cond+` ORDER BY created_at DESC LIMIT 1`, args...)) //nolint:gosec // G202: as above
+			`SELECT `+snapshotCols+` FROM snapshots WHERE name = ?`+cond+` ORDER BY created_at DESC LIMIT 1`, args...))
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("snapshot %q: %w", idOrName, errdefs.ErrNotFound)

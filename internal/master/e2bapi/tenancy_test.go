@@ -103,8 +103,8 @@ func TestTenancyMatrix(t *testing.T) {
 		md := url.QueryEscape(url.Values{"owner": {"a"}}.Encode())
 		for _, path := range []string{"/v2/sandboxes", "/sandboxes", "/v2/sandboxes?metadata=" + md, "/v2/sandboxes?state=running,paused"} {
 			for _, tc := range []struct {
-				who       string
-				c         *mastertest.Client
+				who        string
+				c          *mastertest.Client
 				own, other string
 			}{{"A", a, sbA.SandboxID, sbB.SandboxID}, {"B", b, sbB.SandboxID, sbA.SandboxID}} {
 				var got []listed

@@ -209,7 +209,9 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	teamKeys, err := makeTeams(ctx, filepath.Join(cfg.RunDir, "cubemaster.sock"))
 	if err != nil {
 		cancelUp()
-		<-upDone
+		if upErr := <-upDone; upErr != nil {
+			fmt.Fprintln(os.Stdout, "system: cube up:", upErr)
+		}
 		return fail(err)
 	}
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
