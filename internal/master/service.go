@@ -178,7 +178,7 @@ func (s *Service) Ping(ctx context.Context) error { return s.cat.Ping(ctx) }
 
 // event appends to a sandbox's log; failures are only logged.
 // Audit records that the holder of an API key did action to a sandbox:
-// who (the key's name and ID) did what to which sandbox. It goes to the
+// who (the key's team, name and ID) did what to which sandbox. It goes to the
 // master's log always and to the sandbox's event log (the E2B logs
 // endpoint) while the sandbox has one: a kill removes the sandbox's row
 // and its events, so its audit line is in the master's log only.

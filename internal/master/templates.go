@@ -95,8 +95,9 @@ func (s *Service) templateSizeMiB(id string) int64 {
 }
 
 // DeleteFromAPI is DeleteTemplate for the E2B API, where the same call
-// deletes snapshots (any key may) and templates (an admin key only:
-// every key's sandboxes use them).
+// deletes snapshots (any key of the snapshot's team: ctx's team scopes the
+// lookup) and templates (an admin key only: every team's sandboxes use
+// them).
 func (s *Service) DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error) {
 	if _, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), name); err == nil {
 		return nil, s.DeleteSnapshot(ctx, name)
