@@ -282,11 +282,11 @@ func (c *cluster) sandboxList(cmd *cobra.Command, _ []string) error {
 			if s.State == "running" && s.EndAt != nil {
 				left = time.Until(s.EndAt.AsTime()).Round(time.Second).String()
 			}
-			rows = append(rows, []string{s.SandboxId, s.TemplateId, s.State, s.NodeId, orDash(s.Runtime),
+			rows = append(rows, []string{s.SandboxId, s.Team, s.TemplateId, s.State, s.NodeId, orDash(s.Runtime),
 				fmt.Sprintf("%.2f", float64(s.MilliCpu)/1000), fmt.Sprintf("%dMiB", s.MemoryMib),
 				age(s.StartedAt.AsTime()), left, labelsString(s.Metadata)})
 		}
-		c.g.table([]string{"ID", "TEMPLATE", "STATE", "NODE", "RUNTIME", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
+		c.g.table([]string{"ID", "TEAM", "TEMPLATE", "STATE", "NODE", "RUNTIME", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
 		return nil
 	})
 }

@@ -105,7 +105,7 @@ func TestClusterCLI(t *testing.T) {
 		}
 	}()
 	out, _, code = run("sandbox", "ls", "--all-nodes", "-l", "team=a")
-	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") {
+	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") || !strings.Contains(out, "default") {
 		t.Fatalf("sandbox ls --all-nodes: %d\n%s", code, out)
 	}
 	out, _, _ = run("sandbox", "ls", "--all-nodes", "-l", "team=b", "-o", "json")

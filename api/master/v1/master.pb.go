@@ -1614,7 +1614,9 @@ type Sandbox struct {
 	// Pause after this long without traffic or open requests; 0: never.
 	IdleTimeout *durationpb.Duration `protobuf:"bytes,13,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// Runtime driver the sandbox runs on (runc, gvisor, vm).
-	Runtime       string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The team that owns it (its creating API key's).
+	Team          string `protobuf:"bytes,15,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1743,6 +1745,13 @@ func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
 func (x *Sandbox) GetRuntime() string {
 	if x != nil {
 		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Sandbox) GetTeam() string {
+	if x != nil {
+		return x.Team
 	}
 	return ""
 }
@@ -2782,7 +2791,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x11.master.v1.APIKeyR\x04keys\"'\n" +
 	"\x13DeleteAPIKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x16\n" +
-	"\x14DeleteAPIKeyResponse\"\xcb\x04\n" +
+	"\x14DeleteAPIKeyResponse\"\xdf\x04\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -2804,7 +2813,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vauto_resume\x18\f \x01(\bR\n" +
 	"autoResume\x12<\n" +
 	"\fidle_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x18\n" +
-	"\aruntime\x18\x0e \x01(\tR\aruntime\x1a;\n" +
+	"\aruntime\x18\x0e \x01(\tR\aruntime\x12\x12\n" +
+	"\x04team\x18\x0f \x01(\tR\x04team\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x01\n" +

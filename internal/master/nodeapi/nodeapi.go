@@ -189,7 +189,7 @@ func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandb
 			SandboxId: s.ID, TemplateId: s.TemplateID, Alias: s.Alias, NodeId: s.NodeID, State: s.State,
 			Metadata: s.Metadata, StartedAt: ts(s.StartedAt), EndAt: ts(s.EndAt),
 			MilliCpu: s.MilliCPU, MemoryMib: s.MemoryMiB, AutoPause: s.AutoPause, AutoResume: s.AutoResume,
-			IdleTimeout: idleTimeout(s.IdleTimeout), Runtime: s.Runtime,
+			IdleTimeout: idleTimeout(s.IdleTimeout), Runtime: s.Runtime, Team: s.Team,
 		})
 	}
 	return out, nil
