@@ -1234,7 +1234,9 @@ type APIKey struct {
 	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	LastUsedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
 	// Admin keys may do the E2B API's admin operations (template delete).
-	Admin         bool `protobuf:"varint,6,opt,name=admin,proto3" json:"admin,omitempty"`
+	Admin bool `protobuf:"varint,6,opt,name=admin,proto3" json:"admin,omitempty"`
+	// The team the key belongs to: it sees that team's sandboxes only.
+	Team          string `protobuf:"bytes,7,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1311,10 +1313,19 @@ func (x *APIKey) GetAdmin() bool {
 	return false
 }
 
+func (x *APIKey) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
 type CreateAPIKeyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Admin         bool                   `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Admin bool                   `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
+	// Team of the key; empty: the team "default". It must exist.
+	Team          string `protobuf:"bytes,3,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1361,6 +1372,13 @@ func (x *CreateAPIKeyRequest) GetAdmin() bool {
 		return x.Admin
 	}
 	return false
+}
+
+func (x *CreateAPIKeyRequest) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
 }
 
 type CreateAPIKeyResponse struct {
@@ -1596,7 +1614,9 @@ type Sandbox struct {
 	// Pause after this long without traffic or open requests; 0: never.
 	IdleTimeout *durationpb.Duration `protobuf:"bytes,13,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// Runtime driver the sandbox runs on (runc, gvisor, vm).
-	Runtime       string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The team that owns it (its creating API key's).
+	Team          string `protobuf:"bytes,15,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1725,6 +1745,13 @@ func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
 func (x *Sandbox) GetRuntime() string {
 	if x != nil {
 		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Sandbox) GetTeam() string {
+	if x != nil {
+		return x.Team
 	}
 	return ""
 }
@@ -2223,6 +2250,417 @@ func (x *DeleteTemplateResponse) GetNodes() []string {
 	return nil
 }
 
+// TeamQuota bounds a team's sandboxes (creating, running and paused ones
+// all count). Zero fields do not limit.
+type TeamQuota struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MaxSandboxes  int64                  `protobuf:"varint,1,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	MaxMilliCpu   int64                  `protobuf:"varint,2,opt,name=max_milli_cpu,json=maxMilliCpu,proto3" json:"max_milli_cpu,omitempty"`
+	MaxMemoryMib  int64                  `protobuf:"varint,3,opt,name=max_memory_mib,json=maxMemoryMib,proto3" json:"max_memory_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TeamQuota) Reset() {
+	*x = TeamQuota{}
+	mi := &file_master_v1_master_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TeamQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TeamQuota) ProtoMessage() {}
+
+func (x *TeamQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
+func (*TeamQuota) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *TeamQuota) GetMaxSandboxes() int64 {
+	if x != nil {
+		return x.MaxSandboxes
+	}
+	return 0
+}
+
+func (x *TeamQuota) GetMaxMilliCpu() int64 {
+	if x != nil {
+		return x.MaxMilliCpu
+	}
+	return 0
+}
+
+func (x *TeamQuota) GetMaxMemoryMib() int64 {
+	if x != nil {
+		return x.MaxMemoryMib
+	}
+	return 0
+}
+
+type Team struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Quota     *TeamQuota             `protobuf:"bytes,3,opt,name=quota,proto3" json:"quota,omitempty"`
+	// What the team's sandboxes hold now.
+	Sandboxes     int64 `protobuf:"varint,4,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	MilliCpu      int64 `protobuf:"varint,5,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
+	MemoryMib     int64 `protobuf:"varint,6,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Team) Reset() {
+	*x = Team{}
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Team) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Team) ProtoMessage() {}
+
+func (x *Team) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Team.ProtoReflect.Descriptor instead.
+func (*Team) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *Team) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Team) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Team) GetQuota() *TeamQuota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+func (x *Team) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *Team) GetMilliCpu() int64 {
+	if x != nil {
+		return x.MilliCpu
+	}
+	return 0
+}
+
+func (x *Team) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+type CreateTeamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quota         *TeamQuota             `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTeamRequest) Reset() {
+	*x = CreateTeamRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTeamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTeamRequest) ProtoMessage() {}
+
+func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
+func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *CreateTeamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateTeamRequest) GetQuota() *TeamQuota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+type CreateTeamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Team          *Team                  `protobuf:"bytes,1,opt,name=team,proto3" json:"team,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTeamResponse) Reset() {
+	*x = CreateTeamResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTeamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTeamResponse) ProtoMessage() {}
+
+func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
+func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CreateTeamResponse) GetTeam() *Team {
+	if x != nil {
+		return x.Team
+	}
+	return nil
+}
+
+type ListTeamsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTeamsRequest) Reset() {
+	*x = ListTeamsRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTeamsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTeamsRequest) ProtoMessage() {}
+
+func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
+func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+}
+
+type ListTeamsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Teams         []*Team                `protobuf:"bytes,1,rep,name=teams,proto3" json:"teams,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTeamsResponse) Reset() {
+	*x = ListTeamsResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTeamsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTeamsResponse) ProtoMessage() {}
+
+func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
+func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ListTeamsResponse) GetTeams() []*Team {
+	if x != nil {
+		return x.Teams
+	}
+	return nil
+}
+
+type SetTeamQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quota         *TeamQuota             `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTeamQuotaRequest) Reset() {
+	*x = SetTeamQuotaRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTeamQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTeamQuotaRequest) ProtoMessage() {}
+
+func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
+func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *SetTeamQuotaRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetTeamQuotaRequest) GetQuota() *TeamQuota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+type SetTeamQuotaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTeamQuotaResponse) Reset() {
+	*x = SetTeamQuotaResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTeamQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTeamQuotaResponse) ProtoMessage() {}
+
+func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
+func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+}
+
 var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
@@ -2330,7 +2768,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xd3\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xe7\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -2339,10 +2777,12 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12<\n" +
 	"\flast_used_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastUsedAt\x12\x14\n" +
-	"\x05admin\x18\x06 \x01(\bR\x05admin\"?\n" +
+	"\x05admin\x18\x06 \x01(\bR\x05admin\x12\x12\n" +
+	"\x04team\x18\a \x01(\tR\x04team\"S\n" +
 	"\x13CreateAPIKeyRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05admin\x18\x02 \x01(\bR\x05admin\"S\n" +
+	"\x05admin\x18\x02 \x01(\bR\x05admin\x12\x12\n" +
+	"\x04team\x18\x03 \x01(\tR\x04team\"S\n" +
 	"\x14CreateAPIKeyResponse\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.master.v1.APIKeyR\x03key\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x14\n" +
@@ -2351,7 +2791,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x11.master.v1.APIKeyR\x04keys\"'\n" +
 	"\x13DeleteAPIKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x16\n" +
-	"\x14DeleteAPIKeyResponse\"\xcb\x04\n" +
+	"\x14DeleteAPIKeyResponse\"\xdf\x04\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -2373,7 +2813,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vauto_resume\x18\f \x01(\bR\n" +
 	"autoResume\x12<\n" +
 	"\fidle_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x18\n" +
-	"\aruntime\x18\x0e \x01(\tR\aruntime\x1a;\n" +
+	"\aruntime\x18\x0e \x01(\tR\aruntime\x12\x12\n" +
+	"\x04team\x18\x0f \x01(\tR\x04team\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x01\n" +
@@ -2417,16 +2858,45 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\".\n" +
 	"\x16DeleteTemplateResponse\x12\x14\n" +
-	"\x05nodes\x18\x01 \x03(\tR\x05nodes2\x9a\x01\n" +
+	"\x05nodes\x18\x01 \x03(\tR\x05nodes\"z\n" +
+	"\tTeamQuota\x12#\n" +
+	"\rmax_sandboxes\x18\x01 \x01(\x03R\fmaxSandboxes\x12\"\n" +
+	"\rmax_milli_cpu\x18\x02 \x01(\x03R\vmaxMilliCpu\x12$\n" +
+	"\x0emax_memory_mib\x18\x03 \x01(\x03R\fmaxMemoryMib\"\xdb\x01\n" +
+	"\x04Team\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
+	"\n" +
+	"created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12*\n" +
+	"\x05quota\x18\x03 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\x12\x1c\n" +
+	"\tsandboxes\x18\x04 \x01(\x03R\tsandboxes\x12\x1b\n" +
+	"\tmilli_cpu\x18\x05 \x01(\x03R\bmilliCpu\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x06 \x01(\x03R\tmemoryMib\"S\n" +
+	"\x11CreateTeamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x05quota\x18\x02 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\"9\n" +
+	"\x12CreateTeamResponse\x12#\n" +
+	"\x04team\x18\x01 \x01(\v2\x0f.master.v1.TeamR\x04team\"\x12\n" +
+	"\x10ListTeamsRequest\":\n" +
+	"\x11ListTeamsResponse\x12%\n" +
+	"\x05teams\x18\x01 \x03(\v2\x0f.master.v1.TeamR\x05teams\"U\n" +
+	"\x13SetTeamQuotaRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x05quota\x18\x02 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\"\x16\n" +
+	"\x14SetTeamQuotaResponse2\x9a\x01\n" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
-	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xff\x05\n" +
+	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xe3\a\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
 	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12O\n" +
 	"\fCreateAPIKey\x12\x1e.master.v1.CreateAPIKeyRequest\x1a\x1f.master.v1.CreateAPIKeyResponse\x12L\n" +
 	"\vListAPIKeys\x12\x1d.master.v1.ListAPIKeysRequest\x1a\x1e.master.v1.ListAPIKeysResponse\x12O\n" +
-	"\fDeleteAPIKey\x12\x1e.master.v1.DeleteAPIKeyRequest\x1a\x1f.master.v1.DeleteAPIKeyResponse\x12R\n" +
+	"\fDeleteAPIKey\x12\x1e.master.v1.DeleteAPIKeyRequest\x1a\x1f.master.v1.DeleteAPIKeyResponse\x12I\n" +
+	"\n" +
+	"CreateTeam\x12\x1c.master.v1.CreateTeamRequest\x1a\x1d.master.v1.CreateTeamResponse\x12F\n" +
+	"\tListTeams\x12\x1b.master.v1.ListTeamsRequest\x1a\x1c.master.v1.ListTeamsResponse\x12O\n" +
+	"\fSetTeamQuota\x12\x1e.master.v1.SetTeamQuotaRequest\x1a\x1f.master.v1.SetTeamQuotaResponse\x12R\n" +
 	"\rListSandboxes\x12\x1f.master.v1.ListSandboxesRequest\x1a .master.v1.ListSandboxesResponse\x12R\n" +
 	"\rListTemplates\x12\x1f.master.v1.ListTemplatesRequest\x1a .master.v1.ListTemplatesResponse\x12U\n" +
 	"\x0eImportTemplate\x12 .master.v1.ImportTemplateRequest\x1a!.master.v1.ImportTemplateResponse\x12U\n" +
@@ -2448,7 +2918,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -2485,81 +2955,101 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ImportTemplateResponse)(nil),     // 32: master.v1.ImportTemplateResponse
 	(*DeleteTemplateRequest)(nil),      // 33: master.v1.DeleteTemplateRequest
 	(*DeleteTemplateResponse)(nil),     // 34: master.v1.DeleteTemplateResponse
-	nil,                                // 35: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 36: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 37: master.v1.Sandbox.MetadataEntry
-	nil,                                // 38: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 39: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 40: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 41: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 43: google.protobuf.Duration
+	(*TeamQuota)(nil),                  // 35: master.v1.TeamQuota
+	(*Team)(nil),                       // 36: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 37: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 38: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 39: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 40: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 41: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 42: master.v1.SetTeamQuotaResponse
+	nil,                                // 43: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 44: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 45: master.v1.Sandbox.MetadataEntry
+	nil,                                // 46: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 47: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 48: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 49: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 50: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 51: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	40, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	35, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	36, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	48, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	43, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	44, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	8,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	41, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	42, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
-	42, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	49, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	50, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	50, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 8: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	43, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	51, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 10: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	43, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	51, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.Node.report:type_name -> master.v1.NodeReport
-	42, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	42, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	50, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	50, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	13, // 15: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	13, // 16: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	42, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	42, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	50, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	50, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	18, // 19: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
 	18, // 20: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	37, // 21: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	42, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	42, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	43, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	38, // 25: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	45, // 21: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	50, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	50, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	51, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	46, // 25: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
 	25, // 26: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	42, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	39, // 28: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	50, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	47, // 28: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
 	28, // 29: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
 	28, // 30: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	9,  // 31: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	11, // 32: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	14, // 33: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	16, // 34: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	19, // 35: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	21, // 36: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	23, // 37: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	26, // 38: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	29, // 39: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	31, // 40: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	33, // 41: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 42: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 43: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 44: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	10, // 45: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	12, // 46: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	15, // 47: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	17, // 48: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	20, // 49: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	22, // 50: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	24, // 51: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	27, // 52: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	30, // 53: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	32, // 54: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	34, // 55: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 56: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 57: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 58: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	45, // [45:59] is the sub-list for method output_type
-	31, // [31:45] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	50, // 31: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	35, // 32: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	35, // 33: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	36, // 34: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	36, // 35: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	35, // 36: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	9,  // 37: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	11, // 38: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	14, // 39: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	16, // 40: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	19, // 41: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	21, // 42: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	23, // 43: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	37, // 44: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	39, // 45: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	41, // 46: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	26, // 47: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	29, // 48: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	31, // 49: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	33, // 50: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 51: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 52: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 53: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	10, // 54: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	12, // 55: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	15, // 56: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	17, // 57: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	20, // 58: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	22, // 59: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	24, // 60: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	38, // 61: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	40, // 62: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	42, // 63: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	27, // 64: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	30, // 65: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	32, // 66: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	34, // 67: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 68: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 69: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 70: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	54, // [54:71] is the sub-list for method output_type
+	37, // [37:54] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -2573,7 +3063,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
