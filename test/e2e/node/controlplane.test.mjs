@@ -117,10 +117,16 @@ test('an unknown template is 404, a malformed one 400', async () => {
   await assert.rejects(Sandbox.create('Not a template!'), (err) => err instanceof SandboxError && /^400: /.test(err.message))
 })
 
-// envd's port of a sandbox through the route, with token (or none).
-const envd = (id, path, token) => fetch(process.env.E2B_SANDBOX_URL + path, {
-  headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '49983', ...(token ? { 'X-Access-Token': token } : {}) },
-})
+// envd's port of a sandbox through the route, with token (or none). The
+// body is read to the end: fetch's pool (shared with the SDK) would
+// otherwise tear the connection down under a later request.
+const envd = async (id, path, token) => {
+  const r = await fetch(process.env.E2B_SANDBOX_URL + path, {
+    headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '49983', ...(token ? { 'X-Access-Token': token } : {}) },
+  })
+  await r.arrayBuffer()
+  return r
+}
 
 // Every SDK sandbox is secure: the node (cubelet) calls its agent with its
 // access token (quiesce, reinit), and each clone answers its own token,
