@@ -118,8 +118,8 @@ test('an unknown template is 404, a malformed one 400', async () => {
 })
 
 // envd's port of a sandbox through the route, with token (or none). The
-// body is read to the end: fetch's pool (shared with the SDK) would
-// otherwise tear the connection down under a later request.
+// body is read to the end: fetch's connection pool is shared with the
+// SDK, and an unread body holds its connection.
 const envd = async (id, path, token) => {
   const r = await fetch(process.env.E2B_SANDBOX_URL + path, {
     headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '49983', ...(token ? { 'X-Access-Token': token } : {}) },
