@@ -252,6 +252,9 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	}
 	s.reg.nodes[r.NodeId] = ns
 	s.noteHealth(r.NodeId, ns, now)
+	if len(r.Dead) > 0 {
+		s.noteDead(r.NodeId, r.Dead)
+	}
 	return nil
 }
 
@@ -333,7 +336,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 	for id, ns := range s.reg.nodes {
 		r := ns.report
 		n := &scheduler.Node{
-			ID: id, Healthy: s.healthOf(ns, now) == "", Schedulable: ns.schedulable,
+			ID: id, Healthy: s.healthOf(ns, now) == "", Busy: r.Busy, Schedulable: ns.schedulable,
 			Templates: map[string]bool{}, TemplateRuntimes: map[string]string{}, TemplateSandboxes: map[string]int{},
 			MilliCPU: int64(r.Cpus) * 1000, MemoryMiB: r.MemoryBytes >> 20,
 			AllocMilliCPU: r.AllocatedMilliCpu, AllocMemoryMiB: r.AllocatedMemoryMib,

@@ -491,7 +491,15 @@ type NodeReport struct {
 	Conditions          []*v1.Condition  `protobuf:"bytes,21,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// When the node took this report (the node's clock): every sandbox
 	// created on the node at or before it is counted above.
-	GeneratedAt   *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
+	GeneratedAt *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
+	// The node can take sandboxes but would rather not: its create flow is
+	// at its limit or a condition is failing but not yet persistently. The
+	// scheduler places elsewhere first. Never set together with !ok.
+	Busy       bool   `protobuf:"varint,23,opt,name=busy,proto3" json:"busy,omitempty"`
+	BusyReason string `protobuf:"bytes,24,opt,name=busy_reason,json=busyReason,proto3" json:"busy_reason,omitempty"`
+	// Sandboxes whose process died on their own (not through a verb), with
+	// why, for as long as the node keeps their failed record.
+	Dead          []*DeadSandbox `protobuf:"bytes,25,rep,name=dead,proto3" json:"dead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -680,6 +688,89 @@ func (x *NodeReport) GetGeneratedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *NodeReport) GetBusy() bool {
+	if x != nil {
+		return x.Busy
+	}
+	return false
+}
+
+func (x *NodeReport) GetBusyReason() string {
+	if x != nil {
+		return x.BusyReason
+	}
+	return ""
+}
+
+func (x *NodeReport) GetDead() []*DeadSandbox {
+	if x != nil {
+		return x.Dead
+	}
+	return nil
+}
+
+// DeadSandbox is a sandbox the node saw die.
+type DeadSandbox struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Why: "OOM killed", "exited with status 3", "killed by signal 9", ...
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	DiedAt        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=died_at,json=diedAt,proto3" json:"died_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadSandbox) Reset() {
+	*x = DeadSandbox{}
+	mi := &file_master_v1_master_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadSandbox) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadSandbox) ProtoMessage() {}
+
+func (x *DeadSandbox) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadSandbox.ProtoReflect.Descriptor instead.
+func (*DeadSandbox) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeadSandbox) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *DeadSandbox) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeadSandbox) GetDiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DiedAt
+	}
+	return nil
+}
+
 // TemplateRef is a template present on a node.
 type TemplateRef struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -698,7 +789,7 @@ type TemplateRef struct {
 
 func (x *TemplateRef) Reset() {
 	*x = TemplateRef{}
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +801,7 @@ func (x *TemplateRef) String() string {
 func (*TemplateRef) ProtoMessage() {}
 
 func (x *TemplateRef) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +814,7 @@ func (x *TemplateRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateRef.ProtoReflect.Descriptor instead.
 func (*TemplateRef) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TemplateRef) GetId() string {
@@ -777,7 +868,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +880,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +893,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterRequest) GetNode() *NodeReport {
@@ -822,7 +913,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +925,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +938,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterResponse) GetHeartbeatInterval() *durationpb.Duration {
@@ -866,7 +957,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +969,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +982,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatRequest) GetNode() *NodeReport {
@@ -911,7 +1002,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1014,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1027,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatResponse) GetRegistered() bool {
@@ -971,7 +1062,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1074,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1087,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Node) GetReport() *NodeReport {
@@ -1056,7 +1147,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1159,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1172,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
 }
 
 type ListNodesResponse struct {
@@ -1093,7 +1184,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1196,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1209,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1138,7 +1229,7 @@ type SetNodeSchedulableRequest struct {
 
 func (x *SetNodeSchedulableRequest) Reset() {
 	*x = SetNodeSchedulableRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1241,7 @@ func (x *SetNodeSchedulableRequest) String() string {
 func (*SetNodeSchedulableRequest) ProtoMessage() {}
 
 func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1254,7 @@ func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetNodeSchedulableRequest) GetNodeId() string {
@@ -1189,7 +1280,7 @@ type SetNodeSchedulableResponse struct {
 
 func (x *SetNodeSchedulableResponse) Reset() {
 	*x = SetNodeSchedulableResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1292,7 @@ func (x *SetNodeSchedulableResponse) String() string {
 func (*SetNodeSchedulableResponse) ProtoMessage() {}
 
 func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1305,7 @@ func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetNodeSchedulableResponse) GetNode() *Node {
@@ -1241,7 +1332,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1344,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1357,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *APIKey) GetId() string {
@@ -1321,7 +1412,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1424,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1437,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -1374,7 +1465,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1477,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1490,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1424,7 +1515,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1527,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1540,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
 }
 
 type ListAPIKeysResponse struct {
@@ -1461,7 +1552,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1564,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1577,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1506,7 +1597,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1609,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1622,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -1549,7 +1640,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1652,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1665,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 // Sandbox is one catalog entry.
@@ -1603,7 +1694,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1706,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1719,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -1742,7 +1833,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1845,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1858,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -1800,7 +1891,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1903,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1916,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1853,7 +1944,7 @@ type ClusterTemplate struct {
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1956,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +1969,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -1938,7 +2029,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2041,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2054,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 type ListTemplatesResponse struct {
@@ -1975,7 +2066,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2078,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2091,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -2027,7 +2118,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2130,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2143,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2099,7 +2190,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2202,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2215,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -2143,7 +2234,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2246,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2259,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2188,7 +2279,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2291,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2304,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2261,7 +2352,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x15ReportActivityRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
-	"\x16ReportActivityResponse\"\xda\b\n" +
+	"\x16ReportActivityResponse\"\xbb\t\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -2288,13 +2379,22 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"conditions\x18\x15 \x03(\v2\x15.cubelet.v1.ConditionR\n" +
 	"conditions\x12=\n" +
-	"\fgenerated_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x1aC\n" +
+	"\fgenerated_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12\x12\n" +
+	"\x04busy\x18\x17 \x01(\bR\x04busy\x12\x1f\n" +
+	"\vbusy_reason\x18\x18 \x01(\tR\n" +
+	"busyReason\x12*\n" +
+	"\x04dead\x18\x19 \x03(\v2\x16.master.v1.DeadSandboxR\x04dead\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +
 	"\x18SandboxesByTemplateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xbd\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"y\n" +
+	"\vDeadSandbox\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x123\n" +
+	"\adied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06diedAt\"\xbd\x01\n" +
 	"\vTemplateRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -2448,7 +2548,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -2458,108 +2558,111 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ReportActivityRequest)(nil),      // 5: master.v1.ReportActivityRequest
 	(*ReportActivityResponse)(nil),     // 6: master.v1.ReportActivityResponse
 	(*NodeReport)(nil),                 // 7: master.v1.NodeReport
-	(*TemplateRef)(nil),                // 8: master.v1.TemplateRef
-	(*RegisterRequest)(nil),            // 9: master.v1.RegisterRequest
-	(*RegisterResponse)(nil),           // 10: master.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),           // 11: master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 12: master.v1.HeartbeatResponse
-	(*Node)(nil),                       // 13: master.v1.Node
-	(*ListNodesRequest)(nil),           // 14: master.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),          // 15: master.v1.ListNodesResponse
-	(*SetNodeSchedulableRequest)(nil),  // 16: master.v1.SetNodeSchedulableRequest
-	(*SetNodeSchedulableResponse)(nil), // 17: master.v1.SetNodeSchedulableResponse
-	(*APIKey)(nil),                     // 18: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 19: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 20: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 21: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 22: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 23: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 24: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 25: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 26: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 27: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 28: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 29: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 30: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 31: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 32: master.v1.ImportTemplateResponse
-	(*DeleteTemplateRequest)(nil),      // 33: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 34: master.v1.DeleteTemplateResponse
-	nil,                                // 35: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 36: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 37: master.v1.Sandbox.MetadataEntry
-	nil,                                // 38: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 39: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 40: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 41: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 43: google.protobuf.Duration
+	(*DeadSandbox)(nil),                // 8: master.v1.DeadSandbox
+	(*TemplateRef)(nil),                // 9: master.v1.TemplateRef
+	(*RegisterRequest)(nil),            // 10: master.v1.RegisterRequest
+	(*RegisterResponse)(nil),           // 11: master.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),           // 12: master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 13: master.v1.HeartbeatResponse
+	(*Node)(nil),                       // 14: master.v1.Node
+	(*ListNodesRequest)(nil),           // 15: master.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 16: master.v1.ListNodesResponse
+	(*SetNodeSchedulableRequest)(nil),  // 17: master.v1.SetNodeSchedulableRequest
+	(*SetNodeSchedulableResponse)(nil), // 18: master.v1.SetNodeSchedulableResponse
+	(*APIKey)(nil),                     // 19: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 20: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 21: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 22: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 23: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 24: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 25: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 26: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 27: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 28: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 29: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 30: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 31: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 32: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 33: master.v1.ImportTemplateResponse
+	(*DeleteTemplateRequest)(nil),      // 34: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 35: master.v1.DeleteTemplateResponse
+	nil,                                // 36: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 37: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 38: master.v1.Sandbox.MetadataEntry
+	nil,                                // 39: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 40: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 41: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 42: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 43: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 44: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	40, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	35, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	36, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
-	8,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	41, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	42, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
-	42, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 8: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	43, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 10: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	43, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 12: master.v1.Node.report:type_name -> master.v1.NodeReport
-	42, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	42, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	13, // 15: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	13, // 16: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	42, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	42, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	18, // 19: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	18, // 20: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	37, // 21: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	42, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	42, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	43, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	38, // 25: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	25, // 26: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	42, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	39, // 28: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	28, // 29: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	28, // 30: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	9,  // 31: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	11, // 32: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	14, // 33: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	16, // 34: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	19, // 35: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	21, // 36: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	23, // 37: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	26, // 38: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	29, // 39: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	31, // 40: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	33, // 41: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 42: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 43: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 44: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	10, // 45: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	12, // 46: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	15, // 47: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	17, // 48: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	20, // 49: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	22, // 50: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	24, // 51: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	27, // 52: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	30, // 53: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	32, // 54: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	34, // 55: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 56: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 57: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 58: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	45, // [45:59] is the sub-list for method output_type
-	31, // [31:45] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	41, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	36, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	37, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
+	42, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	43, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
+	43, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	43, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
+	44, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
+	44, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
+	43, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	43, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	14, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	14, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	43, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	43, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	19, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	19, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	38, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	43, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	43, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	44, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	39, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	26, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	43, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	40, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	29, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	29, // 32: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	10, // 33: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	12, // 34: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	15, // 35: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	17, // 36: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	20, // 37: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	22, // 38: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	24, // 39: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	27, // 40: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	30, // 41: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	32, // 42: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	34, // 43: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 44: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 45: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 46: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 47: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	13, // 48: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	16, // 49: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	18, // 50: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	21, // 51: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	23, // 52: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	25, // 53: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	28, // 54: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	31, // 55: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	33, // 56: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	35, // 57: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 58: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 59: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 60: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	47, // [47:61] is the sub-list for method output_type
+	33, // [33:47] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -2573,7 +2676,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

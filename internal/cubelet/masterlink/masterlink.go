@@ -32,6 +32,7 @@ type Link struct {
 	client masterpb.NodeServiceClient
 	cancel context.CancelFunc
 	done   chan struct{}
+	kick   chan struct{} // sends the next report now
 }
 
 // Reporter builds the node's report; it is called once per heartbeat.
@@ -70,10 +71,22 @@ func Start(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Log
 	}
 	h := &Link{
 		cfg: c, report: report, log: log.With("master", c.Addr), conn: conn, client: masterpb.NewNodeServiceClient(conn),
-		cancel: cancel, done: make(chan struct{}),
+		cancel: cancel, done: make(chan struct{}), kick: make(chan struct{}, 1),
 	}
 	go h.run(ctx)
 	return h, nil
+}
+
+// Kick sends the next report now instead of at the next interval (a
+// sandbox died: the master should know at once); nil-safe.
+func (h *Link) Kick() {
+	if h == nil {
+		return
+	}
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Stop ends the heartbeat; nil-safe.
@@ -134,6 +147,7 @@ func (h *Link) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
+		case <-h.kick:
 		}
 	}
 }
