@@ -145,7 +145,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err != nil {
 		return nil, err
 	}
-	if s.hb, err = masterlink.Start(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
+	if s.hb, err = masterlink.New(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
 	go s.gcLoop(life)
@@ -153,6 +153,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	ok = true
 	return s, nil
 }
+
+// Serving tells the service its API listens: the node registers with
+// the master now (not earlier, or the master would place sandboxes on a
+// node it cannot reach yet).
+func (s *Service) Serving() { s.hb.Run() }
 
 // Close stops the background loops and closes the store. Sandboxes keep
 // running: a restarted cubelet adopts them.

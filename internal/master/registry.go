@@ -369,10 +369,11 @@ func (s *Service) schedNodes() []*scheduler.Node {
 	return out
 }
 
-// reserve counts a placement against a node until a heartbeat counts it;
-// the returned func is called with the create's outcome: the node's time
-// of the sandbox's last record change (a report generated from then on
-// counts it), or zero when the create failed.
+// reserve counts a placement against a node until a report counts it;
+// the returned func is called with the create's outcome: the sandbox's
+// CreatedAt on the node (a report generated at or after it counts the
+// sandbox: the node stamps both under one lock), or zero when the create
+// failed.
 func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(created time.Time) {
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[nodeID]; ns != nil {
@@ -387,6 +388,12 @@ func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) fu
 			return
 		}
 		if created.IsZero() {
+			delete(ns.pending, sandboxID)
+			return
+		}
+		// The last report may already count the sandbox (taken while the
+		// create ran): then the reservation would count it twice.
+		if gen := ns.report.GetGeneratedAt(); gen != nil && !gen.AsTime().Before(created) {
 			delete(ns.pending, sandboxID)
 			return
 		}
