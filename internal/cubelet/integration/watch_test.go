@@ -14,6 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -131,4 +132,84 @@ func TestRuntimeWatch(t *testing.T) {
 		}
 		waitFailed(t, svc, sb.ID, 5*time.Second)
 	})
+}
+
+// TestRuntimeWatchGvisor: the verbs that stop or replace a gVisor
+// sandbox's process on purpose (a memory snapshot checkpoints it, a
+// rollback replaces it, a pause to disk stops it and resume restores it)
+// are never taken for a death; killing the runsc sandbox process after
+// all of them is (the control: the watch follows the current process).
+func TestRuntimeWatchGvisor(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	requireRunsc(t)
+	ctx := context.Background()
+	env := cubelettest.New(t, "")
+	env.StartNetworkAgent(t, nettest.Options{PoolSize: 3})
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	sb := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "watch-gv", Runtime: "gvisor"})
+	cleanupDelete(t, svc, sb.ID)
+	t.Cleanup(func() {
+		for _, sn := range listSnaps(t, svc, "") {
+			_ = svc.DeleteSnapshot(ctx, sn)
+		}
+	})
+	pid := func() int {
+		r := mustState(t, svc, sb.ID, lifecycle.Running)
+		return r.Container.PID
+	}
+	before := pid()
+	mustSnapshot(t, svc, cubelet.SnapshotRequest{SandboxID: sb.ID, SnapshotID: "watch-gv-snap"})
+	stays(t, svc, sb.ID, lifecycle.Running, time.Second)
+	t.Logf("memory snapshot: PID %d -> %d, still running", before, pid())
+	before = pid()
+	if _, err := svc.Rollback(ctx, cubelet.RollbackRequest{SandboxID: sb.ID, SnapshotID: "watch-gv-snap"}); err != nil {
+		t.Fatal(err)
+	}
+	stays(t, svc, sb.ID, lifecycle.Running, time.Second)
+	t.Logf("rollback: PID %d -> %d, still running", before, pid())
+	before = pid()
+	if _, err := svc.PauseTo(ctx, sb.ID, sandbox.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	stays(t, svc, sb.ID, lifecycle.Paused, time.Second)
+	if _, err := svc.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	stays(t, svc, sb.ID, lifecycle.Running, time.Second)
+	t.Logf("pause to disk and resume: PID %d -> %d, still running", before, pid())
+	if err := unix.Kill(pid(), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFailed(t, svc, sb.ID, 5*time.Second)
+	if _, err := svc.Delete(ctx, sb.ID); err != nil {
+		t.Fatalf("delete the dead sandbox: %v", err)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// TestRuntimeWatchVM: a VM whose QEMU is killed is failed within seconds
+// and released; a paused VM (vCPUs stopped, QEMU alive) is not.
+func TestRuntimeWatchVM(t *testing.T) {
+	env, svc := vmEnv(t, "")
+	ctx := context.Background()
+	sb := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "watch-vm", Runtime: "vm"})
+	cleanupDelete(t, svc, sb.ID)
+	if _, err := svc.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	stays(t, svc, sb.ID, lifecycle.Paused, time.Second)
+	if _, err := svc.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	r := mustState(t, svc, sb.ID, lifecycle.Running)
+	if err := unix.Kill(r.Container.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sent SIGKILL to QEMU (PID %d)", r.Container.PID)
+	waitFailed(t, svc, sb.ID, 10*time.Second)
+	if _, err := svc.Delete(ctx, sb.ID); err != nil {
+		t.Fatalf("delete the dead sandbox: %v", err)
+	}
+	env.AssertNoLeaks(t)
 }
