@@ -133,8 +133,8 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 			r.Dead = append(r.Dead, &masterpb.DeadSandbox{SandboxId: rec.ID, Reason: rec.Error, DiedAt: timestamppb.New(rec.UpdatedAt)})
 		}
 		r.SandboxesByState[string(rec.State)]++
-		if rec.State == lifecycle.Destroyed {
-			continue
+		if rec.State == lifecycle.Destroyed || rec.State == lifecycle.Failed {
+			continue // holds nothing (a failed sandbox was released)
 		}
 		r.SandboxesByTemplate[rec.TemplateID]++
 		r.AllocatedMilliCpu += rec.Resources.MilliCPU

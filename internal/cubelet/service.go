@@ -115,6 +115,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		if !ok {
 			stop()
 			s.stopWatch()
+			s.hb.Stop()
 			s.stopStorage() // the disk pool's refiller, if it started
 			st.Close()
 		}
@@ -130,6 +131,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err != nil {
 		return nil, err
 	}
+	// The link exists before reconcile (the runtime watch it arms may
+	// kick it); it registers only once the API listens (Serving).
+	masterTLS, err := cfg.TLS.Client("tls")
+	if err != nil {
+		return nil, err
+	}
+	if s.hb, err = masterlink.New(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	if _, err := s.engine.Run(ctx, FlowInit, nil); err != nil {
 		return nil, fmt.Errorf("init flow: %w", err)
 	}
@@ -141,13 +151,6 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	}
 	s.armAll()
 	s.probe(ctx)
-	masterTLS, err := cfg.TLS.Client("tls")
-	if err != nil {
-		return nil, err
-	}
-	if s.hb, err = masterlink.New(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
-		return nil, fmt.Errorf("master: %w", err)
-	}
 	go s.gcLoop(life)
 	go s.healthLoop(life)
 	ok = true

@@ -350,7 +350,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 			n.TemplateRuntimes[t.Id] = t.Runtime
 		}
 		for st, c := range r.SandboxesByState {
-			if st != "destroyed" {
+			if st != "destroyed" && st != "failed" {
 				n.Sandboxes += int(c)
 			}
 		}
