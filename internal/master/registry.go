@@ -49,6 +49,7 @@ type nodeState struct {
 	// burst of creates does not all pick the same node.
 	pending map[string]reservation
 	healthy bool // as last logged
+	busy    bool // as last logged
 }
 
 type reservation struct {
@@ -252,6 +253,14 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	}
 	s.reg.nodes[r.NodeId] = ns
 	s.noteHealth(r.NodeId, ns, now)
+	if r.Busy != ns.busy {
+		ns.busy = r.Busy
+		if r.Busy {
+			s.log.Info("node busy: placed on only when no other node can", "node_id", r.NodeId, "reason", r.BusyReason)
+		} else {
+			s.log.Info("node no longer busy", "node_id", r.NodeId)
+		}
+	}
 	if len(r.Dead) > 0 {
 		s.noteDead(r.NodeId, r.Dead)
 	}
