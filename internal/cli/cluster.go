@@ -21,7 +21,8 @@ import (
 // Cluster commands talk to cubemaster (its admin API) instead of the local
 // cubelet:
 //
-//	cubecli apikey create NAME | ls | rm KEY
+//	cubecli apikey create NAME [--team T] [--admin] | ls | rm KEY
+//	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ...
 //	cubecli node ls | cordon NODE | uncordon NODE
 //	cubecli sandbox ls --all-nodes
 //	cubecli template ls|import|rm --all-nodes   (import: --node N for one node)
@@ -45,7 +46,7 @@ func addCluster(root *cobra.Command, g *globals) {
 	}
 	root.PersistentFlags().StringVar(&c.addr, "master", def, "cubemaster admin address: socket path, unix:///path or host:port (env CUBEMASTER_ADDR)")
 	root.PersistentFlags().StringVar(&c.token, "admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster admin token, for host:port (env CUBEMASTER_TOKEN)")
-	root.AddCommand(apikeyCmd(c))
+	root.AddCommand(apikeyCmd(c), teamCmd(c))
 	if node := findCmd(root, "node"); node != nil {
 		node.AddCommand(nodeList(c), nodeCordon(c, "cordon", false), nodeCordon(c, "uncordon", true))
 	}
@@ -113,13 +114,14 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 func apikeyCmd(c *cluster) *cobra.Command {
 	cmd := &cobra.Command{Use: "apikey", Short: "API keys for the E2B API (X-API-Key), through cubemaster"}
 	var admin bool
+	var team string
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a key; its secret is printed once and only its hash is kept",
 		Args:  exactArgs(1, "a key name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
-				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0], Admin: admin})
+				resp, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: args[0], Admin: admin, Team: team})
 				if err != nil {
 					return err
 				}
@@ -132,6 +134,7 @@ func apikeyCmd(c *cluster) *cobra.Command {
 		},
 	}
 	create.Flags().BoolVar(&admin, "admin", false, "an admin key: may also do the E2B API's admin operations (template delete)")
+	create.Flags().StringVar(&team, "team", "", "the team the key belongs to (cubecli team create); it sees only that team's sandboxes (default \"default\")")
 	cmd.AddCommand(create, &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
@@ -152,9 +155,9 @@ func apikeyCmd(c *cluster) *cobra.Command {
 					if k.LastUsedAt != nil {
 						used = age(k.LastUsedAt.AsTime()) + " ago"
 					}
-					rows = append(rows, []string{k.Id, k.Name, k.Prefix + "…", strconv.FormatBool(k.Admin), age(k.CreatedAt.AsTime()), used})
+					rows = append(rows, []string{k.Id, k.Name, k.Team, k.Prefix + "…", strconv.FormatBool(k.Admin), age(k.CreatedAt.AsTime()), used})
 				}
-				c.g.table([]string{"ID", "NAME", "PREFIX", "ADMIN", "AGE", "LAST USED"}, rows)
+				c.g.table([]string{"ID", "NAME", "TEAM", "PREFIX", "ADMIN", "AGE", "LAST USED"}, rows)
 				return nil
 			})
 		},
@@ -279,11 +282,11 @@ func (c *cluster) sandboxList(cmd *cobra.Command, _ []string) error {
 			if s.State == "running" && s.EndAt != nil {
 				left = time.Until(s.EndAt.AsTime()).Round(time.Second).String()
 			}
-			rows = append(rows, []string{s.SandboxId, s.TemplateId, s.State, s.NodeId, orDash(s.Runtime),
+			rows = append(rows, []string{s.SandboxId, s.Team, s.TemplateId, s.State, s.NodeId, orDash(s.Runtime),
 				fmt.Sprintf("%.2f", float64(s.MilliCpu)/1000), fmt.Sprintf("%dMiB", s.MemoryMib),
 				age(s.StartedAt.AsTime()), left, labelsString(s.Metadata)})
 		}
-		c.g.table([]string{"ID", "TEMPLATE", "STATE", "NODE", "RUNTIME", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
+		c.g.table([]string{"ID", "TEAM", "TEMPLATE", "STATE", "NODE", "RUNTIME", "CPU", "MEMORY", "AGE", "EXPIRES IN", "METADATA"}, rows)
 		return nil
 	})
 }

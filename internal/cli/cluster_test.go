@@ -41,6 +41,46 @@ func TestClusterCLI(t *testing.T) {
 		t.Fatalf("apikey ls shows the secret or misses the key:\n%s", out)
 	}
 
+	// Teams: create with a quota, list (table and JSON), change the quota,
+	// and keys that belong to a team.
+	if out, errOut, code := run("team", "create", "acme", "--max-sandboxes", "2", "--max-vcpu", "4", "--max-memory-mib", "1024"); code != 0 || strings.TrimSpace(out) != "acme" {
+		t.Fatalf("team create: %d %q %s", code, out, errOut)
+	}
+	if _, _, code := run("team", "create", "acme"); code != cli.ExitAlreadyExists {
+		t.Fatalf("duplicate team: %d", code)
+	}
+	if _, _, code := run("team", "create", "Bad Name"); code != cli.ExitUsage {
+		t.Fatalf("bad team name: %d", code)
+	}
+	out, _, _ = run("team", "ls")
+	if !strings.Contains(out, "default") || !strings.Contains(out, "acme") || !strings.Contains(out, "0/2") || !strings.Contains(out, "0MiB/1024MiB") {
+		t.Fatalf("team ls:\n%s", out)
+	}
+	if _, _, code := run("team", "quota", "acme", "--max-sandboxes", "5"); code != 0 {
+		t.Fatalf("team quota: %d", code)
+	}
+	out, _, _ = run("team", "ls", "-o", "json")
+	var teams struct {
+		Teams []struct {
+			Name  string
+			Quota struct{ MaxSandboxes string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &teams); err != nil || len(teams.Teams) != 2 || teams.Teams[0].Name != "acme" || teams.Teams[0].Quota.MaxSandboxes != "5" {
+		t.Fatalf("team ls -o json (%v):\n%s", err, out)
+	}
+	out, _, code = run("apikey", "create", "acme-ci", "--team", "acme")
+	key, err := m.Server.Service.VerifyAPIKey(context.Background(), strings.TrimSpace(out))
+	if code != 0 || err != nil || key.Team != "acme" {
+		t.Fatalf("apikey create --team: %d %+v %v", code, key, err)
+	}
+	if _, _, code := run("apikey", "create", "lost", "--team", "nosuch"); code != cli.ExitNotFound {
+		t.Fatalf("key for an unknown team: %d", code)
+	}
+	if out, _, _ = run("apikey", "ls"); !strings.Contains(out, "acme-ci") || !strings.Contains(out, "TEAM") {
+		t.Fatalf("apikey ls:\n%s", out)
+	}
+
 	out, _, code = run("node", "ls")
 	if code != 0 || !strings.Contains(out, node.ID) || !strings.Contains(out, "healthy") {
 		t.Fatalf("node ls: %d\n%s", code, out)
@@ -65,7 +105,7 @@ func TestClusterCLI(t *testing.T) {
 		}
 	}()
 	out, _, code = run("sandbox", "ls", "--all-nodes", "-l", "team=a")
-	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") {
+	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") || !strings.Contains(out, "default") {
 		t.Fatalf("sandbox ls --all-nodes: %d\n%s", code, out)
 	}
 	out, _, _ = run("sandbox", "ls", "--all-nodes", "-l", "team=b", "-o", "json")

@@ -99,6 +99,11 @@ func TestUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Searchable (not listable) like /run: a runc sandbox's mapped root
+	// must reach its idmapped root filesystem under the run dir.
+	if err := os.Chmod(root, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)

@@ -164,7 +164,7 @@ func (s *Service) resolveTemplate(ctx context.Context, name string) (tmpl string
 		if id, ok := s.cfg.Templates.Aliases[name]; ok && present[id] {
 			return id, nil, nil
 		}
-		if snap, err := s.cat.GetSnapshot(ctx, name); err == nil {
+		if snap, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), name); err == nil {
 			return snap.TemplateID, snap, nil
 		} else if !errdefs.IsNotFound(err) {
 			return "", nil, err
@@ -249,6 +249,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		StartedAt: now, EndAt: now.Add(req.Timeout),
 		AutoPause: req.AutoPause, AutoResume: req.AutoResume, IdleTimeout: req.IdleTimeout,
 		Network: req.Network, APIKeyID: req.APIKeyID, Metadata: req.Metadata, Runtime: req.Runtime,
+		Team: TeamOf(ctx), // the catalog checks the team's quota as it writes the row
 	}
 	if req.Template != tmpl || snap != nil {
 		sb.Alias = req.Template

@@ -178,7 +178,7 @@ func (s *Service) Ping(ctx context.Context) error { return s.cat.Ping(ctx) }
 
 // event appends to a sandbox's log; failures are only logged.
 // Audit records that the holder of an API key did action to a sandbox:
-// who (the key's name and ID) did what to which sandbox. It goes to the
+// who (the key's team, name and ID) did what to which sandbox. It goes to the
 // master's log always and to the sandbox's event log (the E2B logs
 // endpoint) while the sandbox has one: a kill removes the sandbox's row
 // and its events, so its audit line is in the master's log only.
@@ -186,10 +186,10 @@ func (s *Service) Audit(ctx context.Context, sandboxID, action string, key *cata
 	fields := map[string]string{"audit": action}
 	who := "an unknown key"
 	if key != nil {
-		fields["api_key_id"], fields["api_key_name"] = key.ID, key.Name
-		who = fmt.Sprintf("API key %q (%s)", key.Name, key.ID)
+		fields["api_key_id"], fields["api_key_name"], fields["team"] = key.ID, key.Name, key.Team
+		who = fmt.Sprintf("API key %q (%s) of team %q", key.Name, key.ID, key.Team)
 	}
-	s.log.Info("audit", "sandbox_id", sandboxID, "action", action, "api_key_id", fields["api_key_id"], "api_key_name", fields["api_key_name"])
+	s.log.Info("audit", "sandbox_id", sandboxID, "action", action, "team", fields["team"], "api_key_id", fields["api_key_id"], "api_key_name", fields["api_key_name"])
 	if _, err := s.cat.GetSandbox(ctx, sandboxID); err != nil {
 		return
 	}

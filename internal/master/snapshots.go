@@ -54,7 +54,7 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 	snap := &catalog.Snapshot{
 		ID: resp.Snapshot.GetId(), Name: name, SandboxID: sb.ID, NodeID: sb.NodeID, TemplateID: sb.TemplateID,
 		HasMemory: resp.Snapshot.GetHasMemory(), EnvdAccessToken: sb.EnvdAccessToken, CreatedAt: time.Now().UTC(),
-		Runtime: resp.Snapshot.GetRuntime(),
+		Runtime: resp.Snapshot.GetRuntime(), Team: sb.Team,
 	}
 	if snap.Runtime == "" {
 		snap.Runtime = sb.Runtime
@@ -76,12 +76,15 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 
 // ListSnapshots returns a page of snapshots.
 func (s *Service) ListSnapshots(ctx context.Context, q catalog.SnapshotQuery) ([]*catalog.Snapshot, string, error) {
+	if t := TeamOf(ctx); t != "" {
+		q.Team = t
+	}
 	return s.cat.ListSnapshots(ctx, q)
 }
 
 // DeleteSnapshot deletes a snapshot from its node and the catalog.
 func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
-	snap, err := s.cat.GetSnapshot(ctx, idOrName)
+	snap, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), idOrName)
 	if err != nil {
 		return err
 	}
@@ -151,7 +154,7 @@ func (s *Service) childOf(src *catalog.Sandbox, snap *catalog.Snapshot, timeout 
 	c := &catalog.Sandbox{
 		ID: sandboxid.New(), TemplateID: snap.TemplateID, Alias: snap.Name, NodeID: snap.NodeID, State: catalog.StateCreating,
 		MilliCPU: s.cfg.Sandbox.MilliCPU, MemoryMiB: s.cfg.Sandbox.MemoryMiB, StartedAt: now, EndAt: now.Add(timeout),
-		Runtime: snap.Runtime,
+		Runtime: snap.Runtime, Team: snap.Team,
 	}
 	if src != nil {
 		c.AutoPause, c.AutoResume, c.Network, c.APIKeyID = src.AutoPause, src.AutoResume, src.Network, src.APIKeyID

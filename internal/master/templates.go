@@ -95,10 +95,11 @@ func (s *Service) templateSizeMiB(id string) int64 {
 }
 
 // DeleteFromAPI is DeleteTemplate for the E2B API, where the same call
-// deletes snapshots (any key may) and templates (an admin key only:
-// every key's sandboxes use them).
+// deletes snapshots (any key of the snapshot's team: ctx's team scopes the
+// lookup) and templates (an admin key only: every team's sandboxes use
+// them).
 func (s *Service) DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error) {
-	if _, err := s.cat.GetSnapshot(ctx, name); err == nil {
+	if _, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), name); err == nil {
 		return nil, s.DeleteSnapshot(ctx, name)
 	}
 	if !admin {
@@ -114,7 +115,7 @@ func (s *Service) DeleteFromAPI(ctx context.Context, name string, admin bool) ([
 // every node that holds it (E2B deletes snapshots through the template
 // endpoint). A template in use on a node is FailedPrecondition.
 func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, error) {
-	if _, err := s.cat.GetSnapshot(ctx, name); err == nil {
+	if _, err := s.cat.GetTeamSnapshot(ctx, TeamOf(ctx), name); err == nil {
 		return nil, s.DeleteSnapshot(ctx, name)
 	}
 	t, err := s.GetTemplate(ctx, name)

@@ -21,8 +21,8 @@ func (s *Service) Get(ctx context.Context, id string) (*catalog.Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
-	if !visible(sb) {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	if !visible(sb) || !inScope(ctx, sb.Team) {
+		return nil, notFound("sandbox", id)
 	}
 	return sb, nil
 }
@@ -31,6 +31,9 @@ func (s *Service) Get(ctx context.Context, id string) (*catalog.Sandbox, error) 
 func (s *Service) List(ctx context.Context, q catalog.Query) ([]*catalog.Sandbox, string, error) {
 	if len(q.States) == 0 {
 		q.States = []string{catalog.StateRunning, catalog.StatePaused}
+	}
+	if t := TeamOf(ctx); t != "" {
+		q.Team = t
 	}
 	for _, st := range q.States {
 		if st != catalog.StateRunning && st != catalog.StatePaused {
@@ -251,8 +254,8 @@ func (s *Service) Refresh(ctx context.Context, id string, d time.Duration) error
 func (s *Service) extend(ctx context.Context, id string, d time.Duration, allowShorter bool) (*catalog.Sandbox, error) {
 	s.activity.touch(id, time.Now())
 	return s.cat.UpdateSandbox(ctx, id, func(r *catalog.Sandbox) error {
-		if !visible(r) {
-			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		if !visible(r) || !inScope(ctx, r.Team) {
+			return notFound("sandbox", id)
 		}
 		if end := time.Now().UTC().Add(d); allowShorter || end.After(r.EndAt) {
 			r.EndAt = end

@@ -1325,7 +1325,9 @@ type APIKey struct {
 	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	LastUsedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
 	// Admin keys may do the E2B API's admin operations (template delete).
-	Admin         bool `protobuf:"varint,6,opt,name=admin,proto3" json:"admin,omitempty"`
+	Admin bool `protobuf:"varint,6,opt,name=admin,proto3" json:"admin,omitempty"`
+	// The team the key belongs to: it sees that team's sandboxes only.
+	Team          string `protobuf:"bytes,7,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1402,10 +1404,19 @@ func (x *APIKey) GetAdmin() bool {
 	return false
 }
 
+func (x *APIKey) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
 type CreateAPIKeyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Admin         bool                   `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Admin bool                   `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
+	// Team of the key; empty: the team "default". It must exist.
+	Team          string `protobuf:"bytes,3,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1452,6 +1463,13 @@ func (x *CreateAPIKeyRequest) GetAdmin() bool {
 		return x.Admin
 	}
 	return false
+}
+
+func (x *CreateAPIKeyRequest) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
 }
 
 type CreateAPIKeyResponse struct {
@@ -1687,7 +1705,9 @@ type Sandbox struct {
 	// Pause after this long without traffic or open requests; 0: never.
 	IdleTimeout *durationpb.Duration `protobuf:"bytes,13,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	// Runtime driver the sandbox runs on (runc, gvisor, vm).
-	Runtime       string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Runtime string `protobuf:"bytes,14,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The team that owns it (its creating API key's).
+	Team          string `protobuf:"bytes,15,opt,name=team,proto3" json:"team,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1816,6 +1836,13 @@ func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
 func (x *Sandbox) GetRuntime() string {
 	if x != nil {
 		return x.Runtime
+	}
+	return ""
+}
+
+func (x *Sandbox) GetTeam() string {
+	if x != nil {
+		return x.Team
 	}
 	return ""
 }
@@ -2314,6 +2341,417 @@ func (x *DeleteTemplateResponse) GetNodes() []string {
 	return nil
 }
 
+// TeamQuota bounds a team's sandboxes (creating, running and paused ones
+// all count). Zero fields do not limit.
+type TeamQuota struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MaxSandboxes  int64                  `protobuf:"varint,1,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	MaxMilliCpu   int64                  `protobuf:"varint,2,opt,name=max_milli_cpu,json=maxMilliCpu,proto3" json:"max_milli_cpu,omitempty"`
+	MaxMemoryMib  int64                  `protobuf:"varint,3,opt,name=max_memory_mib,json=maxMemoryMib,proto3" json:"max_memory_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TeamQuota) Reset() {
+	*x = TeamQuota{}
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TeamQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TeamQuota) ProtoMessage() {}
+
+func (x *TeamQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
+func (*TeamQuota) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TeamQuota) GetMaxSandboxes() int64 {
+	if x != nil {
+		return x.MaxSandboxes
+	}
+	return 0
+}
+
+func (x *TeamQuota) GetMaxMilliCpu() int64 {
+	if x != nil {
+		return x.MaxMilliCpu
+	}
+	return 0
+}
+
+func (x *TeamQuota) GetMaxMemoryMib() int64 {
+	if x != nil {
+		return x.MaxMemoryMib
+	}
+	return 0
+}
+
+type Team struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	Quota     *TeamQuota             `protobuf:"bytes,3,opt,name=quota,proto3" json:"quota,omitempty"`
+	// What the team's sandboxes hold now.
+	Sandboxes     int64 `protobuf:"varint,4,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	MilliCpu      int64 `protobuf:"varint,5,opt,name=milli_cpu,json=milliCpu,proto3" json:"milli_cpu,omitempty"`
+	MemoryMib     int64 `protobuf:"varint,6,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Team) Reset() {
+	*x = Team{}
+	mi := &file_master_v1_master_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Team) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Team) ProtoMessage() {}
+
+func (x *Team) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Team.ProtoReflect.Descriptor instead.
+func (*Team) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Team) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Team) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Team) GetQuota() *TeamQuota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+func (x *Team) GetSandboxes() int64 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *Team) GetMilliCpu() int64 {
+	if x != nil {
+		return x.MilliCpu
+	}
+	return 0
+}
+
+func (x *Team) GetMemoryMib() int64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+type CreateTeamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quota         *TeamQuota             `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTeamRequest) Reset() {
+	*x = CreateTeamRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTeamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTeamRequest) ProtoMessage() {}
+
+func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
+func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CreateTeamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateTeamRequest) GetQuota() *TeamQuota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+type CreateTeamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Team          *Team                  `protobuf:"bytes,1,opt,name=team,proto3" json:"team,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTeamResponse) Reset() {
+	*x = CreateTeamResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTeamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTeamResponse) ProtoMessage() {}
+
+func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
+func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *CreateTeamResponse) GetTeam() *Team {
+	if x != nil {
+		return x.Team
+	}
+	return nil
+}
+
+type ListTeamsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTeamsRequest) Reset() {
+	*x = ListTeamsRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTeamsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTeamsRequest) ProtoMessage() {}
+
+func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
+func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+}
+
+type ListTeamsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Teams         []*Team                `protobuf:"bytes,1,rep,name=teams,proto3" json:"teams,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTeamsResponse) Reset() {
+	*x = ListTeamsResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTeamsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTeamsResponse) ProtoMessage() {}
+
+func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
+func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ListTeamsResponse) GetTeams() []*Team {
+	if x != nil {
+		return x.Teams
+	}
+	return nil
+}
+
+type SetTeamQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quota         *TeamQuota             `protobuf:"bytes,2,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTeamQuotaRequest) Reset() {
+	*x = SetTeamQuotaRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTeamQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTeamQuotaRequest) ProtoMessage() {}
+
+func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
+func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *SetTeamQuotaRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetTeamQuotaRequest) GetQuota() *TeamQuota {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+type SetTeamQuotaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTeamQuotaResponse) Reset() {
+	*x = SetTeamQuotaResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTeamQuotaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTeamQuotaResponse) ProtoMessage() {}
+
+func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
+func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
+}
+
 var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
@@ -2430,7 +2868,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xd3\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xe7\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -2439,10 +2877,12 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12<\n" +
 	"\flast_used_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastUsedAt\x12\x14\n" +
-	"\x05admin\x18\x06 \x01(\bR\x05admin\"?\n" +
+	"\x05admin\x18\x06 \x01(\bR\x05admin\x12\x12\n" +
+	"\x04team\x18\a \x01(\tR\x04team\"S\n" +
 	"\x13CreateAPIKeyRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05admin\x18\x02 \x01(\bR\x05admin\"S\n" +
+	"\x05admin\x18\x02 \x01(\bR\x05admin\x12\x12\n" +
+	"\x04team\x18\x03 \x01(\tR\x04team\"S\n" +
 	"\x14CreateAPIKeyResponse\x12#\n" +
 	"\x03key\x18\x01 \x01(\v2\x11.master.v1.APIKeyR\x03key\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x14\n" +
@@ -2451,7 +2891,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x11.master.v1.APIKeyR\x04keys\"'\n" +
 	"\x13DeleteAPIKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x16\n" +
-	"\x14DeleteAPIKeyResponse\"\xcb\x04\n" +
+	"\x14DeleteAPIKeyResponse\"\xdf\x04\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -2473,7 +2913,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vauto_resume\x18\f \x01(\bR\n" +
 	"autoResume\x12<\n" +
 	"\fidle_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12\x18\n" +
-	"\aruntime\x18\x0e \x01(\tR\aruntime\x1a;\n" +
+	"\aruntime\x18\x0e \x01(\tR\aruntime\x12\x12\n" +
+	"\x04team\x18\x0f \x01(\tR\x04team\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x01\n" +
@@ -2517,16 +2958,45 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\".\n" +
 	"\x16DeleteTemplateResponse\x12\x14\n" +
-	"\x05nodes\x18\x01 \x03(\tR\x05nodes2\x9a\x01\n" +
+	"\x05nodes\x18\x01 \x03(\tR\x05nodes\"z\n" +
+	"\tTeamQuota\x12#\n" +
+	"\rmax_sandboxes\x18\x01 \x01(\x03R\fmaxSandboxes\x12\"\n" +
+	"\rmax_milli_cpu\x18\x02 \x01(\x03R\vmaxMilliCpu\x12$\n" +
+	"\x0emax_memory_mib\x18\x03 \x01(\x03R\fmaxMemoryMib\"\xdb\x01\n" +
+	"\x04Team\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
+	"\n" +
+	"created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12*\n" +
+	"\x05quota\x18\x03 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\x12\x1c\n" +
+	"\tsandboxes\x18\x04 \x01(\x03R\tsandboxes\x12\x1b\n" +
+	"\tmilli_cpu\x18\x05 \x01(\x03R\bmilliCpu\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x06 \x01(\x03R\tmemoryMib\"S\n" +
+	"\x11CreateTeamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x05quota\x18\x02 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\"9\n" +
+	"\x12CreateTeamResponse\x12#\n" +
+	"\x04team\x18\x01 \x01(\v2\x0f.master.v1.TeamR\x04team\"\x12\n" +
+	"\x10ListTeamsRequest\":\n" +
+	"\x11ListTeamsResponse\x12%\n" +
+	"\x05teams\x18\x01 \x03(\v2\x0f.master.v1.TeamR\x05teams\"U\n" +
+	"\x13SetTeamQuotaRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x05quota\x18\x02 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\"\x16\n" +
+	"\x14SetTeamQuotaResponse2\x9a\x01\n" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
-	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xff\x05\n" +
+	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xe3\a\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
 	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12O\n" +
 	"\fCreateAPIKey\x12\x1e.master.v1.CreateAPIKeyRequest\x1a\x1f.master.v1.CreateAPIKeyResponse\x12L\n" +
 	"\vListAPIKeys\x12\x1d.master.v1.ListAPIKeysRequest\x1a\x1e.master.v1.ListAPIKeysResponse\x12O\n" +
-	"\fDeleteAPIKey\x12\x1e.master.v1.DeleteAPIKeyRequest\x1a\x1f.master.v1.DeleteAPIKeyResponse\x12R\n" +
+	"\fDeleteAPIKey\x12\x1e.master.v1.DeleteAPIKeyRequest\x1a\x1f.master.v1.DeleteAPIKeyResponse\x12I\n" +
+	"\n" +
+	"CreateTeam\x12\x1c.master.v1.CreateTeamRequest\x1a\x1d.master.v1.CreateTeamResponse\x12F\n" +
+	"\tListTeams\x12\x1b.master.v1.ListTeamsRequest\x1a\x1c.master.v1.ListTeamsResponse\x12O\n" +
+	"\fSetTeamQuota\x12\x1e.master.v1.SetTeamQuotaRequest\x1a\x1f.master.v1.SetTeamQuotaResponse\x12R\n" +
 	"\rListSandboxes\x12\x1f.master.v1.ListSandboxesRequest\x1a .master.v1.ListSandboxesResponse\x12R\n" +
 	"\rListTemplates\x12\x1f.master.v1.ListTemplatesRequest\x1a .master.v1.ListTemplatesResponse\x12U\n" +
 	"\x0eImportTemplate\x12 .master.v1.ImportTemplateRequest\x1a!.master.v1.ImportTemplateResponse\x12U\n" +
@@ -2548,7 +3018,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -2586,83 +3056,103 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ImportTemplateResponse)(nil),     // 33: master.v1.ImportTemplateResponse
 	(*DeleteTemplateRequest)(nil),      // 34: master.v1.DeleteTemplateRequest
 	(*DeleteTemplateResponse)(nil),     // 35: master.v1.DeleteTemplateResponse
-	nil,                                // 36: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 37: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 38: master.v1.Sandbox.MetadataEntry
-	nil,                                // 39: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 40: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 41: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 42: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 43: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 44: google.protobuf.Duration
+	(*TeamQuota)(nil),                  // 36: master.v1.TeamQuota
+	(*Team)(nil),                       // 37: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 38: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 39: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 40: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 41: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 42: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 43: master.v1.SetTeamQuotaResponse
+	nil,                                // 44: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 45: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 46: master.v1.Sandbox.MetadataEntry
+	nil,                                // 47: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 48: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 49: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 50: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 51: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 52: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	41, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	36, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	37, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	49, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	44, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	45, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	42, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	43, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	50, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	51, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	43, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	43, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	51, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	51, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	44, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	52, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	44, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	52, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	43, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	43, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	51, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	51, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	14, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	43, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	43, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	51, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	51, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	19, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
 	19, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	38, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	43, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	43, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	44, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	39, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	46, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	51, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	51, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	52, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	47, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
 	26, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	43, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	40, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	51, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	48, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
 	29, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
 	29, // 32: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	10, // 33: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	12, // 34: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	15, // 35: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	17, // 36: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	20, // 37: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	22, // 38: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	24, // 39: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	27, // 40: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	30, // 41: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	32, // 42: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	34, // 43: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 44: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 45: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 46: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 47: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	13, // 48: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	16, // 49: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	18, // 50: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	21, // 51: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	23, // 52: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	25, // 53: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	28, // 54: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	31, // 55: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	33, // 56: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	35, // 57: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 58: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 59: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 60: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	47, // [47:61] is the sub-list for method output_type
-	33, // [33:47] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	51, // 33: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	36, // 34: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	36, // 35: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	37, // 36: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	37, // 37: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	36, // 38: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	10, // 39: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	12, // 40: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	15, // 41: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	17, // 42: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	20, // 43: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	22, // 44: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	24, // 45: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	38, // 46: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	40, // 47: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	42, // 48: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	27, // 49: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	30, // 50: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	32, // 51: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	34, // 52: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 53: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 54: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 55: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 56: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	13, // 57: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	16, // 58: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	18, // 59: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	21, // 60: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	23, // 61: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	25, // 62: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	39, // 63: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	41, // 64: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	43, // 65: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	28, // 66: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	31, // 67: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	33, // 68: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	35, // 69: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 70: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 71: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 72: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	56, // [56:73] is the sub-list for method output_type
+	39, // [39:56] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -2676,7 +3166,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -180,6 +180,9 @@ const (
 	AdminService_CreateAPIKey_FullMethodName       = "/master.v1.AdminService/CreateAPIKey"
 	AdminService_ListAPIKeys_FullMethodName        = "/master.v1.AdminService/ListAPIKeys"
 	AdminService_DeleteAPIKey_FullMethodName       = "/master.v1.AdminService/DeleteAPIKey"
+	AdminService_CreateTeam_FullMethodName         = "/master.v1.AdminService/CreateTeam"
+	AdminService_ListTeams_FullMethodName          = "/master.v1.AdminService/ListTeams"
+	AdminService_SetTeamQuota_FullMethodName       = "/master.v1.AdminService/SetTeamQuota"
 	AdminService_ListSandboxes_FullMethodName      = "/master.v1.AdminService/ListSandboxes"
 	AdminService_ListTemplates_FullMethodName      = "/master.v1.AdminService/ListTemplates"
 	AdminService_ImportTemplate_FullMethodName     = "/master.v1.AdminService/ImportTemplate"
@@ -199,6 +202,11 @@ type AdminServiceClient interface {
 	CreateAPIKey(ctx context.Context, in *CreateAPIKeyRequest, opts ...grpc.CallOption) (*CreateAPIKeyResponse, error)
 	ListAPIKeys(ctx context.Context, in *ListAPIKeysRequest, opts ...grpc.CallOption) (*ListAPIKeysResponse, error)
 	DeleteAPIKey(ctx context.Context, in *DeleteAPIKeyRequest, opts ...grpc.CallOption) (*DeleteAPIKeyResponse, error)
+	// Teams (tenants of the E2B API) and their quotas.
+	CreateTeam(ctx context.Context, in *CreateTeamRequest, opts ...grpc.CallOption) (*CreateTeamResponse, error)
+	ListTeams(ctx context.Context, in *ListTeamsRequest, opts ...grpc.CallOption) (*ListTeamsResponse, error)
+	// SetTeamQuota replaces a team's quota.
+	SetTeamQuota(ctx context.Context, in *SetTeamQuotaRequest, opts ...grpc.CallOption) (*SetTeamQuotaResponse, error)
 	// ListSandboxes lists the catalog: every sandbox on every node.
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	// Templates across the cluster: which nodes hold which template.
@@ -267,6 +275,36 @@ func (c *adminServiceClient) DeleteAPIKey(ctx context.Context, in *DeleteAPIKeyR
 	return out, nil
 }
 
+func (c *adminServiceClient) CreateTeam(ctx context.Context, in *CreateTeamRequest, opts ...grpc.CallOption) (*CreateTeamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateTeamResponse)
+	err := c.cc.Invoke(ctx, AdminService_CreateTeam_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListTeams(ctx context.Context, in *ListTeamsRequest, opts ...grpc.CallOption) (*ListTeamsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTeamsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListTeams_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetTeamQuota(ctx context.Context, in *SetTeamQuotaRequest, opts ...grpc.CallOption) (*SetTeamQuotaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetTeamQuotaResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetTeamQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListSandboxesResponse)
@@ -320,6 +358,11 @@ type AdminServiceServer interface {
 	CreateAPIKey(context.Context, *CreateAPIKeyRequest) (*CreateAPIKeyResponse, error)
 	ListAPIKeys(context.Context, *ListAPIKeysRequest) (*ListAPIKeysResponse, error)
 	DeleteAPIKey(context.Context, *DeleteAPIKeyRequest) (*DeleteAPIKeyResponse, error)
+	// Teams (tenants of the E2B API) and their quotas.
+	CreateTeam(context.Context, *CreateTeamRequest) (*CreateTeamResponse, error)
+	ListTeams(context.Context, *ListTeamsRequest) (*ListTeamsResponse, error)
+	// SetTeamQuota replaces a team's quota.
+	SetTeamQuota(context.Context, *SetTeamQuotaRequest) (*SetTeamQuotaResponse, error)
 	// ListSandboxes lists the catalog: every sandbox on every node.
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	// Templates across the cluster: which nodes hold which template.
@@ -352,6 +395,15 @@ func (UnimplementedAdminServiceServer) ListAPIKeys(context.Context, *ListAPIKeys
 }
 func (UnimplementedAdminServiceServer) DeleteAPIKey(context.Context, *DeleteAPIKeyRequest) (*DeleteAPIKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteAPIKey not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateTeam(context.Context, *CreateTeamRequest) (*CreateTeamResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateTeam not implemented")
+}
+func (UnimplementedAdminServiceServer) ListTeams(context.Context, *ListTeamsRequest) (*ListTeamsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTeams not implemented")
+}
+func (UnimplementedAdminServiceServer) SetTeamQuota(context.Context, *SetTeamQuotaRequest) (*SetTeamQuotaResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetTeamQuota not implemented")
 }
 func (UnimplementedAdminServiceServer) ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSandboxes not implemented")
@@ -476,6 +528,60 @@ func _AdminService_DeleteAPIKey_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_CreateTeam_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateTeamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateTeam(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateTeam_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateTeam(ctx, req.(*CreateTeamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListTeams_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTeamsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListTeams(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListTeams_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListTeams(ctx, req.(*ListTeamsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetTeamQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetTeamQuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetTeamQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetTeamQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetTeamQuota(ctx, req.(*SetTeamQuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListSandboxes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListSandboxesRequest)
 	if err := dec(in); err != nil {
@@ -574,6 +680,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteAPIKey",
 			Handler:    _AdminService_DeleteAPIKey_Handler,
+		},
+		{
+			MethodName: "CreateTeam",
+			Handler:    _AdminService_CreateTeam_Handler,
+		},
+		{
+			MethodName: "ListTeams",
+			Handler:    _AdminService_ListTeams_Handler,
+		},
+		{
+			MethodName: "SetTeamQuota",
+			Handler:    _AdminService_SetTeamQuota_Handler,
 		},
 		{
 			MethodName: "ListSandboxes",

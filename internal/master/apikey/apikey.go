@@ -85,16 +85,17 @@ func New(store Store, ttl time.Duration, log *slog.Logger) *Keys {
 	return &Keys{store: store, ttl: ttl, log: log, cache: map[string]cached{}}
 }
 
-// Create issues a new key named name (an admin key when admin) and returns
-// it with its secret, which is never stored and cannot be shown again.
-func (k *Keys) Create(ctx context.Context, name string, admin bool) (*catalog.APIKey, string, error) {
+// Create issues a new key named name for team ("": the default team; it
+// must exist), an admin key when admin, and returns it with its secret,
+// which is never stored and cannot be shown again.
+func (k *Keys) Create(ctx context.Context, name, team string, admin bool) (*catalog.APIKey, string, error) {
 	if !nameRE.MatchString(name) {
 		return nil, "", fmt.Errorf("api key name %q: 1-128 letters, digits, '.', '_' or '-': %w", name, errdefs.ErrInvalidArgument)
 	}
 	secret := Prefix + randomHex(20)
 	key := &catalog.APIKey{
 		ID: "key_" + randomHex(8), Name: name, Prefix: secret[:len(Prefix)+6],
-		Hash: Hash(secret), CreatedAt: time.Now().UTC(), Admin: admin,
+		Hash: Hash(secret), CreatedAt: time.Now().UTC(), Admin: admin, Team: team,
 	}
 	if err := k.store.CreateAPIKey(ctx, key); err != nil {
 		return nil, "", err

@@ -22,7 +22,7 @@ func TestKeys(t *testing.T) {
 	defer cat.Close()
 	keys := apikey.New(cat, time.Minute, nil)
 
-	key, secret, err := keys.Create(ctx, "ci", false)
+	key, secret, err := keys.Create(ctx, "ci", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,10 +34,10 @@ func TestKeys(t *testing.T) {
 	if len(stored) != 1 || stored[0].Hash != apikey.Hash(secret) || strings.Contains(stored[0].Hash, secret[4:]) {
 		t.Fatalf("stored: %+v", stored)
 	}
-	if _, _, err := keys.Create(ctx, "ci", false); !errdefs.IsAlreadyExists(err) {
+	if _, _, err := keys.Create(ctx, "ci", "", false); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("duplicate name: %v", err)
 	}
-	if _, _, err := keys.Create(ctx, "bad name!", false); !errdefs.IsInvalidArgument(err) {
+	if _, _, err := keys.Create(ctx, "bad name!", "", false); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("bad name: %v", err)
 	}
 
@@ -67,7 +67,7 @@ func TestKeys(t *testing.T) {
 	}
 
 	// A closed store is a server error, not a 401.
-	_, secret2, _ := keys.Create(ctx, "other", true)
+	_, secret2, _ := keys.Create(ctx, "other", "", true)
 	cat.Close()
 	if _, err := apikey.New(cat, time.Minute, nil).Verify(ctx, secret2); err == nil || errors.Is(err, apikey.ErrUnauthenticated) {
 		t.Fatalf("store down: %v", err)

@@ -20,24 +20,34 @@ type APIKey struct {
 	LastUsedAt time.Time
 	// Admin keys may do the E2B API's admin operations (template delete).
 	Admin bool
+	// Team the key belongs to: it sees that team's sandboxes and
+	// snapshots only. "" at create is DefaultTeam.
+	Team string
 }
 
-const apiKeyCols = `id, name, prefix, hash, created_at, last_used_at, admin`
+const apiKeyCols = `id, name, prefix, hash, created_at, last_used_at, admin, team`
 
 func scanAPIKey(s interface{ Scan(...any) error }) (*APIKey, error) {
 	var k APIKey
 	var created, used, admin int64
-	if err := s.Scan(&k.ID, &k.Name, &k.Prefix, &k.Hash, &created, &used, &admin); err != nil {
+	if err := s.Scan(&k.ID, &k.Name, &k.Prefix, &k.Hash, &created, &used, &admin, &k.Team); err != nil {
 		return nil, err
 	}
 	k.CreatedAt, k.LastUsedAt, k.Admin = fromMS(created), fromMS(used), admin != 0
 	return &k, nil
 }
 
-// CreateAPIKey stores a key. AlreadyExists if its name (or ID) is taken.
+// CreateAPIKey stores a key. AlreadyExists if its name (or ID) is taken,
+// NotFound if its team does not exist.
 func (c *Catalog) CreateAPIKey(ctx context.Context, k *APIKey) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(7)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
-		k.ID, k.Name, k.Prefix, k.Hash, ms(k.CreatedAt), ms(k.LastUsedAt), b2i(k.Admin))
+	if k.Team == "" {
+		k.Team = DefaultTeam
+	}
+	if _, err := c.GetTeam(ctx, k.Team); err != nil {
+		return err
+	}
+	_, err := c.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(8)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+		k.ID, k.Name, k.Prefix, k.Hash, ms(k.CreatedAt), ms(k.LastUsedAt), b2i(k.Admin), k.Team)
 	if isDuplicate(err) {
 		return fmt.Errorf("api key %q: %w", k.Name, errdefs.ErrAlreadyExists)
 	}

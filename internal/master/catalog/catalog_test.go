@@ -50,6 +50,7 @@ func TestCatalog(t *testing.T) {
 		{"Runtime", testRuntime},
 		{"Snapshots", testSnapshots},
 		{"APIKeys", testAPIKeys},
+		{"Teams", testTeams},
 		{"Events", testEvents},
 	}
 	for _, b := range backends {

@@ -49,7 +49,7 @@ func TestRuntimeMigrationUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{
+	for _, q := range append(rollbackTeams,
 		`ALTER TABLE sandboxes DROP COLUMN runtime`,
 		`ALTER TABLE snapshots DROP COLUMN runtime`,
 		`ALTER TABLE api_keys DROP COLUMN admin`, // 0004, applied again too
@@ -57,7 +57,7 @@ func TestRuntimeMigrationUpgrade(t *testing.T) {
 		`INSERT INTO sandboxes (id, version, template_id, alias, node_id, state, milli_cpu, memory_mib, disk_mib, started_at, end_at,
 auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms)
 VALUES ('old', 1, 'busybox', '', 'n1', 'running', 1000, 512, 0, 1, 2, 0, 0, '', '', '', '', '', 0)`,
-	} {
+	) {
 		if _, err := db.Exec(q); err != nil {
 			db.Close()
 			t.Fatalf("%s: %v", q, err)

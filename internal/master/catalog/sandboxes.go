@@ -67,10 +67,13 @@ type Sandbox struct {
 	// Runtime is the driver the sandbox runs on (runc, gvisor, vm): the
 	// one the client asked for, else what its node chose.
 	Runtime string
+	// Team owns the sandbox (the team of the API key that made it); ""
+	// at create is DefaultTeam. It never changes.
+	Team string
 }
 
 const sandboxCols = `id, version, template_id, alias, node_id, state, milli_cpu, memory_mib, disk_mib, started_at, end_at,
-auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms, runtime`
+auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms, runtime, team`
 
 func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -79,7 +82,7 @@ func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
 	var network string
 	var idle int64
 	if err := s.Scan(&sb.ID, &sb.Version, &sb.TemplateID, &sb.Alias, &sb.NodeID, &sb.State, &sb.MilliCPU, &sb.MemoryMiB,
-		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID, &idle, &sb.Runtime); err != nil {
+		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID, &idle, &sb.Runtime, &sb.Team); err != nil {
 		return nil, err
 	}
 	sb.StartedAt, sb.EndAt = fromMS(started), fromMS(end)
@@ -101,11 +104,28 @@ func (s *Sandbox) args() []any {
 }
 
 // CreateSandbox inserts a sandbox and its metadata. AlreadyExists if the ID
-// is taken.
+// is taken; ResourceExhausted (a *QuotaError) if the row would take its
+// team over a quota. The quota is checked in the transaction that inserts
+// the row, after taking the team's row lock (checkQuota), so concurrent
+// creates of one team, on any number of masters, cannot exceed it.
 func (c *Catalog) CreateSandbox(ctx context.Context, s *Sandbox) error {
 	s.Version = 1
-	err := c.tx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(20)+`)`, s.args()...); err != nil { //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	if s.Team == "" {
+		s.Team = DefaultTeam
+	}
+	// A quota set between this read and the transaction applies from the
+	// next create on.
+	limited, err := c.teamLimited(ctx, s.Team)
+	if err != nil {
+		return err
+	}
+	err = c.tx(ctx, func(tx *sql.Tx) error {
+		if limited {
+			if err := checkQuota(ctx, tx, s); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(21)+`)`, append(s.args(), s.Team)...); err != nil { //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
 			return err
 		}
 		return putMetadata(ctx, tx, s.ID, s.Metadata)
@@ -231,6 +251,8 @@ func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
 
 // Query selects sandboxes. Zero fields do not filter.
 type Query struct {
+	// Team: only this team's sandboxes.
+	Team         string
 	States       []string
 	Metadata     map[string]string // every pair must match
 	TemplateID   string            // the template ID or the alias used
@@ -263,6 +285,10 @@ func decodeCursor(tok string) (int64, string, error) {
 func (c *Catalog) ListSandboxes(ctx context.Context, q Query) ([]*Sandbox, string, error) {
 	var where []string
 	var args []any
+	if q.Team != "" {
+		where = append(where, `team = ?`)
+		args = append(args, q.Team)
+	}
 	if len(q.States) > 0 {
 		where = append(where, `state IN (`+placeholders(len(q.States))+`)`)
 		for _, s := range q.States {

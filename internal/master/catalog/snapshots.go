@@ -26,15 +26,18 @@ type Snapshot struct {
 	// Runtime is the driver of the snapshotted sandbox; its clones run on
 	// the same one.
 	Runtime string
+	// Team owns the snapshot (its sandbox's team; "" at create is
+	// DefaultTeam). Names are per team: each team resolves only its own.
+	Team string
 }
 
-const snapshotCols = `id, name, sandbox_id, node_id, template_id, has_memory, envd_access_token, created_at, runtime`
+const snapshotCols = `id, name, sandbox_id, node_id, template_id, has_memory, envd_access_token, created_at, runtime, team`
 
 func scanSnapshot(s interface{ Scan(...any) error }) (*Snapshot, error) {
 	var sn Snapshot
 	var mem int
 	var created int64
-	if err := s.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.NodeID, &sn.TemplateID, &mem, &sn.EnvdAccessToken, &created, &sn.Runtime); err != nil {
+	if err := s.Scan(&sn.ID, &sn.Name, &sn.SandboxID, &sn.NodeID, &sn.TemplateID, &mem, &sn.EnvdAccessToken, &created, &sn.Runtime, &sn.Team); err != nil {
 		return nil, err
 	}
 	sn.HasMemory, sn.CreatedAt = mem != 0, fromMS(created)
@@ -43,8 +46,11 @@ func scanSnapshot(s interface{ Scan(...any) error }) (*Snapshot, error) {
 
 // CreateSnapshot records a snapshot. AlreadyExists if the ID is taken.
 func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(9)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
-		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt), s.Runtime)
+	if s.Team == "" {
+		s.Team = DefaultTeam
+	}
+	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(10)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt), s.Runtime, s.Team)
 	if isDuplicate(err) {
 		return fmt.Errorf("snapshot %q: %w", s.ID, errdefs.ErrAlreadyExists)
 	}
@@ -52,12 +58,23 @@ func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
 }
 
 // GetSnapshot finds a snapshot by ID or, failing that, by name (the newest
-// of that name).
+// of that name), in any team.
 func (c *Catalog) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, error) {
-	s, err := scanSnapshot(c.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, idOrName))
+	return c.GetTeamSnapshot(ctx, "", idOrName)
+}
+
+// GetTeamSnapshot is GetSnapshot within one team ("": any): another team's
+// snapshot, by ID or by name, is NotFound, and a name resolves to the
+// team's own snapshot of that name even when other teams use it too.
+func (c *Catalog) GetTeamSnapshot(ctx context.Context, team, idOrName string) (*Snapshot, error) {
+	cond, args := ``, []any{idOrName}
+	if team != "" {
+		cond, args = ` AND team = ?`, append(args, team)
+	}
+	s, err := scanSnapshot(c.db.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`+cond, args...))
 	if errors.Is(err, sql.ErrNoRows) {
 		s, err = scanSnapshot(c.db.QueryRowContext(ctx,
-			`SELECT `+snapshotCols+` FROM snapshots WHERE name = ? ORDER BY created_at DESC LIMIT 1`, idOrName))
+			`SELECT `+snapshotCols+` FROM snapshots WHERE name = ?`+cond+` ORDER BY created_at DESC LIMIT 1`, args...))
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("snapshot %q: %w", idOrName, errdefs.ErrNotFound)
@@ -67,6 +84,7 @@ func (c *Catalog) GetSnapshot(ctx context.Context, idOrName string) (*Snapshot, 
 
 // SnapshotQuery selects snapshots; zero fields do not filter.
 type SnapshotQuery struct {
+	Team      string
 	SandboxID string
 	Name      string // matches the name or the ID
 	Limit     int
@@ -77,6 +95,10 @@ type SnapshotQuery struct {
 func (c *Catalog) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]*Snapshot, string, error) {
 	stmt := `SELECT ` + snapshotCols + ` FROM snapshots WHERE id > ?`
 	args := []any{q.After}
+	if q.Team != "" {
+		stmt += ` AND team = ?`
+		args = append(args, q.Team)
+	}
 	if q.SandboxID != "" {
 		stmt += ` AND sandbox_id = ?`
 		args = append(args, q.SandboxID)

@@ -3,10 +3,13 @@
 // (checked against e2b@2.51.0's bundled OpenAPI types), over master.Service.
 //
 // Every path but GET /health needs a key in X-API-Key (cubecli apikey
-// create). Errors are {"code": <status>, "message": "..."} with 400 for bad
+// create), and every call is scoped to the key's team (master.WithTeam):
+// another team's sandbox or snapshot is 404, as one that does not exist.
+// Errors are {"code": <status>, "message": "..."} with 400 for bad
 // input, 401 for a missing or unknown key, 404 for an unknown sandbox or
 // template, 409 for a verb the sandbox's state forbids, 429 (with
-// Retry-After) when every node refused for lack of room, 501 for what the
+// Retry-After) when every node refused for lack of room, 429 (without:
+// waiting does not help) when a create would take the team over a quota, 501 for what the
 // nodes cannot do yet, 503 when no node can be reached, 500 otherwise.
 package e2bapi
 
@@ -157,7 +160,10 @@ func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
 			writeError(w, err)
 			return
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, key)))
+		// Every call is scoped to the key's team: the master answers
+		// another team's sandboxes and snapshots as not found.
+		ctx := master.WithTeam(context.WithValue(r.Context(), keyCtx{}, key), key.Team)
+		next(w, r.WithContext(ctx))
 	})
 }
 
@@ -207,7 +213,10 @@ func Serve(ctx context.Context, h http.Handler, ln net.Listener) error {
 func statusOf(err error) (int, string) {
 	var nn *scheduler.NoNodeError
 	isNoNode := errors.As(err, &nn)
+	var qe *catalog.QuotaError
 	switch {
+	case errors.As(err, &qe):
+		return http.StatusTooManyRequests, "team_quota_exceeded"
 	case errors.Is(err, apikey.ErrUnauthenticated):
 		return http.StatusUnauthorized, ""
 	case errdefs.IsPermissionDenied(err):
@@ -238,8 +247,10 @@ func statusOf(err error) (int, string) {
 
 func writeError(w http.ResponseWriter, err error) {
 	code, ecode := statusOf(err)
-	if code == http.StatusTooManyRequests {
-		// The SDKs retry a 429 that says when.
+	if code == http.StatusTooManyRequests && ecode != "team_quota_exceeded" {
+		// The SDKs retry a 429 that says when; a team over its quota
+		// stays over it until one of its sandboxes goes, so that 429
+		// names no time and the SDK raises RateLimitError at once.
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, code, errorBody{Code: code, Message: err.Error(), ErrorCode: ecode})

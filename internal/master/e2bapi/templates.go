@@ -53,7 +53,8 @@ func (h *Handler) getTemplate(w http.ResponseWriter, r *http.Request) {
 // deleteTemplate deletes a snapshot or a template (E2B's SDK deletes
 // snapshots through this path too).
 func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	// A snapshot any key may delete; a template only an admin key.
+	// A snapshot any key of its team may delete (another team's is not
+	// found, admin or not); a template only an admin key.
 	k := apiKey(r)
 	if _, err := h.b.DeleteFromAPI(r.Context(), r.PathValue("templateID"), k != nil && k.Admin); err != nil {
 		writeError(w, err)

@@ -102,12 +102,12 @@ func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetN
 }
 
 func keyToPB(k *catalog.APIKey) *masterpb.APIKey {
-	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt), Admin: k.Admin}
+	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt), Admin: k.Admin, Team: k.Team}
 }
 
 // CreateAPIKey implements AdminService.
 func (a *AdminServer) CreateAPIKey(ctx context.Context, req *masterpb.CreateAPIKeyRequest) (*masterpb.CreateAPIKeyResponse, error) {
-	k, secret, err := a.svc.Keys().Create(ctx, req.Name, req.Admin)
+	k, secret, err := a.svc.Keys().Create(ctx, req.Name, req.Team, req.Admin)
 	if err != nil {
 		return nil, grpcerr.ToGRPC(err)
 	}
@@ -135,6 +135,48 @@ func (a *AdminServer) DeleteAPIKey(ctx context.Context, req *masterpb.DeleteAPIK
 	return &masterpb.DeleteAPIKeyResponse{}, nil
 }
 
+func quotaFromPB(q *masterpb.TeamQuota) catalog.Quota {
+	return catalog.Quota{MaxSandboxes: q.GetMaxSandboxes(), MaxMilliCPU: q.GetMaxMilliCpu(), MaxMemoryMiB: q.GetMaxMemoryMib()}
+}
+
+func teamToPB(t *catalog.Team, u catalog.TeamUsage) *masterpb.Team {
+	return &masterpb.Team{
+		Name: t.Name, CreatedAt: ts(t.CreatedAt),
+		Quota:     &masterpb.TeamQuota{MaxSandboxes: t.Quota.MaxSandboxes, MaxMilliCpu: t.Quota.MaxMilliCPU, MaxMemoryMib: t.Quota.MaxMemoryMiB},
+		Sandboxes: u.Sandboxes, MilliCpu: u.MilliCPU, MemoryMib: u.MemoryMiB,
+	}
+}
+
+// CreateTeam implements AdminService.
+func (a *AdminServer) CreateTeam(ctx context.Context, req *masterpb.CreateTeamRequest) (*masterpb.CreateTeamResponse, error) {
+	t, err := a.svc.CreateTeam(ctx, req.Name, quotaFromPB(req.Quota))
+	if err != nil {
+		return nil, grpcerr.ToGRPC(err)
+	}
+	return &masterpb.CreateTeamResponse{Team: teamToPB(t, catalog.TeamUsage{})}, nil
+}
+
+// ListTeams implements AdminService.
+func (a *AdminServer) ListTeams(ctx context.Context, _ *masterpb.ListTeamsRequest) (*masterpb.ListTeamsResponse, error) {
+	teams, usage, err := a.svc.ListTeams(ctx)
+	if err != nil {
+		return nil, grpcerr.ToGRPC(err)
+	}
+	out := &masterpb.ListTeamsResponse{}
+	for _, t := range teams {
+		out.Teams = append(out.Teams, teamToPB(t, usage[t.Name]))
+	}
+	return out, nil
+}
+
+// SetTeamQuota implements AdminService.
+func (a *AdminServer) SetTeamQuota(ctx context.Context, req *masterpb.SetTeamQuotaRequest) (*masterpb.SetTeamQuotaResponse, error) {
+	if err := a.svc.SetTeamQuota(ctx, req.Name, quotaFromPB(req.Quota)); err != nil {
+		return nil, grpcerr.ToGRPC(err)
+	}
+	return &masterpb.SetTeamQuotaResponse{}, nil
+}
+
 // ListSandboxes implements AdminService.
 func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandboxesRequest) (*masterpb.ListSandboxesResponse, error) {
 	sbs, err := a.svc.ListAll(ctx, catalog.Query{States: req.States, Metadata: req.Metadata, NodeID: req.NodeId, Ascending: true})
@@ -147,7 +189,7 @@ func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandb
 			SandboxId: s.ID, TemplateId: s.TemplateID, Alias: s.Alias, NodeId: s.NodeID, State: s.State,
 			Metadata: s.Metadata, StartedAt: ts(s.StartedAt), EndAt: ts(s.EndAt),
 			MilliCpu: s.MilliCPU, MemoryMib: s.MemoryMiB, AutoPause: s.AutoPause, AutoResume: s.AutoResume,
-			IdleTimeout: idleTimeout(s.IdleTimeout), Runtime: s.Runtime,
+			IdleTimeout: idleTimeout(s.IdleTimeout), Runtime: s.Runtime, Team: s.Team,
 		})
 	}
 	return out, nil

@@ -6,6 +6,11 @@
 // and E2B_API_KEY set, kills what the command left, stops the system,
 // checks for leaks and exits with the command's status.
 //
+// For the tenancy spec it also makes three teams through the admin socket
+// and gives the command a key of each: CUBE_E2E_TEAM_A_KEY,
+// CUBE_E2E_TEAM_B_KEY and CUBE_E2E_QUOTA_KEY (a team whose quota is one
+// sandbox).
+//
 // E2B_SANDBOX_URL is cubemaster's in-process cubeproxy; with
 // -standalone-proxy it is a separate cmd/cubeproxy process instead.
 //
@@ -32,6 +37,10 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/launcher"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/storage"
@@ -197,10 +206,21 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 		fmt.Fprintln(os.Stdout, "system: E2B_SANDBOX_URL is a standalone cubeproxy at", env["E2B_SANDBOX_URL"])
 	}
+	teamKeys, err := makeTeams(ctx, filepath.Join(cfg.RunDir, "cubemaster.sock"))
+	if err != nil {
+		cancelUp()
+		if upErr := <-upDone; upErr != nil {
+			fmt.Fprintln(os.Stdout, "system: cube up:", upErr)
+		}
+		return fail(err)
+	}
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],
 		"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template)
+	for name, key := range teamKeys {
+		cmd.Env = append(cmd.Env, name+"="+key)
+	}
 	code := 0
 	if err := cmd.Run(); err != nil {
 		code = 1
@@ -210,7 +230,11 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 		fmt.Fprintf(os.Stdout, "system: command failed: %v (daemon logs in %s)\n", err, cfg.LogDir)
 	}
-	if left := killAll(env); left > 0 {
+	left := killAll(env["E2B_API_URL"], env["E2B_API_KEY"])
+	for _, key := range teamKeys {
+		left += killAll(env["E2B_API_URL"], key)
+	}
+	if left > 0 {
 		fmt.Fprintf(os.Stdout, "system: the command left %d sandbox(es); killed\n", left)
 	}
 	cancelUp()
@@ -239,10 +263,43 @@ func healthy(vars []launcher.Var) bool {
 	return false
 }
 
-// killAll kills every sandbox through the API and returns how many.
-func killAll(env map[string]string) int {
-	req, _ := http.NewRequest("GET", env["E2B_API_URL"]+"/v2/sandboxes", nil)
-	req.Header.Set("X-API-Key", env["E2B_API_KEY"])
+// makeTeams creates the tenancy spec's teams and a key of each, and
+// returns the keys by the variable that carries them.
+func makeTeams(ctx context.Context, socket string) (map[string]string, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	a := masterpb.NewAdminServiceClient(conn)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out := map[string]string{}
+	for _, t := range []struct {
+		env, team string
+		quota     *masterpb.TeamQuota
+	}{
+		{"CUBE_E2E_TEAM_A_KEY", "e2e-a", nil},
+		{"CUBE_E2E_TEAM_B_KEY", "e2e-b", nil},
+		{"CUBE_E2E_QUOTA_KEY", "e2e-quota", &masterpb.TeamQuota{MaxSandboxes: 1}},
+	} {
+		if _, err := a.CreateTeam(ctx, &masterpb.CreateTeamRequest{Name: t.team, Quota: t.quota}); err != nil {
+			return nil, fmt.Errorf("create team %s: %w", t.team, err)
+		}
+		k, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: t.team + "-key", Team: t.team})
+		if err != nil {
+			return nil, fmt.Errorf("create a key of team %s: %w", t.team, err)
+		}
+		out[t.env] = k.Secret
+	}
+	return out, nil
+}
+
+// killAll kills every sandbox a key sees through the API and returns how
+// many.
+func killAll(api, key string) int {
+	req, _ := http.NewRequest("GET", api+"/v2/sandboxes", nil)
+	req.Header.Set("X-API-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0
@@ -251,8 +308,8 @@ func killAll(env map[string]string) int {
 	var list []struct{ SandboxID string }
 	_ = json.NewDecoder(resp.Body).Decode(&list)
 	for _, s := range list {
-		req, _ := http.NewRequest("DELETE", env["E2B_API_URL"]+"/sandboxes/"+s.SandboxID, nil)
-		req.Header.Set("X-API-Key", env["E2B_API_KEY"])
+		req, _ := http.NewRequest("DELETE", api+"/sandboxes/"+s.SandboxID, nil)
+		req.Header.Set("X-API-Key", key)
 		if r, err := http.DefaultClient.Do(req); err == nil {
 			r.Body.Close()
 		}
