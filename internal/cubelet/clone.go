@@ -106,7 +106,7 @@ func (s *Service) Clone(ctx context.Context, req CloneRequest) (*CloneResult, er
 		tasks[i] = newTask(s.store, e, rec, tmpl)
 		tasks[i].Clone = sn
 	}
-	if err := s.reserve(entries); err != nil {
+	if err := s.reserve(entries, tasks); err != nil {
 		return nil, err
 	}
 
@@ -218,7 +218,7 @@ func (s *Service) validateClone(req *CloneRequest) error {
 
 // reserve registers every clone's (locked) entry, or none of them if an
 // ID is taken.
-func (s *Service) reserve(entries []*entry) error {
+func (s *Service) reserve(entries []*entry, tasks []*actions.Task) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range entries {
@@ -226,7 +226,12 @@ func (s *Service) reserve(entries []*entry) error {
 			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrAlreadyExists)
 		}
 	}
-	for _, e := range entries {
+	// Stamped under s.mu: see Create.
+	now := time.Now().UTC()
+	for i, e := range entries {
+		tasks[i].Stamp(now)
+		e.rec.Store(tasks[i].Record())
+		e.onPublish = s.watchRecord
 		s.boxes[e.rec.Load().ID] = e
 	}
 	return nil

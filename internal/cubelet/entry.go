@@ -15,6 +15,9 @@ import (
 type entry struct {
 	lock chan struct{} // one token: held for the whole of a flow
 	rec  atomic.Pointer[sandbox.Record]
+	// onPublish sees every record a flow persists (the runtime watch
+	// follows the PID in it); nil = nothing.
+	onPublish func(*sandbox.Record)
 }
 
 func newEntry(rec *sandbox.Record) *entry {
@@ -44,7 +47,12 @@ var _ actions.RecordWriter = (*store.Store)(nil)
 func newTask(w actions.RecordWriter, e *entry, rec *sandbox.Record, tmpl *sandbox.Template) *actions.Task {
 	var publish func(*sandbox.Record)
 	if e != nil {
-		publish = e.rec.Store
+		publish = func(r *sandbox.Record) {
+			e.rec.Store(r)
+			if e.onPublish != nil {
+				e.onPublish(r)
+			}
+		}
 	}
 	return actions.NewTask(w, publish, rec, tmpl)
 }

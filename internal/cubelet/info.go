@@ -76,41 +76,6 @@ func (s *Service) Info(ctx context.Context) (*NodeInfo, error) {
 	return info, nil
 }
 
-// Condition is one health check.
-type Condition struct {
-	Type    string
-	OK      bool
-	Message string
-}
-
-// Health checks the store, the storage pool and each runtime.
-func (s *Service) Health(ctx context.Context) (bool, []Condition) {
-	var conds []Condition
-	add := func(typ string, err error) {
-		c := Condition{Type: typ, OK: err == nil}
-		if err != nil {
-			c.Message = err.Error()
-		}
-		conds = append(conds, c)
-	}
-	_, err := s.store.Meta("node_id")
-	add("store", err)
-	_, err = os.Stat(s.node.Pool.Dir())
-	add("storage", err)
-	for name, d := range s.node.Drivers {
-		_, err := d.List(ctx)
-		add("runtime/"+name, err)
-	}
-	if on, err := s.node.Net.Health(ctx); on {
-		add("network-agent", err)
-	}
-	ok := true
-	for _, c := range conds {
-		ok = ok && c.OK
-	}
-	return ok, conds
-}
-
 func sortRecords(recs []*sandbox.Record) {
 	sort.Slice(recs, func(i, j int) bool {
 		if recs[i].CreatedAt.Equal(recs[j].CreatedAt) {
@@ -145,8 +110,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 // templates and health.
 func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 	r := &masterpb.NodeReport{
-		GeneratedAt: timestamppb.Now(),
-		NodeId:      s.cfg.Node.ID, Address: masterlink.Advertise(s.cfg), Version: Version,
+		NodeId: s.cfg.Node.ID, Address: masterlink.Advertise(s.cfg), Version: Version,
 		DefaultRuntime: s.cfg.Node.DefaultRuntime,
 		MaxMilliCpu:    s.cfg.Sandbox.MaxMilliCPU, MaxMemoryMib: s.cfg.Sandbox.MaxMemoryMiB,
 		SandboxesByState: map[string]int32{}, SandboxesByTemplate: map[string]int32{},
@@ -162,11 +126,15 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 			r.Runtimes = append(r.Runtimes, &cubeletpb.RuntimeInfo{Name: rt.Name, Pause: rt.Pause, Checkpoint: rt.Checkpoint, Restore: rt.Restore})
 		}
 	}
-	recs, _ := s.List(ctx, ListFilter{})
+	recs, at := s.listAt(ListFilter{})
+	r.GeneratedAt = timestamppb.New(at)
 	for _, rec := range recs {
+		if rec.State == lifecycle.Failed {
+			r.Dead = append(r.Dead, &masterpb.DeadSandbox{SandboxId: rec.ID, Reason: rec.Error, DiedAt: timestamppb.New(rec.UpdatedAt)})
+		}
 		r.SandboxesByState[string(rec.State)]++
-		if rec.State == lifecycle.Destroyed {
-			continue
+		if rec.State == lifecycle.Destroyed || rec.State == lifecycle.Failed {
+			continue // holds nothing (a failed sandbox was released)
 		}
 		r.SandboxesByTemplate[rec.TemplateID]++
 		r.AllocatedMilliCpu += rec.Resources.MilliCPU
@@ -183,6 +151,7 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 	}
 	ok, conds := s.Health(ctx)
 	r.Ok = ok
+	r.Busy, r.BusyReason = s.busy(conds)
 	for _, c := range conds {
 		r.Conditions = append(r.Conditions, &cubeletpb.Condition{Type: c.Type, Ok: c.OK, Message: c.Message})
 	}

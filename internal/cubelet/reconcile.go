@@ -46,7 +46,9 @@ func (s *Service) reconcile(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
-		s.boxes[rec.ID] = newEntry(rec)
+		e := newEntry(rec)
+		e.onPublish = s.watchRecord
+		s.boxes[rec.ID] = e
 	}
 	for _, rec := range recs {
 		s.reconcileOne(ctx, rec, &sum)

@@ -63,24 +63,29 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 	if sn := s.warmSnapshotFor(tmpl, &req); sn != nil {
 		return s.createWarm(ctx, req, sn)
 	}
-	now := time.Now().UTC()
 	rec := &sandbox.Record{
 		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
 		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
-		HostMounts: req.HostMounts, CreatedAt: now, UpdatedAt: now,
+		HostMounts:    req.HostMounts,
 		NetworkPolicy: req.Network, AccessToken: req.AccessToken,
 	}
-	e := newEntry(rec)
-	_ = e.acquire(context.Background()) // fresh entry: never blocks
-	defer e.release()
 	s.mu.Lock()
 	if _, dup := s.boxes[rec.ID]; dup {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("sandbox %q: %w", rec.ID, errdefs.ErrAlreadyExists)
 	}
+	// Stamped under s.mu, like a node report's generated_at: a report
+	// generated at or after CreatedAt counts the sandbox (the master drops
+	// its reservation on that rule).
+	rec.CreatedAt = time.Now().UTC()
+	rec.UpdatedAt = rec.CreatedAt
+	e := newEntry(rec)
+	_ = e.acquire(context.Background()) // fresh entry: never blocks
+	e.onPublish = s.watchRecord
 	s.boxes[rec.ID] = e
 	s.mu.Unlock()
+	defer e.release()
 	if err := s.store.CreateSandbox(rec); err != nil {
 		s.forget(rec.ID)
 		return nil, err
@@ -159,7 +164,15 @@ type ListFilter struct {
 
 // List returns the matching sandboxes, oldest first.
 func (s *Service) List(_ context.Context, f ListFilter) ([]*sandbox.Record, error) {
+	out, _ := s.listAt(f)
+	return out, nil
+}
+
+// listAt is List and the time it took the list, stamped under s.mu: every
+// sandbox with a CreatedAt at or before it is in the list.
+func (s *Service) listAt(f ListFilter) ([]*sandbox.Record, time.Time) {
 	s.mu.Lock()
+	at := time.Now().UTC()
 	recs := make([]*sandbox.Record, 0, len(s.boxes))
 	for _, e := range s.boxes {
 		recs = append(recs, e.rec.Load())
@@ -172,7 +185,7 @@ func (s *Service) List(_ context.Context, f ListFilter) ([]*sandbox.Record, erro
 		}
 	}
 	sortRecords(out)
-	return out, nil
+	return out, at
 }
 
 func matches(r *sandbox.Record, f ListFilter) bool {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
+	"github.com/cubesandbox/cube/internal/cubelet/health"
 	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/store"
@@ -55,6 +56,14 @@ type Service struct {
 	gcDone    chan struct{}
 	kick      chan struct{}    // wakes the GC loop early
 	hb        *masterlink.Link // nil when no master is configured
+
+	// life is the service's lifetime context (Close cancels it).
+	life  context.Context
+	watch deathWatch // the runtime watch (watch.go)
+	// health keeps each condition's run of failed probes (health.go);
+	// healthDone closes when its probe loop has stopped.
+	health     *health.Tracker
+	healthDone chan struct{}
 }
 
 // New opens the store, runs the init flow, reconciles the store with what
@@ -85,24 +94,28 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		return nil, err
 	}
 	s := &Service{
-		cfg:       cfg,
-		log:       log,
-		store:     st,
-		node:      actions.NewNode(cfg),
-		metrics:   prometheus.NewRegistry(),
-		boxes:     map[string]*entry{},
-		importing: map[string]bool{},
-		gcDone:    make(chan struct{}),
-		kick:      make(chan struct{}, 1),
+		cfg:        cfg,
+		log:        log,
+		store:      st,
+		node:       actions.NewNode(cfg),
+		metrics:    prometheus.NewRegistry(),
+		boxes:      map[string]*entry{},
+		importing:  map[string]bool{},
+		gcDone:     make(chan struct{}),
+		health:     health.New(healthThreshold),
+		healthDone: make(chan struct{}),
+		kick:       make(chan struct{}, 1),
 	}
 	// The service's lifetime: New's ctx bounds only the start-up (it may be
 	// a request's or a timeout's); Close ends this one.
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s.stop = stop
+	s.stop, s.life = stop, life
 	ok := false
 	defer func() {
 		if !ok {
 			stop()
+			s.stopWatch()
+			s.hb.Stop()
 			s.stopStorage() // the disk pool's refiller, if it started
 			st.Close()
 		}
@@ -118,6 +131,15 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err != nil {
 		return nil, err
 	}
+	// The link exists before reconcile (the runtime watch it arms may
+	// kick it); it registers only once the API listens (Serving).
+	masterTLS, err := cfg.TLS.Client("tls")
+	if err != nil {
+		return nil, err
+	}
+	if s.hb, err = masterlink.New(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	if _, err := s.engine.Run(ctx, FlowInit, nil); err != nil {
 		return nil, fmt.Errorf("init flow: %w", err)
 	}
@@ -127,17 +149,18 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err := s.startStorage(ctx); err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
-	masterTLS, err := cfg.TLS.Client("tls")
-	if err != nil {
-		return nil, err
-	}
-	if s.hb, err = masterlink.Start(cfg.Master, masterTLS, s.NodeReport, log); err != nil {
-		return nil, fmt.Errorf("master: %w", err)
-	}
+	s.armAll()
+	s.probe(ctx)
 	go s.gcLoop(life)
+	go s.healthLoop(life)
 	ok = true
 	return s, nil
 }
+
+// Serving tells the service its API listens: the node registers with
+// the master now (not earlier, or the master would place sandboxes on a
+// node it cannot reach yet).
+func (s *Service) Serving() { s.hb.Run() }
 
 // Close stops the background loops and closes the store. Sandboxes keep
 // running: a restarted cubelet adopts them.
@@ -147,6 +170,8 @@ func (s *Service) Close() error {
 		s.hb.Stop()
 		s.stop() // aborts an in-flight journal or GC pass too
 		<-s.gcDone
+		<-s.healthDone
+		s.stopWatch()
 		s.stopStorage()
 		err = s.store.Close()
 	})

@@ -67,6 +67,9 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		}
 		g.HTTP("cubelet metrics", mux, l)
 	}
+	// Bound listeners queue connections until Run accepts them: the
+	// master may dial from now on.
+	svc.Serving()
 	return g.Run(ctx)
 }
 

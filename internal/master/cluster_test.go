@@ -154,6 +154,10 @@ func TestCluster(t *testing.T) {
 		m.WaitHealthy(t, a)
 		sb := create(t, "busybox") // A has the fewest sandboxes again
 		if names[sb.NodeID] != "A" {
+			for _, n := range []*mastertest.Node{a, b, c} {
+				r := m.Node(t, n.ID).Report
+				t.Logf("%s: busy=%v %q states %v alloc %d", names[n.ID], r.Busy, r.BusyReason, r.SandboxesByState, r.AllocatedMilliCpu)
+			}
 			t.Fatalf("after A came back, landed on %s", names[sb.NodeID])
 		}
 	})

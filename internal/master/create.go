@@ -351,11 +351,11 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	err = fromGRPC(nodeID, err)
 	var created time.Time
 	if err == nil {
-		// The node's time of the last change to the record: a report the
-		// node generates from then on counts the sandbox for sure (its
-		// CreatedAt can precede the moment the node lists it, and a
-		// report from that gap would drop the reservation uncounted).
-		created = resp.Sandbox.GetUpdatedAt().AsTime()
+		// The node stamps CreatedAt and a report's generated_at under
+		// the same lock: a report generated at or after it counts the
+		// sandbox, one generated before does not (so the reservation
+		// neither lapses uncounted nor counts twice).
+		created = resp.Sandbox.GetCreatedAt().AsTime()
 		if resp.GetWarm() || len(resp.GetWarnings()) > 0 {
 			s.log.Info("node created the sandbox", "sandbox_id", sb.ID, "node_id", nodeID, "warm", resp.GetWarm(), "warnings", resp.GetWarnings())
 		}

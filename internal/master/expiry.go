@@ -63,8 +63,11 @@ func (s *Service) expire(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
-	if sb.EndAt.After(time.Now()) || sb.State != catalog.StateRunning {
+	if sb.EndAt.After(time.Now()) || sb.State != catalog.StateRunning && sb.State != catalog.StateFailed {
 		return nil
+	}
+	if sb.State == catalog.StateFailed {
+		return s.kill(ctx, sb, "removed at its deadline (it had died)")
 	}
 	if sb.AutoPause {
 		if err := s.pause(ctx, sb); err != nil {

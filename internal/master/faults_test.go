@@ -143,11 +143,12 @@ func TestFaults(t *testing.T) {
 
 	t.Run("refused creates leave nothing", func(t *testing.T) {
 		// Every node refuses (its API is down while it still heartbeats):
-		// 503-class error, no row, nothing on the node.
+		// the node is healthy, so a 429-class error the client retries
+		// (never a 503), no row, nothing on the node.
 		node.StopAPI()
 		_, err := svc().Create(ctx, master.CreateRequest{Template: "busybox"})
 		node.StartAPI()
-		if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "no node can take the sandbox") {
+		if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "no node can take the sandbox") {
 			t.Fatalf("create with the only node unreachable: %v", err)
 		}
 		if rows, _ := svc().ListAll(ctx, catalog.Query{}); len(rows) != 0 {

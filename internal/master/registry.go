@@ -49,6 +49,7 @@ type nodeState struct {
 	// burst of creates does not all pick the same node.
 	pending map[string]reservation
 	healthy bool // as last logged
+	busy    bool // as last logged
 }
 
 type reservation struct {
@@ -252,6 +253,17 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	}
 	s.reg.nodes[r.NodeId] = ns
 	s.noteHealth(r.NodeId, ns, now)
+	if r.Busy != ns.busy {
+		ns.busy = r.Busy
+		if r.Busy {
+			s.log.Info("node busy: placed on only when no other node can", "node_id", r.NodeId, "reason", r.BusyReason)
+		} else {
+			s.log.Info("node no longer busy", "node_id", r.NodeId)
+		}
+	}
+	if len(r.Dead) > 0 {
+		s.noteDead(r.NodeId, r.Dead)
+	}
 	return nil
 }
 
@@ -333,7 +345,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 	for id, ns := range s.reg.nodes {
 		r := ns.report
 		n := &scheduler.Node{
-			ID: id, Healthy: s.healthOf(ns, now) == "", Schedulable: ns.schedulable,
+			ID: id, Healthy: s.healthOf(ns, now) == "", Busy: r.Busy, Schedulable: ns.schedulable,
 			Templates: map[string]bool{}, TemplateRuntimes: map[string]string{}, TemplateSandboxes: map[string]int{},
 			MilliCPU: int64(r.Cpus) * 1000, MemoryMiB: r.MemoryBytes >> 20,
 			AllocMilliCPU: r.AllocatedMilliCpu, AllocMemoryMiB: r.AllocatedMemoryMib,
@@ -347,7 +359,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 			n.TemplateRuntimes[t.Id] = t.Runtime
 		}
 		for st, c := range r.SandboxesByState {
-			if st != "destroyed" {
+			if st != "destroyed" && st != "failed" {
 				n.Sandboxes += int(c)
 			}
 		}
@@ -366,10 +378,11 @@ func (s *Service) schedNodes() []*scheduler.Node {
 	return out
 }
 
-// reserve counts a placement against a node until a heartbeat counts it;
-// the returned func is called with the create's outcome: the node's time
-// of the sandbox's last record change (a report generated from then on
-// counts it), or zero when the create failed.
+// reserve counts a placement against a node until a report counts it;
+// the returned func is called with the create's outcome: the sandbox's
+// CreatedAt on the node (a report generated at or after it counts the
+// sandbox: the node stamps both under one lock), or zero when the create
+// failed.
 func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(created time.Time) {
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[nodeID]; ns != nil {
@@ -384,6 +397,12 @@ func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) fu
 			return
 		}
 		if created.IsZero() {
+			delete(ns.pending, sandboxID)
+			return
+		}
+		// The last report may already count the sandbox (taken while the
+		// create ran): then the reservation would count it twice.
+		if gen := ns.report.GetGeneratedAt(); gen != nil && !gen.AsTime().Before(created) {
 			delete(ns.pending, sandboxID)
 			return
 		}

@@ -53,3 +53,11 @@ type ConsoleSealer interface {
 type MACReporter interface {
 	MAC(id string) string
 }
+
+// Prober checks cheaply that the driver could start a sandbox now, for
+// the node's health conditions: its binaries are there and executable and
+// its state directory is writable. It never lists or touches sandboxes,
+// so it cannot fail because sandboxes are being created or removed.
+type Prober interface {
+	Probe(ctx context.Context) error
+}

@@ -491,7 +491,15 @@ type NodeReport struct {
 	Conditions          []*v1.Condition  `protobuf:"bytes,21,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// When the node took this report (the node's clock): every sandbox
 	// created on the node at or before it is counted above.
-	GeneratedAt   *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
+	GeneratedAt *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=generated_at,json=generatedAt,proto3" json:"generated_at,omitempty"`
+	// The node can take sandboxes but would rather not: its create flow is
+	// at its limit or a condition is failing but not yet persistently. The
+	// scheduler places elsewhere first. Never set together with !ok.
+	Busy       bool   `protobuf:"varint,23,opt,name=busy,proto3" json:"busy,omitempty"`
+	BusyReason string `protobuf:"bytes,24,opt,name=busy_reason,json=busyReason,proto3" json:"busy_reason,omitempty"`
+	// Sandboxes whose process died on their own (not through a verb), with
+	// why, for as long as the node keeps their failed record.
+	Dead          []*DeadSandbox `protobuf:"bytes,25,rep,name=dead,proto3" json:"dead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -680,6 +688,89 @@ func (x *NodeReport) GetGeneratedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *NodeReport) GetBusy() bool {
+	if x != nil {
+		return x.Busy
+	}
+	return false
+}
+
+func (x *NodeReport) GetBusyReason() string {
+	if x != nil {
+		return x.BusyReason
+	}
+	return ""
+}
+
+func (x *NodeReport) GetDead() []*DeadSandbox {
+	if x != nil {
+		return x.Dead
+	}
+	return nil
+}
+
+// DeadSandbox is a sandbox the node saw die.
+type DeadSandbox struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Why: "OOM killed", "exited with status 3", "killed by signal 9", ...
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	DiedAt        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=died_at,json=diedAt,proto3" json:"died_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadSandbox) Reset() {
+	*x = DeadSandbox{}
+	mi := &file_master_v1_master_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadSandbox) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadSandbox) ProtoMessage() {}
+
+func (x *DeadSandbox) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadSandbox.ProtoReflect.Descriptor instead.
+func (*DeadSandbox) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeadSandbox) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *DeadSandbox) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DeadSandbox) GetDiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DiedAt
+	}
+	return nil
+}
+
 // TemplateRef is a template present on a node.
 type TemplateRef struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -698,7 +789,7 @@ type TemplateRef struct {
 
 func (x *TemplateRef) Reset() {
 	*x = TemplateRef{}
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +801,7 @@ func (x *TemplateRef) String() string {
 func (*TemplateRef) ProtoMessage() {}
 
 func (x *TemplateRef) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +814,7 @@ func (x *TemplateRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateRef.ProtoReflect.Descriptor instead.
 func (*TemplateRef) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TemplateRef) GetId() string {
@@ -777,7 +868,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +880,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +893,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterRequest) GetNode() *NodeReport {
@@ -822,7 +913,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +925,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +938,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterResponse) GetHeartbeatInterval() *durationpb.Duration {
@@ -866,7 +957,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +969,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +982,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatRequest) GetNode() *NodeReport {
@@ -911,7 +1002,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1014,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1027,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatResponse) GetRegistered() bool {
@@ -971,7 +1062,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1074,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1087,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Node) GetReport() *NodeReport {
@@ -1056,7 +1147,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1159,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1172,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
 }
 
 type ListNodesResponse struct {
@@ -1093,7 +1184,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1196,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1209,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1138,7 +1229,7 @@ type SetNodeSchedulableRequest struct {
 
 func (x *SetNodeSchedulableRequest) Reset() {
 	*x = SetNodeSchedulableRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1241,7 @@ func (x *SetNodeSchedulableRequest) String() string {
 func (*SetNodeSchedulableRequest) ProtoMessage() {}
 
 func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1254,7 @@ func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetNodeSchedulableRequest) GetNodeId() string {
@@ -1189,7 +1280,7 @@ type SetNodeSchedulableResponse struct {
 
 func (x *SetNodeSchedulableResponse) Reset() {
 	*x = SetNodeSchedulableResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1292,7 @@ func (x *SetNodeSchedulableResponse) String() string {
 func (*SetNodeSchedulableResponse) ProtoMessage() {}
 
 func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1305,7 @@ func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetNodeSchedulableResponse) GetNode() *Node {
@@ -1243,7 +1334,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1346,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1359,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *APIKey) GetId() string {
@@ -1332,7 +1423,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1435,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1448,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -1392,7 +1483,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1495,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1508,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1442,7 +1533,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1545,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1558,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
 }
 
 type ListAPIKeysResponse struct {
@@ -1479,7 +1570,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1582,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1595,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1524,7 +1615,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1627,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1640,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -1567,7 +1658,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +1670,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1683,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 // Sandbox is one catalog entry.
@@ -1623,7 +1714,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1726,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1739,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -1769,7 +1860,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +1872,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +1885,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -1827,7 +1918,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1930,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1943,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1880,7 +1971,7 @@ type ClusterTemplate struct {
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +1983,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +1996,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -1965,7 +2056,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2068,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2081,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 type ListTemplatesResponse struct {
@@ -2002,7 +2093,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2105,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2118,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -2054,7 +2145,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2157,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2170,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2126,7 +2217,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2229,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2242,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -2170,7 +2261,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2273,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2286,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2215,7 +2306,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2318,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2331,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2263,7 +2354,7 @@ type TeamQuota struct {
 
 func (x *TeamQuota) Reset() {
 	*x = TeamQuota{}
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +2366,7 @@ func (x *TeamQuota) String() string {
 func (*TeamQuota) ProtoMessage() {}
 
 func (x *TeamQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +2379,7 @@ func (x *TeamQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
 func (*TeamQuota) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TeamQuota) GetMaxSandboxes() int64 {
@@ -2327,7 +2418,7 @@ type Team struct {
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2430,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2443,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Team) GetName() string {
@@ -2407,7 +2498,7 @@ type CreateTeamRequest struct {
 
 func (x *CreateTeamRequest) Reset() {
 	*x = CreateTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2419,7 +2510,7 @@ func (x *CreateTeamRequest) String() string {
 func (*CreateTeamRequest) ProtoMessage() {}
 
 func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2432,7 +2523,7 @@ func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
 func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CreateTeamRequest) GetName() string {
@@ -2458,7 +2549,7 @@ type CreateTeamResponse struct {
 
 func (x *CreateTeamResponse) Reset() {
 	*x = CreateTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2561,7 @@ func (x *CreateTeamResponse) String() string {
 func (*CreateTeamResponse) ProtoMessage() {}
 
 func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2574,7 @@ func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
 func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateTeamResponse) GetTeam() *Team {
@@ -2501,7 +2592,7 @@ type ListTeamsRequest struct {
 
 func (x *ListTeamsRequest) Reset() {
 	*x = ListTeamsRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2604,7 @@ func (x *ListTeamsRequest) String() string {
 func (*ListTeamsRequest) ProtoMessage() {}
 
 func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2617,7 @@ func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
 func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
 }
 
 type ListTeamsResponse struct {
@@ -2538,7 +2629,7 @@ type ListTeamsResponse struct {
 
 func (x *ListTeamsResponse) Reset() {
 	*x = ListTeamsResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2641,7 @@ func (x *ListTeamsResponse) String() string {
 func (*ListTeamsResponse) ProtoMessage() {}
 
 func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2654,7 @@ func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
 func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListTeamsResponse) GetTeams() []*Team {
@@ -2583,7 +2674,7 @@ type SetTeamQuotaRequest struct {
 
 func (x *SetTeamQuotaRequest) Reset() {
 	*x = SetTeamQuotaRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2595,7 +2686,7 @@ func (x *SetTeamQuotaRequest) String() string {
 func (*SetTeamQuotaRequest) ProtoMessage() {}
 
 func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2608,7 +2699,7 @@ func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetTeamQuotaRequest) GetName() string {
@@ -2633,7 +2724,7 @@ type SetTeamQuotaResponse struct {
 
 func (x *SetTeamQuotaResponse) Reset() {
 	*x = SetTeamQuotaResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2736,7 @@ func (x *SetTeamQuotaResponse) String() string {
 func (*SetTeamQuotaResponse) ProtoMessage() {}
 
 func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +2749,7 @@ func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
 var File_master_v1_master_proto protoreflect.FileDescriptor
@@ -2699,7 +2790,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x15ReportActivityRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
-	"\x16ReportActivityResponse\"\xda\b\n" +
+	"\x16ReportActivityResponse\"\xbb\t\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -2726,13 +2817,22 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"conditions\x18\x15 \x03(\v2\x15.cubelet.v1.ConditionR\n" +
 	"conditions\x12=\n" +
-	"\fgenerated_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x1aC\n" +
+	"\fgenerated_at\x18\x16 \x01(\v2\x1a.google.protobuf.TimestampR\vgeneratedAt\x12\x12\n" +
+	"\x04busy\x18\x17 \x01(\bR\x04busy\x12\x1f\n" +
+	"\vbusy_reason\x18\x18 \x01(\tR\n" +
+	"busyReason\x12*\n" +
+	"\x04dead\x18\x19 \x03(\v2\x16.master.v1.DeadSandboxR\x04dead\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +
 	"\x18SandboxesByTemplateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xbd\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"y\n" +
+	"\vDeadSandbox\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x123\n" +
+	"\adied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06diedAt\"\xbd\x01\n" +
 	"\vTemplateRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -2918,7 +3018,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -2928,128 +3028,131 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ReportActivityRequest)(nil),      // 5: master.v1.ReportActivityRequest
 	(*ReportActivityResponse)(nil),     // 6: master.v1.ReportActivityResponse
 	(*NodeReport)(nil),                 // 7: master.v1.NodeReport
-	(*TemplateRef)(nil),                // 8: master.v1.TemplateRef
-	(*RegisterRequest)(nil),            // 9: master.v1.RegisterRequest
-	(*RegisterResponse)(nil),           // 10: master.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),           // 11: master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 12: master.v1.HeartbeatResponse
-	(*Node)(nil),                       // 13: master.v1.Node
-	(*ListNodesRequest)(nil),           // 14: master.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),          // 15: master.v1.ListNodesResponse
-	(*SetNodeSchedulableRequest)(nil),  // 16: master.v1.SetNodeSchedulableRequest
-	(*SetNodeSchedulableResponse)(nil), // 17: master.v1.SetNodeSchedulableResponse
-	(*APIKey)(nil),                     // 18: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 19: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 20: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 21: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 22: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 23: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 24: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 25: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 26: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 27: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 28: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 29: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 30: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 31: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 32: master.v1.ImportTemplateResponse
-	(*DeleteTemplateRequest)(nil),      // 33: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 34: master.v1.DeleteTemplateResponse
-	(*TeamQuota)(nil),                  // 35: master.v1.TeamQuota
-	(*Team)(nil),                       // 36: master.v1.Team
-	(*CreateTeamRequest)(nil),          // 37: master.v1.CreateTeamRequest
-	(*CreateTeamResponse)(nil),         // 38: master.v1.CreateTeamResponse
-	(*ListTeamsRequest)(nil),           // 39: master.v1.ListTeamsRequest
-	(*ListTeamsResponse)(nil),          // 40: master.v1.ListTeamsResponse
-	(*SetTeamQuotaRequest)(nil),        // 41: master.v1.SetTeamQuotaRequest
-	(*SetTeamQuotaResponse)(nil),       // 42: master.v1.SetTeamQuotaResponse
-	nil,                                // 43: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 44: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 45: master.v1.Sandbox.MetadataEntry
-	nil,                                // 46: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 47: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 48: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 49: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 50: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 51: google.protobuf.Duration
+	(*DeadSandbox)(nil),                // 8: master.v1.DeadSandbox
+	(*TemplateRef)(nil),                // 9: master.v1.TemplateRef
+	(*RegisterRequest)(nil),            // 10: master.v1.RegisterRequest
+	(*RegisterResponse)(nil),           // 11: master.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),           // 12: master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 13: master.v1.HeartbeatResponse
+	(*Node)(nil),                       // 14: master.v1.Node
+	(*ListNodesRequest)(nil),           // 15: master.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 16: master.v1.ListNodesResponse
+	(*SetNodeSchedulableRequest)(nil),  // 17: master.v1.SetNodeSchedulableRequest
+	(*SetNodeSchedulableResponse)(nil), // 18: master.v1.SetNodeSchedulableResponse
+	(*APIKey)(nil),                     // 19: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 20: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 21: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 22: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 23: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 24: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 25: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 26: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 27: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 28: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 29: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 30: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 31: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 32: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 33: master.v1.ImportTemplateResponse
+	(*DeleteTemplateRequest)(nil),      // 34: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 35: master.v1.DeleteTemplateResponse
+	(*TeamQuota)(nil),                  // 36: master.v1.TeamQuota
+	(*Team)(nil),                       // 37: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 38: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 39: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 40: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 41: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 42: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 43: master.v1.SetTeamQuotaResponse
+	nil,                                // 44: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 45: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 46: master.v1.Sandbox.MetadataEntry
+	nil,                                // 47: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 48: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 49: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 50: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 51: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 52: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	48, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	43, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	44, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
-	8,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	49, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	50, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
-	50, // 7: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 8: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	51, // 9: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 10: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	51, // 11: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 12: master.v1.Node.report:type_name -> master.v1.NodeReport
-	50, // 13: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	50, // 14: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	13, // 15: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	13, // 16: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	50, // 17: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	50, // 18: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	18, // 19: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	18, // 20: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	45, // 21: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	50, // 22: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	50, // 23: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	51, // 24: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	46, // 25: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	25, // 26: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	50, // 27: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	47, // 28: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	28, // 29: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	28, // 30: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	50, // 31: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	35, // 32: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	35, // 33: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	36, // 34: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	36, // 35: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	35, // 36: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	9,  // 37: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	11, // 38: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	14, // 39: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	16, // 40: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	19, // 41: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	21, // 42: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	23, // 43: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	37, // 44: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	39, // 45: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	41, // 46: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	26, // 47: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	29, // 48: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	31, // 49: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	33, // 50: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 51: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 52: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 53: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	10, // 54: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	12, // 55: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	15, // 56: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	17, // 57: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	20, // 58: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	22, // 59: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	24, // 60: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	38, // 61: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	40, // 62: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	42, // 63: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	27, // 64: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	30, // 65: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	32, // 66: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	34, // 67: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 68: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 69: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 70: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	54, // [54:71] is the sub-list for method output_type
-	37, // [37:54] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	49, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	44, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	45, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
+	50, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	51, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
+	51, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	51, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
+	52, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
+	52, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
+	51, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	51, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	14, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	14, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	51, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	51, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	19, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	19, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	46, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	51, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	51, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	52, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	47, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	26, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	51, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	48, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	29, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	29, // 32: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	51, // 33: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	36, // 34: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	36, // 35: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	37, // 36: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	37, // 37: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	36, // 38: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	10, // 39: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	12, // 40: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	15, // 41: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	17, // 42: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	20, // 43: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	22, // 44: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	24, // 45: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	38, // 46: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	40, // 47: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	42, // 48: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	27, // 49: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	30, // 50: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	32, // 51: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	34, // 52: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 53: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 54: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 55: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 56: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	13, // 57: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	16, // 58: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	18, // 59: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	21, // 60: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	23, // 61: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	25, // 62: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	39, // 63: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	41, // 64: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	43, // 65: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	28, // 66: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	31, // 67: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	33, // 68: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	35, // 69: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 70: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 71: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 72: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	56, // [56:73] is the sub-list for method output_type
+	39, // [39:56] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -3063,7 +3166,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

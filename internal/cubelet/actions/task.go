@@ -256,3 +256,10 @@ func (l *Ledger) String() string {
 	}
 	return strings.Join(s, ",")
 }
+
+// Stamp sets the record's creation time before it is first persisted.
+func (t *Task) Stamp(at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.rec.CreatedAt, t.rec.UpdatedAt = at, at
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -32,15 +33,21 @@ type Link struct {
 	client masterpb.NodeServiceClient
 	cancel context.CancelFunc
 	done   chan struct{}
+	kick   chan struct{} // sends the next report now
+	ctx    context.Context
+	once   sync.Once
+	// started is set by Run (under once): Stop waits for run only then.
+	started bool
 }
 
 // Reporter builds the node's report; it is called once per heartbeat.
 type Reporter func(ctx context.Context) *masterpb.NodeReport
 
-// Start dials the master and starts heartbeating in the background. It
-// returns nil when no master is configured (standalone node). tc, when
-// set, is the TLS of a master at host:port (a unix socket needs none).
-func Start(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Logger) (*Link, error) {
+// New prepares the link to the master; Run starts registering and
+// heartbeating. It returns nil when no master is configured (standalone
+// node). tc, when set, is the TLS of a master at host:port (a unix socket
+// needs none).
+func New(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Logger) (*Link, error) {
 	if c.Addr == "" {
 		return nil, nil
 	}
@@ -70,10 +77,34 @@ func Start(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Log
 	}
 	h := &Link{
 		cfg: c, report: report, log: log.With("master", c.Addr), conn: conn, client: masterpb.NewNodeServiceClient(conn),
-		cancel: cancel, done: make(chan struct{}),
+		cancel: cancel, done: make(chan struct{}), kick: make(chan struct{}, 1), ctx: ctx,
 	}
-	go h.run(ctx)
 	return h, nil
+}
+
+// Run starts registering and heartbeating in the background, once the
+// node's API listens: a master that hears of the node places sandboxes
+// there at once. Idempotent; nil-safe.
+func (h *Link) Run() {
+	if h == nil {
+		return
+	}
+	h.once.Do(func() {
+		h.started = true
+		go h.run(h.ctx)
+	})
+}
+
+// Kick sends the next report now instead of at the next interval (a
+// sandbox died: the master should know at once); nil-safe.
+func (h *Link) Kick() {
+	if h == nil {
+		return
+	}
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Stop ends the heartbeat; nil-safe.
@@ -82,7 +113,10 @@ func (h *Link) Stop() {
 		return
 	}
 	h.cancel()
-	<-h.done
+	h.once.Do(func() {}) // a Run after Stop starts nothing
+	if h.started {
+		<-h.done
+	}
 	h.conn.Close()
 }
 
@@ -134,6 +168,7 @@ func (h *Link) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(interval):
+		case <-h.kick:
 		}
 	}
 }

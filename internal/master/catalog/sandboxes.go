@@ -23,6 +23,9 @@ const (
 	StateCreating = "creating"
 	StateRunning  = "running"
 	StatePaused   = "paused"
+	// StateFailed: its node saw it die (or a verb fail beyond undo); the
+	// row stays, with an event saying why, until a kill or its deadline.
+	StateFailed = "failed"
 )
 
 // Network is a sandbox's egress configuration as the API gave it.
@@ -369,8 +372,8 @@ func (c *Catalog) querySandboxes(ctx context.Context, stmt string, args ...any) 
 // Expired returns running sandboxes whose deadline is at or before now,
 // earliest first, at most limit.
 func (c *Catalog) Expired(ctx context.Context, now time.Time, limit int) ([]*Sandbox, error) {
-	return c.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? AND end_at <= ? ORDER BY end_at LIMIT `+strconv.Itoa(limit),
-		StateRunning, ms(now))
+	return c.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state IN (?, ?) AND end_at <= ? ORDER BY end_at LIMIT `+strconv.Itoa(limit),
+		StateRunning, StateFailed, ms(now))
 }
 
 // CountByNode returns how many sandboxes the catalog places on each node.

@@ -14,7 +14,9 @@
 //     (page cache and clone pool warm), else 0
 //     spread    1 - sandboxes / (most sandboxes on any candidate + 1), so that
 //     nodes of unequal size still share the sandbox count
-//     Ties are broken at random, so concurrent creates fan out.
+//     Ties are broken at random, so concurrent creates fan out. A node
+//     that reports itself busy ranks after every node that does not,
+//     whatever the scores: it is used only when no other node can.
 //   - Place calls try for each candidate in rank order until one succeeds.
 //     A node that refuses with ResourceExhausted (over its create limit) or
 //     Unavailable (unreachable, not ready) is skipped for the next; any
@@ -37,8 +39,12 @@ import (
 
 // Node is what the scheduler knows about one node.
 type Node struct {
-	ID          string
-	Healthy     bool
+	ID      string
+	Healthy bool
+	// Busy: the node can take the sandbox but said it would rather not
+	// (a condition flapping, its create flow full): ranked after every
+	// node that is not.
+	Busy        bool
 	Schedulable bool
 	Runtimes    []string
 	Templates   map[string]bool
@@ -225,7 +231,12 @@ func (s *Scheduler) Rank(nodes []*Node, req Request) ([]Candidate, []Rejection) 
 		shuffle = s.rand.Shuffle
 	}
 	shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
-	sort.SliceStable(cands, func(i, j int) bool { return cands[i].Score > cands[j].Score })
+	sort.SliceStable(cands, func(i, j int) bool {
+		if cands[i].Node.Busy != cands[j].Node.Busy {
+			return !cands[i].Node.Busy
+		}
+		return cands[i].Score > cands[j].Score
+	})
 	return cands, rejs
 }
 
@@ -267,12 +278,11 @@ func (e *NoNodeError) Unwrap() error { return e.kind }
 // it holds for every node.
 func classify(rejs []Rejection, refusals map[string]error) error {
 	if len(refusals) > 0 {
-		for _, err := range refusals {
-			if errdefs.IsResourceExhausted(err) {
-				return errdefs.ErrResourceExhausted
-			}
-		}
-		return errdefs.ErrUnavailable
+		// Every node tried passed the filter (healthy, schedulable) and
+		// refused with a retryable error: the cluster cannot take the
+		// sandbox right now, which the client should retry (429), not
+		// an outage (503).
+		return errdefs.ErrResourceExhausted
 	}
 	if len(rejs) == 0 {
 		return errdefs.ErrUnavailable

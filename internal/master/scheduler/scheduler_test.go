@@ -203,3 +203,34 @@ func TestNoNodeClassification(t *testing.T) {
 		})
 	}
 }
+
+// TestBusyRanksLast: a busy node is tried after every node that is not,
+// even with the best score, and is still placed on when it is the only
+// one; healthy nodes that all refuse with Unavailable (unreachable for a
+// moment) make the placement ResourceExhausted (429, retry), not
+// Unavailable (503: nothing healthy).
+func TestBusyRanksLast(t *testing.T) {
+	ctx := context.Background()
+	busy := node("a", func(n *scheduler.Node) { n.Busy = true }) // empty: the best score
+	other := node("b", func(n *scheduler.Node) { n.Sandboxes, n.AllocMilliCPU = 5, 5000 })
+	cands, _ := newSched().Rank([]*scheduler.Node{busy, other}, req)
+	if len(cands) != 2 || cands[0].Node.ID != "b" || cands[0].Score >= cands[1].Score {
+		t.Fatalf("ranking %v: want b (worse score, not busy) before a (busy)", cands)
+	}
+	// Control: without Busy, a's score wins.
+	busy.Busy = false
+	if cands, _ := newSched().Rank([]*scheduler.Node{busy, other}, req); cands[0].Node.ID != "a" {
+		t.Fatalf("control: %s first, want a", cands[0].Node.ID)
+	}
+	busy.Busy = true
+	got, err := newSched().Place(ctx, []*scheduler.Node{busy}, req, func(context.Context, *scheduler.Node) error { return nil })
+	if err != nil || got.ID != "a" {
+		t.Fatalf("only a busy node: %v %v", got, err)
+	}
+	_, err = newSched().Place(ctx, []*scheduler.Node{busy, other}, req, func(_ context.Context, n *scheduler.Node) error {
+		return fmt.Errorf("dial %s: %w", n.ID, errdefs.ErrUnavailable)
+	})
+	if !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("healthy nodes refusing: %v, want ResourceExhausted", err)
+	}
+}

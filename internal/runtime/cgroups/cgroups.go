@@ -133,3 +133,30 @@ func rmdirRetry(dir string, timeout time.Duration) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// OOMKills is how many processes the kernel's OOM killer has killed in
+// cgroupPath: the oom_kill count of cgroup v2's memory.events or v1's
+// memory.oom_control, whichever hierarchy holds the memory controller (the
+// largest when both do). A cgroup found nowhere counts 0.
+func OOMKills(cgroupPath string) (int64, error) {
+	dirs, err := Dirs(cgroupPath)
+	if err != nil {
+		return 0, err
+	}
+	var most int64
+	for _, d := range dirs {
+		for _, f := range []string{"memory.events", "memory.oom_control"} {
+			b, err := os.ReadFile(filepath.Join(d, f))
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				var n int64
+				if _, err := fmt.Sscanf(line, "oom_kill %d", &n); err == nil && n > most {
+					most = n
+				}
+			}
+		}
+	}
+	return most, nil
+}

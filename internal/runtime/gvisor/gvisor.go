@@ -632,3 +632,8 @@ func tail(path string, n int64) string {
 	b, _ := io.ReadAll(f)
 	return strings.TrimSpace(string(b))
 }
+
+var _ runtime.Prober = (*Driver)(nil)
+
+// Probe checks runsc's binary and root without running runsc.
+func (d *Driver) Probe(context.Context) error { return runtime.ProbeFiles(d.root, d.bin) }

@@ -500,3 +500,8 @@ func allowUnprivilegedPing(spec *specs.Spec) {
 	}
 	spec.Linux.Sysctl["net.ipv4.ping_group_range"] = "0 2147483647"
 }
+
+var _ runtime.Prober = (*Driver)(nil)
+
+// Probe checks runc's binary and root without running runc.
+func (d *Driver) Probe(context.Context) error { return runtime.ProbeFiles(d.rc.Root, d.rc.Command) }

@@ -509,3 +509,19 @@ func waitGone(st *vmState, timeout time.Duration) error {
 	}
 	return nil
 }
+
+var _ runtime.Prober = (*Driver)(nil)
+
+// Probe checks QEMU's binary, the driver's root and, under KVM, that
+// /dev/kvm is still there.
+func (d *Driver) Probe(context.Context) error {
+	if err := runtime.ProbeFiles(d.root, d.qemuReal); err != nil {
+		return err
+	}
+	if d.accel == "kvm" {
+		if _, err := os.Stat("/dev/kvm"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
