@@ -135,6 +135,12 @@ func seccompArches(goarch string) []specs.Arch {
 	return nil // the runtime's native architecture only
 }
 
+// socketFamilies are the address families socket(2) may create:
+// local sockets, IPv4/IPv6, netlink (routing queries by libc and
+// language runtimes) and packet sockets (useless without CAP_NET_RAW,
+// which sandboxes lack, but harmless to ask for).
+var socketFamilies = []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK, unix.AF_PACKET}
+
 // seccompProfile is the filter every process of a runc sandbox runs
 // under: allowedSyscalls plus argument-checked clone, unshare, socket
 // and personality; everything else fails with EPERM, except clone3,
@@ -159,14 +165,21 @@ func seccompProfile(goarch string) *specs.LinuxSeccomp {
 			{Names: []string{"unshare"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{
 				{Index: 0, Value: unshareNSFlags, ValueTwo: 0, Op: specs.OpMaskedEqual},
 			}},
-			// AF_VSOCK is not network-namespaced: a socket in a
-			// container reaches the host's and VM sandboxes' vsock
-			// services, the agent channel included.
-			{Names: []string{"socket"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{
-				{Index: 0, Value: unix.AF_VSOCK, Op: specs.OpNotEqual},
-			}},
 			{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys},
 		},
+	}
+	// socket: only the families programs in a sandbox use. The kernel
+	// reads the family as an int, the filter all 64 bits: each rule
+	// compares the low 32 bits alone, so high bits set by a raw syscall
+	// cannot slip another family past it. Out are, among others,
+	// AF_VSOCK (not network-namespaced: it reaches the host's and VM
+	// sandboxes' vsock services, the agent channel included) and AF_ALG
+	// (the kernel crypto API, a recurring source of kernel bugs).
+	for _, fam := range socketFamilies {
+		sc.Syscalls = append(sc.Syscalls, specs.LinuxSyscall{
+			Names: []string{"socket"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 0, Value: 0xffffffff, ValueTwo: fam, Op: specs.OpMaskedEqual}},
+		})
 	}
 	for _, p := range personalities {
 		sc.Syscalls = append(sc.Syscalls, specs.LinuxSyscall{

@@ -147,6 +147,7 @@ var hardeningRows = []hardeningRow{
 	{probe: "open_by_handle_at", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (open_by_handle_at), and no CAP_DAC_READ_SEARCH"},
 	{probe: "personality", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (personality values)"},
 	{probe: "vsock", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (socket(AF_VSOCK))", host: "/dev/vsock"},
+	{probe: "vsock-high", seccomp: true, refusal: "operation not permitted", stopper: "seccomp (socket families compared on the low 32 bits)", host: "/dev/vsock"},
 	// The user namespace refuses first (host root owns /proc/sys/kernel's
 	// files; permission is checked before the read-only mount).
 	{probe: "proc-sys", refusal: "permission denied", stopper: "the user namespace (host root's files), and /proc/sys read-only"},

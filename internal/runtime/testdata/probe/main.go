@@ -163,6 +163,16 @@ var probes = map[string]func() (string, error){
 		unix.Close(fd)
 		return "AF_VSOCK socket", nil
 	},
+	"vsock-high": func() (string, error) {
+		// The family with high bits set: the kernel reads an int, so this
+		// is AF_VSOCK to it; a filter comparing all 64 bits would miss it.
+		fd, _, e := unix.RawSyscall(unix.SYS_SOCKET, 1<<32|unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if e != 0 {
+			return "", e
+		}
+		unix.Close(int(fd))
+		return "AF_VSOCK socket through a family with high bits set", nil
+	},
 	"proc-sys": func() (string, error) { return openWrite("/proc/sys/kernel/core_pattern") },
 	"sysrq":    func() (string, error) { return openWrite("/proc/sysrq-trigger") },
 	"sys":      func() (string, error) { return openWrite("/sys/kernel/mm/transparent_hugepage/enabled") },
