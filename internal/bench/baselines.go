@@ -309,8 +309,9 @@ func runReflinkCopy(ctx context.Context, e *Env, p report.Params) (*report.Resul
 
 // runRunscRestore times raw.RunscRestore. Setup (untimed) creates a
 // sandbox from the warmed template through cubelet, so it has what a
-// sandbox has (disk, network slot, bundle); cleanup deletes it through
-// cubelet.
+// sandbox has (disk, network slot, bundle), and pauses it to disk so that
+// cubelet's runtime watch lets go of its runsc process; cleanup deletes
+// it through cubelet.
 func runRunscRestore(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	mem, _, err := e.warmSnapshotFiles(ctx)
 	if err != nil {
@@ -329,7 +330,15 @@ func runRunscRestore(ctx context.Context, e *Env, p report.Params) (*report.Resu
 		if err != nil {
 			return 0, fmt.Errorf("setup create: %w", err)
 		}
-		took, err := raw.RunscRestore(ctx, root, mem, resp.Sandbox.Id, resp.Sandbox.GetNetwork().GetHostIp())
+		id := resp.Sandbox.Id
+		// Paused to disk, the sandbox has no runsc process left and
+		// cubelet no longer watches one: the bare restore that takes its
+		// place is not taken for the sandbox dying.
+		release := func(ctx context.Context) error {
+			_, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id, Mode: pb.PauseMode_PAUSE_MODE_DISK})
+			return err
+		}
+		took, err := raw.RunscRestore(ctx, root, mem, id, resp.Sandbox.GetNetwork().GetHostIp(), release)
 		return took, errors.Join(err, e.deleteAll(ctx, "", []string{resp.Sandbox.Id}, 1))
 	})
 	e.Progress.Finish()

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,8 +21,10 @@ import (
 // runsc-restore: the floor under a gVisor create from a warm template.
 // Setup (untimed, package bench) creates a sandbox from the warmed template through
 // cubelet, which gives it what a sandbox has — its disk (a clone of the
-// warm snapshot's), network slot, bundle — then removes its runsc
-// sandbox with a bare `runsc delete --force` and gives the slot's
+// warm snapshot's), network slot, bundle — then pauses it to disk
+// through cubelet (its runsc process stops and cubelet's runtime watch
+// lets go of it), removes what is left with a bare `runsc delete
+// --force` and gives the slot's
 // namespace back the addresses runsc took (as the driver's Stop). Timed: the bare `runsc
 // restore --detach` of the warm checkpoint image on that bundle (through
 // the same netns shim as the driver), the wake-up of the quiesced agent
@@ -40,8 +43,9 @@ const RunscPlatform = "ptrace"
 // RunscRestore replaces the runsc sandbox of cubelet's sandbox id (under
 // runsc root root, reachable at hostIP, its network slot's address) by a
 // bare restore of the image in mem and times it to the agent's first
-// /health.
-func RunscRestore(ctx context.Context, root, mem, id, hostIP string) (time.Duration, error) {
+// /health. release, called once the bundle is known, makes cubelet let go
+// of the sandbox's runsc process (the bench pauses it to disk).
+func RunscRestore(ctx context.Context, root, mem, id, hostIP string, release func(context.Context) error) (time.Duration, error) {
 	if hostIP == "" {
 		return 0, fmt.Errorf("sandbox %s has no network slot address", id)
 	}
@@ -56,7 +60,11 @@ func RunscRestore(ctx context.Context, root, mem, id, hostIP string) (time.Durat
 	if err := json.Unmarshal(out, &st); err != nil || st.Bundle == "" {
 		return 0, fmt.Errorf("runsc state %s: no bundle in %q: %v", rid, out, err)
 	}
-	if out, err := exec.CommandContext(ctx, RunscBinary, "--root", root, "delete", "--force", rid).CombinedOutput(); err != nil {
+	if err := release(ctx); err != nil {
+		return 0, fmt.Errorf("release %s from cubelet: %w", id, err)
+	}
+	// Gone already when release stopped it; --force takes whatever is left.
+	if out, err := exec.CommandContext(ctx, RunscBinary, "--root", root, "delete", "--force", rid).CombinedOutput(); err != nil && !strings.Contains(string(out), "does not exist") {
 		return 0, fmt.Errorf("runsc delete %s: %w: %s", rid, err, out)
 	}
 	// As the driver's Stop does: runsc took the slot's addresses.
