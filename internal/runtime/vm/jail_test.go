@@ -419,3 +419,42 @@ func TestJailKVMNode(t *testing.T) {
 		t.Logf("/dev/kvm node owned by QEMU's uid: %v: %s", own, msg)
 	}
 }
+
+// TestUIDKeptWhileAProcessRunsAsIt: a uid whose state dir is gone is not
+// reclaimed while a process still runs as it (a QEMU that rewrote its own
+// command line passes for gone), and killUID ends every such process.
+// Control: once nothing runs as the uid, the same uid is stale.
+func TestUIDKeptWhileAProcessRunsAsIt(t *testing.T) {
+	testenv.RequireRoot(t, "processes under another uid")
+	root := t.TempDir()
+	a := uidAlloc{dir: filepath.Join(root, "uids"), base: DefaultUIDBase + DefaultUIDCount - 2, count: 2}
+	state := filepath.Join(root, "vm")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	uid, err := a.take(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "100")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	if err := os.Remove(state); err != nil {
+		t.Fatal(err)
+	}
+	if a.stale(uid) {
+		t.Fatalf("uid %d is stale while pid %d runs as it", uid, cmd.Process.Pid)
+	}
+	if err := killUID(uid, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if !a.stale(uid) {
+		t.Fatalf("control: uid %d not stale once nothing runs as it", uid)
+	}
+}

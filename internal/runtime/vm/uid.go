@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
@@ -94,7 +96,9 @@ func (a uidAlloc) stale(uid uint32) bool {
 		return true
 	}
 	_, err = os.Stat(owner)
-	return errors.Is(err, fs.ErrNotExist)
+	// A process still running as uid keeps it, whatever its state dir
+	// says.
+	return errors.Is(err, fs.ErrNotExist) && len(uidProcs(uid)) == 0
 }
 
 // release frees uid if owner (a state dir) holds it. Callers release only
@@ -118,4 +122,59 @@ func (a uidAlloc) release(uid uint32, owner string) error {
 		return err
 	}
 	return nil
+}
+
+// uidProcs lists the processes whose real or effective uid is uid. The
+// kernel sets these; a compromised QEMU (no capabilities, no_new_privs)
+// can change neither, whereas its command line is its own memory and
+// proves nothing.
+func uidProcs(uid uint32) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	want := strconv.FormatUint(uint64(uid), 10)
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "Uid:" {
+				if f[1] == want || f[2] == want {
+					pids = append(pids, pid)
+				}
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// killUID SIGKILLs every process of uid and waits until none is left,
+// so that the uid can go to the next VM. A process that outlives the
+// timeout keeps the uid taken.
+func killUID(uid uint32, timeout time.Duration) error {
+	if uid == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		pids := uidProcs(uid)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("uid %d: processes %v survive SIGKILL: %w", uid, pids, errdefs.ErrInternal)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -481,9 +481,13 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 				errs = append(errs, err)
 			}
 		}
-		// QEMU is gone: its uid may go to the next VM. Before the state
-		// dir, so a crash in between leaves a file take() reclaims.
-		if err := d.uids.release(st.UID, d.stateDir(st.ID)); err != nil {
+		// QEMU is gone: its uid may go to the next VM, once nothing runs
+		// as it (alive trusts QEMU's own command line; the uid is the
+		// kernel's word). Before the state dir, so a crash in between
+		// leaves a file take() reclaims.
+		if err := killUID(st.UID, killTimeout); err != nil {
+			errs = append(errs, err)
+		} else if err := d.uids.release(st.UID, d.stateDir(st.ID)); err != nil {
 			errs = append(errs, err)
 		}
 		if err := os.RemoveAll(d.stateDir(st.ID)); err != nil {
@@ -497,8 +501,9 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 	return nil
 }
 
-// waitGone polls until st's QEMU has exited. QEMU is not our child (it
-// daemonized), so its zombie is reaped by init: "gone" is "not alive".
+// waitGone polls until st's QEMU has exited: "gone" is "not alive" (a
+// QEMU from before a cubelet restart is not our child; one we started is
+// reaped by its launcher's goroutine).
 func waitGone(st *vmState, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for alive(st) {
