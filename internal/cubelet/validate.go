@@ -105,7 +105,7 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	return tmpl, nil
 }
 
-// maxTokenLen bounds an agent access token (the control plane's are 64
+// maxTokenLen bounds an agent access token (the control plane's are 48
 // hex digits).
 const maxTokenLen = 512
 

@@ -114,7 +114,7 @@ var table = []row{
 		Stops: "read-only binds are read-only recursively", Control: "host root: the same create in that mount works",
 		Expect: map[string]expect{vm: {NA: "a VM gets no host mounts"}}},
 	{Name: "symlink-swap", Attempt: "a sandbox with a rw host mount swaps a directory for a symlink to a secret after cubelet checked another sandbox's bind source at its request, before its container is made",
-		Stops: "the source is checked again where it is bound (and bound by descriptor, O_PATH, on branch hostmounts)", Control: "by name, the checked path now leads to the secret",
+		Stops: "the source is checked again where it is bound and bound by descriptor (openat2 without symlinks, open_tree clone)", Control: "by name, the checked path now leads to the secret",
 		Expect: map[string]expect{vm: {NA: "a VM gets no host mounts"}}},
 }
 
