@@ -441,6 +441,50 @@ func TestCubeProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("commands started back to back on fresh sandboxes complete", func(t *testing.T) {
+		// What an SDK does: create, run a command, touch the API, run
+		// another, from several clients at once. Each Start streams its
+		// first event back while the proxy may still be forwarding the
+		// request body; a proxy that is not full duplex breaks a few of
+		// these streams mid-answer ("incomplete envelope: unexpected EOF").
+		var broken, ran atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for range 12 {
+					var sb created
+					if r := c.Do(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": 120}, &sb); r.StatusCode != http.StatusCreated {
+						t.Errorf("create: %d %s", r.StatusCode, r.Body)
+						return
+					}
+					for k := range 3 {
+						req := sh("echo mine > /tmp/owner; cat /tmp/owner")
+						req.Header().Set("Keepalive-Ping-Interval", "50")
+						s, err := processClient(replica.Addr, sb).Start(context.Background(), req)
+						if err != nil {
+							t.Errorf("client %d, %s, command %d: start: %v", g, sb.SandboxID, k, err)
+							continue
+						}
+						n := 0
+						for s.Receive() {
+							n++
+						}
+						s.Close()
+						ran.Add(1)
+						if err := s.Err(); err != nil {
+							broken.Add(1)
+							t.Errorf("client %d, %s, command %d: stream broken after %d events: %v", g, sb.SandboxID, k, n, err)
+						}
+						c.Do(t, "POST", "/sandboxes/"+sb.SandboxID+"/timeout", map[string]any{"timeout": 200}, nil)
+					}
+					c.Do(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("%d commands, %d streams broken", ran.Load(), broken.Load())
+	})
+
 	t.Run("idle policy pauses only when nothing is open", func(t *testing.T) {
 		idle := create(t, map[string]any{"timeout": 120, "idleTimeout": 1})
 		// An open stream (a running command) keeps it awake past the timeout.

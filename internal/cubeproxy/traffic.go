@@ -204,8 +204,18 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = body
 	}
 	cw := &countWriter{ResponseWriter: w, code: http.StatusOK}
+	// The line and the series are written even when the exchange aborts:
+	// the route panics with http.ErrAbortHandler when the sandbox or the
+	// client breaks off an answer that has begun, and that is the request
+	// an operator needs to see.
+	aborted := true
+	defer func() { o.record(r, cw, body, id, port, admitted, aborted, time.Since(start)) }()
 	o.route.ServeHTTP(cw, r)
-	d := time.Since(start)
+	aborted = false
+}
+
+// record writes the metrics and the access log line of one exchange.
+func (o *observe) record(r *http.Request, cw *countWriter, body *countReader, id string, port int, admitted, aborted bool, d time.Duration) {
 	ps, sid := strconv.Itoa(port), id
 	if !admitted {
 		// One series for everything the route refused.
@@ -222,7 +232,7 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		o.metrics.latency.WithLabelValues(sid, ps).Observe(d.Seconds())
 	}
 	o.log.Info("access", "sandbox_id", id, "port", port, "method", r.Method, "host", r.Host, "path", r.URL.Path,
-		"proto", r.Proto, "status", code, "bytes_in", body.n.Load(), "bytes_out", cw.n,
+		"proto", r.Proto, "status", code, "aborted", aborted, "bytes_in", body.n.Load(), "bytes_out", cw.n,
 		"duration_ms", float64(d.Microseconds())/1000, "remote", r.RemoteAddr)
 }
 

@@ -14,7 +14,9 @@
 // connection. Both are interfaces so that cubeproxy can bring a route cache
 // fed by the master and its own dialer. Bodies stream in both directions
 // (FlushInterval -1): Connect server streams and long downloads are never
-// buffered. HTTP/1.1 (including WebSocket upgrades) goes out as HTTP/1.1;
+// buffered, and an HTTP/1.1 exchange is full duplex: the answer streams
+// back while the request body is still coming in. HTTP/1.1 (including
+// WebSocket upgrades) goes out as HTTP/1.1;
 // HTTP/2 cleartext (h2c) comes in and goes out as h2c.
 package proxy
 
@@ -24,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -319,9 +322,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if fn, ok := r.Context().Value(admittedKey{}).(func(*Target)); ok {
 		fn(t)
 	}
+	// Full duplex: the answer may start while the request body is still
+	// being passed on (a Connect stream's first event can come back before
+	// the transport has read the client's body to its end). Without it,
+	// Go's HTTP/1.1 server drains and closes the request body when the
+	// response headers go out, under the transport that is still reading
+	// it; the transport then fails the request write and closes the
+	// upstream connection, killing a stream that had begun.
+	duplex := r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.Header.Get("Upgrade") == "" &&
+		http.NewResponseController(w).EnableFullDuplex() == nil
 	ctx := context.WithValue(r.Context(), ctxKey{}, routed{target: t, port: port})
 	h.rp.ServeHTTP(w, r.WithContext(ctx))
+	if duplex {
+		// The answer is complete; read what is left of the body (as the
+		// server would, up to the same bound) before returning. Left to
+		// the server, its end-of-body background read can start after the
+		// server stopped waiting for one, and the server then panics
+		// reading the next request ("invalid concurrent Body.Read call").
+		_, _ = io.CopyN(io.Discard, r.Body, maxDrain)
+	}
 }
+
+// maxDrain bounds what ServeHTTP reads of a request body the upstream
+// left unread (net/http's own bound); with more, the server closes the
+// connection instead of reading on.
+const maxDrain = 256 << 10
 
 func tokenEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1

@@ -54,6 +54,18 @@ func upstream(t *testing.T) int {
 			}
 		}
 	})
+	// /duplex answers the first line of the request body at once, then
+	// reads the rest: what a Connect stream does, whose first event can go
+	// out before the client's body has ended.
+	mux.HandleFunc("/duplex", func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		br := bufio.NewReader(r.Body)
+		first, _ := br.ReadString('\n')
+		fmt.Fprintf(w, "got: %s", first)
+		w.(http.Flusher).Flush()
+		rest, err := io.ReadAll(br)
+		fmt.Fprintf(w, "rest: %q %v\n", rest, err)
+	})
 	// /ws upgrades and echoes lines back, like a WebSocket after its
 	// handshake (the proxy must pass the Upgrade and the raw bytes).
 	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
@@ -226,6 +238,39 @@ func TestRoute(t *testing.T) {
 		}
 		if rest, _ := io.ReadAll(br); len(rest) != 0 {
 			t.Fatalf("trailing: %q", rest)
+		}
+	})
+	t.Run("the answer streams while the request body is open", func(t *testing.T) {
+		// The client holds the end of its body until it has the first line
+		// of the answer. A proxy that is not full duplex drains the body
+		// when the answer's headers go out: it blocks here, and when the
+		// body does end it closes it under the transport still forwarding
+		// it, which then drops the upstream connection mid-answer (the
+		// "incomplete envelope" / "terminated" of Connect clients).
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /duplex HTTP/1.1\r\nHost: %s-direct.cube.test\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello\n\r\n", ps)
+		if err := c.SetReadDeadline(time.Now().Add(3 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("no answer while the request body is open: %v", err)
+		}
+		defer resp.Body.Close()
+		rb := bufio.NewReader(resp.Body)
+		if line, err := rb.ReadString('\n'); err != nil || line != "got: hello\n" {
+			t.Fatalf("first line: %q %v", line, err)
+		}
+		t.Log("first line of the answer came back before the request body ended")
+		fmt.Fprint(c, "5\r\nmore\n\r\n0\r\n\r\n")
+		rest, err := io.ReadAll(rb)
+		if err != nil || string(rest) != "rest: \"more\\n\" <nil>\n" {
+			t.Fatalf("rest of the answer: %q %v", rest, err)
 		}
 	})
 	t.Run("upgrade", func(t *testing.T) {
