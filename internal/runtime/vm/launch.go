@@ -143,7 +143,7 @@ func (d *Driver) launch(ctx context.Context, s runtime.Spec, shape Shape, image,
 	return st0, nil
 }
 
-func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths, image string) (runtime.State, error) {
+func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths, image string) (_ runtime.State, bootErr error) {
 	if err := d.save(st); err != nil {
 		return runtime.State{}, err
 	}
@@ -166,6 +166,11 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	q, err := d.spawn(ctx, st, s, p, image)
 	if q != nil {
 		defer q.release()
+		defer func() {
+			if bootErr != nil {
+				q.kill(killTimeout)
+			}
+		}()
 	}
 	if err != nil {
 		return runtime.State{}, err
@@ -205,9 +210,26 @@ const startTimeout = 30 * time.Second
 // process is its parent, and for a restore the zstd feeding its stream.
 type started struct {
 	exited   chan struct{}
+	proc     *os.Process // the jail helper, then QEMU (it execs in place)
 	inFD     int       // the migration stream's fd number inside QEMU
 	unzstd   *exec.Cmd // zstd -dc writing into that stream
 	unzstdCh chan error
+}
+
+// kill ends the child of a failed boot and waits until it is reaped.
+// Until the helper has exec'd QEMU its command line names no VM, so
+// destroy's alive() would take it for gone while it still creates its
+// jail under the state dir; the handle is ours and cannot name a reused
+// pid.
+func (q *started) kill(timeout time.Duration) {
+	if q.proc == nil || q.exited == nil {
+		return
+	}
+	_ = q.proc.Kill()
+	select {
+	case <-q.exited:
+	case <-time.After(timeout):
+	}
 }
 
 // release ends the decompressor if it still runs (a failed restore).
@@ -335,6 +357,7 @@ func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths
 		return q, fmt.Errorf("start qemu jail: %w", err)
 	}
 	st.PID = cmd.Process.Pid
+	q.proc = cmd.Process
 	q.exited = make(chan struct{})
 	go func(id string, pid int) {
 		_ = cmd.Wait()
