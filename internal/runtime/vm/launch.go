@@ -211,8 +211,8 @@ const startTimeout = 30 * time.Second
 type started struct {
 	exited   chan struct{}
 	proc     *os.Process // the jail helper, then QEMU (it execs in place)
-	inFD     int       // the migration stream's fd number inside QEMU
-	unzstd   *exec.Cmd // zstd -dc writing into that stream
+	inFD     int         // the migration stream's fd number inside QEMU
+	unzstd   *exec.Cmd   // zstd -dc writing into that stream
 	unzstdCh chan error
 }
 
