@@ -1,7 +1,6 @@
 package escape
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,12 +12,12 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/nft"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -86,7 +85,7 @@ func (s *suite) rawSpoofControl(ctx context.Context) {
 	}
 	own := send(network.SandboxIP.String())
 	s.control("raw-spoof", len(own) == 3, "own source from the sandbox netns with CAP_NET_RAW arrived: %v", own)
-	if err := netnsdir.Do(sb.Network.SlotNetNS, deleteAntiSpoofRule); err != nil {
+	if err := netnsdir.Do(sb.Network.SlotNetNS, nettest.DeleteAntiSpoofRule); err != nil {
 		s.t.Errorf("delete anti-spoofing rule: %v", err)
 	}
 	forged := send("198.51.100.250")
@@ -103,32 +102,6 @@ func (s *suite) restoreSlot(ctx context.Context) {
 	if err := nft.ApplyHost(nft.Host{Table: c.Prefix, LinkPrefix: c.Prefix + "-", NodeCIDR: c.CIDR()}); err != nil {
 		s.t.Errorf("re-apply host table: %v", err)
 	}
-}
-
-// deleteAntiSpoofRule removes, in the current namespace, the slot
-// forward rule that drops foreign sources.
-func deleteAntiSpoofRule() error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: nft.SlotTable}
-	rules, err := c.GetRules(t, &nftables.Chain{Name: "forward", Table: t})
-	if err != nil {
-		return err
-	}
-	sbIP := network.SandboxIP.AsSlice()
-	for _, r := range rules {
-		for _, e := range r.Exprs {
-			if cmp, ok := e.(*expr.Cmp); ok && cmp.Op == expr.CmpOpNeq && bytes.Equal(cmp.Data, sbIP) {
-				if err := c.DelRule(r); err != nil {
-					return err
-				}
-				return c.Flush()
-			}
-		}
-	}
-	return errors.New("no anti-spoofing rule in the slot's forward chain")
 }
 
 // ipv6Control opens an IPv6 path on purpose: IPv6 on in the runc

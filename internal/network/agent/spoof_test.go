@@ -1,25 +1,20 @@
 package agent_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"net"
 	"net/netip"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nettest"
-	"github.com/cubesandbox/cube/internal/network/nft"
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
 
@@ -68,7 +63,7 @@ func TestAntiSpoofing(t *testing.T) {
 	t.Logf("forged source %s: dropped by the slot's anti-spoofing rule", forged)
 
 	// Control 2: without that one rule, the forged packet gets out.
-	if err := netnsdir.Do(sb.SlotNetNS, deleteAntiSpoofRule); err != nil {
+	if err := netnsdir.Do(sb.SlotNetNS, nettest.DeleteAntiSpoofRule); err != nil {
 		t.Fatal(err)
 	}
 	if !capture.wait(send(forged), 5*time.Second) {
@@ -78,35 +73,9 @@ func TestAntiSpoofing(t *testing.T) {
 	if _, err := a.UpdatePolicy(ctx, "sb-spoof", nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := netnsdir.Do(sb.SlotNetNS, deleteAntiSpoofRule); err != nil {
+	if err := netnsdir.Do(sb.SlotNetNS, nettest.DeleteAntiSpoofRule); err != nil {
 		t.Fatalf("after re-apply: %v", err)
 	}
-}
-
-// deleteAntiSpoofRule removes, in the current namespace, the slot
-// forward rule that drops foreign sources; an error if there is none.
-func deleteAntiSpoofRule() error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: nft.SlotTable}
-	rules, err := c.GetRules(t, &nftables.Chain{Name: "forward", Table: t})
-	if err != nil {
-		return err
-	}
-	sbIP := network.SandboxIP.AsSlice()
-	for _, r := range rules {
-		for _, e := range r.Exprs {
-			if cmp, ok := e.(*expr.Cmp); ok && cmp.Op == expr.CmpOpNeq && bytes.Equal(cmp.Data, sbIP) {
-				if err := c.DelRule(r); err != nil {
-					return err
-				}
-				return c.Flush()
-			}
-		}
-	}
-	return errors.New("no anti-spoofing rule in the slot's forward chain")
 }
 
 type udpCapture struct{ got chan string }
