@@ -251,7 +251,9 @@ func FindByBacking(file string) ([]Device, error) {
 // paths know their device and must not cost O(devices on the host).
 func BackingOf(devPath string) (string, error) {
 	data, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(devPath), "loop", "backing_file"))
-	if errors.Is(err, os.ErrNotExist) {
+	// ENODEV: the device was being cleared (autoclear at the last
+	// unmount) while sysfs answered; unbound all the same.
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO) {
 		return "", nil
 	}
 	if err != nil {
