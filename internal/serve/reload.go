@@ -51,9 +51,9 @@ func statStamp(path string) stamp {
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return stamp{size: uint64(fi.Size()), mtimeNS: fi.ModTime().UnixNano()} //nolint:gosec // G115: a size is not negative
+		return stamp{size: uint64(fi.Size()), mtimeNS: fi.ModTime().UnixNano()}
 	}
-	return stamp{dev: st.Dev, ino: st.Ino, size: uint64(st.Size), mtimeNS: fi.ModTime().UnixNano()} //nolint:gosec // G115: a size is not negative
+	return stamp{dev: st.Dev, ino: st.Ino, size: uint64(st.Size), mtimeNS: fi.ModTime().UnixNano()}
 }
 
 // material is one consistent read of the files.
