@@ -22,7 +22,7 @@ import (
 // cubelet:
 //
 //	cubecli apikey create NAME [--team T] [--admin] | ls | rm KEY
-//	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ...
+//	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ... | delete NAME [--force]
 //	cubecli node ls | cordon NODE | uncordon NODE
 //	cubecli sandbox ls --all-nodes
 //	cubecli template ls|import|rm --all-nodes   (import: --node N for one node)

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,15 +43,39 @@ type Master struct {
 	Admin  masterpb.AdminServiceClient
 	conn   *grpc.ClientConn
 	t      testing.TB
+	logs   lockedBuffer // everything the master logged (Logs)
+}
+
+// Logs is everything the master logged so far (audit lines included).
+func (m *Master) Logs() string { return m.logs.String() }
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Log is a slog.Logger writing to t (debug level with CUBE_TEST_DEBUG=1).
 func Log(t testing.TB) *slog.Logger {
-	level := slog.LevelInfo
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: logLevel()}))
+}
+
+func logLevel() slog.Level {
 	if os.Getenv("CUBE_TEST_DEBUG") != "" {
-		level = slog.LevelDebug
+		return slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+	return slog.LevelInfo
 }
 
 type testWriter struct{ t testing.TB }
@@ -107,7 +132,8 @@ memory_mib = 64
 func (m *Master) Start() {
 	t := m.t
 	t.Helper()
-	srv, err := server.Start(context.Background(), m.Config, Log(t))
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, &m.logs), &slog.HandlerOptions{Level: logLevel()}))
+	srv, err := server.Start(context.Background(), m.Config, log)
 	if err != nil {
 		t.Fatalf("start master: %v", err)
 	}
