@@ -71,9 +71,15 @@ func Log(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: logLevel()}))
 }
 
+// logLevel: debug with CUBE_TEST_DEBUG=1; warnings only with
+// CUBE_TEST_QUIET=1 (a test that measures memory under many requests: t.Log
+// keeps every line in memory).
 func logLevel() slog.Level {
-	if os.Getenv("CUBE_TEST_DEBUG") != "" {
+	switch {
+	case os.Getenv("CUBE_TEST_DEBUG") != "":
 		return slog.LevelDebug
+	case os.Getenv("CUBE_TEST_QUIET") != "":
+		return slog.LevelWarn
 	}
 	return slog.LevelInfo
 }
