@@ -108,7 +108,9 @@ func TestDaemonsAcrossCARotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 10*time.Second) }
+	cctx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 10*time.Second)
+	}
 	callNode := func(tc *tls.Config) error {
 		conn, err := cubeletclient.DialTLS("127.0.0.1:"+apiPort, tc)
 		if err != nil {
@@ -185,7 +187,7 @@ func TestDaemonsAcrossCARotation(t *testing.T) {
 	listeners := []struct{ name, port string }{{"cubelet api.tcp", apiPort}, {"master api.node", nodePort}}
 
 	step("start")
-	masterFiles, nodeFiles, adminFiles = issue(ca)
+	_, _, adminFiles = issue(ca)
 	step("reissue")
 	if _, err := pki.BeginRotation(dir, "test cluster"); err != nil {
 		t.Fatal(err)
