@@ -164,58 +164,62 @@ func serverConfig(r *reloader, base *tls.Config) *tls.Config {
 // reads RootCAs from the config it dials with, and verifying elsewhere
 // would need the server's name, which a TLS 1.3 client does not report
 // for an IP address.
+//
+// The config's RootCAs pool is a copy made for it alone, and the key that
+// finds r: tls.Config.Clone keeps the pointer, so a copy of the config
+// (one that adds a check of the server's role, say) still follows r.
 func clientConfig(r *reloader) *tls.Config {
 	m := r.get()
-	tc := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*m.cert}, RootCAs: m.pool}
-	key := weak.Make(tc)
-	clientReloaders.Store(key, clientEntry{r: r, initial: m})
-	runtime.AddCleanup(tc, func(k weak.Pointer[tls.Config]) { clientReloaders.Delete(k) }, key)
-	return tc
+	pool := m.pool.Clone()
+	key := weak.Make(pool)
+	clientReloaders.Store(key, clientEntry{r: r, leaf: m.cert.Certificate[0]})
+	runtime.AddCleanup(pool, func(k weak.Pointer[x509.CertPool]) { clientReloaders.Delete(k) }, key)
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*m.cert}, RootCAs: pool}
 }
 
-// clientReloaders finds the reloader of a config clientConfig made (until
-// the config is collected).
-var clientReloaders sync.Map // weak.Pointer[tls.Config] -> clientEntry
+// clientReloaders finds the reloader of a config clientConfig made by its
+// RootCAs pool (until the pool is collected).
+var clientReloaders sync.Map // weak.Pointer[x509.CertPool] -> clientEntry
 
 type clientEntry struct {
-	r       *reloader
-	initial *material
+	r    *reloader
+	leaf []byte // the certificate (DER) the config was made with
 }
 
 // ClientCredentials is gRPC's TLS transport credentials for tc: those of
-// credentials.NewTLS, except that for a config of TLSFiles.Client each
-// handshake presents the certificate and trusts the CA bundle the files
-// hold at that moment, so a long-lived client follows a reissue and a CA
-// rotation.
+// credentials.NewTLS, except that for a config of TLSFiles.Client (or a
+// copy of one) each handshake presents the certificate and trusts the CA
+// bundle the files hold at that moment, so a long-lived client follows a
+// reissue and a CA rotation.
 func ClientCredentials(tc *tls.Config) credentials.TransportCredentials {
-	e, _ := clientReloaders.Load(weak.Make(tc))
-	ce, _ := e.(clientEntry)
-	return &clientCreds{TransportCredentials: credentials.NewTLS(tc), tc: tc, e: ce}
+	return &clientCreds{TransportCredentials: credentials.NewTLS(tc), tc: tc}
 }
 
 type clientCreds struct {
 	credentials.TransportCredentials
 	tc *tls.Config
-	e  clientEntry
 }
 
 var _ credentials.TransportCredentials = (*clientCreds)(nil)
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	if c.e.r == nil {
+	var e clientEntry
+	if c.tc != nil && c.tc.RootCAs != nil {
+		v, _ := clientReloaders.Load(weak.Make(c.tc.RootCAs))
+		e, _ = v.(clientEntry)
+	}
+	if e.r == nil {
 		return c.TransportCredentials.ClientHandshake(ctx, authority, conn)
 	}
 	cfg := c.tc.Clone()
-	m := c.e.r.get()
-	if len(cfg.Certificates) == 1 && bytes.Equal(cfg.Certificates[0].Certificate[0], c.e.initial.cert.Certificate[0]) {
+	m := e.r.get()
+	cfg.RootCAs = m.pool
+	if len(cfg.Certificates) == 1 && bytes.Equal(cfg.Certificates[0].Certificate[0], e.leaf) {
 		cfg.Certificates = []tls.Certificate{*m.cert}
-	}
-	if cfg.RootCAs == c.e.initial.pool {
-		cfg.RootCAs = m.pool
 	}
 	return credentials.NewTLS(cfg).ClientHandshake(ctx, authority, conn)
 }
 
 func (c *clientCreds) Clone() credentials.TransportCredentials {
-	return &clientCreds{TransportCredentials: c.TransportCredentials.Clone(), tc: c.tc, e: c.e}
+	return &clientCreds{TransportCredentials: c.TransportCredentials.Clone(), tc: c.tc}
 }

@@ -289,6 +289,20 @@ func TestRotationWithoutRestart(t *testing.T) {
 	if err := freshCall(); err != nil {
 		t.Fatalf("the pre-rotation config with ClientCredentials: %v", err)
 	}
+	// A copy of that config with a check of its own (as a check of the
+	// server's role adds) follows the files too, and its check runs.
+	var checked atomic.Int64
+	clone := tc0.Clone()
+	clone.VerifyConnection = func(tls.ConnectionState) error { checked.Add(1); return nil }
+	cloneConn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(serve.ClientCredentials(clone)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = check(cloneConn)
+	cloneConn.Close()
+	if err != nil || checked.Load() == 0 {
+		t.Fatalf("a copy of the pre-rotation config with its own check: %v (check ran %d times)", err, checked.Load())
+	}
 
 	// Control: before the old CA is dropped, its certificate is admitted.
 	if err := probeOld(); err != nil {
