@@ -334,3 +334,55 @@ func TestRotationWithoutRestart(t *testing.T) {
 		t.Fatalf("%d of %d calls failed across the rotations (first: %v)", failures.Load(), calls.Load(), firstErr.Load())
 	}
 }
+
+// TestServerCertReload: a listener for clients without certificates (the
+// E2B API's, cubeproxy's with files) presents the certificate its files
+// hold at each handshake: replaced files are served without a restart.
+func TestServerCertReload(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ca.Issue(dir, "api", "api", pki.RoleMaster, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := serve.ServerCert("api.e2b_tls_cert", f.Cert, f.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tls.Listen("tcp", "127.0.0.1:0", tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	served := func() *x509.Certificate {
+		t.Helper()
+		c, err := tls.Dial("tcp", l.Addr().String(), &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0]
+	}
+	first := served()
+	if _, err := ca.Issue(dir, "api", "api", pki.RoleMaster, "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	second := served()
+	if first.Equal(second) {
+		t.Fatal("the listener presents the same certificate after its files were replaced")
+	}
+	t.Logf("serial %x, then %x after the files were replaced", first.SerialNumber, second.SerialNumber)
+}
