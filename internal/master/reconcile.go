@@ -123,7 +123,17 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 			}
 			if want != "" && want != cur.State {
 				s.log.Info("reconcile: sandbox state from its node", "sandbox_id", row.ID, "catalog", cur.State, "node", want)
-				if _, err := s.cat.UpdateSandbox(ctx, row.ID, func(r *catalog.Sandbox) error { r.State = want; return nil }); err == nil {
+				if _, err := s.cat.UpdateSandbox(ctx, row.ID, func(r *catalog.Sandbox) error {
+					// A resume the master died in: the node runs it, the
+					// row kept the deadline of the paused sandbox, which
+					// may have passed. Give it the resume's default
+					// rather than let expiry kill what the node resumed.
+					if want == catalog.StateRunning && r.State == catalog.StatePaused {
+						r.EndAt = maxTime(r.EndAt, time.Now().UTC().Add(s.cfg.Sandbox.V1DefaultTimeout.Duration))
+					}
+					r.State = want
+					return nil
+				}); err == nil {
 					fixed++
 				}
 			}
@@ -142,7 +152,71 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		s.destroyOn(nodeID, id, grpc.WaitForReady(true))
 		orphans++
 	}
+	snaps, err := s.reconcileSnapshots(ctx, nodeID, c)
+	if err != nil {
+		return err
+	}
 	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),
-		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans)
+		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans, "snapshots_deleted", snaps)
 	return nil
+}
+
+// reconcileSnapshots deletes the node's managed snapshots nobody can use:
+// those without a catalog row (the master died between the node taking
+// the snapshot and writing its row), and the snapshots of forks that are
+// not in flight here (the master died mid-fork; a fork's snapshot is
+// never the client's). A snapshot is taken under its sandbox's lock, so
+// holding that lock while re-reading the row excludes one in flight.
+func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, c cubeletpb.CubeletServiceClient) (int, error) {
+	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	resp, err := c.ListSnapshots(lctx, &cubeletpb.ListSnapshotsRequest{Labels: map[string]string{ManagedLabel: ManagedValue}}, grpc.WaitForReady(true))
+	lcancel()
+	if err != nil {
+		return 0, fromGRPC(nodeID, err)
+	}
+	deleted := 0
+	for _, sn := range resp.Snapshots {
+		if sn.Labels[ManagedLabel] != ManagedValue {
+			continue
+		}
+		if _, inFlight := s.forking.Load(sn.Id); inFlight {
+			continue
+		}
+		fork := sn.Labels[forkLabel] == "true"
+		unlock, err := s.locks.lock(ctx, sn.SandboxId)
+		if err != nil {
+			return deleted, err
+		}
+		_, rerr := s.cat.GetSnapshot(ctx, sn.Id)
+		switch {
+		case rerr == nil && !fork:
+		case rerr != nil && !errdefs.IsNotFound(rerr):
+			s.log.Warn("reconcile: read snapshot row", "snapshot_id", sn.Id, "err", rerr)
+		default:
+			if _, inFlight := s.forking.Load(sn.Id); inFlight {
+				break // a fork began while we waited for the lock
+			}
+			s.log.Warn("reconcile: deleting a snapshot nobody can use", "snapshot_id", sn.Id, "node_id", nodeID, "fork", fork, "row", rerr == nil)
+			dctx, dcancel := context.WithTimeout(ctx, time.Minute)
+			_, err := c.DeleteSnapshot(dctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: sn.Id})
+			dcancel()
+			if err := fromGRPC(nodeID, err); err != nil && !errdefs.IsNotFound(err) {
+				s.log.Warn("reconcile: delete snapshot", "snapshot_id", sn.Id, "node_id", nodeID, "err", err)
+			} else {
+				if rerr == nil {
+					_ = s.cat.DeleteSnapshot(ctx, sn.Id)
+				}
+				deleted++
+			}
+		}
+		unlock()
+	}
+	return deleted, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
