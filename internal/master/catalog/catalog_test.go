@@ -352,6 +352,22 @@ func testExpired(t *testing.T, c *catalog.Catalog) {
 	if got, _ := c.Expired(ctx, now, 1); ids(got) != "[e0]" {
 		t.Fatalf("limit: %s", ids(got))
 	}
+	// Per node: expiry works on each node's deadlines on its own.
+	o := newSandbox("other", now, nil)
+	o.NodeID, o.EndAt = "n-other", now.Add(-time.Second)
+	if err := c.CreateSandbox(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := c.ExpiredNodes(ctx, now)
+	if err != nil || fmt.Sprint(nodes) != "[n-other n1]" {
+		t.Fatalf("expired nodes: %v %v", nodes, err)
+	}
+	if got, err := c.ExpiredOn(ctx, "n-other", now, 10); err != nil || ids(got) != "[other]" {
+		t.Fatalf("expired on n-other: %s %v", ids(got), err)
+	}
+	if got, err := c.ExpiredOn(ctx, "n1", now, 10); err != nil || ids(got) != "[e0 e1]" {
+		t.Fatalf("expired on n1: %s %v", ids(got), err)
+	}
 }
 
 func testSnapshots(t *testing.T, c *catalog.Catalog) {

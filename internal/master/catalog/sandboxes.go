@@ -376,6 +376,33 @@ func (c *Catalog) Expired(ctx context.Context, now time.Time, limit int) ([]*San
 		StateRunning, StateFailed, ms(now))
 }
 
+// ExpiredNodes returns the nodes that hold a running or failed sandbox
+// whose deadline is at or before now, so expiry can work on each node on
+// its own (one node's backlog never hides another's).
+func (c *Catalog) ExpiredNodes(ctx context.Context, now time.Time) ([]string, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT DISTINCT node_id FROM sandboxes WHERE state IN (?, ?) AND end_at <= ? ORDER BY node_id`,
+		StateRunning, StateFailed, ms(now))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// ExpiredOn is Expired for the sandboxes of one node.
+func (c *Catalog) ExpiredOn(ctx context.Context, nodeID string, now time.Time, limit int) ([]*Sandbox, error) {
+	return c.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE node_id = ? AND state IN (?, ?) AND end_at <= ? ORDER BY end_at LIMIT `+strconv.Itoa(limit),
+		nodeID, StateRunning, StateFailed, ms(now))
+}
+
 // CountByNode returns how many sandboxes the catalog places on each node.
 func (c *Catalog) CountByNode(ctx context.Context) (map[string]int, error) {
 	rows, err := c.db.QueryContext(ctx, `SELECT node_id, COUNT(*) FROM sandboxes GROUP BY node_id`)
