@@ -69,8 +69,12 @@ type Config struct {
 		// ExpiryCallTimeout bounds one deadline action (a kill or a
 		// pause on the node): a node that hangs holds up only its own.
 		ExpiryCallTimeout Duration `toml:"expiry_call_timeout"`
-		EnvdVersion       string   `toml:"envd_version"`
-		CreateTimeout     Duration `toml:"create_timeout"`
+		// AdoptWindow: a managed sandbox a node holds without a catalog
+		// row and without a tombstone is adopted when it was created
+		// less than this long ago, destroyed otherwise; 0 adopts none.
+		AdoptWindow   Duration `toml:"adopt_window"`
+		EnvdVersion   string   `toml:"envd_version"`
+		CreateTimeout Duration `toml:"create_timeout"`
 	} `toml:"sandbox"`
 	Templates struct {
 		Aliases map[string]string `toml:"aliases"`
@@ -111,6 +115,9 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			return bad("%s must be positive", name)
 		}
+	}
+	if c.Sandbox.AdoptWindow.Duration < 0 {
+		return bad("sandbox.adopt_window must not be negative")
 	}
 	if c.Nodes.UnhealthyAfter.Duration < c.Nodes.HeartbeatInterval.Duration {
 		return bad("nodes.unhealthy_after (%s) must be at least nodes.heartbeat_interval (%s)", c.Nodes.UnhealthyAfter, c.Nodes.HeartbeatInterval)

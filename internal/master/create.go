@@ -351,7 +351,7 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
 	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
 		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
-		Labels:    map[string]string{ManagedLabel: ManagedValue},
+		Labels:    managedLabels(sb),
 		Env:       env,
 		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
 		Network:   networkPolicy(sb.Network),

@@ -61,8 +61,12 @@ func (s *Service) reconcileAll(ctx context.Context) {
 //     died mid-create, the client never got it) is destroyed and dropped;
 //   - a row whose state differs from the node's (paused vs running) takes
 //     the node's;
-//   - a sandbox carrying the managed label with no row (a kill while the
-//     node was away, or an undo that could not reach it) is destroyed.
+//   - a sandbox carrying the managed label with no row is destroyed when
+//     the catalog has its tombstone (a kill while the node was away, an
+//     undo that could not reach it) or it is older than
+//     sandbox.adopt_window, and adopted (a row written from the node's
+//     record) when it is younger: the catalog lost its row, and a
+//     client may hold it.
 //
 // Sandboxes made on the node without the master (cubecli) are left alone.
 func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
@@ -86,7 +90,11 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		return err
 	}
 	rowIDs := map[string]bool{}
-	var dropped, fixed, orphans int
+	var dropped, fixed, orphans, adopted int
+	now := time.Now()
+	if _, err := s.cat.PruneTombstones(ctx, now.Add(-s.cfg.Sandbox.AdoptWindow.Duration)); err != nil {
+		return err
+	}
 	for _, row := range rows {
 		rowIDs[row.ID] = true
 		if _, inFlight := s.creating.Load(row.ID); inFlight {
@@ -148,7 +156,24 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		if _, err := s.cat.GetSandbox(ctx, id); err == nil {
 			continue // placed on this node since the listing
 		}
-		s.log.Warn("reconcile: destroying a managed sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID)
+		removed, err := s.cat.Tombstoned(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !removed && s.adoptable(nsb, now) {
+			if _, err := s.adopt(ctx, nodeID, nsb); err != nil {
+				// Neither adopted nor destroyed: the next reconcile
+				// tries again.
+				s.log.Error("reconcile: adopt a sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID, "err", err)
+				continue
+			}
+			s.log.Warn("reconcile: adopted a recent managed sandbox the catalog had no row for", "sandbox_id", id, "node_id", nodeID,
+				"created", nsb.CreatedAt.AsTime(), "team", nsb.Labels[teamLabel])
+			adopted++
+			continue
+		}
+		s.log.Warn("reconcile: destroying a managed sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID,
+			"removed_on_purpose", removed)
 		s.destroyOn(nodeID, id, grpc.WaitForReady(true))
 		orphans++
 	}
@@ -157,7 +182,7 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		return err
 	}
 	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),
-		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans, "snapshots_deleted", snaps)
+		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans, "adopted", adopted, "snapshots_deleted", snaps)
 	return nil
 }
 

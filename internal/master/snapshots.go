@@ -281,7 +281,7 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 		}
 		resp, err = c.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
 			RequestId: ids[0], SnapshotId: snap.ID, Count: int32(len(ids)), SandboxIds: ids,
-			Labels: map[string]string{ManagedLabel: ManagedValue}, Env: env, Network: networkPolicy(rows[written[0]].Network),
+			Labels: managedLabels(rows[written[0]]), Env: env, Network: networkPolicy(rows[written[0]].Network),
 			AccessTokens: tokens,
 		})
 		err = fromGRPC(snap.NodeID, err)

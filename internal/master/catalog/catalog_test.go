@@ -46,6 +46,7 @@ func TestCatalog(t *testing.T) {
 		{"Paging", testPaging},
 		{"ConcurrentUpdates", testConcurrentUpdates},
 		{"Expired", testExpired},
+		{"Tombstones", testTombstones},
 		{"IdleTimeout", testIdleTimeout},
 		{"Runtime", testRuntime},
 		{"Snapshots", testSnapshots},
@@ -367,6 +368,40 @@ func testExpired(t *testing.T, c *catalog.Catalog) {
 	}
 	if got, err := c.ExpiredOn(ctx, "n1", now, 10); err != nil || ids(got) != "[e0 e1]" {
 		t.Fatalf("expired on n1: %s %v", ids(got), err)
+	}
+}
+
+func testTombstones(t *testing.T, c *catalog.Catalog) {
+	now := time.Now()
+	for _, id := range []string{"gone", "kept"} {
+		if err := c.CreateSandbox(ctx, newSandbox(id, now, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteSandbox(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"gone": true, "kept": false, "never": false} {
+		if got, err := c.Tombstoned(ctx, id); err != nil || got != want {
+			t.Fatalf("Tombstoned(%s) = %v, %v; want %v", id, got, err, want)
+		}
+	}
+	// The same ID removed again (a row re-created by reconcile's adoption,
+	// then killed) keeps one tombstone.
+	if err := c.CreateSandbox(ctx, newSandbox("gone", now, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSandbox(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.PruneTombstones(ctx, now.Add(-time.Minute)); err != nil || n != 0 {
+		t.Fatalf("prune of older ones: %d %v", n, err)
+	}
+	if n, err := c.PruneTombstones(ctx, time.Now().Add(time.Second)); err != nil || n != 1 {
+		t.Fatalf("prune: %d %v, want 1", n, err)
+	}
+	if got, _ := c.Tombstoned(ctx, "gone"); got {
+		t.Fatal("tombstone outlived its pruning")
 	}
 }
 

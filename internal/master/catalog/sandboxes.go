@@ -230,7 +230,10 @@ envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, 
 	return nil, fmt.Errorf("sandbox %q: %w", id, ErrConflict)
 }
 
-// DeleteSandbox removes a sandbox, its metadata and its events.
+// DeleteSandbox removes a sandbox, its metadata and its events, and
+// leaves a tombstone (Tombstoned) in the same transaction: the removal
+// was on purpose, and a node that still holds the sandbox must destroy
+// it rather than have it adopted.
 func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
 	return c.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
@@ -240,13 +243,33 @@ func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
 		if n, _ := res.RowsAffected(); n == 0 {
 			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 		}
-		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`} {
+		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`, `DELETE FROM sandbox_tombstones WHERE id = ?`} {
 			if _, err := tx.ExecContext(ctx, q, id); err != nil {
 				return err
 			}
 		}
-		return nil
+		_, err = tx.ExecContext(ctx, `INSERT INTO sandbox_tombstones (id, deleted_at) VALUES (?, ?)`, id, ms(time.Now()))
+		return err
 	})
+}
+
+// Tombstoned reports whether the sandbox id was removed with
+// DeleteSandbox since the tombstones were last pruned.
+func (c *Catalog) Tombstoned(ctx context.Context, id string) (bool, error) {
+	var n int
+	if err := c.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandbox_tombstones WHERE id = ?`, id).Scan(&n); err != nil {
+		return false, err
+	}
+	return n > 0, nil
+}
+
+// PruneTombstones forgets removals made before before.
+func (c *Catalog) PruneTombstones(ctx context.Context, before time.Time) (int64, error) {
+	res, err := c.db.ExecContext(ctx, `DELETE FROM sandbox_tombstones WHERE deleted_at < ?`, ms(before))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // Query selects sandboxes. Zero fields do not filter.
