@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -78,6 +81,24 @@ func TestMasterKilledCoversEveryFailpoint(t *testing.T) {
 		if !slices.Contains(points, p) {
 			t.Errorf("killCases has %s, which is not a registered failpoint", p)
 		}
+	}
+	// A point evaluated by name (failpoint.Eval) instead of registered
+	// would escape the list above.
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(src, []byte("failpoint.Eval(")) {
+			t.Errorf("%s calls failpoint.Eval: declare the point with failpoint.Register in failpoints.go and add its case", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
