@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -254,8 +255,36 @@ func TestMasterKilled(t *testing.T) {
 					t.Errorf("sandbox %s exists but no client knows of it", id)
 				}
 			}
+			// The client's own view through the API: the target of its
+			// failed call, and what a failed create made, found by the
+			// metadata it sent.
+			if target != "" {
+				var got struct {
+					State string `json:"state"`
+				}
+				r := api.Do(t, "GET", "/sandboxes/"+target, nil, &got)
+				if c.target == "" && r.StatusCode != http.StatusNotFound ||
+					c.target != "" && (r.StatusCode != http.StatusOK || got.State != c.target) {
+					t.Errorf("GET /sandboxes/%s: %d %q, want state %q (\"\" = 404)", target, r.StatusCode, got.State, c.target)
+				}
+			}
+			if c.verb == "create" {
+				var found []struct {
+					SandboxID string `json:"sandboxID"`
+				}
+				md := url.QueryEscape("case=" + url.QueryEscape(point))
+				if r := api.Do(t, "GET", "/v2/sandboxes?metadata="+md, nil, &found); r.StatusCode != http.StatusOK || len(found) != c.newSandboxes {
+					t.Errorf("list by the failed create's metadata: %d %s, want %d sandbox(es)", r.StatusCode, r.Body, c.newSandboxes)
+				}
+			}
 			newSnaps := 0
-			for id := range listSnapshots(t, api) {
+			listed := listSnapshots(t, api)
+			for id := range snaps {
+				if !listed[id] {
+					t.Errorf("snapshot %s (client was told of it) is gone", id)
+				}
+			}
+			for id := range listed {
 				if !snaps[id] {
 					newSnaps++
 					snaps[id] = true
