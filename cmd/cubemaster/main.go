@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
 )
@@ -30,6 +31,10 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
+	if err := failpoint.LoadEnv(); err != nil {
+		log.Error("cubemaster: "+failpoint.EnvVar, "err", err)
+		os.Exit(1)
+	}
 	cfg, err := master.LoadConfig(*cfgPath)
 	if err != nil {
 		log.Error("cubemaster: config", "err", err)

@@ -1,7 +1,7 @@
 package cubeproxy
 
 import (
-	"net"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -14,8 +14,10 @@ import (
 // routes (sandboxes the replica served recently) always pass, so a client
 // that also probes random IDs keeps reaching its own sandboxes.
 //
-// Clients are told apart by source IP: behind a load balancer that does
-// not keep it, every client shares one bucket for unknown IDs.
+// Clients are told apart by source IPv4 address or IPv6 /64 (the
+// smallest prefix a site is given: keying per IPv6 address would give one
+// client 2^64 buckets). Behind a load balancer that does not keep the
+// source, every client shares one bucket for unknown IDs.
 type unknownLimit struct {
 	mu      sync.Mutex
 	buckets map[string]*bucket
@@ -25,8 +27,11 @@ const (
 	unknownRate  = 20.0 // tokens a second
 	unknownBurst = 100.0
 	// maxClients bounds the table; when full, buckets that have refilled
-	// (they limit nothing) are dropped, then any.
+	// (they limit nothing) are dropped, then any, down to evictTo, so a
+	// stream of new clients costs one scan per maxClients-evictTo of
+	// them, not one each.
 	maxClients = 65536
+	evictTo    = maxClients * 7 / 8
 )
 
 type bucket struct {
@@ -36,12 +41,22 @@ type bucket struct {
 
 func newUnknownLimit() *unknownLimit { return &unknownLimit{buckets: map[string]*bucket{}} }
 
+// clientOf is the bucket key of a request's remote address: its IPv4
+// address (IPv4-mapped IPv6 included) or its IPv6 /64.
 func clientOf(remoteAddr string) string {
-	host, _, err := net.SplitHostPort(remoteAddr)
+	ap, err := netip.ParseAddrPort(remoteAddr)
 	if err != nil {
 		return remoteAddr
 	}
-	return host
+	a := ap.Addr().Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	p, err := a.WithZone("").Prefix(64)
+	if err != nil {
+		return a.String()
+	}
+	return p.String()
 }
 
 // refill brings b up to now. Caller holds mu.
@@ -88,7 +103,7 @@ func (l *unknownLimit) evict(now time.Time) {
 		}
 	}
 	for k := range l.buckets {
-		if len(l.buckets) < maxClients {
+		if len(l.buckets) <= evictTo {
 			return
 		}
 		delete(l.buckets, k)

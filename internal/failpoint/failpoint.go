@@ -41,6 +41,12 @@
 // build them (cubelettest.Binaries, nettest.Binary); a release binary
 // logs that it ignores the variable and carries on (EnvHonoured).
 //
+// Points a package wants tests to enumerate are declared with Register at
+// package level (var fpX = failpoint.Register("pkg/verb/step")) and
+// evaluated with their Eval method; Registered lists them, so a test that
+// must cover every point of a package fails when one is added without a
+// case.
+//
 // All functions are safe for concurrent use.
 package failpoint
 
@@ -97,6 +103,48 @@ var (
 	tracking bool
 	seen     = map[string]struct{}{}
 )
+
+// Point is a registered failpoint name (see Register).
+type Point string
+
+var (
+	regMu    sync.Mutex
+	registry = map[string]struct{}{}
+)
+
+// Register records name as a point of the calling package and returns it.
+// Call it from package-level var declarations: a name registered twice is
+// a programming error and panics (two points sharing a name could not be
+// told apart by a test).
+func Register(name string) Point {
+	if name == "" {
+		panic("failpoint: Register with an empty name")
+	}
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := registry[name]; dup {
+		panic(fmt.Sprintf("failpoint: %q registered twice", name))
+	}
+	registry[name] = struct{}{}
+	return Point(name)
+}
+
+// Registered returns, sorted, the registered names that start with prefix.
+func Registered(prefix string) []string {
+	regMu.Lock()
+	defer regMu.Unlock()
+	var out []string
+	for n := range registry {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Eval is Eval(ctx, string(p)).
+func (p Point) Eval(ctx context.Context) error { return Eval(ctx, string(p)) }
 
 // rearm recomputes armed; mu must be held for writing.
 func rearm() {

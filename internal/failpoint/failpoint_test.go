@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -293,4 +294,26 @@ func TestLoadEnvFollowsBuildTag(t *testing.T) {
 	if err := Eval(context.Background(), "tag/probe"); !errors.Is(err, ErrInjected) {
 		t.Fatalf("Enable in-process: %v", err)
 	}
+}
+
+func TestRegister(t *testing.T) {
+	t.Cleanup(Reset)
+	a := Register("test-register/b")
+	Register("test-register/a")
+	Register("other/x")
+	if got := Registered("test-register/"); !slices.Equal(got, []string{"test-register/a", "test-register/b"}) {
+		t.Fatalf("Registered = %v", got)
+	}
+	if err := Enable(string(a), "error"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Eval(context.Background()); !errors.Is(err, ErrInjected) {
+		t.Fatalf("Point.Eval = %v", err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("registering a name twice did not panic")
+		}
+	}()
+	Register("test-register/a")
 }

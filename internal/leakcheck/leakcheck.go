@@ -8,7 +8,6 @@ package leakcheck
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 
 	"github.com/cubesandbox/cube/internal/loopdev"
+	"github.com/cubesandbox/cube/internal/runtime/userns"
 )
 
 // Leak kinds.
@@ -147,13 +147,13 @@ func check(ctx context.Context, s Scope) ([]Leak, error) {
 		}
 		// The runc driver's user namespaces (internal/runtime/runc,
 		// userns.go): each sandbox's mount directory and its host ID
-		// block in <root>/cube:userns.json.
+		// block in the host's allocation file.
 		for _, c := range subdirs(s.RuncRoot + "-userns") {
 			add(KindFile, "%s", c)
 		}
-		if b, err := os.ReadFile(filepath.Join(s.RuncRoot, "cube:userns.json")); err == nil {
-			var ranges map[string]json.RawMessage
-			if json.Unmarshal(b, &ranges) == nil {
+		if root, err := filepath.Abs(s.RuncRoot); err == nil {
+			if a, err := userns.NewAllocator("", root, 0, 0); err == nil {
+				ranges, _ := a.All()
 				for id := range ranges {
 					add(KindRunc, "user namespace ID range of %s", id)
 				}

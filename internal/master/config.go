@@ -66,8 +66,15 @@ type Config struct {
 		MilliCPU         int64    `toml:"milli_cpu"`
 		MemoryMiB        int64    `toml:"memory_mib"`
 		ExpiryInterval   Duration `toml:"expiry_interval"`
-		EnvdVersion      string   `toml:"envd_version"`
-		CreateTimeout    Duration `toml:"create_timeout"`
+		// ExpiryCallTimeout bounds one deadline action (a kill or a
+		// pause on the node): a node that hangs holds up only its own.
+		ExpiryCallTimeout Duration `toml:"expiry_call_timeout"`
+		// AdoptWindow: a managed sandbox a node holds without a catalog
+		// row and without a tombstone is adopted when it was created
+		// less than this long ago, destroyed otherwise; 0 adopts none.
+		AdoptWindow   Duration `toml:"adopt_window"`
+		EnvdVersion   string   `toml:"envd_version"`
+		CreateTimeout Duration `toml:"create_timeout"`
 	} `toml:"sandbox"`
 	Templates struct {
 		Aliases map[string]string `toml:"aliases"`
@@ -102,11 +109,15 @@ func (c *Config) Validate() error {
 		"nodes.heartbeat_interval": c.Nodes.HeartbeatInterval.Duration, "nodes.unhealthy_after": c.Nodes.UnhealthyAfter.Duration,
 		"sandbox.default_timeout": c.Sandbox.DefaultTimeout.Duration, "sandbox.v1_default_timeout": c.Sandbox.V1DefaultTimeout.Duration,
 		"sandbox.max_timeout": c.Sandbox.MaxTimeout.Duration, "sandbox.expiry_interval": c.Sandbox.ExpiryInterval.Duration,
-		"sandbox.create_timeout": c.Sandbox.CreateTimeout.Duration, "apikeys.cache_ttl": c.APIKeys.CacheTTL.Duration,
+		"sandbox.expiry_call_timeout": c.Sandbox.ExpiryCallTimeout.Duration,
+		"sandbox.create_timeout":      c.Sandbox.CreateTimeout.Duration, "apikeys.cache_ttl": c.APIKeys.CacheTTL.Duration,
 	} {
 		if d <= 0 {
 			return bad("%s must be positive", name)
 		}
+	}
+	if c.Sandbox.AdoptWindow.Duration < 0 {
+		return bad("sandbox.adopt_window must not be negative")
 	}
 	if c.Nodes.UnhealthyAfter.Duration < c.Nodes.HeartbeatInterval.Duration {
 		return bad("nodes.unhealthy_after (%s) must be at least nodes.heartbeat_interval (%s)", c.Nodes.UnhealthyAfter, c.Nodes.HeartbeatInterval)

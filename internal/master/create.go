@@ -17,7 +17,6 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
-	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -272,6 +271,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	// sandbox is worse than an unwanted one, which its deadline collects.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Sandbox.CreateTimeout.Duration)
 	defer cancel()
+	if err := fpCreateRow.Eval(cctx); err != nil {
+		s.forgetFailed(sb.ID)
+		return nil, err
+	}
 	start := time.Now()
 	var created *cubeletpb.Sandbox
 	nodes := s.schedNodes()
@@ -303,9 +306,12 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if sb.Runtime == "" {
 		sb.Runtime = created.GetRuntime()
 	}
-	err = failpoint.Eval(cctx, "master/create/placed")
+	err = fpCreatePlaced.Eval(cctx)
 	if err == nil {
 		err = s.initAgent(cctx, sb, created, req.Env)
+	}
+	if err == nil {
+		err = fpCreateReady.Eval(cctx)
 	}
 	if err != nil {
 		s.log.Error("agent init failed; destroying the new sandbox", "sandbox_id", sb.ID, "node_id", node.ID, "err", err)
@@ -322,6 +328,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err != nil {
 		return nil, err
 	}
+	if err := fpCreateDone.Eval(cctx); err != nil {
+		return nil, err
+	}
 	s.event(sb.ID, "info", "sandbox created", map[string]string{"node": node.ID, "template": tmpl, "duration": time.Since(start).String()})
 	s.log.Info("sandbox created", "sandbox_id", sb.ID, "node_id", node.ID, "template", tmpl, "duration", time.Since(start))
 	return up, nil
@@ -336,10 +345,13 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	if _, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error { r.NodeID = nodeID; return nil }); err != nil {
 		return nil, err
 	}
+	if err := fpCreateAssigned.Eval(ctx); err != nil {
+		return nil, err
+	}
 	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
 	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
 		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
-		Labels:    map[string]string{ManagedLabel: ManagedValue},
+		Labels:    managedLabels(sb),
 		Env:       env,
 		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
 		Network:   networkPolicy(sb.Network),

@@ -61,8 +61,12 @@ func (s *Service) reconcileAll(ctx context.Context) {
 //     died mid-create, the client never got it) is destroyed and dropped;
 //   - a row whose state differs from the node's (paused vs running) takes
 //     the node's;
-//   - a sandbox carrying the managed label with no row (a kill while the
-//     node was away, or an undo that could not reach it) is destroyed.
+//   - a sandbox carrying the managed label with no row is destroyed when
+//     the catalog has its tombstone (a kill while the node was away, an
+//     undo that could not reach it) or it is older than
+//     sandbox.adopt_window, and adopted (a row written from the node's
+//     record) when it is younger: the catalog lost its row, and a
+//     client may hold it.
 //
 // Sandboxes made on the node without the master (cubecli) are left alone.
 func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
@@ -86,7 +90,11 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		return err
 	}
 	rowIDs := map[string]bool{}
-	var dropped, fixed, orphans int
+	var dropped, fixed, orphans, adopted int
+	now := time.Now()
+	if _, err := s.cat.PruneTombstones(ctx, now.Add(-s.cfg.Sandbox.AdoptWindow.Duration)); err != nil {
+		return err
+	}
 	for _, row := range rows {
 		rowIDs[row.ID] = true
 		if _, inFlight := s.creating.Load(row.ID); inFlight {
@@ -123,7 +131,17 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 			}
 			if want != "" && want != cur.State {
 				s.log.Info("reconcile: sandbox state from its node", "sandbox_id", row.ID, "catalog", cur.State, "node", want)
-				if _, err := s.cat.UpdateSandbox(ctx, row.ID, func(r *catalog.Sandbox) error { r.State = want; return nil }); err == nil {
+				if _, err := s.cat.UpdateSandbox(ctx, row.ID, func(r *catalog.Sandbox) error {
+					// A resume the master died in: the node runs it, the
+					// row kept the deadline of the paused sandbox, which
+					// may have passed. Give it the resume's default
+					// rather than let expiry kill what the node resumed.
+					if want == catalog.StateRunning && r.State == catalog.StatePaused {
+						r.EndAt = maxTime(r.EndAt, time.Now().UTC().Add(s.cfg.Sandbox.V1DefaultTimeout.Duration))
+					}
+					r.State = want
+					return nil
+				}); err == nil {
 					fixed++
 				}
 			}
@@ -138,11 +156,92 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		if _, err := s.cat.GetSandbox(ctx, id); err == nil {
 			continue // placed on this node since the listing
 		}
-		s.log.Warn("reconcile: destroying a managed sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID)
+		removed, err := s.cat.Tombstoned(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !removed && s.adoptable(nsb, now) {
+			if _, err := s.adopt(ctx, nodeID, nsb); err != nil {
+				// Neither adopted nor destroyed: the next reconcile
+				// tries again.
+				s.log.Error("reconcile: adopt a sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID, "err", err)
+				continue
+			}
+			s.log.Warn("reconcile: adopted a recent managed sandbox the catalog had no row for", "sandbox_id", id, "node_id", nodeID,
+				"created", nsb.CreatedAt.AsTime(), "team", nsb.Labels[teamLabel])
+			adopted++
+			continue
+		}
+		s.log.Warn("reconcile: destroying a managed sandbox the catalog does not have", "sandbox_id", id, "node_id", nodeID,
+			"removed_on_purpose", removed)
 		s.destroyOn(nodeID, id, grpc.WaitForReady(true))
 		orphans++
 	}
+	snaps, err := s.reconcileSnapshots(ctx, nodeID, c)
+	if err != nil {
+		return err
+	}
 	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),
-		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans)
+		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans, "adopted", adopted, "snapshots_deleted", snaps)
 	return nil
+}
+
+// reconcileSnapshots deletes the node's managed snapshots nobody can use:
+// those without a catalog row (the master died between the node taking
+// the snapshot and writing its row), and the snapshots of forks that are
+// not in flight here (the master died mid-fork; a fork's snapshot is
+// never the client's). A snapshot is taken under its sandbox's lock, so
+// holding that lock while re-reading the row excludes one in flight.
+func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, c cubeletpb.CubeletServiceClient) (int, error) {
+	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	resp, err := c.ListSnapshots(lctx, &cubeletpb.ListSnapshotsRequest{Labels: map[string]string{ManagedLabel: ManagedValue}}, grpc.WaitForReady(true))
+	lcancel()
+	if err != nil {
+		return 0, fromGRPC(nodeID, err)
+	}
+	deleted := 0
+	for _, sn := range resp.Snapshots {
+		if sn.Labels[ManagedLabel] != ManagedValue {
+			continue
+		}
+		if _, inFlight := s.forking.Load(sn.Id); inFlight {
+			continue
+		}
+		fork := sn.Labels[forkLabel] == "true"
+		unlock, err := s.locks.lock(ctx, sn.SandboxId)
+		if err != nil {
+			return deleted, err
+		}
+		_, rerr := s.cat.GetSnapshot(ctx, sn.Id)
+		switch {
+		case rerr == nil && !fork:
+		case rerr != nil && !errdefs.IsNotFound(rerr):
+			s.log.Warn("reconcile: read snapshot row", "snapshot_id", sn.Id, "err", rerr)
+		default:
+			if _, inFlight := s.forking.Load(sn.Id); inFlight {
+				break // a fork began while we waited for the lock
+			}
+			s.log.Warn("reconcile: deleting a snapshot nobody can use", "snapshot_id", sn.Id, "node_id", nodeID, "fork", fork, "row", rerr == nil)
+			dctx, dcancel := context.WithTimeout(ctx, time.Minute)
+			_, err := c.DeleteSnapshot(dctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: sn.Id})
+			dcancel()
+			if err := fromGRPC(nodeID, err); err != nil && !errdefs.IsNotFound(err) {
+				s.log.Warn("reconcile: delete snapshot", "snapshot_id", sn.Id, "node_id", nodeID, "err", err)
+			} else {
+				if rerr == nil {
+					_ = s.cat.DeleteSnapshot(ctx, sn.Id)
+				}
+				deleted++
+			}
+		}
+		unlock()
+	}
+	return deleted, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

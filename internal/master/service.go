@@ -67,6 +67,9 @@ type Service struct {
 	// creating holds the IDs of creates in flight in this process, so
 	// reconcile leaves their rows alone.
 	creating sync.Map
+	// forking holds the IDs of the snapshots of forks in flight in this
+	// process, so reconcile leaves them alone.
+	forking sync.Map
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc

@@ -28,20 +28,43 @@ func (s *Service) Snapshot(ctx context.Context, id, name string) (*catalog.Snaps
 		return nil, err
 	}
 	defer unlock()
-	return s.snapshot(ctx, sb, name)
+	return s.snapshot(ctx, sb, name, false)
 }
 
-func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string) (*catalog.Snapshot, error) {
+// forkLabel marks on the node the snapshot a fork takes for its clones:
+// it is deleted when the fork ends, so one left behind (the master died
+// mid-fork) is deleted by reconcile.
+const forkLabel = "cube.fork"
+
+// snapshot takes a snapshot of sb; fork marks it as a fork's (forkLabel)
+// and records it in s.forking until the caller removes it.
+func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string, fork bool) (*catalog.Snapshot, error) {
 	if sb.State != catalog.StateRunning && sb.State != catalog.StatePaused {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
 	snapID := sandboxid.New()
+	labels := map[string]string{ManagedLabel: ManagedValue}
+	if fork {
+		labels[forkLabel] = "true"
+		s.forking.Store(snapID, true)
+	}
+	snap, err := s.takeSnapshot(ctx, sb, name, snapID, labels)
+	if err != nil && fork {
+		s.forking.Delete(snapID)
+	}
+	return snap, err
+}
+
+func (s *Service) takeSnapshot(ctx context.Context, sb *catalog.Sandbox, name, snapID string, labels map[string]string) (*catalog.Snapshot, error) {
+	if err := fpSnapshotBegin.Eval(ctx); err != nil {
+		return nil, err
+	}
 	var resp *cubeletpb.SnapshotSandboxResponse
 	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		var err error
 		resp, err = c.SnapshotSandbox(ctx, &cubeletpb.SnapshotSandboxRequest{
 			RequestId: sb.ID, SandboxId: sb.ID, SnapshotId: snapID, Name: name,
-			Labels: map[string]string{ManagedLabel: ManagedValue},
+			Labels: labels,
 		})
 		return err
 	})
@@ -62,12 +85,19 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 	if snap.ID == "" {
 		snap.ID = snapID
 	}
-	if err := s.cat.CreateSnapshot(ctx, snap); err != nil {
+	err = fpSnapshotTaken.Eval(ctx)
+	if err == nil {
+		err = s.cat.CreateSnapshot(ctx, snap)
+	}
+	if err != nil {
 		// Without a row nobody could find it: remove it from the node.
 		_ = s.onNode(context.WithoutCancel(ctx), sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 			_, err := c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID})
 			return err
 		})
+		return nil, err
+	}
+	if err := fpSnapshotDone.Eval(ctx); err != nil {
 		return nil, err
 	}
 	s.event(sb.ID, "info", "snapshot taken", map[string]string{"snapshot": snap.ID, "memory": fmt.Sprint(snap.HasMemory)})
@@ -129,9 +159,14 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 		unlock()
 		return nil, fmt.Errorf("sandbox %s is %s; only a running sandbox can be forked: %w", id, src.State, errdefs.ErrFailedPrecondition)
 	}
-	snap, err := s.snapshot(ctx, src, "")
+	snap, err := s.snapshot(ctx, src, "", true)
 	unlock()
 	if err != nil {
+		return nil, err
+	}
+	defer s.forking.Delete(snap.ID)
+	if err := fpForkSnapshotted.Eval(ctx); err != nil {
+		s.dropForkSnapshot(ctx, snap)
 		return nil, err
 	}
 	children := make([]*catalog.Sandbox, count)
@@ -139,12 +174,20 @@ func (s *Service) Fork(ctx context.Context, id string, count int, timeout time.D
 		children[i] = s.childOf(src, snap, timeout)
 	}
 	out := s.cloneOnto(ctx, snap, children, nil)
-	// The clones are independent copies; the fork's snapshot is not the
-	// client's to see.
+	s.dropForkSnapshot(ctx, snap)
+	if err := fpForkDone.Eval(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// dropForkSnapshot deletes a fork's snapshot: the clones are independent
+// copies, and the snapshot is not the client's to see. One that cannot be
+// deleted now is deleted by the node's next reconcile (forkLabel).
+func (s *Service) dropForkSnapshot(ctx context.Context, snap *catalog.Snapshot) {
 	if err := s.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID); err != nil {
 		s.log.Warn("fork: could not delete its snapshot; it stays listed", "snapshot_id", snap.ID, "err", err)
 	}
-	return out, nil
 }
 
 // childOf is the row of a new sandbox cloned from snap, inheriting the
@@ -212,6 +255,12 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 	if len(ids) == 0 {
 		return out
 	}
+	if err := fpCloneRows.Eval(ctx); err != nil {
+		for _, i := range written {
+			fail(i, err)
+		}
+		return out
+	}
 	c, err := s.client(snap.NodeID)
 	var resp *cubeletpb.CloneSandboxResponse
 	if err == nil {
@@ -232,10 +281,17 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 		}
 		resp, err = c.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
 			RequestId: ids[0], SnapshotId: snap.ID, Count: int32(len(ids)), SandboxIds: ids,
-			Labels: map[string]string{ManagedLabel: ManagedValue}, Env: env, Network: networkPolicy(rows[written[0]].Network),
+			Labels: managedLabels(rows[written[0]]), Env: env, Network: networkPolicy(rows[written[0]].Network),
 			AccessTokens: tokens,
 		})
 		err = fromGRPC(snap.NodeID, err)
+	}
+	if err == nil {
+		if err = fpCloneMade.Eval(ctx); err != nil {
+			for _, id := range ids {
+				s.destroyOn(snap.NodeID, id)
+			}
+		}
 	}
 	if errdefs.IsNotImplemented(err) {
 		err = fmt.Errorf("creating sandboxes from snapshots is not supported by node %s yet: %w", snap.NodeID, errdefs.ErrNotImplemented)
@@ -284,6 +340,15 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 		}
 		out[i].Sandbox = up
 		s.event(r.ID, "info", "sandbox created from snapshot", map[string]string{"node": snap.NodeID, "snapshot": snap.ID})
+	}
+	if err := fpCloneDone.Eval(ctx); err != nil {
+		for i := range out {
+			if out[i].Sandbox != nil {
+				s.destroyOn(snap.NodeID, out[i].Sandbox.ID)
+				out[i].Sandbox = nil
+				fail(i, err)
+			}
+		}
 	}
 	return out
 }

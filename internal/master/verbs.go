@@ -7,7 +7,6 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
-	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
@@ -81,6 +80,9 @@ func (s *Service) Kill(ctx context.Context, id string) error {
 
 func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) error {
 	s.routes.drop(sb.ID)
+	if err := fpKillBegin.Eval(ctx); err != nil {
+		return err
+	}
 	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		_, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
 		return err
@@ -93,10 +95,13 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 	default:
 		return err
 	}
-	if err := failpoint.Eval(ctx, "master/kill/deleted"); err != nil {
+	if err := fpKillDeleted.Eval(ctx); err != nil {
 		return err
 	}
 	if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if err := fpKillDone.Eval(ctx); err != nil {
 		return err
 	}
 	s.routes.drop(sb.ID)
@@ -129,6 +134,9 @@ func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
 		return fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
 	s.routes.drop(sb.ID)
+	if err := fpPauseBegin.Eval(ctx); err != nil {
+		return err
+	}
 	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		_, err := c.PauseSandbox(ctx, &cubeletpb.PauseSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
 		return err
@@ -136,7 +144,13 @@ func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
 	if err != nil && !s.nodeSays(ctx, sb, cubeletpb.SandboxState_SANDBOX_STATE_PAUSED) {
 		return err
 	}
+	if err := fpPausePaused.Eval(ctx); err != nil {
+		return err
+	}
 	if _, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error { r.State = catalog.StatePaused; return nil }); err != nil {
+		return err
+	}
+	if err := fpPauseDone.Eval(ctx); err != nil {
 		return err
 	}
 	s.routes.drop(sb.ID)
@@ -181,6 +195,9 @@ func (s *Service) Resume(ctx context.Context, id string, timeout time.Duration) 
 
 func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
 	s.routes.drop(sb.ID)
+	if err := fpResumeBegin.Eval(ctx); err != nil {
+		return nil, err
+	}
 	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		_, err := c.ResumeSandbox(ctx, &cubeletpb.ResumeSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
 		return err
@@ -188,11 +205,17 @@ func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.
 	if err != nil && !s.nodeSays(ctx, sb, cubeletpb.SandboxState_SANDBOX_STATE_RUNNING) {
 		return nil, err
 	}
+	if err := fpResumeResumed.Eval(ctx); err != nil {
+		return nil, err
+	}
 	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
 		r.State, r.EndAt = catalog.StateRunning, time.Now().UTC().Add(timeout)
 		return nil
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := fpResumeDone.Eval(ctx); err != nil {
 		return nil, err
 	}
 	s.routes.drop(sb.ID)

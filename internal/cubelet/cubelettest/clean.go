@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cubesandbox/cube/internal/runtime/userns"
 	"github.com/cubesandbox/cube/internal/storage"
 )
 
@@ -32,7 +33,14 @@ func forceClean(ctx context.Context, e *Env) {
 		}
 		_ = os.Remove(filepath.Join(views, id.Name()))
 	}
-	_ = os.Remove(filepath.Join(c.Runc.Root, "cube:userns.json"))
+	if root, err := filepath.Abs(c.Runc.Root); err == nil {
+		if a, err := userns.NewAllocator("", root, 0, 0); err == nil {
+			ids, _ := a.IDs()
+			for _, id := range ids {
+				_ = a.Release(id)
+			}
+		}
+	}
 	killQEMU(c.Node.RunDir)
 	_ = os.RemoveAll(c.VM.Root)
 	runRoot := filepath.Join(c.Node.RunDir, "sandboxes")

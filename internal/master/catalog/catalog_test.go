@@ -46,6 +46,7 @@ func TestCatalog(t *testing.T) {
 		{"Paging", testPaging},
 		{"ConcurrentUpdates", testConcurrentUpdates},
 		{"Expired", testExpired},
+		{"Tombstones", testTombstones},
 		{"IdleTimeout", testIdleTimeout},
 		{"Runtime", testRuntime},
 		{"Snapshots", testSnapshots},
@@ -352,6 +353,56 @@ func testExpired(t *testing.T, c *catalog.Catalog) {
 	}
 	if got, _ := c.Expired(ctx, now, 1); ids(got) != "[e0]" {
 		t.Fatalf("limit: %s", ids(got))
+	}
+	// Per node: expiry works on each node's deadlines on its own.
+	o := newSandbox("other", now, nil)
+	o.NodeID, o.EndAt = "n-other", now.Add(-time.Second)
+	if err := c.CreateSandbox(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := c.ExpiredNodes(ctx, now)
+	if err != nil || fmt.Sprint(nodes) != "[n-other n1]" {
+		t.Fatalf("expired nodes: %v %v", nodes, err)
+	}
+	if got, err := c.ExpiredOn(ctx, "n-other", now, 10); err != nil || ids(got) != "[other]" {
+		t.Fatalf("expired on n-other: %s %v", ids(got), err)
+	}
+	if got, err := c.ExpiredOn(ctx, "n1", now, 10); err != nil || ids(got) != "[e0 e1]" {
+		t.Fatalf("expired on n1: %s %v", ids(got), err)
+	}
+}
+
+func testTombstones(t *testing.T, c *catalog.Catalog) {
+	now := time.Now()
+	for _, id := range []string{"gone", "kept"} {
+		if err := c.CreateSandbox(ctx, newSandbox(id, now, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeleteSandbox(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{"gone": true, "kept": false, "never": false} {
+		if got, err := c.Tombstoned(ctx, id); err != nil || got != want {
+			t.Fatalf("Tombstoned(%s) = %v, %v; want %v", id, got, err, want)
+		}
+	}
+	// The same ID removed again (a row re-created by reconcile's adoption,
+	// then killed) keeps one tombstone.
+	if err := c.CreateSandbox(ctx, newSandbox("gone", now, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSandbox(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.PruneTombstones(ctx, now.Add(-time.Minute)); err != nil || n != 0 {
+		t.Fatalf("prune of older ones: %d %v", n, err)
+	}
+	if n, err := c.PruneTombstones(ctx, time.Now().Add(time.Second)); err != nil || n != 1 {
+		t.Fatalf("prune: %d %v, want 1", n, err)
+	}
+	if got, _ := c.Tombstoned(ctx, "gone"); got {
+		t.Fatal("tombstone outlived its pruning")
 	}
 }
 

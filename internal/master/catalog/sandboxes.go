@@ -230,7 +230,10 @@ envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, 
 	return nil, fmt.Errorf("sandbox %q: %w", id, ErrConflict)
 }
 
-// DeleteSandbox removes a sandbox, its metadata and its events.
+// DeleteSandbox removes a sandbox, its metadata and its events, and
+// leaves a tombstone (Tombstoned) in the same transaction: the removal
+// was on purpose, and a node that still holds the sandbox must destroy
+// it rather than have it adopted.
 func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
 	return c.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
@@ -240,13 +243,33 @@ func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
 		if n, _ := res.RowsAffected(); n == 0 {
 			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 		}
-		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`} {
+		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`, `DELETE FROM sandbox_tombstones WHERE id = ?`} {
 			if _, err := tx.ExecContext(ctx, q, id); err != nil {
 				return err
 			}
 		}
-		return nil
+		_, err = tx.ExecContext(ctx, `INSERT INTO sandbox_tombstones (id, deleted_at) VALUES (?, ?)`, id, ms(time.Now()))
+		return err
 	})
+}
+
+// Tombstoned reports whether the sandbox id was removed with
+// DeleteSandbox since the tombstones were last pruned.
+func (c *Catalog) Tombstoned(ctx context.Context, id string) (bool, error) {
+	var n int
+	if err := c.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandbox_tombstones WHERE id = ?`, id).Scan(&n); err != nil {
+		return false, err
+	}
+	return n > 0, nil
+}
+
+// PruneTombstones forgets removals made before before.
+func (c *Catalog) PruneTombstones(ctx context.Context, before time.Time) (int64, error) {
+	res, err := c.db.ExecContext(ctx, `DELETE FROM sandbox_tombstones WHERE deleted_at < ?`, ms(before))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // Query selects sandboxes. Zero fields do not filter.
@@ -374,6 +397,33 @@ func (c *Catalog) querySandboxes(ctx context.Context, stmt string, args ...any) 
 func (c *Catalog) Expired(ctx context.Context, now time.Time, limit int) ([]*Sandbox, error) {
 	return c.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state IN (?, ?) AND end_at <= ? ORDER BY end_at LIMIT `+strconv.Itoa(limit),
 		StateRunning, StateFailed, ms(now))
+}
+
+// ExpiredNodes returns the nodes that hold a running or failed sandbox
+// whose deadline is at or before now, so expiry can work on each node on
+// its own (one node's backlog never hides another's).
+func (c *Catalog) ExpiredNodes(ctx context.Context, now time.Time) ([]string, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT DISTINCT node_id FROM sandboxes WHERE state IN (?, ?) AND end_at <= ? ORDER BY node_id`,
+		StateRunning, StateFailed, ms(now))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// ExpiredOn is Expired for the sandboxes of one node.
+func (c *Catalog) ExpiredOn(ctx context.Context, nodeID string, now time.Time, limit int) ([]*Sandbox, error) {
+	return c.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE node_id = ? AND state IN (?, ?) AND end_at <= ? ORDER BY end_at LIMIT `+strconv.Itoa(limit),
+		nodeID, StateRunning, StateFailed, ms(now))
 }
 
 // CountByNode returns how many sandboxes the catalog places on each node.

@@ -13,9 +13,10 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
-// rollbackTeams undoes migration 0005 on SQLite, the way the migration
-// tests take a catalog back to an older schema.
+// rollbackTeams undoes migrations 0006 and 0005 on SQLite, the way the
+// migration tests take a catalog back to an older schema.
 var rollbackTeams = []string{
+	`DROP TABLE sandbox_tombstones`, // 0006
 	`DROP INDEX sandboxes_team`,
 	`DROP INDEX snapshots_team_name`,
 	`ALTER TABLE sandboxes DROP COLUMN team`,

@@ -1,8 +1,9 @@
 // Package mastertest runs real cubemasters and real cubelets for tests: a
 // master on a private SQLite catalog with its APIs on loopback ports and a
-// private socket, and any number of in-process cubelets (each with its own
-// data dir, XFS pool, runc root and cgroup parent, from cubelettest) that
-// register with it and heartbeat.
+// private socket (in the test's process, or as its own cubemaster process
+// that a test can crash: StartMasterProcess), and any number of in-process
+// cubelets (each with its own data dir, XFS pool, runc root and cgroup
+// parent, from cubelettest) that register with it and heartbeat.
 package mastertest
 
 import (
@@ -12,11 +13,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,9 +48,23 @@ type Master struct {
 	conn   *grpc.ClientConn
 	t      testing.TB
 	logs   lockedBuffer // everything the master logged (Logs)
+
+	// Process mode (StartMasterProcess).
+	bin, cfgPath, e2bAddr, tomlText string
+	// Failpoints is $CUBE_FAILPOINTS for the next Start in process mode.
+	Failpoints string
+	proc       *exec.Cmd
+	exited     chan struct{}
+	state      *os.ProcessState
 }
 
-// Logs is everything the master logged so far (audit lines included).
+// log is the in-process master's logger: the test's log, and m.logs.
+func (m *Master) log() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{m.t}, &m.logs), &slog.HandlerOptions{Level: logLevel()}))
+}
+
+// Logs is everything the in-process master logged so far (audit lines
+// included); empty in process mode.
 func (m *Master) Logs() string { return m.logs.String() }
 
 type lockedBuffer struct {
@@ -95,6 +113,68 @@ func (w testWriter) Write(p []byte) (int, error) {
 // defaults (fast heartbeats and deadline checks).
 func StartMaster(t testing.TB, extraTOML string) *Master {
 	t.Helper()
+	m := newMaster(t, extraTOML, "127.0.0.1:0")
+	m.Start()
+	t.Cleanup(m.Stop)
+	return m
+}
+
+// StartMasterProcess is StartMaster with cubemaster run as a process of
+// its own, built with -tags failpoints so that Failpoints ($CUBE_FAILPOINTS)
+// can make it fail or SIGKILL itself at a chosen instant. Server is nil;
+// the E2B API (API) and the admin socket (Admin) work as in-process.
+func StartMasterProcess(t testing.TB, extraTOML string) *Master {
+	t.Helper()
+	bin := masterBinary(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	m := newMaster(t, extraTOML, addr)
+	m.bin, m.e2bAddr = bin, addr
+	m.cfgPath = filepath.Join(m.Dir, "cubemaster.toml")
+	if err := os.WriteFile(m.cfgPath, []byte(m.tomlText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	t.Cleanup(m.Stop)
+	return m
+}
+
+var (
+	masterBinOnce sync.Once
+	masterBin     string
+	masterBinErr  error
+)
+
+// masterBinary builds cubemaster with -tags failpoints once per test
+// process.
+func masterBinary(t testing.TB) string {
+	t.Helper()
+	masterBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cube-master-bin-")
+		if err != nil {
+			masterBinErr = err
+			return
+		}
+		masterBin = filepath.Join(dir, "cubemaster")
+		cmd := exec.Command("go", "build", "-trimpath", "-tags", "failpoints", "-o", masterBin, "./cmd/cubemaster")
+		cmd.Dir = cubelettest.RepoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			masterBinErr = fmt.Errorf("build cubemaster: %v\n%s", err, out)
+		}
+	})
+	if masterBinErr != nil {
+		t.Fatal(masterBinErr)
+	}
+	return masterBin
+}
+
+func newMaster(t testing.TB, extraTOML, e2bAddr string) *Master {
+	t.Helper()
 	cubelettest.RequireRoot(t)
 	dir, err := os.MkdirTemp("", "cube-master-")
 	if err != nil {
@@ -104,7 +184,7 @@ func StartMaster(t testing.TB, extraTOML string) *Master {
 	m := &Master{Dir: dir, Socket: filepath.Join(dir, "master.sock"), t: t}
 	base := fmt.Sprintf(`
 [api]
-e2b = "127.0.0.1:0"
+e2b = %q
 node = ""
 socket = %q
 [proxy]
@@ -119,7 +199,7 @@ unhealthy_after = "5s"
 [sandbox]
 expiry_interval = "100ms"
 memory_mib = 64
-`, m.Socket, filepath.Join(dir, "catalog.db"))
+`, e2bAddr, m.Socket, filepath.Join(dir, "catalog.db"))
 	merged, err := mergeTOML(base, extraTOML)
 	if err != nil {
 		t.Fatalf("extra master config: %v", err)
@@ -128,8 +208,7 @@ memory_mib = 64
 	if err != nil {
 		t.Fatalf("master config: %v", err)
 	}
-	m.Start()
-	t.Cleanup(m.Stop)
+	m.tomlText = merged
 	return m
 }
 
@@ -138,12 +217,15 @@ memory_mib = 64
 func (m *Master) Start() {
 	t := m.t
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, &m.logs), &slog.HandlerOptions{Level: logLevel()}))
-	srv, err := server.Start(context.Background(), m.Config, log)
-	if err != nil {
-		t.Fatalf("start master: %v", err)
+	if m.bin != "" {
+		m.startProcess()
+	} else {
+		srv, err := server.Start(context.Background(), m.Config, m.log())
+		if err != nil {
+			t.Fatalf("start master: %v", err)
+		}
+		m.Server = srv
 	}
-	m.Server = srv
 	conn, err := grpc.NewClient("unix://"+m.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +239,10 @@ func (m *Master) Start() {
 
 // Stop stops the master; sandboxes and cubelets keep running. Idempotent.
 func (m *Master) Stop() {
+	if m.bin != "" {
+		m.stopProcess()
+		return
+	}
 	if m.Server == nil {
 		return
 	}
@@ -165,6 +251,62 @@ func (m *Master) Stop() {
 		m.t.Errorf("stop master: %v", err)
 	}
 	m.Server = nil
+}
+
+func (m *Master) startProcess() {
+	t := m.t
+	t.Helper()
+	cmd := exec.Command(m.bin, "-config", m.cfgPath)
+	cmd.Env = append(os.Environ(), "CUBE_FAILPOINTS="+m.Failpoints)
+	cmd.Stderr = testWriter{t}
+	cmd.Stdout = testWriter{t}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start cubemaster: %v", err)
+	}
+	m.proc, m.exited, m.state = cmd, make(chan struct{}), nil
+	exited := m.exited
+	go func() {
+		_ = cmd.Wait()
+		m.state = cmd.ProcessState
+		close(exited)
+	}()
+}
+
+func (m *Master) stopProcess() {
+	if m.proc == nil {
+		return
+	}
+	if m.conn != nil {
+		m.conn.Close()
+	}
+	_ = m.proc.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-m.exited:
+	case <-time.After(30 * time.Second):
+		m.t.Errorf("cubemaster did not stop within 30s of SIGTERM; killing it")
+		_ = m.proc.Process.Kill()
+		<-m.exited
+	}
+	m.proc = nil
+}
+
+// WaitExit waits up to d for the cubemaster process to end by itself
+// (a failpoint's kill) and returns how it ended; nil if it still runs.
+// The master is then stopped as far as Start is concerned.
+func (m *Master) WaitExit(d time.Duration) *os.ProcessState {
+	if m.proc == nil {
+		return nil
+	}
+	select {
+	case <-m.exited:
+	case <-time.After(d):
+		return nil
+	}
+	if m.conn != nil {
+		m.conn.Close()
+	}
+	m.proc = nil
+	return m.state
 }
 
 // APIKey creates an API key through the admin API.
@@ -339,7 +481,11 @@ type Client struct {
 
 // API returns a REST client for the master's E2B API.
 func (m *Master) API(key string) *Client {
-	return &Client{Base: "http://" + m.Server.E2BAddr, Key: key, HC: &http.Client{Timeout: 2 * time.Minute}}
+	addr := m.e2bAddr
+	if m.Server != nil {
+		addr = m.Server.E2BAddr
+	}
+	return &Client{Base: "http://" + addr, Key: key, HC: &http.Client{Timeout: 2 * time.Minute}}
 }
 
 // Do sends a request with a JSON body (nil for none) and decodes a JSON
@@ -363,24 +509,38 @@ func (c *Client) Do(t testing.TB, method, path string, body, out any) *Response 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Key != "" {
-		req.Header.Set("X-API-KEY", c.Key)
-	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.HC.Do(req)
+	r, err := c.Try(req, out)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
+	return r
+}
+
+// Try sends req (its X-API-KEY set from c) and decodes a JSON 2xx answer
+// into out (nil to ignore); a transport or decoding error is returned,
+// not fatal: the master may die during the call.
+func (c *Client) Try(req *http.Request, out any) (*Response, error) {
+	if c.Key != "" {
+		req.Header.Set("X-API-KEY", c.Key)
+	}
+	resp, err := c.HC.Do(req)
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
 	if out != nil && resp.StatusCode/100 == 2 && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
+			return nil, fmt.Errorf("decode %s: %w", data, err)
 		}
 	}
-	return &Response{Response: resp, Body: data}
+	return &Response{Response: resp, Body: data}, nil
 }
 
 // Response is an answer with its body.

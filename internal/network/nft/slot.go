@@ -50,6 +50,11 @@ type Slot struct {
 //	prerouting (nat):  iifname uplink ip saddr GW ip daddr HOSTIP dnat to SANDBOXIP
 //	postrouting (nat): oifname uplink ip saddr SANDBOXIP snat to HOSTIP
 //	input:   lo and established only: nobody talks to the slot itself
+//	output:  policy drop: what the slot namespace itself sends (a VM's
+//	         monitor lives there)
+//	    oifname lo accept
+//	    ct state established,related accept
+//	    oifname != uplink ip daddr SANDBOXIP accept   cubelet → the guest's agent
 //	forward: policy drop
 //	    ct state invalid drop
 //	    iifname != uplink ip saddr != SANDBOXIP drop   anti-spoofing
@@ -150,11 +155,13 @@ func ApplySlot(nsFD int, s Slot) error {
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &acceptPolicy})
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &dropPolicy})
+	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &dropPolicy})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &dropPolicy})
 	egress := c.AddChain(&nftables.Chain{Name: "egress", Table: t})
 	if refill {
-		for _, ch := range []*nftables.Chain{pre, post, in, fwd, egress} {
+		for _, ch := range []*nftables.Chain{pre, post, in, out, fwd, egress} {
 			c.FlushChain(ch)
 		}
 	}
@@ -170,6 +177,16 @@ func ApplySlot(nsFD int, s Slot) error {
 
 	add(in, iifname(expr.CmpOpEq, ifname("lo")), accept())
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
+
+	// A VM's monitor runs in this namespace (it opens the TAP here), so a
+	// monitor compromised from the guest would send from it, past the
+	// forward chain that holds the guest's policy. The namespace itself
+	// opens connections only to the sandbox (cubelet entering it to reach
+	// a guest's agent) and on loopback; nothing it starts goes out the
+	// uplink.
+	add(out, oifname(expr.CmpOpEq, ifname("lo")), accept())
+	add(out, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
+	add(out, oifname(expr.CmpOpNeq, up), daddr(s.SandboxIP), accept())
 
 	add(fwd, ctState(expr.CtStateBitINVALID), drop())
 	// Anti-spoofing: whatever comes from the sandbox's side carries the
@@ -286,7 +303,7 @@ func diff(old, cur []netip.Prefix) (removed, added []netip.Prefix) {
 
 // slotChains and slotSets are the names ApplySlot creates.
 var (
-	slotChains = []string{"egress", "forward", "input", "postrouting", "prerouting"}
+	slotChains = []string{"egress", "forward", "input", "output", "postrouting", "prerouting"}
 	slotSets   = []string{"allow", "blocked", "deny", "internet", "opened", "private"}
 )
 

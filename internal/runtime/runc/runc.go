@@ -15,7 +15,7 @@
 // unprivileged block of host IDs, on an idmapped view of Spec.RootFS
 // (userns.go; docs/security.md):
 //
-//	<Root>/cube:userns.json        the blocks in use, by sandbox ID
+//	/run/cube/userns.json          the host's blocks in use, by runc root and sandbox ID
 //	<Root>-userns/<id>/rootfs      idmapped view of Spec.RootFS (runc's root.path)
 //	<Root>-userns/<id>/sys         sysfs of Spec.NetNSPath's network namespace
 package runc

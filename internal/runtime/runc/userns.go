@@ -34,6 +34,10 @@ type UserNS struct {
 	// userns.Size IDs from First (userns.DefaultFirst, DefaultCount).
 	First uint32
 	Count int
+	// AllocFile is the host's allocation file (userns.DefaultFile): one
+	// per host, whatever the runc root, so two drivers on a host never
+	// hand out the same IDs.
+	AllocFile string
 	// MountDir holds each sandbox's idmapped root filesystem and sysfs:
 	// <MountDir>/<id>/{rootfs,sys}. Default: Root + "-userns". Every
 	// directory above it must be searchable by other users (the
@@ -61,10 +65,9 @@ const (
 	// root inside, watches directories for the files API).
 	defaultInotifyInstances = 64
 	defaultInotifyWatches   = 65536
-	// allocName is the allocator's state file in runc's root: ':' is not
-	// allowed in a runc container ID, so it never names a container, and
-	// runc list skips plain files.
-	allocName = "cube:userns.json"
+	// oldAllocName is where allocations were kept per runc root; a
+	// driver that finds one moves it into the host's file.
+	oldAllocName = "cube:userns.json"
 )
 
 // usernsState is what the driver keeps for user namespaces.
@@ -100,8 +103,15 @@ func newUsernsState(root string, cfg UserNS, log *slog.Logger) (*usernsState, er
 			return nil, fmt.Errorf("runc: user namespaces need %s (util-linux, sh): %w: %w", bin, errdefs.ErrUnavailable, err)
 		}
 	}
-	alloc, err := userns.NewAllocator(root, allocName, cfg.First, cfg.Count)
+	abs, err := filepath.Abs(root)
 	if err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	alloc, err := userns.NewAllocator(cfg.AllocFile, abs, cfg.First, cfg.Count)
+	if err != nil {
+		return nil, err
+	}
+	if err := alloc.Import(filepath.Join(root, oldAllocName)); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.MountDir, 0o711); err != nil {

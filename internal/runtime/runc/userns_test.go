@@ -196,9 +196,10 @@ func TestRangesDisjointAndReleased(t *testing.T) {
 	if _, err := os.Stat(d.uns.dir(a.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("mount dir of a stopped sandbox left: %v", err)
 	}
-	// The freed block is free again.
-	if free, _ := d.uns.alloc.Free(1); len(free) != 1 || free[0] != ra {
-		t.Errorf("lowest free range %+v, want the freed %+v", free, ra)
+	// The freed block is free again (other drivers on the host may hold
+	// lower blocks, so look beyond the lowest).
+	if free, _ := d.uns.alloc.Free(userns.DefaultCount); !slices.Contains(free, ra) {
+		t.Errorf("freed range %+v not among the free ones", ra)
 	}
 	c := startSleep(t, d, sleepSpec(t, parent, "range-c"))
 	if rc, _, _ := d.uns.alloc.Get(c.ID); rc.Contains(rb.HostID) || rb.Contains(rc.HostID) {

@@ -3,8 +3,8 @@
 //
 // A sandbox's user namespace maps container IDs 0..Size-1 onto host IDs
 // HostID..HostID+Size-1. Allocator hands out non-overlapping blocks and
-// keeps them in a small file, so a restarted process (or another one
-// sharing the directory) sees every block still in use. NewNamespace
+// keeps them in one small file per host, so a restarted process, and
+// every other driver on the host, sees every block still in use. NewNamespace
 // creates such a namespace, owned by the block's base UID, and
 // MountIDMapped shows a filesystem owned by container IDs (a template's
 // files, owned by 0..65535 on disk) to it as its own, without rewriting a
@@ -52,18 +52,31 @@ func (r Range) overlaps(o Range) bool {
 	return uint64(r.HostID) < uint64(o.HostID)+uint64(o.Size) && uint64(o.HostID) < uint64(r.HostID)+uint64(r.Size)
 }
 
-// Allocator hands out Ranges by sandbox ID. Its state is one JSON file
-// guarded by an flock on a lock file next to it, so allocations are
-// atomic across goroutines and processes and survive restarts.
+// Allocator hands out Ranges by sandbox ID within a scope (a runc root:
+// sandbox IDs are unique only within one). Its state is one JSON file
+// per host, guarded by an flock on a lock file next to it, so
+// allocations are atomic across goroutines and processes, survive
+// restarts, and never overlap between two drivers on one host.
 type Allocator struct {
 	file, lock string
+	scope      string
 	first      uint32
 	count      int
 }
 
-// NewAllocator keeps its state as <dir>/<name> and <dir>/<name>.lock and
-// hands out count blocks of Size starting at host ID first.
-func NewAllocator(dir, name string, first uint32, count int) (*Allocator, error) {
+// DefaultFile is the host's allocation file. It is on /run: allocations
+// outlive a daemon restart and go, with the sandboxes, at reboot.
+const DefaultFile = "/run/cube/userns.json"
+
+// NewAllocator keeps its state in file (DefaultFile when empty) and
+// file+".lock", and hands out count blocks of Size starting at host ID
+// first to the sandboxes of scope. scope is an absolute directory that
+// exists while its sandboxes may: blocks of a scope whose directory is
+// gone are free again.
+func NewAllocator(file, scope string, first uint32, count int) (*Allocator, error) {
+	if file == "" {
+		file = DefaultFile
+	}
 	if first == 0 {
 		first = DefaultFirst
 	}
@@ -73,15 +86,70 @@ func NewAllocator(dir, name string, first uint32, count int) (*Allocator, error)
 	if first < Size || uint64(first)+uint64(count)*Size > 1<<32-1 {
 		return nil, fmt.Errorf("userns: %d blocks from host ID %d do not fit between 65536 and 2^32-2: %w", count, first, errdefs.ErrInvalidArgument)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if !filepath.IsAbs(scope) {
+		return nil, fmt.Errorf("userns: scope %q is not an absolute directory: %w", scope, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
 		return nil, fmt.Errorf("userns: %w", err)
 	}
 	return &Allocator{
-		file:  filepath.Join(dir, name),
-		lock:  filepath.Join(dir, name+".lock"),
+		file:  file,
+		lock:  file + ".lock",
+		scope: filepath.Clean(scope),
 		first: first,
 		count: count,
 	}, nil
+}
+
+// Import moves the allocations kept in old (a per-scope file of the
+// earlier layout: a JSON object of ranges by sandbox ID) into a's scope
+// and removes old. A missing old is nothing to do.
+func (a *Allocator) Import(old string) error {
+	b, err := os.ReadFile(old)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("userns: %w", err)
+	}
+	var m map[string]Range
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("userns: %s: %w: %w", old, errdefs.ErrInternal, err)
+	}
+	err = a.update(func(all hostState) error {
+		mine := all.scope(a.scope)
+		for id, r := range m {
+			if _, ok := mine[id]; !ok {
+				mine[id] = r
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return os.Remove(old)
+}
+
+// hostState is the file's content: ranges by sandbox ID by scope.
+type hostState map[string]map[string]Range
+
+func (h hostState) scope(s string) map[string]Range {
+	m, ok := h[s]
+	if !ok {
+		m = map[string]Range{}
+		h[s] = m
+	}
+	return m
+}
+
+func (h hostState) overlapsAny(r Range) bool {
+	for _, m := range h {
+		if overlapsAny(r, m) {
+			return true
+		}
+	}
+	return false
 }
 
 // Acquire returns id's range, allocating a free block when id has none
@@ -90,21 +158,22 @@ func NewAllocator(dir, name string, first uint32, count int) (*Allocator, error)
 // else the lowest.
 func (a *Allocator) Acquire(id string, prefer ...uint32) (Range, error) {
 	var got Range
-	err := a.update(func(m map[string]Range) error {
+	err := a.update(func(all hostState) error {
+		m := all.scope(a.scope)
 		if r, ok := m[id]; ok {
 			got = r
 			return nil
 		}
 		for _, h := range prefer {
 			r := Range{HostID: h, Size: Size}
-			if a.inBounds(r) && !overlapsAny(r, m) {
+			if a.inBounds(r) && !all.overlapsAny(r) {
 				m[id], got = r, r
 				return nil
 			}
 		}
 		for i := range a.count {
 			r := Range{HostID: a.first + uint32(i)*Size, Size: Size}
-			if !overlapsAny(r, m) {
+			if !all.overlapsAny(r) {
 				m[id], got = r, r
 				return nil
 			}
@@ -116,14 +185,18 @@ func (a *Allocator) Acquire(id string, prefer ...uint32) (Range, error) {
 
 // Free returns up to n free blocks, lowest first.
 func (a *Allocator) Free(n int) ([]Range, error) {
-	m, err := a.All()
+	var all hostState
+	err := a.locked(unix.LOCK_SH, func() (err error) {
+		all, err = a.read()
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
 	var out []Range
 	for i := 0; i < a.count && len(out) < n; i++ {
 		r := Range{HostID: a.first + uint32(i)*Size, Size: Size}
-		if !overlapsAny(r, m) {
+		if !all.overlapsAny(r) {
 			out = append(out, r)
 		}
 	}
@@ -137,8 +210,8 @@ func (a *Allocator) inBounds(r Range) bool {
 
 // Release frees id's range; releasing an id without one is a no-op.
 func (a *Allocator) Release(id string) error {
-	return a.update(func(m map[string]Range) error {
-		delete(m, id)
+	return a.update(func(all hostState) error {
+		delete(all[a.scope], id)
 		return nil
 	})
 }
@@ -153,12 +226,12 @@ func (a *Allocator) Get(id string) (Range, bool, error) {
 	return r, ok, nil
 }
 
-// All returns every allocation.
+// All returns every allocation of a's scope.
 func (a *Allocator) All() (map[string]Range, error) {
 	var out map[string]Range
 	err := a.locked(unix.LOCK_SH, func() error {
-		m, err := a.read()
-		out = m
+		all, err := a.read()
+		out = all.scope(a.scope)
 		return err
 	})
 	return out, err
@@ -182,16 +255,21 @@ func overlapsAny(r Range, m map[string]Range) bool {
 	return false
 }
 
-func (a *Allocator) update(fn func(map[string]Range) error) error {
+func (a *Allocator) update(fn func(hostState) error) error {
 	return a.locked(unix.LOCK_EX, func() error {
-		m, err := a.read()
+		all, err := a.read()
 		if err != nil {
 			return err
 		}
-		if err := fn(m); err != nil {
+		if err := fn(all); err != nil {
 			return err
 		}
-		b, err := json.Marshal(m)
+		for s, m := range all {
+			if len(m) == 0 {
+				delete(all, s)
+			}
+		}
+		b, err := json.Marshal(all)
 		if err != nil {
 			return err
 		}
@@ -208,19 +286,30 @@ func (a *Allocator) update(fn func(map[string]Range) error) error {
 	})
 }
 
-func (a *Allocator) read() (map[string]Range, error) {
-	m := map[string]Range{}
+// read returns the host's allocations, less those of scopes whose
+// directory is gone (a test harness's removed root, a driver moved
+// elsewhere): nothing of theirs can still be running under the block.
+func (a *Allocator) read() (hostState, error) {
+	all := hostState{}
 	b, err := os.ReadFile(a.file)
 	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
+		return all, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("userns: %w", err)
 	}
-	if err := json.Unmarshal(b, &m); err != nil {
+	if err := json.Unmarshal(b, &all); err != nil {
 		return nil, fmt.Errorf("userns: %s: %w: %w", a.file, errdefs.ErrInternal, err)
 	}
-	return m, nil
+	for s := range all {
+		if s == a.scope {
+			continue
+		}
+		if _, err := os.Stat(s); errors.Is(err, os.ErrNotExist) {
+			delete(all, s)
+		}
+	}
+	return all, nil
 }
 
 func (a *Allocator) locked(how int, fn func() error) error {

@@ -2,6 +2,8 @@ package userns
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -10,7 +12,7 @@ import (
 
 func TestAllocatorDisjointReleasedPersistent(t *testing.T) {
 	dir := t.TempDir()
-	a, err := NewAllocator(dir, "state.json", DefaultFirst, 3)
+	a, err := NewAllocator(filepath.Join(dir, "state.json"), dir, DefaultFirst, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +31,7 @@ func TestAllocatorDisjointReleasedPersistent(t *testing.T) {
 		t.Errorf("second Acquire of a = %+v, want %+v", again, r1)
 	}
 	// Another allocator on the same state (a restarted process) sees both.
-	b, err := NewAllocator(dir, "state.json", DefaultFirst, 3)
+	b, err := NewAllocator(filepath.Join(dir, "state.json"), dir, DefaultFirst, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,7 @@ func TestAllocatorDisjointReleasedPersistent(t *testing.T) {
 }
 
 func TestAllocatorPrefers(t *testing.T) {
-	a, err := NewAllocator(t.TempDir(), "state.json", DefaultFirst, 4)
+	a, err := NewAllocator(filepath.Join(t.TempDir(), "state.json"), "/", DefaultFirst, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func TestAllocatorConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			// Each goroutine its own Allocator, as separate processes.
-			a, err := NewAllocator(dir, "state.json", 0, 0)
+			a, err := NewAllocator(filepath.Join(dir, "state.json"), dir, 0, 0)
 			if err == nil {
 				got[i], err = a.Acquire(fmt.Sprint("sb", i))
 			}
@@ -109,8 +111,85 @@ func TestAllocatorRejectsBadRange(t *testing.T) {
 		first uint32
 		count int
 	}{{1, 1}, {1 << 31, 1 << 15}} {
-		if _, err := NewAllocator(t.TempDir(), "s", c.first, c.count); !errdefs.IsInvalidArgument(err) {
+		if _, err := NewAllocator(filepath.Join(t.TempDir(), "s"), "/", c.first, c.count); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("first %d count %d: %v, want invalid argument", c.first, c.count, err)
 		}
+	}
+}
+
+// Two drivers on one host (two runc roots) share the host's file: their
+// blocks never overlap, though each sees only its own sandboxes, and the
+// blocks of a root that is gone are free again.
+func TestAllocatorHostWide(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "userns.json")
+	rootA, rootB := t.TempDir(), t.TempDir()
+	a, err := NewAllocator(file, rootA, DefaultFirst, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewAllocator(file, rootB, DefaultFirst, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra, err := a.Acquire("sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := b.Acquire("sb") // the same sandbox ID in another root
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra.overlaps(rb) {
+		t.Fatalf("roots share a block: %+v %+v", ra, rb)
+	}
+	if _, err := b.Acquire("other"); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("third block of two across roots: %v, want resource exhausted", err)
+	}
+	if ids, _ := b.IDs(); len(ids) != 1 || ids[0] != "sb" {
+		t.Fatalf("root B sees %v, want only its own sandbox", ids)
+	}
+	if err := os.Remove(rootA); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := b.Acquire("other"); err != nil || r != ra {
+		t.Fatalf("block of a removed root not reused: %+v, %v", r, err)
+	}
+
+	// Control: with a file per root, as before, two roots hand out the
+	// same block.
+	c, _ := NewAllocator(filepath.Join(t.TempDir(), "userns.json"), t.TempDir(), DefaultFirst, 2)
+	d, _ := NewAllocator(filepath.Join(t.TempDir(), "userns.json"), t.TempDir(), DefaultFirst, 2)
+	rc, err1 := c.Acquire("sb")
+	rd, err2 := d.Acquire("sb")
+	if err1 != nil || err2 != nil || !rc.overlaps(rd) {
+		t.Fatalf("control: per-root files gave %+v and %+v (%v, %v), want the same block", rc, rd, err1, err2)
+	}
+}
+
+// A per-root file of the earlier layout moves into the host's file.
+func TestAllocatorImport(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "cube:userns.json")
+	if err := os.WriteFile(old, []byte(`{"sb":{"host_id":1073872896,"size":65536}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAllocator(filepath.Join(t.TempDir(), "userns.json"), dir, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Import(old); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok, err := a.Get("sb"); err != nil || !ok || r.HostID != DefaultFirst+2*Size {
+		t.Fatalf("imported sb = %+v %v %v", r, ok, err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Fatalf("old file still there: %v", err)
+	}
+	if r, err := a.Acquire("new"); err != nil || r.HostID != DefaultFirst {
+		t.Fatalf("Acquire after import = %+v, %v", r, err)
+	}
+	if err := a.Import(old); err != nil {
+		t.Fatalf("second import (no file): %v", err)
 	}
 }
