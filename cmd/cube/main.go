@@ -5,6 +5,8 @@
 //	            print the E2B environment, keep serving until Ctrl-C
 //	cube env    print the environment of the running system
 //	cube down   stop a running `cube up` (sandboxes keep running)
+//	cube pki STEP  rotate the cluster's certificates and CA under a running
+//	            `cube up` (status, reissue, ca-begin, ca-promote, ca-finish)
 //
 // It only wires flags to package launcher.
 package main
@@ -31,6 +33,14 @@ func main() {
 	}
 	exe, _ := os.Executable()
 	cfg := launcher.Config{Out: os.Stdout}
+	args := os.Args[2:]
+	var pkiStep string
+	if os.Args[1] == "pki" {
+		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+			fail("usage: cube pki status|reissue|ca-begin|ca-promote|ca-finish [--state-dir DIR]")
+		}
+		pkiStep, args = args[0], args[1:]
+	}
 	fs := flag.NewFlagSet("cube "+os.Args[1], flag.ExitOnError)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/cube", "state: catalog, storage pool, configs, API key")
 	fs.StringVar(&cfg.RunDir, "run-dir", "/run/cube", "sockets and the launcher lock")
@@ -55,7 +65,7 @@ func main() {
 	masterExtra := fs.String("master-config", "", "TOML file merged over the generated cubemaster config")
 	cubeletExtra := fs.String("cubelet-config", "", "TOML file merged over the generated cubelet config")
 	debug := fs.Bool("debug", false, "debug logging")
-	_ = fs.Parse(os.Args[2:])
+	_ = fs.Parse(args)
 	for _, x := range []struct {
 		path string
 		dst  *string
@@ -102,6 +112,10 @@ func main() {
 		for _, v := range env {
 			fmt.Printf("export %s=%s\n", v.Name, v.Value)
 		}
+	case "pki":
+		if err := launcher.PKI(cfg, pkiStep, os.Stdout); err != nil {
+			fail(err.Error())
+		}
 	case "down":
 		if err := launcher.Down(cfg, time.Minute); err != nil {
 			fail(err.Error())
@@ -112,7 +126,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cube up|env|down [flags]   (cube up -h for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: cube up|env|down|pki [flags]   (cube up -h for the flags)")
 	os.Exit(2)
 }
 

@@ -11,18 +11,18 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Cluster commands talk to cubemaster (its admin API) instead of the local
 // cubelet:
 //
 //	cubecli apikey create NAME [--team T] [--admin] | ls | rm KEY
-//	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ...
+//	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ... | delete NAME [--force]
 //	cubecli node ls | cordon NODE | uncordon NODE
 //	cubecli sandbox ls --all-nodes
 //	cubecli template ls|import|rm --all-nodes   (import: --node N for one node)
@@ -96,7 +96,7 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = credentials.NewTLS(tc)
+		creds = serve.ClientCredentials(tc)
 	}
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {

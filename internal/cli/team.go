@@ -86,7 +86,29 @@ func teamCmd(c *cluster) *cobra.Command {
 		},
 	}
 	sq.add(quota)
-	cmd.AddCommand(create, quota, &cobra.Command{
+	var force bool
+	del := &cobra.Command{
+		Use:     "delete NAME",
+		Aliases: []string{"rm"},
+		Short:   "Delete a team and revoke its API keys; refused while it holds sandboxes or snapshots unless --force",
+		Args:    exactArgs(1, "a team name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				resp, err := a.DeleteTeam(ctx, &masterpb.DeleteTeamRequest{Name: args[0], Force: force})
+				if err != nil {
+					return err
+				}
+				if c.g.json() {
+					return c.g.printJSON(resp)
+				}
+				fmt.Fprintf(c.g.out, "%s: %d keys revoked, %d sandboxes killed, %d snapshots deleted\n",
+					args[0], len(resp.RevokedKeys), len(resp.KilledSandboxes), len(resp.DeletedSnapshots))
+				return nil
+			})
+		},
+	}
+	del.Flags().BoolVar(&force, "force", false, "kill the team's sandboxes and delete its snapshots first")
+	cmd.AddCommand(create, quota, del, &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List teams with what they hold and their limits (used/limit, - for none)",

@@ -13,10 +13,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Dial connects (lazily) to a cubelet at addr: "unix:///run/cube/cubelet.sock",
@@ -32,7 +32,7 @@ func DialTLS(addr string, tc *tls.Config) (*grpc.ClientConn, error) {
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = credentials.NewTLS(tc)
+		creds = serve.ClientCredentials(tc)
 	}
 	// A short reconnect backoff: cubelet restarts in well under a second and
 	// callers (the CLI, the master) should not sit out gRPC's default 1 s+.

@@ -6,11 +6,11 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // DialMaster connects to the master's RouteService: addr is a unix socket
@@ -24,7 +24,7 @@ func DialMaster(addr, token string, tc *tls.Config) (*grpc.ClientConn, error) {
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = credentials.NewTLS(tc)
+		creds = serve.ClientCredentials(tc)
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if token != "" {

@@ -11,6 +11,8 @@ import (
 	"math/big"
 	"net"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // TLSConfig is how cubeproxy serves TLS: a certificate and key from files,
@@ -22,18 +24,16 @@ type TLSConfig struct {
 
 func (c TLSConfig) enabled() bool { return c.SelfSigned || c.CertFile != "" }
 
-// load returns the server's tls.Config, offering HTTP/2 and HTTP/1.1.
+// load returns the server's tls.Config, offering HTTP/2 and HTTP/1.1. A
+// certificate from files is re-read when the files change (serve.ServerCert).
 func (c TLSConfig) load(domain string) (*tls.Config, error) {
-	var cert tls.Certificate
-	var err error
 	switch {
 	case c.CertFile != "" && c.KeyFile != "":
-		cert, err = tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		return serve.ServerCert("tls", c.CertFile, c.KeyFile)
 	case c.CertFile != "" || c.KeyFile != "":
 		return nil, fmt.Errorf("tls: cert_file and key_file go together")
-	default:
-		cert, err = SelfSigned(domain)
 	}
+	cert, err := SelfSigned(domain)
 	if err != nil {
 		return nil, fmt.Errorf("tls: %w", err)
 	}

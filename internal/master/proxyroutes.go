@@ -315,3 +315,23 @@ func (s *Service) pauseIdle(ctx context.Context, id string) error {
 	s.log.Info("sandbox paused: idle", "sandbox_id", id, "idle_timeout", sb.IdleTimeout)
 	return nil
 }
+
+// PerIDState is how many sandbox IDs the master's in-memory route state
+// holds: activity entries (last traffic, open counts) and cached routes.
+// Only admitted traffic and known sandboxes add to it; tests bound it
+// under a flood of unknown IDs.
+func (s *Service) PerIDState() (activity, routes int) {
+	s.activity.mu.Lock()
+	ids := make(map[string]struct{}, len(s.activity.last))
+	for id := range s.activity.last {
+		ids[id] = struct{}{}
+	}
+	for id := range s.activity.open {
+		ids[id] = struct{}{}
+	}
+	s.activity.mu.Unlock()
+	s.routes.mu.Lock()
+	routes = len(s.routes.m)
+	s.routes.mu.Unlock()
+	return len(ids), routes
+}

@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"time"
@@ -87,3 +88,80 @@ func validQuota(q catalog.Quota) error {
 // notFound is the answer for an object out of the caller's scope: the
 // same as for one that does not exist.
 func notFound(kind, id string) error { return fmt.Errorf("%s %q: %w", kind, id, errdefs.ErrNotFound) }
+
+// TeamDeleted is what deleting a team removed.
+type TeamDeleted struct {
+	Keys      []*catalog.APIKey // revoked
+	Sandboxes []string          // killed (force)
+	Snapshots []string          // deleted (force)
+}
+
+// DeleteTeam removes a team and revokes its API keys. While the team holds
+// sandboxes or snapshots it is refused (catalog.TeamInUseError,
+// FailedPrecondition) unless force: then its keys are revoked first (no
+// new create can start with them), its sandboxes killed and its snapshots
+// deleted, and the team removed once none is left. by names the caller for
+// the audit line. The team "default" holds the keys made without a team
+// and cannot be deleted.
+func (s *Service) DeleteTeam(ctx context.Context, name string, force bool, by string) (*TeamDeleted, error) {
+	if name == catalog.DefaultTeam {
+		return nil, fmt.Errorf("team %q: keys created without a team belong to it; it cannot be deleted: %w", name, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := s.cat.GetTeam(ctx, name); err != nil {
+		return nil, err
+	}
+	out := &TeamDeleted{}
+	defer func() {
+		s.log.Info("audit", "action", "team delete", "team", name, "by", by, "force", force,
+			"revoked_keys", len(out.Keys), "killed_sandboxes", out.Sandboxes, "deleted_snapshots", out.Snapshots)
+	}()
+	ctx = WithTeam(ctx, name) // lists and lookups see this team's rows only
+	for attempt := 0; ; attempt++ {
+		keys, err := s.cat.DeleteTeam(ctx, name)
+		var inUse *catalog.TeamInUseError
+		switch {
+		case err == nil:
+			s.keys.Forget(keys...)
+			out.Keys = append(out.Keys, keys...)
+			return out, nil
+		case !force || !errors.As(err, &inUse) || attempt == 3:
+			return out, err
+		}
+		if attempt == 0 {
+			all, err := s.keys.List(ctx)
+			if err != nil {
+				return out, err
+			}
+			for _, k := range all {
+				if k.Team != name {
+					continue
+				}
+				if _, err := s.keys.Delete(ctx, k.ID); err != nil && !errdefs.IsNotFound(err) {
+					return out, err
+				}
+				out.Keys = append(out.Keys, k)
+			}
+		}
+		sbs, err := s.ListAll(ctx, catalog.Query{Team: name})
+		if err != nil {
+			return out, err
+		}
+		for _, sb := range sbs {
+			if err := s.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+				return out, fmt.Errorf("kill sandbox %s of team %q: %w", sb.ID, name, err)
+			}
+			s.log.Info("audit", "sandbox_id", sb.ID, "action", "kill (team delete)", "team", name, "by", by)
+			out.Sandboxes = append(out.Sandboxes, sb.ID)
+		}
+		snaps, _, err := s.ListSnapshots(ctx, catalog.SnapshotQuery{Team: name})
+		if err != nil {
+			return out, err
+		}
+		for _, sn := range snaps {
+			if err := s.DeleteSnapshot(ctx, sn.ID); err != nil && !errdefs.IsNotFound(err) {
+				return out, fmt.Errorf("delete snapshot %s of team %q: %w", sn.ID, name, err)
+			}
+			out.Snapshots = append(out.Snapshots, sn.ID)
+		}
+	}
+}

@@ -2,11 +2,9 @@ package serve
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
-	"os"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
@@ -23,71 +21,66 @@ type TLSFiles struct {
 // Enabled reports whether any file is named.
 func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
 
-// load reads the files; setting names the table in errors.
-func (f TLSFiles) load(setting string) (tls.Certificate, *x509.CertPool, error) {
+// reloader checks the files are named and readable and returns what
+// re-reads them when they change (reload.go); setting names the table in
+// errors.
+func (f TLSFiles) reloader(setting string) (*reloader, error) {
 	if f.Cert == "" || f.Key == "" || f.CA == "" {
-		return tls.Certificate{}, nil, fmt.Errorf("%s: cert, key and ca are all needed: %w", setting, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s: cert, key and ca are all needed: %w", setting, errdefs.ErrInvalidArgument)
 	}
-	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	r, err := newReloader(setting, f)
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("%s: %v: %w", setting, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	pem, err := os.ReadFile(f.CA)
-	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("%s.ca: %v: %w", setting, err, errdefs.ErrInvalidArgument)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return tls.Certificate{}, nil, fmt.Errorf("%s.ca %s: no PEM certificate: %w", setting, f.CA, errdefs.ErrInvalidArgument)
-	}
-	return cert, pool, nil
+	return r, nil
 }
 
 // MutualServer is the TLS config of a component listener: it presents
 // the component's certificate and admits only callers presenting a
-// certificate the CA signed. nil (and no error) when no file is named.
+// certificate a CA of the bundle signed. The files are re-read when they
+// change (reload.go). nil (and no error) when no file is named.
 func (f TLSFiles) MutualServer(setting string) (*tls.Config, error) {
 	if !f.Enabled() {
 		return nil, nil
 	}
-	cert, pool, err := f.load(setting)
+	r, err := f.reloader(setting)
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
+	return serverConfig(r, &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequireAndVerifyClientCert,
 		// gRPC clients insist on ALPN h2; HTTP clients may speak either.
 		NextProtos: []string{"h2", "http/1.1"},
-	}, nil
+	}), nil
 }
 
 // Client is the TLS config a component dials another with: it presents
-// its certificate and trusts only the CA. nil when no file is named.
+// its certificate and trusts only the CA bundle, both re-read when their
+// files change (reload.go). nil when no file is named.
 func (f TLSFiles) Client(setting string) (*tls.Config, error) {
 	if !f.Enabled() {
 		return nil, nil
 	}
-	cert, pool, err := f.load(setting)
+	r, err := f.reloader(setting)
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, RootCAs: pool}, nil
+	return clientConfig(r), nil
 }
 
 // ServerCert is the TLS config of a listener for clients that hold no
-// certificate (the E2B API): certFile and keyFile, ALPN h2 and http/1.1.
+// certificate (the E2B API): certFile and keyFile, re-read when they
+// change, ALPN h2 and http/1.1.
 func ServerCert(setting, certFile, keyFile string) (*tls.Config, error) {
 	if certFile == "" && keyFile == "" {
 		return nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	r, err := newReloader(setting, TLSFiles{Cert: certFile, Key: keyFile})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %v: %w", setting, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}, nil
+	return serverConfig(r, &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}), nil
 }
 
 // ErrNotLocal is wrapped by the refusal of a listener beyond loopback

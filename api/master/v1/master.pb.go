@@ -2752,6 +2752,121 @@ func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
 	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
+type DeleteTeamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Kill the team's sandboxes and delete its snapshots first.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTeamRequest) Reset() {
+	*x = DeleteTeamRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTeamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTeamRequest) ProtoMessage() {}
+
+func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTeamRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTeamRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *DeleteTeamRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteTeamRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type DeleteTeamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// IDs of the API keys revoked.
+	RevokedKeys []string `protobuf:"bytes,1,rep,name=revoked_keys,json=revokedKeys,proto3" json:"revoked_keys,omitempty"`
+	// Sandboxes killed and snapshots deleted (force).
+	KilledSandboxes  []string `protobuf:"bytes,2,rep,name=killed_sandboxes,json=killedSandboxes,proto3" json:"killed_sandboxes,omitempty"`
+	DeletedSnapshots []string `protobuf:"bytes,3,rep,name=deleted_snapshots,json=deletedSnapshots,proto3" json:"deleted_snapshots,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *DeleteTeamResponse) Reset() {
+	*x = DeleteTeamResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTeamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTeamResponse) ProtoMessage() {}
+
+func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTeamResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTeamResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *DeleteTeamResponse) GetRevokedKeys() []string {
+	if x != nil {
+		return x.RevokedKeys
+	}
+	return nil
+}
+
+func (x *DeleteTeamResponse) GetKilledSandboxes() []string {
+	if x != nil {
+		return x.KilledSandboxes
+	}
+	return nil
+}
+
+func (x *DeleteTeamResponse) GetDeletedSnapshots() []string {
+	if x != nil {
+		return x.DeletedSnapshots
+	}
+	return nil
+}
+
 var File_master_v1_master_proto protoreflect.FileDescriptor
 
 const file_master_v1_master_proto_rawDesc = "" +
@@ -2983,10 +3098,17 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x13SetTeamQuotaRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\x05quota\x18\x02 \x01(\v2\x14.master.v1.TeamQuotaR\x05quota\"\x16\n" +
-	"\x14SetTeamQuotaResponse2\x9a\x01\n" +
+	"\x14SetTeamQuotaResponse\"=\n" +
+	"\x11DeleteTeamRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x8f\x01\n" +
+	"\x12DeleteTeamResponse\x12!\n" +
+	"\frevoked_keys\x18\x01 \x03(\tR\vrevokedKeys\x12)\n" +
+	"\x10killed_sandboxes\x18\x02 \x03(\tR\x0fkilledSandboxes\x12+\n" +
+	"\x11deleted_snapshots\x18\x03 \x03(\tR\x10deletedSnapshots2\x9a\x01\n" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
-	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xe3\a\n" +
+	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xae\b\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
 	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12O\n" +
@@ -2996,7 +3118,9 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"CreateTeam\x12\x1c.master.v1.CreateTeamRequest\x1a\x1d.master.v1.CreateTeamResponse\x12F\n" +
 	"\tListTeams\x12\x1b.master.v1.ListTeamsRequest\x1a\x1c.master.v1.ListTeamsResponse\x12O\n" +
-	"\fSetTeamQuota\x12\x1e.master.v1.SetTeamQuotaRequest\x1a\x1f.master.v1.SetTeamQuotaResponse\x12R\n" +
+	"\fSetTeamQuota\x12\x1e.master.v1.SetTeamQuotaRequest\x1a\x1f.master.v1.SetTeamQuotaResponse\x12I\n" +
+	"\n" +
+	"DeleteTeam\x12\x1c.master.v1.DeleteTeamRequest\x1a\x1d.master.v1.DeleteTeamResponse\x12R\n" +
 	"\rListSandboxes\x12\x1f.master.v1.ListSandboxesRequest\x1a .master.v1.ListSandboxesResponse\x12R\n" +
 	"\rListTemplates\x12\x1f.master.v1.ListTemplatesRequest\x1a .master.v1.ListTemplatesResponse\x12U\n" +
 	"\x0eImportTemplate\x12 .master.v1.ImportTemplateRequest\x1a!.master.v1.ImportTemplateResponse\x12U\n" +
@@ -3018,7 +3142,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3064,51 +3188,53 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ListTeamsResponse)(nil),          // 41: master.v1.ListTeamsResponse
 	(*SetTeamQuotaRequest)(nil),        // 42: master.v1.SetTeamQuotaRequest
 	(*SetTeamQuotaResponse)(nil),       // 43: master.v1.SetTeamQuotaResponse
-	nil,                                // 44: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 45: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 46: master.v1.Sandbox.MetadataEntry
-	nil,                                // 47: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 48: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 49: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 50: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 51: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 52: google.protobuf.Duration
+	(*DeleteTeamRequest)(nil),          // 44: master.v1.DeleteTeamRequest
+	(*DeleteTeamResponse)(nil),         // 45: master.v1.DeleteTeamResponse
+	nil,                                // 46: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 47: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 48: master.v1.Sandbox.MetadataEntry
+	nil,                                // 49: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 50: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 51: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 52: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 53: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 54: google.protobuf.Duration
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	49, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	44, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	45, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	51, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	46, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	47, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	50, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	51, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	52, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	53, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	51, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	51, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	53, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	53, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	52, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	54, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	52, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	54, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	51, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	51, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	53, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	53, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	14, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	51, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	51, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	53, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	53, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	19, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
 	19, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	46, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	51, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	51, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	52, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	47, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	48, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	53, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	53, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	54, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	49, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
 	26, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	51, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	48, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	53, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	50, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
 	29, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
 	29, // 32: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	51, // 33: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	53, // 33: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
 	36, // 34: master.v1.Team.quota:type_name -> master.v1.TeamQuota
 	36, // 35: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
 	37, // 36: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
@@ -3124,32 +3250,34 @@ var file_master_v1_master_proto_depIdxs = []int32{
 	38, // 46: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
 	40, // 47: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
 	42, // 48: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	27, // 49: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	30, // 50: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	32, // 51: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	34, // 52: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 53: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 54: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 55: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 56: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	13, // 57: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	16, // 58: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	18, // 59: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	21, // 60: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	23, // 61: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	25, // 62: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	39, // 63: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	41, // 64: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	43, // 65: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	28, // 66: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	31, // 67: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	33, // 68: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	35, // 69: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 70: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 71: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 72: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	56, // [56:73] is the sub-list for method output_type
-	39, // [39:56] is the sub-list for method input_type
+	44, // 49: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	27, // 50: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	30, // 51: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	32, // 52: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	34, // 53: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	0,  // 54: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 55: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 56: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 57: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	13, // 58: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	16, // 59: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	18, // 60: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	21, // 61: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	23, // 62: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	25, // 63: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	39, // 64: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	41, // 65: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	43, // 66: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	45, // 67: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	28, // 68: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	31, // 69: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	33, // 70: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	35, // 71: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	1,  // 72: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 73: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 74: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	57, // [57:75] is the sub-list for method output_type
+	39, // [39:57] is the sub-list for method input_type
 	39, // [39:39] is the sub-list for extension type_name
 	39, // [39:39] is the sub-list for extension extendee
 	0,  // [0:39] is the sub-list for field type_name
@@ -3166,7 +3294,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

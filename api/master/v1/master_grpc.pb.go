@@ -183,6 +183,7 @@ const (
 	AdminService_CreateTeam_FullMethodName         = "/master.v1.AdminService/CreateTeam"
 	AdminService_ListTeams_FullMethodName          = "/master.v1.AdminService/ListTeams"
 	AdminService_SetTeamQuota_FullMethodName       = "/master.v1.AdminService/SetTeamQuota"
+	AdminService_DeleteTeam_FullMethodName         = "/master.v1.AdminService/DeleteTeam"
 	AdminService_ListSandboxes_FullMethodName      = "/master.v1.AdminService/ListSandboxes"
 	AdminService_ListTemplates_FullMethodName      = "/master.v1.AdminService/ListTemplates"
 	AdminService_ImportTemplate_FullMethodName     = "/master.v1.AdminService/ImportTemplate"
@@ -207,6 +208,10 @@ type AdminServiceClient interface {
 	ListTeams(ctx context.Context, in *ListTeamsRequest, opts ...grpc.CallOption) (*ListTeamsResponse, error)
 	// SetTeamQuota replaces a team's quota.
 	SetTeamQuota(ctx context.Context, in *SetTeamQuotaRequest, opts ...grpc.CallOption) (*SetTeamQuotaResponse, error)
+	// DeleteTeam removes a team and revokes its API keys. While the team
+	// holds sandboxes or snapshots it is FailedPrecondition, unless force:
+	// then they are killed and deleted first.
+	DeleteTeam(ctx context.Context, in *DeleteTeamRequest, opts ...grpc.CallOption) (*DeleteTeamResponse, error)
 	// ListSandboxes lists the catalog: every sandbox on every node.
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	// Templates across the cluster: which nodes hold which template.
@@ -305,6 +310,16 @@ func (c *adminServiceClient) SetTeamQuota(ctx context.Context, in *SetTeamQuotaR
 	return out, nil
 }
 
+func (c *adminServiceClient) DeleteTeam(ctx context.Context, in *DeleteTeamRequest, opts ...grpc.CallOption) (*DeleteTeamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteTeamResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteTeam_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListSandboxesResponse)
@@ -363,6 +378,10 @@ type AdminServiceServer interface {
 	ListTeams(context.Context, *ListTeamsRequest) (*ListTeamsResponse, error)
 	// SetTeamQuota replaces a team's quota.
 	SetTeamQuota(context.Context, *SetTeamQuotaRequest) (*SetTeamQuotaResponse, error)
+	// DeleteTeam removes a team and revokes its API keys. While the team
+	// holds sandboxes or snapshots it is FailedPrecondition, unless force:
+	// then they are killed and deleted first.
+	DeleteTeam(context.Context, *DeleteTeamRequest) (*DeleteTeamResponse, error)
 	// ListSandboxes lists the catalog: every sandbox on every node.
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	// Templates across the cluster: which nodes hold which template.
@@ -404,6 +423,9 @@ func (UnimplementedAdminServiceServer) ListTeams(context.Context, *ListTeamsRequ
 }
 func (UnimplementedAdminServiceServer) SetTeamQuota(context.Context, *SetTeamQuotaRequest) (*SetTeamQuotaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetTeamQuota not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteTeam(context.Context, *DeleteTeamRequest) (*DeleteTeamResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteTeam not implemented")
 }
 func (UnimplementedAdminServiceServer) ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSandboxes not implemented")
@@ -582,6 +604,24 @@ func _AdminService_SetTeamQuota_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DeleteTeam_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteTeamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteTeam(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteTeam_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteTeam(ctx, req.(*DeleteTeamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListSandboxes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListSandboxesRequest)
 	if err := dec(in); err != nil {
@@ -692,6 +732,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetTeamQuota",
 			Handler:    _AdminService_SetTeamQuota_Handler,
+		},
+		{
+			MethodName: "DeleteTeam",
+			Handler:    _AdminService_DeleteTeam_Handler,
 		},
 		{
 			MethodName: "ListSandboxes",

@@ -13,13 +13,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Link registers the node with cubemaster and then reports its state
@@ -60,7 +60,7 @@ func New(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Logge
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = credentials.NewTLS(tc)
+		creds = serve.ClientCredentials(tc)
 	}
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),

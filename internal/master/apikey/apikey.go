@@ -118,6 +118,16 @@ func (k *Keys) Delete(ctx context.Context, idOrName string) (*catalog.APIKey, er
 	return key, nil
 }
 
+// Forget drops keys the store deleted by other means (a team's delete)
+// from this process's cache.
+func (k *Keys) Forget(keys ...*catalog.APIKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, key := range keys {
+		delete(k.cache, key.Hash)
+	}
+}
+
 var secretRE = regexp.MustCompile(`^` + Prefix + `[0-9a-f]{40}$`)
 
 // Verify returns the key a presented secret belongs to, or

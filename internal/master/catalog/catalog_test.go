@@ -52,6 +52,7 @@ func TestCatalog(t *testing.T) {
 		{"Snapshots", testSnapshots},
 		{"APIKeys", testAPIKeys},
 		{"Teams", testTeams},
+		{"TeamDelete", testTeamDelete},
 		{"Events", testEvents},
 	}
 	for _, b := range backends {

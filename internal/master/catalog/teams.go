@@ -183,3 +183,72 @@ func checkQuota(ctx context.Context, tx *sql.Tx, s *Sandbox) error {
 	}
 	return nil
 }
+
+// TeamInUseError refuses to delete a team that still holds sandboxes or
+// snapshots. It is FailedPrecondition.
+type TeamInUseError struct {
+	Team                 string
+	Sandboxes, Snapshots int64
+}
+
+func (e *TeamInUseError) Error() string {
+	return fmt.Sprintf("team %q holds %d sandboxes and %d snapshots: delete them first, or force the delete to kill them", e.Team, e.Sandboxes, e.Snapshots)
+}
+
+// Unwrap makes the error FailedPrecondition.
+func (e *TeamInUseError) Unwrap() error { return errdefs.ErrFailedPrecondition }
+
+// DeleteTeam removes a team and its API keys, which it returns, in one
+// transaction that first makes sure no sandbox or snapshot row of the team
+// is left (TeamInUseError otherwise, and nothing changes). NotFound when
+// there is no such team.
+func (c *Catalog) DeleteTeam(ctx context.Context, name string) ([]*APIKey, error) {
+	var keys []*APIKey
+	err := c.tx(ctx, func(tx *sql.Tx) error {
+		// The team row's lock first (as checkQuota takes it): a create of
+		// this team waits for this transaction, then finds no team.
+		res, err := tx.ExecContext(ctx, `UPDATE teams SET creates = creates + 1 WHERE name = ?`, name)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("team %q: %w", name, errdefs.ErrNotFound)
+		}
+		inUse := &TeamInUseError{Team: name}
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team = ?`, name).Scan(&inUse.Sandboxes); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE team = ?`, name).Scan(&inUse.Snapshots); err != nil {
+			return err
+		}
+		if inUse.Sandboxes > 0 || inUse.Snapshots > 0 {
+			return inUse
+		}
+		if keys, err = teamKeys(ctx, tx, name); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE team = ?`, name); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM teams WHERE name = ?`, name)
+		return err
+	})
+	return keys, err
+}
+
+func teamKeys(ctx context.Context, tx *sql.Tx, team string) ([]*APIKey, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE team = ? ORDER BY created_at, id`, team)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*APIKey
+	for rows.Next() {
+		k, err := scanAPIKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}

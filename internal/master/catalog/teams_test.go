@@ -186,3 +186,76 @@ func testTeams(t *testing.T, c *catalog.Catalog) {
 		t.Errorf("team a's snapshots: %v %v", got, err)
 	}
 }
+
+// testTeamDelete: a team holding a sandbox, then only a snapshot, is not
+// deleted (TeamInUseError, FailedPrecondition) and keeps its key; with
+// neither, the team and its keys go and another team's key stays; a
+// create for a deleted team with a quota is refused (NotFound).
+func testTeamDelete(t *testing.T, c *catalog.Catalog) {
+	now := time.Now()
+	for _, team := range []string{"t", "q"} {
+		if err := c.CreateTeam(ctx, &catalog.Team{Name: team, CreatedAt: now, Quota: catalog.Quota{MaxSandboxes: map[string]int64{"t": 0, "q": 5}[team]}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []*catalog.APIKey{{ID: "key_t", Name: "t1", Prefix: "e2b_t", Hash: "ht", Team: "t"}, {ID: "key_d", Name: "d1", Prefix: "e2b_d", Hash: "hd"}} {
+		if err := c.CreateAPIKey(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb := newSandbox("sb-t", now, nil)
+	sb.Team = "t"
+	if err := c.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string) {
+		t.Helper()
+		_, err := c.DeleteTeam(ctx, "t")
+		var inUse *catalog.TeamInUseError
+		if !errors.As(err, &inUse) || !errdefs.IsFailedPrecondition(err) {
+			t.Fatalf("delete a team holding %s: %v, want TeamInUseError", what, err)
+		}
+		if _, err := c.GetTeam(ctx, "t"); err != nil {
+			t.Fatalf("the team after a refused delete: %v", err)
+		}
+		if _, err := c.APIKeyByHash(ctx, "ht"); err != nil {
+			t.Fatalf("the team's key after a refused delete: %v", err)
+		}
+		t.Logf("holding %s: %v", what, err)
+	}
+	refused("a sandbox")
+	if err := c.DeleteSandbox(ctx, "sb-t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateSnapshot(ctx, &catalog.Snapshot{ID: "snap-t", SandboxID: "sb-t", NodeID: "n1", TemplateID: "busybox", CreatedAt: now, Team: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	refused("a snapshot")
+	if err := c.DeleteSnapshot(ctx, "snap-t"); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.DeleteTeam(ctx, "t")
+	if err != nil || len(keys) != 1 || keys[0].ID != "key_t" {
+		t.Fatalf("delete an empty team: %v %v, want its one key", keys, err)
+	}
+	if _, err := c.APIKeyByHash(ctx, "ht"); !errdefs.IsNotFound(err) {
+		t.Fatalf("the deleted team's key: %v, want NotFound", err)
+	}
+	if _, err := c.GetTeam(ctx, "t"); !errdefs.IsNotFound(err) {
+		t.Fatalf("the deleted team: %v", err)
+	}
+	if _, err := c.APIKeyByHash(ctx, "hd"); err != nil {
+		t.Fatalf("another team's key after the delete: %v", err)
+	}
+	if _, err := c.DeleteTeam(ctx, "t"); !errdefs.IsNotFound(err) {
+		t.Fatalf("delete twice: %v", err)
+	}
+	if _, err := c.DeleteTeam(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	sq := newSandbox("sb-q", now, nil)
+	sq.Team = "q"
+	if err := c.CreateSandbox(ctx, sq); !errdefs.IsNotFound(err) {
+		t.Fatalf("a create for a deleted team with a quota: %v, want NotFound", err)
+	}
+}

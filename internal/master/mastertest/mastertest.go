@@ -47,6 +47,7 @@ type Master struct {
 	Admin  masterpb.AdminServiceClient
 	conn   *grpc.ClientConn
 	t      testing.TB
+	logs   lockedBuffer // everything the master logged (Logs)
 
 	// Process mode (StartMasterProcess).
 	bin, cfgPath, e2bAddr, tomlText string
@@ -57,13 +58,48 @@ type Master struct {
 	state      *os.ProcessState
 }
 
+// log is the in-process master's logger: the test's log, and m.logs.
+func (m *Master) log() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{m.t}, &m.logs), &slog.HandlerOptions{Level: logLevel()}))
+}
+
+// Logs is everything the in-process master logged so far (audit lines
+// included); empty in process mode.
+func (m *Master) Logs() string { return m.logs.String() }
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 // Log is a slog.Logger writing to t (debug level with CUBE_TEST_DEBUG=1).
 func Log(t testing.TB) *slog.Logger {
-	level := slog.LevelInfo
-	if os.Getenv("CUBE_TEST_DEBUG") != "" {
-		level = slog.LevelDebug
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: logLevel()}))
+}
+
+// logLevel: debug with CUBE_TEST_DEBUG=1; warnings only with
+// CUBE_TEST_QUIET=1 (a test that measures memory under many requests: t.Log
+// keeps every line in memory).
+func logLevel() slog.Level {
+	switch {
+	case os.Getenv("CUBE_TEST_DEBUG") != "":
+		return slog.LevelDebug
+	case os.Getenv("CUBE_TEST_QUIET") != "":
+		return slog.LevelWarn
 	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+	return slog.LevelInfo
 }
 
 type testWriter struct{ t testing.TB }
@@ -184,7 +220,7 @@ func (m *Master) Start() {
 	if m.bin != "" {
 		m.startProcess()
 	} else {
-		srv, err := server.Start(context.Background(), m.Config, Log(t))
+		srv, err := server.Start(context.Background(), m.Config, m.log())
 		if err != nil {
 			t.Fatalf("start master: %v", err)
 		}

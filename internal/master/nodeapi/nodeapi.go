@@ -177,6 +177,29 @@ func (a *AdminServer) SetTeamQuota(ctx context.Context, req *masterpb.SetTeamQuo
 	return &masterpb.SetTeamQuotaResponse{}, nil
 }
 
+// DeleteTeam implements AdminService.
+func (a *AdminServer) DeleteTeam(ctx context.Context, req *masterpb.DeleteTeamRequest) (*masterpb.DeleteTeamResponse, error) {
+	d, err := a.svc.DeleteTeam(ctx, req.Name, req.Force, caller(ctx))
+	if err != nil {
+		return nil, grpcerr.ToGRPC(err)
+	}
+	out := &masterpb.DeleteTeamResponse{KilledSandboxes: d.Sandboxes, DeletedSnapshots: d.Snapshots}
+	for _, k := range d.Keys {
+		out.RevokedKeys = append(out.RevokedKeys, k.ID)
+	}
+	return out, nil
+}
+
+// caller names who made an admin call, for audit lines: the common name
+// of its certificate over mutual TLS, else the root-only socket or the
+// admin token.
+func caller(ctx context.Context) string {
+	if cert := serve.PeerCert(ctx); cert != nil {
+		return "certificate " + cert.Subject.CommonName
+	}
+	return "admin socket or token"
+}
+
 // ListSandboxes implements AdminService.
 func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandboxesRequest) (*masterpb.ListSandboxesResponse, error) {
 	sbs, err := a.svc.ListAll(ctx, catalog.Query{States: req.States, Metadata: req.Metadata, NodeID: req.NodeId, Ascending: true})
