@@ -89,7 +89,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err := os.Chmod(sandboxes, 0o700); err != nil {
 		return nil, err
 	}
-	st, err := store.Open(cfg.StorePath())
+	st, err := store.Open(cfg.StorePath(), store.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
