@@ -127,7 +127,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	s.engine, err = workflow.New(reg, actions.Verbs(), cfg.Flows,
 		workflow.WithMetrics(s.metrics, "cubelet"),
 		workflow.WithLogger(log),
-		workflow.WithFailpoints(true))
+		workflow.WithFailpoints(true),
+		workflow.WithErrorWrap(s.noSpace))
 	if err != nil {
 		return nil, err
 	}

@@ -61,6 +61,7 @@ func (s *Service) ImportTemplate(ctx context.Context, id, source string, progres
 // The record is written only once the image is complete, and a failed
 // import removes what it wrote.
 func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, progress func(template.Progress)) (_ *sandbox.Template, err error) {
+	defer func() { err = s.noSpace(err) }()
 	id := req.TemplateID
 	src, err := s.importSource(req)
 	if err != nil {

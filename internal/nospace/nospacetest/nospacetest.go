@@ -29,7 +29,16 @@ import (
 func Mount(t testing.TB, fstype string, sizeMiB int) string {
 	t.Helper()
 	testenv.RequireRoot(t, "loop devices and mounts")
-	base := t.TempDir()
+	// Not t.TempDir: that is private (0700), and a daemon's run dir must
+	// be reachable by sandboxes' unprivileged roots.
+	base, err := os.MkdirTemp("", "cube-nospace-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) }) // last: after unmount and detach
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	mnt := filepath.Join(base, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
@@ -61,7 +70,8 @@ func Mount(t testing.TB, fstype string, sizeMiB int) string {
 	if out, err := exec.Command("mkfs."+fstype, args...).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.%s: %v: %s", fstype, err, out)
 	}
-	dev, err := loopdev.Attach(context.Background(), img, false)
+	var dev string
+	dev, err = loopdev.Attach(context.Background(), img, false)
 	if err != nil {
 		t.Fatalf("attach %s: %v", img, err)
 	}
