@@ -93,7 +93,10 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	}()
 
 	out := s.node.Pool.TemplateImagePath(id)
-	work, err := os.MkdirTemp(mkdirAll(s.scratchDir()), "import-"+id+"-")
+	if err := os.MkdirAll(s.scratchDir(), 0o700); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(s.scratchDir(), "import-"+id+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -266,11 +269,6 @@ func fileDigest(path string) (string, error) {
 		return "", err
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func mkdirAll(dir string) string {
-	_ = os.MkdirAll(dir, 0o700)
-	return dir
 }
 
 // GetTemplate returns one template.

@@ -33,13 +33,15 @@ func wantNoSpace(t *testing.T, what string, err error, mnt string) {
 // snapshots on one reflink XFS, as /var/lib/cube) full, a template import
 // and a create fail with ErrNoSpace naming it and leave nothing (no
 // record, no file, no mount), a snapshot either succeeds or fails the same
-// way with the sandbox still running, and once space returns the same
-// operations succeed in the same cubelet.
+// way with the sandbox still running, a sandbox's own write fails at
+// fsync, and once space returns the same operations succeed in the same
+// cubelet.
 func TestDiskFullDataDir(t *testing.T) {
 	cubelettest.RequireRoot(t)
 	data := nospacetest.Mount(t, "xfs", 400) // before New: its cleanup runs after the env's
 	env := cubelettest.New(t, "")
 	env.Config.Node.DataDir = data
+	env.OwnMounts = []string{data}
 	svc := env.Start(t)
 	ctx := context.Background()
 
@@ -75,10 +77,26 @@ func TestDiskFullDataDir(t *testing.T) {
 	}
 	mustState(t, svc, a.ID, lifecycle.Running)
 	agentUp(t, svc, a.ID)
+	// A program in the sandbox that writes new blocks: its disk is a
+	// sparse clone in the pool, so the pool must allocate, and the write
+	// fails at fsync (the kernel passes the loop device's ENOSPC on).
+	werr := writeSync(filepath.Join(rootfs(env, a.ID), "data", "during"), 8<<20)
+	t.Logf("sandbox write of 8 MiB on a full pool: %v", werr)
+	if werr == nil {
+		t.Fatal("a sandbox's write and fsync on a full pool succeeded")
+	}
 
 	free()
+	if err := writeSync(filepath.Join(rootfs(env, a.ID), "data", "after"), 8<<20); err != nil {
+		t.Errorf("sandbox write after freeing space: %v", err)
+	}
 	b := mustCreate(t, svc, cubelet.CreateRequest{})
-	mustSnapshot(t, svc, cubelet.SnapshotRequest{SandboxID: a.ID})
+	// The snapshot's flush (syncfs) reports the sandbox disk's failed
+	// writeback once; that attempt fails as a full pool, the next succeeds.
+	if _, err := svc.Snapshot(ctx, cubelet.SnapshotRequest{SandboxID: a.ID}); err != nil {
+		wantNoSpace(t, "first snapshot after the space returned", err, data)
+		mustSnapshot(t, svc, cubelet.SnapshotRequest{SandboxID: a.ID})
+	}
 	checkFiles(t, rootfs(env, a.ID), files{"data/before": []byte("written before the disk filled\n")})
 	for _, id := range []string{a.ID, b.ID} {
 		if _, err := svc.Delete(ctx, id); err != nil {
@@ -93,6 +111,19 @@ func TestDiskFullDataDir(t *testing.T) {
 	env.AssertNoLeaks(t)
 }
 
+// writeSync writes n bytes to path and syncs them, as a program in the
+// sandbox that cares about its data would.
+func writeSync(path string, n int) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(make([]byte, n))
+	serr := f.Sync()
+	cerr := f.Close()
+	return errors.Join(werr, serr, cerr)
+}
+
 // TestDiskFullRunDir: with the run dir (bundles, runtime state; a tmpfs
 // as /run/cube) full, a create fails with ErrNoSpace naming it and leaves
 // nothing, a running sandbox is untouched, and the same create succeeds
@@ -103,6 +134,7 @@ func TestDiskFullRunDir(t *testing.T) {
 	env := cubelettest.New(t, "")
 	c := env.Config
 	c.Node.RunDir = run
+	env.OwnMounts = []string{run}
 	c.Runc.Root, c.Gvisor.Root, c.VM.Root = filepath.Join(run, "runc"), filepath.Join(run, "runsc"), filepath.Join(run, "vm")
 	svc := env.Start(t)
 	env.ImportBusybox(t, svc, "busybox")
@@ -117,8 +149,13 @@ func TestDiskFullRunDir(t *testing.T) {
 	}
 	mustState(t, svc, a.ID, lifecycle.Running)
 	agentUp(t, svc, a.ID)
+	werr := writeSync(filepath.Join(rootfs(env, a.ID), "data", "during"), 8<<20)
+	t.Logf("sandbox write of 8 MiB on a full pool: %v", werr)
 
 	free()
+	if err := writeSync(filepath.Join(rootfs(env, a.ID), "data", "after"), 8<<20); err != nil {
+		t.Errorf("sandbox write after freeing space: %v", err)
+	}
 	b := mustCreate(t, svc, cubelet.CreateRequest{})
 	for _, id := range []string{a.ID, b.ID} {
 		if _, err := svc.Delete(ctx, id); err != nil {
