@@ -8,12 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/nospace/nospacetest"
+	"github.com/cubesandbox/cube/internal/store"
 )
 
 // wantNoSpace fails t unless err is an ErrNoSpace whose message names the
@@ -162,5 +165,76 @@ func TestDiskFullRunDir(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	env.AssertNoLeaks(t)
+}
+
+// TestQuarantinedRecord: one sandbox record made undecodable while
+// cubelet is down is quarantined when it starts (error log with the key,
+// the bytes kept in the quarantine bucket), the other sandbox is adopted
+// and served with its files, and what the quarantined one held on the node
+// is swept as an orphan. The control: both records decode before the
+// damage and both sandboxes are served after a plain restart.
+func TestQuarantinedRecord(t *testing.T) {
+	env := cubelettest.New(t, "")
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	ctx := context.Background()
+	good := mustCreate(t, svc, cubelet.CreateRequest{})
+	bad := mustCreate(t, svc, cubelet.CreateRequest{})
+	writeFiles(t, rootfs(env, good.ID), files{"data/kept": []byte("kept\n")})
+
+	// Control: a restart with both records intact serves both.
+	svc.Close()
+	svc = env.Start(t)
+	for _, id := range []string{good.ID, bad.ID} {
+		mustState(t, svc, id, lifecycle.Running)
+	}
+	svc.Close()
+
+	st, err := store.Open(env.Config.StorePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q, _ := st.ListQuarantined(); len(q) != 0 {
+		t.Fatalf("control: quarantined %v", q)
+	}
+	st.Close()
+	db, err := bolt.Open(env.Config.StorePath(), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbage := []byte(`{"id":"` + bad.ID + `","state":`)
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("sandboxes")).Put([]byte(bad.ID), garbage) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	svc = env.Start(t)
+	mustState(t, svc, good.ID, lifecycle.Running)
+	agentUp(t, svc, good.ID)
+	checkFiles(t, rootfs(env, good.ID), files{"data/kept": []byte("kept\n")})
+	if _, err := svc.Get(ctx, bad.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("quarantined sandbox still served: %v", err)
+	}
+	// The node still works: a create and a delete.
+	c := mustCreate(t, svc, cubelet.CreateRequest{})
+	for _, id := range []string{good.ID, c.ID} {
+		if _, err := svc.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc.Close()
+	st, err = store.Open(env.Config.StorePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	q, err := st.ListQuarantined()
+	if err != nil || len(q) != 1 || q[0].Key != bad.ID || q[0].Bucket != "sandboxes" || string(q[0].Value) != string(garbage) {
+		t.Fatalf("quarantine bucket: %+v %v", q, err)
+	}
+	t.Logf("quarantined %s/%s: %s", q[0].Bucket, q[0].Key, q[0].Error)
+	// The quarantined sandbox's container, mounts and disk were orphans
+	// of the restart and are gone.
 	env.AssertNoLeaks(t)
 }
