@@ -1,6 +1,7 @@
 package catalog_test
 
 import (
+	"database/sql"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -64,5 +65,65 @@ func TestSQLiteNoSpace(t *testing.T) {
 	}
 	if _, err := c.UpdateSandbox(ctx, "sb1", func(s *catalog.Sandbox) error { s.State = catalog.StatePaused; return nil }); err != nil {
 		t.Fatalf("update after freeing space: %v", err)
+	}
+}
+
+// TestQuarantineUndecodable: a sandbox row whose network column is not
+// JSON fails every query that reads it (the control: the list fails
+// before Quarantine); Quarantine moves it, with its metadata, into the
+// quarantine table, and the other rows are listed and served. A second
+// pass finds nothing.
+func TestQuarantineUndecodable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "catalog.db")
+	c, err := catalog.Open(ctx, catalog.SQLite, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	now := time.Now().Truncate(time.Millisecond).UTC()
+	for _, id := range []string{"good", "bad"} {
+		if err := c.CreateSandbox(ctx, newSandbox(id, now, map[string]string{"who": id})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q, err := c.Quarantine(ctx); err != nil || len(q) != 0 {
+		t.Fatalf("clean catalog: quarantined %v %v", q, err)
+	}
+	if _, err := c.GetSandbox(ctx, "bad"); err != nil {
+		t.Fatalf("control: the row before the damage: %v", err)
+	}
+
+	raw, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(`UPDATE sandboxes SET network = ? WHERE id = ?`, `{"allowOut":[`, "bad"); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	if _, _, err := c.ListSandboxes(ctx, catalog.Query{}); err == nil {
+		t.Fatal("control: a list with the damaged row succeeded; the test cannot show the quarantine is what fixes it")
+	}
+
+	q, err := c.Quarantine(ctx)
+	if err != nil || len(q) != 1 || q[0].Table != "sandboxes" || q[0].Key != "bad" {
+		t.Fatalf("quarantine: %+v %v", q, err)
+	}
+	t.Logf("quarantined %s/%s (%s): %s", q[0].Table, q[0].Key, q[0].Reason, q[0].Data)
+	if !strings.Contains(q[0].Data, `"network":"{\"allowOut\":[`) || !strings.Contains(q[0].Data, `"who"`) {
+		t.Fatalf("quarantined data lacks the row or its metadata: %s", q[0].Data)
+	}
+	list, _, err := c.ListSandboxes(ctx, catalog.Query{})
+	if err != nil || len(list) != 1 || list[0].ID != "good" || list[0].Metadata["who"] != "good" {
+		t.Fatalf("list after quarantine: %v %v", list, err)
+	}
+	if _, err := c.GetSandbox(ctx, "bad"); !errdefs.IsNotFound(err) {
+		t.Fatalf("quarantined row still served: %v", err)
+	}
+	if again, err := c.Quarantine(ctx); err != nil || len(again) != 0 {
+		t.Fatalf("second pass: %v %v", again, err)
+	}
+	if all, err := c.ListQuarantined(ctx); err != nil || len(all) != 1 || all[0].Key != "bad" {
+		t.Fatalf("ListQuarantined: %v %v", all, err)
 	}
 }
