@@ -58,6 +58,20 @@ func TestDiskFullDataDir(t *testing.T) {
 		t.Fatalf("failed import left files: %v", err)
 	}
 	free()
+	// Room to start: the import gets as far as writing its image and runs
+	// out part way; it still leaves nothing.
+	free = nospacetest.FillLeaving(t, data, 2<<20)
+	_, err = svc.ImportTemplate(ctx, "busybox", env.Image, nil)
+	wantNoSpace(t, "template import with 2 MiB free", err, data)
+	if _, err := svc.GetTemplate(ctx, "busybox"); !errdefs.IsNotFound(err) {
+		t.Fatalf("failed import left a template: %v", err)
+	}
+	for _, dir := range []string{filepath.Join(env.Config.PoolDir(), "templates", "busybox"), filepath.Join(env.Config.PoolDir(), "tmp")} {
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Fatalf("failed import left %d entries in %s", len(ents), dir)
+		}
+	}
+	free()
 	env.ImportBusybox(t, svc, "busybox")
 
 	a := mustCreate(t, svc, cubelet.CreateRequest{})

@@ -125,6 +125,14 @@ func unmount(t testing.TB, mnt string) {
 // also deleted when the test ends.
 func Fill(t testing.TB, dir string) (free func()) {
 	t.Helper()
+	return FillLeaving(t, dir, 0)
+}
+
+// FillLeaving is Fill that then gives back about leave bytes (a hole
+// punched in the filler), so an operation can start writing and run out
+// part way.
+func FillLeaving(t testing.TB, dir string, leave int64) (free func()) {
+	t.Helper()
 	fillDir, err := os.MkdirTemp(dir, ".filler-")
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +173,14 @@ func Fill(t testing.TB, dir string) (free func()) {
 				t.Fatalf("fill: %v", err)
 			}
 			break
+		}
+	}
+	if leave > 0 {
+		if leave > off {
+			t.Fatalf("cannot leave %d bytes: the filler holds %d", leave, off)
+		}
+		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, leave); err != nil {
+			t.Fatalf("punch %d bytes: %v", leave, err)
 		}
 	}
 	_ = f.Sync()
