@@ -15,7 +15,9 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/nospace/nospacetest"
+	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/store"
 )
 
@@ -250,5 +252,58 @@ func TestQuarantinedRecord(t *testing.T) {
 	t.Logf("quarantined %s/%s: %s", q[0].Bucket, q[0].Key, q[0].Error)
 	// The quarantined sandbox's container, mounts and disk were orphans
 	// of the restart and are gone.
+	env.AssertNoLeaks(t)
+}
+
+// TestGvisorPauseToDiskFull: pausing a gVisor sandbox to disk with the
+// pool full, or with room for only part of the memory image, fails as
+// ErrNoSpace naming the pool, leaves no memory image (not even a partial
+// one) and the sandbox running with its memory; once space returns the same
+// pause succeeds and the sandbox resumes with its memory.
+func TestGvisorPauseToDiskFull(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	requireRunsc(t)
+	ctx := context.Background()
+	env := cubelettest.New(t, "")
+	env.StartNetworkAgent(t, nettest.Options{PoolSize: 2})
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	a := mustCreate(t, svc, cubelet.CreateRequest{Runtime: "gvisor"})
+	image := filepath.Join(env.Config.PoolDir(), "sandboxes", a.ID, "paused-memory")
+	setMemory(t, svc, a.ID, map[string]string{"SECRET": "kept"})
+
+	free := nospacetest.Fill(t, env.Config.PoolDir())
+	_, err := svc.PauseTo(ctx, a.ID, sandbox.PauseDisk)
+	wantNoSpace(t, "pause to disk", err, env.Config.PoolDir())
+	if _, err := os.Stat(image); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("failed pause left its memory image: %v", err)
+	}
+	mustState(t, svc, a.ID, lifecycle.Running)
+	wantMemory(t, svc, a.ID, map[string]string{"SECRET": "kept"})
+	free()
+
+	// Room for part of the image: runsc runs out while writing it, and
+	// the undo removes the partial image.
+	free = nospacetest.FillLeaving(t, env.Config.PoolDir(), 512<<10)
+	_, err = svc.PauseTo(ctx, a.ID, sandbox.PauseDisk)
+	wantNoSpace(t, "pause to disk with 512 KiB free", err, env.Config.PoolDir())
+	if _, err := os.Stat(image); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("failed pause left its partial memory image: %v", err)
+	}
+	mustState(t, svc, a.ID, lifecycle.Running)
+	wantMemory(t, svc, a.ID, map[string]string{"SECRET": "kept"})
+
+	free()
+	res, err := svc.PauseTo(ctx, a.ID, sandbox.PauseDisk)
+	if err != nil || res.Sandbox.PauseMode != sandbox.PauseDisk {
+		t.Fatalf("pause to disk after freeing space: %v", err)
+	}
+	if _, err := svc.Resume(ctx, a.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	wantMemory(t, svc, a.ID, map[string]string{"SECRET": "kept"})
+	if _, err := svc.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
 	env.AssertNoLeaks(t)
 }

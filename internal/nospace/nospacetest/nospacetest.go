@@ -146,6 +146,12 @@ func FillLeaving(t testing.TB, dir string, leave int64) (free func()) {
 		if err := os.RemoveAll(fillDir); err != nil {
 			t.Errorf("remove filler: %v", err)
 		}
+		// XFS frees an unlinked file's blocks in the background: sync
+		// so the space is back when free returns.
+		if d, err := os.Open(dir); err == nil {
+			_ = unix.Syncfs(int(d.Fd()))
+			d.Close()
+		}
 	}
 	t.Cleanup(free)
 	f, err := os.Create(filepath.Join(fillDir, "big"))
