@@ -46,7 +46,7 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, k *APIKey) error {
 	if _, err := c.GetTeam(ctx, k.Team); err != nil {
 		return err
 	}
-	_, err := c.exec(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(8)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	_, err := c.exec(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(8)+`)`,
 		k.ID, k.Name, k.Prefix, k.Hash, ms(k.CreatedAt), ms(k.LastUsedAt), b2i(k.Admin), k.Team)
 	if isDuplicate(err) {
 		return fmt.Errorf("api key %q: %w", k.Name, errdefs.ErrAlreadyExists)

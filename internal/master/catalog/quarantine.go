@@ -26,28 +26,8 @@ type Quarantined struct {
 // sandbox; the master calls this at start and logs each. Nothing reads
 // the quarantine table back into service.
 func (c *Catalog) Quarantine(ctx context.Context) ([]Quarantined, error) {
-	rows, err := c.db.QueryContext(ctx, `SELECT id, network FROM sandboxes`)
+	found, err := c.undecodable(ctx)
 	if err != nil {
-		return nil, err
-	}
-	type bad struct{ id, reason string }
-	var found []bad
-	for rows.Next() {
-		var id, network string
-		if err := rows.Scan(&id, &network); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if network == "" {
-			continue
-		}
-		var n Network
-		if err := json.Unmarshal([]byte(network), &n); err != nil {
-			found = append(found, bad{id, "network column: " + err.Error()})
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	var out []Quarantined
@@ -84,6 +64,33 @@ func (c *Catalog) Quarantine(ctx context.Context) ([]Quarantined, error) {
 		out = append(out, q)
 	}
 	return out, nil
+}
+
+// bad is a row that does not decode and why.
+type bad struct{ id, reason string }
+
+// undecodable finds the sandbox rows whose network column does not decode.
+func (c *Catalog) undecodable(ctx context.Context) ([]bad, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT id, network FROM sandboxes`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var found []bad
+	for rows.Next() {
+		var id, network string
+		if err := rows.Scan(&id, &network); err != nil {
+			return nil, err
+		}
+		if network == "" {
+			continue
+		}
+		var n Network
+		if err := json.Unmarshal([]byte(network), &n); err != nil {
+			found = append(found, bad{id, "network column: " + err.Error()})
+		}
+	}
+	return found, rows.Err()
 }
 
 // ListQuarantined returns the quarantined rows, oldest first.

@@ -49,7 +49,7 @@ func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
 	if s.Team == "" {
 		s.Team = DefaultTeam
 	}
-	_, err := c.exec(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(10)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	_, err := c.exec(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(10)+`)`,
 		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt), s.Runtime, s.Team)
 	if isDuplicate(err) {
 		return fmt.Errorf("snapshot %q: %w", s.ID, errdefs.ErrAlreadyExists)

@@ -63,7 +63,7 @@ func scanTeam(s interface{ Scan(...any) error }) (*Team, error) {
 
 // CreateTeam stores a team. AlreadyExists if the name is taken.
 func (c *Catalog) CreateTeam(ctx context.Context, t *Team) error {
-	_, err := c.exec(ctx, `INSERT INTO teams (`+teamCols+`, creates) VALUES (`+placeholders(6)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	_, err := c.exec(ctx, `INSERT INTO teams (`+teamCols+`, creates) VALUES (`+placeholders(6)+`)`,
 		t.Name, ms(t.CreatedAt), t.Quota.MaxSandboxes, t.Quota.MaxMilliCPU, t.Quota.MaxMemoryMiB, 0)
 	if isDuplicate(err) {
 		return fmt.Errorf("team %q: %w", t.Name, errdefs.ErrAlreadyExists)

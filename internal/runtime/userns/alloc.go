@@ -320,7 +320,8 @@ func (a *Allocator) size() int {
 // tmpfs that a crash empties anyway.
 func (a *Allocator) overwrite(b []byte) error {
 	n := a.size()
-	padded := append(b, bytes.Repeat([]byte(" "), n-len(b))...)
+	padded := bytes.Repeat([]byte(" "), n)
+	copy(padded, b)
 	f, err := os.OpenFile(a.file, os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("userns: %w", err)
