@@ -111,13 +111,17 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 func (s *Service) failedCreate(t *actions.Task, log *slog.Logger, cause error) {
 	rec := t.Record()
 	if rec.Disk == nil && rec.Mount == nil && rec.Container == nil && rec.Network == nil {
-		if err := s.store.FinishDestroy(rec.ID); err != nil {
-			log.Error("remove record of failed create", "err", err)
+		err := s.store.FinishDestroy(rec.ID)
+		if err == nil {
+			s.forget(rec.ID)
+			log.Info("create failed and was undone", "err", cause)
 			return
 		}
-		s.forget(rec.ID)
-		log.Info("create failed and was undone", "err", cause)
-		return
+		// Everything is released but the record stays (a full disk can
+		// refuse even a delete): the journal retries the removal, so
+		// the node recovers when space returns, not only at a restart.
+		log.Error("remove record of failed create; journalled to retry", "err", err)
+		cause = fmt.Errorf("%w; removing its record: %w", cause, err)
 	}
 	log.Error("create failed and its undo was incomplete; journalled for cleanup", "err", cause)
 	_ = t.Update(func(r *sandbox.Record) {

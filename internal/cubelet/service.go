@@ -89,7 +89,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	if err := os.Chmod(sandboxes, 0o700); err != nil {
 		return nil, err
 	}
-	st, err := store.Open(cfg.StorePath())
+	st, err := store.Open(cfg.StorePath(), store.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	s.engine, err = workflow.New(reg, actions.Verbs(), cfg.Flows,
 		workflow.WithMetrics(s.metrics, "cubelet"),
 		workflow.WithLogger(log),
-		workflow.WithFailpoints(true))
+		workflow.WithFailpoints(true),
+		workflow.WithErrorWrap(s.noSpace))
 	if err != nil {
 		return nil, err
 	}

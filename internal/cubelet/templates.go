@@ -61,6 +61,7 @@ func (s *Service) ImportTemplate(ctx context.Context, id, source string, progres
 // The record is written only once the image is complete, and a failed
 // import removes what it wrote.
 func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, progress func(template.Progress)) (_ *sandbox.Template, err error) {
+	defer func() { err = s.noSpace(err) }()
 	id := req.TemplateID
 	src, err := s.importSource(req)
 	if err != nil {
@@ -92,7 +93,10 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	}()
 
 	out := s.node.Pool.TemplateImagePath(id)
-	work, err := os.MkdirTemp(mkdirAll(s.scratchDir()), "import-"+id+"-")
+	if err := os.MkdirAll(s.scratchDir(), 0o700); err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(s.scratchDir(), "import-"+id+"-")
 	if err != nil {
 		return nil, err
 	}
@@ -265,11 +269,6 @@ func fileDigest(path string) (string, error) {
 		return "", err
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func mkdirAll(dir string) string {
-	_ = os.MkdirAll(dir, 0o700)
-	return dir
 }
 
 // GetTemplate returns one template.

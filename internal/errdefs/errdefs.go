@@ -32,6 +32,12 @@ var (
 	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrPermissionDenied: credentials valid but not allowed (a registry's 403).
 	ErrPermissionDenied = errors.New("permission denied")
+	// ErrNoSpace: a filesystem the operation writes to is full (ENOSPC,
+	// EDQUOT, SQLite's "database or disk is full"). It is also a
+	// ResourceExhausted: errors.Is(err, ErrResourceExhausted) holds for it.
+	// Unlike other exhaustion it does not pass by waiting: an operator
+	// frees space, and the same call then succeeds.
+	ErrNoSpace error = &subKind{msg: "no space left on device", parent: ErrResourceExhausted}
 )
 
 // subKind is a kind that is also a more general one.
@@ -49,6 +55,7 @@ func IsNotFound(err error) bool           { return errors.Is(err, ErrNotFound) }
 func IsAlreadyExists(err error) bool      { return errors.Is(err, ErrAlreadyExists) }
 func IsFailedPrecondition(err error) bool { return errors.Is(err, ErrFailedPrecondition) }
 func IsResourceExhausted(err error) bool  { return errors.Is(err, ErrResourceExhausted) }
+func IsNoSpace(err error) bool            { return errors.Is(err, ErrNoSpace) }
 func IsUnavailable(err error) bool        { return errors.Is(err, ErrUnavailable) }
 func IsNotImplemented(err error) bool     { return errors.Is(err, ErrNotImplemented) }
 func IsInternal(err error) bool           { return errors.Is(err, ErrInternal) }

@@ -111,6 +111,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
+	quarantine(ctx, cat, log)
 	bg, cancel := context.WithCancel(context.Background())
 	s := &Service{
 		cfg: cfg, log: log, cat: cat,

@@ -20,7 +20,7 @@ func (s *Store) CreateSnapshot(sn *sandbox.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSnapshots)
 		if b.Get([]byte(sn.ID)) != nil {
 			return fmt.Errorf("snapshot %q: %w", sn.ID, errdefs.ErrAlreadyExists)

@@ -3,19 +3,27 @@
 // in package sandbox.
 //
 // Writes go through bolt's Batch so concurrent creates coalesce their
-// fsyncs instead of queueing one per write.
+// fsyncs instead of queueing one per write. Every write is one bolt
+// transaction: on a full filesystem it fails whole (errdefs.ErrNoSpace,
+// naming the filesystem) and the previous version stays.
+//
+// Open quarantines records that no longer decode (quarantine.go), so one
+// damaged record costs that record, not the daemon.
 package store
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"sort"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/nospace"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -28,15 +36,30 @@ var (
 
 // Store is the bbolt-backed state store. Safe for concurrent use.
 type Store struct {
-	db *bolt.DB
+	db  *bolt.DB
+	dir string // holds the file: the filesystem a full-disk error names
 }
 
-// Open opens (creating if needed) the store at path. A second cubelet on
-// the same file fails fast instead of waiting forever for the lock.
-func Open(path string) (*Store, error) {
+// Option configures Open.
+type Option func(*options)
+
+type options struct{ log *slog.Logger }
+
+// WithLogger logs what Open quarantines (default: slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// Open opens (creating if needed) the store at path and quarantines the
+// records that do not decode. A second cubelet on the same file fails fast
+// instead of waiting forever for the lock.
+func Open(path string, opts ...Option) (*Store, error) {
+	o := options{log: slog.Default()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	dir := filepath.Dir(path)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		return nil, fmt.Errorf("open state store %s: %w", path, err)
+		return nil, fmt.Errorf("open state store %s: %w", path, nospace.Wrap(err, dir))
 	}
 	// A batch commits when this delay expires: a long delay is pure latency
 	// for a lone caller (every state write of a create waited for it).
@@ -44,7 +67,7 @@ func Open(path string) (*Store, error) {
 	// commit's fsync runs form the next batch anyway.
 	db.MaxBatchDelay = 100 * time.Microsecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta, bucketSnapshots} {
+		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta, bucketSnapshots, bucketQuarantine} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -53,9 +76,20 @@ func Open(path string) (*Store, error) {
 	})
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("init state store: %w", err)
+		return nil, fmt.Errorf("init state store: %w", nospace.Wrap(err, dir))
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db, dir: dir}
+	if err := s.quarantine(o.log); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state store %s: quarantine: %w", path, err)
+	}
+	return s, nil
+}
+
+// batch runs fn in a coalesced write transaction; a full filesystem comes
+// back as ErrNoSpace naming it.
+func (s *Store) batch(fn func(*bolt.Tx) error) error {
+	return nospace.Wrap(s.db.Batch(fn), s.dir)
 }
 
 // Close closes the database file.
@@ -66,7 +100,7 @@ func put(s *Store, bucket []byte, key string, v any) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.batch(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).Put([]byte(key), data)
 	})
 }
@@ -102,7 +136,7 @@ func list[T any](s *Store, bucket []byte) ([]*T, error) {
 }
 
 func del(s *Store, bucket []byte, key string) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.batch(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).Delete([]byte(key))
 	})
 }
@@ -113,7 +147,7 @@ func (s *Store) CreateSandbox(r *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSandboxes)
 		if b.Get([]byte(r.ID)) != nil {
 			return fmt.Errorf("sandbox %q: %w", r.ID, errdefs.ErrAlreadyExists)
@@ -146,7 +180,7 @@ func (s *Store) CreateTemplate(t *sandbox.Template) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.batch(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketTemplates)
 		if b.Get([]byte(t.ID)) != nil {
 			return fmt.Errorf("template %q: %w", t.ID, errdefs.ErrAlreadyExists)
@@ -189,7 +223,7 @@ func (s *Store) DeleteJournal(id string) error { return del(s, bucketJournal, id
 // FinishDestroy deletes the sandbox record and its journal entry in one
 // transaction, so a crash never leaves one without the other.
 func (s *Store) FinishDestroy(id string) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.batch(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketSandboxes).Delete([]byte(id)); err != nil {
 			return err
 		}
@@ -209,9 +243,9 @@ func (s *Store) Meta(key string) (string, error) {
 
 // SetMeta writes a small string value.
 func (s *Store) SetMeta(key, value string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return nospace.Wrap(s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put([]byte(key), []byte(value))
-	})
+	}), s.dir)
 }
 
 // IsNotFound is a convenience for callers that only import store.

@@ -28,6 +28,7 @@ type options struct {
 	namespace  string
 	log        *slog.Logger
 	failpoints bool
+	wrapErr    func(error) error
 }
 
 // WithMetrics exports the engine's metrics, named <namespace>_..., to r:
@@ -49,12 +50,21 @@ func WithFailpoints(on bool) Option {
 	return func(o *options) { o.failpoints = on }
 }
 
+// WithErrorWrap passes every failed flow's error through wrap before Run
+// logs and returns it: the daemon classifies errors the actions cannot
+// (cubelet names a full filesystem, package nospace). wrap must return a
+// non-nil error for a non-nil one.
+func WithErrorWrap(wrap func(error) error) Option {
+	return func(o *options) { o.wrapErr = wrap }
+}
+
 // Engine runs the configured flows. It is safe for concurrent use.
 type Engine[T any] struct {
 	reg        *Registry
 	verbs      map[string]*Verb[T]
 	log        *slog.Logger
 	failpoints bool
+	wrapErr    func(error) error
 	m          *metrics
 
 	mu       sync.Mutex          // serialises SetLimit and Reload
@@ -79,6 +89,7 @@ func New[T any](reg *Registry, verbs []Verb[T], cfg Config, opts ...Option) (*En
 		verbs:      make(map[string]*Verb[T], len(verbs)),
 		log:        o.log,
 		failpoints: o.failpoints,
+		wrapErr:    o.wrapErr,
 		limiters:   map[string]*limiter{},
 	}
 	for i := range verbs {
@@ -206,6 +217,9 @@ func (e *Engine[T]) Run(ctx context.Context, flow string, t T) (Result, error) {
 	}
 	res.Timings = r.timings
 	res.Duration = time.Since(start)
+	if err != nil && e.wrapErr != nil {
+		err = e.wrapErr(err)
+	}
 	e.m.observeFlow(flow, res.Duration, err)
 	if err != nil {
 		e.log.LogAttrs(ctx, slog.LevelWarn, "workflow failed", slog.String("flow", flow),

@@ -76,6 +76,9 @@ func (a *checkpointAction) PauseToDisk(ctx context.Context, t *Task) error {
 	if err := os.RemoveAll(run.Image); err != nil {
 		return err
 	}
+	if err := a.n.checkImageRoom(rec, run.Image); err != nil {
+		return err
+	}
 	if _, ok := agentclient.NeedsQuiesce(d, rec); ok {
 		// Taken first: a quiesce that fails after the agent acted must
 		// still be woken by the undo.

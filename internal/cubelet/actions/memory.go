@@ -48,6 +48,9 @@ func (a *memoryAction) Snapshot(ctx context.Context, t *Task) error {
 		return nil
 	}
 	dir := a.n.Pool.SnapshotMemoryDir(run.Snap.ID)
+	if err := a.n.checkImageRoom(rec, dir); err != nil {
+		return err
+	}
 	run.Snap.MemoryDir = dir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

@@ -39,6 +39,9 @@ type Env struct {
 	Config   *config.Config
 	AgentBin string
 	Image    string // busybox OCI layout
+	// OwnMounts are filesystems the test mounted as the env's dirs (a
+	// small data or run dir for disk-full tests): not leaks.
+	OwnMounts []string
 }
 
 var (
@@ -170,7 +173,7 @@ func (e *Env) Scope() leakcheck.Scope {
 		RunscRoot:        c.Gvisor.Root,
 		VMRoot:           c.VM.Root,
 		CgroupName:       c.Node.CgroupParent,
-		AllowMounts:      []string{c.PoolDir()},
+		AllowMounts:      append([]string{c.PoolDir()}, e.OwnMounts...),
 		AllowLoopBacking: []string{c.PoolDir() + ".img"},
 	}
 }

@@ -12,6 +12,7 @@
 //	ErrNotFound                NotFound
 //	ErrAlreadyExists           AlreadyExists
 //	ErrFailedPrecondition      FailedPrecondition
+//	ErrNoSpace                 ResourceExhausted, detail Reason "NoSpace"
 //	ErrResourceExhausted       ResourceExhausted
 //	ErrUnavailable             Unavailable
 //	ErrNotImplemented          Unimplemented
@@ -27,13 +28,15 @@
 // The first row whose kind err wraps decides its code. Every kind comes
 // back as itself (kind → code → kind), so the mapping is a bijection on
 // the kinds; only Unknown and DataLoss, which the project never sends,
-// fold into ErrInternal.
+// fold into ErrInternal. A sub-kind with no code of its own (ErrNoSpace)
+// travels as its parent's code with its name in the detail's Reason, and
+// comes back as itself from a status that carries that detail.
 //
 // Every status ToGRPC makes carries an ErrorDetail (api/cubelet/v1, the one
 // detail message the protos define): Reason is the code's name
-// ("InvalidArgument"), Field the request field a *errdefs.FieldError
-// names, and the sandbox ID and its state where the server adds them
-// (ToGRPCDetail). FromGRPC keeps it: Detail(err) reads it on either side,
+// ("InvalidArgument") or a sub-kind's ("NoSpace"), Field the request field
+// a *errdefs.FieldError names, and the sandbox ID and its state where the
+// server adds them (ToGRPCDetail). FromGRPC keeps it: Detail(err) reads it on either side,
 // and ToGRPC passes a remote error's detail on when a server relays it.
 package grpcerr
 
@@ -68,6 +71,37 @@ var table = []struct {
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 	{errdefs.ErrInternal, codes.Internal},
+}
+
+// subKinds are kinds that share their parent's code and are told apart by
+// the ErrorDetail's Reason.
+var subKinds = []struct {
+	kind   error
+	code   codes.Code
+	reason string
+}{
+	{errdefs.ErrNoSpace, codes.ResourceExhausted, "NoSpace"},
+}
+
+// reason is the ErrorDetail Reason of err with code: a sub-kind's name, or
+// the code's.
+func reason(err error, code codes.Code) string {
+	for _, sk := range subKinds {
+		if sk.code == code && errors.Is(err, sk.kind) {
+			return sk.reason
+		}
+	}
+	return code.String()
+}
+
+// kindOf is Kind refined by a sub-kind's Reason.
+func kindOf(c codes.Code, d *pb.ErrorDetail) error {
+	for _, sk := range subKinds {
+		if sk.code == c && d.GetReason() == sk.reason {
+			return sk.kind
+		}
+	}
+	return Kind(c)
 }
 
 // Code is the gRPC code of err: OK for nil, Internal for an error of no
@@ -120,7 +154,7 @@ func ToGRPCDetail(err error, seed *pb.ErrorDetail) error {
 	if seed != nil {
 		proto.Merge(d, seed)
 	}
-	d.Reason = code.String()
+	d.Reason = reason(err, code)
 	var fe *errdefs.FieldError
 	if errors.As(err, &fe) {
 		d.Field = fe.Field
@@ -154,7 +188,7 @@ type remoteError struct {
 }
 
 func (e *remoteError) Error() string { return e.msg }
-func (e *remoteError) Unwrap() error { return Kind(e.code) }
+func (e *remoteError) Unwrap() error { return kindOf(e.code, e.detail) }
 
 // Detail is the ErrorDetail of err, a status error or one FromGRPC made
 // (wrapped or not), or nil.

@@ -42,6 +42,17 @@ var kinds = []struct {
 	{"context.Canceled", context.Canceled, codes.Canceled},
 }
 
+// subKinds share their parent's code and travel by the detail's Reason.
+var subKinds = []struct {
+	name   string
+	kind   error
+	parent error
+	code   codes.Code
+	reason string
+}{
+	{"ErrNoSpace", errdefs.ErrNoSpace, errdefs.ErrResourceExhausted, codes.ResourceExhausted, "NoSpace"},
+}
+
 // TestEveryKindIsListed fails when errdefs gains a kind this test (and so,
 // likely, the mapping) does not know.
 func TestEveryKindIsListed(t *testing.T) {
@@ -51,6 +62,9 @@ func TestEveryKindIsListed(t *testing.T) {
 	}
 	listed := map[string]bool{}
 	for _, k := range kinds {
+		listed[k.name] = true
+	}
+	for _, k := range subKinds {
 		listed[k.name] = true
 	}
 	n := 0
@@ -130,6 +144,44 @@ func TestRoundTrip(t *testing.T) {
 			}
 			if d := grpcerr.Detail(relayed); !proto.Equal(d, want) {
 				t.Fatalf("relayed detail %v, want %v", d, want)
+			}
+		})
+	}
+}
+
+// TestSubKindRoundTrip: a sub-kind → its parent's code with its Reason →
+// the sub-kind again, also when relayed; a status of the parent's code
+// without that Reason (another server's) is the parent only.
+func TestSubKindRoundTrip(t *testing.T) {
+	for _, k := range subKinds {
+		t.Run(k.name, func(t *testing.T) {
+			if !errors.Is(k.kind, k.parent) {
+				t.Fatalf("%v is not %v", k.kind, k.parent)
+			}
+			orig := fmt.Errorf("clone: filesystem /var/lib/cube is full: %w", k.kind)
+			sent := grpcerr.ToGRPC(orig)
+			st, _ := status.FromError(sent)
+			if st.Code() != k.code || st.Message() != orig.Error() {
+				t.Fatalf("ToGRPC: %s %q", st.Code(), st.Message())
+			}
+			if d := grpcerr.Detail(sent); d.GetReason() != k.reason {
+				t.Fatalf("reason %q, want %q", d.GetReason(), k.reason)
+			}
+			got := grpcerr.FromGRPC(sent)
+			if !errors.Is(got, k.kind) || !errors.Is(got, k.parent) || got.Error() != orig.Error() {
+				t.Fatalf("FromGRPC: %v (is %v: %t)", got, k.kind, errors.Is(got, k.kind))
+			}
+			relayed := grpcerr.FromGRPC(grpcerr.ToGRPC(fmt.Errorf("node n1: %w", got)))
+			if !errors.Is(relayed, k.kind) {
+				t.Fatalf("relayed: %v is not %v", relayed, k.kind)
+			}
+			// Control: the parent alone does not become the sub-kind.
+			plain := grpcerr.FromGRPC(grpcerr.ToGRPC(fmt.Errorf("busy: %w", k.parent)))
+			if errors.Is(plain, k.kind) || !errors.Is(plain, k.parent) {
+				t.Fatalf("parent round trip: %v (is sub-kind: %t)", plain, errors.Is(plain, k.kind))
+			}
+			if bare := grpcerr.FromGRPC(status.Error(k.code, "x")); errors.Is(bare, k.kind) {
+				t.Fatal("a status without the detail became the sub-kind")
 			}
 		})
 	}

@@ -46,7 +46,7 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, k *APIKey) error {
 	if _, err := c.GetTeam(ctx, k.Team); err != nil {
 		return err
 	}
-	_, err := c.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(8)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	_, err := c.exec(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (`+placeholders(8)+`)`,
 		k.ID, k.Name, k.Prefix, k.Hash, ms(k.CreatedAt), ms(k.LastUsedAt), b2i(k.Admin), k.Team)
 	if isDuplicate(err) {
 		return fmt.Errorf("api key %q: %w", k.Name, errdefs.ErrAlreadyExists)
@@ -101,6 +101,6 @@ func (c *Catalog) DeleteAPIKey(ctx context.Context, idOrName string) (*APIKey, e
 
 // TouchAPIKey records that a key was used at t.
 func (c *Catalog) TouchAPIKey(ctx context.Context, id string, t time.Time) error {
-	_, err := c.db.ExecContext(ctx, `UPDATE api_keys SET last_used_at = ? WHERE id = ?`, ms(t), id)
+	_, err := c.exec(ctx, `UPDATE api_keys SET last_used_at = ? WHERE id = ?`, ms(t), id)
 	return err
 }

@@ -39,6 +39,7 @@ const (
 type Catalog struct {
 	db     *sql.DB
 	driver string
+	dir    string // SQLite: the file's directory, the filesystem a full-disk error names
 }
 
 // Open connects to the database and applies every pending migration.
@@ -52,12 +53,14 @@ type Catalog struct {
 // clientFoundRows is forced on so UPDATE reports matched rows, as SQLite does.
 func Open(ctx context.Context, driver, dsn string) (*Catalog, error) {
 	var db *sql.DB
+	var dir string
 	switch driver {
 	case SQLite:
 		if dsn == "" {
 			return nil, fmt.Errorf("catalog: sqlite needs a file path: %w", errdefs.ErrInvalidArgument)
 		}
 		path, _, _ := strings.Cut(strings.TrimPrefix(dsn, "file:"), "?")
+		dir = filepath.Dir(path)
 		if path != ":memory:" {
 			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 				return nil, err
@@ -88,7 +91,7 @@ func Open(ctx context.Context, driver, dsn string) (*Catalog, error) {
 	default:
 		return nil, fmt.Errorf("catalog: driver %q: want %s or %s: %w", driver, SQLite, MySQL, errdefs.ErrInvalidArgument)
 	}
-	c := &Catalog{db: db, driver: driver}
+	c := &Catalog{db: db, driver: driver, dir: dir}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("catalog: connect: %v: %w", err, errdefs.ErrUnavailable)
@@ -133,9 +136,9 @@ func (c *Catalog) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback()
-		return err
+		return c.full(err)
 	}
-	return tx.Commit()
+	return c.full(tx.Commit())
 }
 
 func ms(t time.Time) int64 {

@@ -46,7 +46,7 @@ func (c *Catalog) AddEvent(ctx context.Context, e Event) error {
 		e.Level = "info"
 	}
 	fields, _ := json.Marshal(e.Fields)
-	_, err := c.db.ExecContext(ctx, `INSERT INTO sandbox_events (sandbox_id, at, level, message, fields) VALUES (?, ?, ?, ?, ?)`,
+	_, err := c.exec(ctx, `INSERT INTO sandbox_events (sandbox_id, at, level, message, fields) VALUES (?, ?, ?, ?, ?)`,
 		e.SandboxID, nextEventTime(e.At), e.Level, e.Message, string(fields))
 	return err
 }

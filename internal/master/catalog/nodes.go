@@ -113,7 +113,7 @@ func (c *Catalog) ListNodes(ctx context.Context) ([]*Node, error) {
 
 // SetSchedulable cordons or uncordons a node.
 func (c *Catalog) SetSchedulable(ctx context.Context, id string, on bool) error {
-	res, err := c.db.ExecContext(ctx, `UPDATE nodes SET schedulable = ? WHERE id = ?`, b2i(on), id)
+	res, err := c.exec(ctx, `UPDATE nodes SET schedulable = ? WHERE id = ?`, b2i(on), id)
 	if err != nil {
 		return err
 	}

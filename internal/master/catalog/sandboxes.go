@@ -216,7 +216,7 @@ func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox
 		old := s.Version
 		s.Version++
 		a := s.args()
-		res, err := c.db.ExecContext(ctx, `UPDATE sandboxes SET version = ?, template_id = ?, alias = ?, node_id = ?, state = ?,
+		res, err := c.exec(ctx, `UPDATE sandboxes SET version = ?, template_id = ?, alias = ?, node_id = ?, state = ?,
 milli_cpu = ?, memory_mib = ?, disk_mib = ?, started_at = ?, end_at = ?, auto_pause = ?, auto_resume = ?,
 envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ?, runtime = ? WHERE id = ? AND version = ?`,
 			append(a[1:], id, old)...)

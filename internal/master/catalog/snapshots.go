@@ -49,7 +49,7 @@ func (c *Catalog) CreateSnapshot(ctx context.Context, s *Snapshot) error {
 	if s.Team == "" {
 		s.Team = DefaultTeam
 	}
-	_, err := c.db.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(10)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	_, err := c.exec(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (`+placeholders(10)+`)`,
 		s.ID, s.Name, s.SandboxID, s.NodeID, s.TemplateID, b2i(s.HasMemory), s.EnvdAccessToken, ms(s.CreatedAt), s.Runtime, s.Team)
 	if isDuplicate(err) {
 		return fmt.Errorf("snapshot %q: %w", s.ID, errdefs.ErrAlreadyExists)
@@ -137,7 +137,7 @@ func (c *Catalog) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]*Snapsh
 
 // DeleteSnapshot forgets a snapshot.
 func (c *Catalog) DeleteSnapshot(ctx context.Context, id string) error {
-	res, err := c.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	res, err := c.exec(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
 	if err != nil {
 		return err
 	}

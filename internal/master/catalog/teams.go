@@ -63,7 +63,7 @@ func scanTeam(s interface{ Scan(...any) error }) (*Team, error) {
 
 // CreateTeam stores a team. AlreadyExists if the name is taken.
 func (c *Catalog) CreateTeam(ctx context.Context, t *Team) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO teams (`+teamCols+`, creates) VALUES (`+placeholders(6)+`)`, //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+	_, err := c.exec(ctx, `INSERT INTO teams (`+teamCols+`, creates) VALUES (`+placeholders(6)+`)`,
 		t.Name, ms(t.CreatedAt), t.Quota.MaxSandboxes, t.Quota.MaxMilliCPU, t.Quota.MaxMemoryMiB, 0)
 	if isDuplicate(err) {
 		return fmt.Errorf("team %q: %w", t.Name, errdefs.ErrAlreadyExists)
@@ -74,7 +74,7 @@ func (c *Catalog) CreateTeam(ctx context.Context, t *Team) error {
 // SetTeamQuota replaces a team's quota. Rows over the new quota stay; new
 // creates are refused until the team is under it.
 func (c *Catalog) SetTeamQuota(ctx context.Context, name string, q Quota) error {
-	res, err := c.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ?, max_milli_cpu = ?, max_memory_mib = ? WHERE name = ?`,
+	res, err := c.exec(ctx, `UPDATE teams SET max_sandboxes = ?, max_milli_cpu = ?, max_memory_mib = ? WHERE name = ?`,
 		q.MaxSandboxes, q.MaxMilliCPU, q.MaxMemoryMiB, name)
 	if err != nil {
 		return err

@@ -230,6 +230,10 @@ func statusOf(err error) (int, string) {
 			return http.StatusServiceUnavailable, "sandbox_no_compatible_node"
 		}
 		return http.StatusConflict, ""
+	case errdefs.IsNoSpace(err):
+		// A full disk does not pass by retrying (a 429 would have the
+		// SDKs retry): 507, with the message naming the filesystem.
+		return http.StatusInsufficientStorage, "insufficient_storage"
 	case errdefs.IsResourceExhausted(err):
 		return http.StatusTooManyRequests, "sandbox_capacity_unavailable"
 	case errdefs.IsUnavailable(err):

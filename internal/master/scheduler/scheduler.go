@@ -278,6 +278,15 @@ func (e *NoNodeError) Unwrap() error { return e.kind }
 // it holds for every node.
 func classify(rejs []Rejection, refusals map[string]error) error {
 	if len(refusals) > 0 {
+		// Every node tried is out of disk: that waits for an operator,
+		// not for a retry (the API's 507, naming each filesystem).
+		noSpace := true
+		for _, err := range refusals {
+			noSpace = noSpace && errdefs.IsNoSpace(err)
+		}
+		if noSpace {
+			return errdefs.ErrNoSpace
+		}
 		// Every node tried passed the filter (healthy, schedulable) and
 		// refused with a retryable error: the cluster cannot take the
 		// sandbox right now, which the client should retry (429), not

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -155,6 +156,29 @@ func OOMKills(cgroupPath string) (int64, error) {
 				if _, err := fmt.Sscanf(line, "oom_kill %d", &n); err == nil && n > most {
 					most = n
 				}
+			}
+		}
+	}
+	return most, nil
+}
+
+// MemoryUsage is the memory charged to cgroupPath in bytes: cgroup v2's
+// memory.current or v1's memory.usage_in_bytes, the largest where both
+// hierarchies hold the controller. A cgroup found nowhere uses 0.
+func MemoryUsage(cgroupPath string) (int64, error) {
+	dirs, err := Dirs(cgroupPath)
+	if err != nil {
+		return 0, err
+	}
+	var most int64
+	for _, d := range dirs {
+		for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
+			b, err := os.ReadFile(filepath.Join(d, f))
+			if err != nil {
+				continue
+			}
+			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && n > most {
+				most = n
 			}
 		}
 	}

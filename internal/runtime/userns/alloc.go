@@ -12,6 +12,7 @@
 package userns
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -261,6 +262,10 @@ func (a *Allocator) update(fn func(hostState) error) error {
 		if err != nil {
 			return err
 		}
+		before, err := json.Marshal(all)
+		if err != nil {
+			return err
+		}
 		if err := fn(all); err != nil {
 			return err
 		}
@@ -273,17 +278,62 @@ func (a *Allocator) update(fn func(hostState) error) error {
 		if err != nil {
 			return err
 		}
+		if bytes.Equal(before, b) {
+			// Nothing changed (releasing an ID that has no range, as an
+			// undo after a failed Acquire does): no write, so it cannot
+			// fail on a full run dir.
+			return nil
+		}
 		// Written aside and renamed: a crash mid-write never leaves a
 		// truncated file that would forget every allocation.
 		tmp := a.file + ".tmp"
 		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			_ = os.Remove(tmp)
+			if errors.Is(err, unix.ENOSPC) && len(b) <= a.size() {
+				// A full filesystem: a release (the file shrinks) still
+				// goes through by overwriting the file's own blocks.
+				return a.overwrite(b)
+			}
 			return fmt.Errorf("userns: %w", err)
 		}
 		if err := os.Rename(tmp, a.file); err != nil {
+			_ = os.Remove(tmp)
 			return fmt.Errorf("userns: %w", err)
 		}
 		return nil
 	})
+}
+
+// size is the allocation file's length (0 when absent).
+func (a *Allocator) size() int {
+	st, err := os.Stat(a.file)
+	if err != nil {
+		return 0
+	}
+	return int(st.Size())
+}
+
+// overwrite writes b over the file in place, padded with spaces (valid
+// JSON) to the file's length, so it needs no new block. One write of a
+// few KiB within blocks the file owns: a crash cannot leave it half old,
+// half new beyond what a torn page would, and the run dir holding it is a
+// tmpfs that a crash empties anyway.
+func (a *Allocator) overwrite(b []byte) error {
+	n := a.size()
+	padded := bytes.Repeat([]byte(" "), n)
+	copy(padded, b)
+	f, err := os.OpenFile(a.file, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("userns: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(padded, 0); err != nil {
+		return fmt.Errorf("userns: overwrite in place: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("userns: %w", err)
+	}
+	return nil
 }
 
 // read returns the host's allocations, less those of scopes whose
