@@ -600,6 +600,9 @@ func mtlsHTTP(m *matrix, name, base string, paths []string, certs map[string]*tl
 			code, err := do(base+p, c.tc)
 			m.add(name, call, c.cred, "TLS handshake refused", fmt.Sprint(code, err), err != nil)
 		}
+		// A cluster certificate of a role that may not read it.
+		code, err = do(base+p, certs["node"])
+		m.add(name, call, "wrong role (node certificate)", "403", fmt.Sprint(code, err), err == nil && code == http.StatusForbidden)
 		code, err = do(base+p, certs["admin"])
 		m.add(name, call, "control: admin certificate", "200/204", fmt.Sprint(code, err), err == nil && code < 300)
 	}
@@ -637,20 +640,26 @@ func connectAs(path string, uid int) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := unix.Setfsuid(uid); err != nil {
-			errc <- err
-			return // the thread ends with the goroutine, locked
-		}
-		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err == nil {
-			err = unix.Connect(fd, &unix.SockaddrUnix{Name: path})
-			unix.Close(fd)
-		}
-		// setfsuid answers the previous value: 0 once restored.
-		if prev, _ := unix.SetfsuidRetUid(0); prev == 0 {
-			if prev, _ := unix.SetfsuidRetUid(0); prev == 0 {
-				runtime.UnlockOSThread()
+		// setfsuid answers the previous value whatever it does.
+		_, _ = unix.SetfsuidRetUid(uid)
+		var err error
+		if cur, _ := unix.SetfsuidRetUid(uid); cur != uid {
+			err = fmt.Errorf("setfsuid(%d): still %d", uid, cur)
+		} else {
+			var fd int
+			if fd, err = unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err == nil {
+				err = unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+				unix.Close(fd)
 			}
+		}
+		// Back to root; the second call says whether the first did it.
+		// A thread left as another uid ends with its goroutine (locked),
+		// which must not happen when it can be helped: a child started
+		// from that thread with a parent-death signal (cube up's
+		// daemons) would get the signal.
+		_, _ = unix.SetfsuidRetUid(0)
+		if cur, _ := unix.SetfsuidRetUid(0); cur == 0 {
+			runtime.UnlockOSThread()
 		}
 		errc <- err
 	}()

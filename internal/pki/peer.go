@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net/http"
 	"slices"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -55,4 +56,24 @@ func ExpectPeer(tc *tls.Config, name string, roles ...Role) *tls.Config {
 		return CheckPeer(leaf, name, roles...)
 	}
 	return c
+}
+
+// RequirePeer serves h only to callers whose client certificate (mutual
+// TLS) identifies one of roles; others get 403. A request that came
+// without TLS (a loopback listener of a daemon without [tls]) passes: the
+// listener's address is its bound there.
+func RequirePeer(h http.Handler, roles ...Role) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil {
+			var leaf *x509.Certificate
+			if len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+				leaf = r.TLS.VerifiedChains[0][0]
+			}
+			if err := CheckPeer(leaf, "", roles...); err != nil {
+				http.Error(w, err.Error(), http.StatusForbidden)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
