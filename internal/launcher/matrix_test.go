@@ -497,6 +497,32 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 		m.add(name, r, "control: team A's key", "past the key and team checks (not 401/404)", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)),
 			code != 0 && code != http.StatusUnauthorized && code != http.StatusNotFound)
 	}
+	// DELETE /templates/{templateID} naming a snapshot (the control above
+	// made one of team A's sandbox; the other template routes serve
+	// templates only): a snapshot is its team's.
+	var snaps []struct{ SnapshotID string }
+	(&mastertest.Client{Base: base, Key: keyA, HC: &http.Client{Timeout: time.Minute}}).Do(t, "GET", "/snapshots", nil, &snaps)
+	if len(snaps) == 0 {
+		t.Fatal("team A has no snapshot after the snapshot control")
+	}
+	for _, r := range routes {
+		if !strings.HasPrefix(r, "DELETE ") || !strings.Contains(r, "{templateID}") {
+			continue
+		}
+		snap := func(key string) (int, string) {
+			method, path, _ := strings.Cut(r, " ")
+			return call(method+" "+strings.Replace(path, "{templateID}", snaps[0].SnapshotID, 1), key)
+		}
+		call := r + " (team A's snapshot)"
+		for _, c := range []struct{ cred, key, want string }{
+			{"none", "", "401"}, {"wrong API key", wrongKey, "401"}, {"team B's key", keyB, "404"},
+		} {
+			code, body := snap(c.key)
+			m.add(name, call, c.cred, c.want, fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), fmt.Sprint(code) == c.want)
+		}
+		code, body := snap(keyA)
+		m.add(name, call, "control: team A's key", "2xx", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), code >= 200 && code < 300)
+	}
 }
 
 // routeMatrix: the sandbox route. envd's port needs the sandbox's envd
