@@ -2,6 +2,7 @@ package launcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -179,12 +180,14 @@ func runInNetns(t *testing.T, ns, bin, cfgPath, config, listen string, d time.Du
 	go func() { done <- cmd.Wait() }()
 	stop := func() {
 		_ = cmd.Process.Signal(os.Interrupt)
+		var err error
 		select {
-		case <-done:
+		case err = <-done:
 		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			err = <-done
 		}
+		t.Logf("%s stopped: %v", filepath.Base(bin), err)
 	}
 	deadline := time.After(d)
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -193,7 +196,8 @@ func runInNetns(t *testing.T, ns, bin, cfgPath, config, listen string, d time.Du
 		select {
 		case err := <-done:
 			code = -1
-			if ee, ok := err.(*exec.ExitError); ok {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
 				code = ee.ExitCode()
 			} else if err == nil {
 				code = 0

@@ -571,7 +571,7 @@ func routeMatrix(m *matrix, name, base, sandboxA, envdA, trafficA, envdB, traffi
 	for _, p := range []string{"/metrics", "/health"} {
 		req, _ := http.NewRequest("GET", base+p, nil)
 		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-		got := ""
+		var got string
 		code := 0
 		if err != nil {
 			got = err.Error()

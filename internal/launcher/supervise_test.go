@@ -57,8 +57,7 @@ func TestChildOutlivesItsStartingThread(t *testing.T) {
 			return true, err
 		case <-time.After(d):
 			_ = cmd.Process.Kill()
-			<-done
-			return false, nil
+			return false, <-done
 		}
 	}
 
@@ -82,7 +81,8 @@ func TestChildOutlivesItsStartingThread(t *testing.T) {
 	control := startOnDyingThread(func() (*exec.Cmd, error) {
 		cmd := exec.Command(sleep, "30")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-		return cmd, cmd.Start()
+		err := cmd.Start()
+		return cmd, err
 	})
 	if control == nil {
 		t.FailNow()
