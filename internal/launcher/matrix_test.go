@@ -36,8 +36,11 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	_ "github.com/cubesandbox/cube/api/envd/filesystem"
+	_ "github.com/cubesandbox/cube/api/envd/process"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	networkpb "github.com/cubesandbox/cube/api/network/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/launcher"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
@@ -313,6 +316,16 @@ func TestListenerMatrix(t *testing.T) {
 			})
 		}},
 	}
+	// The agent of team A's sandbox at its slot address, from the host:
+	// not a socket of the host's network namespace, so not in the
+	// inventory below.
+	route, err := masterpb.NewRouteServiceClient(adminConn).ResolveRoute(ctx, &masterpb.ResolveRouteRequest{SandboxId: sbs["team-a"].SandboxID})
+	if err != nil || route.HostIp == "" {
+		t.Fatalf("resolve team A's sandbox: %v, %v", route, err)
+	}
+	agentMatrix(t, m, "cube-agent (sandbox A) "+net.JoinHostPort(route.HostIp, "49983"), "http://"+net.JoinHostPort(route.HostIp, "49983"),
+		sbs["team-a"].EnvdAccessToken, sbs["team-b"].EnvdAccessToken)
+
 	found := inventory(t, len(specs))
 	seen := map[string]bool{}
 	// The E2B API last: its controls kill team A's sandbox, which the
@@ -587,6 +600,74 @@ func routeMatrix(m *matrix, name, base, sandboxA, envdA, trafficA, envdB, traffi
 			m.add(name, "GET /health (no sandbox)", "none", "2xx (liveness only, open by design)", got, code >= 200 && code < 300)
 		}
 	}
+}
+
+// agentMatrix: the sandbox's agent, reached from the host at its slot
+// address. Every route (its HTTP routes, and every method of the envd
+// Connect services, from their descriptors) refuses a request without
+// the sandbox's access token, with a made-up one and with team B's
+// sandbox's (401); the controls, with the token, are the read-only calls
+// (others would change the sandbox).
+func agentMatrix(t *testing.T, m *matrix, name, base, right, other string) {
+	type call struct {
+		method, path string
+		control      bool
+	}
+	calls := []call{
+		{"GET", "/envs", true}, {"POST", "/init", false}, {"GET", "/metrics", true},
+		{"GET", "/files?path=/etc/hostname", true}, {"POST", "/files?path=/tmp/x", false},
+		{"GET", agentproto.PathInfo, true}, {"POST", agentproto.PathFreeze, false}, {"POST", agentproto.PathThaw, false},
+		{"POST", agentproto.PathClock, false}, {"POST", agentproto.PathQuiesce, false}, {"POST", agentproto.PathReinit, false},
+	}
+	for _, svc := range []string{"process.Process", "filesystem.Filesystem"} {
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms := d.(protoreflect.ServiceDescriptor).Methods()
+		for i := range ms.Len() {
+			md := ms.Get(i)
+			// Unary read-only methods as controls: List, Stat, ListDir.
+			ro := !md.IsStreamingServer() && !md.IsStreamingClient() && (md.Name() == "List" || md.Name() == "Stat" || md.Name() == "ListDir")
+			calls = append(calls, call{"POST", "/" + svc + "/" + string(md.Name()), ro})
+		}
+	}
+	do := func(c call, token string) (int, string) {
+		var body io.Reader
+		if c.method == "POST" {
+			body = strings.NewReader("{}")
+		}
+		req, _ := http.NewRequest(c.method, base+c.path, body)
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	for _, c := range calls {
+		cl := c.method + " " + c.path
+		for _, cr := range []struct{ cred, tok string }{{"none", ""}, {"wrong token", randomHex(24)}, {"team B's sandbox's token", other}} {
+			code, body := do(c, cr.tok)
+			m.add(name, cl, cr.cred, "401", fmt.Sprintf("%d %s", code, body), code == http.StatusUnauthorized)
+		}
+		if c.control {
+			code, body := do(c, right)
+			m.add(name, cl, "control: sandbox A's token", "past the token check", fmt.Sprintf("%d %s", code, body),
+				code != 0 && code != http.StatusUnauthorized)
+		} else {
+			m.add(name, cl, "control: sandbox A's token", "n/a (changes the sandbox; internal/agent TestTokenFromTheFirstRequest)", "-", true)
+		}
+	}
+	code, _ := do(call{"GET", "/health", false}, "")
+	m.add(name, "GET /health", "none", "204 (liveness only, open by design)", fmt.Sprint(code), code == http.StatusNoContent)
 }
 
 // openHTTP: a loopback listener the design leaves open to local accounts
