@@ -481,9 +481,15 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 			code, body := call(r, keyB)
 			m.add(name, r, "team B's key", "404", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), code == http.StatusNotFound)
 		case strings.HasPrefix(r, "GET "):
+			// A list: team B's leaves out what team A's shows.
+			codeA, bodyA := call(r, keyA)
+			if codeA != 200 || !strings.Contains(bodyA, sandboxA) {
+				m.add(name, r, "team B's key", "n/a (team A's answer names no sandbox of A's)", fmt.Sprint(codeA), true)
+				break
+			}
 			code, body := call(r, keyB)
-			m.add(name, r, "team B's key", "team A's sandbox not listed", fmt.Sprintf("%d, lists A's: %v", code, strings.Contains(body, sandboxA)),
-				code < 500 && !strings.Contains(body, sandboxA))
+			m.add(name, r, "team B's key", "200 without team A's sandbox (team A's lists it)", fmt.Sprintf("%d, lists A's: %v", code, strings.Contains(body, sandboxA)),
+				code == 200 && !strings.Contains(body, sandboxA))
 		default:
 			m.add(name, r, "team B's key", "n/a (creates its own, or a template every team shares)", "-", true)
 		}
@@ -517,6 +523,11 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 	(&mastertest.Client{Base: base, Key: keyA, HC: &http.Client{Timeout: time.Minute}}).Do(t, "GET", "/snapshots", nil, &snaps)
 	if len(snaps) == 0 {
 		t.Fatal("team A has no snapshot after the snapshot control")
+	}
+	{
+		code, body := call("GET /snapshots", keyB)
+		m.add(name, "GET /snapshots (team A has one)", "team B's key", "200 without team A's snapshot", fmt.Sprintf("%d, lists A's: %v", code, strings.Contains(body, snaps[0].SnapshotID)),
+			code == 200 && !strings.Contains(body, snaps[0].SnapshotID))
 	}
 	for _, r := range routes {
 		if !strings.HasPrefix(r, "DELETE ") || !strings.Contains(r, "{templateID}") {
