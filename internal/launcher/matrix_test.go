@@ -242,6 +242,25 @@ func TestListenerMatrix(t *testing.T) {
 		}
 		certs[c] = tc
 	}
+	// Certificates cube up does not issue, from its CA (the test reads
+	// its key): a proxy's and another node's.
+	clusterCA, err := pki.LoadOrCreateCA(pkiDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := t.TempDir()
+	for _, c := range []struct {
+		base, name string
+		role       pki.Role
+	}{{"proxy", "proxy-1", pki.RoleProxy}, {"other-node", "other-node", pki.RoleNode}} {
+		f, err := clusterCA.Issue(extra, c.base, c.name, c.role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if certs[c.base], err = f.Client("tls"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A certificate from another CA, of the admin role: self-made, not
 	// the cluster's.
 	rogueCA, err := pki.NewCA("rogue CA")
@@ -823,12 +842,15 @@ func grpcMatrix(t *testing.T, m *matrix, name, addr string, certs map[string]*tl
 		svc := sd.(protoreflect.ServiceDescriptor)
 		// Who may call this service over mutual TLS, and a certificate
 		// that may not.
-		right, wrong, token := "master", "node", ""
+		// ("other-node": a node certificate of another node ID.)
+		rights, wrongs, token := []string{"master", "admin"}, []string{"node", "other-node", "proxy"}, ""
 		switch d.ServiceName {
 		case "master.v1.NodeService":
-			right, wrong = "node", "admin"
-		case "master.v1.AdminService", "master.v1.RouteService":
-			right, wrong, token = "admin", "node", adminToken
+			rights, wrongs = []string{"node"}, []string{"other-node", "master", "admin", "proxy"}
+		case "master.v1.AdminService":
+			rights, wrongs, token = []string{"admin"}, []string{"node", "master", "proxy"}, adminToken
+		case "master.v1.RouteService":
+			rights, wrongs, token = []string{"admin", "proxy"}, []string{"node", "master"}, adminToken
 		}
 		methods := svc.Methods()
 		if n := len(d.Methods) + len(d.Streams); n != methods.Len() {
@@ -857,12 +879,15 @@ func grpcMatrix(t *testing.T, m *matrix, name, addr string, certs map[string]*tl
 				err := invoke(ctx, conns[conn], svc, md, req)
 				return status.Code(err), fmt.Sprint(err)
 			}
-			for _, c := range []struct{ cred, conn, tok, want string }{
+			cases := []struct{ cred, conn, tok, want string }{
 				{"none (plaintext)", "plain", token, "Unavailable (no handshake)"},
 				{"none (TLS, no certificate)", "nocert", token, "Unavailable (handshake refused)"},
 				{"wrong (another CA's certificate)", "rogue", token, "Unavailable (handshake refused)"},
-				{"wrong role (" + wrong + " certificate)", wrong, token, "PermissionDenied"},
-			} {
+			}
+			for _, w := range wrongs {
+				cases = append(cases, struct{ cred, conn, tok, want string }{"wrong role or node (" + w + " certificate)", w, token, "PermissionDenied"})
+			}
+			for _, c := range cases {
 				code, msg := probe(c.conn, c.tok)
 				ok := code == codes.Unavailable
 				if strings.HasPrefix(c.want, "PermissionDenied") {
@@ -871,11 +896,13 @@ func grpcMatrix(t *testing.T, m *matrix, name, addr string, certs map[string]*tl
 				m.add(name, call, c.cred, c.want, msg, ok)
 			}
 			if token != "" {
-				code, msg := probe(right, randomHex(16))
-				m.add(name, call, "wrong admin token ("+right+" certificate)", "Unauthenticated", msg, code == codes.Unauthenticated)
+				code, msg := probe(rights[0], randomHex(16))
+				m.add(name, call, "wrong admin token ("+rights[0]+" certificate)", "Unauthenticated", msg, code == codes.Unauthenticated)
 			}
-			code, msg := probe(right, token)
-			m.add(name, call, "control: "+right+" certificate", "past the checks", msg, !authCode(code))
+			for _, r := range rights {
+				code, msg := probe(r, token)
+				m.add(name, call, "control: "+r+" certificate", "past the checks", msg, !authCode(code))
+			}
 		}
 	}
 }
