@@ -216,6 +216,14 @@ func TestListenerMatrix(t *testing.T) {
 			t.Errorf("network-agent --purge: %v\n%s", err, out)
 		}
 		leakcheck.AssertNone(t, context.Background(), scope)
+		// cubelet leaves its (empty) cgroup parent in each hierarchy.
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + scope.CgroupName)
+		if d := "/sys/fs/cgroup/" + scope.CgroupName; dirExists(d) {
+			dirs = append(dirs, d)
+		}
+		for _, d := range dirs {
+			_ = os.Remove(d)
+		}
 	})
 	t.Cleanup(func() {
 		for _, key := range keys {
@@ -392,6 +400,11 @@ func busyboxLayout(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return layout
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }
 
 func randomHex(n int) string {
