@@ -19,6 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
@@ -152,6 +153,8 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		if err != nil {
 			return nil, cleanup, err
 		}
+		// Only a node's certificate answers for a cubelet.
+		tc = pki.ExpectPeer(tc, "", pki.RoleNode)
 		conn, err := cubeletclient.DialTLS(s.Addr, tc)
 		if err != nil {
 			return nil, cleanup, err

@@ -23,6 +23,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -136,7 +137,8 @@ func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, c pb.Cub
 	if err != nil {
 		return usageError{err}
 	}
-	conn, err := cubeletclient.DialTLS(g.addr, tc)
+	// Only a node's certificate answers for a cubelet.
+	conn, err := cubeletclient.DialTLS(g.addr, pki.ExpectPeer(tc, "", pki.RoleNode))
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -96,7 +97,8 @@ func (c *cluster) call(cmd *cobra.Command, fn func(ctx context.Context, a master
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = serve.ClientCredentials(tc)
+		// Only a master's certificate answers for the master.
+		creds = serve.ClientCredentials(pki.ExpectPeer(tc, "", pki.RoleMaster))
 	}
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {

@@ -65,7 +65,9 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		if cfg.API.Pprof {
 			registerPprof(mux)
 		}
-		g.HTTP("cubelet metrics", mux, l)
+		// Over mutual TLS, the roles that may call the gRPC API: the
+		// metrics name this node's sandboxes and templates.
+		g.HTTP("cubelet metrics", pki.RequirePeer(mux, pki.RoleMaster, pki.RoleAdmin), l)
 	}
 	// Bound listeners queue connections until Run accepts them: the
 	// master may dial from now on.

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -17,6 +18,7 @@ import (
 // path ("/run/cube/cubemaster.sock" or "unix:///…"), served to root
 // without a token, or host:port, which needs the master's api.admin_token
 // and, when the master has [tls], tc: a certificate the cluster CA signed.
+// The master must present a master certificate of that CA.
 func DialMaster(addr, token string, tc *tls.Config) (*grpc.ClientConn, error) {
 	target := addr
 	if strings.HasPrefix(addr, "/") {
@@ -24,7 +26,8 @@ func DialMaster(addr, token string, tc *tls.Config) (*grpc.ClientConn, error) {
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = serve.ClientCredentials(tc)
+		// Only a master's certificate answers for the master.
+		creds = serve.ClientCredentials(pki.ExpectPeer(tc, "", pki.RoleMaster))
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if token != "" {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -37,7 +38,7 @@ func (c *child) start() error {
 	// launcher, which stops the children in order), and SIGTERM should the
 	// launcher die without doing so.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	if err := onForkThread(cmd.Start); err != nil {
 		return fmt.Errorf("start %s: %w", c.name, err)
 	}
 	exited := make(chan struct{})
@@ -47,6 +48,33 @@ func (c *child) start() error {
 	go func() { _ = cmd.Wait(); close(exited) }()
 	c.log.Info("started", "daemon", c.name, "pid", cmd.Process.Pid)
 	return nil
+}
+
+// The kernel sends the parent-death signal when the thread that forked
+// the child exits, not the process, and the Go runtime ends a thread when
+// a goroutine locked to it returns without unlocking (anything in the
+// launcher's process may do that: tests run Up in theirs): a daemon
+// started from such a thread would get SIGTERM while the launcher runs.
+// So every daemon is started from one thread that never exits.
+var (
+	forkOnce sync.Once
+	forkReqs chan func()
+)
+
+// onForkThread runs start on the launcher's fork thread.
+func onForkThread(start func() error) error {
+	forkOnce.Do(func() {
+		forkReqs = make(chan func())
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
+			for f := range forkReqs {
+				f()
+			}
+		}()
+	})
+	errc := make(chan error, 1)
+	forkReqs <- func() { errc <- start() }
+	return <-errc
 }
 
 // supervise restarts the child whenever it exits until ctx ends.

@@ -19,6 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/pki"
 )
 
 // registry is the master's live view of its nodes. The catalog holds the
@@ -76,12 +77,14 @@ func validateReport(r *masterpb.NodeReport) error {
 	return nil
 }
 
-// setAddress (re)connects a node when its address changed. Caller holds mu.
-func (n *nodeState) setAddress(addr string, tc *tls.Config) error {
+// setAddress (re)connects node id when its address changed. Over TLS the
+// node must present a node certificate naming id: another node's, or any
+// other component's, is refused at the handshake. Caller holds mu.
+func (n *nodeState) setAddress(id, addr string, tc *tls.Config) error {
 	if n.conn != nil && n.conn.Target() == addr || n.conn != nil && n.conn.Target() == "unix://"+addr {
 		return nil
 	}
-	conn, err := cubeletclient.DialTLS(addr, tc)
+	conn, err := cubeletclient.DialTLS(addr, pki.ExpectPeer(tc, id, pki.RoleNode))
 	if err != nil {
 		return fmt.Errorf("node address %q: %v: %w", addr, err, errdefs.ErrInvalidArgument)
 	}
@@ -107,7 +110,7 @@ func (s *Service) loadNodes(ctx context.Context) error {
 			continue
 		}
 		ns := &nodeState{report: &rep, lastSeen: n.LastHeartbeat, registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
-		if err := ns.setAddress(n.Address, s.reg.tls); err != nil {
+		if err := ns.setAddress(n.ID, n.Address, s.reg.tls); err != nil {
 			s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
 			continue
 		}
@@ -233,7 +236,7 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	if ns == nil {
 		ns = &nodeState{schedulable: schedulable, registered: now, pending: map[string]reservation{}}
 	}
-	if err := ns.setAddress(r.Address, s.reg.tls); err != nil {
+	if err := ns.setAddress(r.NodeId, r.Address, s.reg.tls); err != nil {
 		return err
 	}
 	if registered {

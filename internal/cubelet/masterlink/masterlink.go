@@ -19,6 +19,7 @@ import (
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -60,7 +61,9 @@ func New(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Logge
 	}
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
-		creds = serve.ClientCredentials(tc)
+		// The master must present a master certificate: a node's (or a
+		// proxy's) of the same CA would otherwise pass for it.
+		creds = serve.ClientCredentials(pki.ExpectPeer(tc, "", pki.RoleMaster))
 	}
 	conn, err := grpc.NewClient(target,
 		grpc.WithTransportCredentials(creds),

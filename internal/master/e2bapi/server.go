@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -79,6 +80,8 @@ type Handler struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+	// patterns are the routes as registered ("METHOD /path"), for Routes.
+	patterns []string
 }
 
 // New returns the API handler.
@@ -94,7 +97,11 @@ func New(b Backend, cfg Config, log *slog.Logger) *Handler {
 func (h *Handler) routes() {
 	m := h.mux
 	m.HandleFunc("GET /health", h.health)
-	auth := func(pattern string, fn http.HandlerFunc) { m.Handle(pattern, h.authenticated(fn)) }
+	h.patterns = append(h.patterns, "GET /health")
+	auth := func(pattern string, fn http.HandlerFunc) {
+		m.Handle(pattern, h.authenticated(fn))
+		h.patterns = append(h.patterns, pattern)
+	}
 	// Verbs on a sandbox leave an audit event in its log when they
 	// succeed (who did what); creates record theirs in create.
 	audited := func(pattern, action string, fn http.HandlerFunc) { auth(pattern, h.audited(action, fn)) }
@@ -126,6 +133,12 @@ func (h *Handler) routes() {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
 }
+
+// Routes are the API's routes ("METHOD /path/{param}") in the order they
+// were registered, GET /health (the only one without a key) first: the
+// listener matrix (internal/launcher) calls each, so a new route is
+// probed without a change there.
+func (h *Handler) Routes() []string { return slices.Clone(h.patterns) }
 
 // statusWriter records the status for the access log.
 type statusWriter struct {

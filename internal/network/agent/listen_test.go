@@ -50,7 +50,17 @@ func TestHealthListenerLocalByDefault(t *testing.T) {
 	}
 	e.Config.TLS = files
 	e.StartProcess(t, "")
-	tc, err := files.Client("tls")
+	// The node's own certificate is of the cluster but not of a role that
+	// may read the listener (master, admin); an operator's is.
+	nodeTC, err := files.Client("tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminFiles, err := ca.Issue(dir, "admin", "admin", pki.RoleAdmin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := adminFiles.Client("tls")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +81,14 @@ func TestHealthListenerLocalByDefault(t *testing.T) {
 	} else {
 		t.Logf("caller without a certificate: %v", err)
 	}
-	if code, err := get(tc); err != nil || code != http.StatusNoContent {
-		t.Fatalf("control: /healthz with the cluster's certificate: %d, %v", code, err)
+	if code, err := get(nodeTC); err != nil || code != http.StatusForbidden {
+		t.Fatalf("/healthz with a node's certificate: %d, %v, want 403", code, err)
 	}
-	t.Log("control: /healthz with the cluster's certificate: 204")
+	t.Log("caller with a node's certificate: 403")
+	if code, err := get(tc); err != nil || code != http.StatusNoContent {
+		t.Fatalf("control: /healthz with the cluster's admin certificate: %d, %v", code, err)
+	}
+	t.Log("control: /healthz with the cluster's admin certificate: 204")
 }
 
 // freePort is a TCP port nothing listens on right now.

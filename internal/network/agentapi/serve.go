@@ -11,6 +11,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/network/v1"
 	"github.com/cubesandbox/cube/internal/network/agent"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
 
@@ -41,7 +42,9 @@ func Serve(ctx context.Context, a *agent.Agent, log *slog.Logger) error {
 			g.Close()
 			return err
 		}
-		g.HTTP("network-agent health and metrics", HTTPHandler(a), l)
+		// Over mutual TLS: operators' and the master's certificates, not
+		// a node's (another node's holder would read this node's state).
+		g.HTTP("network-agent health and metrics", pki.RequirePeer(HTTPHandler(a), pki.RoleAdmin, pki.RoleMaster), l)
 	}
 	return g.Run(ctx)
 }
