@@ -11,11 +11,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
@@ -44,43 +42,20 @@ type Env struct {
 	OwnMounts []string
 }
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-// RepoRoot finds the module root from this source file.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
-}
+// RepoRoot is the module root.
+func RepoRoot() string { return testbin.Root() }
 
 // Binaries builds cube-agent (static), cubelet and cubecli once per test
-// process into a shared directory and returns it.
+// process into one directory and returns it. -tags failpoints: tests
+// drive the daemons' faults through CUBE_FAILPOINTS, which release builds
+// ignore.
 func Binaries(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "cube-bin-")
-		if buildErr != nil {
-			return
-		}
-		for _, b := range []string{"cube-agent", "cubelet", "cubecli"} {
-			// -tags failpoints: tests drive the daemons' faults through
-			// CUBE_FAILPOINTS, which release builds ignore.
-			cmd := exec.Command("go", "build", "-trimpath", "-tags", "failpoints", "-o", filepath.Join(buildDir, b), "./cmd/"+b)
-			cmd.Dir = RepoRoot()
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("build %s: %v\n%s", b, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	var dir string
+	for _, b := range []string{"cube-agent", "cubelet", "cubecli"} {
+		dir = filepath.Dir(testbin.Build(t, b, "failpoints"))
 	}
-	return buildDir
+	return dir
 }
 
 func randHex(n int) string {

@@ -36,6 +36,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
+	"github.com/cubesandbox/cube/internal/testbin"
 )
 
 // Master is a running cubemaster.
@@ -143,34 +144,11 @@ func StartMasterProcess(t testing.TB, extraTOML string) *Master {
 	return m
 }
 
-var (
-	masterBinOnce sync.Once
-	masterBin     string
-	masterBinErr  error
-)
-
 // masterBinary builds cubemaster with -tags failpoints once per test
 // process.
 func masterBinary(t testing.TB) string {
 	t.Helper()
-	masterBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cube-master-bin-")
-		if err != nil {
-			masterBinErr = err
-			return
-		}
-		masterBin = filepath.Join(dir, "cubemaster")
-		cmd := exec.Command("go", "build", "-trimpath", "-tags", "failpoints", "-o", masterBin, "./cmd/cubemaster")
-		cmd.Dir = cubelettest.RepoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			masterBinErr = fmt.Errorf("build cubemaster: %v\n%s", err, out)
-		}
-	})
-	if masterBinErr != nil {
-		t.Fatal(masterBinErr)
-	}
-	return masterBin
+	return testbin.Build(t, "cubemaster", "failpoints")
 }
 
 func newMaster(t testing.TB, extraTOML, e2bAddr string) *Master {

@@ -3,12 +3,9 @@ package nettest
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,69 +13,22 @@ import (
 
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/network/client"
+	"github.com/cubesandbox/cube/internal/testbin"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// Binary builds cmd/network-agent once per test process (with the test's
-// own build settings, so the build cache already holds its packages) with
-// the failpoints tag: the tests drive its faults through CUBE_FAILPOINTS,
+// Binary builds cmd/network-agent once per test process with the
+// failpoints tag: the tests drive its faults through CUBE_FAILPOINTS,
 // which release builds ignore.
 func Binary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cube-netbin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "network-agent")
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-		cmd := exec.Command("go", "build", "-tags", "failpoints", "-o", binPath, "./cmd/network-agent")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build network-agent: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return testbin.Build(t, "network-agent", "failpoints")
 }
-
-var (
-	releaseOnce sync.Once
-	releasePath string
-	releaseErr  error
-)
 
 // ReleaseBinary builds cmd/network-agent once per test process as
 // release builds are made: without the failpoints tag.
 func ReleaseBinary(t testing.TB) string {
 	t.Helper()
-	releaseOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "cube-netbin-release-")
-		if err != nil {
-			releaseErr = err
-			return
-		}
-		releasePath = filepath.Join(dir, "network-agent")
-		_, file, _, _ := runtime.Caller(0)
-		cmd := exec.Command("go", "build", "-o", releasePath, "./cmd/network-agent")
-		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			releaseErr = fmt.Errorf("build network-agent: %v\n%s", err, out)
-		}
-	})
-	if releaseErr != nil {
-		t.Fatal(releaseErr)
-	}
-	return releasePath
+	return testbin.Build(t, "network-agent", "")
 }
 
 // Process is network-agent running as a process on an Env's state.
