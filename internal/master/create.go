@@ -170,9 +170,10 @@ func (s *Service) resolveTemplate(ctx context.Context, name string) (tmpl string
 		}
 		// A template imported on a node since its last heartbeat: ask the
 		// nodes once before saying no.
-		if attempt > 0 || !s.refreshAllTemplates(ctx) {
+		if attempt > 0 {
 			return "", nil, fmt.Errorf("template %q not found: %w", name, errdefs.ErrNotFound)
 		}
+		s.refreshAllTemplates(ctx)
 	}
 }
 
@@ -182,21 +183,21 @@ var templateNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
 // refreshAllTemplates re-reads every healthy node's templates, at most
 // once a second (misses from clients must not turn into a storm of node
-// calls). It reports whether it refreshed.
-func (s *Service) refreshAllTemplates(ctx context.Context) bool {
+// calls). Concurrent misses wait for the refresh in progress rather than
+// failing before it is done; a miss within a second of the last refresh
+// looks again at what it found.
+func (s *Service) refreshAllTemplates(ctx context.Context) {
 	s.refreshMu.Lock()
+	defer s.refreshMu.Unlock()
 	if time.Since(s.lastRefresh) < time.Second {
-		s.refreshMu.Unlock()
-		return false
+		return
 	}
-	s.lastRefresh = time.Now()
-	s.refreshMu.Unlock()
 	for _, n := range s.schedNodes() {
 		if n.Healthy {
 			s.refreshTemplates(ctx, n.ID)
 		}
 	}
-	return true
+	s.lastRefresh = time.Now()
 }
 
 // Create places a new sandbox on a node and returns it running.
