@@ -92,9 +92,11 @@ func (a *agentAction) Rollback(ctx context.Context, t *Task) error {
 func (a *agentAction) UndoRollback(context.Context, *Task) error { return nil }
 
 func (a *agentAction) wait(ctx context.Context, t *Task) error {
-	ctx, cancel := context.WithTimeout(ctx, a.n.Cfg.Sandbox.AgentReadyTimeout.Duration)
-	defer cancel()
 	rec := t.Record()
+	done := a.n.agentWaits.start()
+	defer done()
+	ctx, cancel := context.WithTimeout(ctx, a.n.agentReadyTimeout(rec))
+	defer cancel()
 	err := a.n.waitAgent(ctx, rec)
 	if err != nil && rec.Container != nil {
 		return a.n.withConsole(rec, err)
@@ -121,7 +123,9 @@ func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	return agentclient.Wake(ctx, d, rec, n.Cfg.Sandbox.AgentReadyTimeout.Duration)
+	done := n.agentWaits.start()
+	defer done()
+	return agentclient.Wake(ctx, d, rec, n.agentReadyTimeout(rec))
 }
 
 // needsQuiesce says whether rec's runtime saves memory and needs the agent
