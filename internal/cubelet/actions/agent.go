@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -93,11 +94,12 @@ func (a *agentAction) UndoRollback(context.Context, *Task) error { return nil }
 
 func (a *agentAction) wait(ctx context.Context, t *Task) error {
 	rec := t.Record()
-	done := a.n.agentWaits.start()
-	defer done()
-	ctx, cancel := context.WithTimeout(ctx, a.n.agentReadyTimeout(rec))
+	ctx, cancel := a.n.agentWait(ctx, rec)
 	defer cancel()
 	err := a.n.waitAgent(ctx, rec)
+	if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
+		err = fmt.Errorf("%w (%v)", err, cause)
+	}
 	if err != nil && rec.Container != nil {
 		return a.n.withConsole(rec, err)
 	}
@@ -123,9 +125,14 @@ func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	done := n.agentWaits.start()
-	defer done()
-	return agentclient.Wake(ctx, d, rec, n.agentReadyTimeout(rec))
+	ctx, cancel := n.agentWait(ctx, rec)
+	defer cancel()
+	// agentWait's budget bounds the wait, not Wake's own timeout.
+	err = agentclient.Wake(ctx, d, rec, 24*time.Hour)
+	if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
+		err = fmt.Errorf("%w (%v)", err, cause)
+	}
+	return err
 }
 
 // needsQuiesce says whether rec's runtime saves memory and needs the agent

@@ -1,7 +1,12 @@
 package actions
 
 import (
+	"context"
+	"fmt"
+	"os"
 	goruntime "runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -19,18 +24,79 @@ type accelerated interface{ Accel() string }
 
 var _ accelerated = (*vmRuntime)(nil)
 
-// agentReadyTimeout is how long rec's agent may take to answer after its
-// runtime started it: sandbox.agent_ready_timeout scaled by what the node
-// can do at the moment the wait begins (docs/timeouts.md):
+// agentWait bounds the wait for rec's agent after its runtime started it:
+// sandbox.agent_ready_timeout scaled by what the node can do
+// (docs/timeouts.md). The wait ends once the sandbox has had
 //
-//	agent_ready_timeout × accel × max(1, waiting / CPUs)
+//	agent_ready_timeout × accel
 //
-// accel is TCGSlowdown for a VM under TCG, 1 otherwise; waiting is the
-// sandboxes of this node waiting for their agent now (this one
-// included); CPUs are the host's. Booting guests share the CPUs: eight
-// TCG VMs on two CPUs each boot about four times slower than one alone.
-func (n *Node) agentReadyTimeout(rec *sandbox.Record) time.Duration {
-	return scaledTimeout(n.Cfg.Sandbox.AgentReadyTimeout.Duration, n.accelOf(rec), int(n.agentWaits.n.Load()), goruntime.NumCPU())
+// of CPU share, where each wall-clock second counts min(1, CPUs / busy):
+// accel is TCGSlowdown for a VM under TCG, 1 otherwise; busy is the
+// larger of the sandboxes of this node waiting for their agent (this one
+// included) and the host's runnable threads, sampled every 100 ms; CPUs
+// are the host's. Under a steady load that is agent_ready_timeout ×
+// accel × max(1, busy / CPUs) of wall time: booting guests share the CPUs
+// with each other and whatever else runs, and eight TCG VMs on two CPUs
+// each boot about four times slower than one alone. A wait that began
+// alone stretches when more work begins after it.
+func (n *Node) agentWait(ctx context.Context, rec *sandbox.Record) (context.Context, context.CancelFunc) {
+	done := n.agentWaits.start()
+	budget := scaledTimeout(n.Cfg.Sandbox.AgentReadyTimeout.Duration, n.accelOf(rec), 1, 1)
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		var had time.Duration
+		last, begin := time.Now(), time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				had += share(now.Sub(last), max(int(n.agentWaits.n.Load()), hostRunnable()), goruntime.NumCPU())
+				last = now
+				if had >= budget {
+					cancel(fmt.Errorf("agent wait: %s of CPU share spent (%s of wall time, sandbox.agent_ready_timeout %s scaled by accelerator and load): %w",
+						budget, now.Sub(begin).Round(time.Millisecond), n.Cfg.Sandbox.AgentReadyTimeout.Duration, context.DeadlineExceeded))
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() {
+		close(stop)
+		cancel(nil)
+		done()
+	}
+}
+
+// hostRunnable is the host's runnable threads now (the numerator of the
+// fourth field of /proc/loadavg), 0 when unknown. A variable so tests
+// can fix it.
+var hostRunnable = func() int {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return 0
+	}
+	r, _, _ := strings.Cut(f[3], "/")
+	v, _ := strconv.Atoi(r)
+	return v
+}
+
+// share is the CPU share a waiting sandbox had in d with waiting
+// sandboxes on cpus CPUs.
+func share(d time.Duration, waiting, cpus int) time.Duration {
+	if cpus > 0 && waiting > cpus {
+		return d * time.Duration(cpus) / time.Duration(waiting)
+	}
+	return d
 }
 
 // accelOf is rec's runtime's accelerator ("" when it has none to name).
@@ -45,7 +111,7 @@ func (n *Node) accelOf(rec *sandbox.Record) string {
 	return ""
 }
 
-// scaledTimeout is the formula of agentReadyTimeout.
+// scaledTimeout is the wall time agentWait allows under a steady load.
 func scaledTimeout(base time.Duration, accel string, waiting, cpus int) time.Duration {
 	d := base
 	if accel == "tcg" {
