@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,11 +24,11 @@ import (
 // answers again), and one whose answer the kill cut off is made again
 // (cubelet's restart undoes an unfinished create; a finished one is
 // removed by the run's sweep), its latency counted from the first
-// attempt, as a client of cubemaster sees it. The report's latency is of
-// every create; its notes split it into before, across and after the
-// restart and give the restart window: how long the node was down (kill
-// to API answering) and how long creates waited (kill to the first create
-// that completed after it).
+// attempt, as a client of cubemaster sees it; a delete is made again the
+// same way. The report's latency is of every create; its notes split it
+// into before, across and after the restart and give the restart window:
+// how long the node was down (kill to API answering) and how long creates
+// waited (kill to the first create that completed after it).
 
 // restartWait bounds one create's wait for the node (cubemaster's
 // nodes.restart_wait is 15 s; a bench on a loaded machine gets more).
@@ -66,18 +67,21 @@ func runRestart(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		defer mu.Unlock()
 		return len(samples)
 	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
+	// Workers finish the create in hand once told to stop, so none is
+	// cut off at the end (ctx still ends them at once).
+	var stopping atomic.Bool
+	wctx := ctx
+	stop := func() { stopping.Store(true) }
 	e.Progress.Start("restart", p.N)
 	defer e.Progress.Finish()
 	var wg sync.WaitGroup
 	begin := time.Now()
 	for range p.Concurrency {
 		wg.Go(func() {
-			for wctx.Err() == nil {
+			for wctx.Err() == nil && !stopping.Load() {
 				s, id, err := e.createWaiting(wctx)
 				if err == nil {
-					_, err = e.Client.DeleteSandbox(context.WithoutCancel(wctx), &pb.DeleteSandboxRequest{SandboxId: id}, grpc.WaitForReady(true))
+					err = e.deleteWaiting(context.WithoutCancel(wctx), id)
 				}
 				mu.Lock()
 				if err != nil && wctx.Err() == nil {
@@ -131,6 +135,19 @@ func runRestart(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		return nil, fmt.Errorf("restart: %w", err)
 	}
 	wall := time.Since(begin)
+	// What creates whose answer the kill cut off left on the node (a
+	// client of cubemaster never sees these: its undo deletes them).
+	left := map[string]int{}
+	if resp, err := e.Client.ListSandboxes(ctx, &pb.ListSandboxesRequest{Labels: map[string]string{LabelKey: e.RunID}}); err == nil {
+		var ids []string
+		for _, sb := range resp.Sandboxes {
+			left[sb.State.String()]++
+			ids = append(ids, sb.Id)
+		}
+		if err := e.deleteAll(ctx, "", ids, p.Concurrency); err != nil {
+			return nil, fmt.Errorf("restart: %w", err)
+		}
+	}
 
 	var all, before, across, after []time.Duration
 	var firstAfter time.Time
@@ -165,7 +182,7 @@ func runRestart(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		line("before the kill", before), line("across the restart", across), line("after it", after),
 		fmt.Sprintf("restart window: cubelet down %s (SIGKILL to its API answering, 1 s of it the supervisor's backoff); creates waited %s (SIGKILL to the first create completed after it)",
 			up.Sub(killed).Round(time.Millisecond), firstAfter.Sub(killed).Round(time.Millisecond)),
-		fmt.Sprintf("%d create(s) lost their answer to the kill and were made again", retried))
+		fmt.Sprintf("%d create(s) lost their answer to the kill and were made again; the node then held %v of theirs (deleted)", retried, left))
 	return r, nil
 }
 
@@ -188,5 +205,21 @@ func (e *Env) createWaiting(ctx context.Context) (restartSample, string, error) 
 			return s, "", errors.Join(fmt.Errorf("create: %w", err), ctx.Err())
 		}
 		s.retried++
+	}
+}
+
+// deleteWaiting deletes a sandbox, waiting for the node while it is down
+// and making the delete again when the kill cut its answer off.
+func (e *Env) deleteWaiting(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, restartWait)
+	defer cancel()
+	for {
+		_, err := e.Client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}, grpc.WaitForReady(true))
+		switch {
+		case err == nil, status.Code(err) == codes.NotFound:
+			return nil
+		case status.Code(err) != codes.Unavailable || ctx.Err() != nil:
+			return errors.Join(fmt.Errorf("delete %s: %w", id, err), ctx.Err())
+		}
 	}
 }
