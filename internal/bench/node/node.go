@@ -129,7 +129,8 @@ agent_binary = %q
 		return n, err
 	}
 	n.Client = cubeletclient.New(n.conn)
-	return n, n.waitHealthy(ctx)
+	err = n.waitHealthy(ctx)
+	return n, err
 }
 
 // Kill SIGKILLs cubelet (a crash: its sandboxes keep running) and waits

@@ -96,10 +96,7 @@ func (a *agentAction) wait(ctx context.Context, t *Task) error {
 	rec := t.Record()
 	ctx, cancel := a.n.agentWait(ctx, rec)
 	defer cancel()
-	err := a.n.waitAgent(ctx, rec)
-	if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
-		err = fmt.Errorf("%w (%v)", err, cause)
-	}
+	err := withWaitCause(ctx, a.n.waitAgent(ctx, rec))
 	if err != nil && rec.Container != nil {
 		return a.n.withConsole(rec, err)
 	}
@@ -128,11 +125,7 @@ func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
 	ctx, cancel := n.agentWait(ctx, rec)
 	defer cancel()
 	// agentWait's budget bounds the wait, not Wake's own timeout.
-	err = agentclient.Wake(ctx, d, rec, 24*time.Hour)
-	if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
-		err = fmt.Errorf("%w (%v)", err, cause)
-	}
-	return err
+	return withWaitCause(ctx, agentclient.Wake(ctx, d, rec, 24*time.Hour))
 }
 
 // needsQuiesce says whether rec's runtime saves memory and needs the agent

@@ -2,6 +2,7 @@ package actions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	goruntime "runtime"
@@ -59,8 +60,8 @@ func (n *Node) agentWait(ctx context.Context, rec *sandbox.Record) (context.Cont
 				had += share(now.Sub(last), max(int(n.agentWaits.n.Load()), hostRunnable()), goruntime.NumCPU())
 				last = now
 				if had >= budget {
-					cancel(fmt.Errorf("agent wait: %s of CPU share spent (%s of wall time, sandbox.agent_ready_timeout %s scaled by accelerator and load): %w",
-						budget, now.Sub(begin).Round(time.Millisecond), n.Cfg.Sandbox.AgentReadyTimeout.Duration, context.DeadlineExceeded))
+					cancel(fmt.Errorf("%w: %s of CPU share spent (%s of wall time, sandbox.agent_ready_timeout %s scaled by accelerator and load): %w",
+						errAgentWait, budget, now.Sub(begin).Round(time.Millisecond), n.Cfg.Sandbox.AgentReadyTimeout.Duration, context.DeadlineExceeded))
 					return
 				}
 			}
@@ -88,6 +89,18 @@ var hostRunnable = func() int {
 	r, _, _ := strings.Cut(f[3], "/")
 	v, _ := strconv.Atoi(r)
 	return v
+}
+
+// errAgentWait is the cause of an agent wait whose budget ran out.
+var errAgentWait = errors.New("agent wait")
+
+// withWaitCause adds to err why ctx, an agentWait context, ended when its
+// budget ran out (the wait's own error says only that it was canceled).
+func withWaitCause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, errAgentWait) {
+		return fmt.Errorf("%w (%v)", err, cause)
+	}
+	return err
 }
 
 // share is the CPU share a waiting sandbox had in d with waiting
