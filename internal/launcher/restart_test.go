@@ -135,12 +135,13 @@ func TestRestartNoErrors(t *testing.T) {
 	// kill of network-agent.
 	phases := []string{"steady", "cubelet restart", "network-agent restart"}
 	var (
-		mu     sync.Mutex
-		phase  int
-		lat    = map[int][]time.Duration{}
-		errs   []string
-		known  = map[string]bool{} // sandboxes the clients believe exist
-		finish = make(chan struct{})
+		mu      sync.Mutex
+		phase   int
+		lat     = map[int][]time.Duration{}
+		killLat = map[int][]time.Duration{}
+		errs    []string
+		known   = map[string]bool{} // sandboxes the clients believe exist
+		finish  = make(chan struct{})
 	)
 	var wg sync.WaitGroup
 	for range 4 {
@@ -166,7 +167,13 @@ func TestRestartNoErrors(t *testing.T) {
 				lat[p] = append(lat[p], d)
 				known[sbID] = true
 				mu.Unlock()
-				if code, body := api.kill(sbID); code != http.StatusNoContent {
+				kstart := time.Now()
+				code, body = api.kill(sbID)
+				kd := time.Since(kstart)
+				mu.Lock()
+				killLat[phase] = append(killLat[phase], kd)
+				mu.Unlock()
+				if code != http.StatusNoContent {
 					mu.Lock()
 					errs = append(errs, fmt.Sprintf("%s: kill %s: %d %s", phases[p], sbID, code, body))
 					mu.Unlock()
@@ -204,15 +211,17 @@ func TestRestartNoErrors(t *testing.T) {
 	close(finish)
 	wg.Wait()
 
-	for i, name := range phases {
-		ds := lat[i]
+	stats := func(ds []time.Duration) string {
 		sort.Slice(ds, func(a, b int) bool { return ds[a] < ds[b] })
-		if len(ds) == 0 {
-			t.Errorf("%s: no create succeeded", name)
+		return fmt.Sprintf("p50 %s p99 %s max %s", ds[len(ds)/2].Round(time.Millisecond),
+			ds[len(ds)*99/100].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+	}
+	for i, name := range phases {
+		if len(lat[i]) == 0 || len(killLat[i]) == 0 {
+			t.Errorf("%s: no create or no kill succeeded", name)
 			continue
 		}
-		t.Logf("%-22s %4d creates: latency p50 %s p99 %s max %s", name, len(ds),
-			ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)*99/100].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond))
+		t.Logf("%-22s %4d creates: %s; %4d kills: %s", name, len(lat[i]), stats(lat[i]), len(killLat[i]), stats(killLat[i]))
 	}
 	if len(errs) > 0 {
 		t.Errorf("%d client error(s), e.g.:\n%s", len(errs), strings.Join(errs[:min(len(errs), 5)], "\n"))

@@ -88,10 +88,15 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 		return err
 	}
 	err := s.onNode(ctx, sb, del)
-	if errdefs.IsUnavailable(err) && s.nodeHealthy(sb.NodeID) {
-		// The connection broke under the call (a cubelet killed just
-		// then): a delete may be repeated, so it is, once the node is
-		// back.
+	// The connection broke under the call (a cubelet killed just then,
+	// or one starting up): a delete may be repeated, so it is, while the
+	// node stays healthy, for up to nodes.restart_wait.
+	for until := time.Now().Add(s.cfg.Nodes.RestartWait.Duration); errdefs.IsUnavailable(err) && s.nodeHealthy(sb.NodeID) && time.Now().Before(until); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 		err = s.onNode(ctx, sb, del)
 	}
 	switch {
