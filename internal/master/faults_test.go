@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -84,7 +85,7 @@ func TestFaults(t *testing.T) {
 		// the node is healthy, so a 429-class error the client retries
 		// (never a 503), and once the node answers again no row and
 		// nothing on the node. The create waits for the node
-		// (nodes.create_wait) until its client gives up.
+		// (nodes.restart_wait) until its client gives up.
 		node.StopAPI()
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := svc().Create(cctx, master.CreateRequest{Template: "busybox"})

@@ -282,10 +282,11 @@ func (e *NoNodeError) Unwrap() error { return e.kind }
 // Transient reports whether the placement may succeed if tried again in a
 // moment: a node tried refused with a retryable error (unreachable, over
 // its create limit), or a node was filtered out only for being unhealthy.
-// A cluster that lacks the template, the runtime or the room is not.
+// A cluster that lacks the template, the runtime or the room, or whose
+// nodes' disks are full, is not.
 func (e *NoNodeError) Transient() bool {
 	for _, err := range e.Refusals {
-		if Retryable(err) {
+		if Retryable(err) && !errdefs.IsNoSpace(err) {
 			return true
 		}
 	}
