@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -30,6 +29,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -44,11 +44,8 @@ import (
 func TestRestartNoErrors(t *testing.T) {
 	cubelettest.RequireRoot(t)
 	bin := binaries(t)
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, "network-agent"), "./cmd/network-agent")
-	build.Dir = cubelettest.RepoRoot()
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build network-agent: %v\n%s", err, out)
+	if err := os.Link(testbin.Build(t, "network-agent", ""), filepath.Join(bin, "network-agent")); err != nil {
+		t.Fatal(err)
 	}
 	layout, err := testimage.Busybox(context.Background(), filepath.Join(os.TempDir(), "cube-test-busybox"))
 	if err != nil {
