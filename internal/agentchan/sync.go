@@ -143,6 +143,12 @@ func hostSync(ctx context.Context, c net.Conn) (net.Conn, error) {
 	var nb [8]byte
 	rand.Read(nb[:])
 	nonce := hex.EncodeToString(nb[:])
+	// The error names the bound that ended the wait: this one, or the
+	// caller's deadline when that comes first.
+	limit := syncTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < limit {
+		limit = max(time.Until(dl), 0).Round(time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) }) // best effort: unblocks the reader
@@ -172,7 +178,7 @@ func hostSync(ctx context.Context, c net.Conn) (net.Conn, error) {
 		case r := <-done:
 			if r.err != nil {
 				if ctx.Err() != nil {
-					return nil, fmt.Errorf("%w within %v: %w", errNoSync, syncTimeout, ctx.Err())
+					return nil, fmt.Errorf("%w within %v: %w", errNoSync, limit, ctx.Err())
 				}
 				return nil, fmt.Errorf("agentchan: handshake: %w", r.err)
 			}

@@ -89,7 +89,7 @@ func TestScenariosTiny(t *testing.T) {
 	for _, r := range rep.Results {
 		byName[r.Scenario] = r
 	}
-	mustRun := []string{"create-c1", "create-c50", "pause", "resume", "destroy", "density",
+	mustRun := []string{"create-c1", "create-c50", "pause", "resume", "destroy", "density", "restart",
 		"runc-run", "runc-pause", "runc-resume", "freezer-freeze", "freezer-thaw", "runc-delete"}
 	if _, err := exec.LookPath("podman"); err == nil {
 		mustRun = append(mustRun, "podman-run")

@@ -123,7 +123,9 @@ func (p *Progress) line(now time.Time) string {
 	const width = 30
 	fill := 0
 	if p.total > 0 {
-		fill = p.done * width / p.total
+		// A scenario that runs until its count is reached (restart) may
+		// step past the total.
+		fill = min(p.done*width/p.total, width)
 	}
 	el := now.Sub(p.start)
 	rate := 0.0

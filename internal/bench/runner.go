@@ -100,7 +100,7 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p report.Params, rt strin
 	var ours []*report.Result
 	for i, n := range chunks {
 		for _, f := range fresh {
-			if bn := split(f.p.N, len(chunks))[i]; bn > 0 {
+			if bn := spread(f.p.N, len(chunks))[i]; bn > 0 {
 				f.parts = append(f.parts, runPart(ctx, e, f.s, report.Params{N: bn, Concurrency: f.p.Concurrency}))
 			}
 		}
@@ -181,6 +181,19 @@ func split(n, k int) []int {
 		if i < n%k {
 			out[i]++
 		}
+	}
+	return out
+}
+
+// spread divides n samples over exactly k chunks as evenly as they go,
+// spacing the chunks that get one when n < k (a baseline capped by
+// --baseline-n below the scenario's chunk count runs in every other
+// chunk, say, rather than only in the first ones).
+func spread(n, k int) []int {
+	k = max(k, 1)
+	out := make([]int, k)
+	for i := range out {
+		out[i] = (i+1)*n/k - i*n/k
 	}
 	return out
 }

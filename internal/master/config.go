@@ -57,7 +57,12 @@ type Config struct {
 	Nodes struct {
 		HeartbeatInterval Duration `toml:"heartbeat_interval"`
 		UnhealthyAfter    Duration `toml:"unhealthy_after"`
-		Token             string   `toml:"token"`
+		// RestartWait bounds how long a request waits for a node that
+		// cannot take it right now for a reason that passes in seconds
+		// (a daemon restarting, a node over its create limit); 0: fail
+		// at once.
+		RestartWait Duration `toml:"restart_wait"`
+		Token       string   `toml:"token"`
 	} `toml:"nodes"`
 	Sandbox struct {
 		DefaultTimeout   Duration `toml:"default_timeout"`
@@ -118,6 +123,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Sandbox.AdoptWindow.Duration < 0 {
 		return bad("sandbox.adopt_window must not be negative")
+	}
+	if c.Nodes.RestartWait.Duration < 0 {
+		return bad("nodes.restart_wait must not be negative (0: fail at once)")
 	}
 	if c.Nodes.UnhealthyAfter.Duration < c.Nodes.HeartbeatInterval.Duration {
 		return bad("nodes.unhealthy_after (%s) must be at least nodes.heartbeat_interval (%s)", c.Nodes.UnhealthyAfter, c.Nodes.HeartbeatInterval)

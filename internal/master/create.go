@@ -170,9 +170,10 @@ func (s *Service) resolveTemplate(ctx context.Context, name string) (tmpl string
 		}
 		// A template imported on a node since its last heartbeat: ask the
 		// nodes once before saying no.
-		if attempt > 0 || !s.refreshAllTemplates(ctx) {
+		if attempt > 0 {
 			return "", nil, fmt.Errorf("template %q not found: %w", name, errdefs.ErrNotFound)
 		}
+		s.refreshAllTemplates(ctx)
 	}
 }
 
@@ -182,21 +183,21 @@ var templateNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 
 // refreshAllTemplates re-reads every healthy node's templates, at most
 // once a second (misses from clients must not turn into a storm of node
-// calls). It reports whether it refreshed.
-func (s *Service) refreshAllTemplates(ctx context.Context) bool {
+// calls). Concurrent misses wait for the refresh in progress rather than
+// failing before it is done; a miss within a second of the last refresh
+// looks again at what it found.
+func (s *Service) refreshAllTemplates(ctx context.Context) {
 	s.refreshMu.Lock()
+	defer s.refreshMu.Unlock()
 	if time.Since(s.lastRefresh) < time.Second {
-		s.refreshMu.Unlock()
-		return false
+		return
 	}
-	s.lastRefresh = time.Now()
-	s.refreshMu.Unlock()
 	for _, n := range s.schedNodes() {
 		if n.Healthy {
 			s.refreshTemplates(ctx, n.ID)
 		}
 	}
-	return true
+	s.lastRefresh = time.Now()
 }
 
 // Create places a new sandbox on a node and returns it running.
@@ -204,9 +205,15 @@ func (s *Service) refreshAllTemplates(ctx context.Context) bool {
 // The catalog row is written (state creating) before any node is asked,
 // and records the node before the node is asked, so a master that dies
 // mid-create leaves a row that reconcile resolves. A node that refuses
-// (full, over its create limit, unreachable) is skipped for the next; a
-// node whose answer was lost is told to delete what it may have made
-// before the next is tried, so one ID never runs twice.
+// (full, over its create limit, unreachable) is skipped for the next;
+// when no node can take the sandbox for a reason that passes in seconds
+// (a cubelet or network-agent restarting, a node over its create limit)
+// the create waits up to nodes.restart_wait and places again
+// (placeWaiting). A node whose answer was lost is told, in the
+// background, to delete what it may have made, and is not tried again for
+// this sandbox until it has; a create that fails keeps its row until
+// every such delete is done (forgetAfter), so a create the client saw
+// fail leaves no sandbox behind.
 func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandbox, error) {
 	if req.Timeout == 0 {
 		req.Timeout = s.cfg.Sandbox.DefaultTimeout.Duration
@@ -287,14 +294,32 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		}
 		s.log.Debug("placement", "sandbox_id", sb.ID, "candidates", order, "rejected", rejs)
 	}
-	node, err := s.sched.Place(cctx, nodes, sreq,
-		func(ctx context.Context, n *scheduler.Node) error {
-			var err error
-			created, err = s.createOn(ctx, n.ID, sb, req.Env)
-			return err
-		})
+	// undos are the deletes of attempts whose answer was lost, by node:
+	// the node is not tried again for this sandbox until its undo is
+	// done (so the same ID never runs twice there).
+	undos := map[string]<-chan bool{}
+	try := func(ctx context.Context, n *scheduler.Node) error {
+		if ch, ok := undos[n.ID]; ok {
+			select {
+			case <-ch:
+				delete(undos, n.ID)
+			default:
+				return fmt.Errorf("node %s: an earlier attempt there is still being undone: %w", n.ID, errdefs.ErrUnavailable)
+			}
+		}
+		var err error
+		created, err = s.createOn(ctx, n.ID, sb, req.Env)
+		if err != nil && maybeCreated(err) {
+			undos[n.ID] = s.undoCreate(n.ID, sb.ID)
+		}
+		return err
+	}
+	node, waited, err := s.placeWaiting(ctx, cctx, start, nodes, sreq, try)
+	if waited > 0 {
+		s.log.Info("create waited for a node", "sandbox_id", sb.ID, "waited", waited.Round(time.Millisecond), "placed", err == nil)
+	}
 	if err != nil {
-		s.forgetFailed(sb.ID)
+		s.forgetAfter(ctx, sb.ID, undos)
 		err = runtimePlacementErr(err, tmpl, req.Runtime)
 		var nn *scheduler.NoNodeError
 		if errors.As(err, &nn) && errdefs.IsNotFound(err) {
@@ -315,8 +340,8 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	}
 	if err != nil {
 		s.log.Error("agent init failed; destroying the new sandbox", "sandbox_id", sb.ID, "node_id", node.ID, "err", err)
-		s.destroyOn(node.ID, sb.ID)
-		s.forgetFailed(sb.ID)
+		undos[node.ID] = s.undoCreate(node.ID, sb.ID)
+		s.forgetAfter(ctx, sb.ID, undos)
 		return nil, err
 	}
 	up, err := s.cat.UpdateSandbox(cctx, sb.ID, func(r *catalog.Sandbox) error {
@@ -348,6 +373,10 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	if err := fpCreateAssigned.Eval(ctx); err != nil {
 		return nil, err
 	}
+	if s.connDown(nodeID) {
+		// Nothing would be sent: no undo needed (errNotSent).
+		return nil, fmt.Errorf("node %s: not reachable now: %w", nodeID, errNotSent)
+	}
 	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
 	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
 		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
@@ -378,12 +407,131 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	done(created)
 	if err != nil {
 		s.log.Warn("node refused create", "sandbox_id", sb.ID, "node_id", nodeID, "err", err)
-		if maybeCreated(err) {
-			s.destroyOn(nodeID, sb.ID)
-		}
 		return nil, err
 	}
 	return resp.Sandbox, nil
+}
+
+// placeWaiting places the sandbox (try is called on each candidate) and,
+// while no node can take it for a reason that passes in seconds
+// (scheduler.NoNodeError.Transient: a node unreachable or unhealthy, its
+// cubelet or network-agent restarting; a node over its create limit),
+// places again with backoff until nodes.restart_wait has passed since
+// start. A client that goes away (ctx) ends the wait; cctx bounds the
+// whole create. It returns how long it waited.
+func (s *Service) placeWaiting(ctx, cctx context.Context, start time.Time, nodes []*scheduler.Node, sreq scheduler.Request,
+	try func(context.Context, *scheduler.Node) error) (*scheduler.Node, time.Duration, error) {
+	deadline := start.Add(s.cfg.Nodes.RestartWait.Duration)
+	var waitedFrom time.Time
+	waited := func() time.Duration {
+		if waitedFrom.IsZero() {
+			return 0
+		}
+		return time.Since(waitedFrom)
+	}
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, 500*time.Millisecond) {
+		node, err := s.sched.Place(cctx, nodes, sreq, try)
+		var nn *scheduler.NoNodeError
+		if err == nil || !errors.As(err, &nn) || !nn.Transient() {
+			return node, waited(), err
+		}
+		pause := min(backoff, time.Until(deadline))
+		if pause <= 0 {
+			return nil, waited(), err
+		}
+		if waitedFrom.IsZero() {
+			waitedFrom = time.Now()
+			s.log.Debug("no node can take the sandbox now; waiting", "err", err, "up_to", time.Until(deadline).Round(time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, waited(), err
+		case <-cctx.Done():
+			return nil, waited(), err
+		case <-time.After(pause):
+		}
+		nodes = s.schedNodes()
+	}
+}
+
+// undoCreate deletes, in the background, what an attempt whose answer was
+// lost may have made on a node (a cubelet that died mid-create: its own
+// restart undoes an unfinished create, but one that finished and could
+// not answer is running). It waits for the node to come back
+// (grpc.WaitForReady), retrying for up to undoPatience, and reports on
+// the channel whether the node no longer has the sandbox.
+func (s *Service) undoCreate(nodeID, id string) <-chan bool {
+	done := make(chan bool, 1)
+	s.goBackground(func(ctx context.Context) {
+		giveUp := time.Now().Add(undoPatience)
+		for {
+			err := s.deleteOn(ctx, nodeID, id, grpc.WaitForReady(true))
+			if err == nil || errdefs.IsNotFound(err) {
+				done <- true
+				return
+			}
+			if ctx.Err() != nil || time.Now().After(giveUp) {
+				s.log.Warn("undo create: the node did not delete the sandbox; its next reconcile will", "sandbox_id", id, "node_id", nodeID, "err", err)
+				done <- false
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	})
+	return done
+}
+
+// undoPatience bounds how long undoCreate keeps trying a node; after it,
+// the sandbox's row (left in state creating) is resolved by the node's
+// next reconcile.
+const undoPatience = 10 * time.Minute
+
+// forgetAfter removes the row of a create that failed once every undo
+// of it has deleted the sandbox from its node. It waits for them up to
+// nodes.restart_wait (or until the client goes away), so that a client
+// told of the failure finds nothing left; an undo still pending then
+// (its node away longer) keeps the row
+// in the background (state creating, no create in flight), so a node
+// that registers meanwhile destroys the sandbox in its reconcile rather
+// than keeping one no client knows of; an undo that gives up leaves the
+// row to that reconcile.
+func (s *Service) forgetAfter(ctx context.Context, id string, undos map[string]<-chan bool) {
+	pending := make([]<-chan bool, 0, len(undos))
+	for _, ch := range undos {
+		pending = append(pending, ch)
+	}
+	// wait reports whether every undo deleted its sandbox, and whether
+	// it stopped early (stop, or done closed).
+	wait := func(stop <-chan time.Time, done <-chan struct{}) (all, early bool) {
+		for len(pending) > 0 {
+			select {
+			case <-stop:
+				return false, true
+			case <-done:
+				return false, true
+			case ok := <-pending[0]:
+				if !ok {
+					return false, false
+				}
+				pending = pending[1:]
+			}
+		}
+		return true, false
+	}
+	all, early := wait(time.After(s.cfg.Nodes.RestartWait.Duration), ctx.Done())
+	switch {
+	case all:
+		s.forgetFailed(id)
+	case early:
+		s.goBackground(func(ctx context.Context) {
+			if all, _ := wait(nil, ctx.Done()); all {
+				s.forgetFailed(id)
+			}
+		})
+	}
 }
 
 // destroyOn deletes a sandbox from a node, best effort: used to undo.
@@ -394,17 +542,21 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 // which passes grpc.WaitForReady: the node just registered and its
 // connection may still be coming up.
 func (s *Service) destroyOn(nodeID, id string, opts ...grpc.CallOption) {
+	if err := s.deleteOn(context.Background(), nodeID, id, opts...); err != nil && !errdefs.IsNotFound(err) {
+		s.log.Warn("undo create: delete on node failed; its reconcile will", "sandbox_id", id, "node_id", nodeID, "err", err)
+	}
+}
+
+// deleteOn asks a node to delete a sandbox, within a minute.
+func (s *Service) deleteOn(ctx context.Context, nodeID, id string, opts ...grpc.CallOption) error {
 	c, err := s.client(nodeID)
 	if err != nil {
-		return
+		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: id, SandboxId: id}, opts...); err != nil {
-		if err := fromGRPC(nodeID, err); !errdefs.IsNotFound(err) {
-			s.log.Warn("undo create: delete on node failed; its reconcile will", "sandbox_id", id, "node_id", nodeID, "err", err)
-		}
-	}
+	_, err = c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: id, SandboxId: id}, opts...)
+	return fromGRPC(nodeID, err)
 }
 
 // forgetFailed removes the row of a create that did not happen.

@@ -22,5 +22,12 @@ func fromGRPC(node string, err error) error {
 // the sandbox on the node (the call got there but its answer did not come
 // back), so the master must clean up before trying elsewhere.
 func maybeCreated(err error) bool {
+	if errors.Is(err, errNotSent) {
+		return false
+	}
 	return errdefs.IsUnavailable(err) || errdefs.IsCanceled(err) || errors.Is(err, errdefs.ErrInternal)
 }
+
+// errNotSent: a call that was not made because the node's connection was
+// down; Unavailable, and nothing to undo.
+var errNotSent = fmt.Errorf("connection down, call not sent: %w", errdefs.ErrUnavailable)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -82,16 +83,21 @@ func TestFaults(t *testing.T) {
 	t.Run("refused creates leave nothing", func(t *testing.T) {
 		// Every node refuses (its API is down while it still heartbeats):
 		// the node is healthy, so a 429-class error the client retries
-		// (never a 503), no row, nothing on the node.
+		// (never a 503), and once the node answers again no row and
+		// nothing on the node. The create waits for the node
+		// (nodes.restart_wait) until its client gives up.
 		node.StopAPI()
-		_, err := svc().Create(ctx, master.CreateRequest{Template: "busybox"})
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := svc().Create(cctx, master.CreateRequest{Template: "busybox"})
+		cancel()
 		node.StartAPI()
 		if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "no node can take the sandbox") {
 			t.Fatalf("create with the only node unreachable: %v", err)
 		}
-		if rows, _ := svc().ListAll(ctx, catalog.Query{}); len(rows) != 0 {
-			t.Fatalf("%d catalog row(s) left", len(rows))
-		}
+		mastertest.WaitFor(t, 10*time.Second, "no catalog row left", func() bool {
+			rows, _ := svc().ListAll(ctx, catalog.Query{})
+			return len(rows) == 0
+		})
 	})
 	t.Run("a master with a fresh catalog gets its nodes back", func(t *testing.T) {
 		m.Stop()

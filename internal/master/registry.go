@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
@@ -328,6 +329,43 @@ func (s *Service) client(nodeID string) (cubeletpb.CubeletServiceClient, error) 
 		return nil, fmt.Errorf("node %q is not registered: %w", nodeID, errdefs.ErrUnavailable)
 	}
 	return ns.client, nil
+}
+
+// connDown reports whether a node's connection is in TRANSIENT_FAILURE:
+// a call made now fails before anything is sent (its cubelet is down or
+// restarting).
+func (s *Service) connDown(nodeID string) bool {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	ns := s.reg.nodes[nodeID]
+	return ns != nil && ns.conn != nil && ns.conn.GetState() == connectivity.TransientFailure
+}
+
+// awaitNode waits, up to nodes.restart_wait, for a healthy node's
+// connection to be ready when it is not (its cubelet restarting), so that a verb on a
+// sandbox there is made once the node is back rather than failing at
+// once. It returns at once when the connection is ready, and without
+// error when the wait runs out: the call then fails as it would have.
+func (s *Service) awaitNode(ctx context.Context, nodeID string) {
+	s.reg.mu.Lock()
+	ns := s.reg.nodes[nodeID]
+	var conn *grpc.ClientConn
+	// A node silent past nodes.unhealthy_after is not restarting: no wait.
+	if ns != nil && s.healthOf(ns, time.Now()) == "" {
+		conn = ns.conn
+	}
+	s.reg.mu.Unlock()
+	if conn == nil || conn.GetState() == connectivity.Ready || s.cfg.Nodes.RestartWait.Duration <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Nodes.RestartWait.Duration)
+	defer cancel()
+	conn.Connect()
+	for st := conn.GetState(); st != connectivity.Ready && st != connectivity.Shutdown; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
 }
 
 // nodeHealthy reports whether a node is registered and healthy.

@@ -264,6 +264,7 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 	c, err := s.client(snap.NodeID)
 	var resp *cubeletpb.CloneSandboxResponse
 	if err == nil {
+		s.awaitNode(ctx, snap.NodeID) // its cubelet may be restarting
 		// Each clone's own token: the node gives it to the clone's agent
 		// (its reinit, for one restored from memory) before returning it,
 		// so no clone answers the snapshot's token any more.

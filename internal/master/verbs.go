@@ -83,10 +83,22 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 	if err := fpKillBegin.Eval(ctx); err != nil {
 		return err
 	}
-	err := s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
+	del := func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		_, err := c.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: sb.ID, SandboxId: sb.ID})
 		return err
-	})
+	}
+	err := s.onNode(ctx, sb, del)
+	// The connection broke under the call (a cubelet killed just then,
+	// or one starting up): a delete may be repeated, so it is, while the
+	// node stays healthy, for up to nodes.restart_wait.
+	for until := time.Now().Add(s.cfg.Nodes.RestartWait.Duration); errdefs.IsUnavailable(err) && s.nodeHealthy(sb.NodeID) && time.Now().Before(until); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		err = s.onNode(ctx, sb, del)
+	}
 	switch {
 	case err == nil, errdefs.IsNotFound(err):
 	case errdefs.IsUnavailable(err) && !s.nodeHealthy(sb.NodeID):
@@ -111,11 +123,16 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 }
 
 // onNode calls the sandbox's node with errors classified.
+//
+// A node whose connection is down (its cubelet restarting) is waited for,
+// up to nodes.restart_wait, before the call (awaitNode): the call is made
+// once, so a verb that is not idempotent is never repeated.
 func (s *Service) onNode(ctx context.Context, sb *catalog.Sandbox, fn func(context.Context, cubeletpb.CubeletServiceClient) error) error {
 	c, err := s.client(sb.NodeID)
 	if err != nil {
 		return err
 	}
+	s.awaitNode(ctx, sb.NodeID)
 	return fromGRPC(sb.NodeID, fn(ctx, c))
 }
 

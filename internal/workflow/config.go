@@ -3,8 +3,10 @@ package workflow
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/tomlconfig"
 )
 
 // FlowConfig declares one flow. It decodes from TOML:
@@ -18,6 +20,9 @@ type FlowConfig struct {
 	Steps [][]string `toml:"steps"`
 	// Limit caps concurrent runs of the flow; 0 = unlimited.
 	Limit int `toml:"limit"`
+	// Queue is how long a run over the limit waits for a slot before it
+	// fails with ResourceExhausted; 0 = it fails at once.
+	Queue tomlconfig.Duration `toml:"queue"`
 }
 
 // Config maps flow (= verb) names to their declaration. The daemon embeds it
@@ -35,6 +40,7 @@ type flow[T any] struct {
 	verb    *Verb[T]
 	steps   [][]Action
 	names   [][]string
+	queue   time.Duration
 	limiter *limiter
 }
 
@@ -59,10 +65,13 @@ func build[T any](reg *Registry, verbs map[string]*Verb[T], cfg Config) (map[str
 		if fc.Limit < 0 {
 			return nil, bad(": negative limit %d", fc.Limit)
 		}
+		if fc.Queue.Duration < 0 {
+			return nil, bad(": negative queue %s", fc.Queue.Duration)
+		}
 		if len(fc.Steps) == 0 {
 			return nil, bad(": no steps")
 		}
-		f := &flow[T]{name: name, verb: v, steps: make([][]Action, len(fc.Steps)), names: make([][]string, len(fc.Steps))}
+		f := &flow[T]{name: name, verb: v, steps: make([][]Action, len(fc.Steps)), names: make([][]string, len(fc.Steps)), queue: fc.Queue.Duration}
 		seen := map[string]int{}
 		for i, step := range fc.Steps {
 			if len(step) == 0 {

@@ -60,6 +60,7 @@
 //
 //	[flows.create]
 //	limit = 10          # concurrent runs; 0 = unlimited
+//	queue = "10s"       # how long a run over the limit waits for a slot
 //	steps = [["disk.clone", "net.slot"], ["disk.mount"], ["runtime.start"], ["agent.wait"]]
 //
 //	[flows.destroy]
@@ -71,10 +72,11 @@
 //
 // # Running
 //
-// Run(ctx, "create", task) takes a slot from the flow's limiter without
-// waiting: over the limit it fails at once with errdefs.ErrResourceExhausted
-// (never a queue). An unknown flow is errdefs.ErrNotFound. Limits are
-// hot-tunable with SetLimit, and Reload swaps a whole validated config
+// Run(ctx, "create", task) takes a slot from the flow's limiter: over the
+// limit it waits up to the flow's queue time (queue = "10s"; not in
+// arrival order) for a slot to free, then fails with
+// errdefs.ErrResourceExhausted; with no queue it fails at once. An unknown
+// flow is errdefs.ErrNotFound. Limits are hot-tunable with SetLimit, and Reload swaps a whole validated config
 // atomically; runs already in flight keep the steps they started with.
 //
 // Every action's do and undo is timed into the Result and, with WithMetrics,

@@ -189,7 +189,8 @@ func (e *Engine[T]) Steps(flow string) [][]string {
 // doc) and returns the timings of everything that ran, also on error.
 //
 // Errors: an unknown flow wraps errdefs.ErrNotFound; a flow at its limit
-// wraps errdefs.ErrResourceExhausted at once (Run never waits for a slot);
+// waits up to the flow's queue time for a slot, then wraps
+// errdefs.ErrResourceExhausted (at once with no queue);
 // otherwise the actions' errors, each prefixed with flow, step and action,
 // plus ErrUndoIncomplete when a Forward rollback failed.
 func (e *Engine[T]) Run(ctx context.Context, flow string, t T) (Result, error) {
@@ -198,10 +199,14 @@ func (e *Engine[T]) Run(ctx context.Context, flow string, t T) (Result, error) {
 	if f == nil {
 		return res, fmt.Errorf("workflow: flow %q: %w", flow, errdefs.ErrNotFound)
 	}
-	if !f.limiter.tryAcquire() {
+	if !f.limiter.acquire(ctx, f.queue) {
 		e.m.reject(flow)
-		return res, fmt.Errorf("workflow: flow %q: concurrency limit of %d reached: %w",
-			flow, f.limiter.state().Limit, errdefs.ErrResourceExhausted)
+		waited := ""
+		if f.queue > 0 {
+			waited = fmt.Sprintf(" (no slot freed within %s)", f.queue)
+		}
+		return res, fmt.Errorf("workflow: flow %q: concurrency limit of %d reached%s: %w",
+			flow, f.limiter.state().Limit, waited, errdefs.ErrResourceExhausted)
 	}
 	defer f.limiter.release()
 	e.m.addInflight(flow, 1)

@@ -249,3 +249,60 @@ func TestConcurrentReload(t *testing.T) {
 		t.Fatalf("InFlight = %d after all runs", l.InFlight)
 	}
 }
+
+// TestLimiterQueue: with queue set, a run over the limit waits for a slot
+// and runs once one frees; one that finds none within the queue time
+// fails with ResourceExhausted, after about that time. Control: the same
+// run without a queue fails at once.
+func TestLimiterQueue(t *testing.T) {
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	cfg := func(q time.Duration) Config {
+		c := Config{"create": {Limit: 1, Steps: [][]string{{"block"}}}}
+		fc := c["create"]
+		fc.Queue.Duration = q
+		c["create"] = fc
+		return c
+	}
+	e := newEngine(t, newRegistry(t, nil, gate("block", entered, release)), cfg(300*time.Millisecond))
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { _, err := e.Run(ctx, "create", &task{}); first <- err }()
+	waitN(t, entered, 1)
+
+	start := time.Now()
+	if _, err := e.Run(ctx, "create", &task{}); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("run with no slot freeing = %v, want ResourceExhausted", err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("gave up after %s, before its queue time", d)
+	}
+
+	queued := make(chan error, 1)
+	go func() { _, err := e.Run(ctx, "create", &task{}); queued <- err }()
+	time.Sleep(50 * time.Millisecond)
+	release <- struct{}{} // the first run finishes: its slot goes to the queued one
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	waitN(t, entered, 1)
+	release <- struct{}{}
+	if err := <-queued; err != nil {
+		t.Fatalf("queued run = %v, want it to run once the slot freed", err)
+	}
+
+	// Control: no queue, the run over the limit fails at once.
+	if err := e.Reload(cfg(0)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, err := e.Run(ctx, "create", &task{}); first <- err }()
+	waitN(t, entered, 1)
+	start = time.Now()
+	if _, err := e.Run(ctx, "create", &task{}); !errdefs.IsResourceExhausted(err) || time.Since(start) > 50*time.Millisecond {
+		t.Fatalf("without a queue: %v after %s, want ResourceExhausted at once", err, time.Since(start))
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}

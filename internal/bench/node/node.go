@@ -49,6 +49,7 @@ type Node struct {
 	RunDir       string
 	CgroupParent string
 
+	binDir string
 	cmd    *exec.Cmd
 	exited chan error
 	conn   *grpc.ClientConn
@@ -80,6 +81,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		MetricsURL:   "http://" + port,
 		CgroupParent: "cube-bench-" + cfg.RunID,
 		ConfigPath:   filepath.Join(cfg.Dir, "cubelet.toml"),
+		binDir:       cfg.BinDir,
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
@@ -127,24 +129,70 @@ agent_binary = %q
 		return n, err
 	}
 	n.Client = cubeletclient.New(n.conn)
+	err = n.waitHealthy(ctx)
+	return n, err
+}
+
+// Kill SIGKILLs cubelet (a crash: its sandboxes keep running) and waits
+// until it is gone.
+func (n *Node) Kill() error {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return errors.New("bench node: cubelet is not running")
+	}
+	if err := n.cmd.Process.Kill(); err != nil {
+		return fmt.Errorf("kill cubelet: %w", err)
+	}
+	<-n.exited //nolint:errcheck // killed: the status is the signal
+	n.cmd = nil
+	return nil
+}
+
+// Restart starts a killed cubelet again with the same config, as a
+// supervisor would, and returns once its API answers (the node's client
+// reconnects by itself).
+func (n *Node) Restart(ctx context.Context) error {
+	if n.cmd != nil {
+		return errors.New("bench node: cubelet is running")
+	}
+	logf, err := os.OpenFile(filepath.Join(n.Dir, "cubelet.log"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	bin := filepath.Join(n.binDir, "cubelet")
+	n.cmd = exec.Command(bin, "--config", n.ConfigPath)
+	n.cmd.Stdout, n.cmd.Stderr = logf, logf
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := n.cmd.Start(); err != nil {
+		n.cmd = nil
+		return fmt.Errorf("restart cubelet: %w", err)
+	}
+	cmd, exited := n.cmd, make(chan error, 1)
+	n.exited = exited
+	go func() { exited <- cmd.Wait() }()
+	return n.waitHealthy(ctx)
+}
+
+// waitHealthy polls the API until it answers, cubelet exits, or 2m pass.
+func (n *Node) waitHealthy(ctx context.Context) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		hctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, herr := n.Client.Health(hctx, &pb.HealthRequest{})
 		cancel()
 		if herr == nil {
-			return n, nil
+			return nil
 		}
 		select {
 		case werr := <-n.exited:
 			n.exited <- werr
-			return n, fmt.Errorf("cubelet exited during start-up (%v): %s", werr, raw.Tail(filepath.Join(cfg.Dir, "cubelet.log")))
+			return fmt.Errorf("cubelet exited during start-up (%v): %s", werr, raw.Tail(filepath.Join(n.Dir, "cubelet.log")))
 		case <-ctx.Done():
-			return n, ctx.Err()
+			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return n, fmt.Errorf("cubelet did not answer within 2m: %v", herr)
+			return fmt.Errorf("cubelet did not answer within 2m: %v", herr)
 		}
 	}
 }

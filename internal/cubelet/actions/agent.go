@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -92,10 +93,10 @@ func (a *agentAction) Rollback(ctx context.Context, t *Task) error {
 func (a *agentAction) UndoRollback(context.Context, *Task) error { return nil }
 
 func (a *agentAction) wait(ctx context.Context, t *Task) error {
-	ctx, cancel := context.WithTimeout(ctx, a.n.Cfg.Sandbox.AgentReadyTimeout.Duration)
-	defer cancel()
 	rec := t.Record()
-	err := a.n.waitAgent(ctx, rec)
+	ctx, cancel := a.n.agentWait(ctx, rec)
+	defer cancel()
+	err := withWaitCause(ctx, a.n.waitAgent(ctx, rec))
 	if err != nil && rec.Container != nil {
 		return a.n.withConsole(rec, err)
 	}
@@ -121,7 +122,10 @@ func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	return agentclient.Wake(ctx, d, rec, n.Cfg.Sandbox.AgentReadyTimeout.Duration)
+	ctx, cancel := n.agentWait(ctx, rec)
+	defer cancel()
+	// agentWait's budget bounds the wait, not Wake's own timeout.
+	return withWaitCause(ctx, agentclient.Wake(ctx, d, rec, 24*time.Hour))
 }
 
 // needsQuiesce says whether rec's runtime saves memory and needs the agent

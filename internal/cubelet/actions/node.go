@@ -35,6 +35,9 @@ type Node struct {
 	Disks *storage.DiskPool
 	// Net is the network-agent, dialled on first use.
 	Net *netagent.Agent
+	// agentWaits counts the sandboxes waiting for their agent now
+	// (timeouts.go).
+	agentWaits counter
 }
 
 // NewNode returns the node state for cfg; the init flow fills in the pool

@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -30,11 +31,18 @@ func TestPlaceNoSpace(t *testing.T) {
 	if !errdefs.IsNoSpace(err) {
 		t.Fatalf("every node full: %v, want ErrNoSpace", err)
 	}
+	// A full disk does not pass in seconds: nothing to wait for.
+	if nn := (*scheduler.NoNodeError)(nil); !errors.As(err, &nn) || nn.Transient() {
+		t.Fatalf("every node full: transient, want a placement not worth waiting for")
+	}
 	t.Logf("every node full: %v", err)
 	_, err = newSched().Place(ctx, nodes, req, try(map[string]error{
 		"a": full("a"), "b": fmt.Errorf("create limit: %w", errdefs.ErrResourceExhausted),
 	}))
 	if errdefs.IsNoSpace(err) || !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("one full, one busy: %v, want ResourceExhausted only", err)
+	}
+	if nn := (*scheduler.NoNodeError)(nil); !errors.As(err, &nn) || !nn.Transient() {
+		t.Fatalf("one full, one busy: not transient, want a placement worth trying again")
 	}
 }

@@ -21,7 +21,8 @@
 //     A node that refuses with ResourceExhausted (over its create limit) or
 //     Unavailable (unreachable, not ready) is skipped for the next; any
 //     other error ends the placement at once (a bad request fails the
-//     same everywhere).
+//     same everywhere). NoNodeError.Transient says whether the caller may
+//     place again in a moment (cubemaster waits nodes.restart_wait for it).
 //
 // The package holds no state: the caller passes a fresh view of the nodes.
 package scheduler
@@ -115,6 +116,9 @@ type Rejection struct {
 	NodeID string
 	Reason string
 	kind   error // errdefs class the reason falls in
+	// transient: the reason may pass within seconds (an unhealthy node:
+	// a daemon restarting, a condition failing).
+	transient bool
 }
 
 // Kind is the errdefs class of the reason: FailedPrecondition for a
@@ -139,7 +143,9 @@ func (s *Scheduler) filter(n *Node, req Request) *Rejection {
 	}
 	switch {
 	case !n.Healthy:
-		return reject(errdefs.ErrUnavailable, "unhealthy")
+		r := reject(errdefs.ErrUnavailable, "unhealthy")
+		r.transient = true
+		return r
 	case !n.Schedulable:
 		return reject(errdefs.ErrUnavailable, "cordoned")
 	}
@@ -272,6 +278,25 @@ func (e *NoNodeError) Error() string {
 }
 
 func (e *NoNodeError) Unwrap() error { return e.kind }
+
+// Transient reports whether the placement may succeed if tried again in a
+// moment: a node tried refused with a retryable error (unreachable, over
+// its create limit), or a node was filtered out only for being unhealthy.
+// A cluster that lacks the template, the runtime or the room, or whose
+// nodes' disks are full, is not.
+func (e *NoNodeError) Transient() bool {
+	for _, err := range e.Refusals {
+		if Retryable(err) && !errdefs.IsNoSpace(err) {
+			return true
+		}
+	}
+	for _, r := range e.Rejections {
+		if r.transient {
+			return true
+		}
+	}
+	return false
+}
 
 // classify picks the most specific reason across all rejections: the one
 // the user can act on (the template, the runtime, the size) wins only when

@@ -164,7 +164,7 @@ func TestPlaceRetry(t *testing.T) {
 	}
 	_, err = newSched().Place(ctx, nodes, req, try(all))
 	var nn *scheduler.NoNodeError
-	if !errors.As(err, &nn) || !errdefs.IsResourceExhausted(err) || len(nn.Refusals) != 3 {
+	if !errors.As(err, &nn) || !errdefs.IsResourceExhausted(err) || len(nn.Refusals) != 3 || !nn.Transient() {
 		t.Fatalf("all refuse: %v", err)
 	}
 	// MaxAttempts bounds the tries.
@@ -184,21 +184,29 @@ func TestNoNodeClassification(t *testing.T) {
 		nodes []*scheduler.Node
 		req   scheduler.Request
 		is    func(error) bool
+		// transient: worth trying again in a moment (a node only
+		// unhealthy); the rest fail the same until something changes.
+		transient bool
 	}{
-		{"no nodes", nil, req, errdefs.IsUnavailable},
-		{"template nowhere", []*scheduler.Node{node("a"), node("b")}, scheduler.Request{TemplateID: "ghost", MemoryMiB: 1}, errdefs.IsNotFound},
-		{"all unhealthy", []*scheduler.Node{node("a", func(n *scheduler.Node) { n.Healthy = false })}, req, errdefs.IsUnavailable},
-		{"too big everywhere", []*scheduler.Node{node("a", func(n *scheduler.Node) { n.MaxMemoryMiB = 100 })}, req, errdefs.IsInvalidArgument},
-		{"runtime nowhere", []*scheduler.Node{node("a")}, scheduler.Request{TemplateID: "busybox", Runtime: "vm"}, errdefs.IsFailedPrecondition},
+		{"no nodes", nil, req, errdefs.IsUnavailable, false},
+		{"template nowhere", []*scheduler.Node{node("a"), node("b")}, scheduler.Request{TemplateID: "ghost", MemoryMiB: 1}, errdefs.IsNotFound, false},
+		{"all unhealthy", []*scheduler.Node{node("a", func(n *scheduler.Node) { n.Healthy = false })}, req, errdefs.IsUnavailable, true},
+		{"too big everywhere", []*scheduler.Node{node("a", func(n *scheduler.Node) { n.MaxMemoryMiB = 100 })}, req, errdefs.IsInvalidArgument, false},
+		{"runtime nowhere", []*scheduler.Node{node("a")}, scheduler.Request{TemplateID: "busybox", Runtime: "vm"}, errdefs.IsFailedPrecondition, false},
 		{"full, and another sick", []*scheduler.Node{
 			node("a", func(n *scheduler.Node) { n.AllocMemoryMiB = 8192 }),
 			node("b", func(n *scheduler.Node) { n.Healthy = false }),
-		}, req, errdefs.IsResourceExhausted},
+		}, req, errdefs.IsResourceExhausted, true},
+		{"cordoned", []*scheduler.Node{node("a", func(n *scheduler.Node) { n.Schedulable = false })}, req, errdefs.IsUnavailable, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := newSched().Place(ctx, tc.nodes, tc.req, never)
 			if !tc.is(err) {
 				t.Fatalf("wrong class: %v", err)
+			}
+			var nn *scheduler.NoNodeError
+			if !errors.As(err, &nn) || nn.Transient() != tc.transient {
+				t.Fatalf("%v: transient %v, want %v", err, nn != nil && nn.Transient(), tc.transient)
 			}
 		})
 	}
