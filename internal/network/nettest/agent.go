@@ -42,6 +42,13 @@ type Options struct {
 	Serve bool
 	// OpenPrivate is the agent's [policy] open_private.
 	OpenPrivate []string
+	// DNSUpstreams is the agent's [dns] upstreams (World.ServeDNS);
+	// empty: the host's resolv.conf, which tests never query.
+	DNSUpstreams []string
+	// DNSRate and DNSBurst are the per-sandbox query limit (default: the
+	// embedded defaults).
+	DNSRate  float64
+	DNSBurst int
 }
 
 // Env is one test agent's world: config, directories and the agent.
@@ -90,6 +97,10 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 	c.API.HTTP = ""
 	c.Pool.Size, c.Pool.VMSize = o.PoolSize, o.VMPoolSize
 	c.Policy.OpenPrivate = o.OpenPrivate
+	c.DNS.Upstreams = o.DNSUpstreams
+	if o.DNSRate > 0 {
+		c.DNS.Rate, c.DNS.Burst = o.DNSRate, o.DNSBurst
+	}
 	c.Pool.RefillPerSecond = o.RefillPerSecond
 	if c.Pool.RefillPerSecond == 0 {
 		c.Pool.RefillPerSecond = 200
