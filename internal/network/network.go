@@ -84,4 +84,8 @@ type Network struct {
 	Policy     policy.Policy
 	AssignedAt time.Time
 	FromPool   bool
+	// Resolver is the DNS forwarder as the sandbox reaches it (an
+	// address, port 53), "" when the agent runs none: what the sandbox's
+	// /etc/resolv.conf names.
+	Resolver string
 }

@@ -336,6 +336,9 @@ func (a *Agent) view(r *slotstore.Record) *network.Network {
 	if r.Kind == network.VM {
 		n.Tap = network.TapName
 	}
+	if a.dns != nil {
+		n.Resolver = network.SandboxGateway.String()
+	}
 	return n
 }
 
