@@ -8,6 +8,7 @@
 //	nft        nftables rule sets through netlink
 //	slot       one slot's kernel objects: converge (create/repair), release
 //	slotstore  the agent's bbolt state, one record per slot
+//	dnsfwd     the sandboxes' DNS forwarder: per-slot sockets, domain policy
 //	agent      the daemon: ensure/release/update, pool, reconcile, metrics
 //	agentapi   its gRPC and HTTP edges
 //	client     the gRPC client cubelet uses
