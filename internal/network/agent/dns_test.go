@@ -1,7 +1,10 @@
 package agent_test
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
@@ -191,6 +195,9 @@ func TestDNS(t *testing.T) {
 		if answered < 25 || answered > 60 {
 			t.Fatalf("%d of %d answered, want about the burst of 30", answered, n)
 		}
+		if st := a.DNSStats(); st.Limited.Load() == 0 || st.Refused.Load() == 0 || st.Added.Load() == 0 {
+			t.Fatalf("counters: limited %d refused %d added %d", st.Limited.Load(), st.Refused.Load(), st.Added.Load())
+		}
 	})
 }
 
@@ -201,5 +208,43 @@ func TestDNSVMSlot(t *testing.T) {
 	ensure(t, e.Agent, "sb-dns-vm", network.VM, policy.Policy{})
 	if _, err := e.Agent.Release(ctx, "sb-dns-vm"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDNSEnsureCost measures what serving a slot's DNS adds to a pooled
+// Ensure (two sockets opened inside the slot namespace): p50 of
+// sequential Ensures with the forwarder on and off.
+func TestDNSEnsureCost(t *testing.T) {
+	const n = 40
+	p50 := func(noDNS bool) time.Duration {
+		e := nettest.Start(t, nettest.Options{PoolSize: n + 4, NoDNS: noDNS})
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := e.Agent.WaitPool(wctx, network.Container, n+4); err != nil {
+			t.Fatal(err)
+		}
+		lat := make([]time.Duration, n)
+		for i := range n {
+			id := fmt.Sprintf("cost-%d", i)
+			t0 := time.Now()
+			if _, _, err := e.Agent.Ensure(ctx, agent.EnsureRequest{SandboxID: id, Kind: network.Container}); err != nil {
+				t.Fatal(err)
+			}
+			lat[i] = time.Since(t0)
+		}
+		for i := range n {
+			if _, err := e.Agent.Release(ctx, fmt.Sprintf("cost-%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(lat)
+		return lat[n/2]
+	}
+	// Alternated, twice each: the machine's load moves between runs.
+	on1, off1, on2, off2 := p50(false), p50(true), p50(false), p50(true)
+	on, off := min(on1, on2), min(off1, off2)
+	t.Logf("pooled Ensure p50 over %d: with DNS %v / %v, without %v / %v", n, on1, on2, off1, off2)
+	if on > off+20*time.Millisecond {
+		t.Fatalf("serving DNS adds %v to a pooled Ensure", on-off)
 	}
 }

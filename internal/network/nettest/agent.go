@@ -49,6 +49,8 @@ type Options struct {
 	// embedded defaults).
 	DNSRate  float64
 	DNSBurst int
+	// NoDNS turns the forwarder off ([dns] enabled = false).
+	NoDNS bool
 }
 
 // Env is one test agent's world: config, directories and the agent.
@@ -98,6 +100,7 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 	c.Pool.Size, c.Pool.VMSize = o.PoolSize, o.VMPoolSize
 	c.Policy.OpenPrivate = o.OpenPrivate
 	c.DNS.Upstreams = o.DNSUpstreams
+	c.DNS.Enabled = !o.NoDNS
 	if o.DNSRate > 0 {
 		c.DNS.Rate, c.DNS.Burst = o.DNSRate, o.DNSBurst
 	}
