@@ -372,6 +372,11 @@ func TestE2BAPI(t *testing.T) {
 		if _, msg := r.Error(); r.StatusCode != 204 && !((r.StatusCode == 409 || r.StatusCode == 501) && msg != "") {
 			t.Fatalf("network: %d %s", r.StatusCode, r.Body)
 		}
+		// Domains pass the API's validation as in E2B (the node decides).
+		r = c.Do(t, "PUT", "/sandboxes/"+id+"/network", map[string]any{"allowOut": []string{"api.github.com", "*.pypi.org"}, "denyOut": []string{"0.0.0.0/0"}}, nil)
+		if _, msg := r.Error(); r.StatusCode != 204 && !((r.StatusCode == 409 || r.StatusCode == 501) && msg != "") {
+			t.Fatalf("network with domains: %d %s", r.StatusCode, r.Body)
+		}
 		var snap struct {
 			SnapshotID string   `json:"snapshotID"`
 			Names      []string `json:"names"`
