@@ -3,27 +3,63 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/miekg/dns"
 
+	pb "github.com/cubesandbox/cube/api/envd/process"
+	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
-// TestNetworkDNS: a runc sandbox in a slot gets a resolv.conf naming the
-// node's DNS forwarder, which resolves from inside the sandbox's own
-// namespace; a domain policy opens the resolved address only, and refuses
-// other names at DNS.
+// shIn runs a shell script in the sandbox through its agent (the slot's
+// host IP, as the proxy reaches it) and returns its output and exit code.
+func shIn(t *testing.T, sb *sandbox.Record, script string) (string, int32) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	defer hc.CloseIdleConnections()
+	c := processconnect.NewProcessClient(hc, fmt.Sprintf("http://%s:%d", sb.Network.HostIP, agentproto.Port))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := c.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}}))
+	if err != nil {
+		t.Fatalf("start %q: %v", script, err)
+	}
+	defer s.Close()
+	var out strings.Builder
+	for s.Receive() {
+		ev := s.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+			out.Write(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil {
+			return out.String(), e.GetExitCode()
+		}
+	}
+	t.Fatalf("%q: stream ended without an exit: %v (output %q)", script, s.Err(), out.String())
+	return "", 0
+}
+
+// TestNetworkDNS: a sandbox in a slot — runc and gVisor — gets a
+// resolv.conf naming the node's DNS forwarder and resolves through it
+// with its own resolver library (busybox nslookup and nc, by name); a
+// domain policy opens the resolved address only and refuses other names
+// at DNS; an update to the default policy opens both (the control).
 func TestNetworkDNS(t *testing.T) {
-	env := cubelettest.New(t, "")
+	env := cubelettest.New(t, "[gvisor]\ncheckpoint = false\n")
 	w := nettest.NewWorld(t)
 	allowed, other := w.Addrs[1], w.Addrs[2]
 	up := w.ServeDNS(t, map[string][]netip.Addr{"api.allowed.test": {allowed}, "other.test": {other}})
@@ -33,50 +69,66 @@ func TestNetworkDNS(t *testing.T) {
 	ctx := context.Background()
 	no := false
 
-	res, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox",
-		Network: netPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{"api.allowed.test"}})})
-	if err != nil {
-		t.Fatalf("create: %v", err)
+	for _, rt := range []string{"runc", "gvisor"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "gvisor" {
+				testenv.RequireBinary(t, "runsc", "runsc")
+			}
+			res, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", Runtime: rt,
+				Network: netPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{"api.allowed.test"}})})
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			a := res.Sandbox
+			cleanupDelete(t, svc, a.ID)
+			if a.Network.Resolver != network.SandboxGateway.String() {
+				t.Fatalf("record's resolver %q", a.Network.Resolver)
+			}
+			out, code := shIn(t, a, "cat /etc/resolv.conf")
+			if code != 0 || !strings.Contains(out, "\nnameserver 169.254.0.22\n") {
+				t.Fatalf("sandbox's /etc/resolv.conf (exit %d): %q", code, out)
+			}
+			// By name, through the sandbox's own resolver configuration.
+			connect := func(host string) (string, int32) {
+				return shIn(t, a, fmt.Sprintf("echo ping | nc -w 2 %s %d", host, w.Port))
+			}
+			out, code = connect("api.allowed.test")
+			t.Logf("nc api.allowed.test (allowed name): exit %d %q", code, out)
+			if code != 0 || !strings.Contains(out, "hello") {
+				t.Fatalf("allowed name unreachable by name: exit %d %q", code, out)
+			}
+			out, code = shIn(t, a, "nslookup other.test")
+			t.Logf("nslookup other.test (outside the policy): exit %d %q", code, out)
+			if code == 0 || strings.Contains(out, other.String()) {
+				t.Fatalf("a name outside the policy resolved: %q", out)
+			}
+			out, code = connect(other.String())
+			t.Logf("nc %s (never resolved): exit %d %q", other, code, out)
+			if code == 0 && strings.Contains(out, "hello") {
+				t.Fatalf("an address the sandbox never resolved answered: %q", out)
+			}
+			if rt == "runc" {
+				// The forwarder itself, queried from the sandbox's
+				// namespace: REFUSED, not a timeout.
+				ans, err := nettest.Resolve(ctx, fmt.Sprintf("/proc/%d/ns/net", a.Container.PID),
+					netip.AddrPortFrom(network.SandboxGateway, 53), "udp", "other.test", 5*time.Second)
+				if err != nil || ans.Rcode != dns.RcodeRefused {
+					t.Fatalf("other.test from the runc sandbox's namespace: %s %v", ans, err)
+				}
+			}
+			// Control: the default policy answers both.
+			if _, err := svc.UpdateNetwork(ctx, a.ID, policy.Policy{}); err != nil {
+				t.Fatal(err)
+			}
+			out, code = shIn(t, a, "nslookup other.test")
+			if code != 0 || !strings.Contains(out, other.String()) {
+				t.Fatalf("default policy: nslookup other.test exit %d %q", code, out)
+			}
+			out, code = connect("other.test")
+			if code != 0 || !strings.Contains(out, "hello") {
+				t.Fatalf("default policy: other.test by name: exit %d %q", code, out)
+			}
+			t.Logf("default policy: other.test resolves and answers")
+		})
 	}
-	a := res.Sandbox
-	cleanupDelete(t, svc, a.ID)
-	if a.Network.Resolver != network.SandboxGateway.String() {
-		t.Fatalf("record's resolver %q", a.Network.Resolver)
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/resolv.conf", a.Container.PID))
-	if err != nil || !strings.Contains(string(b), "\nnameserver 169.254.0.22\n") {
-		t.Fatalf("sandbox's /etc/resolv.conf: %q %v", b, err)
-	}
-	t.Logf("sandbox /etc/resolv.conf: %q", b)
-
-	p := sbProbe{t: t, pid: a.Container.PID, port: w.Port}
-	server := netip.AddrPortFrom(network.SandboxGateway, 53)
-	resolve := func(name string) nettest.Answer {
-		t.Helper()
-		ans, err := nettest.Resolve(ctx, p.ns(), server, "udp", name, 5*time.Second)
-		if err != nil {
-			t.Fatalf("resolve %s in the sandbox: %v", name, err)
-		}
-		t.Logf("sandbox resolves %s → %s", name, ans)
-		return ans
-	}
-	// Not yet resolved: closed (control: open right after resolving).
-	p.blocked(allowed)
-	if ans := resolve("api.allowed.test"); ans.Rcode != dns.RcodeSuccess || len(ans.Addrs) != 1 || ans.Addrs[0] != allowed {
-		t.Fatalf("allowed name: %s", ans)
-	}
-	p.ok(allowed)
-	if ans := resolve("other.test"); ans.Rcode != dns.RcodeRefused {
-		t.Fatalf("name outside the policy: %s, want REFUSED", ans)
-	}
-	p.blocked(other)
-	// Control for both: with the default policy the name resolves and
-	// its address answers.
-	if _, err := svc.UpdateNetwork(ctx, a.ID, policy.Policy{}); err != nil {
-		t.Fatal(err)
-	}
-	if ans := resolve("other.test"); ans.Rcode != dns.RcodeSuccess || len(ans.Addrs) != 1 {
-		t.Fatalf("default policy: %s", ans)
-	}
-	p.ok(other)
 }
