@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/testenv"
+	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
 // shIn runs a shell script in the sandbox through its agent (the slot's
@@ -130,5 +133,61 @@ func TestNetworkDNS(t *testing.T) {
 			}
 			t.Logf("default policy: other.test resolves and answers")
 		})
+	}
+}
+
+// TestVMDNS: a micro-VM gets the resolver on its kernel command line and
+// cube-agent writes it into the guest's /etc/resolv.conf; the guest
+// resolves through the forwarder bound on its slot's TAP.
+func TestVMDNS(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	testenv.RequireBinary(t, "qemu-system-x86_64", "qemu-system-x86")
+	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := filepath.Join(vmguest.DefaultCacheDir, "guest-cubelet")
+	if _, err := vmguest.Build(bctx, vmguest.BuildConfig{OutDir: dir}); err != nil {
+		t.Fatalf("guest artifacts: %v", err)
+	}
+	accel := os.Getenv("CUBE_VM_ACCEL")
+	if accel == "" {
+		accel = "tcg"
+	}
+	env := cubelettest.New(t, fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"120s\"\n", dir, accel))
+	w := nettest.NewWorld(t)
+	allowed, other := w.Addrs[1], w.Addrs[2]
+	up := w.ServeDNS(t, map[string][]netip.Addr{"api.allowed.test": {allowed}, "other.test": {other}})
+	env.StartNetworkAgent(t, nettest.Options{DNSUpstreams: []string{up.String()}})
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	ctx := context.Background()
+	no := false
+
+	res, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", Runtime: "vm",
+		Network: netPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{"api.allowed.test"}})})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	a := res.Sandbox
+	cleanupDelete(t, svc, a.ID)
+	out, code := shIn(t, a, "cat /etc/resolv.conf; cat /proc/cmdline")
+	if code != 0 || !strings.Contains(out, "\nnameserver 169.254.0.22\n") || !strings.Contains(out, "cube.resolver=169.254.0.22") {
+		t.Fatalf("guest resolv.conf / cmdline (exit %d): %q", code, out)
+	}
+	out, code = shIn(t, a, fmt.Sprintf("echo ping | nc -w 5 api.allowed.test %d", w.Port))
+	t.Logf("VM: nc api.allowed.test: exit %d %q", code, out)
+	if code != 0 || !strings.Contains(out, "hello") {
+		t.Fatalf("VM: allowed name unreachable by name: exit %d %q", code, out)
+	}
+	out, code = shIn(t, a, "nslookup other.test")
+	t.Logf("VM: nslookup other.test: exit %d %q", code, out)
+	if code == 0 || !strings.Contains(out, "REFUSED") {
+		t.Fatalf("VM: a name outside the policy: exit %d %q", code, out)
+	}
+	if _, err := svc.UpdateNetwork(ctx, a.ID, policy.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	out, code = shIn(t, a, "nslookup other.test")
+	if code != 0 || !strings.Contains(out, other.String()) {
+		t.Fatalf("VM, default policy (control): nslookup other.test exit %d %q", code, out)
 	}
 }
