@@ -107,6 +107,13 @@ func New(cfg Config, log *slog.Logger) (*Forwarder, error) {
 		}
 		f.upstreams = append(f.upstreams, hp)
 	}
+	if len(f.upstreams) == 0 {
+		// Not fatal: the node's resolvers may appear later (the file is
+		// re-read on change); until then every query is SERVFAIL.
+		if _, err := f.upstreamList(); err != nil {
+			log.Warn("dns: no upstream resolvers yet", "err", err)
+		}
+	}
 	return f, nil
 }
 
