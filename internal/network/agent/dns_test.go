@@ -64,8 +64,11 @@ func TestDNS(t *testing.T) {
 		"files.wild.test":  {wildIP},
 		"wild.test":        {wildIP},
 		"denied.test":      {otherIP},
+		"private.test":     {w.Private},
+		"closed.test":      {w.Closed},
 	})
-	e := nettest.Start(t, nettest.Options{DNSUpstreams: []string{up.String()}, DNSRate: 30, DNSBurst: 30})
+	e := nettest.Start(t, nettest.Options{DNSUpstreams: []string{up.String()}, DNSRate: 30, DNSBurst: 30,
+		OpenPrivate: []string{nettest.PrivateRange}})
 	a := e.Agent
 	sb := ensure(t, a, "sb-dns", network.Container, policy.Policy{})
 	defer func() {
@@ -126,6 +129,19 @@ func TestDNS(t *testing.T) {
 		d.resolves("api.allowed.test", allowedIP)
 		p.ok(allowedIP)
 		p.blocked(otherIP)
+	})
+
+	t.Run("a name resolving into a closed range stays closed (rebinding)", func(t *testing.T) {
+		update(t, a, "sb-dns", policy.Spec{AllowInternet: &no, Allow: []string{"private.test", "closed.test"}})
+		d := dnsProbe{t, sb.NetNS}
+		d.resolves("closed.test", w.Closed)
+		d.resolves("private.test", w.Private)
+		// Control: a private address in a range the operator opened is
+		// reached through its allowed name...
+		p.ok(w.Private)
+		// ...one in a range no policy may open is not, whatever name
+		// resolved to it.
+		p.blocked(w.Closed)
 	})
 
 	t.Run("an update cuts connections to names no longer allowed", func(t *testing.T) {
