@@ -95,6 +95,15 @@ func TestDNS(t *testing.T) {
 		// addresses and ports stay closed to the sandbox.
 		p := probe{t: t, ns: sb.NetNS, port: w.Port}
 		p.blocked(network.SandboxGateway)
+		// The forwarder is the sandbox's alone: from the host, the slot's
+		// port 53 is the sandbox's own (DNATed to it, where nothing
+		// listens), never the forwarder (control: the queries above).
+		hostSide := netip.AddrPortFrom(netip.MustParseAddr(sb.HostIP), 53)
+		if ans, err := nettest.Resolve(ctx, "", hostSide, "udp", "api.allowed.test", blockedWait); err == nil {
+			t.Fatalf("the host got an answer from %s: %s", hostSide, ans)
+		} else {
+			t.Logf("host → %s: %v", hostSide, err)
+		}
 	})
 
 	t.Run("allow by domain: only resolved addresses, only allowed names", func(t *testing.T) {

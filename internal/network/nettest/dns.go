@@ -80,11 +80,15 @@ type Answer struct {
 	TTLs  []uint32
 }
 
-// Resolve sends an A query for name from inside the namespace nsPath to
-// server over network ("udp" or "tcp").
+// Resolve sends an A query for name from inside the namespace nsPath
+// ("" = the host) to server over network ("udp" or "tcp").
 func Resolve(ctx context.Context, nsPath string, server netip.AddrPort, network, name string, wait time.Duration) (Answer, error) {
 	var ans Answer
-	err := netnsdir.Do(nsPath, func() error {
+	in := func(fn func() error) error { return netnsdir.Do(nsPath, fn) }
+	if nsPath == "" {
+		in = func(fn func() error) error { return fn() }
+	}
+	err := in(func() error {
 		c := &dns.Client{Net: network, Timeout: wait}
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
