@@ -38,13 +38,22 @@ func main() {
 	// environment so that nothing the agent starts inherits it.
 	tokenHash, hasHash := os.LookupEnv(agentproto.TokenHashEnv)
 	os.Unsetenv(agentproto.TokenHashEnv)
+	resolver := os.Getenv(agentproto.ResolverEnv)
+	os.Unsetenv(agentproto.ResolverEnv)
 	if *vm {
-		h, err := vmSetup(log)
+		h, r, err := vmSetup(log)
 		if err != nil {
 			log.Error("vm setup", "error", err)
 			os.Exit(1)
 		}
-		tokenHash, hasHash = h, h != ""
+		tokenHash, hasHash, resolver = h, h != "", r
+	}
+	if resolver != "" {
+		// Not fatal: a sandbox whose image keeps /etc read-only still
+		// serves, it just resolves nothing.
+		if err := agent.WriteResolvConf(agent.ResolvConfPath, resolver); err != nil {
+			log.Error("write resolv.conf", "error", err)
+		}
 	}
 	var verifier *[sha256.Size]byte
 	if hasHash {

@@ -137,6 +137,15 @@ func TokenHash(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// The nameserver cube-agent writes into the sandbox's /etc/resolv.conf
+// before it serves (network-agent's DNS forwarder, the same address in
+// every sandbox): in PID 1's environment (containers) or on the kernel
+// command line (VMs). Absent: the file stays as the image has it.
+const (
+	ResolverEnv   = "CUBE_AGENT_RESOLVER"
+	ResolverParam = "cube.resolver"
+)
+
 // DropSysAdminEnv, set to 1 in PID 1's environment, makes cube-agent drop
 // CAP_SYS_ADMIN from its bounding set before it serves (agent.DropSysAdminBound):
 // the gVisor spec grants PID 1 the capability for the hostname only.

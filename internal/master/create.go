@@ -19,6 +19,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
@@ -99,8 +100,9 @@ func validateEnv(env map[string]string) error {
 	return nil
 }
 
-// ValidateNetwork checks egress rules: CIDRs or IP addresses. Domain names
-// need the egress proxy, which does not exist yet.
+// ValidateNetwork checks egress rules: CIDRs or IP addresses, and in
+// allowOut domain names ("api.github.com", "*.pypi.org"), as E2B accepts
+// them; the node validates the whole policy again (package policy).
 func ValidateNetwork(n catalog.Network) error {
 	for field, list := range map[string][]string{"network.allowOut": n.AllowOut, "network.denyOut": n.DenyOut} {
 		if len(list) > maxNetworkRules {
@@ -113,8 +115,14 @@ func ValidateNetwork(n catalog.Network) error {
 			if _, err := netip.ParseAddr(e); err == nil {
 				continue
 			}
-			if strings.ContainsAny(e, "abcdefghijklmnopqrstuvwxyz*") {
-				return errdefs.FieldErrorf(field, "%q: domain names are not supported yet, only CIDRs and IP addresses", e)
+			if _, isDomain, err := policy.ParseDomain(e); isDomain {
+				switch {
+				case err != nil:
+					return errdefs.FieldErrorf(field, "%v", err)
+				case field == "network.denyOut":
+					return errdefs.FieldErrorf(field, "%q: domain names are accepted in allowOut only (as in E2B); deny the rest with denyOut [\"0.0.0.0/0\"] or allowInternetAccess=false", e)
+				}
+				continue
 			}
 			return errdefs.FieldErrorf(field, "%q is not a CIDR or an IP address", e)
 		}

@@ -8,6 +8,7 @@
 //	nft        nftables rule sets through netlink
 //	slot       one slot's kernel objects: converge (create/repair), release
 //	slotstore  the agent's bbolt state, one record per slot
+//	dnsfwd     the sandboxes' DNS forwarder: per-slot sockets, domain policy
 //	agent      the daemon: ensure/release/update, pool, reconcile, metrics
 //	agentapi   its gRPC and HTTP edges
 //	client     the gRPC client cubelet uses
@@ -84,4 +85,8 @@ type Network struct {
 	Policy     policy.Policy
 	AssignedAt time.Time
 	FromPool   bool
+	// Resolver is the DNS forwarder as the sandbox reaches it (an
+	// address, port 53), "" when the agent runs none: what the sandbox's
+	// /etc/resolv.conf names.
+	Resolver string
 }

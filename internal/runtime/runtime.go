@@ -86,6 +86,12 @@ type Spec struct {
 	// line — so the agent refuses requests without the token from its
 	// first. Only the hash: both places are readable inside the sandbox.
 	AgentTokenHash string
+	// Resolver, when set, is the nameserver PID 1 writes into the
+	// sandbox's /etc/resolv.conf before it serves — containers get it in
+	// its environment, VMs on the kernel command line — so every runtime
+	// gets the same file from inside the sandbox. "" leaves the file as
+	// the image has it.
+	Resolver string
 }
 
 // Mount is a bind mount from the host into the sandbox.

@@ -19,6 +19,9 @@ type Network struct {
 	// NetNS is the namespace the runtime joins.
 	NetNS     string `json:"netns,omitempty"`
 	SlotNetNS string `json:"slot_netns,omitempty"`
+	// Resolver is the nameserver the sandbox's /etc/resolv.conf names
+	// (network-agent's DNS forwarder), "" when the agent runs none.
+	Resolver string `json:"resolver,omitempty"`
 }
 
 // RuntimeNetNS is the namespace the sandbox's runtime must join, "" for
@@ -28,6 +31,15 @@ func (n *Network) RuntimeNetNS() string {
 		return ""
 	}
 	return n.NetNS
+}
+
+// ResolverOf is the nameserver for the sandbox's /etc/resolv.conf, ""
+// for a sandbox without a slot or a slot without a forwarder.
+func (n *Network) ResolverOf() string {
+	if n == nil {
+		return ""
+	}
+	return n.Resolver
 }
 
 // clonePolicy deep-copies an optional policy.

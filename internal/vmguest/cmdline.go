@@ -22,7 +22,10 @@ type CmdlineOptions struct {
 	// (agentproto.TokenHashParam), never the token: /proc/cmdline is
 	// readable by every process in the guest.
 	TokenHash string
-	Extra     []string
+	// Resolver is the nameserver the agent writes into the guest's
+	// /etc/resolv.conf (agentproto.ResolverParam); invalid: none.
+	Resolver netip.Addr
+	Extra    []string
 }
 
 // baseCmdline is what every guest boots with; docs/vm-guest.md says why.
@@ -51,6 +54,9 @@ func Cmdline(o CmdlineOptions) string {
 	}
 	if o.TokenHash != "" {
 		args = append(args, agentproto.TokenHashParam+"="+o.TokenHash)
+	}
+	if o.Resolver.IsValid() {
+		args = append(args, agentproto.ResolverParam+"="+o.Resolver.String())
 	}
 	args = append(args, o.Extra...)
 	return strings.Join(args, " ")

@@ -388,7 +388,7 @@ type NetworkPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Unset = the node default (allowed).
 	AllowInternetAccess *bool    `protobuf:"varint,1,opt,name=allow_internet_access,json=allowInternetAccess,proto3,oneof" json:"allow_internet_access,omitempty"`
-	AllowOut            []string `protobuf:"bytes,2,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`                    // CIDRs or IPs
+	AllowOut            []string `protobuf:"bytes,2,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`                    // CIDRs, IPs, domains ("api.github.com") or wildcards ("*.pypi.org")
 	DenyOut             []string `protobuf:"bytes,3,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`                       // CIDRs or IPs
 	MaxConnections      int32    `protobuf:"varint,4,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"` // 0 = unlimited
 	EgressKbps          int64    `protobuf:"varint,5,opt,name=egress_kbps,json=egressKbps,proto3" json:"egress_kbps,omitempty"`             // 0 = unlimited

@@ -83,7 +83,7 @@ type Policy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Unset = allowed.
 	AllowInternetAccess *bool    `protobuf:"varint,1,opt,name=allow_internet_access,json=allowInternetAccess,proto3,oneof" json:"allow_internet_access,omitempty"`
-	AllowOut            []string `protobuf:"bytes,2,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`                    // IPv4 CIDRs or addresses
+	AllowOut            []string `protobuf:"bytes,2,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`                    // IPv4 CIDRs or addresses, domains or wildcards ("*.pypi.org")
 	DenyOut             []string `protobuf:"bytes,3,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`                       // IPv4 CIDRs or addresses
 	MaxConnections      int32    `protobuf:"varint,4,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"` // concurrent outbound connections; 0 = unlimited
 	EgressKbps          int64    `protobuf:"varint,5,opt,name=egress_kbps,json=egressKbps,proto3" json:"egress_kbps,omitempty"`             // outbound kilobits per second; 0 = unlimited
@@ -179,7 +179,11 @@ type Network struct {
 	Policy     *Policy                `protobuf:"bytes,11,opt,name=policy,proto3" json:"policy,omitempty"`
 	AssignedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=assigned_at,json=assignedAt,proto3" json:"assigned_at,omitempty"`
 	// Whether the slot came from the pool (else it was created on demand).
-	FromPool      bool `protobuf:"varint,13,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	FromPool bool `protobuf:"varint,13,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	// The DNS forwarder's address as the sandbox reaches it (the sandbox's
+	// gateway, port 53): what its /etc/resolv.conf names. Empty when the
+	// agent runs no forwarder.
+	Resolver      string `protobuf:"bytes,14,opt,name=resolver,proto3" json:"resolver,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +307,13 @@ func (x *Network) GetFromPool() bool {
 		return x.FromPool
 	}
 	return false
+}
+
+func (x *Network) GetResolver() string {
+	if x != nil {
+		return x.Resolver
+	}
+	return ""
 }
 
 type EnsureNetworkRequest struct {
@@ -1077,7 +1088,7 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\x0fmax_connections\x18\x04 \x01(\x05R\x0emaxConnections\x12\x1f\n" +
 	"\vegress_kbps\x18\x05 \x01(\x03R\n" +
 	"egressKbpsB\x18\n" +
-	"\x16_allow_internet_access\"\xa7\x03\n" +
+	"\x16_allow_internet_access\"\xc3\x03\n" +
 	"\aNetwork\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12(\n" +
@@ -1097,7 +1108,8 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\x06policy\x18\v \x01(\v2\x12.network.v1.PolicyR\x06policy\x12;\n" +
 	"\vassigned_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"assignedAt\x12\x1b\n" +
-	"\tfrom_pool\x18\r \x01(\bR\bfromPool\"\x8b\x01\n" +
+	"\tfrom_pool\x18\r \x01(\bR\bfromPool\x12\x1a\n" +
+	"\bresolver\x18\x0e \x01(\tR\bresolver\"\x8b\x01\n" +
 	"\x14EnsureNetworkRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12(\n" +

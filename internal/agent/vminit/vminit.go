@@ -34,6 +34,9 @@ type Config struct {
 	// (agentproto.TokenHashParam), "" when it has none: only the hash
 	// goes on the command line, which anything in the guest can read.
 	TokenHash string
+	// Resolver is the nameserver for /etc/resolv.conf
+	// (agentproto.ResolverParam); invalid: leave the file alone.
+	Resolver netip.Addr
 }
 
 var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
@@ -60,6 +63,11 @@ func ParseCmdline(cmdline string) (Config, error) {
 			}
 		case agentproto.TokenHashParam:
 			c.TokenHash = v
+		case agentproto.ResolverParam:
+			c.Resolver, err = netip.ParseAddr(v)
+			if err != nil {
+				err = fmt.Errorf("vminit: %s=%q: %v: %w", k, v, err, errdefs.ErrInvalidArgument)
+			}
 		case "cube.gw":
 			c.Gateway, err = netip.ParseAddr(v)
 			if err != nil {

@@ -8,18 +8,18 @@ import (
 )
 
 func TestParseCmdline(t *testing.T) {
-	c, err := ParseCmdline("console=ttyS0 quiet cube.hostname=sb-1.local cube.ip=169.254.0.21/30 cube.gw=169.254.0.22\n")
+	c, err := ParseCmdline("console=ttyS0 quiet cube.hostname=sb-1.local cube.ip=169.254.0.21/30 cube.gw=169.254.0.22 cube.resolver=169.254.0.22\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Hostname != "sb-1.local" || c.Addr.String() != "169.254.0.21/30" || c.Gateway.String() != "169.254.0.22" {
+	if c.Hostname != "sb-1.local" || c.Addr.String() != "169.254.0.21/30" || c.Gateway.String() != "169.254.0.22" || c.Resolver.String() != "169.254.0.22" {
 		t.Fatalf("%+v", c)
 	}
 	if c, err := ParseCmdline("root=/dev/vda"); err != nil || c.Addr.IsValid() || c.Hostname != "" {
 		t.Fatalf("no cube params: %+v %v", c, err)
 	}
 	for _, bad := range []string{"cube.hostname=-x", "cube.hostname=a_b", "cube.ip=10.0.0.1", "cube.ip=fd00::1/64",
-		"cube.gw=nope cube.ip=10.0.0.1/24", "cube.gw=10.0.0.1"} {
+		"cube.gw=nope cube.ip=10.0.0.1/24", "cube.gw=10.0.0.1", "cube.resolver=dns"} {
 		if _, err := ParseCmdline(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%q: %v", bad, err)
 		}

@@ -75,7 +75,7 @@ func PolicyOf(rec *sandbox.Record) policy.Policy {
 func Record(n *network.Network) *sandbox.Network {
 	return &sandbox.Network{
 		Kind: string(n.Kind), Slot: n.Slot, HostIP: n.HostIP, GatewayIP: n.GatewayIP,
-		SandboxIP: n.SandboxIP, NetNS: n.NetNS, SlotNetNS: n.SlotNetNS,
+		SandboxIP: n.SandboxIP, NetNS: n.NetNS, SlotNetNS: n.SlotNetNS, Resolver: n.Resolver,
 	}
 }
 

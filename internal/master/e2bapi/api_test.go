@@ -301,7 +301,8 @@ func TestE2BAPI(t *testing.T) {
 			{"POST", "/sandboxes/" + id + "/timeout", map[string]any{}, 400},
 			{"POST", "/sandboxes/" + id + "/timeout", map[string]any{"timeout": 0}, 400},
 			{"POST", "/sandboxes/" + id + "/connect", map[string]any{}, 400},
-			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"allowOut": []string{"example.com"}}, 400},
+			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"denyOut": []string{"example.com"}}, 400},
+			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"allowOut": []string{"api.*.example.com"}}, 400},
 			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"rules": map[string]any{"a.com": []any{map[string]any{}}}}, 400},
 			{"GET", "/sandboxes/metrics", nil, 400},
 			{"GET", "/templates/ghost", nil, 404},
@@ -370,6 +371,11 @@ func TestE2BAPI(t *testing.T) {
 		r := c.Do(t, "PUT", "/sandboxes/"+id+"/network", map[string]any{"denyOut": []string{"10.0.0.0/8"}}, nil)
 		if _, msg := r.Error(); r.StatusCode != 204 && !((r.StatusCode == 409 || r.StatusCode == 501) && msg != "") {
 			t.Fatalf("network: %d %s", r.StatusCode, r.Body)
+		}
+		// Domains pass the API's validation as in E2B (the node decides).
+		r = c.Do(t, "PUT", "/sandboxes/"+id+"/network", map[string]any{"allowOut": []string{"api.github.com", "*.pypi.org"}, "denyOut": []string{"0.0.0.0/0"}}, nil)
+		if _, msg := r.Error(); r.StatusCode != 204 && !((r.StatusCode == 409 || r.StatusCode == 501) && msg != "") {
+			t.Fatalf("network with domains: %d %s", r.StatusCode, r.Body)
 		}
 		var snap struct {
 			SnapshotID string   `json:"snapshotID"`

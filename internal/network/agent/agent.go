@@ -23,6 +23,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/network/dnsfwd"
 	"github.com/cubesandbox/cube/internal/network/ipam"
 	"github.com/cubesandbox/cube/internal/network/nft"
 	"github.com/cubesandbox/cube/internal/network/nl"
@@ -38,6 +39,7 @@ type Agent struct {
 	store   *slotstore.Store
 	space   *ipam.Space
 	metrics *metrics
+	dns     *dnsfwd.Forwarder // nil when [dns] is off
 
 	opMu  sync.RWMutex // held shared by every operation, exclusively by Reconcile
 	locks keyedLock    // per sandbox
@@ -88,11 +90,21 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Agent, error) {
 		pool: map[network.Kind][]int{}, filling: map[network.Kind]int{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), fillDone: make(chan struct{}),
 	}
+	if cfg.DNS.Enabled {
+		if a.dns, err = dnsfwd.New(cfg.DNS.Forwarder(), log); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	a.metrics.register(a)
 	ok := false
 	defer func() {
 		if !ok {
 			st.Close()
+			if a.dns != nil {
+				// Reconcile attached the assigned slots.
+				a.dns.Close()
+			}
 		}
 	}()
 	if err := a.checkIdentity(); err != nil {
@@ -231,6 +243,9 @@ func cutPrefix(s, p string) (string, bool) {
 func (a *Agent) Close() error {
 	a.ready.Store(false)
 	a.stopFill()
+	if a.dns != nil {
+		a.dns.Close()
+	}
 	return a.store.Close()
 }
 
@@ -275,7 +290,38 @@ func (a *Agent) Config() *Config { return a.cfg }
 // layout locates a slot's kernel objects.
 func (a *Agent) layout(i int, kind network.Kind) slot.Layout {
 	addrs, _ := a.space.Addrs(i) // i came from the space
-	return slot.Layout{Index: i, Kind: kind, Dir: a.cfg.NetnsDir(), Prefix: a.cfg.Prefix, Addrs: addrs, NodeCIDR: a.cfg.CIDR(), Opened: a.cfg.Opened()}
+	return slot.Layout{Index: i, Kind: kind, Dir: a.cfg.NetnsDir(), Prefix: a.cfg.Prefix, Addrs: addrs,
+		NodeCIDR: a.cfg.CIDR(), Opened: a.cfg.Opened(), DNS: a.dns != nil}
+}
+
+// attachDNS makes the forwarder serve an assigned slot (idempotent).
+// fresh: the slot's namespace was (re)created, so sockets the forwarder
+// holds for this sandbox, if any, are in a namespace that is gone.
+func (a *Agent) attachDNS(r *slotstore.Record, fresh bool) error {
+	if a.dns == nil || r.SandboxID == "" {
+		return nil
+	}
+	if fresh {
+		a.dns.Detach(r.SandboxID)
+	}
+	return a.dns.Attach(dnsfwd.Target{SandboxID: r.SandboxID, NetNS: a.layout(r.Index, r.Kind).SlotNS(),
+		Addr: network.SandboxGateway, Policy: r.Policy})
+}
+
+// detachDNS stops serving a sandbox: before its namespace goes, since an
+// open socket would keep the namespace alive.
+func (a *Agent) detachDNS(id string) {
+	if a.dns != nil && id != "" {
+		a.dns.Detach(id)
+	}
+}
+
+// DNSStats returns the forwarder's counters (nil when it is off).
+func (a *Agent) DNSStats() *dnsfwd.Stats {
+	if a.dns == nil {
+		return nil
+	}
+	return &a.dns.Stats
 }
 
 // view turns a record into the API's Network.
@@ -289,6 +335,9 @@ func (a *Agent) view(r *slotstore.Record) *network.Network {
 	}
 	if r.Kind == network.VM {
 		n.Tap = network.TapName
+	}
+	if a.dns != nil {
+		n.Resolver = network.SandboxGateway.String()
 	}
 	return n
 }

@@ -7,8 +7,10 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network/dnsfwd"
 	"github.com/cubesandbox/cube/internal/network/ipam"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -42,9 +44,29 @@ type Config struct {
 	Policy struct {
 		OpenPrivate []string `toml:"open_private"`
 	} `toml:"policy"`
+	DNS DNSConfig `toml:"dns"`
 
 	cidr   netip.Prefix
 	opened []netip.Prefix
+}
+
+// DNSConfig is the [dns] section: the sandboxes' DNS forwarder.
+type DNSConfig struct {
+	Enabled    bool     `toml:"enabled"`
+	Upstreams  []string `toml:"upstreams"`
+	ResolvConf string   `toml:"resolv_conf"`
+	Rate       float64  `toml:"rate"`
+	Burst      int      `toml:"burst"`
+	MinTTL     int      `toml:"min_ttl_seconds"`
+	MaxTTL     int      `toml:"max_ttl_seconds"`
+	LogQueries bool     `toml:"log_queries"`
+}
+
+// Forwarder returns the forwarder's configuration.
+func (d DNSConfig) Forwarder() dnsfwd.Config {
+	return dnsfwd.Config{Upstreams: d.Upstreams, ResolvConf: d.ResolvConf, Rate: d.Rate, Burst: d.Burst,
+		MinTTL: time.Duration(d.MinTTL) * time.Second, MaxTTL: time.Duration(d.MaxTTL) * time.Second,
+		LogQueries: d.LogQueries}
 }
 
 // Defaults returns the embedded configuration, validated.

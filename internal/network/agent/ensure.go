@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"time"
 
@@ -69,6 +70,9 @@ func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Netwo
 			return nil, false, fmt.Errorf("sandbox %s already has a %s slot with policy [%s], not a %s slot with [%s] (use UpdatePolicy to change a policy): %w",
 				req.SandboxID, r.Kind, r.Policy, kind, req.Policy, errdefs.ErrAlreadyExists)
 		}
+		if err := a.attachDNS(r, false); err != nil {
+			return nil, false, err
+		}
 		return a.view(r), false, nil
 	}
 	i, pooled := a.popPool(kind)
@@ -90,6 +94,13 @@ func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Netwo
 	if !pooled {
 		source = "cold"
 		r, err = a.createFor(ctx, kind, req.SandboxID, req.Policy)
+	}
+	if err == nil {
+		// A sandbox without its resolver is refused rather than started
+		// half-networked.
+		if err = a.attachDNS(r, true); err != nil {
+			err = errors.Join(err, a.releaseSlot(context.WithoutCancel(ctx), r.Index))
+		}
 	}
 	if err != nil {
 		return nil, false, err
@@ -193,6 +204,7 @@ func (a *Agent) releaseSlot(ctx context.Context, i int) error {
 			return err
 		}
 	}
+	a.detachDNS(r.SandboxID)
 	if err := failpoint.Eval(ctx, "network/release/after-record"); err != nil {
 		return err
 	}
@@ -318,6 +330,9 @@ func (a *Agent) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.Po
 		if len(made) > 0 {
 			a.log.Warn("slot repaired on re-apply", "sandbox_id", sandboxID, "slot", i, "recreated", made)
 		}
+		if err := a.attachDNS(r, slices.Contains(made, "netns")); err != nil {
+			return nil, err
+		}
 		return a.view(r), nil
 	}
 	old := r.Policy
@@ -328,6 +343,12 @@ func (a *Agent) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.Po
 			r.Policy = old
 			err = errors.Join(err, a.applyPolicy(r, *p))
 		}
+	}
+	if err == nil {
+		// Before the conntrack flush: addresses of names no longer
+		// allowed leave the resolved set first, so the connections cut
+		// below cannot come back through them.
+		err = a.attachDNS(r, false)
 	}
 	if err == nil {
 		err = a.forgetConnections(r)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,20 @@ func newMetrics() *metrics {
 func (m *metrics) register(a *Agent) {
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ensure, m.ops, m.errors, m.reconcile, &slotCollector{a: a})
+	if a.dns == nil {
+		return
+	}
+	st := &a.dns.Stats
+	for verdict, c := range map[string]*atomic.Uint64{"answered": &st.Answered, "refused": &st.Refused,
+		"limited": &st.Limited, "failed": &st.Failed} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "network_agent_dns_queries_total", Help: "Sandbox DNS queries, by verdict.",
+			ConstLabels: prometheus.Labels{"verdict": verdict},
+		}, func() float64 { return float64(c.Load()) }))
+	}
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "network_agent_dns_resolved_addresses_total", Help: "Addresses added to sandboxes' resolved sets for allowed domains.",
+	}, func() float64 { return float64(st.Added.Load()) }))
 }
 
 func (m *metrics) observeEnsure(source string, start time.Time, err error) {

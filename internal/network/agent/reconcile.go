@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -124,6 +125,10 @@ func (a *Agent) reconcileSlot(ctx context.Context, r *slotstore.Record, sum *Sum
 		}
 		if len(made) > 0 {
 			a.log.Warn("slot repaired", "sandbox_id", r.SandboxID, "slot", r.Index, "recreated", made)
+		}
+		if err := a.attachDNS(r, slices.Contains(made, "netns")); err != nil {
+			fail(err)
+			return
 		}
 		count(sum, made)
 	default:

@@ -42,6 +42,15 @@ type Options struct {
 	Serve bool
 	// OpenPrivate is the agent's [policy] open_private.
 	OpenPrivate []string
+	// DNSUpstreams is the agent's [dns] upstreams (World.ServeDNS);
+	// empty: the host's resolv.conf, which tests never query.
+	DNSUpstreams []string
+	// DNSRate and DNSBurst are the per-sandbox query limit (default: the
+	// embedded defaults).
+	DNSRate  float64
+	DNSBurst int
+	// NoDNS turns the forwarder off ([dns] enabled = false).
+	NoDNS bool
 }
 
 // Env is one test agent's world: config, directories and the agent.
@@ -90,6 +99,11 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 	c.API.HTTP = ""
 	c.Pool.Size, c.Pool.VMSize = o.PoolSize, o.VMPoolSize
 	c.Policy.OpenPrivate = o.OpenPrivate
+	c.DNS.Upstreams = o.DNSUpstreams
+	c.DNS.Enabled = !o.NoDNS
+	if o.DNSRate > 0 {
+		c.DNS.Rate, c.DNS.Burst = o.DNSRate, o.DNSBurst
+	}
 	c.Pool.RefillPerSecond = o.RefillPerSecond
 	if c.Pool.RefillPerSecond == 0 {
 		c.Pool.RefillPerSecond = 200

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/policy"
@@ -85,6 +86,7 @@ func testSlot(p policy.Policy) Slot {
 		HostIP:    netip.MustParseAddr("10.200.0.14"),
 		SandboxIP: netip.MustParseAddr("169.254.0.21"),
 		NodeCIDR:  netip.MustParsePrefix("10.200.0.0/16"),
+		Resolver:  netip.MustParseAddr("169.254.0.22"),
 		Policy:    p,
 	}
 }
@@ -229,5 +231,49 @@ func TestSlotApplyOverTamperedTable(t *testing.T) {
 	}
 	if got := listTable(t, path, SlotTable); got != want {
 		t.Fatalf("after re-apply:\n%s", got)
+	}
+}
+
+// TestResolvedSet: the forwarder's additions refresh an element's
+// timeout, survive a re-apply (refill) of the same rule set, and go with a
+// prune.
+func TestResolvedSet(t *testing.T) {
+	_, fd := nsFixture(t)
+	s := testSlot(policy.Policy{})
+	if err := ApplySlot(fd, s); err != nil {
+		t.Fatal(err)
+	}
+	a, b := netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("198.51.100.11")
+	if err := AddResolved(fd, []Resolved{{a, 2 * time.Second}, {b, time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := AddResolved(fd, []Resolved{{a, time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	live := func() map[netip.Addr]time.Duration {
+		rs, err := ListResolved(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[netip.Addr]time.Duration{}
+		for _, r := range rs {
+			m[r.Addr] = r.Timeout
+		}
+		return m
+	}
+	if m := live(); m[a] < time.Minute || m[b] < time.Minute {
+		t.Fatalf("re-add did not refresh the timeout: %v", m)
+	}
+	if err := ApplySlot(fd, s); err != nil {
+		t.Fatal(err)
+	}
+	if m := live(); len(m) != 2 {
+		t.Fatalf("re-apply lost resolved addresses: %v", m)
+	}
+	if err := PruneResolved(fd, []Resolved{{b, time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := live(); len(m) != 1 || m[b] == 0 {
+		t.Fatalf("after prune: %v", m)
 	}
 }

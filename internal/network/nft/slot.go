@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -40,8 +41,22 @@ type Slot struct {
 	// list open; every other private address stays closed whatever the
 	// policy says (an allow of 0.0.0.0/0 included).
 	Opened []netip.Prefix
-	Policy policy.Policy
+	// Resolver, when valid, is the slot-side address where the node's DNS
+	// forwarder listens inside the slot namespace (the sandbox's gateway):
+	// the input chain lets the sandbox reach it on UDP and TCP port 53,
+	// and nothing else of the slot.
+	Resolver netip.Addr
+	Policy   policy.Policy
 }
+
+// ResolvedSet is the slot table's set of addresses the DNS forwarder
+// returned for names the policy's domain entries allow. Each element
+// expires with its answer's TTL (bounded by the forwarder).
+const ResolvedSet = "resolved"
+
+// ResolvedSetSize bounds the resolved set: the forwarder stops adding
+// (and logs) once a sandbox holds this many live addresses.
+const ResolvedSetSize = 16384
 
 // ApplySlot replaces the slot table in the namespace open at nsFD.
 //
@@ -49,7 +64,11 @@ type Slot struct {
 //
 //	prerouting (nat):  iifname uplink ip saddr GW ip daddr HOSTIP dnat to SANDBOXIP
 //	postrouting (nat): oifname uplink ip saddr SANDBOXIP snat to HOSTIP
-//	input:   lo and established only: nobody talks to the slot itself
+//	input:   policy drop: nobody talks to the slot itself, except
+//	    iifname lo accept
+//	    ct state established,related accept
+//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER udp/tcp dport 53 accept
+//	                                          the DNS forwarder (when Resolver is set)
 //	output:  policy drop: what the slot namespace itself sends (a VM's
 //	         monitor lives there)
 //	    oifname lo accept
@@ -68,6 +87,7 @@ type Slot struct {
 //	    ct count over N drop                  connection limit
 //	    ip daddr @private ip daddr != @opened drop   closed to tenants
 //	    ip daddr @allow accept
+//	    ip daddr @resolved accept             answers for allowed domains
 //	    ip daddr @deny drop
 //	    ip daddr @private drop
 //	    ip daddr @internet accept             {0.0.0.0/0} or empty
@@ -145,6 +165,16 @@ func ApplySlot(nsFD int, s Slot) error {
 	if err != nil {
 		return err
 	}
+	// The resolved set is filled by the DNS forwarder, not from the
+	// policy: a refill keeps its elements (their timeouts run on), so a
+	// re-apply or a knob change does not cut a sandbox off from names it
+	// resolved. The agent prunes it when the domain entries change.
+	id++
+	resolved := &nftables.Set{Table: t, Name: ResolvedSet, ID: id, KeyType: nftables.TypeIPAddr,
+		HasTimeout: true, Size: ResolvedSetSize}
+	if err := c.AddSet(resolved, nil); err != nil {
+		return fmt.Errorf("set %s: %w", ResolvedSet, err)
+	}
 
 	up := ifname(s.Uplink)
 	acceptPolicy := nftables.ChainPolicyAccept
@@ -177,6 +207,12 @@ func ApplySlot(nsFD int, s Slot) error {
 
 	add(in, iifname(expr.CmpOpEq, ifname("lo")), accept())
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
+	if s.Resolver.IsValid() {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver),
+				l4proto(proto), dport(DNSPort), accept())
+		}
+	}
 
 	// A VM's monitor runs in this namespace (it opens the TAP here), so a
 	// monitor compromised from the guest would send from it, past the
@@ -214,6 +250,7 @@ func ApplySlot(nsFD int, s Slot) error {
 	}
 	add(egress, daddrInSet(private), daddrNotInSet(opened), drop())
 	add(egress, daddrInSet(allow), accept())
+	add(egress, daddrInSet(resolved), accept())
 	add(egress, daddrInSet(deny), drop())
 	add(egress, daddrInSet(private), drop())
 	add(egress, daddrInSet(internet), accept())
@@ -304,7 +341,7 @@ func diff(old, cur []netip.Prefix) (removed, added []netip.Prefix) {
 // slotChains and slotSets are the names ApplySlot creates.
 var (
 	slotChains = []string{"egress", "forward", "input", "output", "postrouting", "prerouting"}
-	slotSets   = []string{"allow", "blocked", "deny", "internet", "opened", "private"}
+	slotSets   = []string{"allow", "blocked", "deny", "internet", "opened", "private", ResolvedSet}
 )
 
 // shape reports whether table t exists and whether it holds exactly the
@@ -340,6 +377,92 @@ func shape(c *nftables.Conn, t *nftables.Table) (exists, same bool, err error) {
 	}
 	slices.Sort(names)
 	return true, slices.Equal(names, slotSets), nil
+}
+
+// DNSPort is where the forwarder listens.
+const DNSPort = 53
+
+// Resolved is one address of a DNS answer and how long it stays reachable.
+type Resolved struct {
+	Addr    netip.Addr
+	Timeout time.Duration
+}
+
+// AddResolved adds addresses to the resolved set of the slot table in the
+// namespace open at nsFD, in one transaction. An address already there
+// gets the new timeout (the kernel updates an existing element's timeout
+// on a re-add). Only additions: the commit never waits for an RCU grace
+// period, which matters because the DNS answer waits for it.
+func AddResolved(nsFD int, rs []Resolved) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return err
+	}
+	st := resolvedSet()
+	elems := make([]nftables.SetElement, 0, len(rs))
+	for _, r := range rs {
+		elems = append(elems, nftables.SetElement{Key: r.Addr.AsSlice(), Timeout: r.Timeout})
+	}
+	if err := c.SetAddElements(st, elems); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("add to set %s: %w", ResolvedSet, err)
+	}
+	return nil
+}
+
+// PruneResolved removes from the resolved set every address not in keep
+// (all of them when keep is nil), in one transaction: what an update that
+// drops domain entries needs, so that names no longer allowed stop being
+// reachable at once.
+func PruneResolved(nsFD int, keep []Resolved) error {
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return err
+	}
+	st := resolvedSet()
+	c.FlushSet(st)
+	if len(keep) > 0 {
+		elems := make([]nftables.SetElement, 0, len(keep))
+		for _, r := range keep {
+			elems = append(elems, nftables.SetElement{Key: r.Addr.AsSlice(), Timeout: r.Timeout})
+		}
+		if err := c.SetAddElements(st, elems); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("prune set %s: %w", ResolvedSet, err)
+	}
+	return nil
+}
+
+// ListResolved returns the live elements of the resolved set.
+func ListResolved(nsFD int) ([]Resolved, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return nil, err
+	}
+	els, err := c.GetSetElements(resolvedSet())
+	if err != nil {
+		return nil, fmt.Errorf("list set %s: %w", ResolvedSet, err)
+	}
+	out := make([]Resolved, 0, len(els))
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			out = append(out, Resolved{Addr: a, Timeout: e.Expires})
+		}
+	}
+	return out, nil
+}
+
+func resolvedSet() *nftables.Set {
+	return &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable},
+		Name: ResolvedSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 }
 
 // nftConnlimitInvert makes connlimit match when the count is OVER the

@@ -11,7 +11,8 @@
 //  3. D in Private (RFC 1918, CGNAT) and not in a range the operator
 //     opened (network-agent [policy] open_private) → drop, whatever the
 //     policy: a tenant cannot reach the node's LAN on its own say-so
-//  4. D in Allow                           → accept   (allow wins, as in E2B)
+//  4. D in Allow, or D is an address the DNS forwarder returned for a
+//     name in AllowDomains (until its TTL ends) → accept (allow wins, as in E2B)
 //  5. D in Deny                            → drop
 //  6. D in Private                         → drop     (opened ranges need an allow)
 //  7. internet off                         → drop
@@ -43,8 +44,11 @@ const (
 // prefix is IPv4 and masked, lists are sorted and hold no overlaps.
 type Policy struct {
 	// AllowInternet unset (nil) means allowed.
-	AllowInternet  *bool          `json:"allow_internet,omitempty"`
-	Allow          []netip.Prefix `json:"allow,omitempty"`
+	AllowInternet *bool          `json:"allow_internet,omitempty"`
+	Allow         []netip.Prefix `json:"allow,omitempty"`
+	// AllowDomains are allow_out's domain entries, normalised and sorted
+	// ("api.github.com", "*.pypi.org"): see domain.go.
+	AllowDomains   []string       `json:"allow_domains,omitempty"`
 	Deny           []netip.Prefix `json:"deny,omitempty"`
 	MaxConnections int32          `json:"max_connections,omitempty"`
 	EgressKbps     int64          `json:"egress_kbps,omitempty"`
@@ -71,6 +75,7 @@ func (p Policy) InternetAllowed() bool {
 func (p Policy) Equal(o Policy) bool {
 	return p.InternetAllowed() == o.InternetAllowed() &&
 		slices.Equal(p.Allow, o.Allow) && slices.Equal(p.Deny, o.Deny) &&
+		slices.Equal(p.AllowDomains, o.AllowDomains) &&
 		p.MaxConnections == o.MaxConnections && p.EgressKbps == o.EgressKbps
 }
 
@@ -88,6 +93,7 @@ func (p Policy) Spec() Spec {
 	for _, a := range p.Allow {
 		s.Allow = append(s.Allow, a.String())
 	}
+	s.Allow = append(s.Allow, p.AllowDomains...)
 	for _, d := range p.Deny {
 		s.Deny = append(s.Deny, d.String())
 	}
@@ -102,6 +108,7 @@ func (p Policy) Clone() Policy {
 		c.AllowInternet = &v
 	}
 	c.Allow = slices.Clone(p.Allow)
+	c.AllowDomains = slices.Clone(p.AllowDomains)
 	c.Deny = slices.Clone(p.Deny)
 	return c
 }
@@ -140,10 +147,10 @@ func Parse(field string, s Spec) (Policy, error) {
 		return Policy{}, bad("egress_kbps", "%d is below the %d kbps minimum (0 = unlimited)", s.EgressKbps, minEgressKbps)
 	}
 	var err error
-	if p.Allow, err = parseList(join(field, "allow_out"), s.Allow, true); err != nil {
+	if p.Allow, p.AllowDomains, err = parseList(join(field, "allow_out"), s.Allow, true); err != nil {
 		return Policy{}, err
 	}
-	if p.Deny, err = parseList(join(field, "deny_out"), s.Deny, false); err != nil {
+	if p.Deny, _, err = parseList(join(field, "deny_out"), s.Deny, false); err != nil {
 		return Policy{}, err
 	}
 	return p, nil
@@ -156,25 +163,39 @@ func join(a, b string) string {
 	return a + "." + b
 }
 
-// parseList parses CIDRs or bare addresses. It rejects what a user most
+// parseList parses CIDRs or bare addresses, and in an allow list domain
+// names (returned apart, sorted, duplicates dropped). It rejects what a user most
 // likely got wrong rather than guessing: IPv6 (sandboxes have none), host
 // bits set ("10.1.2.3/8"), and entries that overlap another entry of the
 // same list (ambiguous intent, and nftables interval sets refuse them).
 // An allow entry wholly inside an always-blocked range would silently do
 // nothing, so it is an error too.
-func parseList(field string, in []string, allow bool) ([]netip.Prefix, error) {
+func parseList(field string, in []string, allow bool) ([]netip.Prefix, []string, error) {
 	if len(in) > MaxEntries {
-		return nil, &FieldError{Field: field, Msg: fmt.Sprintf("%d entries, at most %d", len(in), MaxEntries)}
+		return nil, nil, &FieldError{Field: field, Msg: fmt.Sprintf("%d entries, at most %d", len(in), MaxEntries)}
 	}
 	out := make([]netip.Prefix, 0, len(in))
+	var domains []string
 	for i, raw := range in {
 		p, err := ParsePrefix(raw)
+		if err != nil && !strings.ContainsAny(raw, ":/") {
+			d, isDomain, derr := ParseDomain(raw)
+			switch {
+			case isDomain && derr != nil:
+				err = derr
+			case isDomain && !allow:
+				err = fmt.Errorf("%q: domain names are accepted in allow_out only (as in E2B); deny the rest with deny_out [\"0.0.0.0/0\"] or allow_internet_access=false", raw)
+			case isDomain:
+				domains = append(domains, d)
+				continue
+			}
+		}
 		if err != nil {
-			return nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: err.Error()}
+			return nil, nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: err.Error()}
 		}
 		if allow {
 			if b, ok := within(p, alwaysBlocked); ok {
-				return nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i),
+				return nil, nil, &FieldError{Field: fmt.Sprintf("%s[%d]", field, i),
 					Msg: fmt.Sprintf("%s is inside %s, which no sandbox may reach", p, b)}
 			}
 		}
@@ -183,13 +204,15 @@ func parseList(field string, in []string, allow bool) ([]netip.Prefix, error) {
 	slices.SortFunc(out, comparePrefix)
 	for i := 1; i < len(out); i++ {
 		if out[i-1].Overlaps(out[i]) {
-			return nil, &FieldError{Field: field, Msg: fmt.Sprintf("%s overlaps %s", out[i], out[i-1])}
+			return nil, nil, &FieldError{Field: field, Msg: fmt.Sprintf("%s overlaps %s", out[i], out[i-1])}
 		}
 	}
+	slices.Sort(domains)
+	domains = slices.Compact(domains)
 	if len(out) == 0 {
-		return nil, nil
+		out = nil
 	}
-	return out, nil
+	return out, domains, nil
 }
 
 // ParsePrefix parses one IPv4 CIDR or address (an address is a /32).
@@ -255,6 +278,12 @@ func (p Policy) String() string {
 		}
 	}
 	list("allow", p.Allow)
+	if len(p.AllowDomains) > 0 {
+		fmt.Fprintf(&b, " domains=%s", strings.Join(p.AllowDomains[:min(len(p.AllowDomains), describeMaxPrefix)], ","))
+		if n := len(p.AllowDomains) - describeMaxPrefix; n > 0 {
+			fmt.Fprintf(&b, ",+%d", n)
+		}
+	}
 	list("deny", p.Deny)
 	if p.MaxConnections > 0 {
 		fmt.Fprintf(&b, " max_conns=%d", p.MaxConnections)

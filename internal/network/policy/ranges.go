@@ -66,7 +66,7 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 // allow list may open: IPv4 CIDRs or addresses, each inside one private
 // range, none overlapping another.
 func ParseOpened(in []string) ([]netip.Prefix, error) {
-	out, err := parseList("open_private", in, false)
+	out, _, err := parseList("open_private", in, false)
 	if err != nil {
 		return nil, err
 	}

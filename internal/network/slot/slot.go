@@ -56,6 +56,10 @@ type Layout struct {
 	Addrs    ipam.Addrs
 	NodeCIDR netip.Prefix
 	Opened   []netip.Prefix // private ranges the operator lets policies open
+	// DNS: the agent's DNS forwarder serves this slot at the sandbox's
+	// gateway address, so the slot table lets the sandbox reach port 53
+	// there.
+	DNS bool
 }
 
 // HostLink is the host end of the veth pair.
@@ -77,8 +81,12 @@ func (l Layout) RuntimeNS() string {
 
 // Rules returns the slot table for policy p.
 func (l Layout) Rules(p policy.Policy) nft.Slot {
-	return nft.Slot{Uplink: Uplink, Gateway: l.Addrs.Gateway, HostIP: l.Addrs.HostIP,
+	s := nft.Slot{Uplink: Uplink, Gateway: l.Addrs.Gateway, HostIP: l.Addrs.HostIP,
 		SandboxIP: network.SandboxIP, NodeCIDR: l.NodeCIDR, Opened: l.Opened, Policy: p}
+	if l.DNS {
+		s.Resolver = network.SandboxGateway
+	}
+	return s
 }
 
 // Converge makes every piece of the slot exist and be configured, and

@@ -53,7 +53,7 @@ func NetworkToPB(n *network.Network) *pb.Network {
 		SandboxId: n.SandboxID, Kind: KindToPB(n.Kind), Slot: int32(n.Slot),
 		HostIp: n.HostIP, GatewayIp: n.GatewayIP, SandboxIp: n.SandboxIP,
 		Netns: n.NetNS, SlotNetns: n.SlotNetNS, Tap: n.Tap, HostLink: n.HostLink,
-		Policy: PolicyToPB(n.Policy), FromPool: n.FromPool,
+		Policy: PolicyToPB(n.Policy), FromPool: n.FromPool, Resolver: n.Resolver,
 	}
 	if !n.AssignedAt.IsZero() {
 		out.AssignedAt = timestamppb.New(n.AssignedAt)
@@ -74,7 +74,7 @@ func NetworkFromPB(p *pb.Network) (*network.Network, error) {
 		SandboxID: p.SandboxId, Kind: KindFromPB(p.Kind), Slot: int(p.Slot),
 		HostIP: p.HostIp, GatewayIP: p.GatewayIp, SandboxIP: p.SandboxIp,
 		NetNS: p.Netns, SlotNetNS: p.SlotNetns, Tap: p.Tap, HostLink: p.HostLink,
-		Policy: pol, FromPool: p.FromPool,
+		Policy: pol, FromPool: p.FromPool, Resolver: p.Resolver,
 	}
 	if p.AssignedAt != nil {
 		n.AssignedAt = p.AssignedAt.AsTime()

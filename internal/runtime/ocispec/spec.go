@@ -130,6 +130,9 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 	if s.AgentTokenHash != "" {
 		env = append(env, agentproto.TokenHashEnv+"="+s.AgentTokenHash)
 	}
+	if s.Resolver != "" {
+		env = append(env, agentproto.ResolverEnv+"="+s.Resolver)
+	}
 	sp := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{

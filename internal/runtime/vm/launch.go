@@ -78,6 +78,13 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 		}
 		shape.MAC = macFor(s.ID)
 	}
+	if s.Resolver != "" {
+		r, err := netip.ParseAddr(s.Resolver)
+		if err != nil {
+			return runtime.State{}, fmt.Errorf("vm start %s: resolver %q: %v: %w", s.ID, s.Resolver, err, errdefs.ErrInvalidArgument)
+		}
+		opts.Resolver = r
+	}
 	shape.Cmdline = vmguest.Cmdline(opts)
 	return d.launch(ctx, s, shape, "", "")
 }
