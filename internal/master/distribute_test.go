@@ -1,0 +1,256 @@
+package master_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/failpoint"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+)
+
+// TestClusterTemplates imports a template once through the master, from a
+// source only the master reads, and checks that every node gets it from
+// the master's template store, that a node joining later gets it too, that
+// a node refuses a blob whose bytes no longer match their digest (and
+// takes the same pull once the bytes are right), and that creates go to
+// nodes that hold the template while the others pull it.
+func TestClusterTemplates(t *testing.T) {
+	m := mastertest.StartMaster(t, "[scheduler.weights]\nload = 1.0\nlocality = 0.0\nspread = 0.5\n")
+	a := mastertest.StartNode(t, m)
+	b := mastertest.StartNode(t, m)
+	c := mastertest.StartNode(t, m)
+	m.WaitHealthy(t, a, b, c)
+	ctx := context.Background()
+	svc := func() *master.Service { return m.Server.Service }
+
+	// The source lives in a directory of the master's; the nodes are told
+	// only a digest, and it is gone before the late node joins.
+	src := filepath.Join(m.Dir, "src")
+	if out, err := exec.Command("cp", "-a", a.Env.Image, src).CombinedOutput(); err != nil {
+		t.Fatalf("copy the image: %v %s", err, out)
+	}
+	hasTemplate := func(n *mastertest.Node, id string) (*cubeletpb.Template, bool) {
+		resp, err := n.Client.GetTemplate(ctx, &cubeletpb.GetTemplateRequest{TemplateId: id})
+		if err != nil {
+			return nil, false
+		}
+		return resp.Template, true
+	}
+	var digest string
+
+	t.Run("import once, created on every node", func(t *testing.T) {
+		start := time.Now()
+		resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: "dist", Source: src})
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		ct := resp.Template
+		t.Logf("template distribution: %d bytes of image to 3 nodes in %s (store, pull and build on each, in parallel)", storeBytes(t, m), took)
+		if !ct.Stored || len(ct.Nodes) != 3 {
+			t.Fatalf("after the import: stored=%v nodes=%v, want stored on 3 nodes", ct.Stored, ct.Nodes)
+		}
+		digest = ct.Digest
+		for _, n := range []*mastertest.Node{a, b, c} {
+			tp, ok := hasTemplate(n, "dist")
+			if !ok || tp.Digest != digest || !strings.HasPrefix(tp.Source, "cubemaster:") {
+				t.Fatalf("node %s: template %+v, want digest %s from the master", n.ID, tp, digest)
+			}
+		}
+	})
+	if err := os.RemoveAll(src); err != nil {
+		t.Fatal(err)
+	}
+
+	var d *mastertest.Node
+	outer := t // the late node lives as long as the whole test
+	t.Run("a node that joins later gets it", func(t *testing.T) {
+		start := time.Now()
+		d = mastertest.StartNode(outer, m)
+		mastertest.WaitFor(t, 60*time.Second, "the late node to pull dist", func() bool {
+			_, ok := hasTemplate(d, "dist")
+			return ok
+		})
+		t.Logf("late node: started, registered and pulled dist in %s", time.Since(start))
+		mastertest.WaitFor(t, 10*time.Second, "the master to see dist on the late node", func() bool {
+			tm, err := svc().GetTemplate(ctx, "dist")
+			return err == nil && len(tm.Nodes) == 4
+		})
+	})
+	if d == nil {
+		t.FailNow()
+	}
+
+	t.Run("a tampered blob is refused", func(t *testing.T) {
+		if _, err := d.Client.DeleteTemplate(ctx, &cubeletpb.DeleteTemplateRequest{TemplateId: "dist"}); err != nil {
+			t.Fatal(err)
+		}
+		blob := largestLayer(t, svc().TemplateStore().BlobPath(digest))
+		pull := func() error {
+			stream, err := d.Client.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: "dist", Artifact: digest})
+			if err != nil {
+				return err
+			}
+			for {
+				if _, err := stream.Recv(); err != nil {
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					return err
+				}
+			}
+		}
+		flip(t, blob)
+		err := pull()
+		t.Logf("pull with one byte of layer %s flipped in the store: %v", filepath.Base(blob), err)
+		if err == nil || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), filepath.Base(blob)) {
+			t.Fatalf("pull of a tampered blob: %v, want it refused for that blob's digest", err)
+		}
+		if _, ok := hasTemplate(d, "dist"); ok {
+			t.Fatal("the node kept a template from a tampered blob")
+		}
+		flip(t, blob) // back as it was: the same pull is the control
+		if err := pull(); err != nil {
+			t.Fatalf("control: the untampered pull: %v", err)
+		}
+		if tp, ok := hasTemplate(d, "dist"); !ok || tp.Digest != digest {
+			t.Fatalf("control: template %+v", tp)
+		}
+	})
+
+	t.Run("creates prefer nodes that hold the template", func(t *testing.T) {
+		if _, err := d.Client.DeleteTemplate(ctx, &cubeletpb.DeleteTemplateRequest{TemplateId: "dist"}); err != nil {
+			t.Fatal(err)
+		}
+		mastertest.WaitFor(t, 10*time.Second, "the master to see dist gone from the late node", func() bool {
+			tm, err := svc().GetTemplate(ctx, "dist")
+			return err == nil && len(tm.Nodes) == 3
+		})
+		// Hold the late node's background pull until the creates are done.
+		if err := failpoint.Enable(cubelet.FailpointTemplatePull, "1*sleep(3s)"); err != nil {
+			t.Fatal(err)
+		}
+		defer failpoint.Disable(cubelet.FailpointTemplatePull)
+		var made []*catalog.Sandbox
+		for range 3 {
+			sb, err := svc().Create(ctx, master.CreateRequest{Template: "dist", Timeout: 10 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			made = append(made, sb)
+			if sb.NodeID == d.ID {
+				t.Fatalf("sandbox %s placed on %s, which does not hold dist yet", sb.ID, d.ID)
+			}
+		}
+		// The empty late node pulled meanwhile, and is now the first choice.
+		mastertest.WaitFor(t, 60*time.Second, "the late node to pull dist in the background", func() bool {
+			tm, err := svc().GetTemplate(ctx, "dist")
+			return err == nil && len(tm.Nodes) == 4
+		})
+		sb, err := svc().Create(ctx, master.CreateRequest{Template: "dist", Timeout: 10 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, sb)
+		if sb.NodeID != d.ID {
+			t.Fatalf("after its pull, the empty late node %s should win; placed on %s", d.ID, sb.NodeID)
+		}
+		for _, s := range made {
+			if err := svc().Kill(ctx, s.ID); err != nil {
+				t.Errorf("kill %s: %v", s.ID, err)
+			}
+		}
+	})
+
+	t.Run("delete through the master removes it from the store", func(t *testing.T) {
+		if _, err := m.Admin.DeleteTemplate(ctx, &masterpb.DeleteTemplateRequest{TemplateId: "dist"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := svc().TemplateStore().Get("dist"); err == nil {
+			t.Fatal("record kept")
+		}
+		if _, err := os.Stat(svc().TemplateStore().BlobPath(digest)); !os.IsNotExist(err) {
+			t.Fatalf("manifest blob kept: %v", err)
+		}
+		for _, n := range []*mastertest.Node{a, b, c, d} {
+			if _, ok := hasTemplate(n, "dist"); ok {
+				t.Errorf("node %s kept dist", n.ID)
+			}
+			n.Env.AssertNoLeaks(t)
+		}
+	})
+}
+
+// storeBytes is the size of every blob in the master's store.
+func storeBytes(t *testing.T, m *mastertest.Master) int64 {
+	var n int64
+	_ = filepath.Walk(filepath.Join(m.Server.Service.TemplateStore().Dir(), "blobs"), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// largestLayer is the path of the biggest layer blob the manifest at
+// manifestPath names.
+func largestLayer(t *testing.T, manifestPath string) string {
+	t.Helper()
+	raw, err := os.ReadFile(manifestPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Layers []struct {
+			Digest string `json:"digest"`
+			Size   int64  `json:"size"`
+		} `json:"layers"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil || len(m.Layers) == 0 {
+		t.Fatalf("manifest: %v %s", err, raw)
+	}
+	best := m.Layers[0]
+	for _, l := range m.Layers {
+		if l.Size > best.Size {
+			best = l
+		}
+	}
+	return filepath.Join(filepath.Dir(manifestPath), strings.TrimPrefix(best.Digest, "sha256:"))
+}
+
+// flip inverts one byte in the middle of a file.
+func flip(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	off := st.Size() / 2
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+}
