@@ -19,6 +19,11 @@ import (
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // TestClusterTemplates imports a template once through the master, from a
@@ -50,6 +55,7 @@ func TestClusterTemplates(t *testing.T) {
 		return resp.Template, true
 	}
 	var digest string
+	var distBytes int64
 
 	t.Run("import once, created on every node", func(t *testing.T) {
 		start := time.Now()
@@ -58,8 +64,9 @@ func TestClusterTemplates(t *testing.T) {
 			t.Fatal(err)
 		}
 		took := time.Since(start)
+		distBytes = storeBytes(t, m)
 		ct := resp.Template
-		t.Logf("template distribution: %d bytes of image to 3 nodes in %s (store, pull and build on each, in parallel)", storeBytes(t, m), took)
+		t.Logf("template distribution: %d bytes of image to 3 nodes in %s (store, pull and build on each, in parallel)", distBytes, took)
 		if !ct.Stored || len(ct.Nodes) != 3 {
 			t.Fatalf("after the import: stored=%v nodes=%v, want stored on 3 nodes", ct.Stored, ct.Nodes)
 		}
@@ -172,6 +179,56 @@ func TestClusterTemplates(t *testing.T) {
 			if err := svc().Kill(ctx, s.ID); err != nil {
 				t.Errorf("kill %s: %v", s.ID, err)
 			}
+		}
+	})
+
+	t.Run("distribution time of a 32 MiB image", func(t *testing.T) {
+		// busybox plus a layer of 32 MiB of random (incompressible) bytes.
+		idx, err := layout.ImageIndexFromPath(a.Env.Image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		im, err := idx.IndexManifest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		base, err := idx.Image(im.Manifests[0].Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		big, err := random.Layer(32<<20, types.OCILayer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := mutate.AppendLayers(base, big)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(m.Dir, "big")
+		p, err := layout.Write(dir, empty.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.AppendImage(img); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: "big", Source: dir, NodeId: a.ID}); err != nil {
+			t.Fatal(err)
+		}
+		one := time.Since(start)
+		start = time.Now()
+		resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: "big", Source: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		three := time.Since(start)
+		if len(resp.Template.Nodes) != 4 {
+			t.Fatalf("big on %v, want 4 nodes", resp.Template.Nodes)
+		}
+		t.Logf("template distribution, %d bytes of image: store + 1 node %s; then 3 more nodes in parallel %s", storeBytes(t, m)-distBytes, one, three)
+		if _, err := m.Admin.DeleteTemplate(ctx, &masterpb.DeleteTemplateRequest{TemplateId: "big"}); err != nil {
+			t.Fatal(err)
 		}
 	})
 
