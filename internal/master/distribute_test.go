@@ -19,6 +19,8 @@ import (
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/template/registrytest"
+	"github.com/cubesandbox/cube/internal/testimage"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -228,6 +230,30 @@ func TestClusterTemplates(t *testing.T) {
 		}
 		t.Logf("template distribution, %d bytes of image: store + 1 node %s; then 3 more nodes in parallel %s", storeBytes(t, m)-distBytes, one, three)
 		if _, err := m.Admin.DeleteTemplate(ctx, &masterpb.DeleteTemplateRequest{TemplateId: "big"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("an image from a registry, pulled by the master", func(t *testing.T) {
+		reg := registrytest.Start(t, registrytest.Options{})
+		bb, err := testimage.BusyboxImage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := reg.Push(ctx, "busybox:1", bb); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := bb.Digest()
+		start := time.Now()
+		resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: "reg", ImageRef: reg.Ref("busybox:1"), Insecure: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("--image through the master: pulled, stored and on %d nodes in %s", len(resp.Template.Nodes), time.Since(start))
+		if len(resp.Template.Nodes) != 4 || resp.Template.Digest != want.String() {
+			t.Fatalf("reg: nodes %v digest %s, want 4 nodes and %s", resp.Template.Nodes, resp.Template.Digest, want)
+		}
+		if _, err := m.Admin.DeleteTemplate(ctx, &masterpb.DeleteTemplateRequest{TemplateId: "reg"}); err != nil {
 			t.Fatal(err)
 		}
 	})
