@@ -44,6 +44,9 @@ const pullRetry = 30 * time.Second
 
 func newStoredTemplates(dir string) (*storedTemplates, error) {
 	st := &storedTemplates{store: tmplstore.New(dir), recs: map[string]tmplstore.Record{}, pulling: map[string]*pullCall{}, failed: map[string]time.Time{}}
+	if err := st.store.Clean(); err != nil {
+		return nil, err
+	}
 	recs, err := st.store.List()
 	if err != nil {
 		return nil, err

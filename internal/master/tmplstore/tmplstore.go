@@ -196,6 +196,27 @@ func (s *Store) putBlob(want string, r io.Reader) error {
 
 func sum(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
 
+// Clean removes what a master that died mid-Put left: temp files of
+// blobs and records, and import scratch directories (".import-*"). Blobs
+// no record names stay until the next Delete sweeps them. Call it before
+// any Put.
+func (s *Store) Clean() error {
+	var errs []error
+	for _, pat := range []string{".import-*", filepath.Join("blobs", "sha256", ".blob-*"), filepath.Join("templates", ".rec-*")} {
+		left, err := filepath.Glob(filepath.Join(s.dir, pat))
+		if err != nil {
+			return err
+		}
+		for _, p := range left {
+			errs = append(errs, os.RemoveAll(p))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("template store: clean up: %w", err)
+	}
+	return nil
+}
+
 // Get returns one record; ErrNotFound when the store has no such template.
 func (s *Store) Get(id string) (Record, error) {
 	data, err := os.ReadFile(s.recordPath(id))

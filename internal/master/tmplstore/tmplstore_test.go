@@ -119,4 +119,26 @@ func TestPutChecksDigests(t *testing.T) {
 	if _, _, err := s.ReadBlob("sha256:../../etc", 0, buf); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("a malformed digest: %v", err)
 	}
+
+	// What a Put that died leaves is cleaned; records and blobs stay.
+	left := []string{filepath.Join(s.Dir(), ".import-123", "oci"), filepath.Join(s.Dir(), "blobs", "sha256", ".blob-1"), filepath.Join(s.Dir(), "templates", ".rec-1")}
+	for _, p := range left {
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Clean(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range left {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after Clean: %v", p, err)
+		}
+	}
+	if _, _, err := s.ReadBlob(od.String(), 0, buf); err != nil {
+		t.Fatalf("y's manifest after Clean: %v", err)
+	}
 }
