@@ -30,7 +30,8 @@ import (
 //	cubecli node ls | cordon NODE | uncordon NODE
 //	cubecli sandbox ls --all-nodes
 //	cubecli template ls|import|rm --all-nodes   (import: --node N for one node,
-//	                                            --source-on-nodes for a path on each node)
+//	                                            --source-on-nodes for a path on each node,
+//	                                            --upload for a path here)
 //
 // The master is --master (env CUBEMASTER_ADDR): its unix socket (the
 // default, root only) or host:port with --admin-token (env CUBEMASTER_TOKEN).
@@ -60,6 +61,7 @@ func addCluster(root *cobra.Command, g *globals) {
 	allNodes(findCmd(root, "template", "rm"), "remove the template from every node that has it, through cubemaster", c.templateRemove)
 	if imp := findCmd(root, "template", "import"); imp != nil {
 		imp.Flags().String("node", "", "with --all-nodes: import on this node only")
+		imp.Flags().Bool("upload", false, "with --all-nodes: SOURCE is a path here (OCI layout dir, OCI or docker archive), sent to cubemaster")
 		imp.Flags().Bool("source-on-nodes", false, "with --all-nodes: SOURCE is a path on each node, imported there (cubemaster's template store is left out)")
 		allNodes(imp, "import through cubemaster: it reads SOURCE (a path on the master) or pulls --image into its template store, and every node, later ones included, pulls it from there", c.templateImport)
 	}
@@ -385,6 +387,19 @@ func (c *cluster) templateImport(cmd *cobra.Command, args []string) error {
 	}
 	if username != "" || password != "" {
 		req.Auth = &cubeletpb.RegistryAuth{Username: username, Password: password}
+	}
+	if up, _ := cmd.Flags().GetBool("upload"); up {
+		if len(args) != 2 || img != "" || onNodes {
+			return usageError{fmt.Errorf("--upload sends SOURCE (a path here) to cubemaster: give ID SOURCE, without --image or --source-on-nodes")}
+		}
+		req.Source = ""
+		return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+			t, err := uploadTemplate(ctx, a, req, args[1])
+			if err != nil {
+				return err
+			}
+			return c.printTemplates([]*masterpb.ClusterTemplate{t})
+		})
 	}
 	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
 		resp, err := a.ImportTemplate(ctx, req)

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/tmplstore"
+	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/template"
 )
 
@@ -234,4 +238,35 @@ func (s *Service) pullMissing(id string) {
 			s.pullBackground(n.ID, r)
 		}
 	}
+}
+
+// ImportUpload is ImportTemplate with the image read from body (an OCI or
+// docker archive the caller sends) instead of a path on the master. The
+// archive is spooled under the store's directory and removed afterwards.
+func (s *Service) ImportUpload(ctx context.Context, req TemplateImport, body io.Reader) (Template, error) {
+	if req.Source != "" || req.ImageRef != "" || req.SourceOnNodes {
+		return Template{}, errdefs.FieldErrorf("source", "an upload carries its image: no source, image_ref or source_on_nodes")
+	}
+	if err := sandboxid.Validate("template", req.ID); err != nil {
+		return Template{}, err
+	}
+	if err := os.MkdirAll(s.stored.store.Dir(), 0o700); err != nil {
+		return Template{}, fmt.Errorf("templates.store_dir: %w", err)
+	}
+	scratch, err := os.MkdirTemp(s.stored.store.Dir(), ".import-")
+	if err != nil {
+		return Template{}, fmt.Errorf("templates.store_dir: %w", err)
+	}
+	defer os.RemoveAll(scratch)
+	req.Source = filepath.Join(scratch, "upload.tar")
+	f, err := os.OpenFile(req.Source, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return Template{}, err
+	}
+	n, cerr := io.Copy(f, body)
+	if err := errors.Join(cerr, f.Close()); err != nil {
+		return Template{}, fmt.Errorf("template upload: %w", err)
+	}
+	s.log.Info("template uploaded", "template_id", req.ID, "bytes", n)
+	return s.ImportTemplate(ctx, req)
 }

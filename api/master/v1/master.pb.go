@@ -2415,6 +2415,90 @@ func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
 	return nil
 }
 
+type UploadTemplateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*UploadTemplateRequest_Request
+	//	*UploadTemplateRequest_Chunk
+	Part          isUploadTemplateRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadTemplateRequest) Reset() {
+	*x = UploadTemplateRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadTemplateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadTemplateRequest) ProtoMessage() {}
+
+func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadTemplateRequest.ProtoReflect.Descriptor instead.
+func (*UploadTemplateRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *UploadTemplateRequest) GetPart() isUploadTemplateRequest_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *UploadTemplateRequest) GetRequest() *ImportTemplateRequest {
+	if x != nil {
+		if x, ok := x.Part.(*UploadTemplateRequest_Request); ok {
+			return x.Request
+		}
+	}
+	return nil
+}
+
+func (x *UploadTemplateRequest) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*UploadTemplateRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isUploadTemplateRequest_Part interface {
+	isUploadTemplateRequest_Part()
+}
+
+type UploadTemplateRequest_Request struct {
+	// The first message: what to import.
+	Request *ImportTemplateRequest `protobuf:"bytes,1,opt,name=request,proto3,oneof"`
+}
+
+type UploadTemplateRequest_Chunk struct {
+	// Every later message: the next bytes of the tar.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*UploadTemplateRequest_Request) isUploadTemplateRequest_Part() {}
+
+func (*UploadTemplateRequest_Chunk) isUploadTemplateRequest_Part() {}
+
 type DeleteTemplateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TemplateId    string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
@@ -2424,7 +2508,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2520,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2533,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2469,7 +2553,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2481,7 +2565,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2494,7 +2578,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2517,7 +2601,7 @@ type TeamQuota struct {
 
 func (x *TeamQuota) Reset() {
 	*x = TeamQuota{}
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2529,7 +2613,7 @@ func (x *TeamQuota) String() string {
 func (*TeamQuota) ProtoMessage() {}
 
 func (x *TeamQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2542,7 +2626,7 @@ func (x *TeamQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
 func (*TeamQuota) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TeamQuota) GetMaxSandboxes() int64 {
@@ -2581,7 +2665,7 @@ type Team struct {
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2677,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2690,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Team) GetName() string {
@@ -2661,7 +2745,7 @@ type CreateTeamRequest struct {
 
 func (x *CreateTeamRequest) Reset() {
 	*x = CreateTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2757,7 @@ func (x *CreateTeamRequest) String() string {
 func (*CreateTeamRequest) ProtoMessage() {}
 
 func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2770,7 @@ func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
 func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTeamRequest) GetName() string {
@@ -2712,7 +2796,7 @@ type CreateTeamResponse struct {
 
 func (x *CreateTeamResponse) Reset() {
 	*x = CreateTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +2808,7 @@ func (x *CreateTeamResponse) String() string {
 func (*CreateTeamResponse) ProtoMessage() {}
 
 func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +2821,7 @@ func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
 func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateTeamResponse) GetTeam() *Team {
@@ -2755,7 +2839,7 @@ type ListTeamsRequest struct {
 
 func (x *ListTeamsRequest) Reset() {
 	*x = ListTeamsRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2851,7 @@ func (x *ListTeamsRequest) String() string {
 func (*ListTeamsRequest) ProtoMessage() {}
 
 func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2864,7 @@ func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
 func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
 type ListTeamsResponse struct {
@@ -2792,7 +2876,7 @@ type ListTeamsResponse struct {
 
 func (x *ListTeamsResponse) Reset() {
 	*x = ListTeamsResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2804,7 +2888,7 @@ func (x *ListTeamsResponse) String() string {
 func (*ListTeamsResponse) ProtoMessage() {}
 
 func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2817,7 +2901,7 @@ func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
 func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListTeamsResponse) GetTeams() []*Team {
@@ -2837,7 +2921,7 @@ type SetTeamQuotaRequest struct {
 
 func (x *SetTeamQuotaRequest) Reset() {
 	*x = SetTeamQuotaRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +2933,7 @@ func (x *SetTeamQuotaRequest) String() string {
 func (*SetTeamQuotaRequest) ProtoMessage() {}
 
 func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +2946,7 @@ func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SetTeamQuotaRequest) GetName() string {
@@ -2887,7 +2971,7 @@ type SetTeamQuotaResponse struct {
 
 func (x *SetTeamQuotaResponse) Reset() {
 	*x = SetTeamQuotaResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +2983,7 @@ func (x *SetTeamQuotaResponse) String() string {
 func (*SetTeamQuotaResponse) ProtoMessage() {}
 
 func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +2996,7 @@ func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
 }
 
 type DeleteTeamRequest struct {
@@ -2926,7 +3010,7 @@ type DeleteTeamRequest struct {
 
 func (x *DeleteTeamRequest) Reset() {
 	*x = DeleteTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3022,7 @@ func (x *DeleteTeamRequest) String() string {
 func (*DeleteTeamRequest) ProtoMessage() {}
 
 func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3035,7 @@ func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteTeamRequest) GetName() string {
@@ -2981,7 +3065,7 @@ type DeleteTeamResponse struct {
 
 func (x *DeleteTeamResponse) Reset() {
 	*x = DeleteTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3077,7 @@ func (x *DeleteTeamResponse) String() string {
 func (*DeleteTeamResponse) ProtoMessage() {}
 
 func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3090,7 @@ func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeleteTeamResponse) GetRevokedKeys() []string {
@@ -3243,7 +3327,11 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\binsecure\x18\b \x01(\bR\binsecure\x12&\n" +
 	"\x0fsource_on_nodes\x18\t \x01(\bR\rsourceOnNodes\"P\n" +
 	"\x16ImportTemplateResponse\x126\n" +
-	"\btemplate\x18\x01 \x01(\v2\x1a.master.v1.ClusterTemplateR\btemplate\"8\n" +
+	"\btemplate\x18\x01 \x01(\v2\x1a.master.v1.ClusterTemplateR\btemplate\"u\n" +
+	"\x15UploadTemplateRequest\x12<\n" +
+	"\arequest\x18\x01 \x01(\v2 .master.v1.ImportTemplateRequestH\x00R\arequest\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"8\n" +
 	"\x15DeleteTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\".\n" +
@@ -3284,7 +3372,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse\x12C\n" +
-	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\xae\b\n" +
+	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\x87\t\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
 	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12O\n" +
@@ -3300,7 +3388,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1f.master.v1.ListSandboxesRequest\x1a .master.v1.ListSandboxesResponse\x12R\n" +
 	"\rListTemplates\x12\x1f.master.v1.ListTemplatesRequest\x1a .master.v1.ListTemplatesResponse\x12U\n" +
 	"\x0eImportTemplate\x12 .master.v1.ImportTemplateRequest\x1a!.master.v1.ImportTemplateResponse\x12U\n" +
-	"\x0eDeleteTemplate\x12 .master.v1.DeleteTemplateRequest\x1a!.master.v1.DeleteTemplateResponse2\xfd\x01\n" +
+	"\x0eDeleteTemplate\x12 .master.v1.DeleteTemplateRequest\x1a!.master.v1.DeleteTemplateResponse\x12W\n" +
+	"\x0eUploadTemplate\x12 .master.v1.UploadTemplateRequest\x1a!.master.v1.ImportTemplateResponse(\x012\xfd\x01\n" +
 	"\fRouteService\x12O\n" +
 	"\fResolveRoute\x12\x1e.master.v1.ResolveRouteRequest\x1a\x1f.master.v1.ResolveRouteResponse\x12E\n" +
 	"\vWatchRoutes\x12\x1d.master.v1.WatchRoutesRequest\x1a\x15.master.v1.RouteEvent0\x01\x12U\n" +
@@ -3318,7 +3407,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3356,113 +3445,117 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ListTemplatesResponse)(nil),      // 33: master.v1.ListTemplatesResponse
 	(*ImportTemplateRequest)(nil),      // 34: master.v1.ImportTemplateRequest
 	(*ImportTemplateResponse)(nil),     // 35: master.v1.ImportTemplateResponse
-	(*DeleteTemplateRequest)(nil),      // 36: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 37: master.v1.DeleteTemplateResponse
-	(*TeamQuota)(nil),                  // 38: master.v1.TeamQuota
-	(*Team)(nil),                       // 39: master.v1.Team
-	(*CreateTeamRequest)(nil),          // 40: master.v1.CreateTeamRequest
-	(*CreateTeamResponse)(nil),         // 41: master.v1.CreateTeamResponse
-	(*ListTeamsRequest)(nil),           // 42: master.v1.ListTeamsRequest
-	(*ListTeamsResponse)(nil),          // 43: master.v1.ListTeamsResponse
-	(*SetTeamQuotaRequest)(nil),        // 44: master.v1.SetTeamQuotaRequest
-	(*SetTeamQuotaResponse)(nil),       // 45: master.v1.SetTeamQuotaResponse
-	(*DeleteTeamRequest)(nil),          // 46: master.v1.DeleteTeamRequest
-	(*DeleteTeamResponse)(nil),         // 47: master.v1.DeleteTeamResponse
-	nil,                                // 48: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 49: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 50: master.v1.Sandbox.MetadataEntry
-	nil,                                // 51: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 52: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 53: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 54: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 55: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 56: google.protobuf.Duration
-	(*v1.RegistryAuth)(nil),            // 57: cubelet.v1.RegistryAuth
+	(*UploadTemplateRequest)(nil),      // 36: master.v1.UploadTemplateRequest
+	(*DeleteTemplateRequest)(nil),      // 37: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 38: master.v1.DeleteTemplateResponse
+	(*TeamQuota)(nil),                  // 39: master.v1.TeamQuota
+	(*Team)(nil),                       // 40: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 41: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 42: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 43: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 44: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 45: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 46: master.v1.SetTeamQuotaResponse
+	(*DeleteTeamRequest)(nil),          // 47: master.v1.DeleteTeamRequest
+	(*DeleteTeamResponse)(nil),         // 48: master.v1.DeleteTeamResponse
+	nil,                                // 49: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 50: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 51: master.v1.Sandbox.MetadataEntry
+	nil,                                // 52: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 53: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 54: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 55: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 56: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 57: google.protobuf.Duration
+	(*v1.RegistryAuth)(nil),            // 58: cubelet.v1.RegistryAuth
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	53, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	48, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	49, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	54, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	49, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	50, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	54, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	55, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	55, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	56, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	55, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	55, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	56, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	56, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	56, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	56, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	55, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	55, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	56, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	56, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	16, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	16, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	55, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	55, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	56, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	56, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
 	21, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
 	21, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	50, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	55, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	55, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	56, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	51, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	51, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	56, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	56, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	57, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	52, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
 	28, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	55, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	52, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	56, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	53, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
 	31, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	57, // 32: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	58, // 32: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
 	31, // 33: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	55, // 34: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	38, // 35: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	38, // 36: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	39, // 37: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	39, // 38: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	38, // 39: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	10, // 40: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	14, // 41: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	12, // 42: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
-	17, // 43: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	19, // 44: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	22, // 45: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	24, // 46: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	26, // 47: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	40, // 48: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	42, // 49: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	44, // 50: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	46, // 51: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
-	29, // 52: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	32, // 53: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	34, // 54: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	36, // 55: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 56: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 57: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 58: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 59: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	15, // 60: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	13, // 61: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
-	18, // 62: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	20, // 63: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	23, // 64: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	25, // 65: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	27, // 66: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	41, // 67: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	43, // 68: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	45, // 69: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	47, // 70: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
-	30, // 71: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	33, // 72: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	35, // 73: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	37, // 74: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 75: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 76: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 77: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	59, // [59:78] is the sub-list for method output_type
-	40, // [40:59] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	34, // 34: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
+	56, // 35: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	39, // 36: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	39, // 37: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	40, // 38: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	40, // 39: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	39, // 40: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	10, // 41: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	14, // 42: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	12, // 43: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
+	17, // 44: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	19, // 45: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	22, // 46: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	24, // 47: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	26, // 48: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	41, // 49: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	43, // 50: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	45, // 51: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	47, // 52: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	29, // 53: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	32, // 54: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	34, // 55: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	37, // 56: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	36, // 57: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
+	0,  // 58: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 59: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 60: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 61: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	15, // 62: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	13, // 63: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
+	18, // 64: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	20, // 65: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	23, // 66: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	25, // 67: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	27, // 68: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	42, // 69: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	44, // 70: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	46, // 71: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	48, // 72: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	30, // 73: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	33, // 74: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	35, // 75: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	38, // 76: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	35, // 77: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
+	1,  // 78: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 79: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 80: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	61, // [61:81] is the sub-list for method output_type
+	41, // [41:61] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -3470,13 +3563,17 @@ func file_master_v1_master_proto_init() {
 	if File_master_v1_master_proto != nil {
 		return
 	}
+	file_master_v1_master_proto_msgTypes[36].OneofWrappers = []any{
+		(*UploadTemplateRequest_Request)(nil),
+		(*UploadTemplateRequest_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   53,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -234,6 +234,7 @@ const (
 	AdminService_ListTemplates_FullMethodName      = "/master.v1.AdminService/ListTemplates"
 	AdminService_ImportTemplate_FullMethodName     = "/master.v1.AdminService/ImportTemplate"
 	AdminService_DeleteTemplate_FullMethodName     = "/master.v1.AdminService/DeleteTemplate"
+	AdminService_UploadTemplate_FullMethodName     = "/master.v1.AdminService/UploadTemplate"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -266,6 +267,11 @@ type AdminServiceClient interface {
 	ImportTemplate(ctx context.Context, in *ImportTemplateRequest, opts ...grpc.CallOption) (*ImportTemplateResponse, error)
 	// DeleteTemplate deletes a template from every node that holds it.
 	DeleteTemplate(ctx context.Context, in *DeleteTemplateRequest, opts ...grpc.CallOption) (*DeleteTemplateResponse, error)
+	// UploadTemplate is ImportTemplate with the image sent by the caller: an
+	// OCI archive or docker archive (a tar), streamed after a first message
+	// that holds the request (its source and image_ref empty). The master
+	// puts it in its template store and every node pulls it from there.
+	UploadTemplate(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse], error)
 }
 
 type adminServiceClient struct {
@@ -406,6 +412,19 @@ func (c *adminServiceClient) DeleteTemplate(ctx context.Context, in *DeleteTempl
 	return out, nil
 }
 
+func (c *adminServiceClient) UploadTemplate(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_UploadTemplate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[UploadTemplateRequest, ImportTemplateResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_UploadTemplateClient = grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse]
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -436,6 +455,11 @@ type AdminServiceServer interface {
 	ImportTemplate(context.Context, *ImportTemplateRequest) (*ImportTemplateResponse, error)
 	// DeleteTemplate deletes a template from every node that holds it.
 	DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error)
+	// UploadTemplate is ImportTemplate with the image sent by the caller: an
+	// OCI archive or docker archive (a tar), streamed after a first message
+	// that holds the request (its source and image_ref empty). The master
+	// puts it in its template store and every node pulls it from there.
+	UploadTemplate(grpc.ClientStreamingServer[UploadTemplateRequest, ImportTemplateResponse]) error
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -484,6 +508,9 @@ func (UnimplementedAdminServiceServer) ImportTemplate(context.Context, *ImportTe
 }
 func (UnimplementedAdminServiceServer) DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteTemplate not implemented")
+}
+func (UnimplementedAdminServiceServer) UploadTemplate(grpc.ClientStreamingServer[UploadTemplateRequest, ImportTemplateResponse]) error {
+	return status.Error(codes.Unimplemented, "method UploadTemplate not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -740,6 +767,13 @@ func _AdminService_DeleteTemplate_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_UploadTemplate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AdminServiceServer).UploadTemplate(&grpc.GenericServerStream[UploadTemplateRequest, ImportTemplateResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_UploadTemplateServer = grpc.ClientStreamingServer[UploadTemplateRequest, ImportTemplateResponse]
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -800,7 +834,13 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdminService_DeleteTemplate_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "UploadTemplate",
+			Handler:       _AdminService_UploadTemplate_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "master/v1/master.proto",
 }
 

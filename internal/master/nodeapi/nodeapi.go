@@ -259,6 +259,48 @@ func (a *AdminServer) ImportTemplate(ctx context.Context, req *masterpb.ImportTe
 	return &masterpb.ImportTemplateResponse{Template: templateToPB(t)}, nil
 }
 
+// UploadTemplate implements AdminService: the request, then the archive.
+func (a *AdminServer) UploadTemplate(stream grpc.ClientStreamingServer[masterpb.UploadTemplateRequest, masterpb.ImportTemplateResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	req := first.GetRequest()
+	if req == nil {
+		return status.Error(codes.InvalidArgument, "the first message of an upload must be the request")
+	}
+	t, err := a.svc.ImportUpload(stream.Context(), master.TemplateImport{
+		ID: req.TemplateId, NodeID: req.NodeId, Runtime: req.Runtime, Warm: req.Warm,
+		Source: req.Source, ImageRef: req.ImageRef, SourceOnNodes: req.SourceOnNodes,
+	}, &uploadReader{stream: stream})
+	if err != nil {
+		return grpcerr.ToGRPC(err)
+	}
+	return stream.SendAndClose(&masterpb.ImportTemplateResponse{Template: templateToPB(t)})
+}
+
+// uploadReader reads an upload's chunks as one stream of bytes.
+type uploadReader struct {
+	stream grpc.ClientStreamingServer[masterpb.UploadTemplateRequest, masterpb.ImportTemplateResponse]
+	buf    []byte
+}
+
+func (u *uploadReader) Read(p []byte) (int, error) {
+	for len(u.buf) == 0 {
+		m, err := u.stream.Recv()
+		if err != nil {
+			return 0, err // io.EOF at the end of the upload
+		}
+		if m.GetRequest() != nil {
+			return 0, status.Error(codes.InvalidArgument, "an upload has one request, first")
+		}
+		u.buf = m.GetChunk()
+	}
+	n := copy(p, u.buf)
+	u.buf = u.buf[n:]
+	return n, nil
+}
+
 // DeleteTemplate implements AdminService.
 func (a *AdminServer) DeleteTemplate(ctx context.Context, req *masterpb.DeleteTemplateRequest) (*masterpb.DeleteTemplateResponse, error) {
 	nodes, err := a.svc.DeleteTemplate(ctx, req.TemplateId)
