@@ -108,7 +108,7 @@ func TestClusterTemplates(t *testing.T) {
 
 	t.Run("import once, created on every node", func(t *testing.T) {
 		start := time.Now()
-		resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: "dist", Source: src})
+		resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: "dist", Source: src, Runtime: "runc"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,6 +146,9 @@ func TestClusterTemplates(t *testing.T) {
 			return ok
 		})
 		t.Logf("late node: started, registered and pulled dist in %s", time.Since(start))
+		if tp, _ := hasTemplate(d, "dist"); tp.Runtime != "runc" {
+			t.Fatalf("the late node's copy is for runtime %q; the import named runc", tp.Runtime)
+		}
 		mastertest.WaitFor(t, 10*time.Second, "the master to see dist on the late node", func() bool {
 			tm, err := svc().GetTemplate(ctx, "dist")
 			return err == nil && len(tm.Nodes) == 4
