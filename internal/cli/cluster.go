@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -26,7 +29,9 @@ import (
 //	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ... | delete NAME [--force]
 //	cubecli node ls | cordon NODE | uncordon NODE
 //	cubecli sandbox ls --all-nodes
-//	cubecli template ls|import|rm --all-nodes   (import: --node N for one node)
+//	cubecli template ls|import|rm --all-nodes   (import: --node N for one node,
+//	                                            --source-on-nodes for a path on each node,
+//	                                            --upload for a path here)
 //
 // The master is --master (env CUBEMASTER_ADDR): its unix socket (the
 // default, root only) or host:port with --admin-token (env CUBEMASTER_TOKEN).
@@ -56,7 +61,9 @@ func addCluster(root *cobra.Command, g *globals) {
 	allNodes(findCmd(root, "template", "rm"), "remove the template from every node that has it, through cubemaster", c.templateRemove)
 	if imp := findCmd(root, "template", "import"); imp != nil {
 		imp.Flags().String("node", "", "with --all-nodes: import on this node only")
-		allNodes(imp, "import on every healthy node (SOURCE must exist on each), through cubemaster", c.templateImport)
+		imp.Flags().Bool("upload", false, "with --all-nodes: SOURCE is a path here (OCI layout dir, OCI or docker archive), sent to cubemaster")
+		imp.Flags().Bool("source-on-nodes", false, "with --all-nodes: SOURCE is a path on each node, imported there (cubemaster's template store is left out)")
+		allNodes(imp, "import through cubemaster: it reads SOURCE (a path on the master) or pulls --image into its template store, and every node, later ones included, pulls it from there", c.templateImport)
 	}
 }
 
@@ -355,15 +362,47 @@ func (c *cluster) templateList(cmd *cobra.Command, _ []string) error {
 }
 
 func (c *cluster) templateImport(cmd *cobra.Command, args []string) error {
-	if img, _ := cmd.Flags().GetString("image"); img != "" || len(args) != 2 {
-		return usageError{fmt.Errorf("--all-nodes imports ID SOURCE (a path present on each node); --image is for one node's cubelet")}
+	img, _ := cmd.Flags().GetString("image")
+	onNodes, _ := cmd.Flags().GetBool("source-on-nodes")
+	if onNodes && img != "" {
+		return usageError{fmt.Errorf("--source-on-nodes imports a path present on each node; --image is pulled by cubemaster")}
 	}
 	node, _ := cmd.Flags().GetString("node")
 	runtime, _ := cmd.Flags().GetString("runtime")
 	warm, _ := cmd.Flags().GetBool("warm")
+	insecure, _ := cmd.Flags().GetBool("insecure")
+	username, _ := cmd.Flags().GetString("username")
+	password, _ := cmd.Flags().GetString("password")
+	if stdin, _ := cmd.Flags().GetBool("password-stdin"); stdin {
+		line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("read password from stdin: %w", err)
+		}
+		password = strings.TrimRight(line, "\r\n")
+	}
+	req := &masterpb.ImportTemplateRequest{TemplateId: args[0], NodeId: node, Runtime: runtime, Warm: warm,
+		ImageRef: img, Insecure: insecure, SourceOnNodes: onNodes}
+	if len(args) == 2 {
+		req.Source = args[1]
+	}
+	if username != "" || password != "" {
+		req.Auth = &cubeletpb.RegistryAuth{Username: username, Password: password}
+	}
+	if up, _ := cmd.Flags().GetBool("upload"); up {
+		if len(args) != 2 || img != "" || onNodes {
+			return usageError{fmt.Errorf("--upload sends SOURCE (a path here) to cubemaster: give ID SOURCE, without --image or --source-on-nodes")}
+		}
+		req.Source = ""
+		return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+			t, err := uploadTemplate(ctx, a, req, args[1])
+			if err != nil {
+				return err
+			}
+			return c.printTemplates([]*masterpb.ClusterTemplate{t})
+		})
+	}
 	return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
-		resp, err := a.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: args[0], Source: args[1], NodeId: node,
-			Runtime: runtime, Warm: warm})
+		resp, err := a.ImportTemplate(ctx, req)
 		if err != nil {
 			return err
 		}

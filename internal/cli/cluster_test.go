@@ -131,6 +131,25 @@ func TestClusterCLI(t *testing.T) {
 	if out, _, _ = run("template", "ls"); strings.Contains(out, "second") {
 		t.Fatalf("template still on the node:\n%s", out)
 	}
+	// --upload sends a layout directory of the caller's to the master,
+	// tarred on the way; --source-on-nodes is the per-node import.
+	if out, errOut, code = run("template", "import", "--all-nodes", "--upload", "up", node.Env.Image); code != 0 || !strings.Contains(out, node.ID) {
+		t.Fatalf("template import --all-nodes --upload: %d\n%s%s", code, out, errOut)
+	}
+	if _, err := m.Server.Service.TemplateStore().Get("up"); err != nil {
+		t.Fatalf("uploaded template not stored: %v", err)
+	}
+	if out, errOut, code = run("template", "import", "--all-nodes", "--source-on-nodes", "pernode", node.Env.Image); code != 0 || !strings.Contains(out, node.ID) {
+		t.Fatalf("template import --all-nodes --source-on-nodes: %d\n%s%s", code, out, errOut)
+	}
+	if _, err := m.Server.Service.TemplateStore().Get("pernode"); err == nil {
+		t.Fatal("--source-on-nodes put the template in the store")
+	}
+	for _, id := range []string{"up", "pernode"} {
+		if out, _, code = run("template", "rm", "--all-nodes", id); code != 0 || !strings.Contains(out, node.ID) {
+			t.Fatalf("template rm --all-nodes %s: %d %s", id, code, out)
+		}
+	}
 
 	if _, _, code = run("apikey", "rm", "ci"); code != 0 {
 		t.Fatalf("apikey rm: %d", code)

@@ -24,6 +24,9 @@ type TemplateImport struct {
 	TemplateID string
 	Source     string // OCI image layout dir, or OCI/docker-archive tar, on this node
 	ImageRef   string // host/repo:tag or host/repo@sha256:<hex>
+	// Artifact is the manifest digest of an image in the master's
+	// template store, pulled over the node's link to the master.
+	Artifact string
 	// Registry credentials (ImageRef only); none = [registry] auth_file,
 	// else anonymous. See template.Registry for how they combine.
 	Username, Password, Token string
@@ -40,6 +43,7 @@ const (
 	FailpointTemplateBuilt  = "template/import.image/after"  // image written, no record yet
 	FailpointTemplateReused = "template/import.reuse/after"  // image cloned, no record yet
 	FailpointTemplateRecord = "template/import.record/after" // record written (the import then fails)
+	FailpointTemplatePull   = "template/pull/before"         // an image from the master's store about to be pulled
 )
 
 // ImportTemplate imports a local image as template id (see
@@ -102,6 +106,15 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	}
 	defer os.RemoveAll(work)
 	src.AgentBinary, src.HeadroomMiB, src.Output, src.WorkDir = s.cfg.Storage.AgentBinary, s.cfg.Storage.TemplateHeadroomMiB, out, work
+	if req.Artifact != "" {
+		if t, err := s.store.GetTemplate(id); err == nil && t.Digest == req.Artifact && t.AgentDigest == agentDigest {
+			progress(template.Progress{Phase: "done"})
+			return t, nil // already pulled: nothing to fetch
+		}
+		if src.Source, err = s.pullArtifact(ctx, req.Artifact, work, progress); err != nil {
+			return nil, err
+		}
+	}
 
 	progress(template.Progress{Phase: "resolve"})
 	img, err := template.Resolve(ctx, src)
@@ -145,6 +158,9 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir,
 		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest, Runtime: req.Runtime,
 	}
+	if req.Artifact != "" {
+		t.Source = "cubemaster:" + req.Artifact // the pull's scratch layout is gone
+	}
 	if err := s.store.CreateTemplate(t); err != nil {
 		return nil, err
 	}
@@ -187,6 +203,10 @@ func (s *Service) importSource(req TemplateImport) (template.ImportRequest, erro
 		return r, &errdefs.FieldError{Field: "template_id", Msg: err.Error()}
 	}
 	switch {
+	case req.Artifact != "":
+		if req.Source != "" || req.ImageRef != "" || req.Username != "" || req.Password != "" || req.Token != "" || req.Insecure {
+			return r, errdefs.FieldErrorf("artifact", "an image from the master's store takes no source, image_ref or registry options")
+		}
 	case req.Source == "" && req.ImageRef == "":
 		return r, errdefs.FieldErrorf("source", "a local source or an image_ref is required")
 	case req.Source != "" && req.ImageRef != "":
@@ -206,6 +226,24 @@ func (s *Service) importSource(req TemplateImport) (template.ImportRequest, erro
 		}
 	}
 	return r, nil
+}
+
+// pullArtifact pulls an image of the master's template store into an OCI
+// layout under work and returns the layout's path.
+func (s *Service) pullArtifact(ctx context.Context, digest, work string, progress func(template.Progress)) (string, error) {
+	if err := failpoint.Eval(ctx, FailpointTemplatePull); err != nil {
+		return "", err
+	}
+	progress(template.Progress{Phase: "pull"})
+	dir := filepath.Join(work, "artifact")
+	start := time.Now()
+	n, err := s.hb.PullImage(ctx, s.cfg.Node.ID, digest, dir)
+	if err != nil {
+		s.log.Warn("template pull from the master refused", "artifact", digest, "err", err)
+		return "", fmt.Errorf("pull %s from the master's template store: %w", digest, err)
+	}
+	s.log.Info("template pulled from the master", "artifact", digest, "bytes", n, "took", time.Since(start))
+	return dir, nil
 }
 
 // buildOrReuse clones an existing template built from the same image and

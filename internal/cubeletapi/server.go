@@ -120,7 +120,8 @@ func (s *Server) ImportTemplate(req *pb.ImportTemplateRequest, stream pb.Cubelet
 			Phase: p.Phase, Layer: int32(p.Layer), Layers: int32(p.Layers), Bytes: p.Bytes, Total: p.Total,
 		}}})
 	}
-	in := cubelet.TemplateImport{TemplateID: req.TemplateId, Source: req.Source, ImageRef: req.ImageRef, Insecure: req.Insecure, Runtime: req.Runtime}
+	in := cubelet.TemplateImport{TemplateID: req.TemplateId, Source: req.Source, ImageRef: req.ImageRef, Insecure: req.Insecure, Runtime: req.Runtime,
+		Artifact: req.Artifact}
 	if a := req.Auth; a != nil {
 		in.Username, in.Password, in.Token = a.Username, a.Password, a.Token
 	}

@@ -17,6 +17,7 @@
 //	<state>/launcher/env                             the E2B_* variables, to source
 //	<state>/images/                                  the default template's OCI layout
 //	<state>/master/catalog.db                        cubemaster's catalog (SQLite)
+//	<state>/master/templates/                        cubemaster's template store
 //	<state>/pki/ca.crt, ca.key                       the cluster CA (made once; the key 0600)
 //	<state>/pki/{master,node,admin}.{crt,key}        certificates issued at every start
 //	<run>/cube-up.lock, cube-up.pid                  one launcher at a time
@@ -304,7 +305,9 @@ driver = "sqlite"
 dsn = %q
 [templates]
 aliases = { base = %q }
-`, cfg.APIAddr, cfg.masterSocket(), cfg.ProxyAddr, cfg.domain(), filepath.Join(cfg.StateDir, "master", "catalog.db"), cfg.Template)
+store_dir = %q
+`, cfg.APIAddr, cfg.masterSocket(), cfg.ProxyAddr, cfg.domain(), filepath.Join(cfg.StateDir, "master", "catalog.db"), cfg.Template,
+		filepath.Join(cfg.StateDir, "master", "templates"))
 	ct := fmt.Sprintf(`# Written by cube up; regenerated at every start.
 [node]
 data_dir = %q

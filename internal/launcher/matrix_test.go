@@ -883,6 +883,12 @@ func grpcMatrix(t *testing.T, m *matrix, name, addr string, certs map[string]*tl
 				n.Set(f.Message().Fields().ByName("address"), protoreflect.ValueOfString("127.0.0.1:1"))
 				req.Set(f, protoreflect.ValueOfMessage(n))
 			}
+			if f := md.Input().Fields().ByName("node_id"); d.ServiceName == "master.v1.NodeService" && f != nil && f.Kind() == protoreflect.StringKind {
+				// A call made as the node the certificate names (ReadBlob):
+				// past the identity check, then refused for its empty
+				// digest (InvalidArgument).
+				req.Set(f, protoreflect.ValueOfString(nodeID))
+			}
 			probe := func(conn string, tok string) (codes.Code, string) {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	_ "embed"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"time"
 
@@ -83,6 +84,10 @@ type Config struct {
 	} `toml:"sandbox"`
 	Templates struct {
 		Aliases map[string]string `toml:"aliases"`
+		// StoreDir holds the template store (package tmplstore): the
+		// images of templates imported through the master, which every
+		// node pulls.
+		StoreDir string `toml:"store_dir"`
 	} `toml:"templates"`
 	Scheduler scheduler.Config `toml:"scheduler"`
 	APIKeys   struct {
@@ -146,6 +151,9 @@ func (c *Config) Validate() error {
 		if err := sandboxid.Validate("template", id); err != nil {
 			return bad("templates.aliases.%s: %v", alias, err)
 		}
+	}
+	if c.Templates.StoreDir == "" || !filepath.IsAbs(c.Templates.StoreDir) {
+		return bad("templates.store_dir %q: want an absolute path", c.Templates.StoreDir)
 	}
 	if c.API.E2B == "" && c.API.Node == "" && c.API.Socket == "" {
 		return bad("every API listener is disabled")

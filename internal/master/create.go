@@ -253,6 +253,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err != nil {
 		return nil, err
 	}
+	// The scheduler places only on nodes that hold the template; the
+	// others pull it from the store meanwhile, for later creates.
+	s.pullMissing(tmpl)
 	if snap != nil && req.Runtime != "" && snap.Runtime != "" && snap.Runtime != req.Runtime {
 		return nil, errdefs.FieldErrorf("runtime", "snapshot %s was taken on runtime %q; sandboxes from it run there, not on %q", snap.ID, snap.Runtime, req.Runtime)
 	}

@@ -144,6 +144,11 @@ func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
 		return err
 	}
 	s.log.Info("node registered", "node_id", r.NodeId, "address", r.Address, "version", r.Version, "templates", len(r.Templates))
+	have := map[string]bool{}
+	for _, t := range r.Templates {
+		have[t.Id] = true
+	}
+	s.syncNode(r.NodeId, have)
 	s.goBackground(func(ctx context.Context) {
 		for attempt := 1; ; attempt++ {
 			err := s.reconcileNode(ctx, r.NodeId)

@@ -57,6 +57,8 @@ type Service struct {
 	dialer proxy.Dialer
 	agents *agentClient
 	routes *routeCache
+	// stored is the template store (distribute.go).
+	stored *storedTemplates
 	// activity feeds the idle policy (proxyroutes.go).
 	activity *activity
 
@@ -107,6 +109,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
+	stored, err := newStoredTemplates(cfg.Templates.StoreDir)
+	if err != nil {
+		return nil, err
+	}
 	cat, err := catalog.Open(ctx, cfg.Catalog.Driver, cfg.Catalog.DSN)
 	if err != nil {
 		return nil, err
@@ -121,6 +127,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		self:     selfIdentity(),
 		dialer:   proxy.NetDialer{},
 		routes:   newRouteCache(),
+		stored:   stored,
 		activity: newActivity(),
 		ctx:      bg, cancel: cancel,
 	}

@@ -33,6 +33,9 @@ type Template struct {
 	// WarmNodes hold a warm memory snapshot of it: creates placed there
 	// restore instead of booting.
 	WarmNodes []string
+	// Stored: the image is in the master's template store, and every
+	// node gets it (distribute.go).
+	Stored bool
 }
 
 // Templates lists every template some node holds, from the nodes' reports.
@@ -54,6 +57,14 @@ func (s *Service) Templates() []Template {
 		}
 	}
 	s.reg.mu.Unlock()
+	for _, r := range s.stored.list() {
+		tt := byID[r.ID]
+		if tt == nil {
+			tt = &Template{ID: r.ID, Digest: r.Digest, CreatedAt: r.CreatedAt, Runtimes: map[string]string{}}
+			byID[r.ID] = tt
+		}
+		tt.Stored = true
+	}
 	for alias, id := range s.cfg.Templates.Aliases {
 		if t := byID[id]; t != nil && alias != id {
 			t.Aliases = append(t.Aliases, alias)
@@ -122,6 +133,13 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, er
 	if err != nil {
 		return nil, err
 	}
+	// The store first: a node that registers during the delete must not
+	// be handed the template again.
+	if t.Stored {
+		if err := s.stored.delete(t.ID); err != nil {
+			return nil, err
+		}
+	}
 	var done []string
 	var errs []error
 	for _, node := range t.Nodes {
@@ -146,8 +164,16 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, er
 // TemplateImport asks for a template to be imported.
 type TemplateImport struct {
 	ID string
-	// Source must exist on each target node: an OCI layout or image tar.
+	// Source is an OCI layout or image tar on the master (SourceOnNodes:
+	// on each target node).
 	Source string
+	// ImageRef is a registry image the master pulls instead of Source.
+	ImageRef                  string
+	Username, Password, Token string
+	Insecure                  bool
+	// SourceOnNodes imports Source on each target node from its own copy,
+	// leaving the master's template store out.
+	SourceOnNodes bool
 	// NodeID is the one node to import on; "": every healthy node.
 	NodeID string
 	// Runtime creates from it run on when they name none; "": each
@@ -159,14 +185,23 @@ type TemplateImport struct {
 }
 
 // ImportTemplate imports a template on one node, or on every healthy node
-// when req.NodeID is empty.
+// when req.NodeID is empty. Unless req.SourceOnNodes, the master first
+// puts the image in its template store, and each node pulls it from there
+// (distribute.go); nodes that register later get it too.
 func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Template, error) {
 	id, source, nodeID := req.ID, req.Source, req.NodeID
 	if err := sandboxid.Validate("template", id); err != nil {
 		return Template{}, err
 	}
-	if source == "" {
+	switch {
+	case req.SourceOnNodes && source == "":
 		return Template{}, errdefs.FieldErrorf("source", "required")
+	case req.SourceOnNodes && req.ImageRef != "":
+		return Template{}, errdefs.FieldErrorf("image_ref", "a registry image is pulled by the master; source_on_nodes is for local paths")
+	case source == "" && req.ImageRef == "":
+		return Template{}, errdefs.FieldErrorf("source", "a source or an image_ref is required")
+	case source != "" && req.ImageRef != "":
+		return Template{}, errdefs.FieldErrorf("image_ref", "give a source or an image_ref, not both")
 	}
 	if err := s.validateRuntime(req.Runtime); err != nil {
 		return Template{}, err
@@ -183,9 +218,19 @@ func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Templ
 				targets = append(targets, n.ID)
 			}
 		}
-		if len(targets) == 0 {
+		if len(targets) == 0 && req.SourceOnNodes {
 			return Template{}, fmt.Errorf("no healthy node to import on: %w", errdefs.ErrUnavailable)
 		}
+	}
+	if !req.SourceOnNodes {
+		rec, err := s.storeTemplate(ctx, req)
+		if err != nil {
+			return Template{}, err
+		}
+		if err := s.distribute(ctx, rec, targets); err != nil {
+			return Template{}, err
+		}
+		return s.GetTemplate(ctx, id)
 	}
 	var errs []error
 	for _, node := range targets {
@@ -201,13 +246,18 @@ func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Templ
 }
 
 func (s *Service) importOn(ctx context.Context, node string, req TemplateImport) error {
+	return s.importRequest(ctx, node, &cubeletpb.ImportTemplateRequest{
+		TemplateId: req.ID, Source: req.Source, Runtime: req.Runtime, Warm: req.Warm,
+	})
+}
+
+// importRequest runs one node's ImportTemplate to its end.
+func (s *Service) importRequest(ctx context.Context, node string, req *cubeletpb.ImportTemplateRequest) error {
 	c, err := s.client(node)
 	if err != nil {
 		return err
 	}
-	stream, err := c.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{
-		TemplateId: req.ID, Source: req.Source, Runtime: req.Runtime, Warm: req.Warm,
-	})
+	stream, err := c.ImportTemplate(ctx, req)
 	if err != nil {
 		return fromGRPC(node, err)
 	}

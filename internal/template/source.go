@@ -2,6 +2,7 @@ package template
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -193,4 +194,21 @@ func pickImage(idx v1.ImageIndex, depth int) (v1.Image, error) {
 		return idx.Image(fallback.Digest)
 	}
 	return nil, errors.New("no image manifest in index")
+}
+
+// Open resolves a local source (an OCI image layout directory, an OCI
+// archive or a docker archive) or, when reg is set, a registry image to the
+// image for linux/GOARCH, as Import reads them; nothing of its layers is
+// read yet. scratch is a private directory the caller removes afterwards
+// (an OCI archive is unpacked there). For a registry image ctx bounds the
+// layer downloads too.
+func Open(ctx context.Context, source string, reg *Registry, scratch string) (v1.Image, error) {
+	if (source == "") == (reg == nil) {
+		return nil, invalid("exactly one of a source and a registry image is required")
+	}
+	if reg != nil {
+		return openRegistry(ctx, *reg)
+	}
+	img, _, err := openSource(source, scratch)
+	return img, err
 }

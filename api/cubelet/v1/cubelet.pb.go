@@ -1532,7 +1532,11 @@ type ImportTemplateRequest struct {
 	// Runtime the template is for; empty = the node default.
 	Runtime string `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Warm the template after the import (see WarmTemplate).
-	Warm          bool `protobuf:"varint,7,opt,name=warm,proto3" json:"warm,omitempty"`
+	Warm bool `protobuf:"varint,7,opt,name=warm,proto3" json:"warm,omitempty"`
+	// The manifest digest (sha256:<hex>) of an image in the master's
+	// template store, pulled over the node's link to the master, instead of
+	// source or image_ref.
+	Artifact      string `protobuf:"bytes,8,opt,name=artifact,proto3" json:"artifact,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1614,6 +1618,13 @@ func (x *ImportTemplateRequest) GetWarm() bool {
 		return x.Warm
 	}
 	return false
+}
+
+func (x *ImportTemplateRequest) GetArtifact() string {
+	if x != nil {
+		return x.Artifact
+	}
+	return ""
 }
 
 type WarmTemplateRequest struct {
@@ -4002,7 +4013,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
 	"\aruntime\x18\v \x01(\tR\aruntime\x12\x12\n" +
 	"\x04warm\x18\f \x01(\bR\x04warm\x12(\n" +
-	"\x10warm_snapshot_id\x18\r \x01(\tR\x0ewarmSnapshotId\"\xe5\x01\n" +
+	"\x10warm_snapshot_id\x18\r \x01(\tR\x0ewarmSnapshotId\"\x81\x02\n" +
 	"\x15ImportTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
@@ -4011,7 +4022,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x04auth\x18\x04 \x01(\v2\x18.cubelet.v1.RegistryAuthR\x04auth\x12\x1a\n" +
 	"\binsecure\x18\x05 \x01(\bR\binsecure\x12\x18\n" +
 	"\aruntime\x18\x06 \x01(\tR\aruntime\x12\x12\n" +
-	"\x04warm\x18\a \x01(\bR\x04warm\"P\n" +
+	"\x04warm\x18\a \x01(\bR\x04warm\x12\x1a\n" +
+	"\bartifact\x18\b \x01(\tR\bartifact\"P\n" +
 	"\x13WarmTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x18\n" +

@@ -948,6 +948,122 @@ func (x *RegisterResponse) GetHeartbeatInterval() *durationpb.Duration {
 	return nil
 }
 
+type ReadBlobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The calling node (its certificate's common name over mutual TLS).
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// sha256:<64 hex>.
+	Digest        string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	Offset        int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadBlobRequest) Reset() {
+	*x = ReadBlobRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadBlobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadBlobRequest) ProtoMessage() {}
+
+func (x *ReadBlobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadBlobRequest.ProtoReflect.Descriptor instead.
+func (*ReadBlobRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReadBlobRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReadBlobRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ReadBlobRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type ReadBlobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 1 MiB from offset; empty at the end of the blob.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// The blob's size in the store.
+	Size          int64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadBlobResponse) Reset() {
+	*x = ReadBlobResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadBlobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadBlobResponse) ProtoMessage() {}
+
+func (x *ReadBlobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadBlobResponse.ProtoReflect.Descriptor instead.
+func (*ReadBlobResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReadBlobResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ReadBlobResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 type HeartbeatRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          *NodeReport            `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -957,7 +1073,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1085,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1098,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatRequest) GetNode() *NodeReport {
@@ -1002,7 +1118,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1130,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1143,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HeartbeatResponse) GetRegistered() bool {
@@ -1062,7 +1178,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1190,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1203,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Node) GetReport() *NodeReport {
@@ -1147,7 +1263,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1275,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1288,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
 }
 
 type ListNodesResponse struct {
@@ -1184,7 +1300,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1312,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1325,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1229,7 +1345,7 @@ type SetNodeSchedulableRequest struct {
 
 func (x *SetNodeSchedulableRequest) Reset() {
 	*x = SetNodeSchedulableRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1357,7 @@ func (x *SetNodeSchedulableRequest) String() string {
 func (*SetNodeSchedulableRequest) ProtoMessage() {}
 
 func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1370,7 @@ func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetNodeSchedulableRequest) GetNodeId() string {
@@ -1280,7 +1396,7 @@ type SetNodeSchedulableResponse struct {
 
 func (x *SetNodeSchedulableResponse) Reset() {
 	*x = SetNodeSchedulableResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1408,7 @@ func (x *SetNodeSchedulableResponse) String() string {
 func (*SetNodeSchedulableResponse) ProtoMessage() {}
 
 func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1421,7 @@ func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetNodeSchedulableResponse) GetNode() *Node {
@@ -1334,7 +1450,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1462,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1475,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *APIKey) GetId() string {
@@ -1423,7 +1539,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1551,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1564,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -1483,7 +1599,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1611,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1624,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1533,7 +1649,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1661,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1674,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 type ListAPIKeysResponse struct {
@@ -1570,7 +1686,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +1698,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +1711,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1615,7 +1731,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1743,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1756,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -1658,7 +1774,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1786,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1799,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 // Sandbox is one catalog entry.
@@ -1714,7 +1830,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1842,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1855,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -1860,7 +1976,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1872,7 +1988,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,7 +2001,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -1918,7 +2034,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2046,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2059,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1964,14 +2080,17 @@ type ClusterTemplate struct {
 	// Runtime per node that holds it (empty value: the node default).
 	Runtimes map[string]string `protobuf:"bytes,6,rep,name=runtimes,proto3" json:"runtimes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Nodes where creates from it restore a warm memory snapshot.
-	WarmNodes     []string `protobuf:"bytes,7,rep,name=warm_nodes,json=warmNodes,proto3" json:"warm_nodes,omitempty"`
+	WarmNodes []string `protobuf:"bytes,7,rep,name=warm_nodes,json=warmNodes,proto3" json:"warm_nodes,omitempty"`
+	// In the master's template store: every node gets it, nodes that join
+	// later included.
+	Stored        bool `protobuf:"varint,8,opt,name=stored,proto3" json:"stored,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2102,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2115,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -2048,6 +2167,13 @@ func (x *ClusterTemplate) GetWarmNodes() []string {
 	return nil
 }
 
+func (x *ClusterTemplate) GetStored() bool {
+	if x != nil {
+		return x.Stored
+	}
+	return false
+}
+
 type ListTemplatesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2056,7 +2182,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2194,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2207,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 type ListTemplatesResponse struct {
@@ -2093,7 +2219,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2231,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2244,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -2131,21 +2257,30 @@ func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
 type ImportTemplateRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	TemplateId string                 `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
-	// A path that exists on the target node(s): OCI layout dir or image tar.
+	// An OCI layout dir or image tar on the master (on each target node
+	// with source_on_nodes).
 	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
 	// Empty = every healthy node.
 	NodeId string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Runtime the template is for; empty = each node's default.
 	Runtime string `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Boot it once and keep a memory snapshot creates restore.
-	Warm          bool `protobuf:"varint,5,opt,name=warm,proto3" json:"warm,omitempty"`
+	Warm bool `protobuf:"varint,5,opt,name=warm,proto3" json:"warm,omitempty"`
+	// A registry reference the master pulls instead of source.
+	ImageRef string           `protobuf:"bytes,6,opt,name=image_ref,json=imageRef,proto3" json:"image_ref,omitempty"`
+	Auth     *v1.RegistryAuth `protobuf:"bytes,7,opt,name=auth,proto3" json:"auth,omitempty"`
+	// Plain HTTP to the registry.
+	Insecure bool `protobuf:"varint,8,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// The old per-node import: source is a path on each target node, and
+	// the master's template store is not involved.
+	SourceOnNodes bool `protobuf:"varint,9,opt,name=source_on_nodes,json=sourceOnNodes,proto3" json:"source_on_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2292,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2305,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2208,6 +2343,34 @@ func (x *ImportTemplateRequest) GetWarm() bool {
 	return false
 }
 
+func (x *ImportTemplateRequest) GetImageRef() string {
+	if x != nil {
+		return x.ImageRef
+	}
+	return ""
+}
+
+func (x *ImportTemplateRequest) GetAuth() *v1.RegistryAuth {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+func (x *ImportTemplateRequest) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *ImportTemplateRequest) GetSourceOnNodes() bool {
+	if x != nil {
+		return x.SourceOnNodes
+	}
+	return false
+}
+
 type ImportTemplateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Template      *ClusterTemplate       `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
@@ -2217,7 +2380,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2392,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2405,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -2251,6 +2414,90 @@ func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
 	}
 	return nil
 }
+
+type UploadTemplateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*UploadTemplateRequest_Request
+	//	*UploadTemplateRequest_Chunk
+	Part          isUploadTemplateRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadTemplateRequest) Reset() {
+	*x = UploadTemplateRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadTemplateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadTemplateRequest) ProtoMessage() {}
+
+func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadTemplateRequest.ProtoReflect.Descriptor instead.
+func (*UploadTemplateRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *UploadTemplateRequest) GetPart() isUploadTemplateRequest_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *UploadTemplateRequest) GetRequest() *ImportTemplateRequest {
+	if x != nil {
+		if x, ok := x.Part.(*UploadTemplateRequest_Request); ok {
+			return x.Request
+		}
+	}
+	return nil
+}
+
+func (x *UploadTemplateRequest) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*UploadTemplateRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isUploadTemplateRequest_Part interface {
+	isUploadTemplateRequest_Part()
+}
+
+type UploadTemplateRequest_Request struct {
+	// The first message: what to import.
+	Request *ImportTemplateRequest `protobuf:"bytes,1,opt,name=request,proto3,oneof"`
+}
+
+type UploadTemplateRequest_Chunk struct {
+	// Every later message: the next bytes of the tar.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*UploadTemplateRequest_Request) isUploadTemplateRequest_Part() {}
+
+func (*UploadTemplateRequest_Chunk) isUploadTemplateRequest_Part() {}
 
 type DeleteTemplateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2261,7 +2508,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2520,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2533,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2306,7 +2553,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2565,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2578,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2354,7 +2601,7 @@ type TeamQuota struct {
 
 func (x *TeamQuota) Reset() {
 	*x = TeamQuota{}
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2613,7 @@ func (x *TeamQuota) String() string {
 func (*TeamQuota) ProtoMessage() {}
 
 func (x *TeamQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2626,7 @@ func (x *TeamQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
 func (*TeamQuota) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TeamQuota) GetMaxSandboxes() int64 {
@@ -2418,7 +2665,7 @@ type Team struct {
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2430,7 +2677,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2443,7 +2690,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Team) GetName() string {
@@ -2498,7 +2745,7 @@ type CreateTeamRequest struct {
 
 func (x *CreateTeamRequest) Reset() {
 	*x = CreateTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2757,7 @@ func (x *CreateTeamRequest) String() string {
 func (*CreateTeamRequest) ProtoMessage() {}
 
 func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2770,7 @@ func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
 func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTeamRequest) GetName() string {
@@ -2549,7 +2796,7 @@ type CreateTeamResponse struct {
 
 func (x *CreateTeamResponse) Reset() {
 	*x = CreateTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +2808,7 @@ func (x *CreateTeamResponse) String() string {
 func (*CreateTeamResponse) ProtoMessage() {}
 
 func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +2821,7 @@ func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
 func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateTeamResponse) GetTeam() *Team {
@@ -2592,7 +2839,7 @@ type ListTeamsRequest struct {
 
 func (x *ListTeamsRequest) Reset() {
 	*x = ListTeamsRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2851,7 @@ func (x *ListTeamsRequest) String() string {
 func (*ListTeamsRequest) ProtoMessage() {}
 
 func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2864,7 @@ func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
 func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
 type ListTeamsResponse struct {
@@ -2629,7 +2876,7 @@ type ListTeamsResponse struct {
 
 func (x *ListTeamsResponse) Reset() {
 	*x = ListTeamsResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2888,7 @@ func (x *ListTeamsResponse) String() string {
 func (*ListTeamsResponse) ProtoMessage() {}
 
 func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2901,7 @@ func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
 func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListTeamsResponse) GetTeams() []*Team {
@@ -2674,7 +2921,7 @@ type SetTeamQuotaRequest struct {
 
 func (x *SetTeamQuotaRequest) Reset() {
 	*x = SetTeamQuotaRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2933,7 @@ func (x *SetTeamQuotaRequest) String() string {
 func (*SetTeamQuotaRequest) ProtoMessage() {}
 
 func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2946,7 @@ func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SetTeamQuotaRequest) GetName() string {
@@ -2724,7 +2971,7 @@ type SetTeamQuotaResponse struct {
 
 func (x *SetTeamQuotaResponse) Reset() {
 	*x = SetTeamQuotaResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +2983,7 @@ func (x *SetTeamQuotaResponse) String() string {
 func (*SetTeamQuotaResponse) ProtoMessage() {}
 
 func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +2996,7 @@ func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
 }
 
 type DeleteTeamRequest struct {
@@ -2763,7 +3010,7 @@ type DeleteTeamRequest struct {
 
 func (x *DeleteTeamRequest) Reset() {
 	*x = DeleteTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +3022,7 @@ func (x *DeleteTeamRequest) String() string {
 func (*DeleteTeamRequest) ProtoMessage() {}
 
 func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +3035,7 @@ func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteTeamRequest) GetName() string {
@@ -2818,7 +3065,7 @@ type DeleteTeamResponse struct {
 
 func (x *DeleteTeamResponse) Reset() {
 	*x = DeleteTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +3077,7 @@ func (x *DeleteTeamResponse) String() string {
 func (*DeleteTeamResponse) ProtoMessage() {}
 
 func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +3090,7 @@ func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeleteTeamResponse) GetRevokedKeys() []string {
@@ -2960,7 +3207,14 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x0fRegisterRequest\x12)\n" +
 	"\x04node\x18\x01 \x01(\v2\x15.master.v1.NodeReportR\x04node\"\\\n" +
 	"\x10RegisterResponse\x12H\n" +
-	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"=\n" +
+	"\x12heartbeat_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\"Z\n" +
+	"\x0fReadBlobRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\":\n" +
+	"\x10ReadBlobResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"=\n" +
 	"\x10HeartbeatRequest\x12)\n" +
 	"\x04node\x18\x01 \x01(\v2\x15.master.v1.NodeReportR\x04node\"}\n" +
 	"\x11HeartbeatResponse\x12\x1e\n" +
@@ -3041,7 +3295,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
 	"\x15ListSandboxesResponse\x120\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x12.master.v1.SandboxR\tsandboxes\"\xdc\x02\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.master.v1.SandboxR\tsandboxes\"\xf4\x02\n" +
 	"\x0fClusterTemplate\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
@@ -3053,22 +3307,31 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12D\n" +
 	"\bruntimes\x18\x06 \x03(\v2(.master.v1.ClusterTemplate.RuntimesEntryR\bruntimes\x12\x1d\n" +
 	"\n" +
-	"warm_nodes\x18\a \x03(\tR\twarmNodes\x1a;\n" +
+	"warm_nodes\x18\a \x03(\tR\twarmNodes\x12\x16\n" +
+	"\x06stored\x18\b \x01(\bR\x06stored\x1a;\n" +
 	"\rRuntimesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
 	"\x14ListTemplatesRequest\"Q\n" +
 	"\x15ListTemplatesResponse\x128\n" +
-	"\ttemplates\x18\x01 \x03(\v2\x1a.master.v1.ClusterTemplateR\ttemplates\"\x97\x01\n" +
+	"\ttemplates\x18\x01 \x03(\v2\x1a.master.v1.ClusterTemplateR\ttemplates\"\xa6\x02\n" +
 	"\x15ImportTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aruntime\x18\x04 \x01(\tR\aruntime\x12\x12\n" +
-	"\x04warm\x18\x05 \x01(\bR\x04warm\"P\n" +
+	"\x04warm\x18\x05 \x01(\bR\x04warm\x12\x1b\n" +
+	"\timage_ref\x18\x06 \x01(\tR\bimageRef\x12,\n" +
+	"\x04auth\x18\a \x01(\v2\x18.cubelet.v1.RegistryAuthR\x04auth\x12\x1a\n" +
+	"\binsecure\x18\b \x01(\bR\binsecure\x12&\n" +
+	"\x0fsource_on_nodes\x18\t \x01(\bR\rsourceOnNodes\"P\n" +
 	"\x16ImportTemplateResponse\x126\n" +
-	"\btemplate\x18\x01 \x01(\v2\x1a.master.v1.ClusterTemplateR\btemplate\"8\n" +
+	"\btemplate\x18\x01 \x01(\v2\x1a.master.v1.ClusterTemplateR\btemplate\"u\n" +
+	"\x15UploadTemplateRequest\x12<\n" +
+	"\arequest\x18\x01 \x01(\v2 .master.v1.ImportTemplateRequestH\x00R\arequest\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"8\n" +
 	"\x15DeleteTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\".\n" +
@@ -3105,10 +3368,11 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x12DeleteTeamResponse\x12!\n" +
 	"\frevoked_keys\x18\x01 \x03(\tR\vrevokedKeys\x12)\n" +
 	"\x10killed_sandboxes\x18\x02 \x03(\tR\x0fkilledSandboxes\x12+\n" +
-	"\x11deleted_snapshots\x18\x03 \x03(\tR\x10deletedSnapshots2\x9a\x01\n" +
+	"\x11deleted_snapshots\x18\x03 \x03(\tR\x10deletedSnapshots2\xdf\x01\n" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
-	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse2\xae\b\n" +
+	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse\x12C\n" +
+	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\x87\t\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
 	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12O\n" +
@@ -3124,7 +3388,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1f.master.v1.ListSandboxesRequest\x1a .master.v1.ListSandboxesResponse\x12R\n" +
 	"\rListTemplates\x12\x1f.master.v1.ListTemplatesRequest\x1a .master.v1.ListTemplatesResponse\x12U\n" +
 	"\x0eImportTemplate\x12 .master.v1.ImportTemplateRequest\x1a!.master.v1.ImportTemplateResponse\x12U\n" +
-	"\x0eDeleteTemplate\x12 .master.v1.DeleteTemplateRequest\x1a!.master.v1.DeleteTemplateResponse2\xfd\x01\n" +
+	"\x0eDeleteTemplate\x12 .master.v1.DeleteTemplateRequest\x1a!.master.v1.DeleteTemplateResponse\x12W\n" +
+	"\x0eUploadTemplate\x12 .master.v1.UploadTemplateRequest\x1a!.master.v1.ImportTemplateResponse(\x012\xfd\x01\n" +
 	"\fRouteService\x12O\n" +
 	"\fResolveRoute\x12\x1e.master.v1.ResolveRouteRequest\x1a\x1f.master.v1.ResolveRouteResponse\x12E\n" +
 	"\vWatchRoutes\x12\x1d.master.v1.WatchRoutesRequest\x1a\x15.master.v1.RouteEvent0\x01\x12U\n" +
@@ -3142,7 +3407,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3156,131 +3421,141 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*TemplateRef)(nil),                // 9: master.v1.TemplateRef
 	(*RegisterRequest)(nil),            // 10: master.v1.RegisterRequest
 	(*RegisterResponse)(nil),           // 11: master.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),           // 12: master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 13: master.v1.HeartbeatResponse
-	(*Node)(nil),                       // 14: master.v1.Node
-	(*ListNodesRequest)(nil),           // 15: master.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),          // 16: master.v1.ListNodesResponse
-	(*SetNodeSchedulableRequest)(nil),  // 17: master.v1.SetNodeSchedulableRequest
-	(*SetNodeSchedulableResponse)(nil), // 18: master.v1.SetNodeSchedulableResponse
-	(*APIKey)(nil),                     // 19: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 20: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 21: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 22: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 23: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 24: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 25: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 26: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 27: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 28: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 29: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 30: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 31: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 32: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 33: master.v1.ImportTemplateResponse
-	(*DeleteTemplateRequest)(nil),      // 34: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 35: master.v1.DeleteTemplateResponse
-	(*TeamQuota)(nil),                  // 36: master.v1.TeamQuota
-	(*Team)(nil),                       // 37: master.v1.Team
-	(*CreateTeamRequest)(nil),          // 38: master.v1.CreateTeamRequest
-	(*CreateTeamResponse)(nil),         // 39: master.v1.CreateTeamResponse
-	(*ListTeamsRequest)(nil),           // 40: master.v1.ListTeamsRequest
-	(*ListTeamsResponse)(nil),          // 41: master.v1.ListTeamsResponse
-	(*SetTeamQuotaRequest)(nil),        // 42: master.v1.SetTeamQuotaRequest
-	(*SetTeamQuotaResponse)(nil),       // 43: master.v1.SetTeamQuotaResponse
-	(*DeleteTeamRequest)(nil),          // 44: master.v1.DeleteTeamRequest
-	(*DeleteTeamResponse)(nil),         // 45: master.v1.DeleteTeamResponse
-	nil,                                // 46: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 47: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 48: master.v1.Sandbox.MetadataEntry
-	nil,                                // 49: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 50: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 51: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 52: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 53: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 54: google.protobuf.Duration
+	(*ReadBlobRequest)(nil),            // 12: master.v1.ReadBlobRequest
+	(*ReadBlobResponse)(nil),           // 13: master.v1.ReadBlobResponse
+	(*HeartbeatRequest)(nil),           // 14: master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 15: master.v1.HeartbeatResponse
+	(*Node)(nil),                       // 16: master.v1.Node
+	(*ListNodesRequest)(nil),           // 17: master.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 18: master.v1.ListNodesResponse
+	(*SetNodeSchedulableRequest)(nil),  // 19: master.v1.SetNodeSchedulableRequest
+	(*SetNodeSchedulableResponse)(nil), // 20: master.v1.SetNodeSchedulableResponse
+	(*APIKey)(nil),                     // 21: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 22: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 23: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 24: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 25: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 26: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 27: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 28: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 29: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 30: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 31: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 32: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 33: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 34: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 35: master.v1.ImportTemplateResponse
+	(*UploadTemplateRequest)(nil),      // 36: master.v1.UploadTemplateRequest
+	(*DeleteTemplateRequest)(nil),      // 37: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 38: master.v1.DeleteTemplateResponse
+	(*TeamQuota)(nil),                  // 39: master.v1.TeamQuota
+	(*Team)(nil),                       // 40: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 41: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 42: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 43: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 44: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 45: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 46: master.v1.SetTeamQuotaResponse
+	(*DeleteTeamRequest)(nil),          // 47: master.v1.DeleteTeamRequest
+	(*DeleteTeamResponse)(nil),         // 48: master.v1.DeleteTeamResponse
+	nil,                                // 49: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 50: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 51: master.v1.Sandbox.MetadataEntry
+	nil,                                // 52: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 53: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 54: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 55: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 56: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 57: google.protobuf.Duration
+	(*v1.RegistryAuth)(nil),            // 58: cubelet.v1.RegistryAuth
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	51, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	46, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	47, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	54, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	49, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	50, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	52, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	53, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	55, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	56, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	53, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	53, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	56, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	56, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	54, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	54, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	53, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	53, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	14, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	14, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	53, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	53, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	19, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	19, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	48, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	53, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	53, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	54, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	49, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	26, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	53, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	50, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	29, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	29, // 32: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	53, // 33: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	36, // 34: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	36, // 35: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	37, // 36: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	37, // 37: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	36, // 38: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	10, // 39: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	12, // 40: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	15, // 41: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	17, // 42: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	20, // 43: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	22, // 44: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	24, // 45: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	38, // 46: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	40, // 47: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	42, // 48: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	44, // 49: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
-	27, // 50: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	30, // 51: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	32, // 52: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	34, // 53: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	0,  // 54: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 55: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 56: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 57: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	13, // 58: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	16, // 59: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	18, // 60: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	21, // 61: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	23, // 62: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	25, // 63: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	39, // 64: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	41, // 65: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	43, // 66: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	45, // 67: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
-	28, // 68: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	31, // 69: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	33, // 70: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	35, // 71: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	1,  // 72: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 73: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 74: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	57, // [57:75] is the sub-list for method output_type
-	39, // [39:57] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	56, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	56, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	16, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	16, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	56, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	56, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	21, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	21, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	51, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	56, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	56, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	57, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	52, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	28, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	56, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	53, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	31, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	58, // 32: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	31, // 33: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	34, // 34: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
+	56, // 35: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	39, // 36: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	39, // 37: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	40, // 38: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	40, // 39: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	39, // 40: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	10, // 41: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	14, // 42: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	12, // 43: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
+	17, // 44: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	19, // 45: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	22, // 46: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	24, // 47: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	26, // 48: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	41, // 49: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	43, // 50: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	45, // 51: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	47, // 52: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	29, // 53: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	32, // 54: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	34, // 55: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	37, // 56: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	36, // 57: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
+	0,  // 58: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 59: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 60: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 61: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	15, // 62: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	13, // 63: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
+	18, // 64: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	20, // 65: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	23, // 66: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	25, // 67: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	27, // 68: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	42, // 69: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	44, // 70: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	46, // 71: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	48, // 72: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	30, // 73: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	33, // 74: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	35, // 75: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	38, // 76: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	35, // 77: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
+	1,  // 78: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 79: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 80: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	61, // [61:81] is the sub-list for method output_type
+	41, // [41:61] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -3288,13 +3563,17 @@ func file_master_v1_master_proto_init() {
 	if File_master_v1_master_proto != nil {
 		return
 	}
+	file_master_v1_master_proto_msgTypes[36].OneofWrappers = []any{
+		(*UploadTemplateRequest_Request)(nil),
+		(*UploadTemplateRequest_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	NodeService_Register_FullMethodName  = "/master.v1.NodeService/Register"
 	NodeService_Heartbeat_FullMethodName = "/master.v1.NodeService/Heartbeat"
+	NodeService_ReadBlob_FullMethodName  = "/master.v1.NodeService/ReadBlob"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -37,6 +38,11 @@ type NodeServiceClient interface {
 	// Heartbeat reports the node's current state. registered=false in the
 	// answer asks the cubelet to Register again (the master lost track of it).
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// ReadBlob reads part of a blob of the master's template store (a
+	// manifest, config or layer, by its sha256 digest): nodes pull cluster
+	// templates with it and check every blob against its digest. Over
+	// mutual TLS only a node certificate naming node_id may call it.
+	ReadBlob(ctx context.Context, in *ReadBlobRequest, opts ...grpc.CallOption) (*ReadBlobResponse, error)
 }
 
 type nodeServiceClient struct {
@@ -67,6 +73,16 @@ func (c *nodeServiceClient) Heartbeat(ctx context.Context, in *HeartbeatRequest,
 	return out, nil
 }
 
+func (c *nodeServiceClient) ReadBlob(ctx context.Context, in *ReadBlobRequest, opts ...grpc.CallOption) (*ReadBlobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadBlobResponse)
+	err := c.cc.Invoke(ctx, NodeService_ReadBlob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
@@ -81,6 +97,11 @@ type NodeServiceServer interface {
 	// Heartbeat reports the node's current state. registered=false in the
 	// answer asks the cubelet to Register again (the master lost track of it).
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// ReadBlob reads part of a blob of the master's template store (a
+	// manifest, config or layer, by its sha256 digest): nodes pull cluster
+	// templates with it and check every blob against its digest. Over
+	// mutual TLS only a node certificate naming node_id may call it.
+	ReadBlob(context.Context, *ReadBlobRequest) (*ReadBlobResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -96,6 +117,9 @@ func (UnimplementedNodeServiceServer) Register(context.Context, *RegisterRequest
 }
 func (UnimplementedNodeServiceServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedNodeServiceServer) ReadBlob(context.Context, *ReadBlobRequest) (*ReadBlobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadBlob not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 func (UnimplementedNodeServiceServer) testEmbeddedByValue()                     {}
@@ -154,6 +178,24 @@ func _NodeService_Heartbeat_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_ReadBlob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadBlobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).ReadBlob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_ReadBlob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).ReadBlob(ctx, req.(*ReadBlobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeService_ServiceDesc is the grpc.ServiceDesc for NodeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -168,6 +210,10 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Heartbeat",
 			Handler:    _NodeService_Heartbeat_Handler,
+		},
+		{
+			MethodName: "ReadBlob",
+			Handler:    _NodeService_ReadBlob_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
@@ -188,6 +234,7 @@ const (
 	AdminService_ListTemplates_FullMethodName      = "/master.v1.AdminService/ListTemplates"
 	AdminService_ImportTemplate_FullMethodName     = "/master.v1.AdminService/ImportTemplate"
 	AdminService_DeleteTemplate_FullMethodName     = "/master.v1.AdminService/DeleteTemplate"
+	AdminService_UploadTemplate_FullMethodName     = "/master.v1.AdminService/UploadTemplate"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -220,6 +267,11 @@ type AdminServiceClient interface {
 	ImportTemplate(ctx context.Context, in *ImportTemplateRequest, opts ...grpc.CallOption) (*ImportTemplateResponse, error)
 	// DeleteTemplate deletes a template from every node that holds it.
 	DeleteTemplate(ctx context.Context, in *DeleteTemplateRequest, opts ...grpc.CallOption) (*DeleteTemplateResponse, error)
+	// UploadTemplate is ImportTemplate with the image sent by the caller: an
+	// OCI archive or docker archive (a tar), streamed after a first message
+	// that holds the request (its source and image_ref empty). The master
+	// puts it in its template store and every node pulls it from there.
+	UploadTemplate(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse], error)
 }
 
 type adminServiceClient struct {
@@ -360,6 +412,19 @@ func (c *adminServiceClient) DeleteTemplate(ctx context.Context, in *DeleteTempl
 	return out, nil
 }
 
+func (c *adminServiceClient) UploadTemplate(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_UploadTemplate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[UploadTemplateRequest, ImportTemplateResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_UploadTemplateClient = grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse]
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -390,6 +455,11 @@ type AdminServiceServer interface {
 	ImportTemplate(context.Context, *ImportTemplateRequest) (*ImportTemplateResponse, error)
 	// DeleteTemplate deletes a template from every node that holds it.
 	DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error)
+	// UploadTemplate is ImportTemplate with the image sent by the caller: an
+	// OCI archive or docker archive (a tar), streamed after a first message
+	// that holds the request (its source and image_ref empty). The master
+	// puts it in its template store and every node pulls it from there.
+	UploadTemplate(grpc.ClientStreamingServer[UploadTemplateRequest, ImportTemplateResponse]) error
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -438,6 +508,9 @@ func (UnimplementedAdminServiceServer) ImportTemplate(context.Context, *ImportTe
 }
 func (UnimplementedAdminServiceServer) DeleteTemplate(context.Context, *DeleteTemplateRequest) (*DeleteTemplateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteTemplate not implemented")
+}
+func (UnimplementedAdminServiceServer) UploadTemplate(grpc.ClientStreamingServer[UploadTemplateRequest, ImportTemplateResponse]) error {
+	return status.Error(codes.Unimplemented, "method UploadTemplate not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -694,6 +767,13 @@ func _AdminService_DeleteTemplate_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_UploadTemplate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AdminServiceServer).UploadTemplate(&grpc.GenericServerStream[UploadTemplateRequest, ImportTemplateResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_UploadTemplateServer = grpc.ClientStreamingServer[UploadTemplateRequest, ImportTemplateResponse]
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -754,7 +834,13 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdminService_DeleteTemplate_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "UploadTemplate",
+			Handler:       _AdminService_UploadTemplate_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "master/v1/master.proto",
 }
 

@@ -244,6 +244,8 @@ func TestTemplateImportFailures(t *testing.T) {
 		{"both sources", cubelet.TemplateImport{TemplateID: "x", Source: env.Image, ImageRef: pinned}, "", errdefs.ErrInvalidArgument},
 		{"auth on a local source", cubelet.TemplateImport{TemplateID: "x", Source: env.Image, Username: "ci", Password: "pw"}, "", errdefs.ErrInvalidArgument},
 		{"bad id", cubelet.TemplateImport{TemplateID: "Bad_ID", ImageRef: pinned}, "", errdefs.ErrInvalidArgument},
+		{"artifact and a source", cubelet.TemplateImport{TemplateID: "x", Artifact: "sha256:" + strings.Repeat("0", 64), Source: env.Image}, "", errdefs.ErrInvalidArgument},
+		{"artifact without a master", cubelet.TemplateImport{TemplateID: "x", Artifact: "sha256:" + strings.Repeat("0", 64)}, "", errdefs.ErrFailedPrecondition},
 		{"no credentials", cubelet.TemplateImport{TemplateID: "x", ImageRef: pinned, Insecure: true}, "", errdefs.ErrUnauthenticated},
 		{"wrong password", cubelet.TemplateImport{TemplateID: "x", ImageRef: pinned, Insecure: true, Username: "ci", Password: "nope"}, "", errdefs.ErrUnauthenticated},
 		{"plain http refused", cubelet.TemplateImport{TemplateID: "x", ImageRef: pinned, Username: "ci", Password: "pw"}, "", errdefs.ErrInvalidArgument},

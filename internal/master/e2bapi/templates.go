@@ -6,8 +6,10 @@ import (
 	"github.com/cubesandbox/cube/internal/master"
 )
 
-// Templates are imported on nodes (cubecli template import), not built
-// through this API: the build endpoints are not served.
+// Templates are imported through the master or on nodes (cubecli
+// template import), not built through this API: the build endpoints are
+// not served. A template in the master's store that no node holds yet is
+// "waiting" (no create can be placed).
 
 func (h *Handler) templateJSON(t master.Template) templateJSON {
 	names := append([]string{t.ID}, t.Aliases...)
@@ -15,8 +17,12 @@ func (h *Handler) templateJSON(t master.Template) templateJSON {
 	if aliases == nil {
 		aliases = []string{}
 	}
+	status := "ready"
+	if len(t.Nodes) == 0 {
+		status = "waiting"
+	}
 	return templateJSON{
-		TemplateID: t.ID, BuildID: t.Digest, BuildStatus: "ready", BuildCount: 1,
+		TemplateID: t.ID, BuildID: t.Digest, BuildStatus: status, BuildCount: 1,
 		CPUCount: cpuCount(h.cfg.MilliCPU), MemoryMB: h.cfg.MemoryMiB, DiskSizeMB: (t.SizeBytes + 1<<20 - 1) >> 20,
 		EnvdVersion: h.cfg.EnvdVersion, Aliases: aliases, Names: names,
 		CreatedAt: timeJSON(t.CreatedAt), UpdatedAt: timeJSON(t.CreatedAt),
@@ -44,7 +50,7 @@ func (h *Handler) getTemplate(w http.ResponseWriter, r *http.Request) {
 		TemplateID: tj.TemplateID, Aliases: tj.Aliases, Names: tj.Names, CreatedAt: tj.CreatedAt, UpdatedAt: tj.UpdatedAt,
 		Runtime: tj.Runtime, Warm: tj.Warm,
 		Builds: []templateBuild{{
-			BuildID: tj.BuildID, Status: "ready", CPUCount: tj.CPUCount, MemoryMB: tj.MemoryMB, DiskSizeMB: tj.DiskSizeMB,
+			BuildID: tj.BuildID, Status: tj.BuildStatus, CPUCount: tj.CPUCount, MemoryMB: tj.MemoryMB, DiskSizeMB: tj.DiskSizeMB,
 			EnvdVersion: tj.EnvdVersion, CreatedAt: tj.CreatedAt, UpdatedAt: tj.UpdatedAt, FinishedAt: tj.CreatedAt,
 		}},
 	})

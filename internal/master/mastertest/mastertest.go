@@ -177,7 +177,9 @@ unhealthy_after = "5s"
 [sandbox]
 expiry_interval = "100ms"
 memory_mib = 64
-`, e2bAddr, m.Socket, filepath.Join(dir, "catalog.db"))
+[templates]
+store_dir = %q
+`, e2bAddr, m.Socket, filepath.Join(dir, "catalog.db"), filepath.Join(dir, "templates"))
 	merged, err := mergeTOML(base, extraTOML)
 	if err != nil {
 		t.Fatalf("extra master config: %v", err)

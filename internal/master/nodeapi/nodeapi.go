@@ -59,6 +59,20 @@ func (n *NodeServer) Heartbeat(ctx context.Context, req *masterpb.HeartbeatReque
 	return &masterpb.HeartbeatResponse{Registered: ok, HeartbeatInterval: durationpb.New(n.svc.Config().Nodes.HeartbeatInterval.Duration)}, nil
 }
 
+// blobChunk is the most ReadBlob returns per call, well under gRPC's
+// 4 MiB message limit.
+const blobChunk = 1 << 20
+
+// ReadBlob implements NodeService: part of a template store blob.
+func (n *NodeServer) ReadBlob(ctx context.Context, req *masterpb.ReadBlobRequest) (*masterpb.ReadBlobResponse, error) {
+	buf := make([]byte, blobChunk)
+	got, size, err := n.svc.ReadBlob(ctx, req.Digest, req.Offset, buf)
+	if err != nil {
+		return nil, grpcerr.ToGRPC(err)
+	}
+	return &masterpb.ReadBlobResponse{Data: buf[:got], Size: size}, nil
+}
+
 // AdminServer implements masterpb.AdminServiceServer.
 type AdminServer struct {
 	masterpb.UnimplementedAdminServiceServer
@@ -220,7 +234,7 @@ func (a *AdminServer) ListSandboxes(ctx context.Context, req *masterpb.ListSandb
 
 func templateToPB(t master.Template) *masterpb.ClusterTemplate {
 	return &masterpb.ClusterTemplate{TemplateId: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, Nodes: t.Nodes, CreatedAt: ts(t.CreatedAt),
-		Runtimes: t.Runtimes, WarmNodes: t.WarmNodes}
+		Runtimes: t.Runtimes, WarmNodes: t.WarmNodes, Stored: t.Stored}
 }
 
 // ListTemplates implements AdminService.
@@ -236,11 +250,55 @@ func (a *AdminServer) ListTemplates(context.Context, *masterpb.ListTemplatesRequ
 func (a *AdminServer) ImportTemplate(ctx context.Context, req *masterpb.ImportTemplateRequest) (*masterpb.ImportTemplateResponse, error) {
 	t, err := a.svc.ImportTemplate(ctx, master.TemplateImport{
 		ID: req.TemplateId, Source: req.Source, NodeID: req.NodeId, Runtime: req.Runtime, Warm: req.Warm,
+		ImageRef: req.ImageRef, Insecure: req.Insecure, SourceOnNodes: req.SourceOnNodes,
+		Username: req.GetAuth().GetUsername(), Password: req.GetAuth().GetPassword(), Token: req.GetAuth().GetToken(),
 	})
 	if err != nil {
 		return nil, grpcerr.ToGRPC(err)
 	}
 	return &masterpb.ImportTemplateResponse{Template: templateToPB(t)}, nil
+}
+
+// UploadTemplate implements AdminService: the request, then the archive.
+func (a *AdminServer) UploadTemplate(stream grpc.ClientStreamingServer[masterpb.UploadTemplateRequest, masterpb.ImportTemplateResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	req := first.GetRequest()
+	if req == nil {
+		return status.Error(codes.InvalidArgument, "the first message of an upload must be the request")
+	}
+	t, err := a.svc.ImportUpload(stream.Context(), master.TemplateImport{
+		ID: req.TemplateId, NodeID: req.NodeId, Runtime: req.Runtime, Warm: req.Warm,
+		Source: req.Source, ImageRef: req.ImageRef, SourceOnNodes: req.SourceOnNodes,
+	}, &uploadReader{stream: stream})
+	if err != nil {
+		return grpcerr.ToGRPC(err)
+	}
+	return stream.SendAndClose(&masterpb.ImportTemplateResponse{Template: templateToPB(t)})
+}
+
+// uploadReader reads an upload's chunks as one stream of bytes.
+type uploadReader struct {
+	stream grpc.ClientStreamingServer[masterpb.UploadTemplateRequest, masterpb.ImportTemplateResponse]
+	buf    []byte
+}
+
+func (u *uploadReader) Read(p []byte) (int, error) {
+	for len(u.buf) == 0 {
+		m, err := u.stream.Recv()
+		if err != nil {
+			return 0, err // io.EOF at the end of the upload
+		}
+		if m.GetRequest() != nil {
+			return 0, status.Error(codes.InvalidArgument, "an upload has one request, first")
+		}
+		u.buf = m.GetChunk()
+	}
+	n := copy(p, u.buf)
+	u.buf = u.buf[n:]
+	return n, nil
 }
 
 // DeleteTemplate implements AdminService.
@@ -289,7 +347,7 @@ func guard(nodeToken, adminToken string) grpc.UnaryServerInterceptor {
 }
 
 // nodeIdentity binds a node's reports to its certificate: over mutual TLS
-// a Register or Heartbeat must come from a node certificate whose common
+// a Register, Heartbeat or ReadBlob must come from a node certificate whose common
 // name is the reported node ID, so a holder of one node's certificate
 // cannot register as, or report for, another. Calls without a peer
 // certificate (the root-only socket) are not checked here.
@@ -304,6 +362,11 @@ func nodeIdentity(ctx context.Context, req any) error {
 		id = r.GetNode().GetNodeId()
 	case *masterpb.HeartbeatRequest:
 		id = r.GetNode().GetNodeId()
+	case *masterpb.ReadBlobRequest:
+		// Templates are the cluster's, not one node's: any node may read
+		// any blob, but only as itself, and a proxy or admin certificate
+		// may not.
+		id = r.GetNodeId()
 	default:
 		return nil
 	}

@@ -65,10 +65,11 @@ func (r *RouteServer) ReportActivity(ctx context.Context, req *masterpb.ReportAc
 	return &masterpb.ReportActivityResponse{}, nil
 }
 
-// streamGuard is guard for streaming calls (WatchRoutes).
+// streamGuard is guard for streaming calls (WatchRoutes, UploadTemplate).
 func streamGuard(adminToken string) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/") && adminToken != "" &&
+		admin := strings.HasPrefix(info.FullMethod, "/master.v1.RouteService/") || strings.HasPrefix(info.FullMethod, "/master.v1.AdminService/")
+		if admin && adminToken != "" &&
 			!tokenOK(ss.Context(), masterpb.AdminTokenHeader, adminToken) {
 			return status.Error(codes.Unauthenticated, "missing or wrong admin token")
 		}
