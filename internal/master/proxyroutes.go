@@ -307,6 +307,9 @@ func (s *Service) pauseIdle(ctx context.Context, id string) error {
 	if sb.State != catalog.StateRunning || !idle || time.Since(since) < sb.IdleTimeout {
 		return nil
 	}
+	if err := s.fence(ctx); err != nil {
+		return err
+	}
 	if err := s.pause(ctx, sb); err != nil {
 		return err
 	}
