@@ -1,0 +1,269 @@
+package master_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/catalog/catalogtest"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+)
+
+// TestReplicas: two real cubemaster processes (replicas a and b) on one
+// MariaDB catalog and one cubelet that reports to the first of them that
+// answers.
+//
+//   - any replica serves the API: a sandbox created through one is read,
+//     paused, connected to and killed through the other, and b places
+//     sandboxes on the node that reports only to a;
+//   - only the lease's holder runs the loops: sandboxes created through
+//     both replicas with a 1 s deadline are each killed exactly once, by
+//     the holder (counted in both replicas' logs);
+//   - SIGKILL of the holder under a create load: b takes the lease (new
+//     fencing token) within a few seconds, measured from the kill to the
+//     lease row naming b; creates through b never fail; the node moves
+//     to b; a deadline passed after the kill is enforced by b.
+func TestReplicas(t *testing.T) {
+	db := catalogtest.StartMariaDB(t)
+	dsn := db.NewDatabase(t)
+	conf := func(id string) string {
+		return fmt.Sprintf("[catalog]\ndriver = \"mysql\"\ndsn = %q\n[ha]\nreplica_id = %q\nlease_ttl = \"2s\"\n[sandbox]\nmilli_cpu = 100\n", dsn, id)
+	}
+	ctx := context.Background()
+	cat, err := catalog.Open(ctx, catalog.MySQL, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+	lease := func() catalog.Lease {
+		l, err := cat.GetLease(ctx, "master-loops")
+		if err != nil {
+			return catalog.Lease{}
+		}
+		return l
+	}
+
+	a := mastertest.StartMasterProcess(t, conf("a"))
+	mastertest.WaitFor(t, 10*time.Second, "a holds the lease", func() bool { return lease().Replica == "a" && lease().Holder != "" })
+	b := mastertest.StartMasterProcess(t, conf("b"))
+	n := mastertest.StartNodeReplicas(t, []*mastertest.Master{a, b}, "", "busybox")
+	a.WaitHealthy(t, n)
+	b.WaitHealthy(t, n) // b hears of the node through the catalog only
+	first := lease()
+	t.Logf("lease: holder %s token %d", first.Holder, first.Token)
+
+	key := a.APIKey(t) // made through a, verified by b from the catalog
+	ca, cb := a.API(key), b.API(key)
+	create := func(t *testing.T, c *mastertest.Client, timeout int) string {
+		t.Helper()
+		var sb e2bSandbox
+		if r := c.Do(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": timeout}, &sb); r.StatusCode != http.StatusCreated {
+			t.Fatalf("create: %d %s", r.StatusCode, r.Body)
+		}
+		return sb.SandboxID
+	}
+	state := func(t *testing.T, c *mastertest.Client, id string) string {
+		t.Helper()
+		var sb e2bSandbox
+		r := c.Do(t, "GET", "/sandboxes/"+id, nil, &sb)
+		if r.StatusCode == http.StatusNotFound {
+			return ""
+		}
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("get %s: %d %s", id, r.StatusCode, r.Body)
+		}
+		return sb.State
+	}
+
+	t.Run("verbs across replicas", func(t *testing.T) {
+		id := create(t, ca, 300)
+		if st := state(t, cb, id); st != "running" {
+			t.Fatalf("through b: %q, want running", st)
+		}
+		if r := cb.Do(t, "POST", "/sandboxes/"+id+"/pause", nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("pause through b: %d %s", r.StatusCode, r.Body)
+		}
+		if st := state(t, ca, id); st != "paused" {
+			t.Fatalf("through a after pause: %q", st)
+		}
+		if r := ca.Do(t, "POST", "/v2/sandboxes/"+id+"/connect", map[string]any{"timeout": 300}, nil); r.StatusCode != http.StatusCreated {
+			t.Fatalf("connect (resume) through a: %d %s", r.StatusCode, r.Body)
+		}
+		if r := cb.Do(t, "DELETE", "/sandboxes/"+id, nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("kill through b: %d %s", r.StatusCode, r.Body)
+		}
+		if st := state(t, ca, id); st != "" {
+			t.Fatalf("through a after kill: %q, want gone", st)
+		}
+		if _, err := n.Svc.Get(ctx, id); err == nil {
+			t.Fatalf("%s still on its node after a kill through b", id)
+		}
+		// b places on the node that reports to a.
+		id = create(t, cb, 300)
+		if st := state(t, ca, id); st != "running" {
+			t.Fatalf("created through b, read through a: %q", st)
+		}
+		if r := ca.Do(t, "DELETE", "/sandboxes/"+id, nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("kill through a: %d %s", r.StatusCode, r.Body)
+		}
+	})
+
+	t.Run("deadlines enforced once", func(t *testing.T) {
+		var ids []string
+		for i := range 8 {
+			c := ca
+			if i%2 == 1 {
+				c = cb
+			}
+			ids = append(ids, create(t, c, 1))
+		}
+		mastertest.WaitFor(t, 20*time.Second, "every sandbox past its deadline killed", func() bool {
+			for _, id := range ids {
+				if state(t, cb, id) != "" {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(time.Second) // a second kill would come within an expiry interval
+		holder := lease().Replica
+		for _, id := range ids {
+			re := regexp.MustCompile(`sandbox killed at its deadline.*sandbox_id=` + id)
+			na, nb := len(re.FindAllString(a.Logs(), -1)), len(re.FindAllString(b.Logs(), -1))
+			if na+nb != 1 || (holder == "a") != (na == 1) {
+				t.Errorf("%s killed at its deadline %d times by a, %d by b (lease holder %s); want once, by the holder", id, na, nb, holder)
+			}
+		}
+		if strings.Contains(b.Logs(), "lease: acquired") {
+			t.Errorf("b acquired the lease while a held it")
+		}
+		t.Logf("%d sandboxes killed at their deadline, each once, by %s (token %d)", len(ids), holder, lease().Token)
+	})
+
+	t.Run("leader killed under load", func(t *testing.T) {
+		// Creates alternate between the replicas; a client whose replica
+		// does not answer tries the other, as a client with both
+		// addresses (or a load balancer) would.
+		var (
+			mu                    sync.Mutex
+			ok, failed, failedOnB int
+			failures              []string
+			created               []string
+		)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					order := []*mastertest.Client{ca, cb}
+					if (w+i)%2 == 1 {
+						order = []*mastertest.Client{cb, ca}
+					}
+					var id, why string
+					onB := false
+					for _, c := range order {
+						req, _ := http.NewRequest("POST", c.Base+"/v2/sandboxes", strings.NewReader(`{"templateID":"busybox","timeout":300}`))
+						req.Header.Set("Content-Type", "application/json")
+						var sb e2bSandbox
+						r, err := c.Try(req, &sb)
+						if err != nil {
+							why = err.Error()
+							continue // that replica is gone: the other
+						}
+						onB = c == cb
+						if r.StatusCode == http.StatusCreated {
+							id = sb.SandboxID
+						} else {
+							why = fmt.Sprintf("%d %s", r.StatusCode, r.Body)
+						}
+						break
+					}
+					// Most are killed at once (through whichever replica
+					// answers) to keep the node's load flat; every fourth is
+					// kept and checked at the end.
+					if id != "" && i%4 != 0 {
+						for _, c := range order {
+							req, _ := http.NewRequest("DELETE", c.Base+"/sandboxes/"+id, nil)
+							if _, err := c.Try(req, nil); err == nil {
+								break
+							}
+						}
+					}
+					mu.Lock()
+					if id != "" {
+						ok++
+						if i%4 == 0 {
+							created = append(created, id)
+						}
+					} else {
+						failed++
+						if onB {
+							failedOnB++
+						}
+						failures = append(failures, why)
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		time.Sleep(2 * time.Second)
+		before := lease()
+		killed := time.Now()
+		a.Kill()
+		var took time.Duration
+		var after catalog.Lease
+		mastertest.WaitFor(t, 15*time.Second, "b takes the lease", func() bool {
+			after = lease()
+			took = time.Since(killed)
+			return after.Replica == "b" && after.Holder != ""
+		})
+		// A deadline that passes after the kill is b's to enforce.
+		late := create(t, cb, 1)
+		time.Sleep(2 * time.Second)
+		close(stop)
+		wg.Wait()
+		t.Logf("HANDOVER %s from SIGKILL of a (token %d) to b holding the lease (token %d); creates during the run: %d ok, %d failed (%d answered by b)",
+			took.Round(time.Millisecond), before.Token, after.Token, ok, failed, failedOnB)
+		for _, f := range failures {
+			t.Logf("failed create: %s", f)
+		}
+		if after.Token <= before.Token {
+			t.Errorf("fencing token %d after the handover, want more than %d", after.Token, before.Token)
+		}
+		if took > 2*time.Second+2*time.Second/3+time.Second {
+			t.Errorf("handover took %s; the lease is 2 s, renewed every 667 ms", took)
+		}
+		if failedOnB > 0 {
+			t.Errorf("%d creates answered by b failed", failedOnB)
+		}
+		mastertest.WaitFor(t, 10*time.Second, "the late sandbox killed at its deadline by b", func() bool { return state(t, cb, late) == "" })
+		if !strings.Contains(b.Logs(), "sandbox killed at its deadline\" sandbox_id="+late) && !regexp.MustCompile(`sandbox killed at its deadline.*sandbox_id=`+late).MatchString(b.Logs()) {
+			t.Errorf("the late sandbox was not killed by b")
+		}
+		b.WaitHealthy(t, n) // the node reports to b now
+		// Every create acknowledged runs, and is known to b.
+		sort.Strings(created)
+		for _, id := range created {
+			if st := state(t, cb, id); st != "running" {
+				t.Errorf("acknowledged create %s: %q through b, want running", id, st)
+			}
+			if r := cb.Do(t, "DELETE", "/sandboxes/"+id, nil, nil); r.StatusCode != http.StatusNoContent {
+				t.Errorf("kill %s: %d", id, r.StatusCode)
+			}
+		}
+	})
+}
