@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/catalog/catalogtest"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
@@ -145,6 +149,106 @@ func TestReplicas(t *testing.T) {
 			t.Errorf("b acquired the lease while a held it")
 		}
 		t.Logf("%d sandboxes killed at their deadline, each once, by %s (token %d)", len(ids), holder, lease().Token)
+	})
+
+	t.Run("route changes reach every replica's watchers", func(t *testing.T) {
+		// A proxy watching b hears of a pause and a kill made through a.
+		conn, err := grpc.NewClient("unix://"+b.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := masterpb.NewRouteServiceClient(conn).WatchRoutes(wctx, &masterpb.WatchRoutesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := make(chan string, 64)
+		go func() {
+			for {
+				ev, err := stream.Recv()
+				if err != nil {
+					close(events)
+					return
+				}
+				if !ev.Reset_ {
+					events <- ev.SandboxId
+				}
+			}
+		}()
+		time.Sleep(300 * time.Millisecond) // the stream is open
+		id := create(t, ca, 300)
+		var begin time.Time
+		expect := func(what string) {
+			t.Helper()
+			deadline := time.After(3 * time.Second)
+			for {
+				select {
+				case got, ok := <-events:
+					if !ok {
+						t.Fatalf("watch on b ended")
+					}
+					if got == id {
+						t.Logf("%s through a: b's watcher told in %s", what, time.Since(begin).Round(time.Millisecond))
+						return
+					}
+				case <-deadline:
+					t.Fatalf("%s through a: b's watcher not told within 3s", what)
+				}
+			}
+		}
+		begin = time.Now()
+		if r := ca.Do(t, "POST", "/sandboxes/"+id+"/pause", nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("pause through a: %d %s", r.StatusCode, r.Body)
+		}
+		expect("pause")
+		begin = time.Now()
+		if r := ca.Do(t, "DELETE", "/sandboxes/"+id, nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("kill through a: %d %s", r.StatusCode, r.Body)
+		}
+		expect("kill")
+	})
+
+	t.Run("idle policy counts traffic seen by any replica", func(t *testing.T) {
+		// The holder (a) pauses idle sandboxes; the traffic of this one is
+		// reported to b only (a proxy connected to b). It must stay
+		// running while b's proxy holds a request open, and be paused
+		// once the traffic stops (the control: the same sandbox, the same
+		// holder, without traffic).
+		conn, err := grpc.NewClient("unix://"+b.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		rc := masterpb.NewRouteServiceClient(conn)
+		var sb e2bSandbox
+		if r := ca.Do(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": 300, "idleTimeout": 2}, &sb); r.StatusCode != http.StatusCreated {
+			t.Fatalf("create: %d %s", r.StatusCode, r.Body)
+		}
+		id := sb.SandboxID
+		report := func(open int32) {
+			t.Helper()
+			if _, err := rc.ReportActivity(ctx, &masterpb.ReportActivityRequest{ProxyId: "proxy-on-b",
+				Sandboxes: []*masterpb.SandboxActivity{{SandboxId: id, InFlight: open, Requests: 1}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		busyFor := 5 * time.Second
+		for end := time.Now().Add(busyFor); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+			report(1)
+			if st := state(t, cb, id); st != "running" {
+				t.Fatalf("paused by the holder while b's proxy had a request open (%s)", st)
+			}
+		}
+		report(0)
+		quiet := time.Now()
+		mastertest.WaitFor(t, 10*time.Second, "paused once idle", func() bool { return state(t, cb, id) == "paused" })
+		t.Logf("kept running %s (idle timeout 2 s) while a request was open through b; paused %s after the traffic stopped",
+			busyFor, time.Since(quiet).Round(100*time.Millisecond))
+		if r := cb.Do(t, "DELETE", "/sandboxes/"+id, nil, nil); r.StatusCode != http.StatusNoContent {
+			t.Fatalf("kill: %d", r.StatusCode)
+		}
 	})
 
 	t.Run("leader killed under load", func(t *testing.T) {

@@ -138,11 +138,17 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	// The loops that must run once per catalog run under its lease: with
 	// one replica it is this one's at once.
 	loops := []func(context.Context){s.expiryLoop, s.idleLoop, s.reconcileAll}
+	s.lead = newLeader(s)
 	if s.shared() {
-		loops = append(loops, s.sweepCreates)
+		loops = append(loops, s.sweepCreates, s.pruneShared)
+		s.routes.share = make(chan string, 4096)
+		seen := newSeenSet()
 		s.goBackground(s.refreshNodes)
+		s.goBackground(func(ctx context.Context) { s.shareRoutes(ctx, seen) })
+		s.goBackground(func(ctx context.Context) { s.followRoutes(ctx, seen) })
+		s.goBackground(s.flushActivity)
 	}
-	s.lead = newLeader(s, loops...)
+	s.lead.loops = loops
 	s.goBackground(s.watchHealth)
 	s.goBackground(s.lead.run)
 	log.Info("cubemaster catalog open", "driver", cfg.Catalog.Driver, "nodes", len(s.reg.nodes), "replica", s.lead.replica)
