@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,9 +16,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
+	"github.com/cubesandbox/cube/internal/cubeproxy"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/catalog/catalogtest"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/proxy"
 )
 
 // TestReplicas: two real cubemaster processes (replicas a and b) on one
@@ -258,6 +262,7 @@ func TestReplicas(t *testing.T) {
 		var (
 			mu                    sync.Mutex
 			ok, failed, failedOnB int
+			retried               int // sent to a after it died, then to b
 			failures              []string
 			created               []string
 		)
@@ -286,6 +291,9 @@ func TestReplicas(t *testing.T) {
 						r, err := c.Try(req, &sb)
 						if err != nil {
 							why = err.Error()
+							mu.Lock()
+							retried++
+							mu.Unlock()
 							continue // that replica is gone: the other
 						}
 						onB = c == cb
@@ -324,6 +332,35 @@ func TestReplicas(t *testing.T) {
 				}
 			}()
 		}
+		// A cubeproxy that knows both replicas, a first.
+		pconn, err := cubeproxy.DialMaster("unix://"+a.Socket+",unix://"+b.Socket, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pconn.Close()
+		px, err := cubeproxy.Start(ctx, cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: "px"}, masterpb.NewRouteServiceClient(pconn), mastertest.Log(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := px.Stop(); err != nil {
+				t.Error(err)
+			}
+		}()
+		proxied := func(id string) int {
+			req, _ := http.NewRequest("GET", "http://"+px.Addr+"/health", nil)
+			req.Header.Set(proxy.HeaderSandboxID, id)
+			req.Header.Set(proxy.HeaderSandboxPort, strconv.Itoa(agentproto.Port))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return 0
+			}
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		routed := create(t, cb, 300)
+		mastertest.WaitFor(t, 10*time.Second, "envd through the proxy (via a)", func() bool { return proxied(routed)/100 == 2 })
+
 		time.Sleep(2 * time.Second)
 		before := lease()
 		killed := time.Now()
@@ -340,8 +377,8 @@ func TestReplicas(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		close(stop)
 		wg.Wait()
-		t.Logf("HANDOVER %s from SIGKILL of a (token %d) to b holding the lease (token %d); creates during the run: %d ok, %d failed (%d answered by b)",
-			took.Round(time.Millisecond), before.Token, after.Token, ok, failed, failedOnB)
+		t.Logf("HANDOVER %s from SIGKILL of a (token %d) to b holding the lease (token %d); creates during the run: %d ok, %d failed (%d answered by b), %d sent to the dead a and retried on b",
+			took.Round(time.Millisecond), before.Token, after.Token, ok, failed, failedOnB, retried)
 		for _, f := range failures {
 			t.Logf("failed create: %s", f)
 		}
@@ -358,7 +395,22 @@ func TestReplicas(t *testing.T) {
 		if !strings.Contains(b.Logs(), "sandbox killed at its deadline\" sandbox_id="+late) && !regexp.MustCompile(`sandbox killed at its deadline.*sandbox_id=`+late).MatchString(b.Logs()) {
 			t.Errorf("the late sandbox was not killed by b")
 		}
-		b.WaitHealthy(t, n) // the node reports to b now
+		// The node reports to b now: its heartbeats move on.
+		mastertest.WaitFor(t, 10*time.Second, "the node's heartbeats reach b", func() bool {
+			v := b.Node(t, n.ID)
+			return v != nil && v.Healthy && v.LastHeartbeat.AsTime().After(killed.Add(time.Second))
+		})
+		// The proxy follows b: a sandbox it never resolved is reached.
+		fresh := create(t, cb, 300)
+		begin := time.Now()
+		mastertest.WaitFor(t, 10*time.Second, "envd through the proxy after a died", func() bool { return proxied(fresh)/100 == 2 })
+		t.Logf("proxy: a new sandbox reached through b %s after asking", time.Since(begin).Round(time.Millisecond))
+		for _, id := range []string{routed, fresh} {
+			if code := proxied(id); code/100 != 2 {
+				t.Errorf("proxied %s after the handover: %d", id, code)
+			}
+			cb.Do(t, "DELETE", "/sandboxes/"+id, nil, nil)
+		}
 		// Every create acknowledged runs, and is known to b.
 		sort.Strings(created)
 		for _, id := range created {
