@@ -26,7 +26,7 @@ func (c *Catalog) AddRouteEvent(ctx context.Context, id, sandboxID string) error
 // oldest first, and the database's clock now.
 func (c *Catalog) RouteEventsSince(ctx context.Context, sinceMS int64) ([]RouteEvent, int64, error) {
 	var now int64
-	if err := c.db.QueryRowContext(ctx, `SELECT `+c.nowMS()).Scan(&now); err != nil { //nolint:gosec // G202: the clock expression is a constant
+	if err := c.db.QueryRowContext(ctx, `SELECT `+c.nowMS()).Scan(&now); err != nil {
 		return nil, 0, err
 	}
 	rows, err := c.db.QueryContext(ctx, `SELECT id, sandbox_id, at_ms FROM route_events WHERE at_ms >= ? ORDER BY at_ms`, sinceMS)
