@@ -3,6 +3,8 @@ package master_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"sort"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -37,12 +40,20 @@ import (
 //   - SIGKILL of the holder under a create load: b takes the lease (new
 //     fencing token) within a few seconds, measured from the kill to the
 //     lease row naming b; creates through b never fail; the node moves
-//     to b; a deadline passed after the kill is enforced by b.
+//     to b; a deadline passed after the kill is enforced by b;
+//   - a holder cut off from the catalog (b, behind a TCP relay the test
+//     cuts) stops its loops before another replica (a, restarted) takes
+//     the lease, and stays a follower when the relay heals.
 func TestReplicas(t *testing.T) {
 	db := catalogtest.StartMariaDB(t)
 	dsn := db.NewDatabase(t)
+	relay := newRelay(t, dsnAddr(t, dsn))
 	conf := func(id string) string {
-		return fmt.Sprintf("[catalog]\ndriver = \"mysql\"\ndsn = %q\n[ha]\nreplica_id = %q\nlease_ttl = \"2s\"\n[sandbox]\nmilli_cpu = 100\n", dsn, id)
+		d := dsn
+		if id == "b" {
+			d = withAddr(t, dsn, relay.addr)
+		}
+		return fmt.Sprintf("[catalog]\ndriver = \"mysql\"\ndsn = %q\n[ha]\nreplica_id = %q\nlease_ttl = \"2s\"\n[sandbox]\nmilli_cpu = 100\n", d, id)
 	}
 	ctx := context.Background()
 	cat, err := catalog.Open(ctx, catalog.MySQL, dsn)
@@ -422,4 +433,127 @@ func TestReplicas(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("holder cut off from the catalog stops first", func(t *testing.T) {
+		a.Start() // a follower again; b holds the lease
+		mastertest.WaitFor(t, 10*time.Second, "a replica again", func() bool { return strings.Count(a.Logs(), "cubemaster catalog open") >= 2 })
+		if l := lease(); l.Replica != "b" {
+			t.Fatalf("lease %+v, want b's", l)
+		}
+		cut := time.Now()
+		relay.cut(true)
+		mastertest.WaitFor(t, 15*time.Second, "a takes the lease", func() bool { return lease().Replica == "a" })
+		taken := time.Now()
+		mastertest.WaitFor(t, 5*time.Second, "a's log of it", func() bool { return strings.Count(a.Logs(), "lease: acquired") >= 2 })
+		aAcq := lastLogTime(t, a.Logs(), "lease: acquired")
+		bStop := lastLogTime(t, b.Logs(), "lease: lifecycle loops stopped")
+		t.Logf("relay cut; b's loops stopped %s later, a acquired %s later (lease seen taken %s later); b stopped %s before a took over",
+			bStop.Sub(cut).Round(time.Millisecond), aAcq.Sub(cut).Round(time.Millisecond), taken.Sub(cut).Round(time.Millisecond), aAcq.Sub(bStop).Round(time.Millisecond))
+		if bStop.Before(cut) || !bStop.Before(aAcq) {
+			t.Fatalf("b's loops stopped at %s, a acquired at %s (cut at %s): b must stop first", bStop, aAcq, cut)
+		}
+		relay.cut(false)
+		acquiredBefore := strings.Count(b.Logs(), "lease: acquired")
+		time.Sleep(2 * time.Second)
+		if n := strings.Count(b.Logs(), "lease: acquired"); n != acquiredBefore || lease().Replica != "a" {
+			t.Fatalf("after the relay healed: b acquired %d more times, lease %+v", n-acquiredBefore, lease())
+		}
+	})
+}
+
+// lastLogTime is the time of the last log line containing msg.
+func lastLogTime(t *testing.T, logs, msg string) time.Time {
+	t.Helper()
+	var at time.Time
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		f := strings.Fields(line[strings.Index(line, "time="):])
+		ts, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(f[0], "time="))
+		if err != nil {
+			t.Fatalf("log time in %q: %v", line, err)
+		}
+		at = ts
+	}
+	if at.IsZero() {
+		t.Fatalf("no log line %q", msg)
+	}
+	return at
+}
+
+func dsnAddr(t *testing.T, dsn string) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Addr
+}
+
+func withAddr(t *testing.T, dsn, addr string) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Addr = addr
+	return cfg.FormatDSN()
+}
+
+// relay forwards TCP to a server until cut: then it drops every
+// connection and holds new ones open without an answer (a partition).
+type relay struct {
+	addr string
+	mu   sync.Mutex
+	off  bool
+	open map[net.Conn]bool
+}
+
+func newRelay(t *testing.T, to string) *relay {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{addr: ln.Addr().String(), open: map[net.Conn]bool{}}
+	t.Cleanup(func() { ln.Close(); r.cut(true) })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			r.open[c] = true
+			off := r.off
+			r.mu.Unlock()
+			if off {
+				continue // held open, never answered
+			}
+			go func() {
+				up, err := net.Dial("tcp", to)
+				if err != nil {
+					c.Close()
+					return
+				}
+				r.mu.Lock()
+				r.open[up] = true
+				r.mu.Unlock()
+				go func() { _, _ = io.Copy(up, c); up.Close() }()
+				_, _ = io.Copy(c, up)
+				c.Close()
+			}()
+		}
+	}()
+	return r
+}
+
+func (r *relay) cut(off bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.off = off
+	if off {
+		for c := range r.open {
+			c.Close()
+		}
+		r.open = map[net.Conn]bool{}
+	}
 }
