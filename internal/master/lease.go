@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
 // loopsLease names the lease under which the lifecycle loops run.
@@ -64,11 +66,22 @@ func (l *leader) run(ctx context.Context) {
 	renew := l.ttl / 3
 	margin := l.ttl / 4
 	var validUntil time.Time
+	// Until the catalog first answers, this process may take over the
+	// lease of an earlier process of its replica; never after, so two
+	// processes wrongly given one replica ID do not both keep renewing.
+	takeOwn := true
 	for {
 		t0 := time.Now()
 		actx, cancel := context.WithTimeout(ctx, renew)
-		lease, ok, err := l.s.cat.AcquireLease(actx, loopsLease, l.holder, l.replica, l.ttl)
+		var prev catalog.Lease
+		if takeOwn {
+			prev, _ = l.s.cat.GetLease(actx, loopsLease)
+		}
+		lease, ok, err := l.s.cat.AcquireLease(actx, loopsLease, l.holder, l.replica, l.ttl, takeOwn)
 		cancel()
+		if err == nil {
+			takeOwn = false
+		}
 		wait := renew
 		switch {
 		case ctx.Err() != nil:
@@ -76,6 +89,10 @@ func (l *leader) run(ctx context.Context) {
 			l.s.log.Warn("lease: renew failed", "lease", loopsLease, "err", err, "held", l.isHeld())
 			wait = min(renew, 200*time.Millisecond)
 		case ok:
+			if prev.Replica == l.replica && prev.Holder != "" && prev.Holder != l.holder && prev.ExpiresAt.After(time.Now()) {
+				l.s.log.Warn("lease: taken over from an earlier process of this replica; if that process still runs, two replicas share ha.replica_id",
+					"lease", loopsLease, "previous_holder", prev.Holder)
+			}
 			validUntil = t0.Add(l.ttl - margin)
 			l.start(ctx, lease.Token)
 		case l.isHeld():

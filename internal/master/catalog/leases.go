@@ -33,11 +33,12 @@ func (c *Catalog) nowMS() string {
 
 // AcquireLease takes or renews the lease name for holder (a process of
 // replica) for ttl: it succeeds when the lease is free, expired, already
-// held by holder, or held by an earlier process of the same replica (a
-// replica ID runs once at a time, so that process is gone). The token is
+// held by holder, or, with takeOwn, held by another process of the same
+// replica (a process starting takes over from its replica's earlier
+// process, which is gone: a replica ID runs once at a time). The token is
 // raised whenever the holder changes. ok is false when another holder has
 // the lease; the returned Lease is the row as it stands.
-func (c *Catalog) AcquireLease(ctx context.Context, name, holder, replica string, ttl time.Duration) (l Lease, ok bool, err error) {
+func (c *Catalog) AcquireLease(ctx context.Context, name, holder, replica string, ttl time.Duration, takeOwn bool) (l Lease, ok bool, err error) {
 	if holder == "" || replica == "" || ttl <= 0 {
 		return Lease{}, false, fmt.Errorf("lease %q: holder, replica and a positive ttl are required: %w", name, errdefs.ErrInvalidArgument)
 	}
@@ -46,8 +47,8 @@ func (c *Catalog) AcquireLease(ctx context.Context, name, holder, replica string
 		`
   token = CASE WHEN holder = ? THEN token ELSE token + 1 END,
   holder = ?, replica = ?, expires_at = `+now+` + ?
-WHERE name = ? AND (holder = ? OR replica = ? OR holder = '' OR expires_at < `+now+`)`,
-		holder, holder, replica, ttl.Milliseconds(), name, holder, replica)
+WHERE name = ? AND (holder = ? OR (? AND replica = ?) OR holder = '' OR expires_at < `+now+`)`,
+		holder, holder, replica, ttl.Milliseconds(), name, holder, takeOwn, replica)
 	if err != nil {
 		return Lease{}, false, err
 	}
@@ -64,7 +65,7 @@ WHERE name = ? AND (holder = ? OR replica = ? OR holder = '' OR expires_at < `+n
 			if ierr != nil && !isDuplicate(ierr) {
 				return Lease{}, false, ierr
 			}
-			return c.AcquireLease(ctx, name, holder, replica, ttl)
+			return c.AcquireLease(ctx, name, holder, replica, ttl, takeOwn)
 		}
 		return l, false, gerr
 	}

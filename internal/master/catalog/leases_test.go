@@ -17,7 +17,7 @@ func testLeases(t *testing.T, c *catalog.Catalog) {
 	ttl := 600 * time.Millisecond
 	mustAcquire := func(holder, replica string, want bool) catalog.Lease {
 		t.Helper()
-		l, ok, err := c.AcquireLease(ctx, name, holder, replica, ttl)
+		l, ok, err := c.AcquireLease(ctx, name, holder, replica, ttl, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,17 +53,24 @@ func testLeases(t *testing.T, c *catalog.Catalog) {
 	if err := c.CheckLease(ctx, name, "a#1", 1); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("old holder's fencing check: %v", err)
 	}
-	// A restarted b (same replica, new process) takes its own lease at once.
-	if l := mustAcquire("b#2", "b", true); l.Token != 3 {
-		t.Fatalf("token after restart %d, want 3", l.Token)
+	// A restarted b (same replica, new process) takes its own lease at
+	// once when it starts (takeOwn); the earlier process, if it still
+	// ran (two processes given one replica ID), can no longer renew.
+	if _, ok, _ := c.AcquireLease(ctx, name, "b#2", "b", ttl, false); ok {
+		t.Fatalf("another process of b took the live lease without takeOwn")
 	}
+	l, ok, err := c.AcquireLease(ctx, name, "b#2", "b", ttl, true)
+	if err != nil || !ok || l.Token != 3 {
+		t.Fatalf("restarted b: ok=%v token %d (%v), want its lease with token 3", ok, l.Token, err)
+	}
+	mustAcquire("b#1", "b", false)
 	if err := c.ReleaseLease(ctx, name, "b#2"); err != nil {
 		t.Fatal(err)
 	}
 	if l := mustAcquire("a#2", "a", true); l.Token != 4 {
 		t.Fatalf("token after release %d, want 4", l.Token)
 	}
-	if _, _, err := c.AcquireLease(ctx, name, "", "a", ttl); !errdefs.IsInvalidArgument(err) {
+	if _, _, err := c.AcquireLease(ctx, name, "", "a", ttl, false); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("empty holder: %v", err)
 	}
 }
