@@ -466,10 +466,11 @@ func lastLogTime(t *testing.T, logs, msg string) time.Time {
 	t.Helper()
 	var at time.Time
 	for _, line := range strings.Split(logs, "\n") {
-		if !strings.Contains(line, msg) {
+		i := strings.Index(line, "time=")
+		if !strings.Contains(line, msg) || i < 0 {
 			continue
 		}
-		f := strings.Fields(line[strings.Index(line, "time="):])
+		f := strings.Fields(line[i:])
 		ts, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(f[0], "time="))
 		if err != nil {
 			t.Fatalf("log time in %q: %v", line, err)
