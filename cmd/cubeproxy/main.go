@@ -27,7 +27,7 @@ func main() {
 	flag.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "TLS certificate (PEM)")
 	flag.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "TLS key (PEM)")
 	flag.BoolVar(&cfg.TLS.SelfSigned, "tls-self-signed", false, "serve TLS with a self-signed certificate made at start (development)")
-	masterAddr := flag.String("master", envOr("CUBEMASTER_ADDR", "/run/cube/cubemaster.sock"), "cubemaster's admin API: unix socket path or host:port")
+	masterAddr := flag.String("master", envOr("CUBEMASTER_ADDR", "/run/cube/cubemaster.sock"), "cubemaster's admin API: unix socket path or host:port; several replicas comma-separated")
 	token := flag.String("admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster's api.admin_token (host:port only)")
 	var masterTLS serve.TLSFiles
 	flag.StringVar(&masterTLS.Cert, "master-tls-cert", "", "certificate (PEM, signed by the cluster CA) for a master at host:port with [tls]")

@@ -19,17 +19,17 @@ import (
 // without a token, or host:port, which needs the master's api.admin_token
 // and, when the master has [tls], tc: a certificate the cluster CA signed.
 // The master must present a master certificate of that CA.
+// Several master replicas are a comma-separated list: the proxy uses the
+// first that answers and moves to the next when it goes away (every
+// replica serves every route and streams every replica's route changes).
 func DialMaster(addr, token string, tc *tls.Config) (*grpc.ClientConn, error) {
-	target := addr
-	if strings.HasPrefix(addr, "/") {
-		target = "unix://" + addr
-	}
+	target, opts := serve.ReplicaTarget(addr)
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
 		// Only a master's certificate answers for the master.
 		creds = serve.ClientCredentials(pki.ExpectPeer(tc, "", pki.RoleMaster))
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	opts = append(opts, grpc.WithTransportCredentials(creds))
 	if token != "" {
 		withToken := func(ctx context.Context) context.Context {
 			return metadata.AppendToOutgoingContext(ctx, masterpb.AdminTokenHeader, token)

@@ -93,6 +93,17 @@ type Config struct {
 	APIKeys   struct {
 		CacheTTL Duration `toml:"cache_ttl"`
 	} `toml:"apikeys"`
+	// HA is the replicated control plane: replicas on one MySQL catalog
+	// and the lease under which one of them runs the lifecycle loops.
+	HA struct {
+		// ReplicaID names this replica; "" = the host name. Replicas of
+		// one catalog need distinct IDs.
+		ReplicaID string `toml:"replica_id"`
+		// LeaseTTL is how long the loops' lease lasts without renewal;
+		// the holder renews it every lease_ttl/3 and stops its loops
+		// lease_ttl/4 before it could lapse.
+		LeaseTTL Duration `toml:"lease_ttl"`
+	} `toml:"ha"`
 }
 
 // LoadConfig returns the defaults with the file at path (if any) merged
@@ -125,6 +136,9 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			return bad("%s must be positive", name)
 		}
+	}
+	if c.HA.LeaseTTL.Duration < 200*time.Millisecond {
+		return bad("ha.lease_ttl (%s) must be at least 200ms", c.HA.LeaseTTL)
 	}
 	if c.Sandbox.AdoptWindow.Duration < 0 {
 		return bad("sandbox.adopt_window must not be negative")

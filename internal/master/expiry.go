@@ -152,6 +152,11 @@ func (s *Service) expire(ctx context.Context, id string) error {
 	if sb.EndAt.After(time.Now()) || sb.State != catalog.StateRunning && sb.State != catalog.StateFailed {
 		return nil
 	}
+	// Only the lease's holder acts on deadlines; checked last, right
+	// before the node is told.
+	if err := s.fence(ctx); err != nil {
+		return err
+	}
 	if sb.State == catalog.StateFailed {
 		return s.kill(ctx, sb, "removed at its deadline (it had died)")
 	}

@@ -179,6 +179,17 @@ type activity struct {
 	mu   sync.Mutex
 	last map[string]time.Time
 	open map[string]map[string]openCount // sandbox -> proxy -> count
+	// On a shared catalog: the sandboxes whose traffic changed since it
+	// was last written for the other replicas, and what the other
+	// replicas wrote (replicas.go).
+	dirty  map[string]bool
+	remote map[string]remoteActivity
+}
+
+// remoteActivity is the other replicas' traffic for one sandbox.
+type remoteActivity struct {
+	last time.Time
+	busy bool // a replica had requests open when it last wrote
 }
 
 type openCount struct {
@@ -191,12 +202,13 @@ type openCount struct {
 const openStale = 15 * time.Second
 
 func newActivity() *activity {
-	return &activity{last: map[string]time.Time{}, open: map[string]map[string]openCount{}}
+	return &activity{last: map[string]time.Time{}, open: map[string]map[string]openCount{}, dirty: map[string]bool{}, remote: map[string]remoteActivity{}}
 }
 
 func (a *activity) touch(id string, now time.Time) {
 	a.mu.Lock()
 	a.last[id] = now
+	a.dirty[id] = true
 	a.mu.Unlock()
 }
 
@@ -214,10 +226,17 @@ func (a *activity) idleSince(id string, now time.Time) (time.Time, bool) {
 			return time.Time{}, false
 		}
 	}
+	r := a.remote[id]
+	if r.busy {
+		return time.Time{}, false
+	}
 	t, ok := a.last[id]
 	if !ok {
 		a.last[id] = now
 		t = now
+	}
+	if r.last.After(t) {
+		t = r.last
 	}
 	return t, true
 }
@@ -226,6 +245,8 @@ func (a *activity) forget(id string) {
 	a.mu.Lock()
 	delete(a.last, id)
 	delete(a.open, id)
+	delete(a.dirty, id)
+	delete(a.remote, id)
 	a.mu.Unlock()
 }
 
@@ -244,6 +265,9 @@ func (s *Service) ReportActivity(_ context.Context, proxyID string, acts []Activ
 		}
 		if act.Requests > 0 || act.InFlight > 0 {
 			a.last[act.SandboxID] = now
+		}
+		if act.Requests > 0 || act.InFlight > 0 || a.open[act.SandboxID][proxyID].n > 0 {
+			a.dirty[act.SandboxID] = true
 		}
 		m := a.open[act.SandboxID]
 		if m == nil {
@@ -265,6 +289,9 @@ func (s *Service) idleLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if s.shared() {
+			s.loadActivity(ctx)
 		}
 		sbs, err := s.cat.WithIdleTimeout(ctx)
 		if err != nil {
@@ -306,6 +333,9 @@ func (s *Service) pauseIdle(ctx context.Context, id string) error {
 	since, idle := s.activity.idleSince(id, time.Now())
 	if sb.State != catalog.StateRunning || !idle || time.Since(since) < sb.IdleTimeout {
 		return nil
+	}
+	if err := s.fence(ctx); err != nil {
+		return err
 	}
 	if err := s.pause(ctx, sb); err != nil {
 		return err

@@ -12,14 +12,15 @@ import (
 )
 
 // dropUnplaced removes rows of creates that never reached a node (the
-// master died between writing the row and picking a node).
+// master died between writing the row and picking a node). Creates in
+// flight here, or possibly at another replica (createInFlight), are left.
 func (s *Service) dropUnplaced(ctx context.Context) error {
 	rows, _, err := s.cat.ListSandboxes(ctx, catalog.Query{States: []string{catalog.StateCreating}})
 	if err != nil {
 		return err
 	}
 	for _, sb := range rows {
-		if sb.NodeID == "" {
+		if sb.NodeID == "" && !s.createInFlight(sb) {
 			s.log.Info("reconcile: dropping a create that never reached a node", "sandbox_id", sb.ID)
 			if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 				return err
@@ -29,9 +30,72 @@ func (s *Service) dropUnplaced(ctx context.Context) error {
 	return nil
 }
 
-// reconcileAll reconciles every node known at start-up, retrying the ones
-// that cannot be reached until each has been done once.
+// createInFlight reports whether a row in state creating may belong to a
+// create still running: in this process (creating), or, on a shared
+// catalog, at another replica, which no replica can see. A create runs at
+// most sandbox.create_timeout after its row is written, so a row older
+// than that (and a margin for the writers' clocks) is no create's any
+// more; until then it is left alone (sweepCreates comes back to it).
+func (s *Service) createInFlight(sb *catalog.Sandbox) bool {
+	if _, ok := s.creating.Load(sb.ID); ok {
+		return true
+	}
+	return s.shared() && time.Since(sb.StartedAt) < s.createGrace()
+}
+
+func (s *Service) createGrace() time.Duration {
+	return s.cfg.Sandbox.CreateTimeout.Duration + 10*time.Second
+}
+
+// sweepCreates (a shared catalog's leader) resolves the rows of creates
+// that ended with their replica: every createGrace/2 it reconciles the
+// nodes holding a row in state creating past createGrace, and drops
+// unplaced ones.
+func (s *Service) sweepCreates(ctx context.Context) {
+	tick := time.NewTicker(max(s.createGrace()/2, time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		rows, _, err := s.cat.ListSandboxes(ctx, catalog.Query{States: []string{catalog.StateCreating}})
+		if err != nil {
+			continue
+		}
+		nodes := map[string]bool{}
+		unplaced := false
+		for _, sb := range rows {
+			if s.createInFlight(sb) {
+				continue
+			}
+			if sb.NodeID == "" {
+				unplaced = true
+			} else {
+				nodes[sb.NodeID] = true
+			}
+		}
+		if unplaced {
+			if err := s.dropUnplaced(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("reconcile: drop unplaced creates", "err", err)
+			}
+		}
+		for id := range nodes {
+			if err := s.reconcileNode(ctx, id); err != nil && ctx.Err() == nil {
+				s.log.Warn("reconcile: node with creates that ended with their replica", "node_id", id, "err", err)
+			}
+		}
+	}
+}
+
+// reconcileAll reconciles every node known when the loops' lease was
+// taken, retrying the ones that cannot be reached until each has been
+// done once, after dropping the creates that never reached a node.
 func (s *Service) reconcileAll(ctx context.Context) {
+	if err := s.dropUnplaced(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("reconcile: drop unplaced creates", "err", err)
+	}
 	s.reg.mu.Lock()
 	todo := map[string]bool{}
 	for id := range s.reg.nodes {
@@ -70,6 +134,9 @@ func (s *Service) reconcileAll(ctx context.Context) {
 //
 // Sandboxes made on the node without the master (cubecli) are left alone.
 func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
+	if err := s.fence(ctx); err != nil {
+		return err
+	}
 	c, err := s.client(nodeID)
 	if err != nil {
 		return err
@@ -97,6 +164,9 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 	}
 	for _, row := range rows {
 		rowIDs[row.ID] = true
+		if row.State == catalog.StateCreating && s.createInFlight(row) {
+			continue
+		}
 		if _, inFlight := s.creating.Load(row.ID); inFlight {
 			continue
 		}

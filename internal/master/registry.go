@@ -149,14 +149,24 @@ func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
 		have[t.Id] = true
 	}
 	s.syncNode(r.NodeId, have)
-	s.goBackground(func(ctx context.Context) {
+	// The holder of the loops' lease reconciles; on another replica of a
+	// shared catalog the holder sees the registration in the catalog
+	// (refreshNodes) and reconciles it there.
+	s.reconcileRegistered(r.NodeId)
+	return nil
+}
+
+// reconcileRegistered reconciles a node that (re)registered, in the
+// loops' context, when this replica holds their lease.
+func (s *Service) reconcileRegistered(nodeID string) {
+	s.lead.goLoop(func(ctx context.Context) {
 		for attempt := 1; ; attempt++ {
-			err := s.reconcileNode(ctx, r.NodeId)
+			err := s.reconcileNode(ctx, nodeID)
 			if err == nil || ctx.Err() != nil {
 				return
 			}
 			if attempt == 5 {
-				s.log.Warn("reconcile node failed; it runs again at the node's next registration", "node_id", r.NodeId, "err", err)
+				s.log.Warn("reconcile node failed; it runs again at the node's next registration", "node_id", nodeID, "err", err)
 				return
 			}
 			select {
@@ -166,7 +176,6 @@ func (s *Service) Register(ctx context.Context, r *masterpb.NodeReport) error {
 			}
 		}
 	})
-	return nil
 }
 
 // Heartbeat records a node's report. It returns false when the node is not
@@ -274,6 +283,79 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 		s.noteDead(r.NodeId, r.Dead)
 	}
 	return nil
+}
+
+// refreshNodes keeps the registry of a replica on a shared catalog in
+// step with the catalog's node rows: a node heartbeats to one replica
+// (any of them), which writes its report and last heartbeat to the
+// catalog, and every other replica reads them from there, so each sees
+// every node's health, capacity, templates and cordon within
+// refreshInterval. A node whose registration is newer than this replica
+// knew is reconciled by the lease's holder.
+func (s *Service) refreshNodes(ctx context.Context) {
+	tick := time.NewTicker(s.refreshInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		nodes, err := s.cat.ListNodes(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("nodes: read the catalog", "err", err)
+			}
+			continue
+		}
+		now := time.Now()
+		var registered []string
+		s.reg.mu.Lock()
+		for _, n := range nodes {
+			ns := s.reg.nodes[n.ID]
+			if ns != nil {
+				ns.schedulable = n.Schedulable
+			}
+			if ns != nil && !n.LastHeartbeat.After(ns.lastSeen) {
+				continue
+			}
+			var rep masterpb.NodeReport
+			if err := protojson.Unmarshal(n.Report, &rep); err != nil {
+				continue
+			}
+			if ns == nil {
+				ns = &nodeState{registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
+			}
+			if err := ns.setAddress(n.ID, n.Address, s.reg.tls); err != nil {
+				s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
+				continue
+			}
+			if n.RegisteredAt.After(ns.registered) || s.reg.nodes[n.ID] == nil {
+				registered = append(registered, n.ID)
+				ns.registered = n.RegisteredAt
+			}
+			ns.report, ns.lastSeen = &rep, n.LastHeartbeat
+			gen := rep.GetGeneratedAt().AsTime()
+			for id, p := range ns.pending {
+				if !p.created.IsZero() && (rep.GeneratedAt == nil || !gen.Before(p.created)) {
+					delete(ns.pending, id)
+				}
+			}
+			s.reg.nodes[n.ID] = ns
+			s.noteHealth(n.ID, ns, now)
+		}
+		s.reg.mu.Unlock()
+		for _, id := range registered {
+			s.reconcileRegistered(id)
+		}
+	}
+}
+
+// refreshInterval is how often a replica re-reads the node rows: a
+// fraction of the heartbeat interval, so the replicas' views lag one
+// another by less than a heartbeat.
+func (s *Service) refreshInterval() time.Duration {
+	return max(s.cfg.Nodes.HeartbeatInterval.Duration/2, 100*time.Millisecond)
 }
 
 // healthOf returns "" for a healthy node, else why not. Caller holds mu.

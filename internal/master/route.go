@@ -28,6 +28,9 @@ type routeCache struct {
 	mu  sync.Mutex
 	m   map[string]routeEntry
 	hub *routeHub // proxy replicas watching for changes
+	// share, on a shared catalog, takes the changes to record for the
+	// other master replicas (replicas.go); nil otherwise.
+	share chan string
 }
 
 type routeEntry struct {
@@ -58,6 +61,17 @@ func (c *routeCache) put(id string, t *proxy.Target) {
 // before they act and again once the catalog records the new state, so a
 // proxy that resolved in between does not keep the old answer.
 func (c *routeCache) drop(id string) {
+	c.dropLocal(id)
+	if c.share != nil {
+		select {
+		case c.share <- id:
+		default: // the writer is behind: the others' TTL covers it
+		}
+	}
+}
+
+// dropLocal is drop for a change another replica made (and recorded).
+func (c *routeCache) dropLocal(id string) {
 	c.mu.Lock()
 	delete(c.m, id)
 	c.mu.Unlock()

@@ -72,6 +72,9 @@ type Service struct {
 	// forking holds the IDs of the snapshots of forks in flight in this
 	// process, so reconcile leaves them alone.
 	forking sync.Map
+	// lead runs the lifecycle loops while this replica holds their lease
+	// (lease.go).
+	lead *leader
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -140,18 +143,29 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		cat.Close()
 		return nil, err
 	}
-	if err := s.dropUnplaced(ctx); err != nil {
-		cancel()
-		cat.Close()
-		return nil, err
+	// The loops that must run once per catalog run under its lease: with
+	// one replica it is this one's at once.
+	loops := []func(context.Context){s.expiryLoop, s.idleLoop, s.reconcileAll}
+	s.lead = newLeader(s)
+	if s.shared() {
+		loops = append(loops, s.sweepCreates, s.pruneShared)
+		s.routes.share = make(chan string, 4096)
+		seen := newSeenSet()
+		s.goBackground(s.refreshNodes)
+		s.goBackground(func(ctx context.Context) { s.shareRoutes(ctx, seen) })
+		s.goBackground(func(ctx context.Context) { s.followRoutes(ctx, seen) })
+		s.goBackground(s.flushActivity)
 	}
+	s.lead.loops = loops
 	s.goBackground(s.watchHealth)
-	s.goBackground(s.expiryLoop)
-	s.goBackground(s.idleLoop)
-	s.goBackground(s.reconcileAll)
-	log.Info("cubemaster catalog open", "driver", cfg.Catalog.Driver, "nodes", len(s.reg.nodes))
+	s.goBackground(s.lead.run)
+	log.Info("cubemaster catalog open", "driver", cfg.Catalog.Driver, "nodes", len(s.reg.nodes), "replica", s.lead.replica)
 	return s, nil
 }
+
+// shared reports whether the catalog may have other replicas (MySQL);
+// SQLite is one machine's file, one master's.
+func (s *Service) shared() bool { return s.cfg.Catalog.Driver == catalog.MySQL }
 
 // goBackground runs fn until Close.
 func (s *Service) goBackground(fn func(ctx context.Context)) {

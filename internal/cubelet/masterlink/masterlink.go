@@ -55,22 +55,22 @@ func New(c config.MasterConfig, tc *tls.Config, report Reporter, log *slog.Logge
 	if c.HeartbeatInterval.Duration <= 0 {
 		return nil, fmt.Errorf("master.heartbeat_interval must be positive: %w", errdefs.ErrInvalidArgument)
 	}
-	target := c.Addr
-	if strings.HasPrefix(target, "/") {
-		target = "unix://" + target
-	}
+	// Several replicas (a comma-separated list): the link reports to the
+	// first that answers and moves on when it goes away; the replicas
+	// share what it reports through their catalog.
+	target, replicaOpts := serve.ReplicaTarget(c.Addr)
 	creds := insecure.NewCredentials()
 	if tc != nil && !strings.HasPrefix(target, "unix:") {
 		// The master must present a master certificate: a node's (or a
 		// proxy's) of the same CA would otherwise pass for it.
 		creds = serve.ClientCredentials(pki.ExpectPeer(tc, "", pki.RoleMaster))
 	}
-	conn, err := grpc.NewClient(target,
+	conn, err := grpc.NewClient(target, append(replicaOpts,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
 			MinConnectTimeout: 2 * time.Second,
-		}))
+		}))...)
 	if err != nil {
 		return nil, fmt.Errorf("master.addr %q: %v: %w", c.Addr, err, errdefs.ErrInvalidArgument)
 	}

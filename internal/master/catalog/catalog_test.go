@@ -54,6 +54,7 @@ func TestCatalog(t *testing.T) {
 		{"Teams", testTeams},
 		{"TeamDelete", testTeamDelete},
 		{"Events", testEvents},
+		{"Leases", testLeases},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

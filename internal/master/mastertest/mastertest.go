@@ -64,8 +64,8 @@ func (m *Master) log() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{m.t}, &m.logs), &slog.HandlerOptions{Level: logLevel()}))
 }
 
-// Logs is everything the in-process master logged so far (audit lines
-// included); empty in process mode.
+// Logs is everything the master logged so far (audit lines included), in
+// process mode too.
 func (m *Master) Logs() string { return m.logs.String() }
 
 type lockedBuffer struct {
@@ -238,8 +238,8 @@ func (m *Master) startProcess() {
 	t.Helper()
 	cmd := exec.Command(m.bin, "-config", m.cfgPath)
 	cmd.Env = append(os.Environ(), "CUBE_FAILPOINTS="+m.Failpoints)
-	cmd.Stderr = testWriter{t}
-	cmd.Stdout = testWriter{t}
+	cmd.Stderr = io.MultiWriter(testWriter{t}, &m.logs)
+	cmd.Stdout = io.MultiWriter(testWriter{t}, &m.logs)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start cubemaster: %v", err)
 	}
@@ -266,6 +266,20 @@ func (m *Master) stopProcess() {
 		m.t.Errorf("cubemaster did not stop within 30s of SIGTERM; killing it")
 		_ = m.proc.Process.Kill()
 		<-m.exited
+	}
+	m.proc = nil
+}
+
+// Kill SIGKILLs the cubemaster process and waits for it to end. The
+// master is then stopped as far as Start is concerned.
+func (m *Master) Kill() {
+	if m.proc == nil {
+		return
+	}
+	_ = m.proc.Process.Kill()
+	<-m.exited
+	if m.conn != nil {
+		m.conn.Close()
 	}
 	m.proc = nil
 }
@@ -367,7 +381,18 @@ func StartNode(t testing.TB, m *Master, templates ...string) *Node {
 // than [master]), e.g. to leave a runtime out.
 func StartNodeConfig(t testing.TB, m *Master, extraTOML string, templates ...string) *Node {
 	t.Helper()
-	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = \"unix://%s\"\nheartbeat_interval = \"200ms\"\n%s", m.Socket, extraTOML))
+	return StartNodeReplicas(t, []*Master{m}, extraTOML, templates...)
+}
+
+// StartNodeReplicas is StartNodeConfig for a node that reports to one of
+// several master replicas (the first that answers; the next when it goes).
+func StartNodeReplicas(t testing.TB, ms []*Master, extraTOML string, templates ...string) *Node {
+	t.Helper()
+	var addrs []string
+	for _, m := range ms {
+		addrs = append(addrs, "unix://"+m.Socket)
+	}
+	env := cubelettest.New(t, fmt.Sprintf("[master]\naddr = %q\nheartbeat_interval = \"200ms\"\n%s", strings.Join(addrs, ","), extraTOML))
 	n := &Node{ID: env.Config.Node.ID, Env: env, Templates: templates, t: t}
 	t.Cleanup(n.Stop)
 	n.Start()

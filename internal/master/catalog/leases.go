@@ -1,0 +1,119 @@
+package catalog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+)
+
+// Lease is the row of a named lease.
+type Lease struct {
+	Name    string
+	Holder  string // the holding process; "" when never held or released
+	Replica string // the holder's replica ID
+	Token   int64  // fencing token: raised each time the holder changes
+	// ExpiresAt is when another replica may take the lease, by the
+	// database's clock.
+	ExpiresAt time.Time
+}
+
+// nowMS is the database's clock in unix milliseconds: leases are timed by
+// the one clock every replica shares, so a replica whose own clock is off
+// can neither take a lease early nor keep it late.
+func (c *Catalog) nowMS() string {
+	if c.driver == MySQL {
+		return `CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)`
+	}
+	return `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
+}
+
+// AcquireLease takes or renews the lease name for holder (a process of
+// replica) for ttl: it succeeds when the lease is free, expired, already
+// held by holder, or, with takeOwn, held by another process of the same
+// replica (a process starting takes over from its replica's earlier
+// process, which is gone: a replica ID runs once at a time). The token is
+// raised whenever the holder changes. ok is false when another holder has
+// the lease; the returned Lease is the row as it stands.
+func (c *Catalog) AcquireLease(ctx context.Context, name, holder, replica string, ttl time.Duration, takeOwn bool) (l Lease, ok bool, err error) {
+	if holder == "" || replica == "" || ttl <= 0 {
+		return Lease{}, false, fmt.Errorf("lease %q: holder, replica and a positive ttl are required: %w", name, errdefs.ErrInvalidArgument)
+	}
+	now := c.nowMS()
+	res, err := c.db.ExecContext(ctx, `UPDATE leases SET`+ //nolint:gosec // G202: the clock expression is a constant
+		`
+  token = CASE WHEN holder = ? THEN token ELSE token + 1 END,
+  holder = ?, replica = ?, expires_at = `+now+` + ?
+WHERE name = ? AND (holder = ? OR (? AND replica = ?) OR holder = '' OR expires_at < `+now+`)`,
+		holder, holder, replica, ttl.Milliseconds(), name, holder, takeOwn, replica)
+	if err != nil {
+		return Lease{}, false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return Lease{}, false, err
+	}
+	if n == 0 {
+		// No row yet: the first replica ever creates it (a racing one
+		// gets a duplicate and tries again at its next turn).
+		l, gerr := c.GetLease(ctx, name)
+		if errdefs.IsNotFound(gerr) {
+			_, ierr := c.db.ExecContext(ctx, `INSERT INTO leases (name, holder, replica, token, expires_at) VALUES (?, '', '', 0, 0)`, name)
+			if ierr != nil && !isDuplicate(ierr) {
+				return Lease{}, false, ierr
+			}
+			return c.AcquireLease(ctx, name, holder, replica, ttl, takeOwn)
+		}
+		return l, false, gerr
+	}
+	l, err = c.GetLease(ctx, name)
+	if err != nil {
+		return Lease{}, false, err
+	}
+	// Between the update and this read another holder may have taken an
+	// expired lease: then it is theirs.
+	return l, l.Holder == holder, nil
+}
+
+// GetLease reads the lease row.
+func (c *Catalog) GetLease(ctx context.Context, name string) (Lease, error) {
+	l := Lease{Name: name}
+	var exp int64
+	err := c.db.QueryRowContext(ctx, `SELECT holder, replica, token, expires_at FROM leases WHERE name = ?`, name).Scan(&l.Holder, &l.Replica, &l.Token, &exp)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Lease{}, fmt.Errorf("lease %q: %w", name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Lease{}, err
+	}
+	l.ExpiresAt = fromMS(exp)
+	return l, nil
+}
+
+// CheckLease is the fencing check: nil while holder holds the lease with
+// token and it has not expired by the database's clock, else
+// FailedPrecondition. A singleton action calls it right before acting, so
+// a replica that lost the lease (paused, partitioned) acts no more.
+func (c *Catalog) CheckLease(ctx context.Context, name, holder string, token int64) error {
+	var n int
+	err := c.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM leases WHERE name = ? AND holder = ? AND token = ? AND expires_at > `+c.nowMS(),
+		name, holder, token).Scan(&n)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("lease %q: no longer held by %s with token %d: %w", name, holder, token, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// ReleaseLease gives the lease up (a clean shutdown), so another replica
+// takes it at once instead of after its expiry. The token stays: the next
+// holder raises it.
+func (c *Catalog) ReleaseLease(ctx context.Context, name, holder string) error {
+	_, err := c.db.ExecContext(ctx, `UPDATE leases SET holder = '', expires_at = 0 WHERE name = ? AND holder = ?`, name, holder)
+	return err
+}

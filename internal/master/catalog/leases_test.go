@@ -1,0 +1,76 @@
+package catalog_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+)
+
+// testLeases: one holder at a time, the token raised at each change of
+// holder, renewal keeps it, expiry (by the database's clock) and release
+// hand it over, a later process of the same replica takes it at once, and
+// the fencing check fails for a holder that lost it.
+func testLeases(t *testing.T, c *catalog.Catalog) {
+	const name = "loops"
+	ttl := 600 * time.Millisecond
+	mustAcquire := func(holder, replica string, want bool) catalog.Lease {
+		t.Helper()
+		l, ok, err := c.AcquireLease(ctx, name, holder, replica, ttl, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != want {
+			t.Fatalf("%s acquires: %v, want %v (row %+v)", holder, ok, want, l)
+		}
+		t.Logf("%s acquire: ok=%v holder=%s token=%d", holder, ok, l.Holder, l.Token)
+		return l
+	}
+	a := mustAcquire("a#1", "a", true)
+	if a.Token != 1 || a.Holder != "a#1" {
+		t.Fatalf("first lease %+v, want a#1 with token 1", a)
+	}
+	mustAcquire("b#1", "b", false)
+	if l := mustAcquire("a#1", "a", true); l.Token != 1 {
+		t.Fatalf("renewal changed the token: %+v", l)
+	}
+	if err := c.CheckLease(ctx, name, "a#1", 1); err != nil {
+		t.Fatalf("holder's fencing check: %v", err)
+	}
+	if err := c.CheckLease(ctx, name, "b#1", 1); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("non-holder's fencing check: %v, want FailedPrecondition", err)
+	}
+	time.Sleep(ttl + 200*time.Millisecond)
+	if err := c.CheckLease(ctx, name, "a#1", 1); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("fencing check after expiry: %v, want FailedPrecondition", err)
+	}
+	b := mustAcquire("b#1", "b", true)
+	if b.Token != 2 {
+		t.Fatalf("token after handover %d, want 2", b.Token)
+	}
+	mustAcquire("a#1", "a", false)
+	if err := c.CheckLease(ctx, name, "a#1", 1); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("old holder's fencing check: %v", err)
+	}
+	// A restarted b (same replica, new process) takes its own lease at
+	// once when it starts (takeOwn); the earlier process, if it still
+	// ran (two processes given one replica ID), can no longer renew.
+	if _, ok, _ := c.AcquireLease(ctx, name, "b#2", "b", ttl, false); ok {
+		t.Fatalf("another process of b took the live lease without takeOwn")
+	}
+	l, ok, err := c.AcquireLease(ctx, name, "b#2", "b", ttl, true)
+	if err != nil || !ok || l.Token != 3 {
+		t.Fatalf("restarted b: ok=%v token %d (%v), want its lease with token 3", ok, l.Token, err)
+	}
+	mustAcquire("b#1", "b", false)
+	if err := c.ReleaseLease(ctx, name, "b#2"); err != nil {
+		t.Fatal(err)
+	}
+	if l := mustAcquire("a#2", "a", true); l.Token != 4 {
+		t.Fatalf("token after release %d, want 4", l.Token)
+	}
+	if _, _, err := c.AcquireLease(ctx, name, "", "a", ttl, false); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("empty holder: %v", err)
+	}
+}
