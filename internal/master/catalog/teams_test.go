@@ -19,7 +19,7 @@ var rollbackTeams = []string{
 	`DROP TABLE leases`, // 0008
 	`DROP TABLE route_events`,
 	`DROP TABLE sandbox_activity`,
-	`DROP TABLE quarantine`, // 0007
+	`DROP TABLE quarantine`,         // 0007
 	`DROP TABLE sandbox_tombstones`, // 0006
 	`DROP INDEX sandboxes_team`,
 	`DROP INDEX snapshots_team_name`,
