@@ -232,26 +232,15 @@ func listensIn(pid int, hostport string) bool {
 		if len(fs) < 4 || fs[3] != "0A" {
 			continue
 		}
-		if got, err := netip.ParseAddrPort(hexAddrOK(fs[1])); err == nil && got == want {
+		a, err := decodeHexAddr(fs[1])
+		if err != nil {
+			continue
+		}
+		if got, err := netip.ParseAddrPort(a); err == nil && got == want {
 			return true
 		}
 	}
 	return false
-}
-
-// hexAddrOK is hexAddr for an IPv4 entry without a *testing.T.
-func hexAddrOK(s string) string {
-	h, p, _ := strings.Cut(s, ":")
-	if len(h) != 8 {
-		return ""
-	}
-	v, err := strconv.ParseUint(h, 16, 32)
-	if err != nil {
-		return ""
-	}
-	port, _ := strconv.ParseUint(p, 16, 16)
-	ip := netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
-	return netip.AddrPortFrom(ip, uint16(port)).String()
 }
 
 func lastLine(out, sub string) string {

@@ -2,7 +2,9 @@ package launcher_test
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/launcher"
+	"github.com/cubesandbox/cube/internal/network/netnsdir"
 )
 
 // listener is a listening socket of a process: "tcp 127.0.0.1:3000" or
@@ -78,23 +81,14 @@ func socketInodes(t *testing.T, pid int) map[string]bool {
 	return out
 }
 
-// listening reads /proc/net/{tcp,tcp6,unix}: every listening socket by
-// inode.
+// listening reads /proc/net/{tcp,tcp6,udp,udp6,unix}: every listening
+// socket of the host's network namespace by inode (a bound, unconnected
+// UDP socket counts: it is how a UDP server listens).
 func listening(t *testing.T) map[string]string {
 	t.Helper()
-	out := map[string]string{}
-	for _, f := range []string{"tcp", "tcp6"} {
-		b, err := os.ReadFile("/proc/net/" + f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(string(b), "\n")[1:] {
-			fs := strings.Fields(line)
-			if len(fs) < 10 || fs[3] != "0A" { // TCP_LISTEN
-				continue
-			}
-			out[fs[9]] = "tcp " + hexAddr(t, fs[1])
-		}
+	out, err := readListening("/proc/net", "")
+	if err != nil {
+		t.Fatal(err)
 	}
 	b, err := os.ReadFile("/proc/net/unix")
 	if err != nil {
@@ -114,20 +108,89 @@ func listening(t *testing.T) map[string]string {
 	return out
 }
 
-// hexAddr decodes /proc/net/tcp's "0100007F:0BB8" (host byte order words).
-func hexAddr(t *testing.T, s string) string {
+// readListening reads the TCP and UDP tables under dir (a network
+// namespace's /proc/.../net): listening TCP sockets and bound, unconnected
+// UDP ones, by inode, named "tcp ADDR" / "udp ADDR" plus suffix.
+func readListening(dir, suffix string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, f := range []string{"tcp", "tcp6", "udp", "udp6"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return nil, err
+		}
+		listen := "0A" // TCP_LISTEN
+		if strings.HasPrefix(f, "udp") {
+			listen = "07" // TCP_CLOSE: not connected
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 10 || fs[3] != listen || fs[9] == "0" {
+				continue
+			}
+			a, err := decodeHexAddr(fs[1])
+			if err != nil {
+				return nil, err
+			}
+			out[fs[9]] = strings.TrimSuffix(f, "6") + " " + a + suffix
+		}
+	}
+	return out, nil
+}
+
+// pinnedListening is every listening socket of every pinned network
+// namespace other than the host's (slot and sandbox namespaces: their
+// pins are nsfs bind mounts), by inode, named with the namespace's pin
+// ("udp 169.254.0.22:53 in <pin>").
+func pinnedListening(t *testing.T) map[string]string {
 	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	seen := map[string]bool{host: true}
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent maj:min root mountpoint opts ... - fstype source opts
+		pre, post, ok := strings.Cut(line, " - ")
+		fs, ps := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(fs) < 5 || len(ps) < 1 || ps[0] != "nsfs" || !strings.HasPrefix(fs[3], "net:[") {
+			continue
+		}
+		if seen[fs[3]] {
+			continue
+		}
+		seen[fs[3]] = true
+		pin := fs[4]
+		err := netnsdir.Do(pin, func() error {
+			m, err := readListening("/proc/thread-self/net", " in "+pin)
+			maps.Copy(out, m)
+			return err
+		})
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Logf("network namespace %s: %v", pin, err)
+		}
+	}
+	return out
+}
+
+// decodeHexAddr decodes /proc/net/tcp's "0100007F:0BB8" (host byte order
+// words).
+func decodeHexAddr(s string) (string, error) {
 	h, p, _ := strings.Cut(s, ":")
 	raw, err := hex.DecodeString(h)
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	for i := 0; i+4 <= len(raw); i += 4 { // each 32-bit word is little-endian
 		raw[i], raw[i+1], raw[i+2], raw[i+3] = raw[i+3], raw[i+2], raw[i+1], raw[i]
 	}
 	ip, _ := netip.AddrFromSlice(raw)
 	port, _ := strconv.ParseUint(p, 16, 16)
-	return netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
+	return netip.AddrPortFrom(ip.Unmap(), uint16(port)).String(), nil
 }
 
 // checkListeners is the listener inventory of a running `cube up`, read

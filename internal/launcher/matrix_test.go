@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,6 +47,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -336,6 +339,10 @@ func TestListenerMatrix(t *testing.T) {
 		"tcp " + netHTTP: {"network-agent", func(n string) {
 			openHTTP(m, n, "http://"+netHTTP, []string{"/healthz", "/readyz", "/metrics"}, "loopback only, no credential by design (api.http without [tls])")
 		}},
+		// The DNS forwarder, inside every assigned slot's namespace (the
+		// inventory names them "... (slot)"): for that slot's sandbox only.
+		"tcp " + slotResolver + " (slot)": {"network-agent", func(n string) { dnsMatrix(m, n, "tcp") }},
+		"udp " + slotResolver + " (slot)": {"network-agent", func(n string) { dnsMatrix(m, n, "udp") }},
 		"unix " + filepath.Join(cfg.RunDir, "network-agent.sock"): {"network-agent", func(n string) {
 			unixMatrix(t, m, n, filepath.Join(cfg.RunDir, "network-agent.sock"), func(c *grpc.ClientConn) error {
 				_, err := networkpb.NewNetworkAgentClient(c).Health(ctx, &networkpb.HealthRequest{})
@@ -365,19 +372,27 @@ func TestListenerMatrix(t *testing.T) {
 		return found[i].name+found[i].addr < found[j].name+found[j].addr
 	})
 	for _, l := range found {
-		s, ok := specs[l.addr]
+		key, pin, inSlot := strings.Cut(l.addr, " in ")
+		if inSlot {
+			key += " (slot)"
+		}
+		s, ok := specs[key]
 		if !ok || s.daemon != l.name {
 			m.add(l.name+" "+l.addr, "(listen)", "-", "a listener the matrix knows", "unknown listener", false)
 			continue
 		}
-		seen[l.addr] = true
+		seen[key] = true
 		kind, addr, _ := strings.Cut(l.addr, " ")
 		name := l.name + " " + addr
-		switch kind {
-		case "tcp":
+		switch {
+		case inSlot:
+			// Only in a slot's own namespace, where only its sandbox
+			// reaches it; the probe takes the namespace from the name.
+			m.add(name, "(listen)", "-", "a slot namespace", pin, fileExists(pin))
+		case kind == "tcp" || kind == "udp":
 			ap, err := netAddrPort(addr)
 			m.add(name, "(listen)", "-", "loopback", ap, err == nil && isLoopback(ap))
-		case "unix":
+		case kind == "unix":
 			fi, err := os.Stat(addr)
 			mode := fmt.Sprint(err)
 			if err == nil {
@@ -422,10 +437,71 @@ func copyFile(src, dst string) error {
 }
 
 // networkTOML: a private node CIDR and device prefix, no slot pool.
+// slotResolver is where network-agent's DNS forwarder listens inside
+// every slot namespace.
+const slotResolver = "169.254.0.22:53"
+
+// dnsMatrix probes a slot's DNS forwarder (name: "network-agent udp
+// 169.254.0.22:53 in <slot pin>"): the slot's own sandbox is answered (the
+// control), and the host, which reaches a slot only through its host
+// address (DNATed to the sandbox), never reaches the forwarder.
+func dnsMatrix(m *matrix, name, network string) {
+	_, pin, _ := strings.Cut(name, " in ")
+	q := new(dns.Msg)
+	q.SetQuestion("matrix.cube.test.", dns.TypeA)
+	c := &dns.Client{Net: network, Timeout: 2 * time.Second}
+	ask := func(ns, addr string) (string, bool) {
+		var r *dns.Msg
+		err := netnsdir.Do(ns, func() (err error) {
+			r, _, err = c.Exchange(q, addr)
+			return err
+		})
+		if err != nil {
+			return "no answer: " + err.Error(), false
+		}
+		return "answered " + dns.RcodeToString[r.Rcode], true
+	}
+	if fileExists(pin + "-sb") { // a container slot: its sandbox's namespace
+		got, ok := ask(pin+"-sb", slotResolver)
+		m.add(name, "DNS query "+network, "its sandbox", "answered", got, ok)
+	}
+	var hostIP string
+	_ = netnsdir.Do(pin, func() error {
+		ifc, err := net.InterfaceByName("up0")
+		if err != nil {
+			return err
+		}
+		addrs, err := ifc.Addrs()
+		if err == nil && len(addrs) > 0 {
+			if ipn, ok := addrs[0].(*net.IPNet); ok {
+				hostIP = ipn.IP.String()
+			}
+		}
+		return err
+	})
+	if hostIP == "" {
+		m.add(name, "DNS query "+network, "the host", "the slot's host address", "not found", false)
+		return
+	}
+	c.Timeout = 500 * time.Millisecond
+	got := "no answer"
+	r, _, err := c.Exchange(q, net.JoinHostPort(hostIP, "53"))
+	if err == nil {
+		got = "answered " + dns.RcodeToString[r.Rcode]
+	}
+	m.add(name, "DNS query "+network+" to "+hostIP+":53", "the host", "no answer", got, err != nil)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 func networkTOML(prefix string) string {
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
-	return fmt.Sprintf("node_cidr = \"10.%d.%d.0/24\"\nprefix = %q\n[pool]\nsize = 0\nvm_size = 0\n", 192+int(b[0])%64, b[1], prefix)
+	return fmt.Sprintf("node_cidr = \"10.%d.%d.0/24\"\nprefix = %q\n[pool]\nsize = 0\nvm_size = 0\n[dns]\nupstreams = [%q]\n",
+		192+int(b[0])%64, b[1], prefix, nettest.OfflineDNS)
 }
 
 // inventory is every listening socket of the daemons cube up started,
@@ -435,6 +511,7 @@ func inventory(t *testing.T, n int) []listener {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		socks := listening(t)
+		maps.Copy(socks, pinnedListening(t))
 		found = found[:0]
 		for pid, name := range daemons(t) {
 			for ino := range socketInodes(t, pid) {

@@ -28,6 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/agent"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testimage"
@@ -74,7 +75,7 @@ func TestRestartNoErrors(t *testing.T) {
 		ExtraMasterTOML: "[api]\nnode = \"\"\n[nodes]\nheartbeat_interval = \"200ms\"\nunhealthy_after = \"3s\"\n",
 		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"rs-%[1]s\"\ncgroup_parent = \"cube-test-%[1]s\"\n[api]\ntcp = \"\"\nmetrics = \"\"\n"+
 			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n", id),
-		ExtraNetworkTOML: fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = \"\"\n[pool]\nsize = 4\n", cidr, prefix),
+		ExtraNetworkTOML: fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = \"\"\n[pool]\nsize = 4\n[dns]\nupstreams = [%q]\n", cidr, prefix, nettest.OfflineDNS),
 		Out:              out, Log: mastertest.Log(t),
 	}
 	scope := leakcheck.Scope{

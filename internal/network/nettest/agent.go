@@ -32,6 +32,11 @@ func RequireRoot(t testing.TB) {
 	testenv.RequireRoot(t, "network namespaces, links and nftables")
 }
 
+// OfflineDNS is the DNS upstream of test agents that name none: host
+// loopback's discard port, where nothing listens, so a forwarded query
+// fails at once and never leaves the machine.
+const OfflineDNS = "127.0.0.1:9"
+
 // Options shape a test agent.
 type Options struct {
 	PoolSize, VMPoolSize int
@@ -43,7 +48,8 @@ type Options struct {
 	// OpenPrivate is the agent's [policy] open_private.
 	OpenPrivate []string
 	// DNSUpstreams is the agent's [dns] upstreams (World.ServeDNS);
-	// empty: the host's resolv.conf, which tests never query.
+	// empty: OfflineDNS, so that no test forwards a sandbox's query to
+	// the host's resolvers (off the machine).
 	DNSUpstreams []string
 	// DNSRate and DNSBurst are the per-sandbox query limit (default: the
 	// embedded defaults).
@@ -100,6 +106,9 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 	c.Pool.Size, c.Pool.VMSize = o.PoolSize, o.VMPoolSize
 	c.Policy.OpenPrivate = o.OpenPrivate
 	c.DNS.Upstreams = o.DNSUpstreams
+	if len(c.DNS.Upstreams) == 0 {
+		c.DNS.Upstreams = []string{OfflineDNS}
+	}
 	c.DNS.Enabled = !o.NoDNS
 	if o.DNSRate > 0 {
 		c.DNS.Rate, c.DNS.Burst = o.DNSRate, o.DNSBurst

@@ -54,5 +54,8 @@ func networkTOML(prefix string) string {
 	if runtimeName == "vm" {
 		size, vmSize = 0, 4
 	}
-	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = %d\nvm_size = %d\n", cidr, prefix, size, vmSize)
+	// The sandboxes' DNS goes nowhere: the host's resolvers are off the
+	// machine, which tests never reach (loopback's discard port answers
+	// at once with a refusal).
+	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = %d\nvm_size = %d\n[dns]\nupstreams = [\"127.0.0.1:9\"]\n", cidr, prefix, size, vmSize)
 }
