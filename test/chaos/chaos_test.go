@@ -203,7 +203,7 @@ type view struct {
 
 func (s *system) look(c *client) (*view, error) {
 	v := &view{api: map[string]string{}, node: map[string]*cubeletpb.Sandbox{}, snaps: map[string]string{}}
-	code, body, err := c.api("GET", "/v2/sandboxes?limit=100&state=running,paused", nil)
+	code, body, err := c.api("GET", "/v2/sandboxes?limit=100&state=running,paused,failed", nil)
 	if err != nil || code != 200 {
 		return nil, fmt.Errorf("list sandboxes: %d %s %v", code, body, err)
 	}
@@ -256,7 +256,7 @@ func (s *system) look(c *client) (*view, error) {
 // kill was answered with an error may be gone.
 func diff(v *view, known map[string]*sbx, knownSnaps map[string]*snap, l *ledger) (problems, adopted []string) {
 	for id, tag := range v.api {
-		if known[id] != nil {
+		if known[id] != nil || l.dead[id] {
 			continue
 		}
 		switch {
@@ -277,7 +277,7 @@ func diff(v *view, known map[string]*sbx, knownSnaps map[string]*snap, l *ledger
 		}
 	}
 	for id, sb := range v.node {
-		if _, ok := v.api[id]; !ok && known[id] == nil {
+		if _, ok := v.api[id]; !ok && known[id] == nil && !l.dead[id] {
 			problems = append(problems, fmt.Sprintf("cubelet holds %s (%s, state %s, labels %v) that the API does not list", id, sb.Runtime, sb.State, sb.Labels))
 		}
 	}

@@ -75,12 +75,13 @@ type ledger struct {
 	findings  []string        // byte mismatches and lost sandboxes: the test fails on any
 	ambiguous map[string]bool // create/fork tags and snapshot names whose answer never came
 	refused   map[string]string
-	done      int // counted operations (not the GETs that resolve an uncertain state)
-	lateKills int // kills answered with an error that took effect later
+	done      int             // counted operations (not the GETs that resolve an uncertain state)
+	lateKills int             // kills answered with an error that took effect later
+	dead      map[string]bool // sandboxes that died under a client (findings already)
 }
 
 func newLedger() *ledger {
-	return &ledger{begin: time.Now(), ops: map[string]*opStat{}, ambiguous: map[string]bool{}, refused: map[string]string{}}
+	return &ledger{begin: time.Now(), ops: map[string]*opStat{}, ambiguous: map[string]bool{}, refused: map[string]string{}, dead: map[string]bool{}}
 }
 
 func (l *ledger) record(op string, o outcome, detail string) {
@@ -583,6 +584,14 @@ func (c *client) resolve(sb *sbx) bool {
 	case "running", "paused":
 		sb.state = d.State
 		sb.uncertain = false
+		return true
+	case "failed":
+		// Dead without a kill: the client lost it.
+		c.l.finding("%s (%s): %s: the sandbox died (no kill was sent: %v)", sb.id, sb.tag, body, !sb.killSent)
+		c.l.mu.Lock()
+		c.l.dead[sb.id] = true
+		c.l.mu.Unlock()
+		c.forget(sb)
 		return true
 	}
 	// A transition in progress: ask again later.

@@ -182,6 +182,12 @@ func startSystem(t *testing.T, runtime string) *system {
 		RunscRoot: filepath.Join(s.cfg.RunDir, "runsc"), VMRoot: filepath.Join(s.cfg.RunDir, "vm"),
 	}
 	t.Cleanup(func() {
+		// A failed run leaves what it made: kill it through the API
+		// while the system runs (the leak checker still reports what
+		// this does not remove).
+		if t.Failed() && s.api != "" {
+			s.killAll()
+		}
 		s.stop()
 		// cube up leaves network-agent's slots for its next start, as it
 		// leaves sandboxes: this run's go with it.
@@ -366,4 +372,48 @@ func (s *system) waitUp(ctx context.Context, limit time.Duration) (time.Duration
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// killAll deletes every sandbox and snapshot through the E2B API (the
+// cleanup of a failed run), waiting up to a minute for the node to empty.
+func (s *system) killAll() {
+	c := &client{s: s, hc: &http.Client{Timeout: time.Minute}}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if _, err := s.waitUp(context.Background(), 30*time.Second); err != nil {
+			s.t.Logf("cleanup: %v", err)
+		}
+		v, err := s.look(c)
+		if err != nil {
+			s.t.Logf("cleanup: %v", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		if len(v.api)+len(v.node)+len(v.snaps)+v.nodeSnap == 0 {
+			return
+		}
+		ids := sortedKeys(v.api)
+		for id := range v.node {
+			if _, ok := v.api[id]; !ok {
+				ids = append(ids, id)
+			}
+		}
+		for _, id := range ids {
+			_, _, _ = c.api("DELETE", "/sandboxes/"+id, nil)
+		}
+		for id := range v.snaps {
+			_, _, _ = c.api("DELETE", "/templates/"+id, nil)
+		}
+		time.Sleep(time.Second)
+	}
+	s.t.Log("cleanup: the system still holds sandboxes or snapshots after a minute")
+}
+
+// TestMain removes the binaries this package built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
 }
