@@ -108,6 +108,7 @@ type system struct {
 	cancel  context.CancelFunc
 	done    chan error
 	out     *syncBuffer
+	closers []func() error // the clients' connections, closed at cleanup
 }
 
 type syncBuffer struct {
@@ -172,7 +173,7 @@ func startSystem(t *testing.T, runtime string) *system {
 		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"chaos-%[1]s\"\ncgroup_parent = \"cube-chaos-%[1]s\"\ndefault_runtime = %[2]q\n"+
 			"[api]\ntcp = \"\"\nmetrics = \"\"\n[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n",
 			id, runtime),
-		ExtraNetworkTOML: fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = 4\nvm_size = 0\n", randomCIDR(), prefix),
+		ExtraNetworkTOML: fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = \"\"\n[pool]\nsize = 4\nvm_size = 0\n", randomCIDR(), prefix),
 		Out:              s.out, Log: mastertest.Log(t),
 	}
 	s.scope = leakcheck.Scope{
@@ -189,6 +190,9 @@ func startSystem(t *testing.T, runtime string) *system {
 			s.killAll()
 		}
 		s.stop()
+		for _, c := range s.closers {
+			_ = c()
+		}
 		// cube up leaves network-agent's slots for its next start, as it
 		// leaves sandboxes: this run's go with it.
 		out, err := exec.Command(filepath.Join(bin, "network-agent"), "--config",
@@ -239,13 +243,13 @@ func startSystem(t *testing.T, runtime string) *system {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
+	s.closers = append(s.closers, conn.Close)
 	s.node = cubeletclient.New(conn)
 	mconn, err := grpc.NewClient("unix://"+filepath.Join(s.cfg.RunDir, "cubemaster.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mconn.Close() })
+	s.closers = append(s.closers, mconn.Close)
 	s.admin = masterpb.NewAdminServiceClient(mconn)
 	return s
 }
@@ -403,6 +407,9 @@ func (s *system) killAll() {
 		}
 		for id := range v.snaps {
 			_, _, _ = c.api("DELETE", "/templates/"+id, nil)
+		}
+		for _, id := range v.onlyNode {
+			_, _ = s.node.DeleteSnapshot(context.Background(), &cubeletpb.DeleteSnapshotRequest{SnapshotId: id})
 		}
 		time.Sleep(time.Second)
 	}
