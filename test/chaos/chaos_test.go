@@ -24,9 +24,9 @@ import (
 // soak is one run's size.
 type soak struct {
 	clients, ops, kills int
-	// spacing: the least time between two kills of the same daemon when
-	// another can be picked. The supervisor doubles a daemon's restart
-	// backoff when it dies within a minute of its start.
+	// spacing: the least time between a daemon's restart and its next
+	// kill. The supervisor doubles a daemon's restart backoff when it dies
+	// within a minute of its start.
 	spacing time.Duration
 }
 
@@ -109,16 +109,22 @@ func chaos(t *testing.T, runtime string, sz soak) {
 			time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
 			name := order[i%len(order)]
 			if i >= len(order) {
-				// Prefer a daemon that has run long enough for the
-				// supervisor to restart it within a second.
+				// A daemon that has run long enough for the supervisor to
+				// restart it within a second (it doubles the backoff of
+				// one that dies within a minute of its start).
 				var rested []string
-				for _, d := range daemons {
-					if time.Since(lastBack[d]) > sz.spacing {
-						rested = append(rested, d)
+				for len(rested) == 0 {
+					for _, d := range daemons {
+						if time.Since(lastBack[d]) > sz.spacing {
+							rested = append(rested, d)
+						}
 					}
-				}
-				if len(rested) == 0 {
-					rested = daemons
+					if len(rested) == 0 {
+						if ctx.Err() != nil {
+							return
+						}
+						time.Sleep(100 * time.Millisecond)
+					}
 				}
 				name = rested[rng.IntN(len(rested))]
 			}
