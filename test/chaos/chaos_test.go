@@ -389,7 +389,7 @@ func final(t *testing.T, s *system, clients []*client, l *ledger) {
 			c.write(sb) // its last write failed: its content is unknown
 		}
 		if sb.payload == nil {
-			t.Errorf("%s (%s): writes through the route fail after the soak: %v", id, sb.tag, l.ops["write file"].Errors)
+			t.Errorf("%s (%s): writes through the route fail after the soak: %+v", id, sb.tag, l.ops["write file"])
 			continue
 		}
 		before := len(l.findings)
