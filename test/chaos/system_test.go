@@ -28,6 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/testimage"
 
@@ -38,41 +39,16 @@ import (
 // daemons are what `cube up` supervises and the chaos driver kills.
 var daemons = []string{"cubelet", "network-agent", "cubemaster"}
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-// binaries builds the four daemons' binaries once per test process:
-// cubelet and cube-agent from cubelettest (failpoints tag), cubemaster and
-// network-agent here.
+// binaries builds the four daemons' binaries once per test process into
+// one directory (internal/testbin; failpoints tag, which the soak does
+// not arm).
 func binaries(t *testing.T) string {
 	t.Helper()
-	shared := cubelettest.Binaries(t)
-	buildOnce.Do(func() {
-		if buildDir, buildErr = os.MkdirTemp("", "cube-chaos-bin-"); buildErr != nil {
-			return
-		}
-		for _, b := range []string{"cubelet", "cube-agent"} {
-			if buildErr = os.Link(filepath.Join(shared, b), filepath.Join(buildDir, b)); buildErr != nil {
-				return
-			}
-		}
-		for _, b := range []string{"cubemaster", "network-agent"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(buildDir, b), "./cmd/"+b)
-			cmd.Dir = cubelettest.RepoRoot()
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("build %s: %v\n%s", b, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	var dir string
+	for _, b := range []string{"cubelet", "cube-agent", "cubemaster", "network-agent"} {
+		dir = filepath.Dir(testbin.Build(t, b, "failpoints"))
 	}
-	return buildDir
+	return dir
 }
 
 func randHex(n int) string {
@@ -414,13 +390,4 @@ func (s *system) killAll() {
 		time.Sleep(time.Second)
 	}
 	s.t.Log("cleanup: the system still holds sandboxes or snapshots after a minute")
-}
-
-// TestMain removes the binaries this package built.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
 }
