@@ -7,6 +7,9 @@ package cubeletapi
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
@@ -149,11 +152,12 @@ func (s *Server) WarmTemplate(ctx context.Context, req *pb.WarmTemplateRequest) 
 }
 
 func (s *Server) ListTemplates(ctx context.Context, _ *pb.ListTemplatesRequest) (*pb.ListTemplatesResponse, error) {
+	at := time.Now()
 	ts, err := s.svc.ListTemplates(ctx)
 	if err != nil {
 		return nil, ToGRPC(err, "")
 	}
-	out := &pb.ListTemplatesResponse{}
+	out := &pb.ListTemplatesResponse{ListedAt: timestamppb.New(at)}
 	for _, t := range ts {
 		out.Templates = append(out.Templates, templateToPB(t))
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
@@ -52,6 +53,10 @@ type nodeState struct {
 	pending map[string]reservation
 	healthy bool // as last logged
 	busy    bool // as last logged
+	// templatesAt is when the node listed the templates report holds,
+	// when the master asked for them after an import or delete (the
+	// node's clock): a heartbeat generated before it keeps them.
+	templatesAt time.Time
 }
 
 type reservation struct {
@@ -219,6 +224,15 @@ func (s *Service) secondRegistrant(r *masterpb.NodeReport) error {
 }
 
 func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.Time, registered bool) error {
+	s.reg.mu.Lock()
+	if ns := s.reg.nodes[r.NodeId]; ns != nil && !registered && r.GeneratedAt != nil && r.GeneratedAt.AsTime().Before(ns.templatesAt) {
+		// The report was generated before the master's own listing of
+		// the node's templates (after an import or delete): its set is
+		// older. Reports are shared read-only.
+		r = proto.Clone(r).(*masterpb.NodeReport)
+		r.Templates = ns.report.Templates
+	}
+	s.reg.mu.Unlock()
 	raw, err := protojson.Marshal(r)
 	if err != nil {
 		return err

@@ -297,6 +297,9 @@ func (s *Service) refreshTemplates(ctx context.Context, node string) {
 			Runtime: t.Runtime, Warm: t.Warm})
 	}
 	ns.report = rep
+	if t := resp.GetListedAt(); t != nil {
+		ns.templatesAt = t.AsTime()
+	}
 	row := nodeRow(rep, ns)
 	s.reg.mu.Unlock()
 	_ = s.cat.PutNode(ctx, row, reportTemplates(rep), false)
