@@ -307,6 +307,45 @@ func TestNodeDataPlane(t *testing.T) {
 		t.Logf("Connect stream from %s: first event after %s, end after %s", sbs[0].node.id, firstAt, endAt)
 	})
 
+	t.Run("h2c end to end across hosts", func(t *testing.T) {
+		p := new(http.Protocols)
+		p.SetUnencryptedHTTP2(true)
+		h2c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Protocols: p}}
+		req, _ := http.NewRequest(http.MethodGet, "http://"+routeAddr+"/health", nil)
+		req.Host = fmt.Sprintf("%d-%s.cube.test", agentproto.Port, sbs[1].SandboxID)
+		resp, err := h2c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("h2c: %s %s", resp.Proto, resp.Status)
+		}
+		// A Connect server stream over h2c, its events as they come.
+		pc := processconnect.NewProcessClient(&http.Client{Transport: dpHeadersOver{dpHeaders{sbs[1].SandboxID, sbs[1].EnvdAccessToken}, h2c.Transport}},
+			"http://"+routeAddr, connect.WithGRPC())
+		start := time.Now()
+		st, err := pc.Start(ctx, dpSh("echo one; sleep 1; echo two"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		var firstAt, endAt time.Duration
+		for st.Receive() {
+			ev := st.Msg().GetEvent()
+			if d := ev.GetData(); d != nil && strings.Contains(string(d.GetStdout()), "one") && firstAt == 0 {
+				firstAt = time.Since(start)
+			}
+			if ev.GetEnd() != nil {
+				endAt = time.Since(start)
+			}
+		}
+		if st.Err() != nil || firstAt == 0 || firstAt > 800*time.Millisecond || endAt < time.Second {
+			t.Fatalf("gRPC stream over h2c: first %s end %s err %v", firstAt, endAt, st.Err())
+		}
+		t.Logf("h2c: GET /health %s %d; gRPC server stream over h2c: first event after %s, end after %s", resp.Proto, resp.StatusCode, firstAt, endAt)
+	})
+
 	t.Run("auto-resume of a paused sandbox on another host", func(t *testing.T) {
 		sb := sbs[1]
 		if r := c.Do(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", nil, nil); r.StatusCode != http.StatusNoContent {
@@ -578,6 +617,20 @@ func (h dpHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set(proxy.HeaderSandboxPort, fmt.Sprint(agentproto.Port))
 	r.Header.Set("X-Access-Token", h.token)
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// dpHeadersOver is dpHeaders over another transport (h2c).
+type dpHeadersOver struct {
+	h  dpHeaders
+	rt http.RoundTripper
+}
+
+func (h dpHeadersOver) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(proxy.HeaderSandboxID, h.h.id)
+	r.Header.Set(proxy.HeaderSandboxPort, fmt.Sprint(agentproto.Port))
+	r.Header.Set("X-Access-Token", h.h.token)
+	return h.rt.RoundTrip(r)
 }
 
 func dpProcess(addr, id, token string) processconnect.ProcessClient {
