@@ -419,6 +419,32 @@ func TestNodeDataPlane(t *testing.T) {
 		}
 	})
 
+	t.Run("create latency across hosts", func(t *testing.T) {
+		// The master's calls to a new sandbox's agent (its info, /init
+		// with the environment) go through the node listener: one new
+		// tunnel each.
+		for _, o := range nodes {
+			if _, err := m.Admin.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: o.id, Schedulable: o == nodes[0]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ds []time.Duration
+		for range 8 {
+			var sb struct {
+				SandboxID string `json:"sandboxID"`
+			}
+			start := time.Now()
+			if r := c.Do(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": 60, "envVars": map[string]string{"A": "1"}}, &sb); r.StatusCode != http.StatusCreated {
+				t.Fatalf("create: %d %s", r.StatusCode, r.Body)
+			}
+			ds = append(ds, time.Since(start))
+			c.Do(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+		}
+		slices.Sort(ds)
+		t.Logf("LATENCY create on %s through the E2B API (agent calls through the node listener), median of 8: %s (min %s, max %s)",
+			nodes[0].id, ds[len(ds)/2], ds[0], ds[len(ds)-1])
+	})
+
 	t.Run("cost of the extra hop", func(t *testing.T) {
 		sb := sbs[0]
 		ri, err := routes.ResolveRoute(ctx, &masterpb.ResolveRouteRequest{SandboxId: sb.SandboxID})
