@@ -25,6 +25,7 @@ package master
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -35,6 +36,8 @@ import (
 	"github.com/cubesandbox/cube/internal/master/apikey"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/nodetunnel"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
 
@@ -55,6 +58,8 @@ type Service struct {
 	reg    *registry
 	self   identity
 	dialer proxy.Dialer
+	// joinCA signs joining nodes' certificates (join.ca_dir); nil: no joins.
+	joinCA *pki.CA
 	agents *agentClient
 	routes *routeCache
 	// stored is the template store (distribute.go).
@@ -94,6 +99,19 @@ func selfIdentity() identity {
 	return id
 }
 
+// tunnelDialer reaches sandboxes through their nodes' data listeners
+// with the master's certificate; nil without [tls].
+func tunnelDialer(tc *tls.Config) *nodetunnel.Dialer {
+	if tc == nil {
+		return nil
+	}
+	return &nodetunnel.Dialer{TLS: tc}
+}
+
+// Dialer is how the service reaches sandboxes (through their nodes' data
+// listeners when they serve one); the plain route uses it too.
+func (s *Service) Dialer() proxy.Dialer { return s.dialer }
+
 // Option adjusts a Service.
 type Option func(*Service)
 
@@ -109,6 +127,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		log = slog.Default()
 	}
 	nodeTLS, err := cfg.TLS.Client("tls")
+	if err != nil {
+		return nil, err
+	}
+	joinCA, err := loadJoinCA(cfg.Join.CADir)
 	if err != nil {
 		return nil, err
 	}
@@ -128,9 +150,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		sched:    scheduler.New(cfg.Scheduler),
 		reg:      &registry{nodes: map[string]*nodeState{}, tls: nodeTLS},
 		self:     selfIdentity(),
-		dialer:   proxy.NetDialer{},
+		dialer:   proxy.NetDialer{Tunnel: tunnelDialer(nodeTLS)},
 		routes:   newRouteCache(),
 		stored:   stored,
+		joinCA:   joinCA,
 		activity: newActivity(),
 		ctx:      bg, cancel: cancel,
 	}
