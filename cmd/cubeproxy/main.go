@@ -30,7 +30,7 @@ func main() {
 	masterAddr := flag.String("master", envOr("CUBEMASTER_ADDR", "/run/cube/cubemaster.sock"), "cubemaster's admin API: unix socket path or host:port; several replicas comma-separated")
 	token := flag.String("admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster's api.admin_token (host:port only)")
 	var masterTLS serve.TLSFiles
-	flag.StringVar(&masterTLS.Cert, "master-tls-cert", "", "certificate (PEM, signed by the cluster CA) for a master at host:port with [tls]")
+	flag.StringVar(&masterTLS.Cert, "master-tls-cert", "", "certificate (PEM, signed by the cluster CA, role proxy) for a master at host:port with [tls] and for the nodes' data listeners")
 	flag.StringVar(&masterTLS.Key, "master-tls-key", "", "its key (PEM)")
 	flag.StringVar(&masterTLS.CA, "master-tls-ca", "", "the cluster CA (PEM) that signed the master's certificate")
 	debug := flag.Bool("debug", false, "debug logging")
@@ -54,6 +54,8 @@ func main() {
 	defer conn.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// The same certificate (role proxy) opens the nodes' data listeners.
+	cfg.NodeTLS = tc
 	srv, err := cubeproxy.Start(ctx, cfg, masterpb.NewRouteServiceClient(conn), log)
 	if err != nil {
 		log.Error("cubeproxy failed to start", "err", err)

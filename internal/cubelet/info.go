@@ -111,6 +111,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 	r := &masterpb.NodeReport{
 		NodeId: s.cfg.Node.ID, Address: masterlink.Advertise(s.cfg), Version: Version,
+		DataAddress:    masterlink.AdvertiseData(s.cfg, s.DataAddress()),
 		DefaultRuntime: s.cfg.Node.DefaultRuntime,
 		MaxMilliCpu:    s.cfg.Sandbox.MaxMilliCPU, MaxMemoryMib: s.cfg.Sandbox.MaxMemoryMiB,
 		SandboxesByState: map[string]int32{}, SandboxesByTemplate: map[string]int32{},

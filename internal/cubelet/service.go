@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,12 +33,14 @@ import (
 
 // Service is one node's cubelet.
 type Service struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	store   *store.Store
-	engine  *workflow.Engine[*actions.Task]
-	node    *actions.Node
-	metrics *prometheus.Registry
+	// dataAddr is where the node data listener is bound (SetDataAddress).
+	dataAddr atomic.Pointer[string]
+	cfg      *config.Config
+	log      *slog.Logger
+	store    *store.Store
+	engine   *workflow.Engine[*actions.Task]
+	node     *actions.Node
+	metrics  *prometheus.Registry
 
 	mu    sync.Mutex
 	boxes map[string]*entry // by sandbox ID; every record in the store has one
@@ -162,6 +165,18 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 // the master now (not earlier, or the master would place sandboxes on a
 // node it cannot reach yet).
 func (s *Service) Serving() { s.hb.Run() }
+
+// SetDataAddress records where the node data listener is bound (before
+// Serving: the first report carries it).
+func (s *Service) SetDataAddress(addr string) { s.dataAddr.Store(&addr) }
+
+// DataAddress is where the node data listener is bound, "" when none.
+func (s *Service) DataAddress() string {
+	if p := s.dataAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
 
 // Close stops the background loops and closes the store. Sandboxes keep
 // running: a restarted cubelet adopts them.

@@ -2,6 +2,7 @@ package cubeletapi
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -14,6 +15,9 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 )
@@ -69,10 +73,46 @@ func Serve(ctx context.Context, svc *cubelet.Service, log *slog.Logger) error {
 		// metrics name this node's sandboxes and templates.
 		g.HTTP("cubelet metrics", pki.RequirePeer(mux, pki.RoleMaster, pki.RoleAdmin), l)
 	}
+	if a := cfg.API.Data; a != "" {
+		if mtls == nil { // config.Validate refuses this; keep the listener unreachable regardless
+			g.Close()
+			return fmt.Errorf("api.data needs [tls]: %w", errdefs.ErrInvalidArgument)
+		}
+		l, err := g.TCP("api.data", tlsSetting, a, mtls)
+		if err != nil {
+			g.Close()
+			return err
+		}
+		svc.SetDataAddress(l.Addr().String())
+		g.HTTP("node data listener", nodetunnel.NewServer(dataLookup(svc), log), l)
+	}
 	// Bound listeners queue connections until Run accepts them: the
 	// master may dial from now on.
 	svc.Serving()
 	return g.Run(ctx)
+}
+
+// dataLookup is where the node data listener finds a sandbox: this
+// node's, running (a snapshot of a running one in progress included), at
+// its slot's host IP or, without a slot, in its network namespace.
+func dataLookup(svc *cubelet.Service) nodetunnel.Lookup {
+	return func(ctx context.Context, id string) (nodetunnel.Endpoint, error) {
+		rec, err := svc.Get(ctx, id)
+		if err != nil {
+			return nodetunnel.Endpoint{}, err
+		}
+		if rec.State != lifecycle.Running && (rec.State != lifecycle.Snapshotting || rec.PrevState != lifecycle.Running) {
+			return nodetunnel.Endpoint{}, fmt.Errorf("sandbox %s is %s: %w", id, rec.State, errdefs.ErrFailedPrecondition)
+		}
+		var ep nodetunnel.Endpoint
+		if rec.Network != nil {
+			ep.HostIP = rec.Network.HostIP
+		}
+		if ep.HostIP == "" && rec.Container != nil && rec.Container.PID > 0 {
+			ep.NetNS = fmt.Sprintf("/proc/%d/ns/net", rec.Container.PID)
+		}
+		return ep, nil
+	}
 }
 
 // callerRole: over mutual TLS ([tls]) only the master and operators

@@ -145,7 +145,8 @@ func (r *Routes) Resolve(ctx context.Context, id string) (*proxy.Target, error) 
 }
 
 func (r *Routes) target(resp *masterpb.ResolveRouteResponse) *proxy.Target {
-	t := &proxy.Target{SandboxID: resp.SandboxId, NodeID: resp.NodeId, HostIP: resp.HostIp, TrafficAccessToken: resp.TrafficAccessToken}
+	t := &proxy.Target{SandboxID: resp.SandboxId, NodeID: resp.NodeId, HostIP: resp.HostIp, TrafficAccessToken: resp.TrafficAccessToken,
+		NodeAddr: resp.NodeDataAddress}
 	if resp.Pid > 0 && resp.NodeBootId != "" && resp.NodeBootId == r.self.bootID && resp.NodePidNamespace == r.self.pidNS {
 		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", resp.Pid)
 	}

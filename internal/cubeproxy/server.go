@@ -20,6 +20,7 @@ import (
 	"time"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/serve"
 )
@@ -42,8 +43,13 @@ type Config struct {
 	CacheTTL time.Duration
 	// ReportInterval is how often activity goes to the master (1 s when zero).
 	ReportInterval time.Duration
-	// Dialer reaches sandboxes (proxy.NetDialer when nil).
+	// Dialer reaches sandboxes (proxy.NetDialer when nil, through the
+	// nodes' data listeners with NodeTLS).
 	Dialer proxy.Dialer
+	// NodeTLS is the client configuration for node data listeners: a
+	// proxy (or master) certificate of the cluster CA. Without it,
+	// sandboxes on nodes that serve one are unreachable (502).
+	NodeTLS *tls.Config
 	// Settings names Listen, MetricsListen and TLS in errors (cubeproxy's
 	// flags when empty): a listener beyond loopback without TLS is refused.
 	Settings Settings
@@ -105,6 +111,13 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	}
 	s.Addr = ln.Addr().String()
 	s.Routes = NewRoutes(client, cfg.CacheTTL, s.Metrics, log)
+	if cfg.Dialer == nil {
+		d := proxy.NetDialer{}
+		if cfg.NodeTLS != nil {
+			d.Tunnel = &nodetunnel.Dialer{TLS: cfg.NodeTLS}
+		}
+		cfg.Dialer = d
+	}
 	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
 	act := newActivity()
 	health := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }

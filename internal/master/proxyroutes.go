@@ -27,6 +27,9 @@ type RouteInfo struct {
 	NodeBootID, NodePID string // the node's machine and PID namespace
 	TrafficAccessToken  string // required on proxied traffic when set
 	Resumed             bool   // this call resumed the sandbox
+	// NodeDataAddr is the node's data listener (nodetunnel); when set,
+	// proxies reach the sandbox only through it.
+	NodeDataAddr string
 }
 
 // Presented is what a proxied client showed: the port it asked for and
@@ -97,7 +100,7 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	t := s.target(sb, resp.Sandbox)
 	ri := &RouteInfo{
 		SandboxID: id, NodeID: sb.NodeID, HostIP: t.HostIP, PID: int64(resp.Sandbox.Pid),
-		TrafficAccessToken: t.TrafficAccessToken, Resumed: resumed,
+		TrafficAccessToken: t.TrafficAccessToken, Resumed: resumed, NodeDataAddr: t.NodeAddr,
 	}
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[sb.NodeID]; ns != nil && ns.report != nil {

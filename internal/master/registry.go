@@ -604,6 +604,17 @@ func (s *Service) isLocal(nodeID string) bool {
 	return ns != nil && ns.report.BootId != "" && ns.report.BootId == s.self.bootID && ns.report.PidNamespace == s.self.pidNS
 }
 
+// dataAddress is the node data listener a node reported, "" when it
+// serves none (its sandboxes are then reachable only on its machine).
+func (s *Service) dataAddress(nodeID string) string {
+	s.reg.mu.Lock()
+	defer s.reg.mu.Unlock()
+	if ns := s.reg.nodes[nodeID]; ns != nil && ns.report != nil {
+		return ns.report.DataAddress
+	}
+	return ""
+}
+
 // nodeRow is a node's catalog row from its live state.
 func nodeRow(r *masterpb.NodeReport, ns *nodeState) *catalog.Node {
 	raw, _ := protojson.Marshal(r)

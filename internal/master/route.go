@@ -120,7 +120,7 @@ func (s *Service) targetFor(ctx context.Context, sb *catalog.Sandbox) (*proxy.Ta
 }
 
 func (s *Service) target(sb *catalog.Sandbox, pb *cubeletpb.Sandbox) *proxy.Target {
-	t := &proxy.Target{SandboxID: sb.ID, NodeID: sb.NodeID, HostIP: pb.GetNetwork().GetHostIp()}
+	t := &proxy.Target{SandboxID: sb.ID, NodeID: sb.NodeID, HostIP: pb.GetNetwork().GetHostIp(), NodeAddr: s.dataAddress(sb.NodeID)}
 	if pb.Pid > 0 && s.isLocal(sb.NodeID) {
 		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", pb.Pid)
 	}

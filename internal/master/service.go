@@ -25,6 +25,7 @@ package master
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -35,6 +36,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/apikey"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
 
@@ -94,6 +96,15 @@ func selfIdentity() identity {
 	return id
 }
 
+// tunnelDialer reaches sandboxes through their nodes' data listeners
+// with the master's certificate; nil without [tls].
+func tunnelDialer(tc *tls.Config) *nodetunnel.Dialer {
+	if tc == nil {
+		return nil
+	}
+	return &nodetunnel.Dialer{TLS: tc}
+}
+
 // Option adjusts a Service.
 type Option func(*Service)
 
@@ -128,7 +139,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		sched:    scheduler.New(cfg.Scheduler),
 		reg:      &registry{nodes: map[string]*nodeState{}, tls: nodeTLS},
 		self:     selfIdentity(),
-		dialer:   proxy.NetDialer{},
+		dialer:   proxy.NetDialer{Tunnel: tunnelDialer(nodeTLS)},
 		routes:   newRouteCache(),
 		stored:   stored,
 		activity: newActivity(),

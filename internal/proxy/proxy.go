@@ -37,6 +37,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
@@ -62,6 +63,11 @@ type Target struct {
 	// TrafficAccessToken, when set, must come with every request to the
 	// sandbox's ports (all but envd's) in the E2b-Traffic-Access-Token header.
 	TrafficAccessToken string
+	// NodeAddr is the node data listener of the sandbox's node
+	// (package nodetunnel). When set, the sandbox is reached through it
+	// and never at HostIP or NetNS: slot addresses are node-local, and
+	// the same HostIP here may be another node's (or no) sandbox.
+	NodeAddr string
 }
 
 // Resolver finds where a sandbox is. Its errors use errdefs: NotFound (no
@@ -76,10 +82,15 @@ type Dialer interface {
 	DialSandbox(ctx context.Context, t *Target, port int) (net.Conn, error)
 }
 
-// NetDialer is the default Dialer: the sandbox's host IP when it has one,
+// NetDialer is the default Dialer: the node data listener when the
+// sandbox's node serves one, else the sandbox's host IP when it has one,
 // else its network namespace when it is on this machine.
 type NetDialer struct {
 	Timeout time.Duration // per connection attempt; 10 s when zero
+	// Tunnel dials node data listeners (this component's cluster
+	// certificate); without it a sandbox whose node serves one is
+	// unreachable from here.
+	Tunnel *nodetunnel.Dialer
 }
 
 // DialSandbox implements Dialer.
@@ -91,6 +102,12 @@ func (d NetDialer) DialSandbox(ctx context.Context, t *Target, port int) (net.Co
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	switch {
+	case t.NodeAddr != "":
+		if d.Tunnel == nil {
+			return nil, fmt.Errorf("sandbox %s: node %s serves it at %s, and this component has no cluster certificate to call it with: %w",
+				t.SandboxID, t.NodeID, t.NodeAddr, errdefs.ErrUnavailable)
+		}
+		return d.Tunnel.Dial(ctx, t.NodeAddr, t.NodeID, t.SandboxID, port)
 	case t.HostIP != "":
 		var nd net.Dialer
 		return nd.DialContext(ctx, "tcp", net.JoinHostPort(t.HostIP, strconv.Itoa(port)))

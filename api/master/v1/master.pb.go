@@ -118,9 +118,13 @@ type ResolveRouteResponse struct {
 	// Required in E2b-Traffic-Access-Token when set.
 	TrafficAccessToken string `protobuf:"bytes,7,opt,name=traffic_access_token,json=trafficAccessToken,proto3" json:"traffic_access_token,omitempty"`
 	// The master resumed the sandbox for this call.
-	Resumed       bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Resumed bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	// The node data listener of the sandbox's node (host:port, mutual TLS):
+	// when set, a proxy reaches the sandbox only through it (host_ip is
+	// node-local and may belong to another sandbox elsewhere).
+	NodeDataAddress string `protobuf:"bytes,9,opt,name=node_data_address,json=nodeDataAddress,proto3" json:"node_data_address,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ResolveRouteResponse) Reset() {
@@ -207,6 +211,13 @@ func (x *ResolveRouteResponse) GetResumed() bool {
 		return x.Resumed
 	}
 	return false
+}
+
+func (x *ResolveRouteResponse) GetNodeDataAddress() string {
+	if x != nil {
+		return x.NodeDataAddress
+	}
+	return ""
 }
 
 type WatchRoutesRequest struct {
@@ -499,7 +510,11 @@ type NodeReport struct {
 	BusyReason string `protobuf:"bytes,24,opt,name=busy_reason,json=busyReason,proto3" json:"busy_reason,omitempty"`
 	// Sandboxes whose process died on their own (not through a verb), with
 	// why, for as long as the node keeps their failed record.
-	Dead          []*DeadSandbox `protobuf:"bytes,25,rep,name=dead,proto3" json:"dead,omitempty"`
+	Dead []*DeadSandbox `protobuf:"bytes,25,rep,name=dead,proto3" json:"dead,omitempty"`
+	// The node data listener (host:port, mutual TLS): where proxies and
+	// masters reach the ports of this node's sandboxes. Empty when the node
+	// serves none; its sandboxes are then reachable only from its machine.
+	DataAddress   string `protobuf:"bytes,26,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -707,6 +722,13 @@ func (x *NodeReport) GetDead() []*DeadSandbox {
 		return x.Dead
 	}
 	return nil
+}
+
+func (x *NodeReport) GetDataAddress() string {
+	if x != nil {
+		return x.DataAddress
+	}
+	return ""
 }
 
 // DeadSandbox is a sandbox the node saw die.
@@ -3125,7 +3147,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x06resume\x18\x02 \x01(\bR\x06resume\x12\x12\n" +
 	"\x04port\x18\x03 \x01(\x05R\x04port\x120\n" +
 	"\x14traffic_access_token\x18\x04 \x01(\tR\x12trafficAccessToken\x12*\n" +
-	"\x11envd_access_token\x18\x05 \x01(\tR\x0fenvdAccessToken\"\x95\x02\n" +
+	"\x11envd_access_token\x18\x05 \x01(\tR\x0fenvdAccessToken\"\xc1\x02\n" +
 	"\x14ResolveRouteResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -3136,7 +3158,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"nodeBootId\x12,\n" +
 	"\x12node_pid_namespace\x18\x06 \x01(\tR\x10nodePidNamespace\x120\n" +
 	"\x14traffic_access_token\x18\a \x01(\tR\x12trafficAccessToken\x12\x18\n" +
-	"\aresumed\x18\b \x01(\bR\aresumed\"\x14\n" +
+	"\aresumed\x18\b \x01(\bR\aresumed\x12*\n" +
+	"\x11node_data_address\x18\t \x01(\tR\x0fnodeDataAddress\"\x14\n" +
 	"\x12WatchRoutesRequest\"Y\n" +
 	"\n" +
 	"RouteEvent\x12\x14\n" +
@@ -3152,7 +3175,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x15ReportActivityRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
-	"\x16ReportActivityResponse\"\xbb\t\n" +
+	"\x16ReportActivityResponse\"\xde\t\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3183,7 +3206,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04busy\x18\x17 \x01(\bR\x04busy\x12\x1f\n" +
 	"\vbusy_reason\x18\x18 \x01(\tR\n" +
 	"busyReason\x12*\n" +
-	"\x04dead\x18\x19 \x03(\v2\x16.master.v1.DeadSandboxR\x04dead\x1aC\n" +
+	"\x04dead\x18\x19 \x03(\v2\x16.master.v1.DeadSandboxR\x04dead\x12!\n" +
+	"\fdata_address\x18\x1a \x01(\tR\vdataAddress\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +

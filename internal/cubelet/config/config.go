@@ -39,6 +39,10 @@ type Config struct {
 		Socket  string `toml:"socket"`
 		TCP     string `toml:"tcp"`
 		Metrics string `toml:"metrics"`
+		// Data is the node data listener (package nodetunnel): the ports
+		// of this node's sandboxes for proxies and masters, mutual TLS
+		// only. Empty = none.
+		Data string `toml:"data"`
 		// Pprof serves net/http/pprof on the metrics listener (cube-bench
 		// --profile reads it). Off by default: profiles expose internals.
 		Pprof bool `toml:"pprof"`
@@ -156,6 +160,10 @@ func (c *Config) Validate() error {
 	if c.GC.Interval.Duration <= 0 {
 		return bad("gc.interval must be positive")
 	}
+	if c.API.Data != "" && !c.TLS.Enabled() {
+		// Its only guard is the caller's certificate.
+		return bad("api.data %q needs [tls] (cert, key and ca): the node data listener admits only proxy and master certificates", c.API.Data)
+	}
 	return c.finishSnapshots()
 }
 
@@ -261,6 +269,7 @@ type VMConfig struct {
 type MasterConfig struct {
 	Addr              string   `toml:"addr"`
 	Advertise         string   `toml:"advertise"`
+	AdvertiseData     string   `toml:"advertise_data"`
 	HeartbeatInterval Duration `toml:"heartbeat_interval"`
 	Token             string   `toml:"token"`
 }

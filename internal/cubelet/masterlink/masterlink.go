@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -174,6 +175,34 @@ func (h *Link) run(ctx context.Context) {
 		case <-h.kick:
 		}
 	}
+}
+
+// AdvertiseData is where proxies and masters reach this node's data
+// listener, bound at bound ("" when it serves none): master.advertise_data,
+// else bound when its host is an address, else the host of
+// master.advertise (or api.tcp) with bound's port.
+func AdvertiseData(c *config.Config, bound string) string {
+	if bound == "" {
+		return ""
+	}
+	if c.Master.AdvertiseData != "" {
+		return c.Master.AdvertiseData
+	}
+	h, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() {
+		return bound
+	}
+	for _, a := range []string{c.Master.Advertise, c.API.TCP} {
+		if ah, _, err := net.SplitHostPort(a); err == nil && ah != "" {
+			if ip := net.ParseIP(ah); ip == nil || !ip.IsUnspecified() {
+				return net.JoinHostPort(ah, port)
+			}
+		}
+	}
+	return bound
 }
 
 // Advertise is the address the master should dial to reach this cubelet.

@@ -34,7 +34,7 @@ func (r *RouteServer) ResolveRoute(ctx context.Context, req *masterpb.ResolveRou
 	}
 	return &masterpb.ResolveRouteResponse{
 		SandboxId: ri.SandboxID, NodeId: ri.NodeID, HostIp: ri.HostIP, Pid: ri.PID,
-		NodeBootId: ri.NodeBootID, NodePidNamespace: ri.NodePID,
+		NodeBootId: ri.NodeBootID, NodePidNamespace: ri.NodePID, NodeDataAddress: ri.NodeDataAddr,
 		TrafficAccessToken: ri.TrafficAccessToken, Resumed: ri.Resumed,
 	}, nil
 }
