@@ -43,6 +43,7 @@ import (
 	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testenv"
+	"github.com/cubesandbox/cube/internal/testimage"
 )
 
 // Ports every host uses on its own address.
@@ -50,6 +51,7 @@ const (
 	E2BPort    = 3000
 	NodeAPI    = 8089 // cubemaster api.node (nodes, proxies)
 	CubeletAPI = 9443 // cubelet api.tcp (the master dials it)
+	DataPort   = 9444 // cubelet api.data (masters and proxies reach sandboxes' ports through it)
 	ProxyPort  = 8443 // cubeproxy
 	MySQLPort  = 3306
 	// NodeCIDR is every node's slot address plan: the default, the same
@@ -87,6 +89,7 @@ type Cluster struct {
 	Nodes      []*Node
 	bins       map[string]string
 	opts       Options
+	image      string
 	hosts      int
 }
 
@@ -181,6 +184,12 @@ func Start(t testing.TB, o Options) *Cluster {
 	}
 	admin := c.issue(t, "admin", "admin", pki.RoleAdmin)
 	if c.tlsClient, err = admin.Client("test"); err != nil {
+		t.Fatal(err)
+	}
+	// The busybox test image plus the bash shim the E2B SDK needs, imported
+	// on every node as Template.
+	c.image = filepath.Join(c.Dir, "e2b-busybox")
+	if err := testimage.WriteE2BBusybox(c.image); err != nil {
 		t.Fatal(err)
 	}
 	c.startMariaDB(t)
@@ -404,12 +413,12 @@ func (m *Master) Start(t testing.TB) {
 // API is an E2B REST client for the replica (TLS, the cluster CA).
 func (m *Master) API(key string) *mastertest.Client {
 	return &mastertest.Client{Base: fmt.Sprintf("https://%s:%d", m.Host.IP, E2BPort), Key: key,
-		HC: &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: m.c.serverTLS()}}}
+		HC: &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: m.c.ServerTLS()}}}
 }
 
-// serverTLS trusts the cluster CA (no client certificate: the E2B API and
+// ServerTLS trusts the cluster CA (no client certificate: the E2B API and
 // the route authenticate with keys and tokens).
-func (c *Cluster) serverTLS() *tls.Config {
+func (c *Cluster) ServerTLS() *tls.Config {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.CA.CertPEM)
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
@@ -458,7 +467,7 @@ func (c *Cluster) startProxy(t testing.TB, i int) {
 		"--id", name, "--tls-cert", f.Cert, "--tls-key", f.Key, "--master", c.MasterAddrs(), "--admin-token", c.AdminToken,
 		"--master-tls-cert", f.Cert, "--master-tls-key", f.Key, "--master-tls-ca", f.CA)
 	t.Cleanup(func() { p.Proc.Stop(10 * time.Second) })
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: c.serverTLS()}}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: c.ServerTLS()}}
 	waitFor(t, 30*time.Second, "cubeproxy "+name, func() bool {
 		if !p.Proc.Running() {
 			t.Fatalf("cubeproxy %s exited:\n%s", name, p.Proc.Output())
@@ -521,6 +530,7 @@ cgroup_parent = %q
 [api]
 socket = %q
 tcp = "%s:%d"
+data = "%s:%d"
 metrics = ""
 [tls]
 cert = %q
@@ -539,7 +549,7 @@ template_headroom_mib = %d
 [gc]
 interval = "200ms"
 max_backoff = "2s"
-`, n.ID, ec.Node.DataDir, ec.Node.RunDir, ec.Node.CgroupParent, ec.API.Socket, h.IP, CubeletAPI,
+`, n.ID, ec.Node.DataDir, ec.Node.RunDir, ec.Node.CgroupParent, ec.API.Socket, h.IP, CubeletAPI, h.IP, DataPort,
 		f.Cert, f.Key, f.CA, c.MasterAddrs(), h.IP, CubeletAPI, n.agentSock,
 		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB)
 	n.cubeletCf = filepath.Join(env.Dir, "cubelet.toml")
@@ -557,31 +567,40 @@ max_backoff = "2s"
 // Start (re)starts the node's network-agent and cubelet.
 func (n *Node) Start(t testing.TB) {
 	t.Helper()
+	if err := n.start(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (n *Node) start(t testing.TB) error {
 	n.Agent = n.Host.start(t, n.Host.Name+"/network-agent", n.c.bins["network-agent"], "--config", n.agentCfg)
-	waitFor(t, 30*time.Second, "network-agent "+n.Host.Name, func() bool {
+	err := poll(30*time.Second, "network-agent "+n.Host.Name, func() (bool, error) {
 		if !n.Agent.Running() {
-			t.Fatalf("network-agent %s exited:\n%s", n.Host.Name, n.Agent.Output())
+			return false, fmt.Errorf("network-agent %s exited:\n%s", n.Host.Name, n.Agent.Output())
 		}
 		nc, err := client.Dial(n.agentSock)
 		if err != nil {
-			return false
+			return false, nil
 		}
 		defer nc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		h, err := nc.Health(ctx)
-		return err == nil && h.Ok
+		return err == nil && h.Ok, nil
 	})
+	if err != nil {
+		return err
+	}
 	n.Cubelet = n.Host.start(t, n.Host.Name+"/cubelet", n.c.bins["cubelet"], "--config", n.cubeletCf)
-	waitFor(t, 60*time.Second, "cubelet "+n.Host.Name, func() bool {
+	return poll(60*time.Second, "cubelet "+n.Host.Name, func() (bool, error) {
 		if !n.Cubelet.Running() {
-			t.Fatalf("cubelet %s exited:\n%s", n.Host.Name, n.Cubelet.Output())
+			return false, fmt.Errorf("cubelet %s exited:\n%s", n.Host.Name, n.Cubelet.Output())
 		}
 		_, err := n.call(func(ctx context.Context, cl cubeletpb.CubeletServiceClient) error {
 			_, err := cl.Health(ctx, &cubeletpb.HealthRequest{})
 			return err
 		})
-		return err == nil
+		return err == nil, nil
 	})
 }
 
@@ -600,7 +619,7 @@ func (n *Node) call(f func(context.Context, cubeletpb.CubeletServiceClient) erro
 func (n *Node) importTemplate(t testing.TB) {
 	t.Helper()
 	_, err := n.call(func(ctx context.Context, cl cubeletpb.CubeletServiceClient) error {
-		st, err := cl.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: Template, Source: n.Env.Image})
+		st, err := cl.ImportTemplate(ctx, &cubeletpb.ImportTemplateRequest{TemplateId: Template, Source: n.c.image})
 		if err != nil {
 			return err
 		}
@@ -675,17 +694,13 @@ func (n *Node) teardown(t testing.TB) {
 	if !n.Agent.Running() || !n.Cubelet.Running() {
 		n.Cubelet.Kill()
 		n.Agent.Kill()
-		restarted := func() (ok bool) {
-			defer func() {
-				if r := recover(); r != nil {
-					ok = false
-				}
-			}()
-			n.Start(t)
-			return true
-		}()
-		if !restarted {
-			t.Errorf("node %s: could not restart it to clean up", n.ID)
+		if n.Host.unplugged {
+			if err := n.Host.Plug(); err != nil {
+				t.Errorf("node %s: plug it back to clean up: %v", n.ID, err)
+			}
+		}
+		if err := n.start(t); err != nil {
+			t.Errorf("node %s: restart it to clean up: %v", n.ID, err)
 		}
 	}
 	if n.Cubelet.Running() {
@@ -763,6 +778,21 @@ func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
 	for !ok() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// poll is waitFor returning an error (cleanups must not t.Fatal).
+func poll(d time.Duration, what string, ok func() (bool, error)) error {
+	deadline := time.Now().Add(d)
+	for {
+		done, err := ok()
+		if err != nil || done {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", d, what)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -3,8 +3,12 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -12,8 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	pb "github.com/cubesandbox/cube/api/envd/process"
+	"github.com/cubesandbox/cube/api/envd/process/processconnect"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/testbin"
+	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/test/cluster"
 )
 
@@ -123,6 +134,14 @@ func TestCluster(t *testing.T) {
 				}
 			}
 		}
+	})
+
+	t.Run("web-on-node3", func(t *testing.T) {
+		webOnNode3(t, c, apis)
+	})
+
+	t.Run("e2b-sdk", func(t *testing.T) {
+		sdkSuites(t, c, apis, key)
 	})
 
 	t.Run("leader-kill", func(t *testing.T) {
@@ -305,4 +324,192 @@ func hostLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		}
 		t.Logf("E2B GET %s (lost host): %s %s", id, r.Status, got.State)
 	}
+}
+
+// webScript answers every connection with a small HTTP response.
+const webScript = `cr=$(printf '\r')
+while IFS= read -r l; do case "$l" in "$cr"|"") break;; esac; done
+printf 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\nfrom-n3\r\n'`
+
+// headerTransport names the sandbox and port the way the SDKs do with
+// E2B_SANDBOX_URL.
+type headerTransport struct {
+	id, port, token string
+	rt              http.RoundTripper
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(proxy.HeaderSandboxID, h.id)
+	r.Header.Set(proxy.HeaderSandboxPort, h.port)
+	if h.token != "" {
+		r.Header.Set("X-Access-Token", h.token)
+	}
+	return h.rt.RoundTrip(r)
+}
+
+// onNode creates a sandbox on node n: the other nodes are cordoned for
+// the create.
+func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node) (id, token string) {
+	t.Helper()
+	ctx := context.Background()
+	admin := c.AdminOf(t)
+	for _, o := range c.Nodes {
+		if o != n {
+			if _, err := admin.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: o.ID, Schedulable: false}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer func() {
+		for _, o := range c.Nodes {
+			if _, err := admin.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: o.ID, Schedulable: true}); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	// Every replica re-reads the node rows every half heartbeat.
+	mastertest.WaitFor(t, 10*time.Second, "every replica to see the cordons", func() bool {
+		for _, m := range c.Masters {
+			resp, err := m.Admin.ListNodes(ctx, &masterpb.ListNodesRequest{})
+			if err != nil {
+				return false
+			}
+			for _, v := range resp.Nodes {
+				if (v.Report.NodeId == n.ID) != v.Schedulable {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	var out struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+cluster.Template+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}}`, &out)
+	if r.StatusCode/100 != 2 {
+		t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
+	}
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == out.SandboxID && sb.NodeId != n.ID {
+			t.Fatalf("sandbox %s landed on %s, want %s", out.SandboxID, sb.NodeId, n.ID)
+		}
+	}
+	return out.SandboxID, out.EnvdAccessToken
+}
+
+// webOnNode3 starts a web server in a sandbox on node 3 through one
+// proxy (envd's process API across hosts) and reaches it through the
+// other, each proxy on its own host, by port URL and by header.
+func webOnNode3(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
+	n3 := c.Nodes[2]
+	id, token := onNode(t, c, apis[1], n3)
+	t.Cleanup(func() { kill(t, apis[0], id) })
+	tlsc := c.ServerTLS()
+	p1, p2 := c.Proxies[0], c.Proxies[1]
+	hc := &http.Client{Transport: headerTransport{id: id, port: "49983", token: token, rt: &http.Transport{TLSClientConfig: tlsc}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := processconnect.NewProcessClient(hc, p1.URL).Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{
+		Cmd: "/bin/sh", Args: []string{"-c", "cat > /tmp/web.sh <<'EOF'\n" + webScript + "\nEOF\nexec nc -ll -p 8000 -e /bin/sh /tmp/web.sh"}}}))
+	if err != nil {
+		t.Fatalf("start the web server through %s: %v", p1.Host.Name, err)
+	}
+	if !s.Receive() {
+		t.Fatalf("start the web server through %s: %v", p1.Host.Name, s.Err())
+	}
+	go func() {
+		for s.Receive() {
+		}
+	}()
+	defer s.Close()
+	plain := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsc}}
+	var body string
+	var took time.Duration
+	mastertest.WaitFor(t, 15*time.Second, "the web server through "+p2.Host.Name, func() bool {
+		req, _ := http.NewRequest(http.MethodGet, p2.URL+"/", nil)
+		req.Host = "8000-" + id + "." + cluster.Domain
+		began := time.Now()
+		resp, err := plain.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body, took = string(b), time.Since(began)
+		return resp.StatusCode == http.StatusOK
+	})
+	if strings.TrimSpace(body) != "from-n3" {
+		t.Fatalf("body %q", body)
+	}
+	t.Logf("sandbox %s on %s (%s): web server started through %s (%s), answered through %s (%s) at its port URL in %s",
+		id, n3.ID, n3.Host.IP, p1.Host.Name, p1.Host.IP, p2.Host.Name, p2.Host.IP, took.Round(time.Microsecond))
+}
+
+// sdkSuites runs the unmodified E2B JS SDK suites (test/e2e/node) against
+// the cluster: sdk.test.mjs on a sandbox made through one replica's E2B
+// API on node 3, reached through a proxy host; the control-plane suite
+// through the other replica.
+func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key string) {
+	node := testenv.RequireBinary(t, "node", "nodejs")
+	dir := filepath.Join(testbin.Root(), "test", "e2e", "node")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		testenv.Missing(t, "the E2B SDK is not installed: npm ci --prefix test/e2e/node")
+	}
+	id, token := onNode(t, c, apis[0], c.Nodes[2])
+	t.Cleanup(func() { kill(t, apis[0], id) })
+	if token == "" {
+		t.Fatalf("secure create of %s: no envdAccessToken", id)
+	}
+	// The tenancy suite's teams and keys.
+	teams := teamKeys(t, c)
+	run := func(t *testing.T, api int, proxy *cluster.Proxy, env []string, files ...string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, append([]string{"--test", "--test-concurrency=1", "--test-reporter=spec"}, files...)...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), append(env,
+			"E2B_API_URL="+apis[api].Base, "E2B_SANDBOX_URL="+proxy.URL, "E2B_API_KEY="+key, "E2B_DOMAIN="+cluster.Domain,
+			"NODE_EXTRA_CA_CERTS="+c.CAFile())...)
+		began := time.Now()
+		out, err := cmd.CombinedOutput()
+		t.Logf("%v against %s and %s in %s:\n%s", files, apis[api].Base, proxy.URL, time.Since(began).Round(time.Millisecond), out)
+		if err != nil {
+			t.Fatalf("%v: %v", files, err)
+		}
+	}
+	t.Run("sdk", func(t *testing.T) {
+		run(t, 0, c.Proxies[0], []string{"CUBE_SANDBOX_ID=" + id}, "sdk.test.mjs")
+	})
+	t.Run("controlplane", func(t *testing.T) {
+		run(t, 1, c.Proxies[1], append(teams, "CUBE_E2E_TEMPLATE="+cluster.Template), "controlplane.test.mjs", "tenancy.test.mjs")
+	})
+}
+
+// teamKeys makes the teams of the tenancy suite (as test/e2e/node/system
+// does) and returns their keys as environment entries.
+func teamKeys(t *testing.T, c *cluster.Cluster) []string {
+	t.Helper()
+	ctx := context.Background()
+	a := c.AdminOf(t)
+	var env []string
+	for _, tm := range []struct {
+		env, team string
+		quota     *masterpb.TeamQuota
+	}{
+		{"CUBE_E2E_TEAM_A_KEY", "e2e-a", nil},
+		{"CUBE_E2E_TEAM_B_KEY", "e2e-b", nil},
+		{"CUBE_E2E_QUOTA_KEY", "e2e-quota", &masterpb.TeamQuota{MaxSandboxes: 1}},
+	} {
+		if _, err := a.CreateTeam(ctx, &masterpb.CreateTeamRequest{Name: tm.team, Quota: tm.quota}); err != nil {
+			t.Fatalf("create team %s: %v", tm.team, err)
+		}
+		k, err := a.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: tm.team + "-key", Team: tm.team})
+		if err != nil {
+			t.Fatalf("create a key of team %s: %v", tm.team, err)
+		}
+		env = append(env, tm.env+"="+k.Secret)
+	}
+	return env
 }

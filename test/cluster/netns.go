@@ -20,6 +20,9 @@ type Host struct {
 	NS   string // the namespace's name (/run/netns/<NS>)
 	IP   string
 	veth string // the bridge end, in the test's namespace
+	// bridge is the cluster's bridge; unplugged: Unplug cut the host off.
+	bridge    string
+	unplugged bool
 }
 
 // nsPath is the namespace's bind mount.
@@ -47,23 +50,37 @@ func (c *Cluster) addHost(t testing.TB, name string, n int) *Host {
 			t.Errorf("delete host %s: %v", name, err)
 		}
 	})
+	h.bridge = c.Bridge
+	if err := h.Plug(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// Plug connects the host to the bridge: a veth pair, eth0 with the
+// host's address on its side.
+func (h *Host) Plug() error {
 	for _, args := range [][]string{
 		{"link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.NS},
-		{"link", "set", h.veth, "master", c.Bridge, "up"},
+		{"link", "set", h.veth, "master", h.bridge, "up"},
 		{"-n", h.NS, "link", "set", "lo", "up"},
 		{"-n", h.NS, "addr", "add", h.IP + "/24", "dev", "eth0"},
 		{"-n", h.NS, "link", "set", "eth0", "up"},
 	} {
 		if err := ip(args...); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	return h
+	h.unplugged = false
+	return nil
 }
 
 // Unplug cuts the host off the network (its cable pulled): the bridge end
 // of its link is deleted, which deletes the host's end too.
-func (h *Host) Unplug() error { return ip("link", "del", h.veth) }
+func (h *Host) Unplug() error {
+	h.unplugged = true
+	return ip("link", "del", h.veth)
+}
 
 // Proc is a daemon running in a host's namespace.
 type Proc struct {
