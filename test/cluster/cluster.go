@@ -82,15 +82,17 @@ type Cluster struct {
 	CA     *pki.CA
 	// AdminToken is the masters' api.admin_token (proxies send it).
 	AdminToken string
-	tlsClient  *tls.Config // an admin certificate of the cluster CA
-	DB         *MariaDB
-	Masters    []*Master
-	Proxies    []*Proxy
-	Nodes      []*Node
-	bins       map[string]string
-	opts       Options
-	image      string
-	hosts      int
+	// AdminTLS is a client TLS config with an admin certificate of the
+	// cluster CA (the admin API on a replica's api.node, with AdminToken).
+	AdminTLS *tls.Config
+	DB       *MariaDB
+	Masters  []*Master
+	Proxies  []*Proxy
+	Nodes    []*Node
+	bins     map[string]string
+	opts     Options
+	image    string
+	hosts    int
 }
 
 // MariaDB is the catalog's server on its own host.
@@ -176,14 +178,17 @@ func Start(t testing.TB, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	c.Dir = dir
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		os.RemoveAll(dir)
+		c.assertGone(t)
+	})
 	c.buildBinaries(t)
 	c.makeBridge(t)
 	if c.CA, err = pki.NewCA("cube cluster test " + c.ID); err != nil {
 		t.Fatal(err)
 	}
 	admin := c.issue(t, "admin", "admin", pki.RoleAdmin)
-	if c.tlsClient, err = admin.Client("test"); err != nil {
+	if c.AdminTLS, err = admin.Client("test"); err != nil {
 		t.Fatal(err)
 	}
 	// The busybox test image plus the bash shim the E2B SDK needs, imported
@@ -424,6 +429,30 @@ func (c *Cluster) ServerTLS() *tls.Config {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 }
 
+// NodeResolver writes a Node.js preload (node --import) that resolves
+// every name under Domain to the proxy p, as a wildcard DNS record for
+// the route would, and returns its path.
+func (c *Cluster) NodeResolver(t testing.TB, p *Proxy) string {
+	t.Helper()
+	path := filepath.Join(c.Dir, "resolve-"+p.Host.Name+".mjs")
+	js := fmt.Sprintf(`import dns from 'node:dns'
+const lookup = dns.lookup
+dns.lookup = function (host, opts, cb) {
+  if (typeof opts === 'function') { cb = opts; opts = {} }
+  if (typeof opts === 'number') opts = { family: opts }
+  if (host === %[1]q || host.endsWith('.' + %[1]q)) {
+    if (opts && opts.all) return process.nextTick(cb, null, [{ address: %[2]q, family: 4 }])
+    return process.nextTick(cb, null, %[2]q, 4)
+  }
+  return lookup.call(this, host, opts, cb)
+}
+`, Domain, p.Host.IP)
+	if err := os.WriteFile(path, []byte(js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // CAFile is the cluster CA's certificate (PEM), for clients such as
 // Node.js (NODE_EXTRA_CA_CERTS).
 func (c *Cluster) CAFile() string { return filepath.Join(c.Dir, "pki", "admin", "ca.crt") }
@@ -461,7 +490,9 @@ func (c *Cluster) startProxy(t testing.TB, i int) {
 	t.Helper()
 	name := fmt.Sprintf("p%d", i+1)
 	h := c.newHost(t, name)
-	f := c.issue(t, name, "cubeproxy-"+name, pki.RoleProxy, h.IP)
+	// Sandbox hosts (<port>-<id>.<domain>) too: clients that resolve
+	// the domain to a proxy reach it by name.
+	f := c.issue(t, name, "cubeproxy-"+name, pki.RoleProxy, h.IP, "*."+Domain)
 	p := &Proxy{Host: h, URL: fmt.Sprintf("https://%s:%d", h.IP, ProxyPort)}
 	p.Proc = h.start(t, name, c.bins["cubeproxy"], "--listen", fmt.Sprintf("%s:%d", h.IP, ProxyPort), "--domain", Domain,
 		"--id", name, "--tls-cert", f.Cert, "--tls-key", f.Key, "--master", c.MasterAddrs(), "--admin-token", c.AdminToken,
@@ -795,5 +826,17 @@ func poll(d time.Duration, what string, ok func() (bool, error)) error {
 			return fmt.Errorf("timed out after %s waiting for %s", d, what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// assertGone fails t if a namespace or link of the cluster is left (run
+// last, after every host's cleanup).
+func (c *Cluster) assertGone(t testing.TB) {
+	ns, _ := exec.Command("ip", "netns", "list").Output()
+	links, _ := exec.Command("ip", "-o", "link", "show").Output()
+	for _, l := range strings.Split(string(ns)+string(links), "\n") {
+		if strings.Contains(l, "cube-cl-"+c.ID) || strings.Contains(l, "ccl"+c.ID) || strings.Contains(l, c.Bridge+":") || strings.Contains(l, c.Bridge+"@") {
+			t.Errorf("left after the cluster: %s", l)
+		}
 	}
 }

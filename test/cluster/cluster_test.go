@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -464,26 +465,65 @@ func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key 
 	}
 	// The tenancy suite's teams and keys.
 	teams := teamKeys(t, c)
-	run := func(t *testing.T, api int, proxy *cluster.Proxy, env []string, files ...string) {
+	run := func(t *testing.T, api int, proxy *cluster.Proxy, sandboxURL string, env []string, files ...string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, node, append([]string{"--test", "--test-concurrency=1", "--test-reporter=spec"}, files...)...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), append(env,
-			"E2B_API_URL="+apis[api].Base, "E2B_SANDBOX_URL="+proxy.URL, "E2B_API_KEY="+key, "E2B_DOMAIN="+cluster.Domain,
-			"NODE_EXTRA_CA_CERTS="+c.CAFile())...)
+			"E2B_API_URL="+apis[api].Base, "E2B_SANDBOX_URL="+sandboxURL, "E2B_API_KEY="+key, "E2B_DOMAIN="+cluster.Domain,
+			"NODE_EXTRA_CA_CERTS="+c.CAFile(), "NODE_OPTIONS=--import="+c.NodeResolver(t, proxy))...)
 		began := time.Now()
 		out, err := cmd.CombinedOutput()
-		t.Logf("%v against %s and %s in %s:\n%s", files, apis[api].Base, proxy.URL, time.Since(began).Round(time.Millisecond), out)
+		t.Logf("%v against %s and %s (proxy host %s) in %s:\n%s", files, apis[api].Base, sandboxURL, proxy.Host.IP, time.Since(began).Round(time.Millisecond), out)
 		if err != nil {
 			t.Fatalf("%v: %v", files, err)
 		}
 	}
 	t.Run("sdk", func(t *testing.T) {
-		run(t, 0, c.Proxies[0], []string{"CUBE_SANDBOX_ID=" + id}, "sdk.test.mjs")
+		// The sandbox's envd by name, as E2B's domain scheme has it (the
+		// signed URLs the SDK makes carry no header naming the sandbox).
+		run(t, 0, c.Proxies[0], fmt.Sprintf("https://49983-%s.%s:%d", id, cluster.Domain, cluster.ProxyPort),
+			[]string{"CUBE_SANDBOX_ID=" + id}, "sdk.test.mjs")
 	})
 	t.Run("controlplane", func(t *testing.T) {
-		run(t, 1, c.Proxies[1], append(teams, "CUBE_E2E_TEMPLATE="+cluster.Template), "controlplane.test.mjs", "tenancy.test.mjs")
+		// Where the suite's sandboxes land, read from the catalog while
+		// it runs (it kills them as it goes).
+		placed := map[string]string{}
+		stop := make(chan struct{})
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			for {
+				if resp, err := c.Masters[0].Admin.ListSandboxes(context.Background(), &masterpb.ListSandboxesRequest{}); err == nil {
+					for _, sb := range resp.Sandboxes {
+						if sb.SandboxId != id && sb.NodeId != "" {
+							placed[sb.SandboxId] = sb.NodeId
+						}
+					}
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}()
+		defer func() {
+			close(stop)
+			<-watched
+			per := map[string]int{}
+			for _, n := range placed {
+				per[n]++
+			}
+			t.Logf("the suite's sandboxes seen in the catalog: %d, per node %v", len(placed), per)
+			for _, n := range c.Nodes {
+				if per[n.ID] == 0 {
+					t.Errorf("no sandbox of the suite on node %s (per node %v)", n.ID, per)
+				}
+			}
+		}()
+		run(t, 1, c.Proxies[1], c.Proxies[1].URL, append(teams, "CUBE_E2E_TEMPLATE="+cluster.Template), "controlplane.test.mjs", "tenancy.test.mjs")
 	})
 }
 
