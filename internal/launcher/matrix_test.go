@@ -1,6 +1,7 @@
 package launcher_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -43,12 +44,14 @@ import (
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	networkpb "github.com/cubesandbox/cube/api/network/v1"
 	"github.com/cubesandbox/cube/internal/agentproto"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/launcher"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/storage"
@@ -118,6 +121,7 @@ func TestListenerMatrix(t *testing.T) {
 	}
 	id := randomHex(4)
 	nodeAPI, cubeletTCP, cubeletMetrics, proxyMetrics, netHTTP := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	cubeletData := freePort(t)
 	adminToken := randomHex(16)
 	netPrefix := "lm" + id[:6]
 	out := &syncBuffer{}
@@ -126,8 +130,8 @@ func TestListenerMatrix(t *testing.T) {
 		BinDir: bin, APIAddr: freePort(t), ProxyAddr: freePort(t), Template: "busybox", TemplateSource: busyboxLayout(t),
 		ExtraMasterTOML: fmt.Sprintf("[api]\nnode = %q\nadmin_token = %q\n[proxy]\nmetrics = %q\n[nodes]\nheartbeat_interval = \"200ms\"\n",
 			nodeAPI, adminToken, proxyMetrics),
-		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"lm-%[1]s\"\ncgroup_parent = \"cube-test-%[1]s\"\n[api]\ntcp = %[2]q\nmetrics = %[3]q\n"+
-			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n", id, cubeletTCP, cubeletMetrics),
+		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"lm-%[1]s\"\ncgroup_parent = \"cube-test-%[1]s\"\n[api]\ntcp = %[2]q\nmetrics = %[3]q\ndata = %[4]q\n"+
+			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n", id, cubeletTCP, cubeletMetrics, cubeletData),
 		ExtraNetworkTOML: fmt.Sprintf("%s[api]\nhttp = %q\n", networkTOML(netPrefix), netHTTP),
 		Out:              out, Log: mastertest.Log(t),
 	}
@@ -326,6 +330,9 @@ func TestListenerMatrix(t *testing.T) {
 		}},
 		"tcp " + cubeletTCP: {"cubelet", func(n string) {
 			grpcMatrix(t, m, n, cubeletTCP, certs, rogue, noCert, nodeID, "")
+		}},
+		"tcp " + cubeletData: {"cubelet", func(n string) {
+			dataMatrix(m, n, cubeletData, nodeID, sbs["team-a"].SandboxID, certs, rogue, noCert)
 		}},
 		"tcp " + cubeletMetrics: {"cubelet", func(n string) {
 			mtlsHTTP(m, n, "https://"+cubeletMetrics, []string{"/metrics", "/healthz"}, certs, rogue, noCert)
@@ -833,6 +840,59 @@ func mtlsHTTP(m *matrix, name, base string, paths []string, certs map[string]*tl
 		code, err = do(base+p, certs["admin"])
 		m.add(name, call, "control: admin certificate", "200/204", fmt.Sprint(code, err), err == nil && code < 300)
 	}
+}
+
+// dataMatrix: the node data listener. Only the route's (proxy) and the
+// master's certificates open a tunnel to a sandbox port; a node's, an
+// operator's, another CA's, none, or plaintext do not. The controls reach
+// the sandbox's agent through the tunnel, and a sandbox that is not the
+// node's is refused with a proxy certificate (the lookup, not the
+// certificate, refuses it).
+func dataMatrix(m *matrix, name, addr, nodeID, sandboxID string, certs map[string]*tls.Config, rogue, noCert *tls.Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := "CONNECT " + sandboxID + ":49983"
+	probe := func(tc *tls.Config, id string) (string, error) {
+		c, err := (&nodetunnel.Dialer{TLS: tc}).Dial(ctx, addr, nodeID, id, agentproto.Port)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n"); err != nil {
+			return "", err
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		return strings.TrimSpace(line), err
+	}
+	// Plaintext CONNECT to the TLS listener.
+	pc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	got := fmt.Sprint(err)
+	if err == nil {
+		_ = pc.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(pc, "CONNECT %s:%d HTTP/1.1\r\nHost: x\r\n\r\n", sandboxID, agentproto.Port)
+		line, rerr := bufio.NewReader(pc).ReadString('\n')
+		got = fmt.Sprintf("%q %v", strings.TrimSpace(line), rerr)
+		pc.Close()
+	}
+	m.add(name, call, "none (plaintext)", "refused", got, !strings.Contains(got, " 200 "))
+	for _, c := range []struct {
+		cred string
+		tc   *tls.Config
+	}{{"none (TLS, no certificate)", noCert}, {"wrong (another CA's certificate)", rogue}} {
+		got, err := probe(c.tc, sandboxID)
+		m.add(name, call, c.cred, "TLS handshake refused", fmt.Sprint(got, err), err != nil && !errdefs.IsPermissionDenied(err))
+	}
+	for _, c := range []string{"node", "other-node", "admin"} {
+		got, err := probe(certs[c], sandboxID)
+		m.add(name, call, "wrong role ("+c+" certificate)", "403", fmt.Sprint(got, err), errdefs.IsPermissionDenied(err))
+	}
+	for _, c := range []string{"proxy", "master"} {
+		got, err := probe(certs[c], sandboxID)
+		m.add(name, call, "control: "+c+" certificate", "the sandbox's agent answers", fmt.Sprint(got, err), err == nil && strings.HasPrefix(got, "HTTP/1.1 "))
+	}
+	got, err = probe(certs["proxy"], "not-on-this-node")
+	m.add(name, "CONNECT not-on-this-node:49983", "proxy certificate", "404", fmt.Sprint(got, err), errdefs.IsNotFound(err))
 }
 
 // unixMatrix: a root-only socket. uid 65534 cannot connect (the mode);

@@ -105,6 +105,10 @@ func tunnelDialer(tc *tls.Config) *nodetunnel.Dialer {
 	return &nodetunnel.Dialer{TLS: tc}
 }
 
+// Dialer is how the service reaches sandboxes (through their nodes' data
+// listeners when they serve one); the plain route uses it too.
+func (s *Service) Dialer() proxy.Dialer { return s.dialer }
+
 // Option adjusts a Service.
 type Option func(*Service)
 

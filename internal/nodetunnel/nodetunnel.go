@@ -276,9 +276,13 @@ func (d *Dialer) Dial(ctx context.Context, addr, nodeID, sandboxID string, port 
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
 		conn.Close()
 		return nil, fmt.Errorf("node %s: sandbox %s port %d: %s: %s: %w", nodeID, sandboxID, port, resp.Status, strings.TrimSpace(string(msg)), kindOf(resp.StatusCode))
 	}
+	// A 2xx answer to CONNECT has no body (net/http gives NoBody): what
+	// follows in br is the sandbox's.
+	resp.Body.Close()
 	_ = conn.SetDeadline(time.Time{})
 	return &tunnelConn{Conn: conn, r: br}, nil
 }

@@ -19,6 +19,9 @@ import (
 type cluster struct {
 	server                     *tls.Config
 	proxy, master, node, admin *tls.Config
+	// masterServer is a listener config holding the master's certificate:
+	// valid for the CA, of the wrong role for a node listener.
+	masterServer *tls.Config
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -47,8 +50,16 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mf, err := ca.Issue(dir, "master-srv", "cubemaster", pki.RoleMaster, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msrv, err := mf.MutualServer("test")
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &cluster{
-		server: srv,
+		server: srv, masterServer: msrv,
 		proxy:  client("proxy", "cubeproxy", pki.RoleProxy),
 		master: client("master", "cubemaster", pki.RoleMaster),
 		node:   client("n2", "n2", pki.RoleNode),
@@ -85,6 +96,11 @@ func upstream(t *testing.T) (ip string, port int) {
 
 func serveNode(t *testing.T, c *cluster, eps map[string]Endpoint) string {
 	t.Helper()
+	return serveWith(t, c.server, eps)
+}
+
+func serveWith(t *testing.T, server *tls.Config, eps map[string]Endpoint) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +117,7 @@ func serveNode(t *testing.T, c *cluster, eps map[string]Endpoint) string {
 		}
 		return ep, nil
 	}
-	go func() { _ = Serve(ctx, NewServer(lookup, nil), Listener(ln, c.server)); close(done) }()
+	go func() { _ = Serve(ctx, NewServer(lookup, nil), Listener(ln, server)); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }
@@ -183,4 +199,23 @@ func TestNoClientCertificate(t *testing.T) {
 		t.Fatal("a caller without a certificate reached the sandbox")
 	}
 	t.Logf("no client certificate: %v", err)
+}
+
+// TestClientChecksNodeRole: a listener holding a certificate of the
+// cluster CA but not a node's (the master's, named like no node) is not
+// taken for node n1; the control, n1's own listener, is.
+func TestClientChecksNodeRole(t *testing.T) {
+	c := newCluster(t)
+	ip, port := upstream(t)
+	eps := map[string]Endpoint{"sb1": {HostIP: ip}}
+	impostor := serveWith(t, c.masterServer, eps)
+	_, err := roundTrip(context.Background(), &Dialer{TLS: c.proxy}, impostor, "n1", "sb1", port)
+	if err == nil || !strings.Contains(err.Error(), "role") {
+		t.Fatalf("a master certificate taken for node n1: %v", err)
+	}
+	t.Logf("master-certificate listener dialled as node n1: %v", err)
+	got, err := roundTrip(context.Background(), &Dialer{TLS: c.proxy}, serveNode(t, c, eps), "n1", "sb1", port)
+	if err != nil || got != "hello world" {
+		t.Fatalf("control: %q %v", got, err)
+	}
 }

@@ -29,3 +29,16 @@ func TestSnapshotConfigValidation(t *testing.T) {
 		t.Fatalf("defaults: %+v %+v", c.Storage.DiskPool, c.Snapshots)
 	}
 }
+
+// TestDataListenerNeedsTLS: api.data's only guard is the caller's
+// certificate, so without [tls] it is refused, even on loopback; the
+// control, the same address with [tls], is accepted.
+func TestDataListenerNeedsTLS(t *testing.T) {
+	if _, err := Parse([]byte("[api]\ndata = \"127.0.0.1:9997\"\n")); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("api.data without [tls]: %v, want InvalidArgument", err)
+	}
+	c, err := Parse([]byte("[api]\ndata = \"127.0.0.1:9997\"\n[tls]\ncert = \"/c\"\nkey = \"/k\"\nca = \"/ca\"\n"))
+	if err != nil || c.API.Data != "127.0.0.1:9997" {
+		t.Fatalf("api.data with [tls]: %v %+v", err, c.API)
+	}
+}

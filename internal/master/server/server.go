@@ -111,7 +111,7 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 	}
 	if proxyLn != nil {
 		s.ProxyAddr = proxyLn.Addr().String()
-		route := proxy.New(proxy.Config{Resolver: svc, Domain: cfg.Proxy.Domain, Log: log})
+		route := proxy.New(proxy.Config{Resolver: svc, Dialer: svc.Dialer(), Domain: cfg.Proxy.Domain, Log: log})
 		log.Info("sandbox route listening", "addr", s.ProxyAddr, "domain", cfg.Proxy.Domain)
 		s.run(func() error { return route.Serve(rctx, proxyLn) })
 	}
