@@ -1,7 +1,9 @@
 package cluster_test
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -137,8 +139,8 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("web-on-node3", func(t *testing.T) {
-		webOnNode3(t, c, apis)
+	t.Run("cross-host", func(t *testing.T) {
+		crossHost(t, c, apis)
 	})
 
 	t.Run("e2b-sdk", func(t *testing.T) {
@@ -332,6 +334,12 @@ const webScript = `cr=$(printf '\r')
 while IFS= read -r l; do case "$l" in "$cr"|"") break;; esac; done
 printf 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\nfrom-n3\r\n'`
 
+// wsScript accepts a WebSocket upgrade and then echoes every byte.
+const wsScript = `cr=$(printf '\r')
+while IFS= read -r l; do case "$l" in "$cr"|"") break;; esac; done
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'
+exec cat`
+
 // headerTransport names the sandbox and port the way the SDKs do with
 // E2B_SANDBOX_URL.
 type headerTransport struct {
@@ -351,7 +359,7 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // onNode creates a sandbox on node n: the other nodes are cordoned for
 // the create.
-func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node) (id, token string) {
+func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, extra string) (id, token string) {
 	t.Helper()
 	ctx := context.Background()
 	admin := c.AdminOf(t)
@@ -388,7 +396,7 @@ func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
-	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+cluster.Template+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}}`, &out)
+	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+cluster.Template+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
 	if r.StatusCode/100 != 2 {
 		t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
 	}
@@ -400,52 +408,149 @@ func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster
 	return out.SandboxID, out.EnvdAccessToken
 }
 
-// webOnNode3 starts a web server in a sandbox on node 3 through one
-// proxy (envd's process API across hosts) and reaches it through the
-// other, each proxy on its own host, by port URL and by header.
-func webOnNode3(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
+// crossHost makes a sandbox on node 3 (auto-pause and auto-resume on)
+// and reaches it from other hosts: a web server started through envd on
+// proxy p1 and answered through p2 at its port URL; a WebSocket echo
+// through p1; a 2 s Connect stream through p2, unbuffered; and, once the
+// sandbox is paused through replica m1, a request through p2 that resumes
+// it.
+func crossHost(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	n3 := c.Nodes[2]
-	id, token := onNode(t, c, apis[1], n3)
+	id, token := onNode(t, c, apis[1], n3, `,"autoPause":true,"autoResume":{"enabled":true}`)
 	t.Cleanup(func() { kill(t, apis[0], id) })
 	tlsc := c.ServerTLS()
 	p1, p2 := c.Proxies[0], c.Proxies[1]
-	hc := &http.Client{Transport: headerTransport{id: id, port: "49983", token: token, rt: &http.Transport{TLSClientConfig: tlsc}}}
+	envd := func(p *cluster.Proxy) processconnect.ProcessClient {
+		hc := &http.Client{Transport: headerTransport{id: id, port: "49983", token: token, rt: &http.Transport{TLSClientConfig: tlsc}}}
+		return processconnect.NewProcessClient(hc, p.URL)
+	}
+	sh := func(script string) *connect.Request[pb.StartRequest] {
+		return connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}})
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s, err := processconnect.NewProcessClient(hc, p1.URL).Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{
-		Cmd: "/bin/sh", Args: []string{"-c", "cat > /tmp/web.sh <<'EOF'\n" + webScript + "\nEOF\nexec nc -ll -p 8000 -e /bin/sh /tmp/web.sh"}}}))
+	s, err := envd(p1).Start(ctx, sh("cat > /tmp/web.sh <<'EOF'\n"+webScript+"\nEOF\ncat > /tmp/ws.sh <<'EOF'\n"+wsScript+
+		"\nEOF\nnc -ll -p 8001 -e /bin/sh /tmp/ws.sh & exec nc -ll -p 8000 -e /bin/sh /tmp/web.sh"))
 	if err != nil {
-		t.Fatalf("start the web server through %s: %v", p1.Host.Name, err)
+		t.Fatalf("start the servers through %s: %v", p1.Host.Name, err)
 	}
 	if !s.Receive() {
-		t.Fatalf("start the web server through %s: %v", p1.Host.Name, s.Err())
+		t.Fatalf("start the servers through %s: %v", p1.Host.Name, s.Err())
 	}
 	go func() {
 		for s.Receive() {
 		}
 	}()
 	defer s.Close()
-	plain := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsc}}
-	var body string
-	var took time.Duration
-	mastertest.WaitFor(t, 15*time.Second, "the web server through "+p2.Host.Name, func() bool {
-		req, _ := http.NewRequest(http.MethodGet, p2.URL+"/", nil)
+	plain := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsc}}
+	get := func(p *cluster.Proxy) (int, string, error) {
+		req, _ := http.NewRequest(http.MethodGet, p.URL+"/", nil)
 		req.Host = "8000-" + id + "." + cluster.Domain
-		began := time.Now()
 		resp, err := plain.Do(req)
 		if err != nil {
-			return false
+			return 0, "", err
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		body, took = string(b), time.Since(began)
-		return resp.StatusCode == http.StatusOK
-	})
-	if strings.TrimSpace(body) != "from-n3" {
-		t.Fatalf("body %q", body)
+		return resp.StatusCode, string(b), nil
 	}
-	t.Logf("sandbox %s on %s (%s): web server started through %s (%s), answered through %s (%s) at its port URL in %s",
-		id, n3.ID, n3.Host.IP, p1.Host.Name, p1.Host.IP, p2.Host.Name, p2.Host.IP, took.Round(time.Microsecond))
+
+	t.Run("web", func(t *testing.T) {
+		var body string
+		var took time.Duration
+		mastertest.WaitFor(t, 15*time.Second, "the web server through "+p2.Host.Name, func() bool {
+			began := time.Now()
+			code, b, err := get(p2)
+			body, took = b, time.Since(began)
+			return err == nil && code == http.StatusOK
+		})
+		if strings.TrimSpace(body) != "from-n3" {
+			t.Fatalf("body %q", body)
+		}
+		t.Logf("sandbox %s on %s (%s): web server started through %s (%s), answered through %s (%s) at its port URL in %s",
+			id, n3.ID, n3.Host.IP, p1.Host.Name, p1.Host.IP, p2.Host.Name, p2.Host.IP, took.Round(time.Microsecond))
+	})
+
+	t.Run("websocket", func(t *testing.T) {
+		conn, err := tls.Dial("tcp", strings.TrimPrefix(p1.URL, "https://"), tlsc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: 8001-%s.%s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", id, cluster.Domain)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("upgrade: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade: %s", resp.Status)
+		}
+		for _, msg := range []string{"ping 1\n", "ping 2\n"} {
+			began := time.Now()
+			if _, err := io.WriteString(conn, msg); err != nil {
+				t.Fatal(err)
+			}
+			line, err := br.ReadString('\n')
+			if err != nil || line != msg {
+				t.Fatalf("echo: %q %v", line, err)
+			}
+			t.Logf("WebSocket echo of %q through %s to %s: %s", strings.TrimSpace(msg), p1.Host.Name, n3.Host.Name, time.Since(began).Round(time.Microsecond))
+		}
+	})
+
+	t.Run("connect-stream", func(t *testing.T) {
+		start := time.Now()
+		st, err := envd(p2).Start(context.Background(), sh("echo first; sleep 2; echo second"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		var firstAt, endAt time.Duration
+		for st.Receive() {
+			ev := st.Msg().GetEvent()
+			if d := ev.GetData(); d != nil && strings.Contains(string(d.GetStdout()), "first") && firstAt == 0 {
+				firstAt = time.Since(start)
+			}
+			if ev.GetEnd() != nil {
+				endAt = time.Since(start)
+			}
+		}
+		if st.Err() != nil || firstAt == 0 || endAt == 0 {
+			t.Fatalf("stream: first %s end %s err %v", firstAt, endAt, st.Err())
+		}
+		if firstAt > 1500*time.Millisecond || endAt < 2*time.Second {
+			t.Fatalf("first output after %s, end after %s: buffered", firstAt, endAt)
+		}
+		t.Logf("Connect stream through %s from %s: first event after %s, end after %s", p2.Host.Name, n3.Host.Name, firstAt.Round(time.Millisecond), endAt.Round(time.Millisecond))
+	})
+
+	t.Run("auto-resume", func(t *testing.T) {
+		if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+id+"/pause", nil, nil); r.StatusCode/100 != 2 {
+			t.Fatalf("pause through %s: %s %s", c.Masters[0].Replica, r.Status, r.Body)
+		}
+		var info struct {
+			State string `json:"state"`
+		}
+		apis[1].Do(t, http.MethodGet, "/sandboxes/"+id, nil, &info)
+		if info.State != "paused" {
+			t.Fatalf("after pause: state %q", info.State)
+		}
+		began := time.Now()
+		code, body, err := get(p2)
+		if err != nil || code != http.StatusOK || strings.TrimSpace(body) != "from-n3" {
+			t.Fatalf("GET through %s of the paused sandbox: %d %q %v", p2.Host.Name, code, body, err)
+		}
+		took := time.Since(began)
+		apis[1].Do(t, http.MethodGet, "/sandboxes/"+id, nil, &info)
+		if info.State != "running" {
+			t.Errorf("after the request: state %q", info.State)
+		}
+		t.Logf("paused through %s; a request through %s resumed it on %s and was answered in %s", c.Masters[0].Replica, p2.Host.Name, n3.Host.Name, took.Round(time.Millisecond))
+	})
 }
 
 // sdkSuites runs the unmodified E2B JS SDK suites (test/e2e/node) against
@@ -468,7 +573,7 @@ func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key 
 			testenv.Missing(t, "the E2B SDK is not installed and npm ci --prefix test/e2e/node failed: %v\n%s", err, out)
 		}
 	}
-	id, token := onNode(t, c, apis[0], c.Nodes[2])
+	id, token := onNode(t, c, apis[0], c.Nodes[2], "")
 	t.Cleanup(func() { kill(t, apis[0], id) })
 	if token == "" {
 		t.Fatalf("secure create of %s: no envdAccessToken", id)
