@@ -668,6 +668,38 @@ func (n *Node) importTemplate(t testing.TB) {
 	}
 }
 
+// AddNode starts one more node host (a node that joins later) and waits
+// until the masters report it healthy.
+func (c *Cluster) AddNode(t testing.TB) *Node {
+	t.Helper()
+	c.startNode(t, len(c.Nodes))
+	n := c.Nodes[len(c.Nodes)-1]
+	n.WaitHealthy(t, 60*time.Second)
+	return n
+}
+
+// Image is the OCI layout every node imported as Template (busybox with
+// the E2B bash shim), readable by every host.
+func (c *Cluster) Image() string { return c.image }
+
+// WaitTemplate waits until a live replica reports the node holding the
+// template.
+func (n *Node) WaitTemplate(t testing.TB, id string, d time.Duration) {
+	t.Helper()
+	waitFor(t, d, "node "+n.ID+" holding template "+id, func() bool {
+		v := n.c.node(t, n.ID)
+		if v == nil {
+			return false
+		}
+		for _, tr := range v.Report.Templates {
+			if tr.Id == id {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // WaitHealthy waits until a live replica reports the node healthy with
 // the template.
 func (n *Node) WaitHealthy(t testing.TB, d time.Duration) {

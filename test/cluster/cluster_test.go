@@ -147,6 +147,10 @@ func TestCluster(t *testing.T) {
 		sdkSuites(t, c, apis, key)
 	})
 
+	t.Run("templates", func(t *testing.T) {
+		templates(t, c, apis)
+	})
+
 	t.Run("leader-kill", func(t *testing.T) {
 		leaderKill(t, c, apis)
 	})
@@ -256,7 +260,7 @@ func leaderKill(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 // gone) and checks that the catalog stops calling its sandboxes running
 // within the masters' unhealthy window, while the other nodes' stay.
 func hostLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
-	victim := c.Nodes[len(c.Nodes)-1]
+	victim := c.Nodes[2]
 	var ids []string
 	t.Cleanup(func() {
 		for _, id := range ids {
@@ -361,6 +365,12 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // the create.
 func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, extra string) (id, token string) {
 	t.Helper()
+	return onNodeFrom(t, c, api, n, cluster.Template, extra)
+}
+
+// onNodeFrom is onNode with a template.
+func onNodeFrom(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, tmpl, extra string) (id, token string) {
+	t.Helper()
 	ctx := context.Background()
 	admin := c.AdminOf(t)
 	for _, o := range c.Nodes {
@@ -396,7 +406,7 @@ func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster
 		SandboxID       string `json:"sandboxID"`
 		EnvdAccessToken string `json:"envdAccessToken"`
 	}
-	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+cluster.Template+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
+	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+tmpl+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
 	if r.StatusCode/100 != 2 {
 		t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
 	}
@@ -667,4 +677,37 @@ func teamKeys(t *testing.T, c *cluster.Cluster) []string {
 		env = append(env, tm.env+"="+k.Secret)
 	}
 	return env
+}
+
+// templates imports a template once through one replica (its store) and
+// waits for every node to hold it, creates a sandbox from it on each
+// node, then adds a fourth node host and waits for it to get the
+// template too.
+func templates(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
+	const id = "dist"
+	ctx := context.Background()
+	m := c.Masters[0]
+	began := time.Now()
+	resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: id, Source: c.Image()})
+	if err != nil {
+		t.Fatalf("import %s through %s: %v", id, m.Replica, err)
+	}
+	stored := time.Since(began)
+	for _, n := range c.Nodes {
+		n.WaitTemplate(t, id, 60*time.Second)
+	}
+	all := time.Since(began)
+	t.Logf("template %s (%s, %d bytes) imported through %s: stored in %s, on all %d nodes after %s",
+		id, resp.Template.Digest, resp.Template.SizeBytes, m.Replica, stored.Round(time.Millisecond), len(c.Nodes), all.Round(time.Millisecond))
+	for _, n := range c.Nodes {
+		sb, _ := onNodeFrom(t, c, apis[1], n, id, "")
+		kill(t, apis[0], sb)
+	}
+	began = time.Now()
+	n4 := c.AddNode(t)
+	up := time.Since(began)
+	n4.WaitTemplate(t, id, 60*time.Second)
+	t.Logf("node %s joined later (%s, daemons up in %s): held %s %s after its start", n4.ID, n4.Host.IP, up.Round(time.Millisecond), id, time.Since(began).Round(time.Millisecond))
+	sb, _ := onNodeFrom(t, c, apis[0], n4, id, "")
+	kill(t, apis[0], sb)
 }
