@@ -383,6 +383,11 @@ expiry_interval = "200ms"
 memory_mib = 64
 [templates]
 store_dir = %[14]q
+[scheduler.weights]
+# Every node holds every template here: locality would only pile the
+# first sandboxes on the node that got the first one (its bonus outweighs
+# spread's until a node has a few), and the cases assert the spread.
+locality = 0.0
 `, h.IP, E2BPort, f.Cert, f.Key, f.CA, NodeAPI, m.Socket, c.AdminToken, Domain, c.DB.DSN, name,
 		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"))
 	m.Config = filepath.Join(m.Dir, "cubemaster.toml")
