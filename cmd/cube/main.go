@@ -7,6 +7,8 @@
 //	cube down   stop a running `cube up` (sandboxes keep running)
 //	cube pki STEP  rotate the cluster's certificates and CA under a running
 //	            `cube up` (status, reissue, ca-begin, ca-promote, ca-finish)
+//	cube join   on a new compute-only node: spend a join token (cubecli node
+//	            join-token on the master) for this node's certificate
 //
 // It only wires flags to package launcher.
 package main
@@ -25,11 +27,16 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/launcher"
+	"github.com/cubesandbox/cube/internal/nodejoin"
 )
 
 func main() {
 	if len(os.Args) < 2 {
 		usage()
+	}
+	if os.Args[1] == "join" {
+		join(os.Args[2:])
+		return
 	}
 	exe, _ := os.Executable()
 	cfg := launcher.Config{Out: os.Stdout}
@@ -125,8 +132,37 @@ func main() {
 	}
 }
 
+// join is `cube join`: the node makes its key, the master's join listener
+// signs a node certificate for it, and cubelet's [tls] lines are printed.
+func join(args []string) {
+	fs := flag.NewFlagSet("cube join", flag.ExitOnError)
+	addr := fs.String("master", "", "the master's join listener, host:port (its join.listen)")
+	token := fs.String("token", os.Getenv("CUBE_JOIN_TOKEN"), "the join token (cubecli node join-token; env CUBE_JOIN_TOKEN)")
+	nodeID := fs.String("node-id", "", "this node's ID (cubelet's node.id); default the host name")
+	hosts := fs.String("hosts", "", "comma-separated addresses this node is dialled at (its api.tcp and api.data hosts)")
+	dir := fs.String("dir", "/var/lib/cube/pki", "where to write node.key (0600), node.crt and ca.crt")
+	_ = fs.Parse(args)
+	if *addr == "" || *token == "" || *hosts == "" {
+		fail("usage: cube join --master HOST:PORT --token TOKEN --hosts ADDR[,ADDR] [--node-id ID] [--dir DIR]")
+	}
+	if *nodeID == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			fail(err.Error())
+		}
+		*nodeID = h
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cert, key, ca, err := nodejoin.Join(ctx, *addr, *token, *nodeID, strings.Split(*hosts, ","), *dir)
+	if err != nil {
+		fail(err.Error())
+	}
+	fmt.Printf("# node %s joined; in cubelet's config:\n[node]\nid = %q\n[tls]\ncert = %q\nkey = %q\nca = %q\n", *nodeID, *nodeID, cert, key, ca)
+}
+
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cube up|env|down|pki [flags]   (cube up -h for the flags)")
+	fmt.Fprintln(os.Stderr, "usage: cube up|env|down|pki|join [flags]   (cube up -h for the flags)")
 	os.Exit(2)
 }
 

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
@@ -27,7 +28,7 @@ import (
 //
 //	cubecli apikey create NAME [--team T] [--admin] | ls | rm KEY
 //	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ... | delete NAME [--force]
-//	cubecli node ls | cordon NODE | uncordon NODE
+//	cubecli node ls | cordon NODE | uncordon NODE | join-token [--node-id N] [--ttl D]
 //	cubecli sandbox ls --all-nodes
 //	cubecli template ls|import|rm --all-nodes   (import: --node N for one node,
 //	                                            --source-on-nodes for a path on each node,
@@ -54,7 +55,7 @@ func addCluster(root *cobra.Command, g *globals) {
 	root.PersistentFlags().StringVar(&c.token, "admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster admin token, for host:port (env CUBEMASTER_TOKEN)")
 	root.AddCommand(apikeyCmd(c), teamCmd(c))
 	if node := findCmd(root, "node"); node != nil {
-		node.AddCommand(nodeList(c), nodeCordon(c, "cordon", false), nodeCordon(c, "uncordon", true))
+		node.AddCommand(nodeList(c), nodeCordon(c, "cordon", false), nodeCordon(c, "uncordon", true), nodeJoinToken(c))
 	}
 	allNodes(findCmd(root, "sandbox", "ls"), "list the catalog of cubemaster: every sandbox on every node", c.sandboxList)
 	allNodes(findCmd(root, "template", "ls"), "list the templates of every node, through cubemaster", c.templateList)
@@ -264,6 +265,32 @@ func nodeCordon(c *cluster, verb string, on bool) *cobra.Command {
 			})
 		},
 	}
+}
+
+func nodeJoinToken(c *cluster) *cobra.Command {
+	var nodeID string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "join-token",
+		Short: "Make a one-time token with which a new node gets its certificate (cube join on the node)",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				resp, err := a.CreateJoinToken(ctx, &masterpb.CreateJoinTokenRequest{NodeId: nodeID, Ttl: durationpb.New(ttl)})
+				if err != nil {
+					return err
+				}
+				if c.g.json() {
+					return c.g.printJSON(resp)
+				}
+				fmt.Fprintln(c.g.out, resp.Token)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&nodeID, "node-id", "", "the only node ID the token may be used for (needed for a node already registered)")
+	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the token is valid")
+	return cmd
 }
 
 func (c *cluster) sandboxList(cmd *cobra.Command, _ []string) error {

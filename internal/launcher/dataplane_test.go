@@ -31,6 +31,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/nodejoin"
 	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/pki"
@@ -86,7 +87,8 @@ func TestNodeDataPlane(t *testing.T) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	ca, err := pki.NewCA("data plane test")
+	caDir := filepath.Join(dir, "ca")
+	ca, err := pki.LoadOrCreateCA(caDir, "data plane test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,15 +110,32 @@ func TestNodeDataPlane(t *testing.T) {
 	masterFiles := issue("master", "cubemaster", pki.RoleMaster, brIP, "127.0.0.1")
 	proxyTLS := client(issue("proxy", "proxy-1", pki.RoleProxy))
 
-	masterNode := net.JoinHostPort(brIP, "7101")
-	m := mastertest.StartMaster(t, fmt.Sprintf("[api]\nnode = %q\n[tls]\ncert = %q\nkey = %q\nca = %q\n",
-		masterNode, masterFiles.Cert, masterFiles.Key, masterFiles.CA))
+	masterNode, masterJoin := net.JoinHostPort(brIP, "7101"), net.JoinHostPort(brIP, "7102")
+	m := mastertest.StartMaster(t, fmt.Sprintf("[api]\nnode = %q\n[tls]\ncert = %q\nkey = %q\nca = %q\n[join]\nlisten = %q\nca_dir = %q\n",
+		masterNode, masterFiles.Cert, masterFiles.Key, masterFiles.CA, masterJoin, caDir))
+	// Node 1 gets its certificate from the CA; node 2 joins with a
+	// one-time token, as a compute-only node without the CA key does.
+	certFor := func(i int, id, ip, tlsDir string) serve.TLSFiles {
+		if i == 1 {
+			return issue("n1", id, pki.RoleNode, ip)
+		}
+		tok, err := m.Admin.CreateJoinToken(context.Background(), &masterpb.CreateJoinTokenRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, key, caFile, err := nodejoin.Join(context.Background(), masterJoin, tok.Token, id, []string{ip}, tlsDir)
+		if err != nil {
+			t.Fatalf("%s: join: %v", id, err)
+		}
+		t.Logf("%s joined with a token: certificate %s", id, cert)
+		return serve.TLSFiles{Cert: cert, Key: key, CA: caFile}
+	}
 
 	// The same node CIDR on both nodes: their slot addresses overlap.
 	nodeCIDR := fmt.Sprintf("10.%d.%d.0/24", 192+int(b[2])%60, b[0])
 	var nodes []*dpNode
 	for i := 1; i <= 2; i++ {
-		n := startDPNode(t, bin, netAgent, dir, id, i, subnet, br, brIP, nodeCIDR, masterNode, issue)
+		n := startDPNode(t, bin, netAgent, dir, id, i, subnet, br, brIP, nodeCIDR, masterNode, certFor)
 		nodes = append(nodes, n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -444,7 +463,7 @@ func TestNodeDataPlane(t *testing.T) {
 }
 
 func startDPNode(t *testing.T, bin, netAgent, dir, id string, i int, subnet, br, brIP, nodeCIDR, masterNode string,
-	issue func(base, name string, role pki.Role, hosts ...string) serve.TLSFiles) *dpNode {
+	certFor func(i int, id, ip, tlsDir string) serve.TLSFiles) *dpNode {
 	t.Helper()
 	n := &dpNode{id: fmt.Sprintf("dp%s-n%d", id, i), ns: fmt.Sprintf("cube-dp-%s-%d", id, i), ip: fmt.Sprintf("%s.%d", subnet, 10+i),
 		dir: filepath.Join(dir, fmt.Sprintf("n%d", i)), logs: &syncBuffer{}}
@@ -472,13 +491,16 @@ func startDPNode(t *testing.T, bin, netAgent, dir, id string, i int, subnet, br,
 	if err := os.MkdirAll(n.dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	nodeFiles := issue(fmt.Sprintf("n%d", i), n.id, pki.RoleNode, n.ip)
 	// The node keeps its own copy, as a separate host would.
 	tlsDir := filepath.Join(n.dir, "tls")
+	nodeFiles := certFor(i, n.id, n.ip, tlsDir)
 	if err := os.MkdirAll(tlsDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	for src, dst := range map[string]string{nodeFiles.Cert: "node.crt", nodeFiles.Key: "node.key", nodeFiles.CA: "ca.crt"} {
+		if filepath.Join(tlsDir, dst) == src {
+			continue
+		}
 		data, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)

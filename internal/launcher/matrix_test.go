@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
@@ -51,6 +52,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/nodejoin"
 	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -121,15 +123,15 @@ func TestListenerMatrix(t *testing.T) {
 	}
 	id := randomHex(4)
 	nodeAPI, cubeletTCP, cubeletMetrics, proxyMetrics, netHTTP := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
-	cubeletData := freePort(t)
+	cubeletData, joinAddr := freePort(t), freePort(t)
 	adminToken := randomHex(16)
 	netPrefix := "lm" + id[:6]
 	out := &syncBuffer{}
 	cfg := launcher.Config{
 		StateDir: filepath.Join(root, "state"), RunDir: filepath.Join(root, "run"), LogDir: filepath.Join(root, "log"),
 		BinDir: bin, APIAddr: freePort(t), ProxyAddr: freePort(t), Template: "busybox", TemplateSource: busyboxLayout(t),
-		ExtraMasterTOML: fmt.Sprintf("[api]\nnode = %q\nadmin_token = %q\n[proxy]\nmetrics = %q\n[nodes]\nheartbeat_interval = \"200ms\"\n",
-			nodeAPI, adminToken, proxyMetrics),
+		ExtraMasterTOML: fmt.Sprintf("[api]\nnode = %q\nadmin_token = %q\n[proxy]\nmetrics = %q\n[nodes]\nheartbeat_interval = \"200ms\"\n[join]\nlisten = %q\nca_dir = %q\n",
+			nodeAPI, adminToken, proxyMetrics, joinAddr, filepath.Join(root, "state", "pki")),
 		ExtraCubeletTOML: fmt.Sprintf("[node]\nid = \"lm-%[1]s\"\ncgroup_parent = \"cube-test-%[1]s\"\n[api]\ntcp = %[2]q\nmetrics = %[3]q\ndata = %[4]q\n"+
 			"[storage]\npool_image_size_mib = 4096\ntemplate_headroom_mib = 32\n[gc]\ninterval = \"200ms\"\n", id, cubeletTCP, cubeletMetrics, cubeletData),
 		ExtraNetworkTOML: fmt.Sprintf("%s[api]\nhttp = %q\n", networkTOML(netPrefix), netHTTP),
@@ -330,6 +332,9 @@ func TestListenerMatrix(t *testing.T) {
 		}},
 		"tcp " + cubeletTCP: {"cubelet", func(n string) {
 			grpcMatrix(t, m, n, cubeletTCP, certs, rogue, noCert, nodeID, "")
+		}},
+		"tcp " + joinAddr: {"cubemaster", func(n string) {
+			joinMatrix(t, m, n, joinAddr, clusterCA, admin)
 		}},
 		"tcp " + cubeletData: {"cubelet", func(n string) {
 			dataMatrix(m, n, cubeletData, nodeID, sbs["team-a"].SandboxID, certs, rogue, noCert)
@@ -840,6 +845,41 @@ func mtlsHTTP(m *matrix, name, base string, paths []string, certs map[string]*tl
 		code, err = do(base+p, certs["admin"])
 		m.add(name, call, "control: admin certificate", "200/204", fmt.Sprint(code, err), err == nil && code < 300)
 	}
+}
+
+// joinMatrix: the join listener. It takes no client certificate; the
+// token is the credential. Plaintext, no token, a made-up one and a spent
+// one are refused; the control, a fresh token, gets a node certificate.
+func joinMatrix(t *testing.T, m *matrix, name, addr string, ca *pki.CA, admin masterpb.AdminServiceClient) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := "POST " + nodejoin.Path
+	sum := sha256.Sum256(ca.Cert.Raw)
+	post := func(scheme, body string) (int, error) {
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: nodejoin.PinnedConfig(sum[:])}}
+		resp, err := hc.Post(scheme+"://"+addr+nodejoin.Path, "application/json", strings.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	code, err := post("http", `{"nodeId":"matrix-node"}`)
+	m.add(name, call, "none (plaintext)", "refused", fmt.Sprint(code, err), code != http.StatusOK)
+	code, err = post("https", `{"nodeId":"matrix-node","publicKey":"x"}`)
+	m.add(name, call, "none (no token)", "400/401", fmt.Sprint(code, err), err == nil && (code == http.StatusBadRequest || code == http.StatusUnauthorized))
+	tok, err := admin.CreateJoinToken(ctx, &masterpb.CreateJoinTokenRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(tok.Token, ".")
+	madeUp := strings.Join([]string{parts[0], parts[1], strings.Repeat("0", len(parts[2])), parts[3]}, ".")
+	_, _, _, err = nodejoin.Join(ctx, addr, madeUp, "matrix-node", []string{"127.0.0.1"}, t.TempDir())
+	m.add(name, call, "wrong (a made-up secret)", "401", fmt.Sprint(err), errdefs.IsUnauthenticated(err))
+	_, _, _, err = nodejoin.Join(ctx, addr, tok.Token, "matrix-node", []string{"127.0.0.1"}, t.TempDir())
+	m.add(name, call, "control: a fresh token", "a node certificate", fmt.Sprint(err), err == nil)
+	_, _, _, err = nodejoin.Join(ctx, addr, tok.Token, "matrix-node-2", []string{"127.0.0.1"}, t.TempDir())
+	m.add(name, call, "wrong (the same token again)", "401", fmt.Sprint(err), errdefs.IsUnauthenticated(err))
 }
 
 // dataMatrix: the node data listener. Only the route's (proxy) and the

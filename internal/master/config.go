@@ -104,6 +104,19 @@ type Config struct {
 		// lease_ttl/4 before it could lapse.
 		LeaseTTL Duration `toml:"lease_ttl"`
 	} `toml:"ha"`
+	// Join lets new nodes obtain a node certificate with a one-time token
+	// (cube join) instead of the CA key.
+	Join struct {
+		// Listen is the join listener (HTTPS, no client certificate:
+		// the token authenticates); "" = none.
+		Listen string `toml:"listen"`
+		// CADir holds the cluster CA (ca.crt, ca.key) the master signs
+		// joining nodes' certificates with.
+		CADir string `toml:"ca_dir"`
+		// Hosts are the names the join listener's certificate carries
+		// besides its address (its clients pin the CA, not a name).
+		Hosts []string `toml:"hosts"`
+	} `toml:"join"`
 }
 
 // LoadConfig returns the defaults with the file at path (if any) merged
@@ -125,6 +138,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Catalog.DSN == "" {
 		return bad("catalog.dsn is required")
+	}
+	if c.Join.Listen != "" && c.Join.CADir == "" {
+		return bad("join.listen needs join.ca_dir (the CA that signs joining nodes' certificates)")
 	}
 	for name, d := range map[string]time.Duration{
 		"nodes.heartbeat_interval": c.Nodes.HeartbeatInterval.Duration, "nodes.unhealthy_after": c.Nodes.UnhealthyAfter.Duration,

@@ -37,6 +37,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
 	"github.com/cubesandbox/cube/internal/nodetunnel"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
 
@@ -57,6 +58,8 @@ type Service struct {
 	reg    *registry
 	self   identity
 	dialer proxy.Dialer
+	// joinCA signs joining nodes' certificates (join.ca_dir); nil: no joins.
+	joinCA *pki.CA
 	agents *agentClient
 	routes *routeCache
 	// stored is the template store (distribute.go).
@@ -127,6 +130,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
+	joinCA, err := loadJoinCA(cfg.Join.CADir)
+	if err != nil {
+		return nil, err
+	}
 	stored, err := newStoredTemplates(cfg.Templates.StoreDir)
 	if err != nil {
 		return nil, err
@@ -146,6 +153,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		dialer:   proxy.NetDialer{Tunnel: tunnelDialer(nodeTLS)},
 		routes:   newRouteCache(),
 		stored:   stored,
+		joinCA:   joinCA,
 		activity: newActivity(),
 		ctx:      bg, cancel: cancel,
 	}

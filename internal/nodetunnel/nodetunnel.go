@@ -43,6 +43,7 @@ import (
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/sandboxid"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // Endpoint is where a sandbox's ports are on its node: HostIP (its slot)
@@ -247,8 +248,14 @@ func (d *Dialer) Dial(ctx context.Context, addr, nodeID, sandboxID string, port 
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tc := pki.ExpectPeer(d.TLS, nodeID, pki.RoleNode)
+	// The files may have been reissued or the CA rotated since d.TLS
+	// was made: present and trust what they hold now.
+	tc := pki.ExpectPeer(serve.Current(d.TLS), nodeID, pki.RoleNode)
 	tc.NextProtos = []string{"http/1.1"}
+	// No session resumption: a resumed session is not checked against
+	// the CA bundle of now, so a certificate of a CA rotated out would
+	// keep opening tunnels until its ticket expired.
+	tc.ClientSessionCache = nil
 	if tc.ServerName == "" {
 		if h, _, err := net.SplitHostPort(addr); err == nil {
 			tc.ServerName = h

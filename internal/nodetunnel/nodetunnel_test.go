@@ -219,3 +219,61 @@ func TestClientChecksNodeRole(t *testing.T) {
 		t.Fatalf("control: %q %v", got, err)
 	}
 }
+
+// TestDialerFollowsRotation: the node's and the proxy's files are
+// reissued from a new CA under a running listener and dialler; the
+// dialler presents and trusts what the files hold now and gets through.
+// The control, a copy of the dialler's config detached from its files,
+// still holds the old CA and fails against the same listener.
+func TestDialerFollowsRotation(t *testing.T) {
+	dir := t.TempDir()
+	ca1, err := pki.NewCA("CA 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvFiles, err := ca1.Issue(dir, "n1", "n1", pki.RoleNode, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliFiles, err := ca1.Issue(dir, "proxy", "proxy-1", pki.RoleProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := srvFiles.MutualServer("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := cliFiles.Client("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, port := upstream(t)
+	addr := serveWith(t, srv, map[string]Endpoint{"sb1": {HostIP: ip}})
+	d := &Dialer{TLS: cli}
+	detached := cli.Clone()
+	detached.RootCAs = cli.RootCAs.Clone() // the same trust, no longer its files'
+	ctx := context.Background()
+	for name, d := range map[string]*Dialer{"dialler": d, "detached copy": {TLS: detached}} {
+		if got, err := roundTrip(ctx, d, addr, "n1", "sb1", port); err != nil || got != "hello world" {
+			t.Fatalf("before the rotation, %s: %q %v", name, got, err)
+		}
+	}
+	ca2, err := pki.NewCA("CA 2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca2.Issue(dir, "n1", "n1", pki.RoleNode, "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca2.Issue(dir, "proxy", "proxy-1", pki.RoleProxy); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := roundTrip(ctx, d, addr, "n1", "sb1", port); err != nil || got != "hello world" {
+		t.Fatalf("after the rotation, the dialler: %q %v", got, err)
+	}
+	_, err = roundTrip(ctx, &Dialer{TLS: detached}, addr, "n1", "sb1", port)
+	if err == nil {
+		t.Fatal("control: a config frozen at the old CA got through the rotated listener")
+	}
+	t.Logf("after the rotation: the dialler gets through; a config frozen at the old CA: %v", err)
+}

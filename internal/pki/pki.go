@@ -6,6 +6,7 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -119,6 +120,36 @@ func LoadOrCreateCA(dir, name string) (*CA, error) {
 	return ca, nil
 }
 
+// Sign makes a certificate for pub (a key its holder made and kept) as
+// the component name of kind role, valid for hosts, for server and
+// client authentication; it returns the certificate as PEM.
+func (ca *CA) Sign(pub crypto.PublicKey, name string, role Role, hosts ...string) ([]byte, error) {
+	if name == "" {
+		return nil, fmt.Errorf("certificate without a name: %w", errdefs.ErrInvalidArgument)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: name, OrganizationalUnit: []string{string(role)}},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(CertValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if h != "" {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("sign: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
 func parseCA(certPEM, keyPEM []byte) (*CA, error) {
 	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(keyPEM)
@@ -152,23 +183,7 @@ func (ca *CA) Issue(dir, base, name string, role Role, hosts ...string) (serve.T
 	if err != nil {
 		return serve.TLSFiles{}, err
 	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: name, OrganizationalUnit: []string{string(role)}},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(CertValidity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else if h != "" {
-			tmpl.DNSNames = append(tmpl.DNSNames, h)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	certPEM, err := ca.Sign(&key.PublicKey, name, role, hosts...)
 	if err != nil {
 		return serve.TLSFiles{}, err
 	}
@@ -183,7 +198,7 @@ func (ca *CA) Issue(dir, base, name string, role Role, hosts ...string) (serve.T
 	if err := writeFile(f.Key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
 		return serve.TLSFiles{}, err
 	}
-	if err := writeFile(f.Cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := writeFile(f.Cert, certPEM, 0o644); err != nil {
 		return serve.TLSFiles{}, err
 	}
 	if err := writeFile(f.CA, ca.CertPEM, 0o644); err != nil {

@@ -203,21 +203,41 @@ type clientCreds struct {
 var _ credentials.TransportCredentials = (*clientCreds)(nil)
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	cfg, ok := current(c.tc)
+	if !ok {
+		return c.TransportCredentials.ClientHandshake(ctx, authority, conn)
+	}
+	return credentials.NewTLS(cfg).ClientHandshake(ctx, authority, conn)
+}
+
+// Current is, for a config of TLSFiles.Client (or a copy of one), a copy
+// that presents the certificate and trusts the CA bundle its files hold
+// now, as ClientCredentials does for gRPC: a client that dials with
+// crypto/tls itself calls it before each dial to follow a reissue and a
+// CA rotation. Any other config comes back as it is.
+func Current(tc *tls.Config) *tls.Config {
+	if cfg, ok := current(tc); ok {
+		return cfg
+	}
+	return tc
+}
+
+func current(tc *tls.Config) (*tls.Config, bool) {
 	var e clientEntry
-	if c.tc != nil && c.tc.RootCAs != nil {
-		v, _ := clientReloaders.Load(weak.Make(c.tc.RootCAs))
+	if tc != nil && tc.RootCAs != nil {
+		v, _ := clientReloaders.Load(weak.Make(tc.RootCAs))
 		e, _ = v.(clientEntry)
 	}
 	if e.r == nil {
-		return c.TransportCredentials.ClientHandshake(ctx, authority, conn)
+		return nil, false
 	}
-	cfg := c.tc.Clone()
+	cfg := tc.Clone()
 	m := e.r.get()
 	cfg.RootCAs = m.pool
 	if len(cfg.Certificates) == 1 && bytes.Equal(cfg.Certificates[0].Certificate[0], e.leaf) {
 		cfg.Certificates = []tls.Certificate{*m.cert}
 	}
-	return credentials.NewTLS(cfg).ClientHandshake(ctx, authority, conn)
+	return cfg, true
 }
 
 func (c *clientCreds) Clone() credentials.TransportCredentials {

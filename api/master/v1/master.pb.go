@@ -1453,6 +1453,115 @@ func (x *SetNodeSchedulableResponse) GetNode() *Node {
 	return nil
 }
 
+type CreateJoinTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The only node ID the token may be used for; empty = any ID not yet
+	// registered. A registered node's ID needs a token made for it.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// How long the token is valid; 0 = one hour.
+	Ttl           *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateJoinTokenRequest) Reset() {
+	*x = CreateJoinTokenRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateJoinTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateJoinTokenRequest) ProtoMessage() {}
+
+func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CreateJoinTokenRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *CreateJoinTokenRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type CreateJoinTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "cjt1.<id>.<secret>.<CA hash>": the one string `cube join --token`
+	// needs. Shown once; the master keeps only the secret's hash.
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateJoinTokenResponse) Reset() {
+	*x = CreateJoinTokenResponse{}
+	mi := &file_master_v1_master_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateJoinTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateJoinTokenResponse) ProtoMessage() {}
+
+func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CreateJoinTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateJoinTokenResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 // APIKey is a key's metadata; the secret itself is shown once, at creation.
 type APIKey struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1472,7 +1581,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1593,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1606,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *APIKey) GetId() string {
@@ -1561,7 +1670,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1682,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1695,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -1621,7 +1730,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1742,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1755,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1671,7 +1780,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1792,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1805,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 type ListAPIKeysResponse struct {
@@ -1708,7 +1817,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1829,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1842,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1753,7 +1862,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1874,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1887,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -1796,7 +1905,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1917,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1930,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 // Sandbox is one catalog entry.
@@ -1852,7 +1961,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +1973,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +1986,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -1998,7 +2107,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2119,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2132,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -2056,7 +2165,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2177,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2190,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2112,7 +2221,7 @@ type ClusterTemplate struct {
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2233,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2246,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -2204,7 +2313,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2325,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2338,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 type ListTemplatesResponse struct {
@@ -2241,7 +2350,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2362,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2375,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -2302,7 +2411,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2423,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2436,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2402,7 +2511,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +2523,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +2536,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -2450,7 +2559,7 @@ type UploadTemplateRequest struct {
 
 func (x *UploadTemplateRequest) Reset() {
 	*x = UploadTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2571,7 @@ func (x *UploadTemplateRequest) String() string {
 func (*UploadTemplateRequest) ProtoMessage() {}
 
 func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2584,7 @@ func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTemplateRequest.ProtoReflect.Descriptor instead.
 func (*UploadTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UploadTemplateRequest) GetPart() isUploadTemplateRequest_Part {
@@ -2530,7 +2639,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2651,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2664,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2575,7 +2684,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2696,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2709,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2623,7 +2732,7 @@ type TeamQuota struct {
 
 func (x *TeamQuota) Reset() {
 	*x = TeamQuota{}
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2744,7 @@ func (x *TeamQuota) String() string {
 func (*TeamQuota) ProtoMessage() {}
 
 func (x *TeamQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2757,7 @@ func (x *TeamQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
 func (*TeamQuota) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TeamQuota) GetMaxSandboxes() int64 {
@@ -2687,7 +2796,7 @@ type Team struct {
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2699,7 +2808,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2712,7 +2821,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Team) GetName() string {
@@ -2767,7 +2876,7 @@ type CreateTeamRequest struct {
 
 func (x *CreateTeamRequest) Reset() {
 	*x = CreateTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +2888,7 @@ func (x *CreateTeamRequest) String() string {
 func (*CreateTeamRequest) ProtoMessage() {}
 
 func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +2901,7 @@ func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
 func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateTeamRequest) GetName() string {
@@ -2818,7 +2927,7 @@ type CreateTeamResponse struct {
 
 func (x *CreateTeamResponse) Reset() {
 	*x = CreateTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +2939,7 @@ func (x *CreateTeamResponse) String() string {
 func (*CreateTeamResponse) ProtoMessage() {}
 
 func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +2952,7 @@ func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
 func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateTeamResponse) GetTeam() *Team {
@@ -2861,7 +2970,7 @@ type ListTeamsRequest struct {
 
 func (x *ListTeamsRequest) Reset() {
 	*x = ListTeamsRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +2982,7 @@ func (x *ListTeamsRequest) String() string {
 func (*ListTeamsRequest) ProtoMessage() {}
 
 func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +2995,7 @@ func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
 func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
 }
 
 type ListTeamsResponse struct {
@@ -2898,7 +3007,7 @@ type ListTeamsResponse struct {
 
 func (x *ListTeamsResponse) Reset() {
 	*x = ListTeamsResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2910,7 +3019,7 @@ func (x *ListTeamsResponse) String() string {
 func (*ListTeamsResponse) ProtoMessage() {}
 
 func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2923,7 +3032,7 @@ func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
 func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListTeamsResponse) GetTeams() []*Team {
@@ -2943,7 +3052,7 @@ type SetTeamQuotaRequest struct {
 
 func (x *SetTeamQuotaRequest) Reset() {
 	*x = SetTeamQuotaRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3064,7 @@ func (x *SetTeamQuotaRequest) String() string {
 func (*SetTeamQuotaRequest) ProtoMessage() {}
 
 func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3077,7 @@ func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SetTeamQuotaRequest) GetName() string {
@@ -2993,7 +3102,7 @@ type SetTeamQuotaResponse struct {
 
 func (x *SetTeamQuotaResponse) Reset() {
 	*x = SetTeamQuotaResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3005,7 +3114,7 @@ func (x *SetTeamQuotaResponse) String() string {
 func (*SetTeamQuotaResponse) ProtoMessage() {}
 
 func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3018,7 +3127,7 @@ func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
 }
 
 type DeleteTeamRequest struct {
@@ -3032,7 +3141,7 @@ type DeleteTeamRequest struct {
 
 func (x *DeleteTeamRequest) Reset() {
 	*x = DeleteTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3044,7 +3153,7 @@ func (x *DeleteTeamRequest) String() string {
 func (*DeleteTeamRequest) ProtoMessage() {}
 
 func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3057,7 +3166,7 @@ func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DeleteTeamRequest) GetName() string {
@@ -3087,7 +3196,7 @@ type DeleteTeamResponse struct {
 
 func (x *DeleteTeamResponse) Reset() {
 	*x = DeleteTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[48]
+	mi := &file_master_v1_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3208,7 @@ func (x *DeleteTeamResponse) String() string {
 func (*DeleteTeamResponse) ProtoMessage() {}
 
 func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[48]
+	mi := &file_master_v1_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3221,7 @@ func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteTeamResponse) GetRevokedKeys() []string {
@@ -3261,7 +3370,14 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\xe7\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"^\n" +
+	"\x16CreateJoinTokenRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"j\n" +
+	"\x17CreateJoinTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xe7\x01\n" +
 	"\x06APIKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -3396,10 +3512,11 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse\x12C\n" +
-	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\x87\t\n" +
+	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\xe1\t\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
-	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12O\n" +
+	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12X\n" +
+	"\x0fCreateJoinToken\x12!.master.v1.CreateJoinTokenRequest\x1a\".master.v1.CreateJoinTokenResponse\x12O\n" +
 	"\fCreateAPIKey\x12\x1e.master.v1.CreateAPIKeyRequest\x1a\x1f.master.v1.CreateAPIKeyResponse\x12L\n" +
 	"\vListAPIKeys\x12\x1d.master.v1.ListAPIKeysRequest\x1a\x1e.master.v1.ListAPIKeysResponse\x12O\n" +
 	"\fDeleteAPIKey\x12\x1e.master.v1.DeleteAPIKeyRequest\x1a\x1f.master.v1.DeleteAPIKeyResponse\x12I\n" +
@@ -3431,7 +3548,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3454,132 +3571,138 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),          // 18: master.v1.ListNodesResponse
 	(*SetNodeSchedulableRequest)(nil),  // 19: master.v1.SetNodeSchedulableRequest
 	(*SetNodeSchedulableResponse)(nil), // 20: master.v1.SetNodeSchedulableResponse
-	(*APIKey)(nil),                     // 21: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 22: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 23: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 24: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 25: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 26: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 27: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 28: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 29: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 30: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 31: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 32: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 33: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 34: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 35: master.v1.ImportTemplateResponse
-	(*UploadTemplateRequest)(nil),      // 36: master.v1.UploadTemplateRequest
-	(*DeleteTemplateRequest)(nil),      // 37: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 38: master.v1.DeleteTemplateResponse
-	(*TeamQuota)(nil),                  // 39: master.v1.TeamQuota
-	(*Team)(nil),                       // 40: master.v1.Team
-	(*CreateTeamRequest)(nil),          // 41: master.v1.CreateTeamRequest
-	(*CreateTeamResponse)(nil),         // 42: master.v1.CreateTeamResponse
-	(*ListTeamsRequest)(nil),           // 43: master.v1.ListTeamsRequest
-	(*ListTeamsResponse)(nil),          // 44: master.v1.ListTeamsResponse
-	(*SetTeamQuotaRequest)(nil),        // 45: master.v1.SetTeamQuotaRequest
-	(*SetTeamQuotaResponse)(nil),       // 46: master.v1.SetTeamQuotaResponse
-	(*DeleteTeamRequest)(nil),          // 47: master.v1.DeleteTeamRequest
-	(*DeleteTeamResponse)(nil),         // 48: master.v1.DeleteTeamResponse
-	nil,                                // 49: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 50: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 51: master.v1.Sandbox.MetadataEntry
-	nil,                                // 52: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 53: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 54: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 55: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 56: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 57: google.protobuf.Duration
-	(*v1.RegistryAuth)(nil),            // 58: cubelet.v1.RegistryAuth
+	(*CreateJoinTokenRequest)(nil),     // 21: master.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),    // 22: master.v1.CreateJoinTokenResponse
+	(*APIKey)(nil),                     // 23: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 24: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 25: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 26: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 27: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 28: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 29: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 30: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 31: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 32: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 33: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 34: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 35: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 36: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 37: master.v1.ImportTemplateResponse
+	(*UploadTemplateRequest)(nil),      // 38: master.v1.UploadTemplateRequest
+	(*DeleteTemplateRequest)(nil),      // 39: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 40: master.v1.DeleteTemplateResponse
+	(*TeamQuota)(nil),                  // 41: master.v1.TeamQuota
+	(*Team)(nil),                       // 42: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 43: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 44: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 45: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 46: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 47: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 48: master.v1.SetTeamQuotaResponse
+	(*DeleteTeamRequest)(nil),          // 49: master.v1.DeleteTeamRequest
+	(*DeleteTeamResponse)(nil),         // 50: master.v1.DeleteTeamResponse
+	nil,                                // 51: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 52: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 53: master.v1.Sandbox.MetadataEntry
+	nil,                                // 54: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 55: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 56: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 57: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 58: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 59: google.protobuf.Duration
+	(*v1.RegistryAuth)(nil),            // 60: cubelet.v1.RegistryAuth
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	54, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	49, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	50, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	56, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	51, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	52, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	55, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	56, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	57, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	58, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	56, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	56, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	58, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	58, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	57, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	59, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	57, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	59, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	56, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	56, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	58, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	58, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	16, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	16, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	56, // 19: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	56, // 20: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	21, // 21: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	21, // 22: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	51, // 23: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	56, // 24: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	56, // 25: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	57, // 26: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	52, // 27: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	28, // 28: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	56, // 29: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	53, // 30: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	31, // 31: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	58, // 32: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	31, // 33: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	34, // 34: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
-	56, // 35: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	39, // 36: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	39, // 37: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	40, // 38: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	40, // 39: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	39, // 40: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	10, // 41: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	14, // 42: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	12, // 43: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
-	17, // 44: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	19, // 45: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	22, // 46: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	24, // 47: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	26, // 48: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	41, // 49: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	43, // 50: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	45, // 51: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	47, // 52: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
-	29, // 53: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	32, // 54: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	34, // 55: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	37, // 56: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	36, // 57: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
-	0,  // 58: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 59: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 60: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 61: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	15, // 62: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	13, // 63: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
-	18, // 64: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	20, // 65: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	23, // 66: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	25, // 67: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	27, // 68: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	42, // 69: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	44, // 70: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	46, // 71: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	48, // 72: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
-	30, // 73: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	33, // 74: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	35, // 75: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	38, // 76: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	35, // 77: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
-	1,  // 78: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 79: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 80: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	61, // [61:81] is the sub-list for method output_type
-	41, // [41:61] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	59, // 19: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	58, // 20: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 21: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	58, // 22: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	23, // 23: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	23, // 24: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	53, // 25: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	58, // 26: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	58, // 27: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	59, // 28: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	54, // 29: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	30, // 30: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	58, // 31: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	55, // 32: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	33, // 33: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	60, // 34: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	33, // 35: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	36, // 36: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
+	58, // 37: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	41, // 38: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	41, // 39: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	42, // 40: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	42, // 41: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	41, // 42: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	10, // 43: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	14, // 44: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	12, // 45: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
+	17, // 46: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	19, // 47: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	21, // 48: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
+	24, // 49: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	26, // 50: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	28, // 51: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	43, // 52: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	45, // 53: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	47, // 54: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	49, // 55: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	31, // 56: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	34, // 57: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	36, // 58: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	39, // 59: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	38, // 60: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
+	0,  // 61: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 62: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 63: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 64: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	15, // 65: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	13, // 66: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
+	18, // 67: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	20, // 68: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	22, // 69: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
+	25, // 70: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	27, // 71: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	29, // 72: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	44, // 73: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	46, // 74: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	48, // 75: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	50, // 76: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	32, // 77: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	35, // 78: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	37, // 79: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	40, // 80: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	37, // 81: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
+	1,  // 82: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 83: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 84: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	64, // [64:85] is the sub-list for method output_type
+	43, // [43:64] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -3587,7 +3710,7 @@ func file_master_v1_master_proto_init() {
 	if File_master_v1_master_proto != nil {
 		return
 	}
-	file_master_v1_master_proto_msgTypes[36].OneofWrappers = []any{
+	file_master_v1_master_proto_msgTypes[38].OneofWrappers = []any{
 		(*UploadTemplateRequest_Request)(nil),
 		(*UploadTemplateRequest_Chunk)(nil),
 	}
@@ -3597,7 +3720,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

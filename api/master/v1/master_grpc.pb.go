@@ -223,6 +223,7 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 const (
 	AdminService_ListNodes_FullMethodName          = "/master.v1.AdminService/ListNodes"
 	AdminService_SetNodeSchedulable_FullMethodName = "/master.v1.AdminService/SetNodeSchedulable"
+	AdminService_CreateJoinToken_FullMethodName    = "/master.v1.AdminService/CreateJoinToken"
 	AdminService_CreateAPIKey_FullMethodName       = "/master.v1.AdminService/CreateAPIKey"
 	AdminService_ListAPIKeys_FullMethodName        = "/master.v1.AdminService/ListAPIKeys"
 	AdminService_DeleteAPIKey_FullMethodName       = "/master.v1.AdminService/DeleteAPIKey"
@@ -247,6 +248,9 @@ type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	// SetNodeSchedulable cordons (false) or uncordons (true) a node.
 	SetNodeSchedulable(ctx context.Context, in *SetNodeSchedulableRequest, opts ...grpc.CallOption) (*SetNodeSchedulableResponse, error)
+	// A one-time token with which a new node obtains its certificate from
+	// the master's join listener (api.join), without the CA key.
+	CreateJoinToken(ctx context.Context, in *CreateJoinTokenRequest, opts ...grpc.CallOption) (*CreateJoinTokenResponse, error)
 	CreateAPIKey(ctx context.Context, in *CreateAPIKeyRequest, opts ...grpc.CallOption) (*CreateAPIKeyResponse, error)
 	ListAPIKeys(ctx context.Context, in *ListAPIKeysRequest, opts ...grpc.CallOption) (*ListAPIKeysResponse, error)
 	DeleteAPIKey(ctx context.Context, in *DeleteAPIKeyRequest, opts ...grpc.CallOption) (*DeleteAPIKeyResponse, error)
@@ -296,6 +300,16 @@ func (c *adminServiceClient) SetNodeSchedulable(ctx context.Context, in *SetNode
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetNodeSchedulableResponse)
 	err := c.cc.Invoke(ctx, AdminService_SetNodeSchedulable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CreateJoinToken(ctx context.Context, in *CreateJoinTokenRequest, opts ...grpc.CallOption) (*CreateJoinTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateJoinTokenResponse)
+	err := c.cc.Invoke(ctx, AdminService_CreateJoinToken_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -435,6 +449,9 @@ type AdminServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	// SetNodeSchedulable cordons (false) or uncordons (true) a node.
 	SetNodeSchedulable(context.Context, *SetNodeSchedulableRequest) (*SetNodeSchedulableResponse, error)
+	// A one-time token with which a new node obtains its certificate from
+	// the master's join listener (api.join), without the CA key.
+	CreateJoinToken(context.Context, *CreateJoinTokenRequest) (*CreateJoinTokenResponse, error)
 	CreateAPIKey(context.Context, *CreateAPIKeyRequest) (*CreateAPIKeyResponse, error)
 	ListAPIKeys(context.Context, *ListAPIKeysRequest) (*ListAPIKeysResponse, error)
 	DeleteAPIKey(context.Context, *DeleteAPIKeyRequest) (*DeleteAPIKeyResponse, error)
@@ -475,6 +492,9 @@ func (UnimplementedAdminServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedAdminServiceServer) SetNodeSchedulable(context.Context, *SetNodeSchedulableRequest) (*SetNodeSchedulableResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeSchedulable not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateJoinToken(context.Context, *CreateJoinTokenRequest) (*CreateJoinTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateJoinToken not implemented")
 }
 func (UnimplementedAdminServiceServer) CreateAPIKey(context.Context, *CreateAPIKeyRequest) (*CreateAPIKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateAPIKey not implemented")
@@ -565,6 +585,24 @@ func _AdminService_SetNodeSchedulable_Handler(srv interface{}, ctx context.Conte
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).SetNodeSchedulable(ctx, req.(*SetNodeSchedulableRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CreateJoinToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateJoinTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateJoinToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateJoinToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateJoinToken(ctx, req.(*CreateJoinTokenRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -788,6 +826,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetNodeSchedulable",
 			Handler:    _AdminService_SetNodeSchedulable_Handler,
+		},
+		{
+			MethodName: "CreateJoinToken",
+			Handler:    _AdminService_CreateJoinToken_Handler,
 		},
 		{
 			MethodName: "CreateAPIKey",

@@ -115,6 +115,15 @@ func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetN
 	return &masterpb.SetNodeSchedulableResponse{Node: nodeToPB(v)}, nil
 }
 
+// CreateJoinToken implements AdminService.
+func (a *AdminServer) CreateJoinToken(ctx context.Context, req *masterpb.CreateJoinTokenRequest) (*masterpb.CreateJoinTokenResponse, error) {
+	tok, exp, err := a.svc.CreateJoinToken(ctx, req.NodeId, req.Ttl.AsDuration())
+	if err != nil {
+		return nil, grpcerr.ToGRPC(err)
+	}
+	return &masterpb.CreateJoinTokenResponse{Token: tok, ExpiresAt: ts(exp)}, nil
+}
+
 func keyToPB(k *catalog.APIKey) *masterpb.APIKey {
 	return &masterpb.APIKey{Id: k.ID, Name: k.Name, Prefix: k.Prefix, CreatedAt: ts(k.CreatedAt), LastUsedAt: ts(k.LastUsedAt), Admin: k.Admin, Team: k.Team}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubeproxy"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
+	"github.com/cubesandbox/cube/internal/master/joinapi"
 	"github.com/cubesandbox/cube/internal/master/nodeapi"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -27,6 +28,8 @@ type Server struct {
 	// ProxyMetricsAddr is the in-process cubeproxy's /metrics listener
 	// (proxy.metrics), "" when none.
 	ProxyMetricsAddr string
+	// JoinAddr is the join listener (join.listen), "" when none.
+	JoinAddr string
 	// Proxy is the in-process cubeproxy (nil when the plain route runs).
 	Proxy *cubeproxy.Server
 
@@ -82,6 +85,21 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 			return nil, err
 		}
 	}
+	var joinLn net.Listener
+	if cfg.Join.Listen != "" {
+		host, _, _ := net.SplitHostPort(cfg.Join.Listen)
+		jtc, err := joinapi.TLSConfig(svc.JoinCA(), append([]string{host}, cfg.Join.Hosts...)...)
+		if err != nil {
+			for _, l := range lis {
+				l.Close()
+			}
+			svc.Close()
+			return nil, err
+		}
+		if joinLn, err = listen("join.listen", "join.ca_dir", cfg.Join.Listen, jtc); err != nil {
+			return nil, err
+		}
+	}
 	nodes, err := nodeapi.Listen(svc, log)
 	if err != nil {
 		for _, l := range lis {
@@ -93,6 +111,11 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 	rctx, cancel := context.WithCancel(ctx)
 	s := &Server{Service: svc, cancel: cancel}
 	s.run(func() error { return nodes.Run(rctx) })
+	if joinLn != nil {
+		s.JoinAddr = joinLn.Addr().String()
+		log.Info("join listener listening", "addr", s.JoinAddr)
+		s.run(func() error { return joinapi.Serve(rctx, svc, joinLn, log) })
+	}
 	if e2bLn != nil {
 		s.E2BAddr = e2bLn.Addr().String()
 		api := e2bapi.New(svc, e2bapi.Config{

@@ -1,0 +1,110 @@
+// Package joinapi is the master's join listener (join.listen): one HTTPS
+// route, POST /v1/join, where a new node spends a one-time token for a
+// node certificate (package nodejoin is the node's side). It asks for no
+// client certificate, since the joining node has none yet: the token
+// authenticates the call, and the node authenticates the listener by the
+// CA hash in the token, so the listener presents a certificate of the
+// cluster CA with the CA's own certificate behind it.
+package joinapi
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/nodejoin"
+	"github.com/cubesandbox/cube/internal/pki"
+)
+
+// TLSConfig is the join listener's: a key made now and a master
+// certificate for it signed by ca, valid for hosts, sent with ca's
+// certificate.
+func TLSConfig(ca *pki.CA, hosts ...string) (*tls.Config, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	certPEM, err := ca.Sign(&k.PublicKey, "cubemaster", pki.RoleMaster, hosts...)
+	if err != nil {
+		return nil, err
+	}
+	b, _ := pem.Decode(certPEM)
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{b.Bytes, ca.Cert.Raw}, PrivateKey: k}},
+		NextProtos:   []string{"http/1.1"},
+	}, nil
+}
+
+// Handler serves POST /v1/join.
+func Handler(svc *master.Service, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+nodejoin.Path, func(w http.ResponseWriter, r *http.Request) {
+		var req nodejoin.Request
+		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
+			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		b, _ := pem.Decode([]byte(req.PublicKey))
+		if b == nil {
+			http.Error(w, "publicKey: no PEM block", http.StatusBadRequest)
+			return
+		}
+		pub, err := x509.ParsePKIXPublicKey(b.Bytes)
+		if err != nil {
+			http.Error(w, "publicKey: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		certPEM, caPEM, err := svc.Join(r.Context(), req.Token, req.NodeID, pub, req.Hosts)
+		if err != nil {
+			code := http.StatusInternalServerError
+			switch {
+			case errdefs.IsUnauthenticated(err):
+				code = http.StatusUnauthorized
+				err = errors.New("join token refused") // nothing for a guesser to learn
+			case errdefs.IsInvalidArgument(err):
+				code = http.StatusBadRequest
+			case errdefs.IsFailedPrecondition(err):
+				code = http.StatusConflict
+			}
+			log.Warn("join refused", "remote", r.RemoteAddr, "node_id", req.NodeID, "err", err)
+			http.Error(w, err.Error(), code)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(nodejoin.Response{Certificate: string(certPEM), CA: string(caPEM)})
+	})
+	return mux
+}
+
+// Serve serves the join listener on ln (already TLS) until ctx ends.
+func Serve(ctx context.Context, svc *master.Service, ln net.Listener, log *slog.Logger) error {
+	srv := &http.Server{Handler: Handler(svc, log), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("join listener: %w", err)
+	case <-ctx.Done():
+	}
+	_ = srv.Close()
+	return nil
+}

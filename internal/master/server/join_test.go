@@ -1,0 +1,148 @@
+package server_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/server"
+	"github.com/cubesandbox/cube/internal/nodejoin"
+	"github.com/cubesandbox/cube/internal/pki"
+	"github.com/cubesandbox/cube/internal/serve"
+)
+
+// TestJoin: a node spends a one-time join token for a node certificate
+// of the cluster CA, made for a key it keeps. Each refusal has its
+// control: a wrong secret (the right one works), a spent token (its first
+// use worked), an expired one (a fresh one works), a token for any node
+// used for a registered node's ID (a token made for that ID works), and a
+// listener whose CA is not the token's (the same token then works on the
+// real one: it was never sent).
+func TestJoin(t *testing.T) {
+	caDir := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(caDir, "join test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(t, func(c *master.Config) {
+		c.Join.Listen, c.Join.CADir = "127.0.0.1:0", caDir
+	})
+	s, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	ctx := context.Background()
+	conn, err := grpc.NewClient("unix://"+cfg.API.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	admin := masterpb.NewAdminServiceClient(conn)
+	token := func(nodeID string, ttl time.Duration) string {
+		t.Helper()
+		resp, err := admin.CreateJoinToken(ctx, &masterpb.CreateJoinTokenRequest{NodeId: nodeID, Ttl: durationpb.New(ttl)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Token
+	}
+	join := func(tok, nodeID string) error {
+		cert, _, caFile, err := nodejoin.Join(ctx, s.JoinAddr, tok, nodeID, []string{"10.1.2.3", "node.example"}, t.TempDir())
+		if err != nil {
+			return err
+		}
+		// What a node gets is usable: a node certificate for its ID from
+		// the cluster CA, with the key it made, loadable as cubelet's [tls].
+		if _, err := (serve.TLSFiles{Cert: cert, Key: strings.TrimSuffix(cert, ".crt") + ".key", CA: caFile}).MutualServer("tls"); err != nil {
+			return err
+		}
+		pair, err := tls.LoadX509KeyPair(cert, strings.TrimSuffix(cert, ".crt")+".key")
+		if err != nil {
+			return err
+		}
+		leaf, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			return err
+		}
+		if leaf.Subject.CommonName != nodeID || leaf.Subject.OrganizationalUnit[0] != string(pki.RoleNode) || leaf.CheckSignatureFrom(ca.Cert) != nil {
+			t.Fatalf("joined %s: certificate %v", nodeID, leaf.Subject)
+		}
+		return nil
+	}
+
+	good := token("", time.Hour)
+	parts := strings.Split(good, ".")
+	wrong := strings.Join([]string{parts[0], parts[1], strings.Repeat("0", len(parts[2])), parts[3]}, ".")
+	if err := join(wrong, "node-a"); !errdefs.IsUnauthenticated(err) {
+		t.Fatalf("wrong secret: %v, want Unauthenticated", err)
+	} else {
+		t.Logf("wrong secret: %v", err)
+	}
+	// Another CA's hash: the node refuses the listener before sending.
+	other, err := pki.NewCA("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := strings.Join([]string{parts[0], parts[1], parts[2], master.CAHash(other)}, ".")
+	if err := join(pinned, "node-a"); err == nil || !strings.Contains(err.Error(), "not the one the token names") {
+		t.Fatalf("listener of another CA than the token's: %v", err)
+	} else {
+		t.Logf("listener's CA not the token's: %v", err)
+	}
+	if err := join(good, "node-a"); err != nil {
+		t.Fatalf("control: the right token: %v", err)
+	}
+	t.Log("control: node-a joined with the token (unspent by the refusals above)")
+	if err := join(good, "node-b"); !errdefs.IsUnauthenticated(err) {
+		t.Fatalf("a spent token: %v, want Unauthenticated", err)
+	} else {
+		t.Logf("the same token again: %v", err)
+	}
+
+	short := token("", 50*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	if err := join(short, "node-c"); !errdefs.IsUnauthenticated(err) {
+		t.Fatalf("an expired token: %v, want Unauthenticated", err)
+	}
+	if err := join(token("", time.Hour), "node-c"); err != nil {
+		t.Fatalf("control: a fresh token: %v", err)
+	}
+	t.Log("expired token refused; a fresh one joins node-c")
+
+	// A registered node: a token for any node may not mint its identity.
+	if err := s.Service.Register(ctx, &masterpb.NodeReport{NodeId: "node-r", Address: "127.0.0.1:1", BootId: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := join(token("", time.Hour), "node-r"); !errdefs.IsUnauthenticated(err) {
+		t.Fatalf("any-node token for registered node-r: %v, want Unauthenticated", err)
+	}
+	if err := join(token("node-r", time.Hour), "node-r"); err != nil {
+		t.Fatalf("control: a token made for node-r: %v", err)
+	}
+	// And a token made for one node is not another's.
+	if err := join(token("node-r", time.Hour), "node-s"); !errdefs.IsUnauthenticated(err) {
+		t.Fatalf("node-r's token for node-s: %v, want Unauthenticated", err)
+	}
+	t.Log("registered node-r: an any-node token refused, node-r's own joins; node-r's token refused for node-s")
+
+	// The listener: plaintext gets no answer of the handler.
+	resp, err := http.Post("http://"+s.JoinAddr+nodejoin.Path, "application/json", strings.NewReader("{}"))
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("plaintext join answered 200")
+		}
+	}
+}
