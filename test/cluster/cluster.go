@@ -752,6 +752,19 @@ func (n *Node) Lose(t testing.TB) {
 	}
 }
 
+// Return brings a lost node's host back: plugged in again, its daemons
+// restarted on their state (the sandboxes' processes ran on meanwhile).
+func (n *Node) Return(t testing.TB) {
+	t.Helper()
+	if n.Host.unplugged {
+		if err := n.Host.Plug(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.Start(t)
+	n.WaitHealthy(t, 60*time.Second)
+}
+
 // teardown brings the node back if it was lost, destroys what sandboxes
 // remain through its cubelet, stops its daemons, and removes what
 // network-agent pinned; the env's cleanup then checks for leaks.

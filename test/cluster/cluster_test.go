@@ -331,6 +331,20 @@ func hostLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		}
 		t.Logf("E2B GET %s (lost host): %s %s", id, r.Status, got.State)
 	}
+	// The host comes back (a partition that heals): its registration's
+	// reconcile finds the sandboxes still running there.
+	back := time.Now()
+	victim.Return(t)
+	mastertest.WaitFor(t, 30*time.Second, "the returned node's sandboxes to be running again", func() bool {
+		st := states()
+		for _, id := range ids {
+			if on[id] == victim.ID && st[id] != "running" {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("host %s back: its sandboxes running again %s after it was plugged in", victim.ID, time.Since(back).Round(time.Millisecond))
 }
 
 // webScript answers every connection with a small HTTP response.
