@@ -687,21 +687,36 @@ func (c *Cluster) AddNode(t testing.TB) *Node {
 // the E2B bash shim), readable by every host.
 func (c *Cluster) Image() string { return c.image }
 
-// WaitTemplate waits until a live replica reports the node holding the
-// template.
+// WaitTemplate waits until every live replica reports the node holding
+// the template (each re-reads the nodes' reports from the catalog every
+// half heartbeat: the one that heard the report knows first).
 func (n *Node) WaitTemplate(t testing.TB, id string, d time.Duration) {
 	t.Helper()
-	waitFor(t, d, "node "+n.ID+" holding template "+id, func() bool {
-		v := n.c.node(t, n.ID)
-		if v == nil {
-			return false
-		}
-		for _, tr := range v.Report.Templates {
-			if tr.Id == id {
-				return true
+	waitFor(t, d, "node "+n.ID+" holding template "+id+" on every replica", func() bool {
+		for _, m := range n.c.Masters {
+			if !m.Proc.Running() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := m.Admin.ListNodes(ctx, &masterpb.ListNodesRequest{})
+			cancel()
+			if err != nil {
+				return false
+			}
+			held := false
+			for _, v := range resp.Nodes {
+				if v.Report.NodeId != n.ID {
+					continue
+				}
+				for _, tr := range v.Report.Templates {
+					held = held || tr.Id == id
+				}
+			}
+			if !held {
+				return false
 			}
 		}
-		return false
+		return true
 	})
 }
 
