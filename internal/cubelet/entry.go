@@ -56,3 +56,17 @@ func newTask(w actions.RecordWriter, e *entry, rec *sandbox.Record, tmpl *sandbo
 	}
 	return actions.NewTask(w, publish, rec, tmpl)
 }
+
+// detached is ctx without its cancellation but with its deadline, for a
+// verb's flow once it has begun changing a sandbox: the flow finishes (or
+// undoes) its work even when the caller goes away. A cubemaster killed
+// mid-call cancels the call's context, and a runtime command killed
+// half-way (runsc checkpoint, a QMP migration) can leave the sandbox
+// unable to resume, so the verb's undo fails and the sandbox is lost.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := context.WithoutCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(d, dl)
+	}
+	return context.WithCancel(d)
+}

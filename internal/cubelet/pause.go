@@ -67,7 +67,9 @@ func (s *Service) pauseModeVerb(ctx context.Context, id, flow string, to lifecyc
 	}
 	t := newTask(s.store, e, rec, tmpl)
 	t.DiskPause = &actions.DiskPauseRun{Image: s.node.PausedImageDir(id)}
-	res, err := s.engine.Run(ctx, flow, t)
+	fctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := s.engine.Run(fctx, flow, t)
 	if err != nil {
 		return &Result{Sandbox: t.Record(), Timings: res.Timings, Flow: flow}, err
 	}

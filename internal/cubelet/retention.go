@@ -119,8 +119,8 @@ func (s *Service) sweepSnapshotFiles() int {
 // reconcileSnapshots runs once at start, after the sandboxes are
 // reconciled: it removes the snapshots a crash left half taken, the
 // snapshot files no record names, and finishes the snapshot and rollback
-// verbs a crash interrupted (thaws a sandbox a snapshot froze, removes a
-// rollback's staged disk).
+// verbs a crash interrupted (thaws a sandbox a snapshot froze, wakes an
+// agent it quiesced, removes a rollback's staged disk).
 func (s *Service) reconcileSnapshots(ctx context.Context) {
 	var halfTaken, settled int
 	recs, err := s.store.ListSnapshots()
@@ -157,6 +157,12 @@ func (s *Service) reconcileSnapshots(ctx context.Context) {
 				s.log.Warn("thaw sandbox frozen by an interrupted snapshot", "sandbox_id", rec.ID, "err", err)
 			} else {
 				to = lifecycle.Running
+			}
+		}
+		if to == lifecycle.Running || to == lifecycle.Paused {
+			// The snapshot may have quiesced the agent before the crash.
+			if err := s.node.WakeInterrupted(ctx, t.Record()); err != nil {
+				s.log.Warn("wake the agent of a sandbox an interrupted snapshot quiesced", "sandbox_id", rec.ID, "err", err)
 			}
 		}
 		_ = t.Update(func(r *sandbox.Record) { r.State, r.PrevState = to, "" })

@@ -73,7 +73,9 @@ func (s *Service) Rollback(ctx context.Context, req RollbackRequest) (*Result, e
 	if err := t.Update(func(r *sandbox.Record) { r.State, r.PrevState = lifecycle.Snapshotting, cur.State }); err != nil {
 		return nil, err
 	}
-	res, err := s.engine.Run(ctx, FlowRollback, t)
+	fctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := s.engine.Run(fctx, FlowRollback, t)
 	if err != nil {
 		s.settleFailed(context.WithoutCancel(ctx), t, cur.State, err, log)
 		return &Result{Sandbox: t.Record(), Timings: res.Timings}, err

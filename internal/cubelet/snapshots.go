@@ -114,7 +114,9 @@ func (s *Service) snapshot(ctx context.Context, req SnapshotRequest) (*SnapshotR
 		s.discardSnapshot(sn, log)
 		return nil, err
 	}
-	res, err := s.engine.Run(ctx, FlowSnapshot, t)
+	fctx, cancel := detached(ctx)
+	defer cancel()
+	res, err := s.engine.Run(fctx, FlowSnapshot, t)
 	if err == nil {
 		err = s.sealSnapshot(sn)
 	}

@@ -225,7 +225,8 @@ func TestNodeDataPlane(t *testing.T) {
 			"printf 'HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: " + fmt.Sprint(len(name)+1) + "\\r\\nConnection: close\\r\\n\\r\\n" + name + "\\n'\nEOF\n" +
 			"cat > /tmp/ws.sh <<'EOF'\ncr=$(printf '\\r')\nwhile IFS= read -r l; do case \"$l\" in \"$cr\"|\"\") break;; esac; done\n" +
 			"printf 'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n\\r\\n'\nexec cat\nEOF\n" +
-			"nc -ll -p 8001 -e /bin/sh /tmp/ws.sh & exec nc -ll -p 8000 -e /bin/sh /tmp/web.sh"
+			"printf 'head -c 67108864 /dev/zero\\n' > /tmp/big.sh\n" +
+			"nc -ll -p 8002 -e /bin/sh /tmp/big.sh & nc -ll -p 8001 -e /bin/sh /tmp/ws.sh & exec nc -ll -p 8000 -e /bin/sh /tmp/web.sh"
 	}
 	for _, sb := range sbs {
 		dpServe(t, routeAddr, sb.SandboxID, sb.EnvdAccessToken, web(sb.node.id))
@@ -419,6 +420,32 @@ func TestNodeDataPlane(t *testing.T) {
 		}
 	})
 
+	t.Run("create latency across hosts", func(t *testing.T) {
+		// The master's calls to a new sandbox's agent (its info, /init
+		// with the environment) go through the node listener: one new
+		// tunnel each.
+		for _, o := range nodes {
+			if _, err := m.Admin.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: o.id, Schedulable: o == nodes[0]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ds []time.Duration
+		for range 8 {
+			var sb struct {
+				SandboxID string `json:"sandboxID"`
+			}
+			start := time.Now()
+			if r := c.Do(t, "POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": 60, "envVars": map[string]string{"A": "1"}}, &sb); r.StatusCode != http.StatusCreated {
+				t.Fatalf("create: %d %s", r.StatusCode, r.Body)
+			}
+			ds = append(ds, time.Since(start))
+			c.Do(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+		}
+		slices.Sort(ds)
+		t.Logf("LATENCY create on %s through the E2B API (agent calls through the node listener), median of 8: %s (min %s, max %s)",
+			nodes[0].id, ds[len(ds)/2], ds[0], ds[len(ds)-1])
+	})
+
 	t.Run("cost of the extra hop", func(t *testing.T) {
 		sb := sbs[0]
 		ri, err := routes.ResolveRoute(ctx, &masterpb.ResolveRouteRequest{SandboxId: sb.SandboxID})
@@ -459,6 +486,34 @@ func TestNodeDataPlane(t *testing.T) {
 		t.Logf("LATENCY node hop, median of 300 GET /health: new connection each: direct (slot address in the node's namespace) %s, "+
 			"through the node listener (TLS 1.3 + CONNECT) %s, added %s; one kept-alive connection: direct %s, node listener %s, added %s",
 			dn, tn, tn-dn, dk, tk, tk-dk)
+
+		// Throughput: 64 MiB from a server in the sandbox, read to the end.
+		pull := func(dial func(context.Context) (net.Conn, error)) time.Duration {
+			best := time.Duration(1 << 62)
+			for range 3 {
+				start := time.Now()
+				conn, err := dial(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n, err := io.Copy(io.Discard, conn)
+				conn.Close()
+				if err != nil || n != 64<<20 {
+					t.Fatalf("pulled %d bytes: %v", n, err)
+				}
+				best = min(best, time.Since(start))
+			}
+			return best
+		}
+		dt := pull(func(ctx context.Context) (net.Conn, error) {
+			return nsdial.DialContext(ctx, nsPath, "tcp", net.JoinHostPort(ri.HostIp, "8002"))
+		})
+		tt := pull(func(ctx context.Context) (net.Conn, error) {
+			return (&nodetunnel.Dialer{TLS: proxyTLS}).Dial(ctx, ri.NodeDataAddress, sb.node.id, sb.SandboxID, 8002)
+		})
+		mibs := func(d time.Duration) float64 { return 64 / d.Seconds() }
+		t.Logf("THROUGHPUT node hop, 64 MiB from the sandbox, best of 3: direct %s (%.0f MiB/s), through the node listener %s (%.0f MiB/s)",
+			dt, mibs(dt), tt, mibs(tt))
 	})
 }
 

@@ -231,17 +231,25 @@ func Up(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	// Up only once a create of the default template can succeed: the
+	// node healthy and its report (a heartbeat after the import) naming
+	// the template.
 	if err := waitFor(ctx, time.Minute, "the node to register with cubemaster", func(ctx context.Context) error {
 		resp, err := adminc.ListNodes(ctx, &masterpb.ListNodesRequest{})
 		if err != nil {
 			return err
 		}
 		for _, n := range resp.Nodes {
-			if n.Healthy {
-				return nil
+			if !n.Healthy {
+				continue
+			}
+			for _, tr := range n.GetReport().GetTemplates() {
+				if tr.GetId() == cfg.Template {
+					return nil
+				}
 			}
 		}
-		return errors.New("no healthy node yet")
+		return fmt.Errorf("no healthy node reports template %s yet", cfg.Template)
 	}); err != nil {
 		return err
 	}

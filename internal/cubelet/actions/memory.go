@@ -223,3 +223,33 @@ func (n *Node) wakeQuiesced(ctx context.Context, t *Task, holds *Ledger) error {
 	}
 	return nil
 }
+
+// WakeInterrupted wakes the agent of a sandbox whose snapshot a crash
+// cut short after its quiesce: nothing else would, and a quiesced agent
+// answers nothing. A paused sandbox is thawed for it and frozen again.
+// Waking an agent that is not quiesced changes nothing; runtimes that
+// need no quiesce are left alone.
+func (n *Node) WakeInterrupted(ctx context.Context, rec *sandbox.Record) error {
+	if rec.Container == nil || !n.needsQuiesce(rec) {
+		return nil
+	}
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	st, err := d.State(ctx, rec.Container.ID)
+	if err != nil {
+		return err
+	}
+	paused := st.Status == runtime.StatusPaused
+	if paused {
+		if err := Settle(ctx, d, rec.Container.ID, runtime.StatusRunning, d.Resume(ctx, rec.Container.ID)); err != nil {
+			return err
+		}
+	}
+	err = n.wakeAgent(ctx, rec)
+	if paused {
+		err = errors.Join(err, Settle(ctx, d, rec.Container.ID, runtime.StatusPaused, d.Pause(ctx, rec.Container.ID)))
+	}
+	return err
+}

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	goruntime "runtime"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/hostload"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -77,19 +75,7 @@ func (n *Node) agentWait(ctx context.Context, rec *sandbox.Record) (context.Cont
 // hostRunnable is the host's runnable threads now (the numerator of the
 // fourth field of /proc/loadavg), 0 when unknown. A variable so tests
 // can fix it.
-var hostRunnable = func() int {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 4 {
-		return 0
-	}
-	r, _, _ := strings.Cut(f[3], "/")
-	v, _ := strconv.Atoi(r)
-	return v
-}
+var hostRunnable = hostload.Runnable
 
 // errAgentWait is the cause of an agent wait whose budget ran out.
 var errAgentWait = errors.New("agent wait")

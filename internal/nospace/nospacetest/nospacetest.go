@@ -138,19 +138,31 @@ func FillLeaving(t testing.TB, dir string, leave int64) (free func()) {
 		t.Fatal(err)
 	}
 	done := false
+	var off int64
 	free = func() {
 		if done {
 			return
 		}
 		done = true
+		before := freeBytes(dir)
 		if err := os.RemoveAll(fillDir); err != nil {
 			t.Errorf("remove filler: %v", err)
 		}
-		// XFS frees an unlinked file's blocks in the background: sync
-		// so the space is back when free returns.
+		// XFS frees an unlinked file's blocks in the background (inode
+		// inactivation workers), which a loaded machine runs late: sync,
+		// then wait until most of the filler's blocks are free again, so
+		// the space is back when free returns.
 		if d, err := os.Open(dir); err == nil {
 			_ = unix.Syncfs(int(d.Fd()))
 			d.Close()
+		}
+		want := before + off*9/10
+		deadline := time.Now().Add(30 * time.Second)
+		for freeBytes(dir) < want && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := freeBytes(dir); got < want {
+			t.Errorf("filler removed but only %d bytes free after 30 s, want %d", got, want)
 		}
 	}
 	t.Cleanup(free)
@@ -159,7 +171,6 @@ func FillLeaving(t testing.TB, dir string, leave int64) (free func()) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var off int64
 	for chunk := int64(1 << 30); chunk >= 4096; {
 		if err := unix.Fallocate(int(f.Fd()), 0, off, chunk); err != nil {
 			if !errors.Is(err, syscall.ENOSPC) {
@@ -199,6 +210,14 @@ func FreeBytes(t testing.TB, dir string) int64 {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+func freeBytes(dir string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0
 	}
 	return int64(st.Bavail) * st.Bsize
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostload"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/qmp"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -210,7 +211,8 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	return out, err
 }
 
-// startTimeout bounds how long QEMU may take to answer QMP after exec.
+// startTimeout bounds how long QEMU may take to answer QMP after exec on
+// an idle host; it is stretched by the load (hostload.Scale).
 const startTimeout = 30 * time.Second
 
 // started is a QEMU the driver just spawned: an exit channel while this
@@ -390,7 +392,7 @@ func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths
 
 // waitQMP waits until QEMU answers QMP, or fails as soon as it exits.
 func (d *Driver) waitQMP(ctx context.Context, st *vmState, q *started, log string) error {
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	ctx, cancel := context.WithTimeout(ctx, hostload.Scale(startTimeout))
 	defer cancel()
 	dctx, dcancel := context.WithCancel(ctx)
 	defer dcancel()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostload"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
@@ -152,7 +153,7 @@ func (d *Driver) waitMigrate(ctx context.Context, exec executeFunc, cancelCmd st
 		var mi migrateInfo
 		if err := exec(ctx, "query-migrate", nil, &mi); err != nil {
 			if ctx.Err() != nil && cancelCmd != "" {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), qmpTimeout)
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hostload.Scale(qmpTimeout))
 				_ = exec(cctx, cancelCmd, nil, nil)
 				cancel()
 			}
@@ -167,7 +168,7 @@ func (d *Driver) waitMigrate(ctx context.Context, exec executeFunc, cancelCmd st
 		select {
 		case <-ctx.Done():
 			if cancelCmd != "" {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), qmpTimeout)
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hostload.Scale(qmpTimeout))
 				_ = exec(cctx, cancelCmd, nil, nil)
 				cancel()
 			}

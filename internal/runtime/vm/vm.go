@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostload"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/qmp"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -47,7 +48,9 @@ import (
 
 const tapName = network.TapName
 
-// Timeouts of the driver's own steps.
+// Timeouts of the driver's own steps. The QMP ones are for an idle host:
+// QEMU answers its monitor from its main loop, which a loaded host runs
+// late, so they are stretched by the load (hostload.Scale, docs/timeouts.md).
 const (
 	qmpTimeout          = 5 * time.Second
 	quitTimeout         = 2 * time.Second
@@ -307,7 +310,7 @@ func alive(st *vmState) bool {
 }
 
 func (d *Driver) client(ctx context.Context, st *vmState) (*qmp.Client, error) {
-	ctx, cancel := context.WithTimeout(ctx, qmpTimeout)
+	ctx, cancel := context.WithTimeout(ctx, hostload.Scale(qmpTimeout))
 	defer cancel()
 	return qmp.Dial(ctx, st.QMP)
 }
@@ -319,7 +322,7 @@ func (d *Driver) execute(ctx context.Context, st *vmState, cmd string, args, out
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, qmpTimeout)
+	ctx, cancel := context.WithTimeout(ctx, hostload.Scale(qmpTimeout))
 	defer cancel()
 	return c.Execute(ctx, cmd, args, out)
 }

@@ -1,0 +1,107 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/agent/agenttest"
+	"github.com/cubesandbox/cube/internal/agentproto"
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/network/nettest"
+)
+
+// TestGvisorSnapshotCrashWake kills cubelet (SIGKILL) right after a
+// gVisor snapshot quiesced the sandbox's agent, a running and a paused
+// sandbox in turn. The restarted cubelet settles the interrupted snapshot
+// and wakes the agent: the sandbox is back in its state and its agent
+// answers at its slot address (after a resume, for the paused one). A
+// quiesced agent left asleep refused every connection for good.
+func TestGvisorSnapshotCrashWake(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	requireRunsc(t)
+	ctx := context.Background()
+	env := cubelettest.New(t, "")
+	n := env.StartNetworkAgent(t, nettest.Options{PoolSize: 2})
+	cfgPath := env.WriteConfig(t, fmt.Sprintf("[network]\nagent_socket = %q\n", n.Socket))
+
+	d := startDaemon(t, env, cfgPath, "")
+	defer func() {
+		// A failed run deletes its sandboxes through a fresh cubelet.
+		if t.Failed() {
+			d.kill()
+			d = startDaemon(t, env, cfgPath, "")
+			for _, id := range []string{"gc-false", "gc-true"} {
+				_, _ = d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id})
+			}
+			d.kill()
+		}
+	}()
+	stream, err := d.client.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: "busybox", Source: env.Image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if !strings.Contains(err.Error(), "EOF") {
+				t.Fatalf("import: %v", err)
+			}
+			break
+		}
+	}
+	health := func(c pb.CubeletServiceClient, id string) error {
+		got, err := c.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			return err
+		}
+		hc := &http.Client{Transport: &http.Transport{Proxy: nil}}
+		defer hc.CloseIdleConnections()
+		return agenttest.WaitHealthy(ctx, hc, fmt.Sprintf("http://%s:%d", got.Sandbox.Network.GetHostIp(), agentproto.Port), 30*time.Second)
+	}
+	for _, paused := range []bool{false, true} {
+		id := fmt.Sprintf("gc-%v", paused)
+		if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: id, TemplateId: "busybox", Runtime: "gvisor"}); err != nil {
+			t.Fatalf("create %s: %v", id, err)
+		}
+		want := pb.SandboxState_SANDBOX_STATE_RUNNING
+		if paused {
+			if _, err := d.client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id}); err != nil {
+				t.Fatal(err)
+			}
+			want = pb.SandboxState_SANDBOX_STATE_PAUSED
+		}
+		d.kill()
+		d = startDaemon(t, env, cfgPath, "snapshot/quiesce/after=kill")
+		if _, err := d.client.SnapshotSandbox(ctx, &pb.SnapshotSandboxRequest{SandboxId: id, SnapshotId: id + "-half"}); err == nil {
+			t.Fatalf("%s: the snapshot survived its kill point", id)
+		}
+		d.kill()
+		d = startDaemon(t, env, cfgPath, "")
+		got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+		if err != nil || got.Sandbox.State != want {
+			t.Fatalf("%s after the restart: %v %v, want %v", id, got, err, want)
+		}
+		if paused {
+			if _, err := d.client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := health(d.client, id); err != nil {
+			t.Fatalf("%s: agent after a crash mid-snapshot: %v", id, err)
+		}
+		t.Logf("%s (paused %v): agent answers after a crash right after the snapshot's quiesce", id, paused)
+		if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := d.client.ListSnapshots(ctx, &pb.ListSnapshotsRequest{})
+	if err != nil || len(list.Snapshots) != 0 {
+		t.Fatalf("half-taken snapshots left: %v %v", list, err)
+	}
+	d.kill()
+	env.AssertNoLeaks(t)
+}
