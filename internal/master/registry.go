@@ -32,7 +32,8 @@ import (
 //
 // A node is healthy while its last heartbeat is younger than
 // nodes.unhealthy_after and it reported every condition OK. An unhealthy
-// node gets no new sandboxes; its existing ones stay in the catalog.
+// node gets no new sandboxes; a silent one's sandboxes are marked failed
+// (lostLoop) until it registers again.
 type registry struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeState

@@ -168,7 +168,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	}
 	// The loops that must run once per catalog run under its lease: with
 	// one replica it is this one's at once.
-	loops := []func(context.Context){s.expiryLoop, s.idleLoop, s.reconcileAll}
+	loops := []func(context.Context){s.expiryLoop, s.idleLoop, s.reconcileAll, s.lostLoop}
 	s.lead = newLeader(s)
 	if s.shared() {
 		loops = append(loops, s.sweepCreates, s.pruneShared)
