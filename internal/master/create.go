@@ -440,9 +440,21 @@ func (s *Service) placeWaiting(ctx, cctx context.Context, start time.Time, nodes
 		}
 		return time.Since(waitedFrom)
 	}
+	refreshed := false
 	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, 500*time.Millisecond) {
 		node, err := s.sched.Place(cctx, nodes, sreq, try)
 		var nn *scheduler.NoNodeError
+		if err != nil && errors.As(err, &nn) && errdefs.IsNotFound(err) && !refreshed {
+			// No node that could take it holds the template by the
+			// last heartbeats: one may have imported it since (the
+			// template is known on another node, or was imported on
+			// this one a moment ago). Ask the nodes once, then place
+			// again.
+			refreshed = true
+			s.refreshAllTemplates(ctx)
+			nodes = s.schedNodes()
+			continue
+		}
 		if err == nil || !errors.As(err, &nn) || !nn.Transient() {
 			return node, waited(), err
 		}
