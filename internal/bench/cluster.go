@@ -25,6 +25,7 @@ import (
 	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testimage"
 	"github.com/cubesandbox/cube/test/cluster/clusterenv"
 )
@@ -54,6 +55,9 @@ func init() {
 		if os.Geteuid() != 0 {
 			return skipf("it builds a cluster of network namespaces (root)")
 		}
+		if testbin.Root() == "" {
+			return skipf("it builds the daemons from source: run it from the repository")
+		}
 		return nil
 	}
 	Register(Scenario{
@@ -63,6 +67,7 @@ func init() {
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     probe,
 		Run:       runClusterCreate("cluster-create-c1"),
+		Finish:    finishClusterCreate,
 	})
 	Register(Scenario{
 		Name: "cluster-create-c50", Kind: report.KindCube, Explicit: true,
@@ -71,6 +76,7 @@ func init() {
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N50, Concurrency: o.Concurrency} },
 		Probe:     probe,
 		Run:       runClusterCreate("cluster-create-c50"),
+		Finish:    finishClusterCreate,
 	})
 	Register(Scenario{
 		Name: "cluster-template", Kind: report.KindCube, Explicit: true,
@@ -78,6 +84,7 @@ func init() {
 		Params: func(o report.Options) report.Params { return report.Params{N: min(o.N1, 5), Concurrency: 1} },
 		Probe:  probe,
 		Run:    runClusterTemplate("cluster-template", 0),
+		Finish: finishClusterTemplate(0),
 	})
 	Register(Scenario{
 		Name: "cluster-template-32m", Kind: report.KindCube, Explicit: true,
@@ -85,6 +92,7 @@ func init() {
 		Params: func(o report.Options) report.Params { return report.Params{N: min(o.N1, 5), Concurrency: 1} },
 		Probe:  probe,
 		Run:    runClusterTemplate("cluster-template-32m", 32<<20),
+		Finish: finishClusterTemplate(32 << 20),
 	})
 }
 
@@ -97,6 +105,38 @@ type benchCluster struct {
 	api   *mastertest.Client
 	built time.Duration
 	logf  *os.File
+
+	mu   sync.Mutex
+	aggs map[string]*clusterAgg // by scenario, over its chunks
+}
+
+// clusterAgg is what a cluster scenario measured over all its chunks,
+// beyond its latency samples.
+type clusterAgg struct {
+	creates, firsts, imports []time.Duration
+	per                      nodeSpread
+	size                     int64
+}
+
+func (bc *benchCluster) agg(name string) *clusterAgg {
+	bc.mu.Lock()
+	defer bc.mu.Unlock()
+	if bc.aggs == nil {
+		bc.aggs = map[string]*clusterAgg{}
+	}
+	a := bc.aggs[name]
+	if a == nil {
+		a = &clusterAgg{per: nodeSpread{}}
+		bc.aggs[name] = a
+	}
+	return a
+}
+
+// summary is a distribution in a note.
+func summary(what string, ds []time.Duration) string {
+	s := report.Summarize(ds)
+	r := func(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
+	return fmt.Sprintf("%s: p50 %s p99 %s avg %s (n %d)", what, r(s.P50), r(s.P99), r(s.Avg), s.N)
 }
 
 // nodeSpread counts sandboxes per node host.
@@ -177,10 +217,9 @@ func runClusterCreate(name string) func(context.Context, *Env, report.Params) (*
 				TLSClientConfig: c.ServerTLS(), MaxIdleConnsPerHost: p.Concurrency}})
 		}
 		var (
-			all     driveResult
-			mu      sync.Mutex
-			samples []clusterSample
-			per     = nodeSpread{}
+			all driveResult
+			mu  sync.Mutex
+			agg = bc.agg(name)
 		)
 		done := 0
 		for _, n := range rounds(p.N, e.Opts.MaxLive) {
@@ -192,7 +231,8 @@ func runClusterCreate(name string) func(context.Context, *Env, report.Params) (*
 					mu.Lock()
 					ids = append(ids, s.id)
 					if err == nil {
-						samples = append(samples, s)
+						agg.creates = append(agg.creates, s.create)
+						agg.firsts = append(agg.firsts, s.first)
 					}
 					mu.Unlock()
 				}
@@ -200,7 +240,7 @@ func runClusterCreate(name string) func(context.Context, *Env, report.Params) (*
 			})
 			e.Progress.Finish()
 			all.merge(d)
-			if err := bc.killAll(context.WithoutCancel(ctx), ids, p.Concurrency, per); err != nil {
+			if err := bc.killAll(context.WithoutCancel(ctx), ids, p.Concurrency, agg.per); err != nil {
 				return nil, err
 			}
 			if err := ctx.Err(); err != nil {
@@ -208,27 +248,21 @@ func runClusterCreate(name string) func(context.Context, *Env, report.Params) (*
 			}
 			done += n
 		}
-		r, err := all.result(name, report.KindCube, p)
-		if err != nil {
-			return nil, err
-		}
-		var creates, firsts []time.Duration
-		for _, s := range samples {
-			creates = append(creates, s.create)
-			firsts = append(firsts, s.first)
-		}
-		line := func(what string, ds []time.Duration) string {
-			s := report.Summarize(ds)
-			return fmt.Sprintf("%s: p50 %s p99 %s avg %s", what, s.P50.Round(100*time.Microsecond),
-				s.P99.Round(100*time.Microsecond), s.Avg.Round(100*time.Microsecond))
-		}
-		r.Notes = append(r.Notes,
-			line("E2B POST /sandboxes alone (master m1 → node host, mutual TLS)", creates),
-			line("first envd /health through a proxy host (route resolve + node data plane)", firsts),
-			"spread over the node hosts: "+per.String(c.Nodes),
-			fmt.Sprintf("cluster built in %s (shared by the run's cluster scenarios)", bc.built.Round(time.Millisecond)))
-		return r, nil
+		return all.result(name, report.KindCube, p)
 	}
+}
+
+// finishClusterCreate notes, over every chunk, the split of the latency
+// into the E2B create and the first request through the route, and the
+// spread over the node hosts.
+func finishClusterCreate(e *Env, r *report.Result) {
+	bc := &e.clus
+	a := bc.agg(r.Scenario)
+	r.Notes = append(r.Notes,
+		summary("E2B POST /sandboxes alone (master m1 → node host over mutual TLS)", a.creates),
+		summary("first envd /health through a proxy host (route resolve + node data plane)", a.firsts),
+		"sandboxes per node host: "+a.per.String(bc.c.Nodes),
+		fmt.Sprintf("cluster built in %s (shared by the run's cluster scenarios)", bc.built.Round(time.Millisecond)))
 }
 
 // createFirst makes one sandbox through the E2B API and sends its envd
@@ -326,23 +360,18 @@ func runClusterTemplate(name string, pad int64) func(context.Context, *Env, repo
 			}
 		}
 		m := bc.c.Masters[0]
-		var (
-			d       driveResult
-			stores  []time.Duration
-			size    int64
-			sampleN int
-		)
+		agg := bc.agg(name)
+		var d driveResult
 		e.Progress.Start(name, p.N)
 		defer e.Progress.Finish()
 		begin := time.Now()
 		for i := 0; i < p.N && ctx.Err() == nil; i++ {
-			id := fmt.Sprintf("bench-%s-%d", e.RunID, sampleN)
-			sampleN++
-			stored, all, sz, err := bc.distribute(ctx, m, id, src)
+			id := fmt.Sprintf("bench-%s-%s-%d", e.RunID, strings.TrimPrefix(name, "cluster-"), len(agg.imports)+d.failed)
+			returned, all, sz, err := bc.distribute(ctx, m, id, src)
 			if err == nil {
 				d.samples = append(d.samples, all)
-				stores = append(stores, stored)
-				size = sz
+				agg.imports = append(agg.imports, returned)
+				agg.size = sz
 			} else {
 				d.failed++
 				if len(d.errs) < report.KeepErrors {
@@ -352,28 +381,37 @@ func runClusterTemplate(name string, pad int64) func(context.Context, *Env, repo
 			e.Progress.Step(err == nil)
 		}
 		d.wall = time.Since(begin)
-		r, err := d.result(name, report.KindCube, p)
-		if err != nil {
-			return nil, err
+		return d.result(name, report.KindCube, p)
+	}
+}
+
+// finishClusterTemplate notes how long the import call took and what
+// was distributed.
+func finishClusterTemplate(pad int64) func(*Env, *report.Result) {
+	return func(e *Env, r *report.Result) {
+		bc := &e.clus
+		a := bc.agg(r.Scenario)
+		img := "the busybox E2B test image (about 1 MiB of layers)"
+		if pad > 0 {
+			img = fmt.Sprintf("the busybox test image plus a %d MiB layer of random bytes", pad>>20)
 		}
-		s := report.Summarize(stores)
 		r.Notes = append(r.Notes,
-			fmt.Sprintf("image %d bytes; imported through %s into its store in p50 %s; latency is until %s reports all %d nodes holding it (nodes report every 250 ms)",
-				size, m.Replica, s.P50.Round(time.Millisecond), m.Replica, len(bc.c.Nodes)),
+			fmt.Sprintf("%s, %.1f MiB as a template on a node; latency: ImportTemplate through m1 until m1 reports all %d node hosts holding it",
+				img, float64(a.size)/(1<<20), len(bc.c.Nodes)),
+			summary("the import call alone (m1 stores the image, then waits for every healthy node to pull it from its store)", a.imports),
 			"each sample a fresh template ID, deleted from every node after it")
-		return r, nil
 	}
 }
 
 // distribute imports template id from src once through master m and
 // waits until m reports every node holding it, then deletes it.
-func (bc *benchCluster) distribute(ctx context.Context, m *clusterenv.Master, id, src string) (stored, all time.Duration, size int64, err error) {
+func (bc *benchCluster) distribute(ctx context.Context, m *clusterenv.Master, id, src string) (returned, all time.Duration, size int64, err error) {
 	began := time.Now()
 	resp, err := m.Admin.ImportTemplate(ctx, &masterpb.ImportTemplateRequest{TemplateId: id, Source: src})
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("import %s: %w", id, err)
 	}
-	stored = time.Since(began)
+	returned = time.Since(began)
 	defer func() {
 		if _, derr := m.Admin.DeleteTemplate(context.WithoutCancel(ctx), &masterpb.DeleteTemplateRequest{TemplateId: id}); derr != nil {
 			err = errors.Join(err, fmt.Errorf("delete template %s: %w", id, derr))
@@ -383,7 +421,7 @@ func (bc *benchCluster) distribute(ctx context.Context, m *clusterenv.Master, id
 	defer cancel()
 	for {
 		if bc.heldEverywhere(wctx, m, id) {
-			return stored, time.Since(began), resp.Template.SizeBytes, nil
+			return returned, time.Since(began), resp.Template.SizeBytes, nil
 		}
 		select {
 		case <-wctx.Done():

@@ -39,6 +39,10 @@ type Scenario struct {
 	// runtime or binary). nil means it can run. May be nil.
 	Probe func(ctx context.Context, e *Env) error
 	// Run measures. It must leave nothing behind, also when it fails.
+	// Finish, when set, adds to the scenario's result what only the
+	// whole of it knows once its chunks are merged (summaries over every
+	// chunk: a chunk's notes are cut to a few). May be nil.
+	Finish func(e *Env, r *report.Result)
 	// Explicit scenarios run only when named, never with "all": they
 	// build a whole system of their own (the cluster scenarios).
 	Explicit bool

@@ -899,6 +899,9 @@ func poll(d time.Duration, what string, ok func() (bool, error)) error {
 // assertGone fails t if a namespace or link of the cluster is left (run
 // last, after every host's cleanup).
 func (c *Cluster) assertGone(t testing.TB) {
+	if c.Bridge == "" {
+		return // it stopped before making any host
+	}
 	ns, _ := exec.Command("ip", "netns", "list").Output()
 	links, _ := exec.Command("ip", "-o", "link", "show").Output()
 	for _, l := range strings.Split(string(ns)+string(links), "\n") {
