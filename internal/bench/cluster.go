@@ -160,7 +160,8 @@ func (e *Env) cluster(ctx context.Context) (*benchCluster, error) {
 			bc.err = err
 			return
 		}
-		// The daemons' output, for a post-mortem.
+		// The daemons' output, to watch while the run lasts (the work
+		// dir goes with the run).
 		if bc.logf, err = os.Create(filepath.Join(dir, "cluster.log")); err != nil {
 			bc.err = err
 			return
