@@ -2,7 +2,7 @@ GO ?= go
 BIN ?= bin
 BINARIES = cubelet cubecli cube-agent cube-bench network-agent cubemaster cube cubeproxy
 
-.PHONY: all build generate lint test up clean bench
+.PHONY: all build generate lint test up clean bench bench-cluster
 
 all: build
 
@@ -37,3 +37,10 @@ clean:
 BENCH_FLAGS ?=
 bench: build
 	$(BIN)/cube-bench --markdown bench/RESULTS.md --json-out bench/results.json $(BENCH_FLAGS)
+
+# The cluster scenarios (they build a three-node cluster of network
+# namespaces from source, so run from the repository as root), written to
+# bench/RESULTS-cluster.md; see docs/bench.md, "Cluster".
+BENCH_CLUSTER_FLAGS ?= --n 50 --n-c50 250 --quiet
+bench-cluster: build
+	$(BIN)/cube-bench --scenarios cluster-create-c1,cluster-create-c50,cluster-template,cluster-template-32m --markdown bench/RESULTS-cluster.md --json-out bench/results-cluster.json $(BENCH_CLUSTER_FLAGS)

@@ -55,6 +55,8 @@ type Env struct {
 	net   *node.NetAgent // network-agent of a private gvisor/vm node
 
 	profiler *profiler // set by the runner while a scenario runs
+
+	clus benchCluster // the cluster scenarios' cluster (cluster.go)
 }
 
 // Node is the private cubelet the bench started (nil with Setup.Addr).
@@ -76,6 +78,7 @@ func (e *Env) Info(ctx context.Context) (*pb.InfoResponse, error) {
 // Close releases what baselines set up (their pool, podman storage).
 func (e *Env) Close(ctx context.Context) error {
 	var errs []error
+	errs = append(errs, e.clus.close())
 	if e.Client != nil {
 		errs = append(errs, e.warmT.close(ctx, e.Client))
 	}

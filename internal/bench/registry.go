@@ -39,7 +39,14 @@ type Scenario struct {
 	// runtime or binary). nil means it can run. May be nil.
 	Probe func(ctx context.Context, e *Env) error
 	// Run measures. It must leave nothing behind, also when it fails.
-	Run func(ctx context.Context, e *Env, p report.Params) (*report.Result, error)
+	// Finish, when set, adds to the scenario's result what only the
+	// whole of it knows once its chunks are merged (summaries over every
+	// chunk: a chunk's notes are cut to a few). May be nil.
+	Finish func(e *Env, r *report.Result)
+	// Explicit scenarios run only when named, never with "all": they
+	// build a whole system of their own (the cluster scenarios).
+	Explicit bool
+	Run      func(ctx context.Context, e *Env, p report.Params) (*report.Result, error)
 }
 
 // ErrSkip marks a scenario that cannot run here; the message says why.
@@ -95,14 +102,14 @@ func Scenarios(kind report.Kind) []*Scenario {
 }
 
 // Resolve turns a list of names into scenarios. "all" expands to every
-// cube scenario; an unknown name is an error listing the known ones.
+// cube scenario but the Explicit ones; an unknown name is an error listing the known ones.
 func Resolve(names []string) ([]*Scenario, error) {
 	var out []*Scenario
 	seen := map[string]bool{}
 	for _, n := range names {
 		if n == "all" {
 			for _, s := range Scenarios(report.KindCube) {
-				if !seen[s.Name] {
+				if !seen[s.Name] && !s.Explicit {
 					seen[s.Name] = true
 					out = append(out, s)
 				}

@@ -18,6 +18,9 @@ func TestRegistry(t *testing.T) {
 		if s.Kind != report.KindCube {
 			t.Errorf("all includes %s of kind %s", s.Name, s.Kind)
 		}
+		if s.Explicit {
+			t.Errorf("all includes %s, which runs only when named", s.Name)
+		}
 		names = append(names, s.Name)
 		for _, b := range s.Baselines {
 			if bs, ok := Lookup(b); !ok || bs.Kind != report.KindBaseline {

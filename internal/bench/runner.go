@@ -122,6 +122,9 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p report.Params, rt strin
 		r = report.Merge(s.Name, s.Kind, p, ours)
 	}
 	r.Params = p
+	if s.Finish != nil && r.Error == "" && r.Skipped == "" {
+		s.Finish(e, r)
+	}
 	r.Finish()
 	if prof != nil {
 		files, err := prof.finish(ctx)

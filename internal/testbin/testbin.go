@@ -23,10 +23,29 @@ import (
 	"testing"
 )
 
-// Root is the module root, found from this source file.
+// Root is the module root, found from this source file; in a -trimpath
+// binary (cube-bench, whose cluster scenarios build the daemons) the
+// source path is module-relative, and Root is the first directory from
+// the working directory up that holds a go.mod ("" if none).
 func Root() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	if filepath.IsAbs(file) {
+		return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return ""
+		}
+		dir = up
+	}
 }
 
 var (

@@ -28,7 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testenv"
-	"github.com/cubesandbox/cube/test/cluster"
+	cluster "github.com/cubesandbox/cube/test/cluster/clusterenv"
 )
 
 type created struct {
