@@ -58,6 +58,9 @@ type Config struct {
 	Nodes struct {
 		HeartbeatInterval Duration `toml:"heartbeat_interval"`
 		UnhealthyAfter    Duration `toml:"unhealthy_after"`
+		// LostAfter is how long a node may be silent before its
+		// sandboxes are marked failed (lostLoop).
+		LostAfter Duration `toml:"lost_after"`
 		// RestartWait bounds how long a request waits for a node that
 		// cannot take it right now for a reason that passes in seconds
 		// (a daemon restarting, a node over its create limit); 0: fail
@@ -164,6 +167,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Nodes.UnhealthyAfter.Duration < c.Nodes.HeartbeatInterval.Duration {
 		return bad("nodes.unhealthy_after (%s) must be at least nodes.heartbeat_interval (%s)", c.Nodes.UnhealthyAfter, c.Nodes.HeartbeatInterval)
+	}
+	if c.Nodes.LostAfter.Duration < c.Nodes.UnhealthyAfter.Duration {
+		return bad("nodes.lost_after (%s) must be at least nodes.unhealthy_after (%s)", c.Nodes.LostAfter, c.Nodes.UnhealthyAfter)
 	}
 	if c.Sandbox.DefaultTimeout.Duration > c.Sandbox.MaxTimeout.Duration || c.Sandbox.V1DefaultTimeout.Duration > c.Sandbox.MaxTimeout.Duration {
 		return bad("sandbox default timeouts exceed sandbox.max_timeout")

@@ -12,7 +12,7 @@ import (
 )
 
 // lostLoop marks failed the running and paused sandboxes of a node that
-// has sent no heartbeat for nodes.unhealthy_after (a lost host: its
+// has sent no heartbeat for nodes.lost_after (a lost host: its
 // machine died, or the network to it did): the catalog and the E2B API
 // stop calling them running, with an event saying why. It runs under the
 // loops' lease. A node heard from again is reconciled at its
@@ -24,7 +24,7 @@ import (
 // that restarts) gives every node a full window to report to it first,
 // rather than judging by reports that stopped while no master listened.
 func (s *Service) lostLoop(ctx context.Context) {
-	window := s.cfg.Nodes.UnhealthyAfter.Duration
+	window := s.cfg.Nodes.LostAfter.Duration
 	tick := time.NewTicker(max(window/4, 50*time.Millisecond))
 	defer tick.Stop()
 	begin := time.Now()

@@ -12,13 +12,13 @@ import (
 )
 
 // TestLostNode: a node that stops heartbeating (its cubelet gone, as with
-// a lost host) has its sandboxes marked failed once nodes.unhealthy_after
+// a lost host) has its sandboxes marked failed once nodes.lost_after
 // has passed, with an event naming the node, while another node's stay
 // running; when the node comes back with the sandbox still running, its
 // registration's reconcile sets the row back to running. The control is
 // the same sandbox before the window: still running.
 func TestLostNode(t *testing.T) {
-	m := mastertest.StartMaster(t, "[nodes]\nunhealthy_after = \"2s\"\n")
+	m := mastertest.StartMaster(t, "[nodes]\nunhealthy_after = \"2s\"\nlost_after = \"2s\"\n")
 	a := mastertest.StartNode(t, m, "busybox")
 	b := mastertest.StartNode(t, m, "busybox")
 	m.WaitHealthy(t, a, b)
@@ -59,7 +59,7 @@ func TestLostNode(t *testing.T) {
 		t.Fatalf("control: within the window the silent node's sandbox is %q, want running", s)
 	}
 	mastertest.WaitFor(t, 15*time.Second, "the silent node's sandbox to be failed", func() bool { return state(lost.ID) == catalog.StateFailed })
-	t.Logf("sandbox %s on silent node failed %s after its heartbeats stopped (unhealthy_after 2s)", lost.ID, time.Since(stopped).Round(time.Millisecond))
+	t.Logf("sandbox %s on silent node failed %s after its heartbeats stopped (lost_after 2s)", lost.ID, time.Since(stopped).Round(time.Millisecond))
 	if s := state(kept.ID); s != catalog.StateRunning {
 		t.Errorf("sandbox on the live node is %q", s)
 	}

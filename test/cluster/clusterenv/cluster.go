@@ -68,7 +68,8 @@ const (
 // Options shape a cluster.
 type Options struct {
 	Nodes, Masters, Proxies int // defaults 3, 2, 2
-	// UnhealthyAfter is the masters' nodes.unhealthy_after (default 3s).
+	// UnhealthyAfter is the masters' nodes.unhealthy_after and
+	// nodes.lost_after (default 3s).
 	UnhealthyAfter time.Duration
 	// LeaseTTL is ha.lease_ttl (default 2s).
 	LeaseTTL time.Duration
@@ -379,6 +380,7 @@ lease_ttl = %[12]q
 [nodes]
 heartbeat_interval = "250ms"
 unhealthy_after = %[13]q
+lost_after = %[13]q
 restart_wait = "5s"
 [sandbox]
 expiry_interval = "200ms"
