@@ -242,8 +242,10 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	err = d.classify(ctx, verb, id, err, tail(logFile, 512))
 	if !errdefs.IsAlreadyExists(err) {
 		// Detached from ctx: the caller's ctx may be why we are here,
-		// and the rollback must still finish.
-		if cerr := d.destroy(context.WithoutCancel(ctx), id, bundle, spec); cerr != nil {
+		// and the rollback must still finish (within its own bound).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchBound)
+		defer cancel()
+		if cerr := d.destroy(rctx, id, bundle, spec); cerr != nil {
 			d.log.WarnContext(ctx, "rollback of failed "+verb, "id", id, "error", cerr)
 			err = errors.Join(err, cerr)
 		}
@@ -471,6 +473,18 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 // and waits for them), gives the network namespace its addresses back and
 // removes the cgroup everywhere.
 func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec) error {
+	// Every process in the sandbox's cgroup dies first. runsc's delete
+	// kills only the processes its state file names, and then waits for
+	// the cgroup to empty: a sandbox or gofer it never recorded (a runsc
+	// cut off mid-start) kept the cgroup busy and the delete failed,
+	// leaving them running. Force-delete kills the sandbox anyway.
+	if sp.Linux != nil && sp.Linux.CgroupsPath != "" {
+		if n, err := cgroups.Kill(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
+			return fmt.Errorf("gvisor stop %s: %w", id, err)
+		} else if n > 0 {
+			d.log.DebugContext(ctx, "killed the cgroup's processes", "id", id, "processes", n)
+		}
+	}
 	if err := d.rsc(networkFor(sp), "").Delete(ctx, runscID(id), &gorunc.DeleteOpts{Force: true}); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
 			return err
