@@ -92,6 +92,15 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 			return
 		}
 	}
+	if rec.PauseMode != sandbox.PauseDisk && s.pausedImageStopped(ctx, rec) {
+		// A pause to disk cut short between its checkpoint (the image
+		// complete, the runtime sandbox stopped) and the record saying
+		// so: finish the pause rather than fail the sandbox. One update:
+		// a record Running with no live process would arm the watch,
+		// which would mark it dead.
+		_ = t.Update(func(r *sandbox.Record) { r.State, r.PauseMode = lifecycle.Paused, sandbox.PauseDisk })
+		rec = t.Record()
+	}
 	if rec.PauseMode == sandbox.PauseDisk {
 		// A pause to disk was cut short after its memory image was
 		// complete. Without a live container the sandbox is disk-paused;
@@ -419,4 +428,18 @@ func (s *Service) interruptedImage(sandboxID string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no memory image of a half-taken snapshot of %s: %w", sandboxID, errdefs.ErrNotFound)
+}
+
+// pausedImageStopped reports whether rec's runtime sandbox is stopped (or
+// gone) while a memory image of a pause to disk is in its pool directory:
+// the checkpoint stops the sandbox only once the image is complete.
+func (s *Service) pausedImageStopped(ctx context.Context, rec *sandbox.Record) bool {
+	if rec.Container == nil || (rec.State != lifecycle.Running && rec.State != lifecycle.Paused) {
+		return false
+	}
+	if ents, err := os.ReadDir(s.node.PausedImageDir(rec.ID)); err != nil || len(ents) == 0 {
+		return false
+	}
+	st, err := s.runtimeState(ctx, rec)
+	return errdefs.IsNotFound(err) || (err == nil && st.Status == runtime.StatusStopped)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -127,7 +128,7 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		if t.Failed() {
 			d.kill()
 			d = startDaemon(t, env, cfgPath, "")
-			for _, id := range []string{"gr-false", "gr-true"} {
+			for _, id := range []string{"gr-false", "gr-true", "gr-disk"} {
 				_, _ = d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id})
 			}
 			d.kill()
@@ -197,6 +198,39 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A pause to disk cut short between its checkpoint and the record:
+	// the restarted cubelet finishes the pause (the sandbox is paused to
+	// disk, its image complete) and a resume brings the memory back.
+	id := "gr-disk"
+	if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: id, TemplateId: "busybox", Runtime: "gvisor"}); err != nil {
+		t.Fatalf("create %s: %v", id, err)
+	}
+	value := fmt.Sprintf("mem-%d", time.Now().UnixNano())
+	sh(id, fmt.Sprintf(`v=%s; (while :; do echo $v > /tmp/v; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`, value))
+	d.kill()
+	d = startDaemon(t, env, cfgPath, "pause_disk/checkpoint/written=kill")
+	if _, err := d.client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id, Mode: pb.PauseMode_PAUSE_MODE_DISK}); err == nil {
+		t.Fatalf("%s: the pause to disk survived its kill point", id)
+	}
+	d.kill()
+	d = startDaemon(t, env, cfgPath, "")
+	got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+	if err != nil || got.Sandbox.State != pb.SandboxState_SANDBOX_STATE_PAUSED {
+		if b, rerr := os.ReadFile(d.log); rerr == nil {
+			t.Logf("cubelet log:\n%s", b)
+		}
+		t.Fatalf("%s after the restart: %v %v, want paused (to disk)", id, got, err)
+	}
+	if _, err := d.client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if v := sh(id, `rm -f /tmp/v; for i in $(seq 50); do x=$(cat /tmp/v 2>/dev/null); [ -n "$x" ] && break; sleep 0.1; done; echo $x`); v != value {
+		t.Fatalf("%s: in-memory value %q after the resume, want %q", id, v, value)
+	}
+	t.Logf("%s: pause to disk finished by the restart, memory intact after resume", id)
+	if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
 	}
 	list, err := d.client.ListSnapshots(ctx, &pb.ListSnapshotsRequest{})
 	if err != nil || len(list.Snapshots) != 0 {
