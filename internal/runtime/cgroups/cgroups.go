@@ -203,9 +203,9 @@ func Kill(cgroupPath string, timeout time.Duration) (int, error) {
 	for {
 		left := 0
 		for _, d := range dirs {
-			_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
-				if err != nil || !e.IsDir() {
-					return nil
+			_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, werr error) error {
+				if werr != nil || !e.IsDir() {
+					return nil //nolint:nilerr // a cgroup removed under the walk holds nothing
 				}
 				for _, pid := range readPIDs(filepath.Join(p, "cgroup.procs")) {
 					left++

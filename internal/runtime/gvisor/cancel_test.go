@@ -23,8 +23,8 @@ import (
 func TestCancelledStartLeavesNothing(t *testing.T) {
 	requireRunsc(t)
 	d, parent := newTestDriver(t), cgroupParent(t)
-	for i, delay := range []time.Duration{5, 20, 40, 80, 150, 300} {
-		delay *= time.Millisecond
+	for i, ms := range []int{5, 20, 40, 80, 150, 300} {
+		delay := time.Duration(ms) * time.Millisecond
 		spec := shellSpec(t, parent, fmt.Sprintf("cancel-%d", i), "sleep 1000")
 		stopAtEnd(t, d, spec.ID)
 		ctx, cancel := context.WithTimeout(t.Context(), delay)
@@ -90,7 +90,8 @@ func TestStopKillsStrayCgroupProcesses(t *testing.T) {
 		t.Fatalf("cgroup left after Stop: %v", left)
 	}
 	select {
-	case <-exited:
+	case werr := <-exited:
+		t.Logf("stray process ended: %v", werr)
 	case <-time.After(5 * time.Second):
 		t.Fatal("stray process still running after Stop")
 	}
