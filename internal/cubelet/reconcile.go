@@ -398,6 +398,12 @@ func (s *Service) restoreInterrupted(ctx context.Context, t *actions.Task) error
 		return err
 	}
 	st, err := r.RestoreInPlace(ctx, rec.Container.ID, dir)
+	if br, ok := d.(runtime.BundleRestorer); ok && errdefs.IsNotFound(err) && rec.Container.Bundle != "" {
+		// The crash came inside the restore in place, after it removed
+		// the stopped sandbox: the runtime no longer knows the ID, the
+		// bundle still says how to run it.
+		st, err = br.RestoreBundle(ctx, rec.Container.ID, rec.Container.Bundle, dir)
+	}
 	if err != nil {
 		return err
 	}

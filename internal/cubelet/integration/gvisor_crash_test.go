@@ -128,8 +128,9 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		if t.Failed() {
 			d.kill()
 			d = startDaemon(t, env, cfgPath, "")
-			for _, id := range []string{"gr-false", "gr-true", "gr-disk"} {
-				_, _ = d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id})
+			list, _ := d.client.ListSandboxes(ctx, &pb.ListSandboxesRequest{})
+			for _, sb := range list.GetSandboxes() {
+				_, _ = d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: sb.Id})
 			}
 			d.kill()
 		}
@@ -161,8 +162,18 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		}
 		return strings.TrimSpace(agenttest.Shell(ctx, t, hc, url(id), script))
 	}
-	for _, paused := range []bool{false, true} {
-		id := fmt.Sprintf("gr-%v", paused)
+	for _, c := range []struct {
+		paused bool
+		point  string
+	}{
+		{false, "snapshot/memory/after"},
+		{true, "snapshot/memory/after"},
+		// Inside the restore in place, after the stopped sandbox was
+		// removed: runsc no longer knows the ID.
+		{false, "gvisor/restore/stopped"}, // gvisor.FailpointRestoreStopped
+	} {
+		paused := c.paused
+		id := fmt.Sprintf("gr-%v-%d", paused, len(c.point))
 		if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: id, TemplateId: "busybox", Runtime: "gvisor"}); err != nil {
 			t.Fatalf("create %s: %v", id, err)
 		}
@@ -176,7 +187,7 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 			want = pb.SandboxState_SANDBOX_STATE_PAUSED
 		}
 		d.kill()
-		d = startDaemon(t, env, cfgPath, "snapshot/memory/after=kill")
+		d = startDaemon(t, env, cfgPath, c.point+"=kill")
 		if _, err := d.client.SnapshotSandbox(ctx, &pb.SnapshotSandboxRequest{SandboxId: id, SnapshotId: id + "-half"}); err == nil {
 			t.Fatalf("%s: the snapshot survived its kill point", id)
 		}
@@ -194,7 +205,7 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		if v := sh(id, `rm -f /tmp/v; for i in $(seq 50); do x=$(cat /tmp/v 2>/dev/null); [ -n "$x" ] && break; sleep 0.1; done; echo $x`); v != value {
 			t.Fatalf("%s: in-memory value %q after the restore, want %q", id, v, value)
 		}
-		t.Logf("%s (paused %v): restored from the interrupted snapshot's image, memory intact", id, paused)
+		t.Logf("%s (paused %v, killed at %s): restored from the interrupted snapshot's image, memory intact", id, paused, c.point)
 		if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
 			t.Fatal(err)
 		}

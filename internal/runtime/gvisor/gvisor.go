@@ -41,6 +41,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
@@ -423,7 +424,18 @@ func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.St
 	if err != nil {
 		return runtime.State{}, err
 	}
-	spec, err := readSpec(c.Bundle)
+	return d.RestoreBundle(ctx, id, c.Bundle, dir)
+}
+
+// RestoreBundle restores id from the image in dir with the spec its
+// bundle holds, whether or not runsc still knows id (a stopped sandbox
+// of that ID is removed first). It is how a restore in place cut short
+// after the removal is finished: the bundle outlives runsc's state.
+func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (runtime.State, error) {
+	if err := d.memoryOff("restore", id); err != nil {
+		return runtime.State{}, err
+	}
+	spec, err := readSpec(bundle)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
 	}
@@ -433,8 +445,15 @@ func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.St
 	if err := d.Stop(ctx, id); err != nil {
 		return runtime.State{}, err
 	}
-	return d.launch(ctx, id, c.Bundle, spec, dir)
+	if err := failpoint.Eval(ctx, FailpointRestoreStopped); err != nil {
+		return runtime.State{}, err
+	}
+	return d.launch(ctx, id, bundle, spec, dir)
 }
+
+// FailpointRestoreStopped fires inside a restore in place between the
+// removal of the stopped sandbox and the launch from the image.
+const FailpointRestoreStopped = "gvisor/restore/stopped"
 
 // Stop kills every process of the sandbox (sandbox, gofer and the
 // container's processes) and removes runsc's state and the cgroup.
@@ -648,6 +667,7 @@ func tail(path string, n int64) string {
 }
 
 var _ runtime.Prober = (*Driver)(nil)
+var _ runtime.BundleRestorer = (*Driver)(nil)
 
 // Probe checks runsc's binary and root without running runsc.
 func (d *Driver) Probe(context.Context) error { return runtime.ProbeFiles(d.root, d.bin) }
