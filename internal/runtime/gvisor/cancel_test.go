@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -94,5 +95,59 @@ func TestStopKillsStrayCgroupProcesses(t *testing.T) {
 		t.Logf("stray process ended: %v", werr)
 	case <-time.After(5 * time.Second):
 		t.Fatal("stray process still running after Stop")
+	}
+}
+
+// TestStopSparesReusedPIDs: a checkpoint stops the sandbox, and its PIDs
+// in runsc's state are free for other processes (on a host whose PIDs wrap
+// within seconds, soon taken). The test hands them to a bystander process
+// (it writes the bystander's PID into the state, as a reuse would) and
+// stops the sandbox: the bystander lives. runsc's delete SIGKILLed the
+// recorded PIDs unchecked, which killed other sandboxes in the chaos soak.
+func TestStopSparesReusedPIDs(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	spec := shellSpec(t, parent, "reuse", "sleep 1000")
+	stopAtEnd(t, d, spec.ID)
+	if _, err := d.Start(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Checkpoint(t.Context(), spec.ID, t.TempDir(), false); err != nil {
+		t.Fatal(err)
+	}
+	bystander := exec.Command("sleep", "1000")
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- bystander.Wait() }()
+	t.Cleanup(func() { _ = bystander.Process.Kill() })
+	path := filepath.Join(d.root, runscID(spec.ID)+"_sandbox:"+runscID(spec.ID)+".state")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	pid := bystander.Process.Pid
+	st["goferPid"] = pid
+	st["sandbox"].(map[string]any)["pid"] = pid
+	if b, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stopped sandbox's recorded PIDs now name bystander %d", pid)
+	if err := d.Stop(t.Context(), spec.ID); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	select {
+	case werr := <-exited:
+		t.Fatalf("the bystander holding the stale PIDs was killed by Stop: %v", werr)
+	case <-time.After(time.Second):
+		t.Logf("bystander %d alive after Stop", pid)
 	}
 }

@@ -503,6 +503,14 @@ func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec)
 		} else if n > 0 {
 			d.log.DebugContext(ctx, "killed the cgroup's processes", "id", id, "processes", n)
 		}
+		// Every process of the sandbox is dead now, so runsc must signal
+		// none by the PIDs its state recorded: it SIGKILLs them without
+		// checking, and a PID freed (a checkpoint stopped the sandbox, or
+		// the kill above) is soon another process's. On a host whose PIDs
+		// wrap within seconds that killed other sandboxes.
+		if err := d.forgetPIDs(id); err != nil {
+			return fmt.Errorf("gvisor stop %s: %w", id, err)
+		}
 	}
 	if err := d.rsc(networkFor(sp), "").Delete(ctx, runscID(id), &gorunc.DeleteOpts{Force: true}); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
@@ -547,6 +555,44 @@ func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, e
 // while "sb-10" exists is "ambiguous"); the terminator, which sandbox IDs
 // never contain, makes no runsc ID a prefix of another.
 func runscID(id string) string { return id + "." }
+
+// forgetPIDs zeroes the sandbox and gofer PIDs in runsc's state file of
+// id (runsc skips the kill of a zero PID). A missing state file is no
+// error: runsc's delete then has nothing to kill either.
+func (d *Driver) forgetPIDs(id string) error {
+	path := filepath.Join(d.root, runscID(id)+"_sandbox:"+runscID(id)+".state")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var st map[string]json.RawMessage
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("runsc state %s: %w", path, err)
+	}
+	st["goferPid"] = json.RawMessage("0")
+	if raw, ok := st["sandbox"]; ok && string(raw) != "null" {
+		var sb map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &sb); err != nil {
+			return fmt.Errorf("runsc state %s: sandbox: %w", path, err)
+		}
+		sb["pid"] = json.RawMessage("0")
+		if st["sandbox"], err = json.Marshal(sb); err != nil {
+			return err
+		}
+	}
+	out, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".cube-tmp"
+	if err := os.WriteFile(tmp, out, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
 
 // List implements runtime.Driver; it reads runsc's root, so it also sees
 // sandboxes other processes started there.
