@@ -92,6 +92,15 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 			return
 		}
 	}
+	if rec.PauseMode != sandbox.PauseDisk && s.pausedImageStopped(ctx, rec) {
+		// A pause to disk cut short between its checkpoint (the image
+		// complete, the runtime sandbox stopped) and the record saying
+		// so: finish the pause rather than fail the sandbox. One update:
+		// a record Running with no live process would arm the watch,
+		// which would mark it dead.
+		_ = t.Update(func(r *sandbox.Record) { r.State, r.PauseMode = lifecycle.Paused, sandbox.PauseDisk })
+		rec = t.Record()
+	}
 	if rec.PauseMode == sandbox.PauseDisk {
 		// A pause to disk was cut short after its memory image was
 		// complete. Without a live container the sandbox is disk-paused;
@@ -107,6 +116,17 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 	s.sweepPausedImage(rec)
 
 	state, err := s.runtimeState(ctx, rec)
+	if stopped := errdefs.IsNotFound(err) || (err == nil && state.Status == runtime.StatusStopped); stopped && rec.State == lifecycle.Snapshotting {
+		// A snapshot cut short between its checkpoint (which stops the
+		// sandbox) and the restore in place: the image it wrote is the
+		// sandbox, so it is restored from it (same ID, memory intact).
+		if rerr := s.restoreInterrupted(ctx, t); rerr != nil {
+			sum.Errors = append(sum.Errors, fmt.Sprintf("%s: restore from the interrupted snapshot's image: %v", rec.ID, rerr))
+		} else {
+			rec = t.Record()
+			state, err = s.runtimeState(ctx, rec)
+		}
+	}
 	switch {
 	case err == nil && (state.Status == runtime.StatusRunning || state.Status == runtime.StatusPaused):
 		st := lifecycle.Running
@@ -351,4 +371,81 @@ func (s *Service) retryCleanup(ctx context.Context, j *sandbox.JournalEntry) {
 		err = errors.Join(err, perr)
 	}
 	s.log.Warn("journalled destroy failed again", "sandbox_id", j.SandboxID, "attempts", j.Attempts, "next_in", backoff, "err", err)
+}
+
+// restoreInterrupted brings back a sandbox whose snapshot a crash cut
+// short after the runtime's checkpoint stopped it and before the restore
+// in place: from the memory image the half-taken snapshot holds (complete:
+// the runtime stops the sandbox only once the image is written), then
+// frozen again if it was paused. The agent in the image is quiesced;
+// reconcileSnapshots wakes it with the other interrupted verbs, and
+// removes the half-taken snapshot and its image afterwards.
+func (s *Service) restoreInterrupted(ctx context.Context, t *actions.Task) error {
+	rec := t.Record()
+	if rec.Container == nil {
+		return fmt.Errorf("no container: %w", errdefs.ErrNotFound)
+	}
+	d, err := s.node.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	r, ok := d.(runtime.InPlaceRestorer)
+	if !ok {
+		return fmt.Errorf("runtime %s cannot restore in place: %w", rec.Runtime, errdefs.ErrNotImplemented)
+	}
+	dir, err := s.interruptedImage(rec.ID)
+	if err != nil {
+		return err
+	}
+	st, err := r.RestoreInPlace(ctx, rec.Container.ID, dir)
+	if br, ok := d.(runtime.BundleRestorer); ok && errdefs.IsNotFound(err) && rec.Container.Bundle != "" {
+		// The crash came inside the restore in place, after it removed
+		// the stopped sandbox: the runtime no longer knows the ID, the
+		// bundle still says how to run it.
+		st, err = br.RestoreBundle(ctx, rec.Container.ID, rec.Container.Bundle, dir)
+	}
+	if err != nil {
+		return err
+	}
+	if err := t.Update(func(r *sandbox.Record) { r.Container.PID = st.PID }); err != nil {
+		return err
+	}
+	if rec.PrevState == lifecycle.Paused {
+		return actions.Settle(ctx, d, rec.Container.ID, runtime.StatusPaused, d.Pause(ctx, rec.Container.ID))
+	}
+	s.log.Info("sandbox restored from the image of a snapshot a crash interrupted", "sandbox_id", rec.ID, "image", dir)
+	return nil
+}
+
+// interruptedImage finds the memory image of sandboxID's half-taken
+// snapshot.
+func (s *Service) interruptedImage(sandboxID string) (string, error) {
+	recs, err := s.store.ListSnapshots()
+	if err != nil {
+		return "", err
+	}
+	for _, sn := range recs {
+		if sn.SandboxID != sandboxID || sn.State == sandbox.SnapshotReady {
+			continue
+		}
+		dir := s.node.Pool.SnapshotMemoryDir(sn.ID)
+		if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("no memory image of a half-taken snapshot of %s: %w", sandboxID, errdefs.ErrNotFound)
+}
+
+// pausedImageStopped reports whether rec's runtime sandbox is stopped (or
+// gone) while a memory image of a pause to disk is in its pool directory:
+// the checkpoint stops the sandbox only once the image is complete.
+func (s *Service) pausedImageStopped(ctx context.Context, rec *sandbox.Record) bool {
+	if rec.Container == nil || (rec.State != lifecycle.Running && rec.State != lifecycle.Paused) {
+		return false
+	}
+	if ents, err := os.ReadDir(s.node.PausedImageDir(rec.ID)); err != nil || len(ents) == 0 {
+		return false
+	}
+	st, err := s.runtimeState(ctx, rec)
+	return errdefs.IsNotFound(err) || (err == nil && st.Status == runtime.StatusStopped)
 }

@@ -116,6 +116,10 @@ func (s *Service) sweepSnapshotFiles() int {
 	return n
 }
 
+// interruptedWakeBound bounds the wake of one agent an interrupted
+// snapshot quiesced, at start-up.
+const interruptedWakeBound = 20 * time.Second
+
 // reconcileSnapshots runs once at start, after the sandboxes are
 // reconciled: it removes the snapshots a crash left half taken, the
 // snapshot files no record names, and finishes the snapshot and rollback
@@ -161,7 +165,12 @@ func (s *Service) reconcileSnapshots(ctx context.Context) {
 		}
 		if to == lifecycle.Running || to == lifecycle.Paused {
 			// The snapshot may have quiesced the agent before the crash.
-			if err := s.node.WakeInterrupted(ctx, t.Record()); err != nil {
+			// Bounded: start-up waits for this, and one sandbox whose
+			// agent never answers must not keep the node down.
+			wctx, cancel := context.WithTimeout(ctx, interruptedWakeBound)
+			err := s.node.WakeInterrupted(wctx, t.Record())
+			cancel()
+			if err != nil {
 				s.log.Warn("wake the agent of a sandbox an interrupted snapshot quiesced", "sandbox_id", rec.ID, "err", err)
 			}
 		}

@@ -252,6 +252,21 @@ func (s *Service) Delete(ctx context.Context, id string) (*Result, error) {
 		return nil, err
 	}
 	res, err := s.engine.Run(context.WithoutCancel(ctx), flow, t)
+	// A destroy that fails during a neighbour's restart (network-agent
+	// coming back, a loop device or cgroup still being torn down) mostly
+	// succeeds a moment later: retry the cleanup a few times, briefly,
+	// before the client is told it failed and the journal takes over.
+	for i, wait := range destroyRetries {
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		s.log.Info("destroy failed; retrying", "sandbox_id", id, "attempt", i+2, "in", wait, "err", err)
+		time.Sleep(wait)
+		var rres workflow.Result
+		rres, err = s.engine.Run(context.WithoutCancel(ctx), FlowCleanup, t)
+		res.Timings = append(res.Timings, rres.Timings...)
+		res.Duration += rres.Duration
+	}
 	if err != nil {
 		s.journal(id, err)
 		return &Result{Timings: res.Timings}, fmt.Errorf("destroy %s failed, queued for cleanup: %w", id, err)
@@ -263,6 +278,10 @@ func (s *Service) Delete(ctx context.Context, id string) (*Result, error) {
 	s.log.Info("sandbox destroyed", "sandbox_id", id, "duration", res.Duration)
 	return &Result{Timings: res.Timings}, nil
 }
+
+// destroyRetries are the waits before Delete's retries of a failed
+// destroy (about 2 s in all, plus the attempts).
+var destroyRetries = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second}
 
 func (s *Service) journal(id string, cause error) {
 	err := s.store.PutJournal(&sandbox.JournalEntry{

@@ -46,6 +46,9 @@ type Routes struct {
 	gen     uint64               // bumped on every invalidation; a resolve started before one is not cached
 	watched atomic.Bool
 	sf      singleflight.Group
+	// onChange, when set, is called (in its own goroutine) with the ID
+	// of every sandbox whose route the master says changed.
+	onChange func(id string)
 }
 
 type cached struct {
@@ -253,8 +256,24 @@ func (r *Routes) watchOnce(ctx context.Context) error {
 			continue
 		}
 		r.invalidate(ev.SandboxId)
+		if r.onChange != nil {
+			go r.onChange(ev.SandboxId)
+		}
 	}
 }
+
+// Gone reports whether the master no longer knows sandbox id (a resolve
+// that resumes nothing answers NotFound). Any other answer, an error
+// included, is not gone.
+func (r *Routes) Gone(ctx context.Context, id string) bool {
+	cctx, cancel := context.WithTimeout(ctx, goneTimeout)
+	defer cancel()
+	_, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id})
+	return err != nil && errdefs.IsNotFound(fromGRPC(err))
+}
+
+// goneTimeout bounds the check Gone makes.
+const goneTimeout = 5 * time.Second
 
 // fromGRPC classifies a master error for proxy.writeError: a status in
 // the project's error vocabulary (grpcerr), anything else (the master

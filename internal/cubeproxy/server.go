@@ -20,6 +20,7 @@ import (
 	"time"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -119,6 +120,15 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 		cfg.Dialer = d
 	}
 	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
+	// A sandbox destroyed while requests to it are under way: they end
+	// now with 502 instead of waiting on connections a vanished network
+	// stack never closes.
+	s.Routes.onChange = func(id string) {
+		if route.InFlight(id) && s.Routes.Gone(context.WithoutCancel(ctx), id) {
+			n := route.Abort(id, fmt.Errorf("sandbox %s is gone: %w", id, errdefs.ErrNotFound))
+			log.Info("requests to a sandbox that went away ended", "sandbox_id", id, "requests", n)
+		}
+	}
 	act := newActivity()
 	health := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	local := http.NewServeMux()

@@ -33,6 +33,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/agentproto"
@@ -132,6 +133,64 @@ type Handler struct {
 	log    *slog.Logger
 	h1, h2 *http.Transport
 	rp     *httputil.ReverseProxy
+
+	mu       sync.Mutex
+	inflight map[string]map[*inflightReq]struct{} // by sandbox ID
+}
+
+// inflightReq is one request on its way to a sandbox, to be ended by
+// Abort.
+type inflightReq struct{ cancel context.CancelCauseFunc }
+
+// InFlight reports whether a request to sandboxID is under way.
+func (h *Handler) InFlight(sandboxID string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.inflight[sandboxID]) > 0
+}
+
+// Abort ends every request under way to sandboxID with cause (which
+// should carry an errdefs kind: a gone sandbox is NotFound, answered 502
+// when no answer has started) and returns how many it ended. A sandbox
+// whose network stack vanished with it (gVisor's, in its own process)
+// never closes the connections it had: without Abort, a request waiting
+// for its answer hung until the client gave up.
+func (h *Handler) Abort(sandboxID string, cause error) int {
+	h.mu.Lock()
+	reqs := h.inflight[sandboxID]
+	delete(h.inflight, sandboxID)
+	h.mu.Unlock()
+	for r := range reqs {
+		r.cancel(cause)
+	}
+	return len(reqs)
+}
+
+// track registers a request to sandboxID and returns its context (ended
+// by Abort) and the function that unregisters it.
+func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	r := &inflightReq{cancel: cancel}
+	h.mu.Lock()
+	if h.inflight == nil {
+		h.inflight = map[string]map[*inflightReq]struct{}{}
+	}
+	if h.inflight[sandboxID] == nil {
+		h.inflight[sandboxID] = map[*inflightReq]struct{}{}
+	}
+	h.inflight[sandboxID][r] = struct{}{}
+	h.mu.Unlock()
+	return ctx, func() {
+		h.mu.Lock()
+		if m := h.inflight[sandboxID]; m != nil {
+			delete(m, r)
+			if len(m) == 0 {
+				delete(h.inflight, sandboxID)
+			}
+		}
+		h.mu.Unlock()
+		cancel(nil)
+	}
 }
 
 type ctxKey struct{}
@@ -348,7 +407,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// upstream connection, killing a stream that had begun.
 	duplex := r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.Header.Get("Upgrade") == "" &&
 		http.NewResponseController(w).EnableFullDuplex() == nil
-	ctx := context.WithValue(r.Context(), ctxKey{}, routed{target: t, port: port})
+	ctx, untrack := h.track(r.Context(), id)
+	defer untrack()
+	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port})
 	h.rp.ServeHTTP(w, r.WithContext(ctx))
 	if duplex {
 		// The answer is complete; read what is left of the body (as the

@@ -36,6 +36,14 @@ type InPlaceRestorer interface {
 	RestoreInPlace(ctx context.Context, id, dir string) (State, error)
 }
 
+// BundleRestorer restores a sandbox from its memory image and its bundle
+// alone, when the runtime no longer knows the ID: a restore in place cut
+// short (its caller killed) after it removed the stopped sandbox and
+// before the new one was recorded.
+type BundleRestorer interface {
+	RestoreBundle(ctx context.Context, id, bundle, dir string) (State, error)
+}
+
 // ConsoleLogger keeps a sandbox's console in a file (a VM's serial
 // console) and says where.
 type ConsoleLogger interface {

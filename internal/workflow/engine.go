@@ -29,6 +29,7 @@ type options struct {
 	log        *slog.Logger
 	failpoints bool
 	wrapErr    func(error) error
+	undoBound  time.Duration
 }
 
 // WithMetrics exports the engine's metrics, named <namespace>_..., to r:
@@ -50,6 +51,23 @@ func WithFailpoints(on bool) Option {
 	return func(o *options) { o.failpoints = on }
 }
 
+// DefaultUndoBound is how long a Forward flow's undo may run unless
+// WithUndoBound says otherwise.
+const DefaultUndoBound = 2 * time.Minute
+
+// WithUndoBound sets how long a Forward flow's undo may run. The undo
+// runs under a context of its own, not the caller's: a create whose
+// client went away (or whose deadline passed) must still roll back whole,
+// so the undo outlives the caller's cancel, and this bound keeps a hung
+// runtime from holding it for ever. d <= 0 keeps the default.
+func WithUndoBound(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.undoBound = d
+		}
+	}
+}
+
 // WithErrorWrap passes every failed flow's error through wrap before Run
 // logs and returns it: the daemon classifies errors the actions cannot
 // (cubelet names a full filesystem, package nospace). wrap must return a
@@ -65,6 +83,7 @@ type Engine[T any] struct {
 	log        *slog.Logger
 	failpoints bool
 	wrapErr    func(error) error
+	undoBound  time.Duration
 	m          *metrics
 
 	mu       sync.Mutex          // serialises SetLimit and Reload
@@ -80,7 +99,7 @@ func New[T any](reg *Registry, verbs []Verb[T], cfg Config, opts ...Option) (*En
 	if reg == nil {
 		return nil, errNilRegistry
 	}
-	o := options{log: slog.New(slog.DiscardHandler)}
+	o := options{log: slog.New(slog.DiscardHandler), undoBound: DefaultUndoBound}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -90,6 +109,7 @@ func New[T any](reg *Registry, verbs []Verb[T], cfg Config, opts ...Option) (*En
 		log:        o.log,
 		failpoints: o.failpoints,
 		wrapErr:    o.wrapErr,
+		undoBound:  o.undoBound,
 		limiters:   map[string]*limiter{},
 	}
 	for i := range verbs {

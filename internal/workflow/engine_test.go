@@ -303,6 +303,36 @@ func TestUndoIgnoresCancel(t *testing.T) {
 	}
 }
 
+// TestUndoBounded: the undo outlives the caller's cancel but not its own
+// bound. An undo that hangs on its context ends when the bound passes, and
+// the run reports the undo incomplete instead of hanging with it.
+func TestUndoBounded(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var deadline time.Time
+	reg := newRegistry(t, nil,
+		&fake{name: "a", undo: func(ctx context.Context, _ *task) error {
+			deadline, _ = ctx.Deadline()
+			<-ctx.Done() // a runtime that never answers
+			return ctx.Err()
+		}},
+		&fake{name: "b", create: func(context.Context, *task) error {
+			cancel()
+			return errBoom
+		}})
+	e := newEngine(t, reg, Config{"create": {Steps: [][]string{{"a"}, {"b"}}}}, WithUndoBound(200*time.Millisecond))
+	start := time.Now()
+	_, err := e.Run(ctx, "create", &task{})
+	took := time.Since(start)
+	if !errors.Is(err, ErrUndoIncomplete) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Run error = %v, want the undo incomplete on its own deadline", err)
+	}
+	if deadline.IsZero() || took < 200*time.Millisecond || took > 5*time.Second {
+		t.Fatalf("undo deadline %v, run took %s; want a bounded undo of about 200ms", deadline, took)
+	}
+	t.Logf("hanging undo ended by its bound after %s: %v", took, err)
+}
+
 func TestTeardownRunsAll(t *testing.T) {
 	errX, errY := errors.New("x failed"), errors.New("y failed")
 	reg := newRegistry(t, []string{"b", "c", "d"},

@@ -40,7 +40,11 @@ func (r *run[T]) forward(ctx context.Context) error {
 	if failed == nil || r.f.verb.Mode != Forward || r.f.verb.Undo == nil {
 		return failed
 	}
-	if uerr := r.undo(context.WithoutCancel(ctx), last); uerr != nil {
+	// The undo's own context: not ended by the caller's cancel (the
+	// rollback must finish), bounded by the engine's undo bound.
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.undoBound)
+	defer cancel()
+	if uerr := r.undo(uctx, last); uerr != nil {
 		return fmt.Errorf("%w; %w: %w", failed, ErrUndoIncomplete, uerr)
 	}
 	return failed

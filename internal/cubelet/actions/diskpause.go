@@ -9,6 +9,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -29,6 +30,11 @@ import (
 // destroy (disk action) and the orphan sweep remove it with the disk; a
 // resumed sandbox's leftover image (cubelet died right after the resume)
 // is removed by the core's reconcile.
+
+// FailpointCheckpointWritten fires between a pause to disk's checkpoint
+// (the image complete, the runtime sandbox stopped) and the record saying
+// so.
+const FailpointCheckpointWritten = "pause_disk/checkpoint/written"
 
 // pausedImageName is the memory image's directory inside the sandbox's
 // pool directory.
@@ -96,7 +102,12 @@ func (a *checkpointAction) PauseToDisk(ctx context.Context, t *Task) error {
 		return err
 	}
 	// The image is complete: from here a crash must leave the sandbox
-	// disk-paused, not dead (reconcile adopts it from the image).
+	// disk-paused, not dead (reconcile adopts it from the image, also
+	// when the crash comes before this record: the runtime sandbox is
+	// stopped and the image there).
+	if err := failpoint.Eval(ctx, FailpointCheckpointWritten); err != nil {
+		return err
+	}
 	return t.Update(func(r *sandbox.Record) { r.PauseMode = sandbox.PauseDisk })
 }
 

@@ -114,11 +114,26 @@ func TestFaultInjection(t *testing.T) {
 	t.Run("destroy", func(t *testing.T) {
 		for _, p := range points(svc, cubelet.FlowDestroy) {
 			t.Run(p, func(t *testing.T) {
+				// A destroy that fails, and whose first retry fails too,
+				// succeeds within Delete's own brief retries: the client
+				// is not told a kill failed that finishes a moment later.
 				id := create(t)
 				inject(t, p, "1*error")
-				// The journalled retry runs the cleanup flow; make its first
-				// attempt fail too, so the backoff path runs.
 				inject(t, "cleanup/"+p[len("destroy/"):], "1*error")
+				if _, err := svc.Delete(ctx, id); err != nil {
+					t.Fatalf("delete with two transient failures: %v", err)
+				}
+				if _, err := svc.Get(ctx, id); err == nil {
+					t.Fatal("deleted sandbox still there")
+				}
+				env.AssertNoLeaks(t)
+
+				// One that keeps failing is journalled: Delete answers the
+				// error, and the journalled retry (whose first attempt
+				// fails too, so the backoff path runs) finishes it.
+				id = create(t)
+				inject(t, p, "1*error")
+				inject(t, "cleanup/"+p[len("destroy/"):], "5*error")
 				_, err := svc.Delete(ctx, id)
 				if !errors.Is(err, failpoint.ErrInjected) {
 					t.Fatalf("want injected error, got %v", err)

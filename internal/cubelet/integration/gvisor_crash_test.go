@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,150 @@ func TestGvisorSnapshotCrashWake(t *testing.T) {
 		if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	list, err := d.client.ListSnapshots(ctx, &pb.ListSnapshotsRequest{})
+	if err != nil || len(list.Snapshots) != 0 {
+		t.Fatalf("half-taken snapshots left: %v %v", list, err)
+	}
+	d.kill()
+	env.AssertNoLeaks(t)
+}
+
+// TestGvisorSnapshotCrashRestore kills cubelet (SIGKILL) right after a
+// gVisor snapshot's checkpoint stopped the sandbox, before the disk copy
+// and the restore in place; a running and a paused sandbox in turn. The
+// image is complete on disk, so the restarted cubelet restores the sandbox
+// from it: same ID, in its state, a process's in-memory value intact,
+// the agent answering, the half-taken snapshot gone. Before, reconcile
+// saw a stopped runtime and marked it failed ("died while cubelet was
+// down").
+func TestGvisorSnapshotCrashRestore(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	requireRunsc(t)
+	ctx := context.Background()
+	env := cubelettest.New(t, "")
+	n := env.StartNetworkAgent(t, nettest.Options{PoolSize: 2})
+	cfgPath := env.WriteConfig(t, fmt.Sprintf("[network]\nagent_socket = %q\n", n.Socket))
+
+	d := startDaemon(t, env, cfgPath, "")
+	defer func() {
+		if t.Failed() {
+			d.kill()
+			d = startDaemon(t, env, cfgPath, "")
+			list, _ := d.client.ListSandboxes(ctx, &pb.ListSandboxesRequest{})
+			for _, sb := range list.GetSandboxes() {
+				_, _ = d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: sb.Id})
+			}
+			d.kill()
+		}
+	}()
+	stream, err := d.client.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: "busybox", Source: env.Image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if !strings.Contains(err.Error(), "EOF") {
+				t.Fatalf("import: %v", err)
+			}
+			break
+		}
+	}
+	url := func(id string) string {
+		got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("http://%s:%d", got.Sandbox.Network.GetHostIp(), agentproto.Port)
+	}
+	sh := func(id, script string) string {
+		hc := agentClient()
+		defer hc.CloseIdleConnections()
+		if err := agenttest.WaitHealthy(ctx, hc, url(id), 30*time.Second); err != nil {
+			t.Fatalf("%s: agent: %v", id, err)
+		}
+		return strings.TrimSpace(agenttest.Shell(ctx, t, hc, url(id), script))
+	}
+	for _, c := range []struct {
+		paused bool
+		point  string
+	}{
+		{false, "snapshot/memory/after"},
+		{true, "snapshot/memory/after"},
+		// Inside the restore in place, after the stopped sandbox was
+		// removed: runsc no longer knows the ID.
+		{false, "gvisor/restore/stopped"}, // gvisor.FailpointRestoreStopped
+	} {
+		paused := c.paused
+		id := fmt.Sprintf("gr-%v-%d", paused, len(c.point))
+		if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: id, TemplateId: "busybox", Runtime: "gvisor"}); err != nil {
+			t.Fatalf("create %s: %v", id, err)
+		}
+		value := fmt.Sprintf("mem-%d", time.Now().UnixNano())
+		sh(id, fmt.Sprintf(`v=%s; (while :; do echo $v > /tmp/v; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`, value))
+		want := pb.SandboxState_SANDBOX_STATE_RUNNING
+		if paused {
+			if _, err := d.client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id}); err != nil {
+				t.Fatal(err)
+			}
+			want = pb.SandboxState_SANDBOX_STATE_PAUSED
+		}
+		d.kill()
+		d = startDaemon(t, env, cfgPath, c.point+"=kill")
+		if _, err := d.client.SnapshotSandbox(ctx, &pb.SnapshotSandboxRequest{SandboxId: id, SnapshotId: id + "-half"}); err == nil {
+			t.Fatalf("%s: the snapshot survived its kill point", id)
+		}
+		d.kill()
+		d = startDaemon(t, env, cfgPath, "")
+		got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+		if err != nil || got.Sandbox.State != want {
+			t.Fatalf("%s after the restart: %v %v, want %v", id, got, err, want)
+		}
+		if paused {
+			if _, err := d.client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v := sh(id, `rm -f /tmp/v; for i in $(seq 50); do x=$(cat /tmp/v 2>/dev/null); [ -n "$x" ] && break; sleep 0.1; done; echo $x`); v != value {
+			t.Fatalf("%s: in-memory value %q after the restore, want %q", id, v, value)
+		}
+		t.Logf("%s (paused %v, killed at %s): restored from the interrupted snapshot's image, memory intact", id, paused, c.point)
+		if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pause to disk cut short between its checkpoint and the record:
+	// the restarted cubelet finishes the pause (the sandbox is paused to
+	// disk, its image complete) and a resume brings the memory back.
+	id := "gr-disk"
+	if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{SandboxId: id, TemplateId: "busybox", Runtime: "gvisor"}); err != nil {
+		t.Fatalf("create %s: %v", id, err)
+	}
+	value := fmt.Sprintf("mem-%d", time.Now().UnixNano())
+	sh(id, fmt.Sprintf(`v=%s; (while :; do echo $v > /tmp/v; sleep 0.1; done) </dev/null >/dev/null 2>&1 &`, value))
+	d.kill()
+	d = startDaemon(t, env, cfgPath, "pause_disk/checkpoint/written=kill")
+	if _, err := d.client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id, Mode: pb.PauseMode_PAUSE_MODE_DISK}); err == nil {
+		t.Fatalf("%s: the pause to disk survived its kill point", id)
+	}
+	d.kill()
+	d = startDaemon(t, env, cfgPath, "")
+	got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+	if err != nil || got.Sandbox.State != pb.SandboxState_SANDBOX_STATE_PAUSED {
+		if b, rerr := os.ReadFile(d.log); rerr == nil {
+			t.Logf("cubelet log:\n%s", b)
+		}
+		t.Fatalf("%s after the restart: %v %v, want paused (to disk)", id, got, err)
+	}
+	if _, err := d.client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if v := sh(id, `rm -f /tmp/v; for i in $(seq 50); do x=$(cat /tmp/v 2>/dev/null); [ -n "$x" ] && break; sleep 0.1; done; echo $x`); v != value {
+		t.Fatalf("%s: in-memory value %q after the resume, want %q", id, v, value)
+	}
+	t.Logf("%s: pause to disk finished by the restart, memory intact after resume", id)
+	if _, err := d.client.DeleteSandbox(ctx, &pb.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
 	}
 	list, err := d.client.ListSnapshots(ctx, &pb.ListSnapshotsRequest{})
 	if err != nil || len(list.Snapshots) != 0 {

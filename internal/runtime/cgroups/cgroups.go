@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -183,4 +184,60 @@ func MemoryUsage(cgroupPath string) (int64, error) {
 		}
 	}
 	return most, nil
+}
+
+// Kill SIGKILLs every process in cgroupPath (and the cgroups below it) in
+// every hierarchy, repeating until none is left or timeout passes, and
+// reports how many it signalled. A runtime that was itself killed while
+// starting a sandbox (runsc cut off between forking its sandbox and gofer
+// processes and recording them) leaves processes its delete does not know
+// of; they keep the cgroup busy, so whoever removes the cgroup kills them
+// first. A path present in no hierarchy is not an error.
+func Kill(cgroupPath string, timeout time.Duration) (int, error) {
+	dirs, err := Dirs(cgroupPath)
+	if err != nil {
+		return 0, fmt.Errorf("find cgroup %s: %w", cgroupPath, err)
+	}
+	killed := map[int]bool{}
+	deadline := time.Now().Add(timeout)
+	for {
+		left := 0
+		for _, d := range dirs {
+			_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, werr error) error {
+				if werr != nil || !e.IsDir() {
+					return nil //nolint:nilerr // a cgroup removed under the walk holds nothing
+				}
+				for _, pid := range readPIDs(filepath.Join(p, "cgroup.procs")) {
+					left++
+					// ESRCH: gone between the read and the kill.
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+					killed[pid] = true
+				}
+				return nil
+			})
+		}
+		if left == 0 {
+			return len(killed), nil
+		}
+		if time.Now().After(deadline) {
+			return len(killed), fmt.Errorf("kill processes of cgroup %s: %d still there after %s", cgroupPath, left, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// readPIDs reads a cgroup.procs file; a missing or unreadable one holds
+// nothing.
+func readPIDs(path string) []int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -41,6 +41,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
@@ -242,8 +243,10 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	err = d.classify(ctx, verb, id, err, tail(logFile, 512))
 	if !errdefs.IsAlreadyExists(err) {
 		// Detached from ctx: the caller's ctx may be why we are here,
-		// and the rollback must still finish.
-		if cerr := d.destroy(context.WithoutCancel(ctx), id, bundle, spec); cerr != nil {
+		// and the rollback must still finish (within its own bound).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchBound)
+		defer cancel()
+		if cerr := d.destroy(rctx, id, bundle, spec); cerr != nil {
 			d.log.WarnContext(ctx, "rollback of failed "+verb, "id", id, "error", cerr)
 			err = errors.Join(err, cerr)
 		}
@@ -421,7 +424,18 @@ func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.St
 	if err != nil {
 		return runtime.State{}, err
 	}
-	spec, err := readSpec(c.Bundle)
+	return d.RestoreBundle(ctx, id, c.Bundle, dir)
+}
+
+// RestoreBundle restores id from the image in dir with the spec its
+// bundle holds, whether or not runsc still knows id (a stopped sandbox
+// of that ID is removed first). It is how a restore in place cut short
+// after the removal is finished: the bundle outlives runsc's state.
+func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (runtime.State, error) {
+	if err := d.memoryOff("restore", id); err != nil {
+		return runtime.State{}, err
+	}
+	spec, err := readSpec(bundle)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
 	}
@@ -431,8 +445,15 @@ func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.St
 	if err := d.Stop(ctx, id); err != nil {
 		return runtime.State{}, err
 	}
-	return d.launch(ctx, id, c.Bundle, spec, dir)
+	if err := failpoint.Eval(ctx, FailpointRestoreStopped); err != nil {
+		return runtime.State{}, err
+	}
+	return d.launch(ctx, id, bundle, spec, dir)
 }
+
+// FailpointRestoreStopped fires inside a restore in place between the
+// removal of the stopped sandbox and the launch from the image.
+const FailpointRestoreStopped = "gvisor/restore/stopped"
 
 // Stop kills every process of the sandbox (sandbox, gofer and the
 // container's processes) and removes runsc's state and the cgroup.
@@ -471,6 +492,26 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 // and waits for them), gives the network namespace its addresses back and
 // removes the cgroup everywhere.
 func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec) error {
+	// Every process in the sandbox's cgroup dies first. runsc's delete
+	// kills only the processes its state file names, and then waits for
+	// the cgroup to empty: a sandbox or gofer it never recorded (a runsc
+	// cut off mid-start) kept the cgroup busy and the delete failed,
+	// leaving them running. Force-delete kills the sandbox anyway.
+	if sp.Linux != nil && sp.Linux.CgroupsPath != "" {
+		if n, err := cgroups.Kill(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
+			return fmt.Errorf("gvisor stop %s: %w", id, err)
+		} else if n > 0 {
+			d.log.DebugContext(ctx, "killed the cgroup's processes", "id", id, "processes", n)
+		}
+		// Every process of the sandbox is dead now, so runsc must signal
+		// none by the PIDs its state recorded: it SIGKILLs them without
+		// checking, and a PID freed (a checkpoint stopped the sandbox, or
+		// the kill above) is soon another process's. On a host whose PIDs
+		// wrap within seconds that killed other sandboxes.
+		if err := d.forgetPIDs(id); err != nil {
+			return fmt.Errorf("gvisor stop %s: %w", id, err)
+		}
+	}
 	if err := d.rsc(networkFor(sp), "").Delete(ctx, runscID(id), &gorunc.DeleteOpts{Force: true}); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
 			return err
@@ -514,6 +555,44 @@ func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, e
 // while "sb-10" exists is "ambiguous"); the terminator, which sandbox IDs
 // never contain, makes no runsc ID a prefix of another.
 func runscID(id string) string { return id + "." }
+
+// forgetPIDs zeroes the sandbox and gofer PIDs in runsc's state file of
+// id (runsc skips the kill of a zero PID). A missing state file is no
+// error: runsc's delete then has nothing to kill either.
+func (d *Driver) forgetPIDs(id string) error {
+	path := filepath.Join(d.root, runscID(id)+"_sandbox:"+runscID(id)+".state")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var st map[string]json.RawMessage
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("runsc state %s: %w", path, err)
+	}
+	st["goferPid"] = json.RawMessage("0")
+	if raw, ok := st["sandbox"]; ok && string(raw) != "null" {
+		var sb map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &sb); err != nil {
+			return fmt.Errorf("runsc state %s: sandbox: %w", path, err)
+		}
+		sb["pid"] = json.RawMessage("0")
+		if st["sandbox"], err = json.Marshal(sb); err != nil {
+			return err
+		}
+	}
+	out, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".cube-tmp"
+	if err := os.WriteFile(tmp, out, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
 
 // List implements runtime.Driver; it reads runsc's root, so it also sees
 // sandboxes other processes started there.
@@ -634,6 +713,7 @@ func tail(path string, n int64) string {
 }
 
 var _ runtime.Prober = (*Driver)(nil)
+var _ runtime.BundleRestorer = (*Driver)(nil)
 
 // Probe checks runsc's binary and root without running runsc.
 func (d *Driver) Probe(context.Context) error { return runtime.ProbeFiles(d.root, d.bin) }

@@ -6,7 +6,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+	"time"
 )
+
+// launchBound caps one `runsc run|restore --detach` and one rollback of
+// a failed launch; both outlive the caller's context.
+const launchBound = 2 * time.Minute
 
 // netnsShim runs runsc in a private mount namespace with an empty tmpfs
 // over /proc/sys/net.
@@ -40,6 +45,13 @@ func (d *Driver) runDetached(ctx context.Context, id, bundle, network, logFile, 
 	} else {
 		args = append(args, "restore", "--image-path", image, "--detach", "--bundle", bundle, runscID(id))
 	}
+	// Not cut off by the caller's cancel: runsc killed between forking
+	// the sandbox and gofer and recording them in its state leaves
+	// processes its delete cannot find. A detached start returns quickly,
+	// so a cancelled caller waits for it (within launchBound) and the
+	// launch's rollback then removes the sandbox whole.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchBound)
+	defer cancel()
 	var cmd *exec.Cmd
 	if network == "sandbox" {
 		shim := append([]string{"--mount", "--propagation", "private", "/bin/sh", "-c", netnsShim, d.bin}, args...)
