@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -118,6 +120,35 @@ func (s *Service) reconcileAll(ctx context.Context) {
 	}
 }
 
+// differs reports whether the node's view of a sandbox (nil: it has none)
+// disagrees with its catalog row.
+func differs(nsb *cubeletpb.Sandbox, cur *catalog.Sandbox) bool {
+	switch {
+	case nsb == nil:
+		return true
+	case nsb.State == cubeletpb.SandboxState_SANDBOX_STATE_RUNNING:
+		return cur.State != catalog.StateRunning
+	case nsb.State == cubeletpb.SandboxState_SANDBOX_STATE_PAUSED:
+		return cur.State != catalog.StatePaused
+	}
+	return false
+}
+
+// sandboxOnNode is the node's current record of sandbox id, nil when it
+// has none.
+func (s *Service) sandboxOnNode(ctx context.Context, c cubeletpb.CubeletServiceClient, id string) (*cubeletpb.Sandbox, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := c.GetSandbox(ctx, &cubeletpb.GetSandboxRequest{SandboxId: id}, grpc.WaitForReady(true))
+	if status.Code(err) == codes.NotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp.Sandbox, nil
+}
+
 // reconcileNode makes the catalog agree with what a node really holds:
 //
 //   - a row whose sandbox the node no longer has is dropped;
@@ -181,6 +212,16 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 			continue
 		}
 		nsb := onNode[row.ID]
+		if differs(nsb, cur) {
+			// The list was taken before the lock: a verb that finished
+			// in between (a pause, a resume, a create) changed both the
+			// node and the row. Ask the node again, under the lock.
+			nsb, err = s.sandboxOnNode(ctx, c, row.ID)
+			if err != nil {
+				unlock()
+				return fromGRPC(nodeID, err)
+			}
+		}
 		switch {
 		case nsb == nil:
 			s.log.Warn("reconcile: sandbox gone from its node; dropping it", "sandbox_id", row.ID, "node_id", nodeID, "state", cur.State)
