@@ -17,16 +17,15 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
-	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/api/envd/process/processconnect"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/envdtest"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/proxy"
@@ -71,16 +70,12 @@ func processClient(addr string, sb created) processconnect.ProcessClient {
 	return processconnect.NewProcessClient(hc, "http://"+addr)
 }
 
-func sh(script string) *connect.Request[pb.StartRequest] {
-	return connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}})
-}
-
 // serve starts a long-running command in the sandbox through the proxy and
 // keeps its stream open until the test ends.
 func serve(t *testing.T, addr string, sb created, script string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := processClient(addr, sb).Start(ctx, sh(script))
+	s, err := processClient(addr, sb).Start(ctx, envdtest.Sh(script))
 	if err != nil {
 		cancel()
 		t.Fatalf("start server: %v", err)
@@ -239,28 +234,7 @@ func TestCubeProxy(t *testing.T) {
 	})
 
 	t.Run("Connect stream is not buffered", func(t *testing.T) {
-		start := time.Now()
-		s, err := processClient(replica.Addr, web).Start(context.Background(), sh("echo first; sleep 2; echo second"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		var firstAt, endAt time.Duration
-		for s.Receive() {
-			ev := s.Msg().GetEvent()
-			if d := ev.GetData(); d != nil && strings.Contains(string(d.GetStdout()), "first") && firstAt == 0 {
-				firstAt = time.Since(start)
-			}
-			if ev.GetEnd() != nil {
-				endAt = time.Since(start)
-			}
-		}
-		if s.Err() != nil || firstAt == 0 || endAt == 0 {
-			t.Fatalf("stream: first %s end %s err %v", firstAt, endAt, s.Err())
-		}
-		if firstAt > 1500*time.Millisecond || endAt < 2*time.Second {
-			t.Fatalf("first output after %s, end after %s: buffered", firstAt, endAt)
-		}
+		firstAt, endAt := envdtest.Unbuffered(t, processClient(replica.Addr, web))
 		t.Logf("first event after %s, end after %s", firstAt, endAt)
 	})
 
@@ -458,7 +432,7 @@ func TestCubeProxy(t *testing.T) {
 						return
 					}
 					for k := range 3 {
-						req := sh("echo mine > /tmp/owner; cat /tmp/owner")
+						req := envdtest.Sh("echo mine > /tmp/owner; cat /tmp/owner")
 						req.Header().Set("Keepalive-Ping-Interval", "50")
 						s, err := processClient(replica.Addr, sb).Start(context.Background(), req)
 						if err != nil {
@@ -488,7 +462,7 @@ func TestCubeProxy(t *testing.T) {
 	t.Run("idle policy pauses only when nothing is open", func(t *testing.T) {
 		idle := create(t, map[string]any{"timeout": 120, "idleTimeout": 1})
 		// An open stream (a running command) keeps it awake past the timeout.
-		s, err := processClient(replica.Addr, idle).Start(context.Background(), sh("sleep 3; echo done"))
+		s, err := processClient(replica.Addr, idle).Start(context.Background(), envdtest.Sh("sleep 3; echo done"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,12 +22,12 @@ import (
 	"connectrpc.com/connect"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
-	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/api/envd/process/processconnect"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/envdtest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/nettest"
@@ -302,28 +302,7 @@ func TestNodeDataPlane(t *testing.T) {
 	})
 
 	t.Run("Connect stream arrives incrementally", func(t *testing.T) {
-		start := time.Now()
-		s, err := dpProcess(routeAddr, sbs[0].SandboxID, sbs[0].EnvdAccessToken).Start(ctx, dpSh("echo first; sleep 2; echo second"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		var firstAt, endAt time.Duration
-		for s.Receive() {
-			ev := s.Msg().GetEvent()
-			if d := ev.GetData(); d != nil && strings.Contains(string(d.GetStdout()), "first") && firstAt == 0 {
-				firstAt = time.Since(start)
-			}
-			if ev.GetEnd() != nil {
-				endAt = time.Since(start)
-			}
-		}
-		if s.Err() != nil || firstAt == 0 || endAt == 0 {
-			t.Fatalf("stream: first %s end %s err %v", firstAt, endAt, s.Err())
-		}
-		if firstAt > 1500*time.Millisecond || endAt < 2*time.Second {
-			t.Fatalf("first output after %s, end after %s: buffered", firstAt, endAt)
-		}
+		firstAt, endAt := envdtest.Unbuffered(t, dpProcess(routeAddr, sbs[0].SandboxID, sbs[0].EnvdAccessToken))
 		t.Logf("Connect stream from %s: first event after %s, end after %s", sbs[0].node.id, firstAt, endAt)
 	})
 
@@ -345,7 +324,7 @@ func TestNodeDataPlane(t *testing.T) {
 		pc := processconnect.NewProcessClient(&http.Client{Transport: dpHeadersOver{dpHeaders{sbs[1].SandboxID, sbs[1].EnvdAccessToken}, h2c.Transport}},
 			"http://"+routeAddr, connect.WithGRPC())
 		start := time.Now()
-		st, err := pc.Start(ctx, dpSh("echo one; sleep 1; echo two"))
+		st, err := pc.Start(ctx, envdtest.Sh("echo one; sleep 1; echo two"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -714,16 +693,12 @@ func dpProcess(addr, id, token string) processconnect.ProcessClient {
 	return processconnect.NewProcessClient(&http.Client{Transport: dpHeaders{id, token}}, "http://"+addr)
 }
 
-func dpSh(script string) *connect.Request[pb.StartRequest] {
-	return connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}})
-}
-
 // dpServe starts a long-running command in a sandbox through the route
 // and keeps its stream open until the test ends.
 func dpServe(t *testing.T, addr, id, token, script string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := dpProcess(addr, id, token).Start(ctx, dpSh(script))
+	s, err := dpProcess(addr, id, token).Start(ctx, envdtest.Sh(script))
 	if err != nil {
 		cancel()
 		t.Fatalf("start server in %s: %v", id, err)

@@ -24,6 +24,7 @@ import (
 	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/api/envd/process/processconnect"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/envdtest"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/testbin"
@@ -527,28 +528,7 @@ func crossHost(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	})
 
 	t.Run("connect-stream", func(t *testing.T) {
-		start := time.Now()
-		st, err := envd(p2).Start(context.Background(), sh("echo first; sleep 2; echo second"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		var firstAt, endAt time.Duration
-		for st.Receive() {
-			ev := st.Msg().GetEvent()
-			if d := ev.GetData(); d != nil && strings.Contains(string(d.GetStdout()), "first") && firstAt == 0 {
-				firstAt = time.Since(start)
-			}
-			if ev.GetEnd() != nil {
-				endAt = time.Since(start)
-			}
-		}
-		if st.Err() != nil || firstAt == 0 || endAt == 0 {
-			t.Fatalf("stream: first %s end %s err %v", firstAt, endAt, st.Err())
-		}
-		if firstAt > 1500*time.Millisecond || endAt < 2*time.Second {
-			t.Fatalf("first output after %s, end after %s: buffered", firstAt, endAt)
-		}
+		firstAt, endAt := envdtest.Unbuffered(t, envd(p2))
 		t.Logf("Connect stream through %s from %s: first event after %s, end after %s", p2.Host.Name, n3.Host.Name, firstAt.Round(time.Millisecond), endAt.Round(time.Millisecond))
 	})
 
