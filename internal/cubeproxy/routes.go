@@ -148,10 +148,17 @@ func (r *Routes) Resolve(ctx context.Context, id string) (*proxy.Target, error) 
 }
 
 func (r *Routes) target(resp *masterpb.ResolveRouteResponse) *proxy.Target {
-	t := &proxy.Target{SandboxID: resp.SandboxId, NodeID: resp.NodeId, HostIP: resp.HostIp, TrafficAccessToken: resp.TrafficAccessToken,
+	t := &proxy.Target{SandboxID: resp.SandboxId, NodeID: resp.NodeId, TrafficAccessToken: resp.TrafficAccessToken,
 		NodeAddr: resp.NodeDataAddress}
-	if resp.Pid > 0 && resp.NodeBootId != "" && resp.NodeBootId == r.self.bootID && resp.NodePidNamespace == r.self.pidNS {
-		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", resp.Pid)
+	// A slot address means something only on its node's machine: slot
+	// plans are node-local and may overlap, so from another machine it
+	// could name another node's sandbox. Without the node's data
+	// listener, a sandbox elsewhere is unreachable rather than misrouted.
+	if resp.NodeBootId != "" && resp.NodeBootId == r.self.bootID && resp.NodePidNamespace == r.self.pidNS {
+		t.HostIP = resp.HostIp
+		if resp.Pid > 0 {
+			t.NetNS = fmt.Sprintf("/proc/%d/ns/net", resp.Pid)
+		}
 	}
 	return t
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -200,11 +201,13 @@ func (s *Service) refreshAllTemplates(ctx context.Context) {
 	if time.Since(s.lastRefresh) < time.Second {
 		return
 	}
+	var wg sync.WaitGroup
 	for _, n := range s.schedNodes() {
 		if n.Healthy {
-			s.refreshTemplates(ctx, n.ID)
+			wg.Go(func() { s.refreshTemplates(ctx, n.ID) })
 		}
 	}
+	wg.Wait()
 	s.lastRefresh = time.Now()
 }
 

@@ -99,7 +99,9 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	}
 	t := s.target(sb, resp.Sandbox)
 	ri := &RouteInfo{
-		SandboxID: id, NodeID: sb.NodeID, HostIP: t.HostIP, PID: int64(resp.Sandbox.Pid),
+		// The node's own view: the route replica decides from the
+		// node's boot ID and PID namespace whether it may use it.
+		SandboxID: id, NodeID: sb.NodeID, HostIP: resp.Sandbox.GetNetwork().GetHostIp(), PID: int64(resp.Sandbox.Pid),
 		TrafficAccessToken: t.TrafficAccessToken, Resumed: resumed, NodeDataAddr: t.NodeAddr,
 	}
 	s.reg.mu.Lock()

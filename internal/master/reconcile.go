@@ -318,6 +318,12 @@ func (s *Service) reconcileSnapshots(ctx context.Context, nodeID string, c cubel
 		if _, inFlight := s.forking.Load(sn.Id); inFlight {
 			continue
 		}
+		// On a shared catalog another replica may be forking from it, or
+		// be about to write its row: its forks and locks are not this
+		// process's. Young snapshots are left to a later pass.
+		if s.shared() && sn.CreatedAt != nil && time.Since(sn.CreatedAt.AsTime()) < s.createGrace() {
+			continue
+		}
 		fork := sn.Labels[forkLabel] == "true"
 		unlock, err := s.locks.lock(ctx, sn.SandboxId)
 		if err != nil {

@@ -120,9 +120,15 @@ func (s *Service) targetFor(ctx context.Context, sb *catalog.Sandbox) (*proxy.Ta
 }
 
 func (s *Service) target(sb *catalog.Sandbox, pb *cubeletpb.Sandbox) *proxy.Target {
-	t := &proxy.Target{SandboxID: sb.ID, NodeID: sb.NodeID, HostIP: pb.GetNetwork().GetHostIp(), NodeAddr: s.dataAddress(sb.NodeID)}
-	if pb.Pid > 0 && s.isLocal(sb.NodeID) {
-		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", pb.Pid)
+	t := &proxy.Target{SandboxID: sb.ID, NodeID: sb.NodeID, NodeAddr: s.dataAddress(sb.NodeID)}
+	// A slot address means something only on its node's machine (slot
+	// plans are node-local and may overlap): without the node's data
+	// listener a sandbox elsewhere is unreachable rather than misrouted.
+	if s.isLocal(sb.NodeID) {
+		t.HostIP = pb.GetNetwork().GetHostIp()
+		if pb.Pid > 0 {
+			t.NetNS = fmt.Sprintf("/proc/%d/ns/net", pb.Pid)
+		}
 	}
 	if n := sb.Network.AllowPublicTraffic; n != nil && !*n {
 		t.TrafficAccessToken = sb.TrafficAccessToken

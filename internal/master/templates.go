@@ -272,6 +272,9 @@ func (s *Service) importRequest(ctx context.Context, node string, req *cubeletpb
 	}
 }
 
+// refreshTimeout bounds one node's answer to a template refresh.
+const refreshTimeout = 2 * time.Second
+
 // refreshTemplates updates the master's view of a node's templates right
 // away, instead of at its next heartbeat.
 func (s *Service) refreshTemplates(ctx context.Context, node string) {
@@ -279,6 +282,10 @@ func (s *Service) refreshTemplates(ctx context.Context, node string) {
 	if err != nil {
 		return
 	}
+	// Bounded: a create that missed a template waits for this, and a
+	// node that heartbeats but does not answer must not hold it.
+	ctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+	defer cancel()
 	resp, err := c.ListTemplates(ctx, &cubeletpb.ListTemplatesRequest{})
 	if err != nil {
 		return

@@ -252,9 +252,10 @@ func (d *Dialer) Dial(ctx context.Context, addr, nodeID, sandboxID string, port 
 	// was made: present and trust what they hold now.
 	tc := pki.ExpectPeer(serve.Current(d.TLS), nodeID, pki.RoleNode)
 	tc.NextProtos = []string{"http/1.1"}
-	// No session resumption: a resumed session is not checked against
-	// the CA bundle of now, so a certificate of a CA rotated out would
-	// keep opening tunnels until its ticket expired.
+	// No session resumption: each tunnel's handshake checks the peer
+	// with full certificate verification against the files of now
+	// (Go re-verifies a resumed chain too; a full handshake keeps the
+	// check in one place: ExpectPeer's).
 	tc.ClientSessionCache = nil
 	if tc.ServerName == "" {
 		if h, _, err := net.SplitHostPort(addr); err == nil {

@@ -82,7 +82,13 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 				code = http.StatusConflict
 			}
 			log.Warn("join refused", "remote", r.RemoteAddr, "node_id", req.NodeID, "err", err)
-			http.Error(w, err.Error(), code)
+			msg := err.Error()
+			if code == http.StatusInternalServerError {
+				// The caller has not proven anything yet: the
+				// master's own failures stay in its log.
+				msg = "join failed on the master; its log says why"
+			}
+			http.Error(w, msg, code)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -93,7 +99,9 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 
 // Serve serves the join listener on ln (already TLS) until ctx ends.
 func Serve(ctx context.Context, svc *master.Service, ln net.Listener, log *slog.Logger) error {
-	srv := &http.Server{Handler: Handler(svc, log), ReadHeaderTimeout: 10 * time.Second,
+	// Callers are unauthenticated until their token checks out: bounded
+	// reads, so a slow body cannot hold a connection.
+	srv := &http.Server{Handler: Handler(svc, log), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -56,9 +56,11 @@ type Record struct {
 // Store is a template store rooted at a directory.
 type Store struct {
 	dir string
-	// mu orders record writes and deletes with the blob sweep that
-	// follows a delete.
-	mu sync.Mutex
+	// mu orders imports with deletes: a Put holds it shared from its
+	// first blob to its record, a Delete exclusively through the blob
+	// sweep that follows it, so the sweep never removes the blobs of an
+	// import whose record is not written yet.
+	mu sync.RWMutex
 }
 
 // New returns the store at dir (created on the first Put).
@@ -116,6 +118,8 @@ func (s *Store) Put(img v1.Image, rec Record) (Record, error) {
 	if len(layers) != len(m.Layers) {
 		return Record{}, fmt.Errorf("template store: %d layers, the manifest lists %d: %w", len(layers), len(m.Layers), errdefs.ErrInvalidArgument)
 	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	// Layers first and the manifest last: a manifest in the store means
 	// everything it names is there.
 	for i, l := range layers {
@@ -138,8 +142,6 @@ func (s *Store) Put(img v1.Image, rec Record) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err := writeAtomic(s.recordPath(rec.ID), data); err != nil {
 		return Record{}, fmt.Errorf("template store: record %s: %w", rec.ID, err)
 	}

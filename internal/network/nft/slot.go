@@ -67,6 +67,7 @@ const ResolvedSetSize = 16384
 //	input:   policy drop: nobody talks to the slot itself, except
 //	    iifname lo accept
 //	    ct state established,related accept
+//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport 53 ct count over 16 drop
 //	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER udp/tcp dport 53 accept
 //	                                          the DNS forwarder (when Resolver is set)
 //	output:  policy drop: what the slot namespace itself sends (a VM's
@@ -208,6 +209,12 @@ func ApplySlot(nsFD int, s Slot) error {
 	add(in, iifname(expr.CmpOpEq, ifname("lo")), accept())
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
 	if s.Resolver.IsValid() {
+		// One forwarder serves every slot: a sandbox holding open TCP
+		// connections to it (each a descriptor and a goroutine there
+		// until it times out) is cut at dnsTCPConns.
+		add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver),
+			l4proto(unix.IPPROTO_TCP), dport(DNSPort),
+			&expr.Connlimit{Count: dnsTCPConns, Flags: nftConnlimitInvert}, drop())
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver),
 				l4proto(proto), dport(DNSPort), accept())
@@ -464,6 +471,11 @@ func resolvedSet() *nftables.Set {
 	return &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable},
 		Name: ResolvedSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 }
+
+// dnsTCPConns is how many TCP connections a sandbox may hold open to the
+// DNS forwarder at once (a resolver needs one or two, for answers that do
+// not fit UDP).
+const dnsTCPConns = 16
 
 // nftConnlimitInvert makes connlimit match when the count is OVER the
 // limit (`ct count over N`); without it, it matches up to N.

@@ -56,7 +56,14 @@ func ParseDomain(s string) (d string, ok bool, err error) {
 
 // MatchDomain reports whether name (any case, trailing dot or not) is
 // covered by one of the normalised domain entries.
+//
+// A name in presentation form with an escape (`x.com\.pypi.org`: the
+// label "com.pypi") matches nothing: compared as a string it would pass
+// for a name under an allowed domain it is not under.
 func MatchDomain(entries []string, name string) (string, bool) {
+	if strings.ContainsRune(name, '\\') {
+		return "", false
+	}
 	name = strings.TrimSuffix(strings.ToLower(name), ".")
 	for _, e := range entries {
 		if suffix, ok := strings.CutPrefix(e, "*"); ok {

@@ -90,3 +90,15 @@ func TestParseDomainRejects(t *testing.T) {
 		}
 	}
 }
+
+// A label holding an escaped dot is not a subdomain of the allowed name
+// its presentation form ends with; control: the real subdomain matches.
+func TestMatchDomainEscapedLabel(t *testing.T) {
+	entries := []string{"*.pypi.org"}
+	if e, ok := MatchDomain(entries, `x.com\.pypi.org.`); ok {
+		t.Errorf("escaped label matched %q", e)
+	}
+	if _, ok := MatchDomain(entries, "files.pypi.org."); !ok {
+		t.Error("control: files.pypi.org did not match *.pypi.org")
+	}
+}

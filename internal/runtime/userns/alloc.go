@@ -20,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -338,7 +340,7 @@ func (a *Allocator) overwrite(b []byte) error {
 
 // read returns the host's allocations, less those of scopes whose
 // directory is gone (a test harness's removed root, a driver moved
-// elsewhere): nothing of theirs can still be running under the block.
+// elsewhere) and under whose IDs no process runs.
 func (a *Allocator) read() (hostState, error) {
 	all := hostState{}
 	b, err := os.ReadFile(a.file)
@@ -355,11 +357,51 @@ func (a *Allocator) read() (hostState, error) {
 		if s == a.scope {
 			continue
 		}
-		if _, err := os.Stat(s); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(s); errors.Is(err, os.ErrNotExist) && !runsAny(all[s]) {
 			delete(all, s)
 		}
 	}
 	return all, nil
+}
+
+// runsAny reports whether a process on the host runs under an ID of one
+// of ranges (its real, effective, saved or filesystem uid): a root
+// directory that is missing (a mount not up yet) does not free the
+// blocks of sandboxes still running, which a new sandbox would otherwise
+// share. Unreadable /proc counts as in use.
+func runsAny(ranges map[string]Range) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			rest, ok := strings.CutPrefix(line, "Uid:")
+			if !ok {
+				continue
+			}
+			for _, f := range strings.Fields(rest) {
+				id, err := strconv.ParseUint(f, 10, 32)
+				if err != nil {
+					continue
+				}
+				for _, r := range ranges {
+					if r.Contains(uint32(id)) {
+						return true
+					}
+				}
+			}
+			break
+		}
+	}
+	return false
 }
 
 func (a *Allocator) locked(how int, fn func() error) error {

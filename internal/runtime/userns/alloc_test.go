@@ -3,8 +3,10 @@ package userns
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -122,12 +124,15 @@ func TestAllocatorRejectsBadRange(t *testing.T) {
 // blocks of a root that is gone are free again.
 func TestAllocatorHostWide(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "userns.json")
+	// Blocks far above those the host's own sandboxes take (they share
+	// this range, and the test looks for processes under its blocks).
+	first := DefaultFirst + 3000*Size
 	rootA, rootB := t.TempDir(), t.TempDir()
-	a, err := NewAllocator(file, rootA, DefaultFirst, 2)
+	a, err := NewAllocator(file, rootA, first, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewAllocator(file, rootB, DefaultFirst, 2)
+	b, err := NewAllocator(file, rootB, first, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +153,24 @@ func TestAllocatorHostWide(t *testing.T) {
 	if ids, _ := b.IDs(); len(ids) != 1 || ids[0] != "sb" {
 		t.Fatalf("root B sees %v, want only its own sandbox", ids)
 	}
-	if err := os.Remove(rootA); err != nil {
+	// A root that is missing while a process still runs under its block
+	// (a mount not up yet) keeps the block.
+	if os.Geteuid() == 0 {
+		p := exec.Command("sleep", "60")
+		p.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: ra.HostID, Gid: ra.HostID}}
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = p.Process.Kill(); _ = p.Wait() }()
+		if err := os.Remove(rootA); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := b.Acquire("other"); !errdefs.IsResourceExhausted(err) {
+			t.Fatalf("block of a missing root with a process under it handed out: %+v, %v", r, err)
+		}
+		_ = p.Process.Kill()
+		_ = p.Wait()
+	} else if err := os.Remove(rootA); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := b.Acquire("other"); err != nil || r != ra {
