@@ -104,3 +104,23 @@ func hostMountsToPB(ms []sandbox.HostMount) []*pb.HostMount {
 	}
 	return out
 }
+
+func transferToPB(t cubelet.Transfer, moved int64) *pb.Transfer {
+	return &pb.Transfer{LogicalBytes: t.LogicalBytes, StoredBytes: t.StoredBytes, MovedBytes: moved, DurationMs: t.Duration.Milliseconds()}
+}
+
+func (s *Server) ExportSnapshot(ctx context.Context, req *pb.ExportSnapshotRequest) (*pb.ExportSnapshotResponse, error) {
+	sn, tr, err := s.svc.ExportSnapshot(ctx, req.SnapshotId)
+	if err != nil {
+		return nil, ToGRPC(err, "")
+	}
+	return &pb.ExportSnapshotResponse{Snapshot: snapshotToPB(sn), Transfer: transferToPB(tr, tr.Sent)}, nil
+}
+
+func (s *Server) ImportSnapshot(ctx context.Context, req *pb.ImportSnapshotRequest) (*pb.ImportSnapshotResponse, error) {
+	res, err := s.svc.ImportSnapshot(ctx, req.SnapshotId, req.AllowDiskOnly)
+	if err != nil {
+		return nil, ToGRPC(err, "")
+	}
+	return &pb.ImportSnapshotResponse{Snapshot: snapshotToPB(res.Snapshot), Transfer: transferToPB(res.Transfer, res.Transfer.Received), MemoryDropped: res.MemoryDropped}, nil
+}
