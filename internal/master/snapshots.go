@@ -52,6 +52,13 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 	if err != nil && fork {
 		s.forking.Delete(snapID)
 	}
+	if err == nil && !fork {
+		// The snapshot stands on its node even when the upload fails;
+		// it then cannot move (a later create elsewhere says so).
+		if xerr := s.exportSnapshot(ctx, snap); xerr != nil {
+			s.log.Error("export snapshot to the object store", "snapshot_id", snap.ID, "err", xerr)
+		}
+	}
 	return snap, err
 }
 
@@ -214,8 +221,12 @@ func (s *Service) childOf(src *catalog.Sandbox, snap *catalog.Snapshot, timeout 
 
 // createFromSnapshot is Create when the template named a snapshot.
 func (s *Service) createFromSnapshot(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, env map[string]string) (*catalog.Sandbox, error) {
-	if !s.nodeHealthy(snap.NodeID) {
-		return nil, fmt.Errorf("snapshot %s is on node %s, which is unhealthy: %w", snap.ID, snap.NodeID, errdefs.ErrUnavailable)
+	if !s.snapshotHomeUsable(snap) {
+		sb2, err := s.createFromSnapshotElsewhere(ctx, sb, snap, env)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s is on node %s, which is unhealthy or cordoned, and moving it failed: %w", snap.ID, snap.NodeID, err)
+		}
+		return sb2, nil
 	}
 	sb.NodeID = snap.NodeID
 	if sb.Runtime == "" {

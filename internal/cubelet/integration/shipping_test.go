@@ -1,0 +1,100 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
+)
+
+func storeTOML(srv *objstoretest.Server) string {
+	return fmt.Sprintf("[store]\nendpoint = %q\nbucket = %q\naccess_key_file = %q\nsecret_key_file = %q\n",
+		srv.Endpoint, srv.Bucket, srv.AccessKeyFile, srv.SecretKeyFile)
+}
+
+// TestSnapshotAcrossNodes: a runc sandbox's snapshot exported by one node
+// is imported by another (two cubelets with pools of their own, one
+// object store) and cloned there with its files intact. The import is
+// refused while the second node lacks the snapshot's template (control:
+// the same import succeeds once the template is there), and an export
+// from a node without [store] is refused.
+func TestSnapshotAcrossNodes(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	srv := objstoretest.Start(t)
+	ctx := context.Background()
+	env1 := cubelettest.New(t, storeTOML(srv))
+	svc1 := env1.Start(t)
+	env1.ImportBusybox(t, svc1, "busybox")
+	env2 := cubelettest.New(t, storeTOML(srv))
+	svc2 := env2.Start(t)
+	t.Cleanup(func() {
+		for _, svc := range []*cubelet.Service{svc1, svc2} {
+			for _, sb := range mustList(t, svc) {
+				if _, err := svc.Delete(ctx, sb.ID); err != nil {
+					t.Error(err)
+				}
+			}
+			sns, _ := svc.ListSnapshots(ctx, cubelet.SnapshotFilter{})
+			for _, sn := range sns {
+				_ = svc.DeleteSnapshot(ctx, sn.ID)
+			}
+		}
+	})
+
+	a := mustCreate(t, svc1, cubelet.CreateRequest{Env: map[string]string{"FOO": "bar"}})
+	want := files{"data/a.txt": []byte("made on node 1\n"), "data/blob": randBytes(3 << 20)}
+	writeFiles(t, rootfs(env1, a.ID), want)
+	sn := mustSnapshot(t, svc1, cubelet.SnapshotRequest{SandboxID: a.ID, Name: "travels"})
+
+	exported, tr, err := svc1.ExportSnapshot(ctx, sn.ID)
+	if err != nil {
+		t.Fatalf("export: %v", err)
+	}
+	t.Logf("export of %s: %d MiB disk image, %.1f MiB stored, %.1f MiB sent in %v", exported.ID,
+		tr.LogicalBytes>>20, float64(tr.StoredBytes)/(1<<20), float64(tr.Sent)/(1<<20), tr.Duration)
+
+	// The second node has no busybox template yet: refused, nothing left.
+	_, err = svc2.ImportSnapshot(ctx, sn.ID, false)
+	t.Logf("import without the template: %v", err)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("import without the template: %v, want FailedPrecondition", err)
+	}
+	if _, err := os.Stat(env2.Config.PoolDir() + "/snapshots/" + sn.ID); !os.IsNotExist(err) {
+		t.Fatalf("refused import left files: %v", err)
+	}
+	env2.ImportBusybox(t, svc2, "busybox")
+	res, err := svc2.ImportSnapshot(ctx, sn.ID, false)
+	if err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	t.Logf("import on node 2: %.1f MiB received in %v", float64(res.Transfer.Received)/(1<<20), res.Transfer.Duration)
+	got, err := svc2.GetSnapshot(ctx, sn.ID)
+	if err != nil || got.SandboxID != a.ID || got.Name != "travels" || got.Runtime != "runc" || got.Env["FOO"] != "bar" {
+		t.Fatalf("imported record: %+v %v", got, err)
+	}
+	if _, err := svc2.ImportSnapshot(ctx, sn.ID, false); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("second import: %v, want AlreadyExists", err)
+	}
+	cl, err := svc2.Clone(ctx, cubelet.CloneRequest{SnapshotID: sn.ID, Count: 1})
+	if err != nil {
+		t.Fatalf("clone on node 2: %v", err)
+	}
+	b := cl.Sandboxes[0]
+	mustState(t, svc2, b.ID, "running")
+	agentUp(t, svc2, b.ID)
+	checkFiles(t, rootfs(env2, b.ID), want)
+	assertSnapshotFiles(t, env2, svc2)
+
+	// A node without [store]: refused before anything is read.
+	env3 := cubelettest.New(t, "")
+	svc3 := env3.Start(t)
+	if _, err := svc3.ImportSnapshot(ctx, sn.ID, false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("import without [store]: %v, want FailedPrecondition", err)
+	}
+}
