@@ -48,7 +48,7 @@ const ManifestVersion = 1
 
 // ErrCorrupt marks stored content that does not match its digest or size:
 // tampered with, or damaged. It is also ErrFailedPrecondition.
-var ErrCorrupt = fmt.Errorf("objstore: stored content does not match its digest: %w", errdefs.ErrFailedPrecondition)
+var ErrCorrupt = fmt.Errorf("objstore: stored content is corrupt or was tampered with: %w", errdefs.ErrFailedPrecondition)
 
 // Config locates the store. The keys are read from files, never taken on a
 // command line or logged.
@@ -534,6 +534,15 @@ func (s *Store) getChunk(ctx context.Context, c Chunk) ([]byte, error) {
 		return nil, fmt.Errorf("get chunk %s: %w", c.SHA256, wrapNet(err))
 	}
 	if int64(n) != c.Size {
+		// A body cut short while the object is the right size is the
+		// connection (the store went away): retryable, not corrupt.
+		oi, serr := obj.Stat()
+		if serr != nil {
+			return nil, fmt.Errorf("get chunk %s: cut off after %d of %d bytes: %w", c.SHA256, n, c.Size, wrapNet(serr))
+		}
+		if oi.Size == c.Size && int64(n) < c.Size {
+			return nil, fmt.Errorf("get chunk %s: cut off after %d of %d bytes: %w", c.SHA256, n, c.Size, errdefs.ErrUnavailable)
+		}
 		return nil, fmt.Errorf("chunk %s: %d bytes, want %d: %w", c.SHA256, n, c.Size, ErrCorrupt)
 	}
 	buf = buf[:n]
