@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
 )
 
@@ -96,5 +100,93 @@ func TestSnapshotAcrossNodes(t *testing.T) {
 	svc3 := env3.Start(t)
 	if _, err := svc3.ImportSnapshot(ctx, sn.ID, false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("import without [store]: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestGvisorResumeOnAnotherNode: a paused gVisor sandbox moves between
+// nodes with its memory: node 1 snapshots it (memory image) and stops it,
+// exports the snapshot; node 2 imports it and clones it under the same
+// sandbox ID, and the process that held a value only in memory still
+// holds it. A node whose gVisor runs on another platform (another memory
+// fingerprint) refuses the memory import naming what differs, and imports
+// the disk alone when allowed; node 2 (same fingerprint) is the control.
+func TestGvisorResumeOnAnotherNode(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	requireRunsc(t)
+	srv := objstoretest.Start(t)
+	ctx := context.Background()
+	start := func(extra string) (*cubelettest.Env, *cubelet.Service) {
+		env := cubelettest.New(t, storeTOML(srv)+extra)
+		env.StartNetworkAgent(t, nettest.Options{PoolSize: 2})
+		svc := env.Start(t)
+		env.ImportBusybox(t, svc, "busybox")
+		t.Cleanup(func() {
+			for _, sb := range mustList(t, svc) {
+				if _, err := svc.Delete(ctx, sb.ID); err != nil {
+					t.Error(err)
+				}
+			}
+			sns, _ := svc.ListSnapshots(ctx, cubelet.SnapshotFilter{})
+			for _, sn := range sns {
+				_ = svc.DeleteSnapshot(ctx, sn.ID)
+			}
+			assertSnapshotFiles(t, env, svc)
+		})
+		return env, svc
+	}
+	_, svc1 := start("")
+	_, svc2 := start("")
+
+	a := mustCreate(t, svc1, cubelet.CreateRequest{SandboxID: "gx-a", Runtime: "gvisor"})
+	orig := fmt.Sprint(time.Now().UnixNano())
+	counter(t, svc1, a.ID, orig)
+	holds(t, svc1, a.ID, orig)
+	if _, err := svc1.Pause(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	sn := mustSnapshot(t, svc1, cubelet.SnapshotRequest{SandboxID: a.ID, Stop: true})
+	if !sn.HasMemory {
+		t.Fatalf("snapshot %+v: want memory", sn)
+	}
+	tookSnap := time.Since(begin)
+	begin = time.Now()
+	_, tr, err := svc1.ExportSnapshot(ctx, sn.ID)
+	if err != nil {
+		t.Fatalf("export: %v", err)
+	}
+	t.Logf("node 1: memory snapshot %v, export %v (%d MiB logical, %.1f MiB sent)", tookSnap, time.Since(begin), tr.LogicalBytes>>20, float64(tr.Sent)/(1<<20))
+
+	begin = time.Now()
+	imp, err := svc2.ImportSnapshot(ctx, sn.ID, false)
+	if err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	tookImport := time.Since(begin)
+	cl, err := svc2.Clone(ctx, cubelet.CloneRequest{SnapshotID: sn.ID, Count: 1, SandboxIDs: []string{a.ID}})
+	if err != nil {
+		t.Fatalf("resume on node 2: %v", err)
+	}
+	t.Logf("node 2: import %v (%.1f MiB), restore under the same ID %v; cross-node resume %v",
+		tookImport, float64(imp.Transfer.Received)/(1<<20), time.Since(begin)-tookImport, time.Since(begin))
+	if got := cl.Sandboxes[0].ID; got != a.ID {
+		t.Fatalf("resumed as %s, want %s", got, a.ID)
+	}
+	mustState(t, svc2, a.ID, lifecycle.Running)
+	holds(t, svc2, a.ID, orig)
+
+	// Another memory fingerprint: refused, naming it; disk-only allowed.
+	_, svc3 := start("[gvisor]\nplatform = \"systrap\"\n")
+	_, err = svc3.ImportSnapshot(ctx, sn.ID, false)
+	t.Logf("memory import on a node with another gVisor platform: %v", err)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "platform differs") {
+		t.Fatalf("memory import onto another fingerprint: %v", err)
+	}
+	res, err := svc3.ImportSnapshot(ctx, sn.ID, true)
+	if err != nil {
+		t.Fatalf("disk-only import: %v", err)
+	}
+	if res.Snapshot.HasMemory || !strings.Contains(res.MemoryDropped, "platform differs") {
+		t.Fatalf("disk-only import: has_memory %v, dropped %q", res.Snapshot.HasMemory, res.MemoryDropped)
 	}
 }
