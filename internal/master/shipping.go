@@ -110,3 +110,96 @@ func (s *Service) createFromSnapshotElsewhere(ctx context.Context, sb *catalog.S
 	}
 	return res[0].Sandbox, res[0].Err
 }
+
+// resumeElsewhere resumes a paused sandbox whose node is cordoned (healthy,
+// taking nothing new) on another node, keeping its ID (and so its URL
+// through the route) and, where the runtime has memory snapshots and the
+// nodes share a memory fingerprint, its memory: its node snapshots it
+// (the fork-labelled kind, so reconcile removes one a crash leaves) and
+// exports the snapshot, another node imports it and clones it under the
+// sandbox's own ID and token, then the catalog moves the sandbox and the
+// original is destroyed. Until the catalog moves it, any failure leaves
+// the sandbox paused where it was.
+func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
+	from := sb.NodeID
+	snap, err := s.snapshot(ctx, sb, "", true)
+	if err != nil {
+		return nil, fmt.Errorf("move sandbox %s off node %s: snapshot: %w", sb.ID, from, err)
+	}
+	defer s.forking.Delete(snap.ID)
+	defer s.dropForkSnapshot(ctx, snap)
+	c, err := s.client(from)
+	if err != nil {
+		return nil, err
+	}
+	begin := time.Now()
+	if _, err := c.ExportSnapshot(ctx, &cubeletpb.ExportSnapshotRequest{SnapshotId: snap.ID}); err != nil {
+		return nil, fmt.Errorf("move sandbox %s off node %s: export: %w", sb.ID, from, fromGRPC(from, err))
+	}
+	exported := time.Since(begin)
+	to, err := s.importElsewhere(ctx, snap)
+	if err != nil {
+		return nil, fmt.Errorf("move sandbox %s off node %s: %w", sb.ID, from, err)
+	}
+	tc, err := s.client(to)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if _, err := tc.DeleteSnapshot(context.WithoutCancel(ctx), &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID}); err != nil {
+			s.log.Warn("delete imported snapshot copy", "snapshot_id", snap.ID, "node", to, "err", err)
+		}
+	}()
+	s.creating.Store(sb.ID, true) // reconcile leaves the new copy alone
+	defer s.creating.Delete(sb.ID)
+	var tokens []string
+	if sb.EnvdAccessToken != "" {
+		tokens = []string{sb.EnvdAccessToken}
+	}
+	resp, err := tc.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
+		RequestId: sb.ID, SnapshotId: snap.ID, Count: 1, SandboxIds: []string{sb.ID},
+		Labels: managedLabels(sb), Network: networkPolicy(sb.Network), AccessTokens: tokens,
+	})
+	if err == nil && len(resp.GetSandboxes()) != 1 {
+		err = fmt.Errorf("node %s did not start the sandbox: %w", to, errdefs.ErrInternal)
+	}
+	if err != nil {
+		err = fromGRPC(to, err)
+		if maybeCreated(err) {
+			s.destroyOn(to, sb.ID)
+		}
+		return nil, fmt.Errorf("move sandbox %s to node %s: %w", sb.ID, to, err)
+	}
+	moved := *sb
+	moved.NodeID = to
+	if err := s.initAgent(ctx, &moved, resp.Sandboxes[0], nil); err != nil {
+		s.destroyOn(to, sb.ID)
+		return nil, fmt.Errorf("move sandbox %s to node %s: agent: %w", sb.ID, to, err)
+	}
+	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
+		r.NodeID, r.State, r.EndAt = to, catalog.StateRunning, time.Now().UTC().Add(timeout)
+		return nil
+	})
+	if err != nil {
+		s.destroyOn(to, sb.ID)
+		return nil, err
+	}
+	s.destroyOn(from, sb.ID)
+	s.routes.drop(sb.ID)
+	s.activity.touch(sb.ID, time.Now())
+	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", to,
+		"export", exported, "total", time.Since(begin))
+	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": to, "timeout": timeout.String()})
+	return up, nil
+}
+
+// nodeCordoned reports whether nodeID is healthy but takes nothing new: a
+// paused sandbox there resumes on another node.
+func (s *Service) nodeCordoned(nodeID string) bool {
+	for _, n := range s.schedNodes() {
+		if n.ID == nodeID {
+			return n.Healthy && !n.Schedulable
+		}
+	}
+	return false
+}

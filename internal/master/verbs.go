@@ -212,6 +212,9 @@ func (s *Service) Resume(ctx context.Context, id string, timeout time.Duration) 
 
 func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
 	s.routes.drop(sb.ID)
+	if s.nodeCordoned(sb.NodeID) {
+		return s.resumeElsewhere(ctx, sb, timeout)
+	}
 	if err := fpResumeBegin.Eval(ctx); err != nil {
 		return nil, err
 	}
