@@ -405,3 +405,39 @@ func du(dir string) int64 {
 	})
 	return n
 }
+
+// TestMeasureTransfer logs export and import time against size (random
+// bytes, so nothing is skipped as zeros or deduplicated). Long: set
+// CUBE_OBJSTORE_MEASURE=1.
+func TestMeasureTransfer(t *testing.T) {
+	if os.Getenv("CUBE_OBJSTORE_MEASURE") == "" {
+		t.Skip("set CUBE_OBJSTORE_MEASURE=1 to measure")
+	}
+	srv := objstoretest.Start(t)
+	s := open(t, srv)
+	ctx := context.Background()
+	for _, mib := range []int64{16, 64, 256, 512} {
+		dir := filepath.Join(t.TempDir(), "d")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "memory.img"), randBytes(t, mib<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		id := "m" + strings.Repeat("0", 3) + string(rune('a'+mib%26))
+		_, est, err := s.Export(ctx, id, dir, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ist, err := s.Import(ctx, id, filepath.Join(t.TempDir(), "i"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%4d MiB: export %6v (%5.0f MiB/s), import %6v (%5.0f MiB/s)", mib,
+			est.Duration.Round(time.Millisecond), float64(mib)/est.Duration.Seconds(),
+			ist.Duration.Round(time.Millisecond), float64(mib)/ist.Duration.Seconds())
+		if err := s.Delete(ctx, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
