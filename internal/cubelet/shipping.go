@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/objstore"
@@ -309,4 +310,26 @@ func dirDigest(dir string) (string, error) {
 		fmt.Fprintf(h, "%s %s\n", e.Name(), d)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16]), nil
+}
+
+// exportedGrace spares, when a deletion collects the store's unreferenced
+// chunks, those younger than this: they may belong to an export still
+// uploading (its manifest not yet written).
+const exportedGrace = time.Hour
+
+// DeleteExported deletes snapshot id from the object store: its manifest
+// at once, then the chunks no other manifest names.
+func (s *Service) DeleteExported(ctx context.Context, id string) error {
+	if err := sandboxid.Validate("snapshot", id); err != nil {
+		return &errdefs.FieldError{Field: "snapshot_id", Msg: err.Error()}
+	}
+	st, err := s.objectStore()
+	if err != nil {
+		return err
+	}
+	if err := st.Delete(ctx, id, exportedGrace); err != nil {
+		return err
+	}
+	s.log.Info("exported snapshot deleted from the store", "snapshot_id", id)
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -42,7 +43,11 @@ func (s *Server) GetSnapshot(ctx context.Context, req *pb.GetSnapshotRequest) (*
 }
 
 func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
-	if err := s.svc.DeleteSnapshot(ctx, req.SnapshotId); err != nil {
+	err := s.svc.DeleteSnapshot(ctx, req.SnapshotId)
+	if req.DeleteExported && (err == nil || errdefs.IsNotFound(err)) {
+		err = s.svc.DeleteExported(ctx, req.SnapshotId)
+	}
+	if err != nil {
 		return nil, ToGRPC(err, "")
 	}
 	return &pb.DeleteSnapshotResponse{}, nil

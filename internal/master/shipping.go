@@ -137,6 +137,13 @@ func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, time
 		return nil, fmt.Errorf("move sandbox %s off node %s: export: %w", sb.ID, from, fromGRPC(from, err))
 	}
 	exported := time.Since(begin)
+	// The move's snapshot goes from the store whatever happens next (the
+	// node's copy with it; dropForkSnapshot then finds it gone).
+	defer func() {
+		if _, err := c.DeleteSnapshot(context.WithoutCancel(ctx), &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID, DeleteExported: true}); err != nil {
+			s.log.Warn("delete a move's snapshot from the store", "snapshot_id", snap.ID, "node", from, "err", err)
+		}
+	}()
 	to, err := s.importElsewhere(ctx, snap)
 	if err != nil {
 		return nil, fmt.Errorf("move sandbox %s off node %s: %w", sb.ID, from, err)

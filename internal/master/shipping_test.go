@@ -11,6 +11,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/objstore"
 	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
@@ -169,5 +170,15 @@ func TestResumeOnAnotherNode(t *testing.T) {
 	}
 	if sns, _ := home.Svc.ListSnapshots(ctx, cubelet.SnapshotFilter{}); len(sns) != 0 {
 		t.Errorf("snapshots left on the first node: %d", len(sns))
+	}
+	st, err := objstore.Open(objstore.Config{Endpoint: srv.Endpoint, Bucket: srv.Bucket, AccessKeyFile: srv.AccessKeyFile, SecretKeyFile: srv.SecretKeyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := st.List(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("the move's snapshot left in the store: %v %v", ids, err)
+	}
+	if snaps, _, err := svc.ListSnapshots(ctx, catalog.SnapshotQuery{}); err != nil || len(snaps) != 0 {
+		t.Errorf("the move's snapshot left in the catalog: %d %v", len(snaps), err)
 	}
 }

@@ -127,7 +127,8 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	}
 	c, err := s.client(snap.NodeID)
 	if err == nil {
-		_, err = c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID})
+		// Exported ones (store.export_snapshots) go from the store too.
+		_, err = c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID, DeleteExported: s.cfg.Store.ExportSnapshots && !isForkSnapshot(s, snap.ID)})
 		err = fromGRPC(snap.NodeID, err)
 	}
 	if err != nil && !errdefs.IsNotFound(err) {
@@ -363,4 +364,11 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 		}
 	}
 	return out
+}
+
+// isForkSnapshot reports whether id is a fork's (or a move's) snapshot in
+// flight: never exported by store.export_snapshots.
+func isForkSnapshot(s *Service, id string) bool {
+	_, ok := s.forking.Load(id)
+	return ok
 }

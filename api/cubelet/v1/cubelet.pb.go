@@ -3512,10 +3512,14 @@ func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
 }
 
 type DeleteSnapshotRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// Also delete it from the object store ([store]): its manifest, then the
+	// chunks no other snapshot there names. Done even when this node holds
+	// no copy.
+	DeleteExported bool `protobuf:"varint,2,opt,name=delete_exported,json=deleteExported,proto3" json:"delete_exported,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DeleteSnapshotRequest) Reset() {
@@ -3553,6 +3557,13 @@ func (x *DeleteSnapshotRequest) GetSnapshotId() string {
 		return x.SnapshotId
 	}
 	return ""
+}
+
+func (x *DeleteSnapshotRequest) GetDeleteExported() bool {
+	if x != nil {
+		return x.DeleteExported
+	}
+	return false
 }
 
 type DeleteSnapshotResponse struct {
@@ -4468,10 +4479,11 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"G\n" +
 	"\x13GetSnapshotResponse\x120\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\"8\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\"a\n" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
-	"snapshotId\"\x18\n" +
+	"snapshotId\x12'\n" +
+	"\x0fdelete_exported\x18\x02 \x01(\bR\x0edeleteExported\"\x18\n" +
 	"\x16DeleteSnapshotResponse\"8\n" +
 	"\x15ExportSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
