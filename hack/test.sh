@@ -30,6 +30,9 @@ echo "== go test"
 # The base template's debootstrap build (about a minute on these machines,
 # then cached until an input changes) runs in CI; CUBE_TEST_BASE=0 skips it.
 export CUBE_TEST_BASE="${CUBE_TEST_BASE:-1}" CUBE_BASE_CACHE="${CUBE_BASE_CACHE:-/var/cache/cube/base}"
+# The snapshot store tests run SeaweedFS (hack/s3/weed.sh: built from the Go
+# module proxy once, a few minutes, then cached in /var/cache/cube/weed).
+export CUBE_WEED="${CUBE_WEED:-$(bash hack/s3/weed.sh)}"
 # -p 2: the machines have 2 cores; packages that start sandboxes are heavy.
 go test -p 2 -count=1 -timeout 40m ./... "$@"
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
@@ -105,6 +106,12 @@ func (s *Service) sweepSnapshotFiles() int {
 	n := 0
 	for _, e := range ents {
 		if known[e.Name()] || s.snaps.inUse(e.Name()) {
+			continue
+		}
+		// An import's staging directory (.<id>.import-*) belongs to its
+		// snapshot's record (created before the download); it goes with
+		// the record when a crash cut the import off.
+		if id, _, ok := strings.Cut(strings.TrimPrefix(e.Name(), "."), ".import-"); ok && strings.HasPrefix(e.Name(), ".") && known[id] {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet/health"
 	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/objstore"
 	"github.com/cubesandbox/cube/internal/store"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
@@ -51,6 +52,12 @@ type Service struct {
 	unusedSince map[string]time.Time
 
 	snaps snapRefs // in-flight users of snapshots (snapshots.go)
+
+	// The object store snapshots travel through (shipping.go), opened on
+	// first use, and the memory fingerprints by runtime.
+	objMu  sync.Mutex
+	obj    *objstore.Store
+	compat map[string]map[string]string
 
 	// stop cancels the lifetime context the GC loop runs under (Close).
 	stop context.CancelFunc

@@ -7,6 +7,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -42,7 +43,11 @@ func (s *Server) GetSnapshot(ctx context.Context, req *pb.GetSnapshotRequest) (*
 }
 
 func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
-	if err := s.svc.DeleteSnapshot(ctx, req.SnapshotId); err != nil {
+	err := s.svc.DeleteSnapshot(ctx, req.SnapshotId)
+	if req.DeleteExported && (err == nil || errdefs.IsNotFound(err)) {
+		err = s.svc.DeleteExported(ctx, req.SnapshotId)
+	}
+	if err != nil {
 		return nil, ToGRPC(err, "")
 	}
 	return &pb.DeleteSnapshotResponse{}, nil
@@ -103,4 +108,24 @@ func hostMountsToPB(ms []sandbox.HostMount) []*pb.HostMount {
 		out = append(out, &pb.HostMount{Source: m.Source, Destination: m.Destination, ReadOnly: m.ReadOnly})
 	}
 	return out
+}
+
+func transferToPB(t cubelet.Transfer, moved int64) *pb.Transfer {
+	return &pb.Transfer{LogicalBytes: t.LogicalBytes, StoredBytes: t.StoredBytes, MovedBytes: moved, DurationMs: t.Duration.Milliseconds()}
+}
+
+func (s *Server) ExportSnapshot(ctx context.Context, req *pb.ExportSnapshotRequest) (*pb.ExportSnapshotResponse, error) {
+	sn, tr, err := s.svc.ExportSnapshot(ctx, req.SnapshotId)
+	if err != nil {
+		return nil, ToGRPC(err, "")
+	}
+	return &pb.ExportSnapshotResponse{Snapshot: snapshotToPB(sn), Transfer: transferToPB(tr, tr.Sent)}, nil
+}
+
+func (s *Server) ImportSnapshot(ctx context.Context, req *pb.ImportSnapshotRequest) (*pb.ImportSnapshotResponse, error) {
+	res, err := s.svc.ImportSnapshot(ctx, req.SnapshotId, req.AllowDiskOnly)
+	if err != nil {
+		return nil, ToGRPC(err, "")
+	}
+	return &pb.ImportSnapshotResponse{Snapshot: snapshotToPB(res.Snapshot), Transfer: transferToPB(res.Transfer, res.Transfer.Received), MemoryDropped: res.MemoryDropped}, nil
 }

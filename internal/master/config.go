@@ -120,6 +120,13 @@ type Config struct {
 		// besides its address (its clients pin the CA, not a name).
 		Hosts []string `toml:"hosts"`
 	} `toml:"join"`
+	// Store: snapshots across nodes. Nodes transfer the files through
+	// the object store of their own [store]; the master only decides when.
+	Store struct {
+		// ExportSnapshots exports every snapshot taken through the master
+		// as it is taken, so it outlives its node.
+		ExportSnapshots bool `toml:"export_snapshots"`
+	} `toml:"store"`
 }
 
 // LoadConfig returns the defaults with the file at path (if any) merged

@@ -52,6 +52,13 @@ func (s *Service) snapshot(ctx context.Context, sb *catalog.Sandbox, name string
 	if err != nil && fork {
 		s.forking.Delete(snapID)
 	}
+	if err == nil && !fork {
+		// The snapshot stands on its node even when the upload fails;
+		// it then cannot move (a later create elsewhere says so).
+		if xerr := s.exportSnapshot(ctx, snap); xerr != nil {
+			s.log.Error("export snapshot to the object store", "snapshot_id", snap.ID, "err", xerr)
+		}
+	}
 	return snap, err
 }
 
@@ -120,7 +127,8 @@ func (s *Service) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	}
 	c, err := s.client(snap.NodeID)
 	if err == nil {
-		_, err = c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID})
+		// Exported ones (store.export_snapshots) go from the store too.
+		_, err = c.DeleteSnapshot(ctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID, DeleteExported: s.cfg.Store.ExportSnapshots && !isForkSnapshot(s, snap.ID)})
 		err = fromGRPC(snap.NodeID, err)
 	}
 	if err != nil && !errdefs.IsNotFound(err) {
@@ -214,8 +222,12 @@ func (s *Service) childOf(src *catalog.Sandbox, snap *catalog.Snapshot, timeout 
 
 // createFromSnapshot is Create when the template named a snapshot.
 func (s *Service) createFromSnapshot(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, env map[string]string) (*catalog.Sandbox, error) {
-	if !s.nodeHealthy(snap.NodeID) {
-		return nil, fmt.Errorf("snapshot %s is on node %s, which is unhealthy: %w", snap.ID, snap.NodeID, errdefs.ErrUnavailable)
+	if !s.snapshotHomeUsable(snap) {
+		sb2, err := s.createFromSnapshotElsewhere(ctx, sb, snap, env)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot %s is on node %s, which is unhealthy or cordoned, and moving it failed: %w", snap.ID, snap.NodeID, err)
+		}
+		return sb2, nil
 	}
 	sb.NodeID = snap.NodeID
 	if sb.Runtime == "" {
@@ -352,4 +364,11 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 		}
 	}
 	return out
+}
+
+// isForkSnapshot reports whether id is a fork's (or a move's) snapshot in
+// flight: never exported by store.export_snapshots.
+func isForkSnapshot(s *Service, id string) bool {
+	_, ok := s.forking.Load(id)
+	return ok
 }

@@ -212,6 +212,15 @@ func (s *Service) Resume(ctx context.Context, id string, timeout time.Duration) 
 
 func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
 	s.routes.drop(sb.ID)
+	if s.nodeCordoned(sb.NodeID) {
+		// A move that fails leaves the sandbox paused where it is, which
+		// can still resume it there (cordoned takes nothing new).
+		up, err := s.resumeElsewhere(ctx, sb, timeout)
+		if err == nil {
+			return up, nil
+		}
+		s.log.Warn("resume on another node failed; resuming on the cordoned node", "sandbox_id", sb.ID, "node_id", sb.NodeID, "err", err)
+	}
 	if err := fpResumeBegin.Eval(ctx); err != nil {
 		return nil, err
 	}

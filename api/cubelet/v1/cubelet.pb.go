@@ -3512,10 +3512,14 @@ func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
 }
 
 type DeleteSnapshotRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// Also delete it from the object store ([store]): its manifest, then the
+	// chunks no other snapshot there names. Done even when this node holds
+	// no copy.
+	DeleteExported bool `protobuf:"varint,2,opt,name=delete_exported,json=deleteExported,proto3" json:"delete_exported,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DeleteSnapshotRequest) Reset() {
@@ -3555,6 +3559,13 @@ func (x *DeleteSnapshotRequest) GetSnapshotId() string {
 	return ""
 }
 
+func (x *DeleteSnapshotRequest) GetDeleteExported() bool {
+	if x != nil {
+		return x.DeleteExported
+	}
+	return false
+}
+
 type DeleteSnapshotResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3591,6 +3602,290 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
 }
 
+type ExportSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSnapshotRequest) Reset() {
+	*x = ExportSnapshotRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSnapshotRequest) ProtoMessage() {}
+
+func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *ExportSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+// Transfer says what an export or import moved.
+type Transfer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sum of the files' sizes, holes included.
+	LogicalBytes int64 `protobuf:"varint,1,opt,name=logical_bytes,json=logicalBytes,proto3" json:"logical_bytes,omitempty"`
+	// Bytes of the non-zero chunks the manifest names.
+	StoredBytes int64 `protobuf:"varint,2,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	// Bytes uploaded (chunks not yet in the store) or downloaded.
+	MovedBytes    int64 `protobuf:"varint,3,opt,name=moved_bytes,json=movedBytes,proto3" json:"moved_bytes,omitempty"`
+	DurationMs    int64 `protobuf:"varint,4,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Transfer) Reset() {
+	*x = Transfer{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Transfer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Transfer) ProtoMessage() {}
+
+func (x *Transfer) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
+func (*Transfer) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *Transfer) GetLogicalBytes() int64 {
+	if x != nil {
+		return x.LogicalBytes
+	}
+	return 0
+}
+
+func (x *Transfer) GetStoredBytes() int64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
+func (x *Transfer) GetMovedBytes() int64 {
+	if x != nil {
+		return x.MovedBytes
+	}
+	return 0
+}
+
+func (x *Transfer) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+type ExportSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Transfer      *Transfer              `protobuf:"bytes,2,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSnapshotResponse) Reset() {
+	*x = ExportSnapshotResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSnapshotResponse) ProtoMessage() {}
+
+func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ExportSnapshotResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *ExportSnapshotResponse) GetTransfer() *Transfer {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+type ImportSnapshotRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// Import the disk alone when the memory image cannot be restored here
+	// (another runtime version, kernel or CPU); otherwise such an import is
+	// refused with FAILED_PRECONDITION.
+	AllowDiskOnly bool `protobuf:"varint,2,opt,name=allow_disk_only,json=allowDiskOnly,proto3" json:"allow_disk_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportSnapshotRequest) Reset() {
+	*x = ImportSnapshotRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportSnapshotRequest) ProtoMessage() {}
+
+func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*ImportSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ImportSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *ImportSnapshotRequest) GetAllowDiskOnly() bool {
+	if x != nil {
+		return x.AllowDiskOnly
+	}
+	return false
+}
+
+type ImportSnapshotResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Transfer *Transfer              `protobuf:"bytes,2,opt,name=transfer,proto3" json:"transfer,omitempty"`
+	// The memory image was left behind (allow_disk_only); why.
+	MemoryDropped string `protobuf:"bytes,3,opt,name=memory_dropped,json=memoryDropped,proto3" json:"memory_dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportSnapshotResponse) Reset() {
+	*x = ImportSnapshotResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportSnapshotResponse) ProtoMessage() {}
+
+func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*ImportSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *ImportSnapshotResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+func (x *ImportSnapshotResponse) GetTransfer() *Transfer {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+func (x *ImportSnapshotResponse) GetMemoryDropped() string {
+	if x != nil {
+		return x.MemoryDropped
+	}
+	return ""
+}
+
 type CloneSandboxRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -3613,7 +3908,7 @@ type CloneSandboxRequest struct {
 
 func (x *CloneSandboxRequest) Reset() {
 	*x = CloneSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +3920,7 @@ func (x *CloneSandboxRequest) String() string {
 func (*CloneSandboxRequest) ProtoMessage() {}
 
 func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +3933,7 @@ func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CloneSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CloneSandboxRequest) GetRequestId() string {
@@ -3714,7 +4009,7 @@ type CloneSandboxResponse struct {
 
 func (x *CloneSandboxResponse) Reset() {
 	*x = CloneSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3726,7 +4021,7 @@ func (x *CloneSandboxResponse) String() string {
 func (*CloneSandboxResponse) ProtoMessage() {}
 
 func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3739,7 +4034,7 @@ func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CloneSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CloneSandboxResponse) GetSandboxes() []*Sandbox {
@@ -3767,7 +4062,7 @@ type RollbackSandboxRequest struct {
 
 func (x *RollbackSandboxRequest) Reset() {
 	*x = RollbackSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3779,7 +4074,7 @@ func (x *RollbackSandboxRequest) String() string {
 func (*RollbackSandboxRequest) ProtoMessage() {}
 
 func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3792,7 +4087,7 @@ func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxRequest.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RollbackSandboxRequest) GetRequestId() string {
@@ -3826,7 +4121,7 @@ type RollbackSandboxResponse struct {
 
 func (x *RollbackSandboxResponse) Reset() {
 	*x = RollbackSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3838,7 +4133,7 @@ func (x *RollbackSandboxResponse) String() string {
 func (*RollbackSandboxResponse) ProtoMessage() {}
 
 func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3851,7 +4146,7 @@ func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxResponse.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RollbackSandboxResponse) GetSandbox() *Sandbox {
@@ -4184,11 +4479,33 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"G\n" +
 	"\x13GetSnapshotResponse\x120\n" +
-	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\"8\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\"a\n" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
-	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\xee\x04\n" +
+	"snapshotId\x12'\n" +
+	"\x0fdelete_exported\x18\x02 \x01(\bR\x0edeleteExported\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"8\n" +
+	"\x15ExportSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x94\x01\n" +
+	"\bTransfer\x12#\n" +
+	"\rlogical_bytes\x18\x01 \x01(\x03R\flogicalBytes\x12!\n" +
+	"\fstored_bytes\x18\x02 \x01(\x03R\vstoredBytes\x12\x1f\n" +
+	"\vmoved_bytes\x18\x03 \x01(\x03R\n" +
+	"movedBytes\x12\x1f\n" +
+	"\vduration_ms\x18\x04 \x01(\x03R\n" +
+	"durationMs\"|\n" +
+	"\x16ExportSnapshotResponse\x120\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\x120\n" +
+	"\btransfer\x18\x02 \x01(\v2\x14.cubelet.v1.TransferR\btransfer\"`\n" +
+	"\x15ImportSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12&\n" +
+	"\x0fallow_disk_only\x18\x02 \x01(\bR\rallowDiskOnly\"\xa3\x01\n" +
+	"\x16ImportSnapshotResponse\x120\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x14.cubelet.v1.SnapshotR\bsnapshot\x120\n" +
+	"\btransfer\x18\x02 \x01(\v2\x14.cubelet.v1.TransferR\btransfer\x12%\n" +
+	"\x0ememory_dropped\x18\x03 \x01(\tR\rmemoryDropped\"\xee\x04\n" +
 	"\x13CloneSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
@@ -4237,7 +4554,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\tPauseMode\x12\x1a\n" +
 	"\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PAUSE_MODE_MEMORY\x10\x01\x12\x13\n" +
-	"\x0fPAUSE_MODE_DISK\x10\x022\xc3\x0e\n" +
+	"\x0fPAUSE_MODE_DISK\x10\x022\xf5\x0f\n" +
 	"\x0eCubeletService\x12T\n" +
 	"\rCreateSandbox\x12 .cubelet.v1.CreateSandboxRequest\x1a!.cubelet.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -4252,7 +4569,9 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\vGetSnapshot\x12\x1e.cubelet.v1.GetSnapshotRequest\x1a\x1f.cubelet.v1.GetSnapshotResponse\x12W\n" +
 	"\x0eDeleteSnapshot\x12!.cubelet.v1.DeleteSnapshotRequest\x1a\".cubelet.v1.DeleteSnapshotResponse\x12Q\n" +
 	"\fCloneSandbox\x12\x1f.cubelet.v1.CloneSandboxRequest\x1a .cubelet.v1.CloneSandboxResponse\x12Z\n" +
-	"\x0fRollbackSandbox\x12\".cubelet.v1.RollbackSandboxRequest\x1a#.cubelet.v1.RollbackSandboxResponse\x12Y\n" +
+	"\x0fRollbackSandbox\x12\".cubelet.v1.RollbackSandboxRequest\x1a#.cubelet.v1.RollbackSandboxResponse\x12W\n" +
+	"\x0eExportSnapshot\x12!.cubelet.v1.ExportSnapshotRequest\x1a\".cubelet.v1.ExportSnapshotResponse\x12W\n" +
+	"\x0eImportSnapshot\x12!.cubelet.v1.ImportSnapshotRequest\x1a\".cubelet.v1.ImportSnapshotResponse\x12Y\n" +
 	"\x0eImportTemplate\x12!.cubelet.v1.ImportTemplateRequest\x1a\".cubelet.v1.ImportTemplateResponse0\x01\x12T\n" +
 	"\rListTemplates\x12 .cubelet.v1.ListTemplatesRequest\x1a!.cubelet.v1.ListTemplatesResponse\x12N\n" +
 	"\vGetTemplate\x12\x1e.cubelet.v1.GetTemplateRequest\x1a\x1f.cubelet.v1.GetTemplateResponse\x12W\n" +
@@ -4276,7 +4595,7 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 }
 
 var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
 	(PauseMode)(0),                       // 1: cubelet.v1.PauseMode
@@ -4335,50 +4654,55 @@ var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(*GetSnapshotResponse)(nil),          // 54: cubelet.v1.GetSnapshotResponse
 	(*DeleteSnapshotRequest)(nil),        // 55: cubelet.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil),       // 56: cubelet.v1.DeleteSnapshotResponse
-	(*CloneSandboxRequest)(nil),          // 57: cubelet.v1.CloneSandboxRequest
-	(*CloneSandboxResponse)(nil),         // 58: cubelet.v1.CloneSandboxResponse
-	(*RollbackSandboxRequest)(nil),       // 59: cubelet.v1.RollbackSandboxRequest
-	(*RollbackSandboxResponse)(nil),      // 60: cubelet.v1.RollbackSandboxResponse
-	nil,                                  // 61: cubelet.v1.Sandbox.LabelsEntry
-	nil,                                  // 62: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                                  // 63: cubelet.v1.Sandbox.EnvEntry
-	nil,                                  // 64: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 65: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                  // 66: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 67: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 68: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	nil,                                  // 69: cubelet.v1.Snapshot.LabelsEntry
-	nil,                                  // 70: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	nil,                                  // 71: cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	nil,                                  // 72: cubelet.v1.CloneSandboxRequest.LabelsEntry
-	nil,                                  // 73: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	nil,                                  // 74: cubelet.v1.CloneSandboxRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 75: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 76: google.protobuf.Duration
+	(*ExportSnapshotRequest)(nil),        // 57: cubelet.v1.ExportSnapshotRequest
+	(*Transfer)(nil),                     // 58: cubelet.v1.Transfer
+	(*ExportSnapshotResponse)(nil),       // 59: cubelet.v1.ExportSnapshotResponse
+	(*ImportSnapshotRequest)(nil),        // 60: cubelet.v1.ImportSnapshotRequest
+	(*ImportSnapshotResponse)(nil),       // 61: cubelet.v1.ImportSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 62: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 63: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 64: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 65: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 66: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 67: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 68: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 69: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 70: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 71: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 72: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 73: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 74: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 75: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 76: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 77: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 78: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 79: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 80: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 81: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,  // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	61, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	62, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	66, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	67, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
 	2,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	63, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	75, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	75, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	68, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	80, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	80, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
 	6,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
 	4,  // 9: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
-	76, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	64, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	65, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	81, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	69, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	70, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
 	2,  // 13: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	66, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	71, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
 	4,  // 15: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
 	6,  // 16: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
 	3,  // 17: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	7,  // 18: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	3,  // 19: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	0,  // 20: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	67, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	72, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
 	3,  // 22: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
 	7,  // 23: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	1,  // 24: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
@@ -4386,17 +4710,17 @@ var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	7,  // 26: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	3,  // 27: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	7,  // 28: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	75, // 29: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	80, // 29: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
 	24, // 30: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
 	20, // 31: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
 	7,  // 32: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
 	25, // 33: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
 	20, // 34: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
 	20, // 35: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	75, // 36: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
+	80, // 36: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
 	20, // 37: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
 	33, // 38: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	68, // 39: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	73, // 39: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
 	36, // 40: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
 	40, // 41: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
 	39, // 42: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
@@ -4404,71 +4728,79 @@ var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,  // 44: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
 	4,  // 45: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
 	3,  // 46: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	69, // 47: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
-	75, // 48: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	70, // 49: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	74, // 47: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	80, // 48: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	75, // 49: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
 	48, // 50: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
 	7,  // 51: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	71, // 52: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	76, // 52: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
 	48, // 53: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
 	48, // 54: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	72, // 55: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
-	73, // 56: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	74, // 57: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
-	4,  // 58: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	3,  // 59: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	7,  // 60: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,  // 61: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	7,  // 62: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	8,  // 63: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	10, // 64: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	12, // 65: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	14, // 66: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	16, // 67: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	18, // 68: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	46, // 69: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
-	49, // 70: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
-	51, // 71: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
-	53, // 72: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
-	55, // 73: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
-	57, // 74: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
-	59, // 75: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
-	21, // 76: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	27, // 77: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	29, // 78: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	31, // 79: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	22, // 80: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
-	34, // 81: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	37, // 82: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	41, // 83: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	43, // 84: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	9,  // 85: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	11, // 86: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	13, // 87: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	15, // 88: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	17, // 89: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	19, // 90: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	47, // 91: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
-	50, // 92: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
-	52, // 93: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
-	54, // 94: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
-	56, // 95: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
-	58, // 96: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
-	60, // 97: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
-	26, // 98: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	28, // 99: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	30, // 100: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	32, // 101: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	23, // 102: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
-	35, // 103: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	38, // 104: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	42, // 105: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	44, // 106: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	85, // [85:107] is the sub-list for method output_type
-	63, // [63:85] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	48, // 55: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	58, // 56: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	48, // 57: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	58, // 58: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	77, // 59: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	78, // 60: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	79, // 61: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	4,  // 62: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	3,  // 63: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	7,  // 64: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,  // 65: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 66: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	8,  // 67: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	10, // 68: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	12, // 69: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	14, // 70: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	16, // 71: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	18, // 72: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	46, // 73: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	49, // 74: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	51, // 75: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	53, // 76: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	55, // 77: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	62, // 78: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	64, // 79: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	57, // 80: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
+	60, // 81: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
+	21, // 82: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	27, // 83: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	29, // 84: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	31, // 85: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	22, // 86: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
+	34, // 87: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	37, // 88: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	41, // 89: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	43, // 90: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	9,  // 91: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	11, // 92: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	13, // 93: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	15, // 94: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	17, // 95: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	19, // 96: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	47, // 97: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	50, // 98: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	52, // 99: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	54, // 100: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	56, // 101: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	63, // 102: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	65, // 103: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	59, // 104: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
+	61, // 105: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
+	26, // 106: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	28, // 107: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	30, // 108: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	32, // 109: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	23, // 110: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
+	35, // 111: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	38, // 112: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	42, // 113: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	44, // 114: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	91, // [91:115] is the sub-list for method output_type
+	67, // [67:91] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -4487,7 +4819,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   73,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,8 @@ const (
 	CubeletService_DeleteSnapshot_FullMethodName       = "/cubelet.v1.CubeletService/DeleteSnapshot"
 	CubeletService_CloneSandbox_FullMethodName         = "/cubelet.v1.CubeletService/CloneSandbox"
 	CubeletService_RollbackSandbox_FullMethodName      = "/cubelet.v1.CubeletService/RollbackSandbox"
+	CubeletService_ExportSnapshot_FullMethodName       = "/cubelet.v1.CubeletService/ExportSnapshot"
+	CubeletService_ImportSnapshot_FullMethodName       = "/cubelet.v1.CubeletService/ImportSnapshot"
 	CubeletService_ImportTemplate_FullMethodName       = "/cubelet.v1.CubeletService/ImportTemplate"
 	CubeletService_ListTemplates_FullMethodName        = "/cubelet.v1.CubeletService/ListTemplates"
 	CubeletService_GetTemplate_FullMethodName          = "/cubelet.v1.CubeletService/GetTemplate"
@@ -67,6 +69,12 @@ type CubeletServiceClient interface {
 	CloneSandbox(ctx context.Context, in *CloneSandboxRequest, opts ...grpc.CallOption) (*CloneSandboxResponse, error)
 	// RollbackSandbox puts an existing sandbox back to a snapshot, keeping its ID.
 	RollbackSandbox(ctx context.Context, in *RollbackSandboxRequest, opts ...grpc.CallOption) (*RollbackSandboxResponse, error)
+	// ExportSnapshot uploads a ready snapshot to the node's object store
+	// ([store]): content-addressed chunks, the manifest last.
+	ExportSnapshot(ctx context.Context, in *ExportSnapshotRequest, opts ...grpc.CallOption) (*ExportSnapshotResponse, error)
+	// ImportSnapshot downloads a snapshot from the object store into this
+	// node's pool, checking every chunk's digest, and records it ready.
+	ImportSnapshot(ctx context.Context, in *ImportSnapshotRequest, opts ...grpc.CallOption) (*ImportSnapshotResponse, error)
 	// ImportTemplate streams progress events and ends with the template.
 	ImportTemplate(ctx context.Context, in *ImportTemplateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImportTemplateResponse], error)
 	ListTemplates(ctx context.Context, in *ListTemplatesRequest, opts ...grpc.CallOption) (*ListTemplatesResponse, error)
@@ -221,6 +229,26 @@ func (c *cubeletServiceClient) RollbackSandbox(ctx context.Context, in *Rollback
 	return out, nil
 }
 
+func (c *cubeletServiceClient) ExportSnapshot(ctx context.Context, in *ExportSnapshotRequest, opts ...grpc.CallOption) (*ExportSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExportSnapshotResponse)
+	err := c.cc.Invoke(ctx, CubeletService_ExportSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) ImportSnapshot(ctx context.Context, in *ImportSnapshotRequest, opts ...grpc.CallOption) (*ImportSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ImportSnapshotResponse)
+	err := c.cc.Invoke(ctx, CubeletService_ImportSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *cubeletServiceClient) ImportTemplate(ctx context.Context, in *ImportTemplateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImportTemplateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &CubeletService_ServiceDesc.Streams[0], CubeletService_ImportTemplate_FullMethodName, cOpts...)
@@ -344,6 +372,12 @@ type CubeletServiceServer interface {
 	CloneSandbox(context.Context, *CloneSandboxRequest) (*CloneSandboxResponse, error)
 	// RollbackSandbox puts an existing sandbox back to a snapshot, keeping its ID.
 	RollbackSandbox(context.Context, *RollbackSandboxRequest) (*RollbackSandboxResponse, error)
+	// ExportSnapshot uploads a ready snapshot to the node's object store
+	// ([store]): content-addressed chunks, the manifest last.
+	ExportSnapshot(context.Context, *ExportSnapshotRequest) (*ExportSnapshotResponse, error)
+	// ImportSnapshot downloads a snapshot from the object store into this
+	// node's pool, checking every chunk's digest, and records it ready.
+	ImportSnapshot(context.Context, *ImportSnapshotRequest) (*ImportSnapshotResponse, error)
 	// ImportTemplate streams progress events and ends with the template.
 	ImportTemplate(*ImportTemplateRequest, grpc.ServerStreamingServer[ImportTemplateResponse]) error
 	ListTemplates(context.Context, *ListTemplatesRequest) (*ListTemplatesResponse, error)
@@ -406,6 +440,12 @@ func (UnimplementedCubeletServiceServer) CloneSandbox(context.Context, *CloneSan
 }
 func (UnimplementedCubeletServiceServer) RollbackSandbox(context.Context, *RollbackSandboxRequest) (*RollbackSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RollbackSandbox not implemented")
+}
+func (UnimplementedCubeletServiceServer) ExportSnapshot(context.Context, *ExportSnapshotRequest) (*ExportSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExportSnapshot not implemented")
+}
+func (UnimplementedCubeletServiceServer) ImportSnapshot(context.Context, *ImportSnapshotRequest) (*ImportSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ImportSnapshot not implemented")
 }
 func (UnimplementedCubeletServiceServer) ImportTemplate(*ImportTemplateRequest, grpc.ServerStreamingServer[ImportTemplateResponse]) error {
 	return status.Error(codes.Unimplemented, "method ImportTemplate not implemented")
@@ -689,6 +729,42 @@ func _CubeletService_RollbackSandbox_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CubeletService_ExportSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExportSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).ExportSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_ExportSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).ExportSnapshot(ctx, req.(*ExportSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_ImportSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ImportSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).ImportSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_ImportSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).ImportSnapshot(ctx, req.(*ImportSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _CubeletService_ImportTemplate_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ImportTemplateRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -902,6 +978,14 @@ var CubeletService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RollbackSandbox",
 			Handler:    _CubeletService_RollbackSandbox_Handler,
+		},
+		{
+			MethodName: "ExportSnapshot",
+			Handler:    _CubeletService_ExportSnapshot_Handler,
+		},
+		{
+			MethodName: "ImportSnapshot",
+			Handler:    _CubeletService_ImportSnapshot_Handler,
 		},
 		{
 			MethodName: "ListTemplates",

@@ -4,6 +4,8 @@
 package config
 
 import (
+	"github.com/cubesandbox/cube/internal/objstore"
+
 	"bytes"
 	_ "embed"
 	"fmt"
@@ -64,6 +66,10 @@ type Config struct {
 
 	// Snapshots: retention and clone fan-out.
 	Snapshots SnapshotConfig `toml:"snapshots"`
+	// Store is the S3-compatible object store snapshots travel between
+	// nodes through; off when endpoint is empty. The keys are read from
+	// files.
+	Store objstore.Config `toml:"store"`
 
 	Registry struct {
 		// AuthFile is a docker config.json consulted for registry
