@@ -238,7 +238,11 @@ func TestNetworkFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The destroy fails, and so do Delete's brief retries (the
+		// cleanup flow): the delete answers the error, and the
+		// journalled cleanup finishes it.
 		inject(t, "destroy/net", "1*error")
+		inject(t, "cleanup/net", "5*error")
 		if _, err := svc.Delete(ctx, res.Sandbox.ID); !errors.Is(err, failpoint.ErrInjected) {
 			t.Fatalf("delete: %v", err)
 		}
