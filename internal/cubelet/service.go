@@ -28,6 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/objstore"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 	"github.com/cubesandbox/cube/internal/store"
 	"github.com/cubesandbox/cube/internal/workflow"
 )
@@ -197,6 +198,10 @@ func (s *Service) Close() error {
 		s.stopWatch()
 		s.stopStorage()
 		err = s.store.Close()
+		// The node's cgroup parent goes with the last sandbox: rmdir
+		// only, which the kernel refuses while any sandbox's cgroup (they
+		// outlive a cubelet restart) is under it.
+		_, _ = cgroups.Remove("/"+s.cfg.Node.CgroupParent, 0)
 	})
 	return err
 }
