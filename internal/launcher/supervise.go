@@ -8,10 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/forkthread"
 )
 
 // child is one supervised daemon: started, restarted with backoff when it
@@ -50,32 +51,10 @@ func (c *child) start() error {
 	return nil
 }
 
-// The kernel sends the parent-death signal when the thread that forked
-// the child exits, not the process, and the Go runtime ends a thread when
-// a goroutine locked to it returns without unlocking (anything in the
-// launcher's process may do that: tests run Up in theirs): a daemon
-// started from such a thread would get SIGTERM while the launcher runs.
-// So every daemon is started from one thread that never exits.
-var (
-	forkOnce sync.Once
-	forkReqs chan func()
-)
-
-// onForkThread runs start on the launcher's fork thread.
-func onForkThread(start func() error) error {
-	forkOnce.Do(func() {
-		forkReqs = make(chan func())
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for f := range forkReqs {
-				f()
-			}
-		}()
-	})
-	errc := make(chan error, 1)
-	forkReqs <- func() { errc <- start() }
-	return <-errc
-}
+// onForkThread runs start on the process's fork thread: the kernel sends
+// the parent-death signal when the thread that forked the child exits
+// (internal/forkthread), and tests run Up in their own processes.
+func onForkThread(start func() error) error { return forkthread.Do(start) }
 
 // supervise restarts the child whenever it exits until ctx ends.
 func (c *child) supervise(ctx context.Context) {

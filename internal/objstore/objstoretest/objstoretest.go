@@ -26,6 +26,8 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/cubesandbox/cube/internal/testenv"
+
+	"github.com/cubesandbox/cube/internal/forkthread"
 )
 
 // Version is the SeaweedFS module version hack/s3/go.mod pins; the binary
@@ -136,7 +138,7 @@ func (s *Server) Restart() {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(os.Environ(), "HOME="+s.dir)
 	cmd.Dir = s.dir
-	must(t, cmd.Start())
+	must(t, forkthread.Start(cmd))
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	s.mu.Lock()

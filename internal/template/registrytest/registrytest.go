@@ -24,6 +24,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/cubesandbox/cube/internal/forkthread"
 )
 
 // Binary is the registry Debian's docker-registry package installs.
@@ -115,7 +117,7 @@ func (r *Registry) run(t testing.TB, cfg string) error {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// Its own process group, so stopping it cannot touch the test.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := forkthread.Start(cmd); err != nil {
 		return err
 	}
 	exited := make(chan error, 1)

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/forkthread"
 )
 
 // Host is one machine of the cluster: a network namespace with one
@@ -101,7 +103,7 @@ func (h *Host) start(t testing.TB, name, bin string, args ...string) *Proc {
 	w := io.MultiWriter(&p.out, prefixWriter{t: t, prefix: name + ": "})
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
+	if err := forkthread.Start(p.cmd); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.done) }()

@@ -20,6 +20,8 @@ import (
 
 	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/cubesandbox/cube/internal/forkthread"
 )
 
 // MariaDB is a running private server.
@@ -95,7 +97,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 		"--performance-schema=OFF", "--skip-log-bin"}, user...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logf, logf
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
+	if err := forkthread.Start(m.cmd); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
