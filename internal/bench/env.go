@@ -57,6 +57,7 @@ type Env struct {
 	profiler *profiler // set by the runner while a scenario runs
 
 	clus benchCluster // the cluster scenarios' cluster (cluster.go)
+	e2b  benchE2B     // the E2B scenarios' system (e2b.go)
 }
 
 // Node is the private cubelet the bench started (nil with Setup.Addr).
@@ -78,7 +79,7 @@ func (e *Env) Info(ctx context.Context) (*pb.InfoResponse, error) {
 // Close releases what baselines set up (their pool, podman storage).
 func (e *Env) Close(ctx context.Context) error {
 	var errs []error
-	errs = append(errs, e.clus.close())
+	errs = append(errs, e.clus.close(), e.e2b.close())
 	if e.Client != nil {
 		errs = append(errs, e.warmT.close(ctx, e.Client))
 	}
