@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -85,14 +84,10 @@ func init() {
 
 // benchE2B is the run's single-node E2B system, built on first use.
 type benchE2B struct {
-	once  sync.Once
-	err   error
-	tb    *benchTB
+	ownSystem
 	m     *mastertest.Master
 	api   *mastertest.Client
 	route string // the sandbox route's base URL
-	built time.Duration
-	logf  *os.File
 
 	mu   sync.Mutex
 	aggs map[string]*e2bAgg
@@ -117,49 +112,18 @@ func (b *benchE2B) agg(name string) *e2bAgg {
 // that stopped it).
 func (e *Env) e2bSystem(ctx context.Context) (*benchE2B, error) {
 	b := &e.e2b
-	b.once.Do(func() {
-		dir, err := e.scratch("e2b")
-		if err != nil {
-			b.err = err
-			return
-		}
-		if b.logf, err = os.Create(filepath.Join(dir, "e2b.log")); err != nil {
-			b.err = err
-			return
-		}
-		b.tb = newBenchTB(context.WithoutCancel(ctx), "e2b", dir, b.logf)
-		e.Progress.Note("e2b: starting cubemaster, its route and a cubelet (log %s)", b.logf.Name())
-		began := time.Now()
-		b.err = b.tb.do(func() {
-			b.m = mastertest.StartMaster(b.tb, "[sandbox]\nmilli_cpu = 100\n")
-			n := mastertest.StartNode(b.tb, b.m, "busybox")
-			b.m.WaitHealthy(b.tb, n)
-			b.api = b.m.API(b.m.APIKey(b.tb))
-			b.route = "http://" + b.m.Server.ProxyAddr
-		})
-		b.built = time.Since(began)
-		if b.err != nil {
-			b.err = errors.Join(fmt.Errorf("build the E2B system: %w", b.err), b.close())
-		}
+	err := b.build(ctx, e, "e2b", "cubemaster, its route and a cubelet", func(tb *benchTB) {
+		b.m = mastertest.StartMaster(tb, "[sandbox]\nmilli_cpu = 100\n")
+		n := mastertest.StartNode(tb, b.m, "busybox")
+		b.m.WaitHealthy(tb, n)
+		b.api = b.m.API(b.m.APIKey(tb))
+		b.route = "http://" + b.m.Server.ProxyAddr
 	})
-	return b, b.err
+	return b, err
 }
 
 // close tears the system down.
-func (b *benchE2B) close() error {
-	if b.tb == nil {
-		return nil
-	}
-	err := b.tb.cleanup()
-	b.tb = nil
-	if b.logf != nil {
-		_ = b.logf.Close()
-	}
-	if err != nil {
-		return fmt.Errorf("e2b teardown: %w", err)
-	}
-	return nil
-}
+func (b *benchE2B) close() error { return b.ownSystem.close("e2b") }
 
 func runE2B(name string, command bool) func(context.Context, *Env, report.Params) (*report.Result, error) {
 	return func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
