@@ -632,3 +632,28 @@ func (c *countConn) CloseWrite() error {
 	}
 	return nil
 }
+
+// CA returns the PEM of the egress CA (nil without one).
+func (p *Proxy) CA() []byte {
+	if p.cfg.CA == nil {
+		return nil
+	}
+	return p.cfg.CA.PEM
+}
+
+// Health reports whether every sandbox in ids is served (its listener is
+// open): a slot without its listener refuses its redirected connections.
+func (p *Proxy) Health(ids []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var missing []string
+	for _, id := range ids {
+		if p.slots[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("egress proxy does not serve %d assigned sandboxes (%s…)", len(missing), missing[0])
+	}
+	return nil
+}
