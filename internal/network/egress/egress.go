@@ -393,7 +393,10 @@ func (p *Proxy) serve(s *sandbox, client *net.TCPConn) {
 		}
 	}
 	if err != nil && !c.cut.Load() {
-		ev.Reason = err.Error()
+		// Allowed by the policy, but not carried: the upstream refused,
+		// failed TLS verification, or the request broke a rule.
+		ev.Verdict, ev.Reason = audit.Failed, err.Error()
+		p.Stats.Failed.Add(1)
 	}
 	ev.BytesOut, ev.BytesIn = cc.read.Load(), cc.written.Load()
 	ev.DurationMS = ms(time.Since(start))
