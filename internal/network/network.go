@@ -9,6 +9,8 @@
 //	slot       one slot's kernel objects: converge (create/repair), release
 //	slotstore  the agent's bbolt state, one record per slot
 //	dnsfwd     the sandboxes' DNS forwarder: per-slot sockets, domain policy
+//	egress     the egress proxy: SNI/Host checks, credential injection, egress CA
+//	audit      per-sandbox JSONL of DNS queries and proxied connections
 //	agent      the daemon: ensure/release/update, pool, reconcile, metrics
 //	agentapi   its gRPC and HTTP edges
 //	client     the gRPC client cubelet uses
