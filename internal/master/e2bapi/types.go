@@ -92,7 +92,6 @@ type credentialJSON struct {
 	Value  string `json:"value"`
 }
 
-
 // networkUpdate is components.schemas.SandboxNetworkUpdateConfig.
 type networkUpdate struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access"`
