@@ -78,6 +78,10 @@ type Network struct {
 	GatewayIP string
 	// SandboxIP is the address the sandbox has: the same in every sandbox.
 	SandboxIP string
+	// EgressCA is the node's egress CA certificate (DER), nil when the
+	// agent runs no egress proxy: the runtime installs it in the
+	// sandbox's trust store.
+	EgressCA []byte
 	// NetNS is the namespace the sandbox's runtime joins.
 	NetNS string
 	// SlotNetNS holds the slot's NAT and policy; the sandbox never joins it.

@@ -256,7 +256,11 @@ type Network struct {
 	// The DNS forwarder's address as the sandbox reaches it (the sandbox's
 	// gateway, port 53): what its /etc/resolv.conf names. Empty when the
 	// agent runs no forwarder.
-	Resolver      string `protobuf:"bytes,14,opt,name=resolver,proto3" json:"resolver,omitempty"`
+	Resolver string `protobuf:"bytes,14,opt,name=resolver,proto3" json:"resolver,omitempty"`
+	// The node's egress CA certificate (DER): what the sandbox's trust
+	// store gets, so that the egress proxy may terminate TLS for hosts with
+	// credential rules. Empty when the agent runs no egress proxy.
+	EgressCa      []byte `protobuf:"bytes,15,opt,name=egress_ca,json=egressCa,proto3" json:"egress_ca,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +391,13 @@ func (x *Network) GetResolver() string {
 		return x.Resolver
 	}
 	return ""
+}
+
+func (x *Network) GetEgressCa() []byte {
+	if x != nil {
+		return x.EgressCa
+	}
+	return nil
 }
 
 type EnsureNetworkRequest struct {
@@ -1167,7 +1178,7 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"Credential\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
 	"\x06header\x18\x02 \x01(\tR\x06header\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\tR\x05value\"\xc3\x03\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\"\xe0\x03\n" +
 	"\aNetwork\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12(\n" +
@@ -1188,7 +1199,8 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\vassigned_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"assignedAt\x12\x1b\n" +
 	"\tfrom_pool\x18\r \x01(\bR\bfromPool\x12\x1a\n" +
-	"\bresolver\x18\x0e \x01(\tR\bresolver\"\x8b\x01\n" +
+	"\bresolver\x18\x0e \x01(\tR\bresolver\x12\x1b\n" +
+	"\tegress_ca\x18\x0f \x01(\fR\begressCa\"\x8b\x01\n" +
 	"\x14EnsureNetworkRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12(\n" +

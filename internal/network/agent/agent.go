@@ -432,6 +432,9 @@ func (a *Agent) view(r *slotstore.Record) *network.Network {
 	if a.dns != nil {
 		n.Resolver = network.SandboxGateway.String()
 	}
+	if a.egress != nil {
+		n.EgressCA = a.egress.CADER()
+	}
 	return n
 }
 

@@ -636,6 +636,14 @@ func (c *countConn) CloseWrite() error {
 	return nil
 }
 
+// CADER returns the egress CA certificate, DER (nil without one).
+func (p *Proxy) CADER() []byte {
+	if p.cfg.CA == nil {
+		return nil
+	}
+	return p.cfg.CA.Cert.Raw
+}
+
 // CA returns the PEM of the egress CA (nil without one).
 func (p *Proxy) CA() []byte {
 	if p.cfg.CA == nil {

@@ -70,6 +70,7 @@ func NetworkToPB(n *network.Network) *pb.Network {
 		HostIp: n.HostIP, GatewayIp: n.GatewayIP, SandboxIp: n.SandboxIP,
 		Netns: n.NetNS, SlotNetns: n.SlotNetNS, Tap: n.Tap, HostLink: n.HostLink,
 		Policy: PolicyToPB(withoutCredentials(n.Policy)), FromPool: n.FromPool, Resolver: n.Resolver,
+		EgressCa: n.EgressCA,
 	}
 	if !n.AssignedAt.IsZero() {
 		out.AssignedAt = timestamppb.New(n.AssignedAt)
@@ -90,7 +91,7 @@ func NetworkFromPB(p *pb.Network) (*network.Network, error) {
 		SandboxID: p.SandboxId, Kind: KindFromPB(p.Kind), Slot: int(p.Slot),
 		HostIP: p.HostIp, GatewayIP: p.GatewayIp, SandboxIP: p.SandboxIp,
 		NetNS: p.Netns, SlotNetNS: p.SlotNetns, Tap: p.Tap, HostLink: p.HostLink,
-		Policy: pol, FromPool: p.FromPool, Resolver: p.Resolver,
+		Policy: pol, FromPool: p.FromPool, Resolver: p.Resolver, EgressCA: p.EgressCa,
 	}
 	if p.AssignedAt != nil {
 		n.AssignedAt = p.AssignedAt.AsTime()
