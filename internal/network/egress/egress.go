@@ -134,9 +134,13 @@ type conn struct {
 	name   string
 	dst    netip.AddrPort
 	client net.Conn
-	mu     sync.Mutex
-	up     net.Conn
-	cut    atomic.Bool
+	// decided: name and dst are set and the connection was allowed; until
+	// then a policy update leaves it to serve, which reads the policy
+	// after it.
+	decided atomic.Bool
+	mu      sync.Mutex
+	up      net.Conn
+	cut     atomic.Bool
 }
 
 func (c *conn) setUpstream(u net.Conn) bool {
@@ -270,7 +274,9 @@ func (p *Proxy) SetPolicy(id string, pol policy.Policy) int {
 	s.mu.Lock()
 	open := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
-		open = append(open, c)
+		if c.decided.Load() {
+			open = append(open, c)
+		}
 	}
 	s.mu.Unlock()
 	cut := 0
@@ -300,12 +306,27 @@ func (p *Proxy) acceptLoop(s *sandbox) {
 			}
 			return
 		}
-		s.wg.Go(func() { p.serve(s, c.(*net.TCPConn)) })
+		// Tracked from the start, so that Detach closes a connection
+		// still being read (not only decided ones).
+		tc := &conn{client: c}
+		s.mu.Lock()
+		s.conns[tc] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Go(func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, tc)
+				s.mu.Unlock()
+				tc.close()
+			}()
+			p.serve(s, tc)
+		})
 	}
 }
 
 // serve carries one redirected connection.
-func (p *Proxy) serve(s *sandbox, client *net.TCPConn) {
+func (p *Proxy) serve(s *sandbox, c *conn) {
+	client := c.client.(*net.TCPConn)
 	start := time.Now()
 	ev := audit.Event{SandboxID: s.id, Kind: audit.KindConnect}
 	dst, err := originalDst(client)
@@ -340,7 +361,8 @@ func (p *Proxy) serve(s *sandbox, client *net.TCPConn) {
 		return
 	}
 	_ = client.SetReadDeadline(time.Time{})
-	pol := *s.policy.Load()
+	pp := s.policy.Load()
+	pol := *pp
 	d := p.decide(s.ctx, s.id, pol, dst.Addr(), ev.Name)
 	ev.Rule = d.rule
 	creds := pol.CredentialsFor(ev.Name)
@@ -355,16 +377,19 @@ func (p *Proxy) serve(s *sandbox, client *net.TCPConn) {
 		p.cfg.Audit.Write(ev)
 		return
 	}
-	c := &conn{name: ev.Name, dst: dst, client: client}
-	s.mu.Lock()
-	s.conns[c] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.close()
-	}()
+	c.name, c.dst = ev.Name, dst
+	c.decided.Store(true)
+	if cur := s.policy.Load(); cur != pp {
+		// A policy update ran between the decision and now, and may
+		// have skipped this connection: decide again under it.
+		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow {
+			reset(client)
+			p.Stats.Denied.Add(1)
+			ev.Verdict, ev.Reason = audit.Denied, d2.reason
+			p.cfg.Audit.Write(ev)
+			return
+		}
+	}
 	p.Stats.Allowed.Add(1)
 	ev.Verdict = audit.Allowed
 	switch {
@@ -374,7 +399,8 @@ func (p *Proxy) serve(s *sandbox, client *net.TCPConn) {
 		for _, cr := range creds {
 			ev.Injected = append(ev.Injected, cr.Header)
 		}
-		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), cc)}, ev.Name, creds)
+		// The ClientHello, then what br holds past it, then the socket.
+		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), br)}, ev.Name, creds)
 	case hello != nil:
 		var up net.Conn
 		if up, err = p.dial(s.ctx, c); err == nil {
@@ -466,6 +492,13 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 			return err
 		}
 		resp, err := http.ReadResponse(ubr, req)
+		// Interim responses (100 Continue, 103 Early Hints) go back as
+		// they come, then the final one.
+		for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			if err = resp.Write(w); err == nil {
+				resp, err = http.ReadResponse(ubr, req)
+			}
+		}
 		if err != nil {
 			return err
 		}
