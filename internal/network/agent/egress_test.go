@@ -487,3 +487,46 @@ func TestEgressLatency(t *testing.T) {
 		Credentials: []policy.Credential{{Host: "secret.test", Header: "Authorization", Value: "Bearer x"}}}, "secret.test", egressRoots)
 	update(t, a, "sb-egress", ew.domains)
 }
+
+// TestEgressEnsureCost: a pooled Ensure with the egress proxy (one more
+// listener per slot, and a domain policy's redirect) against one without,
+// for the default policy and a domain policy.
+func TestEgressEnsureCost(t *testing.T) {
+	const n = 40
+	no := false
+	domains := mustPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{"api.allowed.test", "*.pypi.org"}})
+	p50 := func(noEgress bool, p policy.Policy) time.Duration {
+		e := nettest.Start(t, nettest.Options{PoolSize: n + 4, NoEgress: noEgress})
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := e.Agent.WaitPool(wctx, network.Container, n+4); err != nil {
+			t.Fatal(err)
+		}
+		lat := make([]time.Duration, n)
+		for i := range n {
+			id := fmt.Sprintf("cost-%d", i)
+			t0 := time.Now()
+			if _, _, err := e.Agent.Ensure(ctx, agent.EnsureRequest{SandboxID: id, Kind: network.Container, Policy: p}); err != nil {
+				t.Fatal(err)
+			}
+			lat[i] = time.Since(t0)
+		}
+		for i := range n {
+			if _, err := e.Agent.Release(ctx, fmt.Sprintf("cost-%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(lat)
+		return lat[n/2]
+	}
+	for _, c := range []struct {
+		name string
+		p    policy.Policy
+	}{{"default policy", policy.Policy{}}, {"domain policy", domains}} {
+		on1, off1, on2, off2 := p50(false, c.p), p50(true, c.p), p50(false, c.p), p50(true, c.p)
+		t.Logf("%s: pooled Ensure p50 over %d: with the egress proxy %v / %v, without %v / %v", c.name, n, on1, on2, off1, off2)
+		if on, off := min(on1, on2), min(off1, off2); on > off+20*time.Millisecond {
+			t.Fatalf("%s: the egress proxy adds %v to a pooled Ensure", c.name, on-off)
+		}
+	}
+}
