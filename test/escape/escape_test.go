@@ -640,10 +640,10 @@ func (s *suite) cell(r row, rt string) (string, bool) {
 func (s *suite) report() {
 	t := s.t
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-16s %-22s %-22s %-22s %s\n", "row", runc, gvisor, vm, "control")
+	fmt.Fprintf(&b, "\n%-19s %-22s %-22s %-22s %s\n", "row", runc, gvisor, vm, "control")
 	var failed []string
 	for _, r := range table {
-		fmt.Fprintf(&b, "%-16s", r.Name)
+		fmt.Fprintf(&b, "%-19s", r.Name)
 		for _, rt := range runtimes {
 			c, ok := s.cell(r, rt)
 			if !ok {

@@ -377,6 +377,7 @@ func TestEgressProxy(t *testing.T) {
 		has(audit.KindConnect, audit.Denied, "api.allowed.test", "not one of api.allowed.test's")
 		has(audit.KindConnect, audit.Denied, "", "no name")
 		has(audit.KindCut, audit.Denied, "api.allowed.test", "policy update")
+		has(audit.KindConnect, audit.Denied, "api.allowed.test", `request for host "evil.test"`)
 		has(audit.KindConnect, audit.Failed, "untrusted.test", "certificate")
 		for _, e := range evs {
 			if e.Kind == audit.KindConnect && e.Name == "secret.test" && e.Mode == "terminated" {

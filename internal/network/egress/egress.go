@@ -418,9 +418,16 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 			err = relayHTTP(br, cc, up, req, ev.Name, nil)
 		}
 	}
-	if err != nil && !c.cut.Load() {
-		// Allowed by the policy, but not carried: the upstream refused,
-		// failed TLS verification, or the request broke a rule.
+	var ref *refusal
+	switch {
+	case err == nil || c.cut.Load():
+	case errors.As(err, &ref):
+		// A later request on the connection named another host.
+		ev.Verdict, ev.Reason = audit.Denied, err.Error()
+		p.Stats.Denied.Add(1)
+	default:
+		// Allowed by the policy, but not carried: the upstream refused
+		// or failed TLS verification.
 		ev.Verdict, ev.Reason = audit.Failed, err.Error()
 		p.Stats.Failed.Add(1)
 	}
@@ -482,7 +489,7 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 				return err
 			}
 			if h := hostOnly(req.Host); h != host {
-				return fmt.Errorf("request for host %q on a connection for %q refused", h, host)
+				return &refusal{fmt.Sprintf("request for host %q on a connection for %q refused", h, host)}
 			}
 		}
 		for _, c := range inject {
@@ -547,7 +554,7 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 	}
 	_ = client.SetReadDeadline(time.Time{})
 	if h := hostOnly(req.Host); h != name {
-		return fmt.Errorf("request for host %q on a TLS connection for %q refused", h, name)
+		return &refusal{fmt.Sprintf("request for host %q on a TLS connection for %q refused", h, name)}
 	}
 	raw, err := p.dial(s.ctx, c)
 	if err != nil {
@@ -564,6 +571,11 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 	defer up.Close()
 	return relayHTTP(br, ts, up, req, name, creds)
 }
+
+// refusal is a request the proxy refused by policy (not a failure).
+type refusal struct{ msg string }
+
+func (r *refusal) Error() string { return r.msg }
 
 // hostOnly strips a port and a trailing dot and lowercases.
 func hostOnly(h string) string {
