@@ -124,6 +124,7 @@ func TestNetworkEgressCredentials(t *testing.T) {
 			}
 			var body bytes.Buffer
 			_, _ = body.ReadFrom(resp.Body)
+			resp.Body.Close()
 			tc.Close()
 			if !strings.Contains(body.String(), "auth="+nettest.AuthDigest(secret)) {
 				t.Fatalf("upstream did not get the credential: %q", body.String())
