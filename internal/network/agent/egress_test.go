@@ -50,7 +50,13 @@ func openWeb(ns string, dst netip.Addr, o webOpts) (*webConn, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, webWait)
 	defer cancel()
-	c, err := nsdial.DialContext(cctx, ns, "tcp4", netip.AddrPortFrom(dst, port).String())
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if ns == "" { // the host
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}
+		return nsdial.DialContext(ctx, ns, network, addr)
+	}
+	c, err := dial(cctx, "tcp4", netip.AddrPortFrom(dst, port).String())
 	if err != nil {
 		return nil, err
 	}
@@ -117,11 +123,12 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	w := nettest.NewWorld(t)
 	ew := &egressWorld{w: w, api: w.Addrs[1], cdn: w.Addrs[2], evil: w.Addrs[0]}
 	up := w.ServeDNS(t, map[string][]netip.Addr{
-		"api.allowed.test": {ew.api},
-		"cdn.allowed.test": {ew.cdn},
-		"evil.test":        {ew.evil},
-		"secret.test":      {ew.api},
-		"untrusted.test":   {ew.cdn},
+		"api.allowed.test":  {ew.api},
+		"cdn.allowed.test":  {ew.cdn},
+		"evil.test":         {ew.evil},
+		"secret.test":       {ew.api},
+		"untrusted.test":    {ew.cdn},
+		"node.allowed.test": {w.HostEnd},
 	})
 	ew.ca = nettest.NewTestCA(t, "world-ca")
 	good := ew.ca.Issue(t, "api.allowed.test", "cdn.allowed.test", "evil.test", "secret.test")
@@ -239,6 +246,34 @@ func TestEgressProxy(t *testing.T) {
 			default:
 				t.Logf("control without the proxy: %q", strings.TrimSpace(body))
 			}
+		}
+	})
+
+	t.Run("an allowed name pointing at the node itself", func(t *testing.T) {
+		// A web server on the host's own address (its end of the world
+		// link), which the proxy, dialling from the host's namespace,
+		// could otherwise reach.
+		ln, err := net.Listen("tcp4", netip.AddrPortFrom(ew.w.HostEnd, 80).String())
+		if err != nil {
+			t.Skipf("port 80 on the host's world address: %v", err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "host service") }),
+			ReadHeaderTimeout: time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		no := false
+		update(t, a, "sb-egress", policy.Spec{AllowInternet: &no, Allow: []string{"node.allowed.test"}})
+		defer update(t, a, "sb-egress", ew.domains)
+		dnsProbe{t, ew.sb.NetNS}.resolves("node.allowed.test", ew.w.HostEnd)
+		if body, err := fetch(ew.sb.NetNS, ew.w.HostEnd, webOpts{}, "node.allowed.test", nil); err == nil {
+			t.Fatalf("the sandbox reached a service of the node through the proxy: %q", body)
+		} else {
+			t.Logf("through the proxy: %v", err)
+		}
+		// Control: the service answers the host itself.
+		body, err := fetch("", ew.w.HostEnd, webOpts{}, "node.allowed.test", nil)
+		if err != nil || !strings.Contains(body, "host service") {
+			t.Fatalf("control from the host: %q %v", body, err)
 		}
 	})
 
@@ -377,6 +412,7 @@ func TestEgressProxy(t *testing.T) {
 		has(audit.KindConnect, audit.Denied, "api.allowed.test", "not one of api.allowed.test's")
 		has(audit.KindConnect, audit.Denied, "", "no name")
 		has(audit.KindCut, audit.Denied, "api.allowed.test", "policy update")
+		has(audit.KindConnect, audit.Denied, "node.allowed.test", "the node itself")
 		has(audit.KindConnect, audit.Denied, "api.allowed.test", `request for host "evil.test"`)
 		has(audit.KindConnect, audit.Failed, "untrusted.test", "certificate")
 		for _, e := range evs {

@@ -2,8 +2,11 @@ package egress
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
@@ -39,6 +42,12 @@ func (p *Proxy) decide(ctx context.Context, id string, pol policy.Policy, dst ne
 		if b.Contains(dst) {
 			return decision{reason: "address in an always-blocked range (" + b.String() + ")"}
 		}
+	}
+	// The proxy dials from the host's namespace, past the host table
+	// that keeps slots off the host: an address of the host itself (a
+	// name an attacker points at the node) must stay closed here too.
+	if p.hostAddrs.has(dst) {
+		return decision{reason: "an address of the node itself"}
 	}
 	private := inAny(policy.Private, dst)
 	if private && !inAny(p.cfg.Opened, dst) {
@@ -97,4 +106,33 @@ func inAny(set []netip.Prefix, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// localAddrs is the host's own addresses, re-read at most every refresh.
+type localAddrs struct {
+	mu      sync.Mutex
+	read    time.Time
+	addrs   map[netip.Addr]bool
+	refresh time.Duration
+}
+
+func (l *localAddrs) has(a netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.addrs == nil || time.Since(l.read) > l.refresh {
+		m := map[netip.Addr]bool{}
+		// An error leaves the previous set (or none): the slot rules
+		// and the blocked ranges still hold.
+		if as, err := net.InterfaceAddrs(); err == nil {
+			for _, x := range as {
+				if ipn, ok := x.(*net.IPNet); ok {
+					if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+						m[ip.Unmap()] = true
+					}
+				}
+			}
+			l.addrs, l.read = m, time.Now()
+		}
+	}
+	return l.addrs[a]
 }

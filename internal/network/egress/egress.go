@@ -84,9 +84,10 @@ type Stats struct {
 type Proxy struct {
 	cfg     Config
 	log     *slog.Logger
-	res     Resolver
-	blocked []netip.Prefix
-	Stats   Stats
+	res       Resolver
+	blocked   []netip.Prefix
+	hostAddrs localAddrs
+	Stats     Stats
 
 	mu    sync.Mutex
 	slots map[string]*sandbox
@@ -106,7 +107,8 @@ func New(cfg Config, res Resolver, blocked []netip.Prefix, log *slog.Logger) *Pr
 	if cfg.LookupTimeout <= 0 {
 		cfg.LookupTimeout = 3 * time.Second
 	}
-	return &Proxy{cfg: cfg, log: log, res: res, blocked: blocked, slots: map[string]*sandbox{}}
+	return &Proxy{cfg: cfg, log: log, res: res, blocked: blocked, slots: map[string]*sandbox{},
+		hostAddrs: localAddrs{refresh: 2 * time.Second}}
 }
 
 // Target is one sandbox to serve.
