@@ -88,8 +88,9 @@ const ResolvedSetSize = 16384
 //	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER udp/tcp dport 53 accept
 //	                                          the DNS forwarder (when Resolver is set)
 //	    iifname != uplink limit rate over …   bandwidth knob (proxied traffic)
-//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport PROXYPORT ct status dnat
-//	        [ct count over N drop] accept      redirected connections only
+//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport PROXYPORT ct count over min(N, 1024) drop
+//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport PROXYPORT ct status dnat accept
+//	                                          redirected connections only
 //	output:  policy drop: what the slot namespace itself sends (a VM's
 //	         monitor lives there)
 //	    oifname lo accept
@@ -257,11 +258,15 @@ func ApplySlot(nsFD int, s Slot) error {
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
 	if proxy {
 		// Only connections the prerouting rule redirected: a sandbox
-		// dialling the proxy's port directly gets nothing.
-		if p := s.Policy.MaxConnections; p > 0 {
-			add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver), l4proto(unix.IPPROTO_TCP),
-				dport(s.ProxyPort), &expr.Connlimit{Count: uint32(p), Flags: nftConnlimitInvert}, drop())
+		// dialling the proxy's port directly gets nothing. One proxy
+		// serves every slot (two descriptors per connection): a sandbox
+		// holds at most proxyConns at once, fewer under max_connections.
+		limit := uint32(proxyConns)
+		if p := s.Policy.MaxConnections; p > 0 && uint32(p) < limit {
+			limit = uint32(p)
 		}
+		add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver), l4proto(unix.IPPROTO_TCP),
+			dport(s.ProxyPort), &expr.Connlimit{Count: limit, Flags: nftConnlimitInvert}, drop())
 		add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver), l4proto(unix.IPPROTO_TCP),
 			dport(s.ProxyPort), ctStatusDNAT(), accept())
 	}
@@ -565,6 +570,10 @@ func resolvedSet() *nftables.Set {
 	return &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable},
 		Name: ResolvedSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 }
+
+// proxyConns is how many connections through the egress proxy a sandbox
+// may hold open at once.
+const proxyConns = 1024
 
 // dnsTCPConns is how many TCP connections a sandbox may hold open to the
 // DNS forwarder at once (a resolver needs one or two, for answers that do
