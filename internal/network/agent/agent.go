@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -95,7 +96,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Agent, error) {
 		pool: map[network.Kind][]int{}, filling: map[network.Kind]int{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), fillDone: make(chan struct{}),
 	}
-	if a.audit, err = audit.New(cfg.AuditDir(), log); err != nil {
+	if a.audit, err = audit.New(cfg.AuditDir(), time.Duration(cfg.Audit.KeepHours)*time.Hour, log); err != nil {
 		st.Close()
 		return nil, err
 	}

@@ -49,6 +49,9 @@ type Config struct {
 	Audit  struct {
 		// Dir holds <sandbox_id>.jsonl; "" = <data_dir>/audit.
 		Dir string `toml:"dir"`
+		// KeepHours: files of released sandboxes are removed once
+		// unchanged this long (0: never).
+		KeepHours int `toml:"keep_hours"`
 	} `toml:"audit"`
 
 	cidr   netip.Prefix

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,24 +62,67 @@ type Event struct {
 
 // Log writes events. The zero of *Log (nil) discards them.
 type Log struct {
-	dir string
-	log *slog.Logger
+	dir  string
+	keep time.Duration
+	log  *slog.Logger
 
-	mu    sync.Mutex
-	files map[string]*os.File
+	mu      sync.Mutex
+	files   map[string]*os.File
+	pruned  time.Time
+	pruning bool
 }
 
-// New returns a log writing under dir ("" = log lines only).
-func New(dir string, log *slog.Logger) (*Log, error) {
+// pruneEvery is how often Close looks for files past keep.
+const pruneEvery = time.Hour
+
+// New returns a log writing under dir ("" = log lines only). Files of
+// released sandboxes are removed once unchanged for keep (0: never).
+func New(dir string, keep time.Duration, log *slog.Logger) (*Log, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	l := &Log{dir: dir, keep: keep, log: log, files: map[string]*os.File{}}
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
+		l.prune()
 	}
-	return &Log{dir: dir, log: log, files: map[string]*os.File{}}, nil
+	return l, nil
+}
+
+// prune removes the files not open and unchanged for keep.
+func (l *Log) prune() {
+	if l.keep <= 0 {
+		return
+	}
+	ents, err := os.ReadDir(l.dir)
+	if err != nil {
+		l.log.Warn("audit: prune", "err", err)
+		return
+	}
+	cut := time.Now().Add(-l.keep)
+	n := 0
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".jsonl")
+		if !ok {
+			continue
+		}
+		l.mu.Lock()
+		open := l.files[id] != nil
+		l.mu.Unlock()
+		if fi, err := e.Info(); err == nil && !open && fi.ModTime().Before(cut) {
+			if os.Remove(filepath.Join(l.dir, e.Name())) == nil {
+				n++
+			}
+		}
+	}
+	l.mu.Lock()
+	l.pruned, l.pruning = time.Now(), false
+	l.mu.Unlock()
+	if n > 0 {
+		l.log.Info("audit: removed old files", "files", n, "older_than", l.keep)
+	}
 }
 
 // Path is where a sandbox's events go ("" without a directory).
@@ -121,8 +165,9 @@ func (l *Log) Write(e Event) {
 	}
 }
 
-// Close closes a sandbox's file (its released: the file stays for the
-// node's log shipper).
+// Close closes a sandbox's file (it is released: the file stays for the
+// node's log shipper, until keep after its last event); at most once an
+// hour it also removes files past keep, in the background.
 func (l *Log) Close(sandboxID string) {
 	if l == nil {
 		return
@@ -130,9 +175,16 @@ func (l *Log) Close(sandboxID string) {
 	l.mu.Lock()
 	f := l.files[sandboxID]
 	delete(l.files, sandboxID)
+	due := l.dir != "" && l.keep > 0 && !l.pruning && time.Since(l.pruned) > pruneEvery
+	if due {
+		l.pruning = true
+	}
 	l.mu.Unlock()
 	if f != nil {
 		f.Close()
+	}
+	if due {
+		go l.prune()
 	}
 }
 

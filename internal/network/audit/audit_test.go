@@ -4,14 +4,16 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Events land as JSON lines in the sandbox's file; an invalid sandbox ID
 // never names a file.
 func TestLog(t *testing.T) {
 	dir := t.TempDir()
-	l, err := New(dir, nil)
+	l, err := New(dir, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,4 +44,28 @@ func TestLog(t *testing.T) {
 	}
 	var nilLog *Log
 	nilLog.Write(Event{SandboxID: "sb-1"}) // discards
+}
+
+// Files unchanged for keep go at the next start; younger ones stay.
+func TestPrune(t *testing.T) {
+	dir := t.TempDir()
+	old, young := filepath.Join(dir, "sb-old.jsonl"), filepath.Join(dir, "sb-young.jsonl")
+	for _, p := range []string{old, young} {
+		if err := os.WriteFile(p, []byte("{}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(dir, 24*time.Hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("old file kept: %v", err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Errorf("young file removed: %v", err)
+	}
 }
