@@ -82,8 +82,8 @@ type Stats struct {
 
 // Proxy serves the sandboxes attached to it.
 type Proxy struct {
-	cfg     Config
-	log     *slog.Logger
+	cfg       Config
+	log       *slog.Logger
 	res       Resolver
 	blocked   []netip.Prefix
 	hostAddrs localAddrs
