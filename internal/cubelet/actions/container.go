@@ -91,6 +91,7 @@ func specOf(rec *sandbox.Record, c *sandbox.Container, tmpl *sandbox.Template) r
 		Labels:         rec.Labels,
 		AgentTokenHash: tokenHash(rec.AccessToken),
 		Resolver:       rec.Network.ResolverOf(),
+		EgressCA:       rec.Network.EgressCAOf(),
 	}
 }
 

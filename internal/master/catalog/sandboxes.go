@@ -36,6 +36,17 @@ type Network struct {
 	// AllowPublicTraffic=false means proxied traffic needs the traffic
 	// access token.
 	AllowPublicTraffic *bool `json:"allow_public_traffic,omitempty"`
+	// Credentials are headers the node's egress proxy injects into HTTPS
+	// requests to a host (docs/network.md "Credential injection"). Stored
+	// as given (not encrypted); never returned by the API.
+	Credentials []Credential `json:"credentials,omitempty"`
+}
+
+// Credential sets Header to Value on every HTTPS request to Host.
+type Credential struct {
+	Host   string `json:"host"`
+	Header string `json:"header"`
+	Value  string `json:"value"`
 }
 
 // Sandbox is one catalog row.

@@ -133,6 +133,9 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 	if s.Resolver != "" {
 		env = append(env, agentproto.ResolverEnv+"="+s.Resolver)
 	}
+	if len(s.EgressCA) > 0 {
+		env = append(env, agentproto.EgressCAEnv+"="+agentproto.EncodeCA(s.EgressCA))
+	}
 	sp := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
