@@ -73,3 +73,18 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
     go run ./test/e2e/node/system -runtime vm -- npm --prefix test/e2e/node run test:snapshots
   fi
 fi
+
+# The unmodified E2B Python SDK (sync and async) and both code-interpreter
+# SDKs (JS and Python) against cube up's system, with the code-interpreter
+# template (built from Debian once into $CUBE_BASE_CACHE, then cached; its
+# server starts in each sandbox as the template's service). The virtualenv
+# is cached in $CUBE_PY_CACHE (/var/cache/cube/pyenv) by the requirements'
+# hash; test/e2e/python/run.sh. CUBE_TEST_PYTHON=0 skips it.
+if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
+  echo "== python e2e + code interpreter (e2b, e2b-code-interpreter, @e2b/code-interpreter SDKs)"
+  go run ./test/e2e/node/system -code-interpreter -- bash test/e2e/sdk-suites.sh
+  if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
+    echo "== python e2e: gvisor runtime"
+    go run ./test/e2e/node/system -runtime gvisor -- bash test/e2e/python/run.sh
+  fi
+fi
