@@ -36,6 +36,15 @@ export CUBE_WEED="${CUBE_WEED:-$(bash hack/s3/weed.sh)}"
 # -p 2: the machines have 2 cores; packages that start sandboxes are heavy.
 go test -p 2 -count=1 -timeout 40m ./... "$@"
 
+# Every SDK suite below records its cases in $CUBE_E2E_RESULTS (the JS
+# ones through a node:test reporter added by NODE_OPTIONS, the Python ones
+# from their conftest); docs/compatibility.md is written from them when the
+# script ends, failures included (test/e2e/compat).
+export CUBE_E2E_RESULTS="${CUBE_E2E_RESULTS:-$(mktemp)}"
+: >"$CUBE_E2E_RESULTS"
+export NODE_OPTIONS="${NODE_OPTIONS:+$NODE_OPTIONS }--test-reporter=$PWD/test/e2e/node/compat-reporter.mjs --test-reporter-destination=stderr"
+trap '[ -s "$CUBE_E2E_RESULTS" ] && go run ./test/e2e/compat -o docs/compatibility.md "$CUBE_E2E_RESULTS" && echo "docs/compatibility.md written"' EXIT
+
 # The unmodified E2B JS SDK (pinned in test/e2e/node/package-lock.json,
 # installed from the npm registry) against a real sandbox; docs/envd.md.
 # CUBE_TEST_NODE=0 skips it.

@@ -24,3 +24,29 @@ def until(what, cond, seconds=10.0):
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.025)
+
+
+# One line per test to $CUBE_E2E_RESULTS (sdk, version, suite, runtime,
+# case, result), from which test/e2e/compat writes docs/compatibility.md.
+_SUITES = {
+    "test_sync.py": ("e2b (Python)", "e2b", "sync"),
+    "test_async.py": ("e2b (Python)", "e2b", "async"),
+    "test_code_interpreter.py": ("e2b-code-interpreter (Python)", "e2b-code-interpreter", "code interpreter"),
+}
+
+
+def pytest_runtest_logreport(report):
+    out = os.environ.get("CUBE_E2E_RESULTS")
+    if not out:
+        return
+    if report.when != "call" and not (report.when == "setup" and (report.skipped or report.failed)):
+        return
+    path, _, name = report.nodeid.partition("::")
+    suite = _SUITES.get(os.path.basename(path))
+    if suite is None:
+        return
+    from importlib.metadata import version
+
+    result = "pass" if report.passed else "skip" if report.skipped else "fail"
+    with open(out, "a") as f:
+        f.write("\t".join([suite[0], version(suite[1]), suite[2], RUNTIME, name, result]) + "\n")
