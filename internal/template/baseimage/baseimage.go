@@ -32,6 +32,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -77,6 +78,14 @@ type Options struct {
 	Name   string
 	Files  map[string]File
 	Labels map[string]string
+	// Install are packages apt-get installs (no recommends) in the
+	// bootstrapped tree, after debootstrap: apt orders the configuration
+	// of large dependency trees, which debootstrap's --include does not.
+	Install []string
+	// Run are shell commands (sh -c) run in the finished tree, as root,
+	// after Files (to prepare caches the image's programs would
+	// otherwise build at their first start).
+	Run []string
 }
 
 // File is a file an image adds to the bootstrapped tree.
@@ -97,9 +106,11 @@ type Inputs struct {
 	Arch        string   `json:"arch"`
 	// Of images other than base only (omitted when empty, so that base's
 	// cached inputs stay as they were).
-	Name   string            `json:"name,omitempty"`
-	Files  string            `json:"files_sha256,omitempty"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Name    string            `json:"name,omitempty"`
+	Install []string          `json:"install,omitempty"`
+	Run     []string          `json:"run,omitempty"`
+	Files   string            `json:"files_sha256,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
 }
 
 // Result says where the layout is and whether this call built it.
@@ -194,6 +205,7 @@ func inputs(ctx context.Context, o Options) (Inputs, error) {
 	if len(o.Files) > 0 {
 		in.Files = filesDigest(o.Files)
 	}
+	in.Install, in.Run = o.Install, o.Run
 	out, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Version}", "debootstrap").Output()
 	if err != nil || len(out) == 0 {
 		return in, fmt.Errorf("baseimage: debootstrap is not installed (apt-get install debootstrap, or bash hack/deps.sh): %w", errdefs.ErrFailedPrecondition)
@@ -273,11 +285,26 @@ func build(ctx context.Context, o Options, in Inputs, dst string) (err error) {
 	if err := run(ctx, filepath.Join(work, "debootstrap.log"), "debootstrap", args...); err != nil {
 		return err
 	}
+	if len(o.Install) > 0 {
+		o.Log.Info("base image: apt-get install", "packages", strings.Join(o.Install, ","))
+		// debootstrap left the mirror in sources.list and the host's
+		// resolv.conf in the tree; configure empties the latter after.
+		script := "mount -t proc proc /proc && apt-get update -q && apt-get install -y -q --no-install-recommends " + strings.Join(o.Install, " ")
+		if err := run(ctx, filepath.Join(work, "install.log"), "chroot", rootfs, "/bin/sh", "-c", script); err != nil {
+			return err
+		}
+	}
 	if err := configure(ctx, rootfs, filepath.Join(work, "configure.log")); err != nil {
 		return err
 	}
 	if err := writeFiles(rootfs, o.Files); err != nil {
 		return err
+	}
+	for _, c := range o.Run {
+		o.Log.Info("base image: run", "command", c)
+		if err := run(ctx, filepath.Join(work, "run.log"), "chroot", rootfs, "/bin/sh", "-c", "mountpoint -q /proc || mount -t proc proc /proc; "+c); err != nil {
+			return err
+		}
 	}
 	tarPath := filepath.Join(work, "layer.tar")
 	digest, size, err := packDir(rootfs, tarPath, []string{"dev", "proc", "sys"})
@@ -357,7 +384,7 @@ func image(layer v1.Layer, in Inputs) (v1.Image, error) {
 	cf.Config.WorkingDir = "/home/user"
 	cf.Config.Labels = map[string]string{
 		"org.opencontainers.image.title":       "cube base",
-		"org.opencontainers.image.description": "Debian " + in.Suite + " minbase + " + strings.Join(in.Packages, ", "),
+		"org.opencontainers.image.description": "Debian " + in.Suite + " minbase + " + strings.Join(append(slices.Clone(in.Packages), in.Install...), ", "),
 		"dev.cube.base.mirror":                 in.Mirror,
 		"dev.cube.base.recipe":                 in.Recipe,
 	}

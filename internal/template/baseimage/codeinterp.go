@@ -30,8 +30,12 @@ var CodeInterpreterPackages = []string{"python3-ipykernel", "python3-jupyter-cli
 // (in the same cache directory as base, under its own name).
 func CodeInterpreter(o Options) Options {
 	o.Name = CodeInterpreterName
-	o.Packages = append(slices.Clone(DefaultPackages), CodeInterpreterPackages...)
+	o.Packages = DefaultPackages
+	o.Install = slices.Clone(CodeInterpreterPackages)
 	o.Files = map[string]File{codeInterpreterServerPath: {Mode: 0o644, Data: codeInterpreterServer}}
+	// Matplotlib's font cache, built as the user that runs the kernels:
+	// otherwise the first chart of every sandbox pays for it.
+	o.Run = []string{`su user -c "python3 -c 'import matplotlib.pyplot'"`}
 	// The image labels' names are template.LabelStartCmd and
 	// LabelReadyCmd (this package does not import the importer).
 	o.Labels = map[string]string{

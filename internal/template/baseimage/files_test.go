@@ -27,7 +27,7 @@ func TestFilesInputs(t *testing.T) {
 		}
 	}
 	b, _ := json.Marshal(Inputs{Recipe: "1", Suite: "bookworm"})
-	for _, k := range []string{"name", "files_sha256", "labels"} {
+	for _, k := range []string{"name", "install", "run", "files_sha256", "labels"} {
 		if strings.Contains(string(b), `"`+k+`"`) {
 			t.Errorf("base's inputs carry %q: %s", k, b)
 		}

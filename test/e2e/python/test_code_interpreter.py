@@ -9,6 +9,7 @@
 import asyncio
 import base64
 import os
+import re
 
 import pytest
 from e2b_code_interpreter import AsyncSandbox, Sandbox
@@ -57,7 +58,9 @@ def test_exception_traceback(sbx):
     errors = []
     r = sbx.run_code("def f():\n    return 1 / 0\nf()", on_error=errors.append)
     assert (r.error.name, r.error.value) == ("ZeroDivisionError", "division by zero")
-    assert "f()" in r.error.traceback and "ZeroDivisionError" in r.error.traceback
+    # IPython colours its tracebacks (ANSI escapes), as E2B's do.
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", r.error.traceback)
+    assert "----> 3 f()" in tb and "ZeroDivisionError: division by zero" in tb
     assert len(errors) == 1
     assert sbx.run_code("counter").text == "42"
 

@@ -64,6 +64,13 @@ class Context:
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
+        self._warm()
+
+    def _warm(self):
+        # What most code imports first, loaded before the context counts
+        # as ready (E2B's template imports them at kernel start too).
+        if self.language == "python":
+            self._run_silent("import matplotlib.pyplot, pandas")
 
     def info(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -75,6 +82,7 @@ class Context:
             self.kc = self.km.blocking_client()
             self.kc.start_channels()
             self.kc.wait_for_ready(timeout=120)
+            self._warm()
 
     def shutdown(self):
         self.kc.stop_channels()
