@@ -93,7 +93,7 @@ if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
   echo "== python e2e + code interpreter (e2b, e2b-code-interpreter, @e2b/code-interpreter SDKs)"
   go run ./test/e2e/node/system -code-interpreter -- bash test/e2e/sdk-suites.sh
   if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
-    echo "== python e2e: gvisor runtime"
-    go run ./test/e2e/node/system -runtime gvisor -- bash test/e2e/python/run.sh
+    echo "== python e2e + code interpreter: gvisor runtime"
+    go run ./test/e2e/node/system -runtime gvisor -code-interpreter -- bash test/e2e/sdk-suites.sh
   fi
 fi

@@ -45,6 +45,8 @@ def pytest_runtest_logreport(report):
     suite = _SUITES.get(os.path.basename(path))
     if suite is None:
         return
+    if suite[2] == "code interpreter" and not os.environ.get("CUBE_E2E_CODE_INTERPRETER"):
+        return  # not run on this system (no such template): not a skip
     from importlib.metadata import version
 
     result = "pass" if report.passed else "skip" if report.skipped else "fail"
