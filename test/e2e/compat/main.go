@@ -125,6 +125,8 @@ func render(w io.Writer, rows []*row, runtimes map[string]bool) {
 			keys = append(keys, k)
 		}
 	}
+	// One SDK version's suites together, in the order they first ran.
+	slices.SortStableFunc(keys, func(a, b key) int { return strings.Compare(a.sdk+"\x00"+a.version, b.sdk+"\x00"+b.version) })
 	fmt.Fprintf(w, "## Summary\n\n| SDK | version | suite | %s |\n|---|---|---|%s\n", strings.Join(rts, " | "), strings.Repeat("---|", len(rts)))
 	for _, k := range keys {
 		fmt.Fprintf(w, "| %s | %s | %s |", k.sdk, k.version, k.suite)
