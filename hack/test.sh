@@ -43,7 +43,12 @@ go test -p 2 -count=1 -timeout 40m ./... "$@"
 export CUBE_E2E_RESULTS="${CUBE_E2E_RESULTS:-$(mktemp)}"
 : >"$CUBE_E2E_RESULTS"
 export NODE_OPTIONS="${NODE_OPTIONS:+$NODE_OPTIONS }--test-reporter=$PWD/test/e2e/node/compat-reporter.mjs --test-reporter-destination=stderr"
-trap '[ -s "$CUBE_E2E_RESULTS" ] && go run ./test/e2e/compat -o docs/compatibility.md "$CUBE_E2E_RESULTS" && echo "docs/compatibility.md written"' EXIT
+compat() {
+  if [ -s "$CUBE_E2E_RESULTS" ] && go run ./test/e2e/compat -o docs/compatibility.md "$CUBE_E2E_RESULTS"; then
+    echo "docs/compatibility.md written from $CUBE_E2E_RESULTS"
+  fi
+}
+trap compat EXIT
 
 # The unmodified E2B JS SDK (pinned in test/e2e/node/package-lock.json,
 # installed from the npm registry) against a real sandbox; docs/envd.md.
