@@ -85,6 +85,16 @@ test('contexts: separate state, list, restart, remove; envs per run', async () =
   assert.equal((await sbx.runCode('import os; os.environ.get("GREETING")')).text, undefined, 'envs last one run')
 })
 
+test('code that ends the kernel gets an error, and a fresh kernel after', async () => {
+  const ctx = await sbx.createCodeContext()
+  await sbx.runCode('lost = 1', { context: ctx })
+  const r = await sbx.runCode('import os; os._exit(1)', { context: ctx })
+  assert.equal(r.error?.name, 'KernelDied')
+  assert.equal((await sbx.runCode('lost', { context: ctx })).error?.name, 'NameError')
+  assert.equal((await sbx.runCode('6 * 7', { context: ctx })).text, '42')
+  await sbx.removeCodeContext(ctx)
+})
+
 test('the sandbox is an E2B sandbox too: commands and files', async () => {
   await sbx.runCode('open("/home/user/from-kernel.txt", "w").write("written by the kernel")')
   assert.equal(await sbx.files.read('/home/user/from-kernel.txt'), 'written by the kernel')

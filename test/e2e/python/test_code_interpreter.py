@@ -75,6 +75,15 @@ def test_contexts_and_envs(sbx):
     assert sbx.run_code('import os; os.environ.get("GREETING")', envs={"GREETING": "hi"}).text == "'hi'"
 
 
+def test_kernel_death(sbx):
+    ctx = sbx.create_code_context()
+    sbx.run_code("lost = 1", context=ctx)
+    assert sbx.run_code("import os; os._exit(1)", context=ctx).error.name == "KernelDied"
+    assert sbx.run_code("lost", context=ctx).error.name == "NameError"
+    assert sbx.run_code("6 * 7", context=ctx).text == "42"
+    sbx.remove_code_context(ctx)
+
+
 def test_async_sdk():
     async def go():
         s = await AsyncSandbox.create()

@@ -77,12 +77,15 @@ class Context:
 
     def restart(self):
         with self.lock:
-            self.kc.stop_channels()
-            self.km.restart_kernel(now=True)
-            self.kc = self.km.blocking_client()
-            self.kc.start_channels()
-            self.kc.wait_for_ready(timeout=120)
-            self._warm()
+            self._restart_locked()
+
+    def _restart_locked(self):
+        self.kc.stop_channels()
+        self.km.restart_kernel(now=True)
+        self.kc = self.km.blocking_client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self._warm()
 
     def shutdown(self):
         self.kc.stop_channels()
@@ -94,7 +97,12 @@ class Context:
 
     def _drain(self, msg_id, emit):
         while True:
-            msg = self.kc.get_iopub_msg(timeout=None)
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                if not self.km.is_alive():
+                    raise KernelDied()
+                continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
@@ -129,6 +137,18 @@ class Context:
 
             try:
                 self._drain(msg_id, out)
+            except KernelDied:
+                # The code ended the kernel (os._exit, a crash): say so,
+                # and give the context a fresh kernel for the next run.
+                out_err = {"type": "error", "name": "KernelDied", "traceback": "",
+                           "value": "the kernel exited while running this code; it was restarted and its state is lost"}
+                if not gone:
+                    try:
+                        emit(out_err)
+                    except OSError:
+                        gone = True
+                self._restart_locked()
+                env_vars = None
             finally:
                 if env_vars:
                     self._run_silent(
@@ -323,9 +343,23 @@ class BadRequest(Exception):
     pass
 
 
+class KernelDied(Exception):
+    pass
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away (the SDK's timeout, a health probe's
+        # limit) is not an error worth a traceback.
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def main():
-    srv = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
-    srv.daemon_threads = True
+    srv = Server(("0.0.0.0", PORT), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     # The default context's kernel starts before /health says ready: the
     # first execution then pays no kernel start.
