@@ -157,6 +157,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		ID: id, Digest: meta.Digest, Source: img.Source, ImagePath: out, SizeBytes: meta.SizeBytes,
 		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir,
 		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest, Runtime: req.Runtime,
+		StartCmd: meta.StartCmd, ReadyCmd: meta.ReadyCmd,
 	}
 	if req.Artifact != "" {
 		t.Source = "cubemaster:" + req.Artifact // the pull's scratch layout is gone

@@ -137,17 +137,23 @@ func cloneMap(m map[string]string) map[string]string {
 
 // Template is an imported image, ready to clone disks from.
 type Template struct {
-	ID         string    `json:"id"`
-	Digest     string    `json:"digest"`
-	Source     string    `json:"source"`
-	ImagePath  string    `json:"image_path"`
-	SizeBytes  int64     `json:"size_bytes"`
-	Entrypoint []string  `json:"entrypoint,omitempty"`
-	Cmd        []string  `json:"cmd,omitempty"`
-	Env        []string  `json:"env,omitempty"`
-	WorkingDir string    `json:"working_dir,omitempty"`
-	User       string    `json:"user,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
+	ID         string   `json:"id"`
+	Digest     string   `json:"digest"`
+	Source     string   `json:"source"`
+	ImagePath  string   `json:"image_path"`
+	SizeBytes  int64    `json:"size_bytes"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	// StartCmd is a service started (sh -c, as the sandbox's default user)
+	// in every sandbox booted from this template; ReadyCmd exits 0 once it
+	// serves, and the create waits for that. From the image's labels
+	// (template.LabelStartCmd, LabelReadyCmd).
+	StartCmd  string    `json:"start_cmd,omitempty"`
+	ReadyCmd  string    `json:"ready_cmd,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// AgentDigest is the sha256 of the cube-agent injected into the
 	// image: a later import of the same Digest reuses this image only
 	// while the node's agent is the same.
