@@ -69,3 +69,9 @@ type MACReporter interface {
 type Prober interface {
 	Probe(ctx context.Context) error
 }
+
+// LimitUpdater changes a running sandbox's CPU, memory and PID limits
+// (a warm pool's entry taking the limits of the create that claims it).
+type LimitUpdater interface {
+	UpdateLimits(ctx context.Context, id string, l Limits) error
+}
