@@ -437,6 +437,16 @@ func (s *Service) destroyPoolEntry(ctx context.Context, id string) error {
 	if err != nil {
 		return nil // gone already
 	}
+	// Another destroy of it (a drain and the refiller's reap) may have
+	// had it first: the entry is then no longer the map's.
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	cur, _ := s.find(id)
+	e.release()
+	if cur != e {
+		return nil
+	}
 	_, err = s.deleteEntry(ctx, e, id)
 	return err
 }

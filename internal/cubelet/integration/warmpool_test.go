@@ -1,0 +1,291 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+const poolTOML = `
+[warm_pool]
+max = 3
+refill_interval = "0s"
+[warm_pool.templates]
+busybox = 2
+`
+
+// waitPool waits until template id's pool holds want ready entries.
+func waitPool(t *testing.T, svc *cubelet.Service, id string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for svc.PoolReady(id) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool of %s: %d ready, want %d (%+v)", id, svc.PoolReady(id), want, svc.Pools())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// poolContainers lists the runc containers of pool entries on the node
+// (their run directories).
+func poolContainers(t *testing.T, env *cubelettest.Env) []string {
+	t.Helper()
+	ents, _ := os.ReadDir(filepath.Join(env.Config.Node.RunDir, "sandboxes"))
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "pool-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// cgroupValue reads a file of the sandbox's cgroup in whichever hierarchy
+// has it.
+func cgroupValue(t *testing.T, sb *sandbox.Record, names ...string) string {
+	t.Helper()
+	dirs, err := cgroups.Dirs(sb.Container.CgroupPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		for _, n := range names {
+			if b, err := os.ReadFile(filepath.Join(d, n)); err == nil {
+				return strings.TrimSpace(string(b))
+			}
+		}
+	}
+	t.Fatalf("no %v under %v", names, dirs)
+	return ""
+}
+
+// TestWarmPool: a sandbox claimed from a warm pool is indistinguishable
+// from a cold one to whoever uses it (hostname, env through the agent,
+// files, limits, access token, network policy), the pool refills, its
+// entries are hidden from every listing and count, and none is left after
+// the template's delete. The control is a cold create of the same image
+// under a template without a pool, in the same run.
+func TestWarmPool(t *testing.T) {
+	env := cubelettest.New(t, poolTOML)
+	_ = env.StartNetworkAgent(t, nettest.Options{PoolSize: 8})
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	env.ImportBusybox(t, svc, "cold") // no pool: the control
+	ctx := context.Background()
+	w := nettest.NewWorld(t)
+	waitPool(t, svc, "busybox", 2)
+
+	// Hidden: no listing, count or lookup shows an entry.
+	if l, _ := svc.List(ctx, cubelet.ListFilter{}); len(l) != 0 {
+		t.Fatalf("pool entries listed: %+v", l)
+	}
+	if info, _ := svc.Info(ctx); len(info.SandboxesByState) != 0 {
+		t.Fatalf("pool entries counted: %+v", info.SandboxesByState)
+	}
+	entries := poolContainers(t, env)
+	if len(entries) != 2 {
+		t.Fatalf("pool run directories: %v", entries)
+	}
+	if _, err := svc.Get(ctx, entries[0]); !errdefs.IsNotFound(err) {
+		t.Fatalf("get of a pool entry: %v", err)
+	}
+	if _, err := svc.Delete(ctx, entries[0]); !errdefs.IsNotFound(err) {
+		t.Fatalf("delete of a pool entry: %v", err)
+	}
+	if rep := svc.NodeReport(ctx); len(rep.SandboxesByState) != 0 {
+		t.Fatalf("node report counts pool entries: %+v", rep.SandboxesByState)
+	} else {
+		for _, tr := range rep.Templates {
+			if tr.Id == "busybox" && tr.Pool != 2 {
+				t.Fatalf("node report: busybox pool %d, want 2", tr.Pool)
+			}
+		}
+	}
+
+	no := false
+	req := func(tmpl, id, token string) cubelet.CreateRequest {
+		return cubelet.CreateRequest{
+			SandboxID: id, TemplateID: tmpl, Labels: map[string]string{"team": "a"},
+			Env:         map[string]string{"FOO": "bar"},
+			Resources:   sandbox.Resources{MilliCPU: 500, MemoryMiB: 96, Pids: 77},
+			Network:     netPolicy(t, policy.Spec{AllowInternet: &no, Allow: []string{cidr(w.Addrs[0])}}),
+			AccessToken: token,
+		}
+	}
+	warmRes, err := svc.Create(ctx, req("busybox", "pooled-one", "tok-pooled"))
+	if err != nil {
+		t.Fatalf("pooled create: %v", err)
+	}
+	coldRes, err := svc.Create(ctx, req("cold", "cold-one", "tok-cold"))
+	if err != nil {
+		t.Fatalf("cold create: %v", err)
+	}
+	cleanupDelete(t, svc, "pooled-one")
+	cleanupDelete(t, svc, "cold-one")
+	if !warmRes.Pooled || coldRes.Pooled {
+		t.Fatalf("pooled: warm %v cold %v", warmRes.Pooled, coldRes.Pooled)
+	}
+	t.Logf("pooled create timings: %+v", warmRes.Timings)
+	t.Logf("cold create timings: %+v", coldRes.Timings)
+
+	for _, sb := range []*sandbox.Record{warmRes.Sandbox, coldRes.Sandbox} {
+		t.Run(sb.ID, func(t *testing.T) {
+			// Identity and env as the agent's processes see them.
+			out := shInTok(t, sb, sb.AccessToken, "hostname; echo FOO=$FOO; echo ID=$CUBE_SANDBOX_ID; echo T=$CUBE_TEMPLATE_ID; ls /; id -u")
+			want := "" + sb.ID + "\nFOO=bar\nID=" + sb.ID + "\nT=" + sb.TemplateID + "\n"
+			if !strings.HasPrefix(out, want) {
+				t.Fatalf("identity: %q, want prefix %q", out, want)
+			}
+			t.Logf("%s: %q", sb.ID, out)
+			// Limits.
+			if v := cgroupValue(t, sb, "pids.max"); v != "77" {
+				t.Fatalf("pids.max %q, want 77", v)
+			}
+			if v := cgroupValue(t, sb, "memory.limit_in_bytes", "memory.max"); v != "100663296" {
+				t.Fatalf("memory limit %q, want 96 MiB", v)
+			}
+			if v := cgroupValue(t, sb, "cpu.cfs_quota_us", "cpu.max"); !regexp.MustCompile(`^50000( 100000)?$`).MatchString(v) {
+				t.Fatalf("cpu quota %q, want 50000 per 100000", v)
+			}
+			// Token: refused without it (and with the other sandbox's), served with it.
+			wantRefused(t, svc, sb.ID, "", "tok-"+map[bool]string{true: "cold", false: "pooled"}[sb.ID == "pooled-one"])
+			wantServed(t, svc, sb.ID, sb.AccessToken)
+			// Network policy.
+			p := sbProbe{t: t, pid: sb.Container.PID, port: w.Port}
+			p.ok(w.Addrs[0])
+			p.blocked(w.Addrs[1])
+		})
+	}
+	if warmRes.Sandbox.HostKey() == warmRes.Sandbox.ID || coldRes.Sandbox.HostKey() != coldRes.Sandbox.ID {
+		t.Fatalf("host keys: pooled %q cold %q", warmRes.Sandbox.HostKey(), coldRes.Sandbox.HostKey())
+	}
+
+	// Refill: the claimed entry is replaced.
+	waitPool(t, svc, "busybox", 2)
+	if st := svc.Pools(); len(st) == 0 || st[0].Hits != 1 || st[0].Refills < 3 {
+		t.Fatalf("pool stats after one claim: %+v", st)
+	}
+
+	// The claimed sandbox pauses, resumes and deletes like any other, and
+	// releases what the entry held.
+	if _, err := svc.Pause(ctx, "pooled-one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Resume(ctx, "pooled-one"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"pooled-one", "cold-one"} {
+		if _, err := svc.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(env.Config.Node.RunDir, "sandboxes", warmRes.Sandbox.HostKey())); !os.IsNotExist(err) {
+		t.Fatalf("run directory of the claimed entry after delete: %v", err)
+	}
+
+	// Template delete drains its pool: nothing left on the node.
+	if err := svc.DeleteTemplate(ctx, "busybox"); err != nil {
+		t.Fatalf("delete template: %v", err)
+	}
+	if left := poolContainers(t, env); len(left) != 0 {
+		t.Fatalf("pool entries after template delete: %v", left)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// shInTok is shIn with an access token.
+func shInTok(t *testing.T, sb *sandbox.Record, token, script string) string {
+	t.Helper()
+	out, code := shInWith(t, sb, tokenClient(token), script)
+	if code != 0 {
+		t.Fatalf("%q exited %d: %s", script, code, out)
+	}
+	return out
+}
+
+// waitFrozenEntries waits until n pool entries exist and are frozen (their
+// records say Paused a moment later: the daemon is then given another
+// half second).
+func waitFrozenEntries(t *testing.T, env *cubelettest.Env, n int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ids := poolContainers(t, env)
+		frozen := 0
+		for _, id := range ids {
+			if freezerState(t, env, id) == "FROZEN" {
+				frozen++
+			}
+		}
+		if frozen == n && len(ids) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool entries %v: %d frozen, want %d", ids, frozen, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+}
+
+// TestWarmPoolRestart: entries a killed cubelet left are adopted by the
+// next one (no refill needed), entries no longer configured are
+// destroyed, and Close leaves none behind.
+func TestWarmPoolRestart(t *testing.T) {
+	env := cubelettest.New(t, poolTOML)
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, env, env.WriteConfig(t, poolTOML), "")
+	waitFrozenEntries(t, env, 2)
+	before := poolContainers(t, env)
+	d.kill()
+
+	svc = env.Start(t)
+	waitPool(t, svc, "busybox", 2)
+	if st := svc.Pools(); st[0].Refills != 0 {
+		t.Fatalf("restart refilled instead of adopting: %+v (entries before %v, now %v)", st, before, poolContainers(t, env))
+	}
+	res, err := svc.Create(context.Background(), cubelet.CreateRequest{TemplateID: "busybox", SandboxID: "after-restart"})
+	if err != nil || !res.Pooled {
+		t.Fatalf("create after restart: pooled %v, %v", res != nil && res.Pooled, err)
+	}
+	if _, err := svc.Delete(context.Background(), "after-restart"); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := poolContainers(t, env); len(left) != 0 {
+		t.Fatalf("pool entries after Close: %v", left)
+	}
+	env.AssertNoLeaks(t)
+
+	// A restart with the pool off destroys what it finds.
+	env.Config.WarmPool.Templates = nil
+	d = startDaemon(t, env, env.WriteConfig(t, poolTOML), "")
+	waitFrozenEntries(t, env, 2)
+	d.kill()
+	svc = env.Start(t)
+	for deadline := time.Now().Add(30 * time.Second); len(poolContainers(t, env)) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("entries of a pool no longer configured: %v", poolContainers(t, env))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	env.AssertNoLeaks(t)
+}
