@@ -52,6 +52,7 @@ type Env struct {
 	memo   map[string][]batch
 
 	warmT warmTemplate   // the run's warmed template (warm.go)
+	poolT poolTemplate   // the run's warm pool template (pool.go)
 	net   *node.NetAgent // network-agent of a private gvisor/vm node
 
 	profiler *profiler // set by the runner while a scenario runs
@@ -81,6 +82,7 @@ func (e *Env) Close(ctx context.Context) error {
 	errs = append(errs, e.clus.close())
 	if e.Client != nil {
 		errs = append(errs, e.warmT.close(ctx, e.Client))
+		errs = append(errs, e.poolT.close(ctx, e.Client))
 	}
 	if e.pod != nil {
 		errs = append(errs, e.pod.Close(ctx))
