@@ -4,19 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"maps"
-	"os"
-	goruntime "runtime"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
-	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -548,7 +542,7 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		timings = append(timings, tm)
 		return err
 	}
-	if err := s.applyClaim(ctx, t, prev, step); err != nil {
+	if err := s.node.ApplyClaim(ctx, t, prev, step); err != nil {
 		log.Warn("warm pool: claim failed; destroying the entry and creating cold", "err", err)
 		s.undoClaim(ctx, t, log, err)
 		return nil, false, nil
@@ -558,64 +552,6 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	}
 	log.Info("sandbox created from warm pool", "duration", time.Since(begin))
 	return &Result{Sandbox: t.Record(), Timings: timings, Pooled: true}, true, nil
-}
-
-// applyClaim turns the frozen entry into the sandbox t records: limits,
-// hostname and network policy while it is still frozen, then thaw and the
-// agent's reinit.
-func (s *Service) applyClaim(ctx context.Context, t *actions.Task, prev *sandbox.Record, step func(string, func() error) error) error {
-	rec := t.Record()
-	d, err := s.node.Driver(rec.Runtime)
-	if err != nil {
-		return err
-	}
-	cid := rec.Container.ID
-	if rec.Resources != prev.Resources {
-		u, ok := d.(runtime.LimitUpdater)
-		if !ok {
-			return fmt.Errorf("runtime %s cannot change limits: %w", rec.Runtime, errdefs.ErrFailedPrecondition)
-		}
-		l := runtime.Limits{MilliCPU: rec.Resources.MilliCPU, MemoryMiB: rec.Resources.MemoryMiB, Pids: rec.Resources.Pids}
-		if err := step("limits", func() error { return u.UpdateLimits(ctx, cid, l) }); err != nil {
-			return err
-		}
-	}
-	if err := step("hostname", func() error { return setHostname(rec.Container.PID, rec.ID) }); err != nil {
-		return err
-	}
-	if rec.NetworkPolicy != nil && rec.Network != nil {
-		if err := step("net", func() error { return s.node.Net.UpdatePolicy(ctx, rec.HostKey(), rec.NetworkPolicy) }); err != nil {
-			return err
-		}
-	}
-	if err := step("thaw", func() error {
-		return actions.Settle(ctx, d, cid, runtime.StatusRunning, d.Resume(ctx, cid))
-	}); err != nil {
-		return err
-	}
-	return step("agent", func() error {
-		env := claimEnv(rec, t.Template)
-		return agentclient.Reinit(ctx, d, rec, prev.AccessToken, rec.ID, env, false)
-	})
-}
-
-// claimEnv is what a cold create's container would have in its spec: the
-// template's, the create's, and the sandbox's own identity.
-func claimEnv(rec *sandbox.Record, tmpl *sandbox.Template) []string {
-	env := append([]string(nil), tmpl.Env...)
-	for _, k := range sortedKeys(rec.Env) {
-		env = append(env, k+"="+rec.Env[k])
-	}
-	return append(env, "CUBE_SANDBOX_ID="+rec.ID, "CUBE_TEMPLATE_ID="+rec.TemplateID)
-}
-
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range maps.Keys(m) {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
 
 // undoClaim destroys a claimed entry whose claim failed, like a failed
@@ -635,29 +571,6 @@ func (s *Service) undoClaim(ctx context.Context, t *actions.Task, log interface 
 		return
 	}
 	s.forget(t.Record().ID)
-}
-
-// setHostname sets the hostname of the UTS namespace process pid is in,
-// from a thread that joins it and then exits with it (a thread never
-// goes back to the pool in another namespace). cubelet, root in the
-// initial user namespace, may: the sandbox's own root may not
-// (CAP_SYS_ADMIN is outside its capability set).
-func setHostname(pid int, name string) error {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
-	if err != nil {
-		return fmt.Errorf("hostname: %w", err)
-	}
-	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
-			errc <- fmt.Errorf("hostname: join UTS namespace of %d: %w", pid, err)
-			return
-		}
-		errc <- unix.Sethostname([]byte(name))
-	}()
-	return <-errc
 }
 
 // Pools reports every template's pool.

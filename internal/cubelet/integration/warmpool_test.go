@@ -98,6 +98,12 @@ func TestWarmPool(t *testing.T) {
 	if len(entries) != 2 {
 		t.Fatalf("pool run directories: %v", entries)
 	}
+	for _, id := range entries {
+		// What an unclaimed entry costs: its cgroup's memory (page cache
+		// included), compared below with a paused cold sandbox's.
+		used, _ := cgroups.MemoryUsage("/" + env.Config.Node.CgroupParent + "/" + id)
+		t.Logf("pool entry %s (frozen): cgroup memory %.1f MiB", id, float64(used)/(1<<20))
+	}
 	if _, err := svc.Get(ctx, entries[0]); !errdefs.IsNotFound(err) {
 		t.Fatalf("get of a pool entry: %v", err)
 	}
@@ -138,6 +144,14 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("pooled: warm %v cold %v", warmRes.Pooled, coldRes.Pooled)
 	}
 	t.Logf("pooled create timings: %+v", warmRes.Timings)
+	if _, err := svc.Pause(ctx, "cold-one"); err != nil {
+		t.Fatal(err)
+	}
+	used, _ := cgroups.MemoryUsage(coldRes.Sandbox.Container.CgroupPath)
+	t.Logf("cold sandbox, paused: cgroup memory %.1f MiB", float64(used)/(1<<20))
+	if _, err := svc.Resume(ctx, "cold-one"); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("cold create timings: %+v", coldRes.Timings)
 
 	for _, sb := range []*sandbox.Record{warmRes.Sandbox, coldRes.Sandbox} {
