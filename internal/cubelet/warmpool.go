@@ -427,8 +427,10 @@ func (s *Service) undrainPool(id string) {
 
 // destroyPoolEntry destroys one entry like Delete destroys a sandbox.
 func (s *Service) destroyPoolEntry(ctx context.Context, id string) error {
-	e, err := s.find(id)
-	if err != nil {
+	s.mu.Lock()
+	e := s.boxes[id]
+	s.mu.Unlock()
+	if e == nil {
 		return nil // gone already
 	}
 	// Another destroy of it (a drain and the refiller's reap) may have
@@ -436,12 +438,14 @@ func (s *Service) destroyPoolEntry(ctx context.Context, id string) error {
 	if err := e.acquire(ctx); err != nil {
 		return err
 	}
-	cur, _ := s.find(id)
+	s.mu.Lock()
+	cur := s.boxes[id]
+	s.mu.Unlock()
 	e.release()
 	if cur != e {
 		return nil
 	}
-	_, err = s.deleteEntry(ctx, e, id)
+	_, err := s.deleteEntry(ctx, e, id)
 	return err
 }
 
@@ -487,7 +491,8 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	prev := old.rec.Load()
 	if prev.State != lifecycle.Paused || prev.Container == nil || prev.Runtime != req.Runtime {
 		old.release()
-		go func() { _ = s.destroyPoolEntry(context.Background(), poolID) }()
+		// Not the create's to wait for: the service's lifetime bounds it.
+		go func() { _ = s.destroyPoolEntry(s.life, poolID) }()
 		return nil, false, nil
 	}
 	rec := &sandbox.Record{

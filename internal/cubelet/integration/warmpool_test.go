@@ -294,7 +294,7 @@ func TestWarmPoolRestart(t *testing.T) {
 	d = startDaemon(t, env, env.WriteConfig(t, poolTOML), "")
 	waitFrozenEntries(t, env, 2)
 	d.kill()
-	svc = env.Start(t)
+	_ = env.Start(t)
 	for deadline := time.Now().Add(30 * time.Second); len(poolContainers(t, env)) != 0; {
 		if time.Now().After(deadline) {
 			t.Fatalf("entries of a pool no longer configured: %v", poolContainers(t, env))
