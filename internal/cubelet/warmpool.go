@@ -328,6 +328,16 @@ func (p *warmPool) reap(ctx context.Context) {
 	ready := map[string]bool{}
 	var excess []string
 	for tmpl, q := range p.ready {
+		// An entry that died while frozen (the runtime watch marked it
+		// failed) is no longer ready.
+		live := q[:0:0]
+		for _, id := range q {
+			if e, err := s.find(id); err == nil && e.rec.Load().State == lifecycle.Paused {
+				live = append(live, id)
+			}
+		}
+		q = live
+		p.ready[tmpl] = q
 		keep := p.target(tmpl, now)
 		if p.blocked[tmpl] {
 			keep = 0
