@@ -467,7 +467,19 @@ func (s *Service) poolClaimable(req *CreateRequest, tmpl *sandbox.Template) bool
 	if p == nil || req.cold || len(req.HostMounts) > 0 || req.Resources.DiskMiB != 0 {
 		return false
 	}
-	return req.Runtime == p.runtimeOf(tmpl) && p.poolRuntime(tmpl)
+	if req.Runtime != p.runtimeOf(tmpl) || !p.poolRuntime(tmpl) {
+		return false
+	}
+	// Entries run with the default limits: other limits need a runtime
+	// that can change them on a running sandbox.
+	c := s.cfg.Sandbox
+	if r := req.Resources; r.MilliCPU != c.DefaultMilliCPU || r.MemoryMiB != c.DefaultMemoryMiB || r.Pids != c.DefaultPids {
+		d, err := s.node.Driver(req.Runtime)
+		if _, ok := d.(runtime.LimitUpdater); err != nil || !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // claimPooled serves a create from a pool entry. served is false when the

@@ -3,11 +3,6 @@ package actions
 import (
 	"context"
 	"fmt"
-	"os"
-	goruntime "runtime"
-	"strconv"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -38,8 +33,10 @@ func (n *Node) ApplyClaim(ctx context.Context, t *Task, prev *sandbox.Record, st
 			return err
 		}
 	}
-	if err := step("hostname", func() error { return setHostname(rec.Container.PID, rec.ID) }); err != nil {
-		return err
+	if h, ok := d.(runtime.HostnameSetter); ok {
+		if err := step("hostname", func() error { return h.SetHostname(ctx, cid, rec.Container.PID, rec.ID) }); err != nil {
+			return err
+		}
 	}
 	if rec.NetworkPolicy != nil && rec.Network != nil {
 		if err := step("net", func() error { return n.Net.UpdatePolicy(ctx, rec.HostKey(), rec.NetworkPolicy) }); err != nil {
@@ -53,32 +50,10 @@ func (n *Node) ApplyClaim(ctx context.Context, t *Task, prev *sandbox.Record, st
 	}
 	return step("agent", func() error {
 		// The env a cold create's spec would carry (CUBE_SANDBOX_ID
-		// included); the agent adds it to what its processes get.
+		// included); the agent adds it to what its processes get. The
+		// hostname too, which the agent sets where the runtime lets it
+		// (gVisor) and a HostnameSetter has set already.
 		spec := specOf(rec, rec.Container, t.Template)
 		return agentclient.Reinit(ctx, d, rec, prev.AccessToken, rec.ID, spec.Env, false)
 	})
-}
-
-// setHostname sets the hostname of the UTS namespace process pid is in,
-// from a thread that joins it and then exits with its goroutine (a thread
-// never goes back to the scheduler in another namespace). cubelet, root
-// in the initial user namespace, may; the sandbox's own root may not
-// (CAP_SYS_ADMIN is outside its capability set), so the agent's reinit
-// cannot do it for a runc sandbox.
-func setHostname(pid int, name string) error {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/uts")
-	if err != nil {
-		return fmt.Errorf("hostname: %w", err)
-	}
-	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
-			errc <- fmt.Errorf("hostname: join UTS namespace of %d: %w", pid, err)
-			return
-		}
-		errc <- unix.Sethostname([]byte(name))
-	}()
-	return <-errc
 }

@@ -27,10 +27,9 @@ type WarmPoolConfig struct {
 }
 
 // PoolRuntimes are the runtimes a warm pool can serve: a claim renames the
-// sandbox in place (hostname through its UTS namespace, the agent's
-// identity through reinit), which needs the container's namespaces on the
-// host.
-var PoolRuntimes = []string{"runc"}
+// frozen sandbox in place (hostname, the agent's identity through its
+// reinit), which a VM's guest cannot be given yet.
+var PoolRuntimes = []string{"runc", "gvisor"}
 
 // SizeFor is the configured pool size of template id.
 func (w WarmPoolConfig) SizeFor(id string) int {

@@ -303,3 +303,57 @@ func TestWarmPoolRestart(t *testing.T) {
 	}
 	env.AssertNoLeaks(t)
 }
+
+// TestWarmPoolGvisor: a gVisor template's pool. The claimed sandbox gets
+// its hostname from the agent's reinit (gVisor's kernel lets the agent
+// set it), its env and token like a cold gVisor sandbox of the same run
+// (the control), and the pool drains with the template.
+func TestWarmPoolGvisor(t *testing.T) {
+	cubelettest.RequireRoot(t)
+	requireRunsc(t)
+	env := cubelettest.New(t, "[gvisor]\ncheckpoint = false\n"+strings.ReplaceAll(poolTOML, "busybox = 2", "gv = 1"))
+	_ = env.StartNetworkAgent(t, nettest.Options{PoolSize: 4})
+	svc := env.Start(t)
+	ctx := context.Background()
+	for _, id := range []string{"gv", "gv-cold"} {
+		if _, err := svc.ImportTemplateFrom(ctx, cubelet.TemplateImport{TemplateID: id, Source: env.Image, Runtime: "gvisor"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPool(t, svc, "gv", 1)
+	var recs []*sandbox.Record
+	for _, c := range []struct{ tmpl, id string }{{"gv", "gv-pooled"}, {"gv-cold", "gv-cold-one"}} {
+		res, err := svc.Create(ctx, cubelet.CreateRequest{SandboxID: c.id, TemplateID: c.tmpl,
+			Env: map[string]string{"FOO": "bar"}, AccessToken: "tok-" + c.id})
+		if err != nil {
+			t.Fatalf("create %s: %v", c.id, err)
+		}
+		cleanupDelete(t, svc, c.id)
+		if res.Pooled != (c.tmpl == "gv") || res.Sandbox.Runtime != "gvisor" {
+			t.Fatalf("%s: pooled %v runtime %s", c.id, res.Pooled, res.Sandbox.Runtime)
+		}
+		t.Logf("%s timings: %+v", c.id, res.Timings)
+		recs = append(recs, res.Sandbox)
+	}
+	for i, sb := range recs {
+		out := shInTok(t, sb, sb.AccessToken, "hostname; echo FOO=$FOO; echo ID=$CUBE_SANDBOX_ID")
+		if want := sb.ID + "\nFOO=bar\nID=" + sb.ID + "\n"; out != want {
+			t.Fatalf("%s: %q, want %q", sb.ID, out, want)
+		}
+		wantRefused(t, svc, sb.ID, "", recs[1-i].AccessToken)
+		wantServed(t, svc, sb.ID, sb.AccessToken)
+	}
+	for _, sb := range recs {
+		if _, err := svc.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPool(t, svc, "gv", 1)
+	if err := svc.DeleteTemplate(ctx, "gv"); err != nil {
+		t.Fatal(err)
+	}
+	if left := poolContainers(t, env); len(left) != 0 {
+		t.Fatalf("pool entries after template delete: %v", left)
+	}
+	env.AssertNoLeaks(t)
+}
