@@ -56,6 +56,9 @@ type warmPool struct {
 
 	kick chan struct{}
 	done chan struct{}
+	// lastScan is when reap last looked at every record for stale
+	// entries (a walk of the whole map, so not on every tick).
+	lastScan time.Time
 }
 
 // PoolStats is one template's pool.
@@ -361,9 +364,10 @@ func (p *warmPool) reap(ctx context.Context) {
 			s.log.Warn("warm pool: destroy excess entry", "sandbox_id", id, "err", err)
 		}
 	}
-	if filling > 0 {
-		return // an entry being filled is not ready yet
+	if filling > 0 || now.Sub(p.lastScan) < 2*time.Second {
+		return // an entry being filled is not ready yet; or scanned lately
 	}
+	p.lastScan = now
 	for _, id := range s.poolEntries("") {
 		e, err := s.find(id)
 		if err != nil || ready[id] {

@@ -104,6 +104,9 @@ func TestWarmPool(t *testing.T) {
 		used, _ := cgroups.MemoryUsage("/" + env.Config.Node.CgroupParent + "/" + id)
 		t.Logf("pool entry %s (frozen): cgroup memory %.1f MiB", id, float64(used)/(1<<20))
 	}
+	if got := gaugeValue(t, svc, "cubelet_warm_pool_ready", "busybox"); got != 2 {
+		t.Fatalf("cubelet_warm_pool_ready{template=busybox} = %v, want 2", got)
+	}
 	if _, err := svc.Get(ctx, entries[0]); !errdefs.IsNotFound(err) {
 		t.Fatalf("get of a pool entry: %v", err)
 	}
@@ -217,6 +220,30 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("pool entries after template delete: %v", left)
 	}
 	env.AssertNoLeaks(t)
+}
+
+// gaugeValue reads metric name with label template=tmpl from the
+// service's registry (what /metrics serves).
+func gaugeValue(t *testing.T, svc *cubelet.Service, name, tmpl string) float64 {
+	t.Helper()
+	mfs, err := svc.Metrics().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "template" && l.GetValue() == tmpl {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{template=%q}", name, tmpl)
+	return 0
 }
 
 // shInTok is shIn with an access token.
