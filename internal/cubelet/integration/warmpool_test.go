@@ -3,13 +3,17 @@ package integration
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/nettest"
@@ -383,4 +387,75 @@ func TestWarmPoolGvisor(t *testing.T) {
 		t.Fatalf("pool entries after template delete: %v", left)
 	}
 	env.AssertNoLeaks(t)
+}
+
+// TestWarmPoolDeadEntry: entries whose container was killed while frozen
+// never serve a create: the create still succeeds (cold, or from an entry
+// refilled meanwhile), nothing of the dead entries is left, and the pool
+// refills. Control: the same create before the kill is served from the
+// pool.
+func TestWarmPoolDeadEntry(t *testing.T) {
+	env := cubelettest.New(t, poolTOML)
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	ctx := context.Background()
+	waitPool(t, svc, "busybox", 2)
+	res, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", SandboxID: "control"})
+	if err != nil || !res.Pooled {
+		t.Fatalf("control create: pooled %v, %v", res != nil && res.Pooled, err)
+	}
+	if _, err := svc.Delete(ctx, "control"); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, svc, "busybox", 2)
+	killed := poolContainers(t, env)
+	for _, id := range killed {
+		b, err := os.ReadFile(filepath.Join(env.Config.Node.RunDir, "sandboxes", id, "bundle", "init.pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill entry %s (pid %d): %v", id, pid, err)
+		}
+	}
+	t.Logf("killed frozen entries %v", killed)
+	res, err = svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", SandboxID: "after-kill"})
+	if err != nil {
+		t.Fatalf("create after the entries died: %v", err)
+	}
+	t.Logf("create after the kill: pooled %v, timings %+v", res.Pooled, res.Timings)
+	for _, id := range killed {
+		if res.Sandbox.HostKey() == id {
+			t.Fatalf("create after the kill was served by dead entry %s", id)
+		}
+	}
+	if err := agentclient.WaitAgent(ctx, res.Sandbox.Container.PID); err != nil {
+		t.Fatalf("agent of the create after the kill: %v", err)
+	}
+	out, err := exec.Command("nsenter", "-t", strconv.Itoa(res.Sandbox.Container.PID), "-u", "hostname").Output()
+	if err != nil || string(out) != "after-kill\n" {
+		t.Fatalf("hostname %q, %v", out, err)
+	}
+	if _, err := svc.Delete(ctx, "after-kill"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left := map[string]bool{}
+		for _, id := range poolContainers(t, env) {
+			left[id] = true
+		}
+		gone := true
+		for _, id := range killed {
+			gone = gone && !left[id]
+		}
+		if gone && svc.PoolReady("busybox") == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead entries %v still there (now %v), pool %+v", killed, left, svc.Pools())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
