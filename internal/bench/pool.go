@@ -19,15 +19,19 @@ import (
 // back-to-back samples find an entry while the refiller replaces the last.
 const poolSize = 2
 
-// PoolTemplate is the template a private node keeps a warm pool for.
-func PoolTemplate(tmpl string) string { return tmpl + "-pool" }
+// PoolTemplate is the template a private node keeps a warm pool of
+// poolSize for; BurstPoolTemplate the one it keeps a pool of
+// --concurrency for (create-pool-c50).
+func PoolTemplate(tmpl string) string      { return tmpl + "-pool" }
+func BurstPoolTemplate(tmpl string) string { return tmpl + "-pool-burst" }
 
 // poolTOML is the private node's warm pool config.
 func poolTOML(o report.Options) string {
-	return fmt.Sprintf("\n[warm_pool]\nrefill_interval = \"0s\"\n[warm_pool.templates]\n%q = %d\n", PoolTemplate(o.Template), poolSize)
+	return fmt.Sprintf("\n[warm_pool]\nrefill_interval = \"0s\"\nmax = %d\n[warm_pool.templates]\n%q = %d\n%q = %d\n",
+		max(o.Concurrency, poolSize), PoolTemplate(o.Template), poolSize, BurstPoolTemplate(o.Template), o.Concurrency)
 }
 
-// poolTemplate is the run's pool template, imported once.
+// poolTemplate is one of the run's pool templates, imported once.
 type poolTemplate struct {
 	once sync.Once
 	id   string
@@ -35,14 +39,16 @@ type poolTemplate struct {
 }
 
 func (e *Env) poolTmpl(ctx context.Context) (string, error) {
-	p := &e.poolT
+	return e.importPoolTemplate(ctx, &e.poolT, PoolTemplate(e.Opts.Template), poolSize)
+}
+
+func (e *Env) importPoolTemplate(ctx context.Context, p *poolTemplate, id string, size int) (string, error) {
 	p.once.Do(func() {
 		if e.node == nil || e.Opts.ImageLayout == "" {
 			p.err = skipf("create-pool needs a private node (its config keeps the pool)")
 			return
 		}
-		id := PoolTemplate(e.Opts.Template)
-		e.Progress.Note("importing template %s (warm pool of %d)", id, poolSize)
+		e.Progress.Note("importing template %s (warm pool of %d)", id, size)
 		if err := importTemplate(ctx, e.Client, id, e.Opts.ImageLayout); err != nil {
 			p.err = err
 			return
@@ -63,19 +69,19 @@ func (p *poolTemplate) close(ctx context.Context, c pb.CubeletServiceClient) err
 	return nil
 }
 
-// waitPool waits (untimed) until template id has a ready pool entry.
-func (e *Env) waitPool(ctx context.Context, id string) error {
-	deadline := time.Now().Add(time.Minute)
+// waitPool waits (untimed) until template id has n ready pool entries.
+func (e *Env) waitPool(ctx context.Context, id string, n int) error {
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		r, err := e.Client.GetTemplate(ctx, &pb.GetTemplateRequest{TemplateId: id})
 		if err != nil {
 			return err
 		}
-		if r.Template.PoolReady > 0 {
+		if int(r.Template.PoolReady) >= n {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("template %s: no warm pool entry after a minute", id)
+			return fmt.Errorf("template %s: fewer than %d warm pool entries after 5 minutes", id, n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -100,6 +106,70 @@ func init() {
 		Probe:     poolRuntime,
 		Run:       runCreatePool,
 	})
+	Register(Scenario{
+		Name: "create-pool-c50", Kind: report.KindCube,
+		Help:      "bursts of --concurrency creates at once, each burst served from a warm pool of --concurrency (refilled, untimed, between bursts)",
+		Baselines: []string{"runc-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N50, Concurrency: o.Concurrency} },
+		Probe:     poolRuntime,
+		Run:       runCreatePoolBurst,
+	})
+}
+
+// createPooled times one create of template id and deletes it
+// (untimed); a create the pool did not serve is a failure.
+func (e *Env) createPooled(ctx context.Context, id string, at *report.ActionTimes, mu *sync.Mutex, made *[]string) (time.Duration, error) {
+	start := time.Now()
+	resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+		TemplateId: id, Runtime: e.Opts.Runtime, Labels: map[string]string{LabelKey: e.RunID},
+	})
+	dur := time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("create: %w", err)
+	}
+	mu.Lock()
+	*made = append(*made, resp.Sandbox.Id)
+	mu.Unlock()
+	if !resp.Pooled {
+		return 0, fmt.Errorf("create of %s was not served from the warm pool", resp.Sandbox.Id)
+	}
+	mu.Lock()
+	addTimings(at, resp.Timings)
+	mu.Unlock()
+	return dur, nil
+}
+
+func runCreatePoolBurst(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	id, err := e.importPoolTemplate(ctx, &e.poolBurstT, BurstPoolTemplate(e.Opts.Template), e.Opts.Concurrency)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		at  report.ActionTimes
+		mu  sync.Mutex
+		all driveResult
+	)
+	e.Progress.Start("create-pool-c50", p.N)
+	for _, n := range rounds(p.N, p.Concurrency) {
+		if err := e.waitPool(ctx, id, n); err != nil {
+			return nil, err
+		}
+		var made []string
+		d := drive(ctx, e.Progress, n, n, func(ctx context.Context, _ int) (time.Duration, error) {
+			return e.createPooled(ctx, id, &at, &mu, &made)
+		})
+		all.merge(d)
+		if err := e.deleteAll(ctx, "", made, 8); err != nil {
+			return nil, err
+		}
+	}
+	e.Progress.Finish()
+	r, err := all.result("create-pool-c50", report.KindCube, p)
+	if r != nil {
+		r.Acts = &at
+		r.Notes = append(r.Notes, fmt.Sprintf("bursts of %d creates at once, each from a full pool of %d (refill between bursts untimed)", p.Concurrency, e.Opts.Concurrency))
+	}
+	return r, err
 }
 
 func runCreatePool(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
@@ -109,24 +179,14 @@ func runCreatePool(ctx context.Context, e *Env, p report.Params) (*report.Result
 	}
 	var at report.ActionTimes
 	e.Progress.Start("create-pool", p.N)
+	var mu sync.Mutex
 	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
-		if err := e.waitPool(ctx, id); err != nil {
+		if err := e.waitPool(ctx, id, 1); err != nil {
 			return 0, err
 		}
-		start := time.Now()
-		resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
-			TemplateId: id, Runtime: e.Opts.Runtime, Labels: map[string]string{LabelKey: e.RunID},
-		})
-		dur := time.Since(start)
-		if err != nil {
-			return 0, fmt.Errorf("create: %w", err)
-		}
-		derr := e.deleteAll(ctx, "", []string{resp.Sandbox.Id}, 1)
-		if !resp.Pooled {
-			return 0, errors.Join(fmt.Errorf("create of %s was not served from the warm pool", resp.Sandbox.Id), derr)
-		}
-		addTimings(&at, resp.Timings)
-		return dur, derr
+		var made []string
+		dur, err := e.createPooled(ctx, id, &at, &mu, &made)
+		return dur, errors.Join(err, e.deleteAll(ctx, "", made, 1))
 	})
 	e.Progress.Finish()
 	r, err := d.result("create-pool", report.KindCube, p)
