@@ -75,6 +75,8 @@ type Service struct {
 	// healthDone closes when its probe loop has stopped.
 	health     *health.Tracker
 	healthDone chan struct{}
+	// pool is the warm pools (warmpool.go); nil when none is configured.
+	pool *warmPool
 }
 
 // New opens the store, runs the init flow, reconciles the store with what
@@ -162,6 +164,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		return nil, fmt.Errorf("storage: %w", err)
 	}
 	s.armAll()
+	if cfg.WarmPool.On() || len(s.poolEntries("")) > 0 {
+		s.startPool(life)
+	}
 	s.probe(ctx)
 	go s.gcLoop(life)
 	go s.healthLoop(life)
@@ -195,6 +200,7 @@ func (s *Service) Close() error {
 		s.stop() // aborts an in-flight journal or GC pass too
 		<-s.gcDone
 		<-s.healthDone
+		s.stopPool()
 		s.stopWatch()
 		s.stopStorage()
 		err = s.store.Close()

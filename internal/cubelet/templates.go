@@ -344,6 +344,12 @@ func (s *Service) DeleteTemplate(ctx context.Context, id string) error {
 	if users > 0 {
 		return fmt.Errorf("template %q is used by %d sandbox(es): %w", id, users, errdefs.ErrFailedPrecondition)
 	}
+	// Its warm pool goes first, and stays empty while the delete runs
+	// (and for good once the template is gone).
+	defer s.undrainPool(id)
+	if err := s.drainPool(ctx, id); err != nil {
+		return fmt.Errorf("template %q: drain its warm pool: %w", id, err)
+	}
 	// Snapshots keep their template: clones boot with its metadata.
 	if n, err := s.templateSnapshots(id); err != nil || n > 0 {
 		if err != nil {

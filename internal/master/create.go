@@ -314,7 +314,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		cands, rejs := s.sched.Rank(nodes, sreq)
 		var order []string
 		for _, c := range cands {
-			order = append(order, fmt.Sprintf("%s=%.3f(load %.2f, locality %.0f, spread %.2f)", c.Node.ID, c.Score, c.Load, c.Locality, c.Spread))
+			order = append(order, fmt.Sprintf("%s=%.3f(load %.2f, locality %.0f, spread %.2f, pool %.0f)", c.Node.ID, c.Score, c.Load, c.Locality, c.Spread, c.Pool))
 		}
 		s.log.Debug("placement", "sandbox_id", sb.ID, "candidates", order, "rejected", rejs)
 	}

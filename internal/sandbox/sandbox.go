@@ -66,6 +66,20 @@ type Record struct {
 	// and sent by cubelet on every call it makes to the agent. Never
 	// returned by the API.
 	AccessToken string `json:"access_token,omitempty"`
+	// HostID is the ID the node's resources for the sandbox are held
+	// under (container, run directory, cgroup, disk, network slot) when it
+	// is not ID: a sandbox claimed from a warm pool keeps the pool entry's
+	// resources, which cannot be renamed (a running container's cgroup,
+	// runc's state). Empty = ID.
+	HostID string `json:"host_id,omitempty"`
+}
+
+// HostKey is the ID the sandbox's node resources are held under.
+func (r *Record) HostKey() string {
+	if r.HostID != "" {
+		return r.HostID
+	}
+	return r.ID
 }
 
 // PauseMode is how a paused sandbox keeps its memory.

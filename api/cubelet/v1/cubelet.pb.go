@@ -888,7 +888,10 @@ type CreateSandboxResponse struct {
 	Warm bool `protobuf:"varint,3,opt,name=warm,proto3" json:"warm,omitempty"`
 	// What the create did differently from what was asked (e.g. a warm
 	// restore keeps the snapshot's CPU/memory shape).
-	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// Set when the create claimed a frozen sandbox of the template's warm
+	// pool instead of starting one.
+	Pooled        bool `protobuf:"varint,5,opt,name=pooled,proto3" json:"pooled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -949,6 +952,13 @@ func (x *CreateSandboxResponse) GetWarnings() []string {
 		return x.Warnings
 	}
 	return nil
+}
+
+func (x *CreateSandboxResponse) GetPooled() bool {
+	if x != nil {
+		return x.Pooled
+	}
+	return false
 }
 
 type GetSandboxRequest struct {
@@ -1465,8 +1475,11 @@ type Template struct {
 	// Whether creates from this template restore a warm memory snapshot.
 	Warm           bool   `protobuf:"varint,12,opt,name=warm,proto3" json:"warm,omitempty"`
 	WarmSnapshotId string `protobuf:"bytes,13,opt,name=warm_snapshot_id,json=warmSnapshotId,proto3" json:"warm_snapshot_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Frozen sandboxes of the template in this node's warm pool, ready for
+	// creates to claim.
+	PoolReady     int32 `protobuf:"varint,14,opt,name=pool_ready,json=poolReady,proto3" json:"pool_ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Template) Reset() {
@@ -1588,6 +1601,13 @@ func (x *Template) GetWarmSnapshotId() string {
 		return x.WarmSnapshotId
 	}
 	return ""
+}
+
+func (x *Template) GetPoolReady() int32 {
+	if x != nil {
+		return x.PoolReady
+	}
+	return 0
 }
 
 type ImportTemplateRequest struct {
@@ -4334,12 +4354,13 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
 	"\x15CreateSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
 	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\x12\x12\n" +
 	"\x04warm\x18\x03 \x01(\bR\x04warm\x12\x1a\n" +
-	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"2\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\x12\x16\n" +
+	"\x06pooled\x18\x05 \x01(\bR\x06pooled\"2\n" +
 	"\x11GetSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"C\n" +
@@ -4376,7 +4397,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\"z\n" +
 	"\x15ResumeSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
-	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\xf5\x02\n" +
+	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\"\x94\x03\n" +
 	"\bTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x16\n" +
@@ -4396,7 +4417,9 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
 	"\aruntime\x18\v \x01(\tR\aruntime\x12\x12\n" +
 	"\x04warm\x18\f \x01(\bR\x04warm\x12(\n" +
-	"\x10warm_snapshot_id\x18\r \x01(\tR\x0ewarmSnapshotId\"\x81\x02\n" +
+	"\x10warm_snapshot_id\x18\r \x01(\tR\x0ewarmSnapshotId\x12\x1d\n" +
+	"\n" +
+	"pool_ready\x18\x0e \x01(\x05R\tpoolReady\"\x81\x02\n" +
 	"\x15ImportTemplateRequest\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x16\n" +

@@ -31,7 +31,12 @@ import (
 // host IP, as the proxy reaches it) and returns its output and exit code.
 func shIn(t *testing.T, sb *sandbox.Record, script string) (string, int32) {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	return shInWith(t, sb, &http.Client{Transport: &http.Transport{Proxy: nil}}, script)
+}
+
+// shInWith is shIn through client hc.
+func shInWith(t *testing.T, sb *sandbox.Record, hc *http.Client, script string) (string, int32) {
+	t.Helper()
 	defer hc.CloseIdleConnections()
 	c := processconnect.NewProcessClient(hc, fmt.Sprintf("http://%s:%d", sb.Network.HostIP, agentproto.Port))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -235,7 +235,15 @@ func mountsFor(extra []runtime.Mount) []specs.Mount {
 }
 
 func resourcesFor(l runtime.Limits) *specs.LinuxResources {
-	r := &specs.LinuxResources{Devices: defaultDevices()}
+	r := Limits(l)
+	r.Devices = defaultDevices()
+	return r
+}
+
+// Limits is the CPU, memory and PID part of a sandbox's resources, what a
+// running container's limits are updated to (runc update).
+func Limits(l runtime.Limits) *specs.LinuxResources {
+	r := &specs.LinuxResources{}
 	if l.MilliCPU > 0 {
 		quota := l.MilliCPU * int64(cfsPeriod) / 1000
 		period := cfsPeriod
