@@ -97,6 +97,13 @@ func validateSecret(name, value string) error {
 // keep the value they were given until their policy is sent again
 // (a network update, a resume or a clone).
 func (s *Service) PutSecret(ctx context.Context, name, value string, replace bool) (*SecretMeta, error) {
+	team := secretTeam(ctx)
+	if replace && secretNameRE.MatchString(name) {
+		// An unknown name is 404 whatever the body holds.
+		if _, err := s.cat.GetSecret(ctx, team, name); err != nil {
+			return nil, err
+		}
+	}
 	if err := validateSecret(name, value); err != nil {
 		return nil, err
 	}
@@ -104,7 +111,6 @@ func (s *Service) PutSecret(ctx context.Context, name, value string, replace boo
 	if err != nil {
 		return nil, err
 	}
-	team := secretTeam(ctx)
 	now := time.Now().UTC()
 	row := &catalog.Secret{Team: team, Name: name, KeyID: box.KeyID(), Sealed: box.Seal(secretAAD(team, name), []byte(value)),
 		CreatedAt: now, UpdatedAt: now}
