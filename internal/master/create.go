@@ -623,4 +623,3 @@ func (s *Service) forgetFailed(id string) {
 		s.log.Error("remove row of failed create", "sandbox_id", id, "err", err)
 	}
 }
-

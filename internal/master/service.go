@@ -166,7 +166,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		joinCA:   joinCA,
 		activity: newActivity(),
 		box:      box, noBox: noBox,
-		ctx:      bg, cancel: cancel,
+		ctx: bg, cancel: cancel,
 	}
 	for _, o := range opts {
 		o(s)
