@@ -615,7 +615,7 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 	}
 	call := func(route, key string) (int, string) {
 		method, path, _ := strings.Cut(route, " ")
-		path = strings.NewReplacer("{sandboxID}", sandboxA, "{templateID}", "busybox", "{alias}", "base").Replace(path)
+		path = strings.NewReplacer("{sandboxID}", sandboxA, "{templateID}", "busybox", "{alias}", "base", "{name}", "matrix").Replace(path)
 		if path == "/sandboxes/metrics" {
 			path += "?sandbox_ids=" + sandboxA // the list names team A's sandbox
 		}
@@ -640,6 +640,11 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	// Team A's secret "matrix", which {name} routes name.
+	if r := (&mastertest.Client{Base: base, Key: keyA, HC: &http.Client{Timeout: time.Minute}}).Do(t, "POST", "/secrets",
+		map[string]string{"name": "matrix", "value": "v"}, nil); r.StatusCode != http.StatusCreated {
+		t.Fatalf("team A's secret: %d %s", r.StatusCode, r.Body)
+	}
 	wrongKey := "e2b_" + randomHex(20)
 	for _, r := range routes {
 		if r == "GET /health" {
@@ -652,7 +657,7 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 			m.add(name, r, c.cred, "401", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), code == http.StatusUnauthorized)
 		}
 		switch {
-		case strings.Contains(r, "{sandboxID}"):
+		case strings.Contains(r, "{sandboxID}"), strings.Contains(r, "{name}"):
 			code, body := call(r, keyB)
 			m.add(name, r, "team B's key", "404", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), code == http.StatusNotFound)
 		case strings.HasPrefix(r, "GET "):
@@ -676,7 +681,7 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 			return 3
 		case strings.HasPrefix(r, "GET "):
 			return 0
-		case strings.Contains(r, "/pause"):
+		case strings.Contains(r, "/pause"), strings.HasPrefix(r, "DELETE /secrets/"):
 			return 2
 		}
 		return 1

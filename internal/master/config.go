@@ -133,6 +133,13 @@ type Config struct {
 		// as it is taken, so it outlives its node.
 		ExportSnapshots bool `toml:"export_snapshots"`
 	} `toml:"store"`
+	// Secrets: the master key that seals teams' secrets in the catalog.
+	Secrets struct {
+		// KeyFile holds the key (hex, mode 0600), made at first start
+		// when absent. Empty: secrets.key beside a SQLite catalog; with
+		// MySQL it must be set, to the same key on every replica.
+		KeyFile string `toml:"key_file"`
+	} `toml:"secrets"`
 }
 
 // LoadConfig returns the defaults with the file at path (if any) merged

@@ -128,11 +128,24 @@ func ValidateNetwork(n catalog.Network) error {
 			return errdefs.FieldErrorf(field, "%q is not a CIDR or an IP address", e)
 		}
 	}
-	// Credential rules: the node's parser is the one definition.
+	// Credential rules: the node's parser is the one definition. A rule
+	// naming a secret is checked with a stand-in value (the secret's own
+	// was checked when it was stored; that it exists, by checkSecrets).
 	if len(n.Credentials) > 0 {
 		spec := policy.Spec{}
-		for _, c := range n.Credentials {
-			spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+		for i, c := range n.Credentials {
+			v := c.Value
+			if c.SecretName != "" {
+				field := fmt.Sprintf("network.credentials[%d]", i)
+				if c.Value != "" {
+					return errdefs.FieldErrorf(field, "value and secretName: give one")
+				}
+				if !secretNameRE.MatchString(c.SecretName) {
+					return errdefs.FieldErrorf(field+".secretName", "%q is not a secret name", c.SecretName)
+				}
+				v = "secret"
+			}
+			spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: v})
 		}
 		if _, err := policy.Parse("network", spec); err != nil {
 			return err
@@ -257,6 +270,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	if err := ValidateNetwork(req.Network); err != nil {
+		return nil, err
+	}
+	if err := s.checkSecrets(ctx, TeamOf(ctx), req.Network); err != nil {
 		return nil, err
 	}
 	if err := s.validateRuntime(req.Runtime); err != nil {
@@ -401,13 +417,19 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 		// Nothing would be sent: no undo needed (errNotSent).
 		return nil, fmt.Errorf("node %s: not reachable now: %w", nodeID, errNotSent)
 	}
+	// Nothing is sent when a secret cannot be opened (deleted since the
+	// create's check): InvalidArgument, not a node's fault to retry.
+	netPolicy, err := s.nodeNetwork(ctx, sb.Team, sb.Network)
+	if err != nil {
+		return nil, err
+	}
 	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
 	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
 		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
 		Labels:    managedLabels(sb),
 		Env:       env,
 		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
-		Network:   networkPolicy(sb.Network),
+		Network:   netPolicy,
 		Runtime:   sb.Runtime,
 		// The agent requires it from its first request: there is no
 		// moment between create and /init when it answers without.
@@ -600,18 +622,4 @@ func (s *Service) forgetFailed(id string) {
 	if err := s.cat.DeleteSandbox(context.Background(), id); err != nil && !errdefs.IsNotFound(err) {
 		s.log.Error("remove row of failed create", "sandbox_id", id, "err", err)
 	}
-}
-
-// networkPolicy is the node's form of the egress rules; nil when the
-// sandbox keeps the node default (nodes refuse policies they cannot
-// apply, e.g. without a network-agent, so none is sent unless asked for).
-func networkPolicy(n catalog.Network) *cubeletpb.NetworkPolicy {
-	if n.AllowInternet == nil && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && len(n.Credentials) == 0 {
-		return nil
-	}
-	p := &cubeletpb.NetworkPolicy{AllowInternetAccess: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
-	for _, c := range n.Credentials {
-		p.Credentials = append(p.Credentials, &cubeletpb.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
-	}
-	return p
 }

@@ -15,6 +15,7 @@ func TestValidateNetwork(t *testing.T) {
 		{AllowOut: []string{"api.github.com", "*.pypi.org", "8.8.8.8", "10.0.0.0/8"}, DenyOut: []string{"0.0.0.0/0"}},
 		{AllowOut: []string{"API.GitHub.COM."}},
 		{AllowOut: []string{"api.openai.com"}, Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "Authorization", Value: "Bearer sk-x"}}},
+		{AllowOut: []string{"api.openai.com"}, Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "Authorization", SecretName: "openai"}}},
 	} {
 		if err := ValidateNetwork(n); err != nil {
 			t.Errorf("%+v refused: %v", n, err)
@@ -31,6 +32,10 @@ func TestValidateNetwork(t *testing.T) {
 		{catalog.Network{Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "Host", Value: "x"}}}, "cannot be injected"},
 		{catalog.Network{Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "X-Key", Value: "a\r\nb"}}}, "line break"},
 		{catalog.Network{Credentials: []catalog.Credential{{Host: "10.0.0.1", Header: "X-Key", Value: "x"}}}, "not a domain"},
+		{catalog.Network{Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "X-Key", Value: "x", SecretName: "openai"}}}, "give one"},
+		{catalog.Network{Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "X-Key", SecretName: "no spaces"}}}, "not a secret name"},
+		{catalog.Network{Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "Host", SecretName: "openai"}}}, "cannot be injected"},
+		{catalog.Network{Credentials: []catalog.Credential{{Host: "api.openai.com", Header: "X-Key"}}}, "empty"},
 	} {
 		err := ValidateNetwork(c.n)
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.msg) {

@@ -36,6 +36,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/apikey"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/master/secretbox"
 	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/proxy"
@@ -66,6 +67,10 @@ type Service struct {
 	stored *storedTemplates
 	// activity feeds the idle policy (proxyroutes.go).
 	activity *activity
+	// box seals and opens teams' secrets (secrets.go); nil: noBox says
+	// why the secrets API is off.
+	box   *secretbox.Box
+	noBox string
 
 	locks keyedMutex
 
@@ -142,6 +147,11 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
+	box, noBox, err := openSecretBox(cfg)
+	if err != nil {
+		cat.Close()
+		return nil, err
+	}
 	quarantine(ctx, cat, log)
 	bg, cancel := context.WithCancel(context.Background())
 	s := &Service{
@@ -155,7 +165,8 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		stored:   stored,
 		joinCA:   joinCA,
 		activity: newActivity(),
-		ctx:      bg, cancel: cancel,
+		box:      box, noBox: noBox,
+		ctx: bg, cancel: cancel,
 	}
 	for _, o := range opts {
 		o(s)

@@ -163,9 +163,13 @@ func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, time
 	if sb.EnvdAccessToken != "" {
 		tokens = []string{sb.EnvdAccessToken}
 	}
+	netPolicy, err := s.nodeNetwork(ctx, sb.Team, sb.Network)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := tc.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
 		RequestId: sb.ID, SnapshotId: snap.ID, Count: 1, SandboxIds: []string{sb.ID},
-		Labels: managedLabels(sb), Network: networkPolicy(sb.Network), AccessTokens: tokens,
+		Labels: managedLabels(sb), Network: netPolicy, AccessTokens: tokens,
 	})
 	if err == nil && len(resp.GetSandboxes()) != 1 {
 		err = fmt.Errorf("node %s did not start the sandbox: %w", to, errdefs.ErrInternal)

@@ -292,12 +292,16 @@ func (s *Service) cloneOnto(ctx context.Context, snap *catalog.Snapshot, rows []
 				tokens = append(tokens, rows[i].EnvdAccessToken)
 			}
 		}
-		resp, err = c.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
-			RequestId: ids[0], SnapshotId: snap.ID, Count: int32(len(ids)), SandboxIds: ids,
-			Labels: managedLabels(rows[written[0]]), Env: env, Network: networkPolicy(rows[written[0]].Network),
-			AccessTokens: tokens,
-		})
-		err = fromGRPC(snap.NodeID, err)
+		var netPolicy *cubeletpb.NetworkPolicy
+		netPolicy, err = s.nodeNetwork(ctx, rows[written[0]].Team, rows[written[0]].Network)
+		if err == nil {
+			resp, err = c.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
+				RequestId: ids[0], SnapshotId: snap.ID, Count: int32(len(ids)), SandboxIds: ids,
+				Labels: managedLabels(rows[written[0]]), Env: env, Network: netPolicy,
+				AccessTokens: tokens,
+			})
+			err = fromGRPC(snap.NodeID, err)
+		}
 	}
 	if err == nil {
 		if err = fpCloneMade.Eval(ctx); err != nil {

@@ -327,8 +327,12 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Networ
 	if n.Credentials == nil {
 		n.Credentials = sb.Network.Credentials
 	}
+	netPolicy, err := s.nodeNetwork(ctx, sb.Team, n)
+	if err != nil {
+		return err
+	}
 	err = s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
-		_, err := c.UpdateSandboxNetwork(ctx, &cubeletpb.UpdateSandboxNetworkRequest{SandboxId: id, Policy: networkPolicy(n)})
+		_, err := c.UpdateSandboxNetwork(ctx, &cubeletpb.UpdateSandboxNetworkRequest{SandboxId: id, Policy: netPolicy})
 		return err
 	})
 	if err != nil {

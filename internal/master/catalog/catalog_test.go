@@ -55,6 +55,7 @@ func TestCatalog(t *testing.T) {
 		{"TeamDelete", testTeamDelete},
 		{"Events", testEvents},
 		{"Leases", testLeases},
+		{"Secrets", testSecrets},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

@@ -37,16 +37,19 @@ type Network struct {
 	// access token.
 	AllowPublicTraffic *bool `json:"allow_public_traffic,omitempty"`
 	// Credentials are headers the node's egress proxy injects into HTTPS
-	// requests to a host (docs/network.md "Credential injection"). Stored
-	// as given (not encrypted); never returned by the API.
+	// requests to a host (docs/network.md "Credential injection"). A
+	// literal Value is stored as given (not encrypted); a rule naming a
+	// secret stores the name only. Never returned by the API.
 	Credentials []Credential `json:"credentials,omitempty"`
 }
 
-// Credential sets Header to Value on every HTTPS request to Host.
+// Credential sets Header on every HTTPS request to Host to Value, or to
+// the value of the team's secret SecretName (one of the two).
 type Credential struct {
-	Host   string `json:"host"`
-	Header string `json:"header"`
-	Value  string `json:"value"`
+	Host       string `json:"host"`
+	Header     string `json:"header"`
+	Value      string `json:"value,omitempty"`
+	SecretName string `json:"secret_name,omitempty"`
 }
 
 // Sandbox is one catalog row.

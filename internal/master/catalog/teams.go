@@ -230,6 +230,10 @@ func (c *Catalog) DeleteTeam(ctx context.Context, name string) ([]*APIKey, error
 		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE team = ?`, name); err != nil {
 			return err
 		}
+		// A team made later under the same name must not inherit these.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM secrets WHERE team = ?`, name); err != nil {
+			return err
+		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM teams WHERE name = ?`, name)
 		return err
 	})

@@ -57,6 +57,9 @@ type Backend interface {
 	GetTemplate(ctx context.Context, name string) (master.Template, error)
 	DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error)
 	Audit(ctx context.Context, sandboxID, action string, key *catalog.APIKey)
+	PutSecret(ctx context.Context, name, value string, replace bool) (*master.SecretMeta, error)
+	ListSecrets(ctx context.Context) ([]master.SecretMeta, error)
+	DeleteSecret(ctx context.Context, name string) error
 }
 
 var _ Backend = (*master.Service)(nil)
@@ -129,6 +132,10 @@ func (h *Handler) routes() {
 	auth("GET /templates/{templateID}", h.getTemplate)
 	auth("DELETE /templates/{templateID}", h.deleteTemplate)
 	auth("GET /templates/aliases/{alias}", h.templateAlias)
+	auth("POST /secrets", h.createSecret)
+	auth("GET /secrets", h.listSecrets)
+	auth("PUT /secrets/{name}", h.replaceSecret)
+	auth("DELETE /secrets/{name}", h.deleteSecret)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

@@ -90,6 +90,9 @@ type credentialJSON struct {
 	Host   string `json:"host"`
 	Header string `json:"header"`
 	Value  string `json:"value"`
+	// SecretName names a secret of the caller's team (POST /secrets)
+	// whose value is injected, in place of Value.
+	SecretName string `json:"secretName"`
 }
 
 // networkUpdate is components.schemas.SandboxNetworkUpdateConfig.
