@@ -135,6 +135,7 @@ func (s *Service) forget(id string) {
 	s.mu.Lock()
 	delete(s.boxes, id)
 	s.mu.Unlock()
+	s.usage.Forget(id)
 }
 
 func (s *Service) lookup(id string) (*entry, error) {

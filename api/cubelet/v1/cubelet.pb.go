@@ -968,6 +968,266 @@ func (x *GetSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type SandboxMetricsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Unset bounds are open.
+	Start         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxMetricsRequest) Reset() {
+	*x = SandboxMetricsRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetricsRequest) ProtoMessage() {}
+
+func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SandboxMetricsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxMetricsRequest) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *SandboxMetricsRequest) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+type SandboxMetricsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Samples []*SandboxSample       `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	// How often the node samples (0 = it does not).
+	Interval      *durationpb.Duration `protobuf:"bytes,2,opt,name=interval,proto3" json:"interval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxMetricsResponse) Reset() {
+	*x = SandboxMetricsResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetricsResponse) ProtoMessage() {}
+
+func (x *SandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*SandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SandboxMetricsResponse) GetSamples() []*SandboxSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
+}
+
+func (x *SandboxMetricsResponse) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+// SandboxSample is one sample of a sandbox's resource use.
+type SandboxSample struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// The sandbox's CPU allowance in whole CPUs, and its use since the
+	// previous sample as a percentage of it.
+	CpuCount   int32   `protobuf:"varint,2,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	CpuUsedPct float64 `protobuf:"fixed64,3,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	// CPU time used since the sandbox started.
+	CpuTime       *durationpb.Duration `protobuf:"bytes,4,opt,name=cpu_time,json=cpuTime,proto3" json:"cpu_time,omitempty"`
+	MemUsedBytes  int64                `protobuf:"varint,5,opt,name=mem_used_bytes,json=memUsedBytes,proto3" json:"mem_used_bytes,omitempty"`
+	MemRssBytes   int64                `protobuf:"varint,6,opt,name=mem_rss_bytes,json=memRssBytes,proto3" json:"mem_rss_bytes,omitempty"`
+	MemCacheBytes int64                `protobuf:"varint,7,opt,name=mem_cache_bytes,json=memCacheBytes,proto3" json:"mem_cache_bytes,omitempty"`
+	// 0 = no limit.
+	MemLimitBytes  int64 `protobuf:"varint,8,opt,name=mem_limit_bytes,json=memLimitBytes,proto3" json:"mem_limit_bytes,omitempty"`
+	Tasks          int64 `protobuf:"varint,9,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	DiskUsedBytes  int64 `protobuf:"varint,10,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	DiskTotalBytes int64 `protobuf:"varint,11,opt,name=disk_total_bytes,json=diskTotalBytes,proto3" json:"disk_total_bytes,omitempty"`
+	// Bytes the sandbox received and sent through its network slot.
+	NetRxBytes    int64 `protobuf:"varint,12,opt,name=net_rx_bytes,json=netRxBytes,proto3" json:"net_rx_bytes,omitempty"`
+	NetTxBytes    int64 `protobuf:"varint,13,opt,name=net_tx_bytes,json=netTxBytes,proto3" json:"net_tx_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxSample) Reset() {
+	*x = SandboxSample{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxSample) ProtoMessage() {}
+
+func (x *SandboxSample) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxSample.ProtoReflect.Descriptor instead.
+func (*SandboxSample) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SandboxSample) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *SandboxSample) GetCpuCount() int32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetCpuTime() *durationpb.Duration {
+	if x != nil {
+		return x.CpuTime
+	}
+	return nil
+}
+
+func (x *SandboxSample) GetMemUsedBytes() int64 {
+	if x != nil {
+		return x.MemUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetMemRssBytes() int64 {
+	if x != nil {
+		return x.MemRssBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetMemCacheBytes() int64 {
+	if x != nil {
+		return x.MemCacheBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetMemLimitBytes() int64 {
+	if x != nil {
+		return x.MemLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetTasks() int64 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetDiskUsedBytes() int64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetDiskTotalBytes() int64 {
+	if x != nil {
+		return x.DiskTotalBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetNetRxBytes() int64 {
+	if x != nil {
+		return x.NetRxBytes
+	}
+	return 0
+}
+
+func (x *SandboxSample) GetNetTxBytes() int64 {
+	if x != nil {
+		return x.NetTxBytes
+	}
+	return 0
+}
+
 type ListSandboxesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Any of these states; empty = all.
@@ -980,7 +1240,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1252,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1265,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSandboxesRequest) GetStates() []SandboxState {
@@ -1031,7 +1291,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1303,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1316,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1076,7 +1336,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1348,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1361,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteSandboxRequest) GetRequestId() string {
@@ -1127,7 +1387,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1399,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1412,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteSandboxResponse) GetTimings() []*ActionTiming {
@@ -1173,7 +1433,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1445,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1458,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PauseSandboxRequest) GetRequestId() string {
@@ -1232,7 +1492,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1504,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1517,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1284,7 +1544,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1556,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1569,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResumeSandboxRequest) GetRequestId() string {
@@ -1336,7 +1596,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1608,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1621,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1400,7 +1660,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1672,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1685,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Template) GetId() string {
@@ -1543,7 +1803,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1815,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1828,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -1639,7 +1899,7 @@ type WarmTemplateRequest struct {
 
 func (x *WarmTemplateRequest) Reset() {
 	*x = WarmTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1911,7 @@ func (x *WarmTemplateRequest) String() string {
 func (*WarmTemplateRequest) ProtoMessage() {}
 
 func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1924,7 @@ func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTemplateRequest.ProtoReflect.Descriptor instead.
 func (*WarmTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WarmTemplateRequest) GetTemplateId() string {
@@ -1691,7 +1951,7 @@ type WarmTemplateResponse struct {
 
 func (x *WarmTemplateResponse) Reset() {
 	*x = WarmTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1963,7 @@ func (x *WarmTemplateResponse) String() string {
 func (*WarmTemplateResponse) ProtoMessage() {}
 
 func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1976,7 @@ func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTemplateResponse.ProtoReflect.Descriptor instead.
 func (*WarmTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WarmTemplateResponse) GetTemplate() *Template {
@@ -1744,7 +2004,7 @@ type RegistryAuth struct {
 
 func (x *RegistryAuth) Reset() {
 	*x = RegistryAuth{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +2016,7 @@ func (x *RegistryAuth) String() string {
 func (*RegistryAuth) ProtoMessage() {}
 
 func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +2029,7 @@ func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryAuth.ProtoReflect.Descriptor instead.
 func (*RegistryAuth) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegistryAuth) GetUsername() string {
@@ -1806,7 +2066,7 @@ type ImportProgress struct {
 
 func (x *ImportProgress) Reset() {
 	*x = ImportProgress{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2078,7 @@ func (x *ImportProgress) String() string {
 func (*ImportProgress) ProtoMessage() {}
 
 func (x *ImportProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2091,7 @@ func (x *ImportProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportProgress.ProtoReflect.Descriptor instead.
 func (*ImportProgress) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ImportProgress) GetPhase() string {
@@ -1882,7 +2142,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2154,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2167,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ImportTemplateResponse) GetEvent() isImportTemplateResponse_Event {
@@ -1959,7 +2219,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2231,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2244,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
 }
 
 type ListTemplatesResponse struct {
@@ -2000,7 +2260,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2272,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2285,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -2051,7 +2311,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2323,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2336,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetTemplateRequest) GetTemplateId() string {
@@ -2095,7 +2355,7 @@ type GetTemplateResponse struct {
 
 func (x *GetTemplateResponse) Reset() {
 	*x = GetTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2107,7 +2367,7 @@ func (x *GetTemplateResponse) String() string {
 func (*GetTemplateResponse) ProtoMessage() {}
 
 func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2120,7 +2380,7 @@ func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateResponse.ProtoReflect.Descriptor instead.
 func (*GetTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetTemplateResponse) GetTemplate() *Template {
@@ -2139,7 +2399,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2411,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2424,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2182,7 +2442,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2454,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2467,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
 }
 
 type RuntimeInfo struct {
@@ -2226,7 +2486,7 @@ type RuntimeInfo struct {
 
 func (x *RuntimeInfo) Reset() {
 	*x = RuntimeInfo{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2498,7 @@ func (x *RuntimeInfo) String() string {
 func (*RuntimeInfo) ProtoMessage() {}
 
 func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2511,7 @@ func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeInfo.ProtoReflect.Descriptor instead.
 func (*RuntimeInfo) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RuntimeInfo) GetName() string {
@@ -2304,7 +2564,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2576,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2589,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
 }
 
 type InfoResponse struct {
@@ -2352,7 +2612,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2624,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2637,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -2475,7 +2735,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2747,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2760,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Condition) GetType() string {
@@ -2532,7 +2792,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2804,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2817,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
 }
 
 type HealthResponse struct {
@@ -2570,7 +2830,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2842,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +2855,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -2624,7 +2884,7 @@ type Flow struct {
 
 func (x *Flow) Reset() {
 	*x = Flow{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2636,7 +2896,7 @@ func (x *Flow) String() string {
 func (*Flow) ProtoMessage() {}
 
 func (x *Flow) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2649,7 +2909,7 @@ func (x *Flow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Flow.ProtoReflect.Descriptor instead.
 func (*Flow) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Flow) GetName() string {
@@ -2689,7 +2949,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2961,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2974,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Step) GetActions() []string {
@@ -2732,7 +2992,7 @@ type ListFlowsRequest struct {
 
 func (x *ListFlowsRequest) Reset() {
 	*x = ListFlowsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +3004,7 @@ func (x *ListFlowsRequest) String() string {
 func (*ListFlowsRequest) ProtoMessage() {}
 
 func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +3017,7 @@ func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsRequest.ProtoReflect.Descriptor instead.
 func (*ListFlowsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
 }
 
 type ListFlowsResponse struct {
@@ -2769,7 +3029,7 @@ type ListFlowsResponse struct {
 
 func (x *ListFlowsResponse) Reset() {
 	*x = ListFlowsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +3041,7 @@ func (x *ListFlowsResponse) String() string {
 func (*ListFlowsResponse) ProtoMessage() {}
 
 func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +3054,7 @@ func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsResponse.ProtoReflect.Descriptor instead.
 func (*ListFlowsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListFlowsResponse) GetFlows() []*Flow {
@@ -2815,7 +3075,7 @@ type SetFlowLimitRequest struct {
 
 func (x *SetFlowLimitRequest) Reset() {
 	*x = SetFlowLimitRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +3087,7 @@ func (x *SetFlowLimitRequest) String() string {
 func (*SetFlowLimitRequest) ProtoMessage() {}
 
 func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +3100,7 @@ func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitRequest.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SetFlowLimitRequest) GetFlow() string {
@@ -2866,7 +3126,7 @@ type SetFlowLimitResponse struct {
 
 func (x *SetFlowLimitResponse) Reset() {
 	*x = SetFlowLimitResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +3138,7 @@ func (x *SetFlowLimitResponse) String() string {
 func (*SetFlowLimitResponse) ProtoMessage() {}
 
 func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +3151,7 @@ func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitResponse.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SetFlowLimitResponse) GetFlow() *Flow {
@@ -2917,7 +3177,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3189,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3202,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ErrorDetail) GetReason() string {
@@ -2983,7 +3243,7 @@ type UpdateSandboxNetworkRequest struct {
 
 func (x *UpdateSandboxNetworkRequest) Reset() {
 	*x = UpdateSandboxNetworkRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3255,7 @@ func (x *UpdateSandboxNetworkRequest) String() string {
 func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3268,7 @@ func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UpdateSandboxNetworkRequest) GetSandboxId() string {
@@ -3034,7 +3294,7 @@ type UpdateSandboxNetworkResponse struct {
 
 func (x *UpdateSandboxNetworkResponse) Reset() {
 	*x = UpdateSandboxNetworkResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3046,7 +3306,7 @@ func (x *UpdateSandboxNetworkResponse) String() string {
 func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3059,7 +3319,7 @@ func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
@@ -3090,7 +3350,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3102,7 +3362,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3375,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Snapshot) GetId() string {
@@ -3204,7 +3464,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3476,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3489,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SnapshotSandboxRequest) GetRequestId() string {
@@ -3284,7 +3544,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3556,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3569,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -3337,7 +3597,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3349,7 +3609,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3362,7 +3622,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -3388,7 +3648,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3660,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3673,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -3432,7 +3692,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3444,7 +3704,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3457,7 +3717,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetSnapshotRequest) GetSnapshotId() string {
@@ -3476,7 +3736,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3488,7 +3748,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3501,7 +3761,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3524,7 +3784,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3536,7 +3796,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3549,7 +3809,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -3574,7 +3834,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3586,7 +3846,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3599,7 +3859,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
 }
 
 type ExportSnapshotRequest struct {
@@ -3611,7 +3871,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3883,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3636,7 +3896,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -3662,7 +3922,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3934,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3947,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Transfer) GetLogicalBytes() int64 {
@@ -3728,7 +3988,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3740,7 +4000,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3753,7 +4013,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ExportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3783,7 +4043,7 @@ type ImportSnapshotRequest struct {
 
 func (x *ImportSnapshotRequest) Reset() {
 	*x = ImportSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +4055,7 @@ func (x *ImportSnapshotRequest) String() string {
 func (*ImportSnapshotRequest) ProtoMessage() {}
 
 func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +4068,7 @@ func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ImportSnapshotRequest) GetSnapshotId() string {
@@ -3837,7 +4097,7 @@ type ImportSnapshotResponse struct {
 
 func (x *ImportSnapshotResponse) Reset() {
 	*x = ImportSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3849,7 +4109,7 @@ func (x *ImportSnapshotResponse) String() string {
 func (*ImportSnapshotResponse) ProtoMessage() {}
 
 func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3862,7 +4122,7 @@ func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ImportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3908,7 +4168,7 @@ type CloneSandboxRequest struct {
 
 func (x *CloneSandboxRequest) Reset() {
 	*x = CloneSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3920,7 +4180,7 @@ func (x *CloneSandboxRequest) String() string {
 func (*CloneSandboxRequest) ProtoMessage() {}
 
 func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3933,7 +4193,7 @@ func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CloneSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CloneSandboxRequest) GetRequestId() string {
@@ -4009,7 +4269,7 @@ type CloneSandboxResponse struct {
 
 func (x *CloneSandboxResponse) Reset() {
 	*x = CloneSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4021,7 +4281,7 @@ func (x *CloneSandboxResponse) String() string {
 func (*CloneSandboxResponse) ProtoMessage() {}
 
 func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4034,7 +4294,7 @@ func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CloneSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CloneSandboxResponse) GetSandboxes() []*Sandbox {
@@ -4062,7 +4322,7 @@ type RollbackSandboxRequest struct {
 
 func (x *RollbackSandboxRequest) Reset() {
 	*x = RollbackSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4074,7 +4334,7 @@ func (x *RollbackSandboxRequest) String() string {
 func (*RollbackSandboxRequest) ProtoMessage() {}
 
 func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4087,7 +4347,7 @@ func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxRequest.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RollbackSandboxRequest) GetRequestId() string {
@@ -4121,7 +4381,7 @@ type RollbackSandboxResponse struct {
 
 func (x *RollbackSandboxResponse) Reset() {
 	*x = RollbackSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4133,7 +4393,7 @@ func (x *RollbackSandboxResponse) String() string {
 func (*RollbackSandboxResponse) ProtoMessage() {}
 
 func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4146,7 +4406,7 @@ func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxResponse.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RollbackSandboxResponse) GetSandbox() *Sandbox {
@@ -4267,7 +4527,33 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"C\n" +
 	"\x12GetSandboxResponse\x12-\n" +
-	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\"\xc9\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\"\x96\x01\n" +
+	"\x15SandboxMetricsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\"\x84\x01\n" +
+	"\x16SandboxMetricsResponse\x123\n" +
+	"\asamples\x18\x01 \x03(\v2\x19.cubelet.v1.SandboxSampleR\asamples\x125\n" +
+	"\binterval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\binterval\"\xf6\x03\n" +
+	"\rSandboxSample\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1b\n" +
+	"\tcpu_count\x18\x02 \x01(\x05R\bcpuCount\x12 \n" +
+	"\fcpu_used_pct\x18\x03 \x01(\x01R\n" +
+	"cpuUsedPct\x124\n" +
+	"\bcpu_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12$\n" +
+	"\x0emem_used_bytes\x18\x05 \x01(\x03R\fmemUsedBytes\x12\"\n" +
+	"\rmem_rss_bytes\x18\x06 \x01(\x03R\vmemRssBytes\x12&\n" +
+	"\x0fmem_cache_bytes\x18\a \x01(\x03R\rmemCacheBytes\x12&\n" +
+	"\x0fmem_limit_bytes\x18\b \x01(\x03R\rmemLimitBytes\x12\x14\n" +
+	"\x05tasks\x18\t \x01(\x03R\x05tasks\x12&\n" +
+	"\x0fdisk_used_bytes\x18\n" +
+	" \x01(\x03R\rdiskUsedBytes\x12(\n" +
+	"\x10disk_total_bytes\x18\v \x01(\x03R\x0ediskTotalBytes\x12 \n" +
+	"\fnet_rx_bytes\x18\f \x01(\x03R\n" +
+	"netRxBytes\x12 \n" +
+	"\fnet_tx_bytes\x18\r \x01(\x03R\n" +
+	"netTxBytes\"\xc9\x01\n" +
 	"\x14ListSandboxesRequest\x120\n" +
 	"\x06states\x18\x01 \x03(\x0e2\x18.cubelet.v1.SandboxStateR\x06states\x12D\n" +
 	"\x06labels\x18\x02 \x03(\v2,.cubelet.v1.ListSandboxesRequest.LabelsEntryR\x06labels\x1a9\n" +
@@ -4554,11 +4840,12 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\tPauseMode\x12\x1a\n" +
 	"\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PAUSE_MODE_MEMORY\x10\x01\x12\x13\n" +
-	"\x0fPAUSE_MODE_DISK\x10\x022\xf5\x0f\n" +
+	"\x0fPAUSE_MODE_DISK\x10\x022\xce\x10\n" +
 	"\x0eCubeletService\x12T\n" +
 	"\rCreateSandbox\x12 .cubelet.v1.CreateSandboxRequest\x1a!.cubelet.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
-	"GetSandbox\x12\x1d.cubelet.v1.GetSandboxRequest\x1a\x1e.cubelet.v1.GetSandboxResponse\x12T\n" +
+	"GetSandbox\x12\x1d.cubelet.v1.GetSandboxRequest\x1a\x1e.cubelet.v1.GetSandboxResponse\x12W\n" +
+	"\x0eSandboxMetrics\x12!.cubelet.v1.SandboxMetricsRequest\x1a\".cubelet.v1.SandboxMetricsResponse\x12T\n" +
 	"\rListSandboxes\x12 .cubelet.v1.ListSandboxesRequest\x1a!.cubelet.v1.ListSandboxesResponse\x12T\n" +
 	"\rDeleteSandbox\x12 .cubelet.v1.DeleteSandboxRequest\x1a!.cubelet.v1.DeleteSandboxResponse\x12Q\n" +
 	"\fPauseSandbox\x12\x1f.cubelet.v1.PauseSandboxRequest\x1a .cubelet.v1.PauseSandboxResponse\x12T\n" +
@@ -4595,7 +4882,7 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 }
 
 var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 81)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
 	(PauseMode)(0),                       // 1: cubelet.v1.PauseMode
@@ -4609,198 +4896,209 @@ var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(*CreateSandboxResponse)(nil),        // 9: cubelet.v1.CreateSandboxResponse
 	(*GetSandboxRequest)(nil),            // 10: cubelet.v1.GetSandboxRequest
 	(*GetSandboxResponse)(nil),           // 11: cubelet.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),         // 12: cubelet.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 13: cubelet.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),         // 14: cubelet.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),        // 15: cubelet.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),          // 16: cubelet.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),         // 17: cubelet.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 18: cubelet.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 19: cubelet.v1.ResumeSandboxResponse
-	(*Template)(nil),                     // 20: cubelet.v1.Template
-	(*ImportTemplateRequest)(nil),        // 21: cubelet.v1.ImportTemplateRequest
-	(*WarmTemplateRequest)(nil),          // 22: cubelet.v1.WarmTemplateRequest
-	(*WarmTemplateResponse)(nil),         // 23: cubelet.v1.WarmTemplateResponse
-	(*RegistryAuth)(nil),                 // 24: cubelet.v1.RegistryAuth
-	(*ImportProgress)(nil),               // 25: cubelet.v1.ImportProgress
-	(*ImportTemplateResponse)(nil),       // 26: cubelet.v1.ImportTemplateResponse
-	(*ListTemplatesRequest)(nil),         // 27: cubelet.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),        // 28: cubelet.v1.ListTemplatesResponse
-	(*GetTemplateRequest)(nil),           // 29: cubelet.v1.GetTemplateRequest
-	(*GetTemplateResponse)(nil),          // 30: cubelet.v1.GetTemplateResponse
-	(*DeleteTemplateRequest)(nil),        // 31: cubelet.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),       // 32: cubelet.v1.DeleteTemplateResponse
-	(*RuntimeInfo)(nil),                  // 33: cubelet.v1.RuntimeInfo
-	(*InfoRequest)(nil),                  // 34: cubelet.v1.InfoRequest
-	(*InfoResponse)(nil),                 // 35: cubelet.v1.InfoResponse
-	(*Condition)(nil),                    // 36: cubelet.v1.Condition
-	(*HealthRequest)(nil),                // 37: cubelet.v1.HealthRequest
-	(*HealthResponse)(nil),               // 38: cubelet.v1.HealthResponse
-	(*Flow)(nil),                         // 39: cubelet.v1.Flow
-	(*Step)(nil),                         // 40: cubelet.v1.Step
-	(*ListFlowsRequest)(nil),             // 41: cubelet.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),            // 42: cubelet.v1.ListFlowsResponse
-	(*SetFlowLimitRequest)(nil),          // 43: cubelet.v1.SetFlowLimitRequest
-	(*SetFlowLimitResponse)(nil),         // 44: cubelet.v1.SetFlowLimitResponse
-	(*ErrorDetail)(nil),                  // 45: cubelet.v1.ErrorDetail
-	(*UpdateSandboxNetworkRequest)(nil),  // 46: cubelet.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 47: cubelet.v1.UpdateSandboxNetworkResponse
-	(*Snapshot)(nil),                     // 48: cubelet.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),       // 49: cubelet.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),      // 50: cubelet.v1.SnapshotSandboxResponse
-	(*ListSnapshotsRequest)(nil),         // 51: cubelet.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 52: cubelet.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 53: cubelet.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 54: cubelet.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),        // 55: cubelet.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),       // 56: cubelet.v1.DeleteSnapshotResponse
-	(*ExportSnapshotRequest)(nil),        // 57: cubelet.v1.ExportSnapshotRequest
-	(*Transfer)(nil),                     // 58: cubelet.v1.Transfer
-	(*ExportSnapshotResponse)(nil),       // 59: cubelet.v1.ExportSnapshotResponse
-	(*ImportSnapshotRequest)(nil),        // 60: cubelet.v1.ImportSnapshotRequest
-	(*ImportSnapshotResponse)(nil),       // 61: cubelet.v1.ImportSnapshotResponse
-	(*CloneSandboxRequest)(nil),          // 62: cubelet.v1.CloneSandboxRequest
-	(*CloneSandboxResponse)(nil),         // 63: cubelet.v1.CloneSandboxResponse
-	(*RollbackSandboxRequest)(nil),       // 64: cubelet.v1.RollbackSandboxRequest
-	(*RollbackSandboxResponse)(nil),      // 65: cubelet.v1.RollbackSandboxResponse
-	nil,                                  // 66: cubelet.v1.Sandbox.LabelsEntry
-	nil,                                  // 67: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                                  // 68: cubelet.v1.Sandbox.EnvEntry
-	nil,                                  // 69: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 70: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                  // 71: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 72: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 73: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	nil,                                  // 74: cubelet.v1.Snapshot.LabelsEntry
-	nil,                                  // 75: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	nil,                                  // 76: cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	nil,                                  // 77: cubelet.v1.CloneSandboxRequest.LabelsEntry
-	nil,                                  // 78: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	nil,                                  // 79: cubelet.v1.CloneSandboxRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 80: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 81: google.protobuf.Duration
+	(*SandboxMetricsRequest)(nil),        // 12: cubelet.v1.SandboxMetricsRequest
+	(*SandboxMetricsResponse)(nil),       // 13: cubelet.v1.SandboxMetricsResponse
+	(*SandboxSample)(nil),                // 14: cubelet.v1.SandboxSample
+	(*ListSandboxesRequest)(nil),         // 15: cubelet.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 16: cubelet.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 17: cubelet.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 18: cubelet.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 19: cubelet.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 20: cubelet.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 21: cubelet.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 22: cubelet.v1.ResumeSandboxResponse
+	(*Template)(nil),                     // 23: cubelet.v1.Template
+	(*ImportTemplateRequest)(nil),        // 24: cubelet.v1.ImportTemplateRequest
+	(*WarmTemplateRequest)(nil),          // 25: cubelet.v1.WarmTemplateRequest
+	(*WarmTemplateResponse)(nil),         // 26: cubelet.v1.WarmTemplateResponse
+	(*RegistryAuth)(nil),                 // 27: cubelet.v1.RegistryAuth
+	(*ImportProgress)(nil),               // 28: cubelet.v1.ImportProgress
+	(*ImportTemplateResponse)(nil),       // 29: cubelet.v1.ImportTemplateResponse
+	(*ListTemplatesRequest)(nil),         // 30: cubelet.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),        // 31: cubelet.v1.ListTemplatesResponse
+	(*GetTemplateRequest)(nil),           // 32: cubelet.v1.GetTemplateRequest
+	(*GetTemplateResponse)(nil),          // 33: cubelet.v1.GetTemplateResponse
+	(*DeleteTemplateRequest)(nil),        // 34: cubelet.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),       // 35: cubelet.v1.DeleteTemplateResponse
+	(*RuntimeInfo)(nil),                  // 36: cubelet.v1.RuntimeInfo
+	(*InfoRequest)(nil),                  // 37: cubelet.v1.InfoRequest
+	(*InfoResponse)(nil),                 // 38: cubelet.v1.InfoResponse
+	(*Condition)(nil),                    // 39: cubelet.v1.Condition
+	(*HealthRequest)(nil),                // 40: cubelet.v1.HealthRequest
+	(*HealthResponse)(nil),               // 41: cubelet.v1.HealthResponse
+	(*Flow)(nil),                         // 42: cubelet.v1.Flow
+	(*Step)(nil),                         // 43: cubelet.v1.Step
+	(*ListFlowsRequest)(nil),             // 44: cubelet.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),            // 45: cubelet.v1.ListFlowsResponse
+	(*SetFlowLimitRequest)(nil),          // 46: cubelet.v1.SetFlowLimitRequest
+	(*SetFlowLimitResponse)(nil),         // 47: cubelet.v1.SetFlowLimitResponse
+	(*ErrorDetail)(nil),                  // 48: cubelet.v1.ErrorDetail
+	(*UpdateSandboxNetworkRequest)(nil),  // 49: cubelet.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 50: cubelet.v1.UpdateSandboxNetworkResponse
+	(*Snapshot)(nil),                     // 51: cubelet.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),       // 52: cubelet.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),      // 53: cubelet.v1.SnapshotSandboxResponse
+	(*ListSnapshotsRequest)(nil),         // 54: cubelet.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 55: cubelet.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 56: cubelet.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 57: cubelet.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),        // 58: cubelet.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 59: cubelet.v1.DeleteSnapshotResponse
+	(*ExportSnapshotRequest)(nil),        // 60: cubelet.v1.ExportSnapshotRequest
+	(*Transfer)(nil),                     // 61: cubelet.v1.Transfer
+	(*ExportSnapshotResponse)(nil),       // 62: cubelet.v1.ExportSnapshotResponse
+	(*ImportSnapshotRequest)(nil),        // 63: cubelet.v1.ImportSnapshotRequest
+	(*ImportSnapshotResponse)(nil),       // 64: cubelet.v1.ImportSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 65: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 66: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 67: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 68: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 69: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 70: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 71: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 72: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 73: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 74: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 75: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 76: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 77: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 78: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 79: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 80: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 81: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 82: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 83: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 84: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,  // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	66, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	67, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	69, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	70, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
 	2,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	68, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	80, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	80, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	71, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	83, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	83, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
 	6,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
 	4,  // 9: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
-	81, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	69, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	70, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	84, // 10: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	72, // 11: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	73, // 12: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
 	2,  // 13: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	71, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	74, // 14: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
 	4,  // 15: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
 	6,  // 16: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
 	3,  // 17: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
 	7,  // 18: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
 	3,  // 19: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	0,  // 20: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	72, // 21: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
-	3,  // 22: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	7,  // 23: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	1,  // 24: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
-	3,  // 25: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	7,  // 26: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,  // 27: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	7,  // 28: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	80, // 29: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	24, // 30: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	20, // 31: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
-	7,  // 32: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
-	25, // 33: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
-	20, // 34: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
-	20, // 35: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	80, // 36: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
-	20, // 37: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
-	33, // 38: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	73, // 39: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
-	36, // 40: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
-	40, // 41: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
-	39, // 42: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
-	39, // 43: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
-	0,  // 44: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
-	4,  // 45: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
-	3,  // 46: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	74, // 47: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
-	80, // 48: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	75, // 49: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	48, // 50: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	7,  // 51: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	76, // 52: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	48, // 53: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
-	48, // 54: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	48, // 55: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	58, // 56: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
-	48, // 57: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	58, // 58: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
-	77, // 59: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
-	78, // 60: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	79, // 61: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
-	4,  // 62: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	3,  // 63: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	7,  // 64: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,  // 65: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	7,  // 66: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	8,  // 67: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	10, // 68: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	12, // 69: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	14, // 70: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	16, // 71: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	18, // 72: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	46, // 73: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
-	49, // 74: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
-	51, // 75: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
-	53, // 76: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
-	55, // 77: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
-	62, // 78: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
-	64, // 79: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
-	57, // 80: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
-	60, // 81: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
-	21, // 82: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	27, // 83: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	29, // 84: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	31, // 85: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	22, // 86: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
-	34, // 87: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	37, // 88: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	41, // 89: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	43, // 90: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	9,  // 91: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	11, // 92: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	13, // 93: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	15, // 94: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	17, // 95: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	19, // 96: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	47, // 97: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
-	50, // 98: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
-	52, // 99: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
-	54, // 100: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
-	56, // 101: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
-	63, // 102: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
-	65, // 103: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
-	59, // 104: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
-	61, // 105: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
-	26, // 106: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	28, // 107: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	30, // 108: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	32, // 109: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	23, // 110: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
-	35, // 111: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	38, // 112: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	42, // 113: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	44, // 114: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	91, // [91:115] is the sub-list for method output_type
-	67, // [67:91] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	83, // 20: cubelet.v1.SandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	83, // 21: cubelet.v1.SandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	14, // 22: cubelet.v1.SandboxMetricsResponse.samples:type_name -> cubelet.v1.SandboxSample
+	84, // 23: cubelet.v1.SandboxMetricsResponse.interval:type_name -> google.protobuf.Duration
+	83, // 24: cubelet.v1.SandboxSample.at:type_name -> google.protobuf.Timestamp
+	84, // 25: cubelet.v1.SandboxSample.cpu_time:type_name -> google.protobuf.Duration
+	0,  // 26: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
+	75, // 27: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	3,  // 28: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	7,  // 29: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	1,  // 30: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
+	3,  // 31: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 32: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,  // 33: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 34: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	83, // 35: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	27, // 36: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	23, // 37: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
+	7,  // 38: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
+	28, // 39: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
+	23, // 40: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
+	23, // 41: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
+	83, // 42: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
+	23, // 43: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
+	36, // 44: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	76, // 45: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	39, // 46: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
+	43, // 47: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
+	42, // 48: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
+	42, // 49: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
+	0,  // 50: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
+	4,  // 51: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
+	3,  // 52: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	77, // 53: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	83, // 54: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	78, // 55: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	51, // 56: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	7,  // 57: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	79, // 58: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	51, // 59: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
+	51, // 60: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	51, // 61: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	61, // 62: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	51, // 63: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	61, // 64: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	80, // 65: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	81, // 66: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	82, // 67: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	4,  // 68: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	3,  // 69: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	7,  // 70: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,  // 71: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	7,  // 72: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	8,  // 73: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	10, // 74: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	12, // 75: cubelet.v1.CubeletService.SandboxMetrics:input_type -> cubelet.v1.SandboxMetricsRequest
+	15, // 76: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	17, // 77: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	19, // 78: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	21, // 79: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	49, // 80: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	52, // 81: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	54, // 82: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	56, // 83: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	58, // 84: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	65, // 85: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	67, // 86: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	60, // 87: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
+	63, // 88: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
+	24, // 89: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	30, // 90: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	32, // 91: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	34, // 92: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	25, // 93: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
+	37, // 94: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	40, // 95: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	44, // 96: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	46, // 97: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	9,  // 98: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	11, // 99: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	13, // 100: cubelet.v1.CubeletService.SandboxMetrics:output_type -> cubelet.v1.SandboxMetricsResponse
+	16, // 101: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	18, // 102: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	20, // 103: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	22, // 104: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	50, // 105: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	53, // 106: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	55, // 107: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	57, // 108: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	59, // 109: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	66, // 110: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	68, // 111: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	62, // 112: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
+	64, // 113: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
+	29, // 114: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	31, // 115: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	33, // 116: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	35, // 117: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	26, // 118: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
+	38, // 119: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	41, // 120: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	45, // 121: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	47, // 122: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	98, // [98:123] is the sub-list for method output_type
+	73, // [73:98] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -4809,7 +5107,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 		return
 	}
 	file_cubelet_v1_cubelet_proto_msgTypes[2].OneofWrappers = []any{}
-	file_cubelet_v1_cubelet_proto_msgTypes[24].OneofWrappers = []any{
+	file_cubelet_v1_cubelet_proto_msgTypes[27].OneofWrappers = []any{
 		(*ImportTemplateResponse_Progress)(nil),
 		(*ImportTemplateResponse_Template)(nil),
 	}
@@ -4819,7 +5117,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   78,
+			NumMessages:   81,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -508,9 +508,27 @@ func metricJSON(m master.Metric) sandboxMetric {
 	}
 }
 
+// metrics serves a sandbox's samples between start and end (Unix seconds,
+// both inclusive; absent = open), as the SDKs' getMetrics asks.
 func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) {
 	withID(w, r, func(id string) error {
-		ms, err := h.b.Metrics(r.Context(), id)
+		qv := r.URL.Query()
+		start, err := intParam(qv, "start", 0, 0, 1<<40)
+		if err != nil {
+			return err
+		}
+		end, err := intParam(qv, "end", 0, 0, 1<<40)
+		if err != nil {
+			return err
+		}
+		var from, to time.Time
+		if start > 0 {
+			from = time.Unix(start, 0)
+		}
+		if end > 0 {
+			to = time.Unix(end, 0).Add(time.Second - time.Nanosecond) // the whole of second end
+		}
+		ms, err := h.b.Metrics(r.Context(), id, from, to)
 		if err != nil {
 			return err
 		}
@@ -538,7 +556,7 @@ func (h *Handler) metricsMany(w http.ResponseWriter, r *http.Request) {
 	}
 	out := sandboxesWithMetrics{Sandboxes: map[string]sandboxMetric{}}
 	for _, id := range ids {
-		ms, err := h.b.Metrics(r.Context(), id)
+		ms, err := h.b.Metrics(r.Context(), id, time.Time{}, time.Time{})
 		if errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) {
 			continue
 		}
