@@ -309,4 +309,3 @@ func (s *Service) refreshTemplates(ctx context.Context, node string) {
 	s.reg.mu.Unlock()
 	_ = s.cat.PutNode(ctx, row, reportTemplates(rep), false)
 }
-

@@ -23,9 +23,9 @@ type Metric struct {
 	// MemUsed excludes the page cache (MemCache), as E2B's envd reports
 	// it; MemTotal is the sandbox's memory limit.
 	MemUsed, MemTotal, MemCache, MemRSS int64
-	Tasks                              int64
-	DiskUsed, DiskTotal                int64
-	NetRx, NetTx                       int64
+	Tasks                               int64
+	DiskUsed, DiskTotal                 int64
+	NetRx, NetTx                        int64
 }
 
 // Metrics returns a sandbox's resource samples in [start, end] (zero

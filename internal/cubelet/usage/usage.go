@@ -246,7 +246,7 @@ func diskUse(t Target) (used, total int64) {
 	if t.FS != "" {
 		var st unix.Statfs_t
 		if err := unix.Statfs(t.FS, &st); err == nil {
-			bs := int64(st.Bsize)
+			bs := st.Bsize
 			return int64(st.Blocks-st.Bfree) * bs, int64(st.Blocks) * bs
 		}
 	}
