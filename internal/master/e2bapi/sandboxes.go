@@ -591,7 +591,8 @@ func logEntry(e catalog.Event) sandboxLogEntry {
 	return sandboxLogEntry{Timestamp: timeJSON(e.At), Level: e.Level, Message: e.Message, Fields: f}
 }
 
-// logsV1 serves the sandbox's lifecycle log (what cubemaster did to it).
+// logsV1 serves the sandbox's log: what cubemaster did to it and what ran
+// in it (master.SandboxLog).
 func (h *Handler) logsV1(w http.ResponseWriter, r *http.Request) {
 	withID(w, r, func(id string) error {
 		qv := r.URL.Query()
@@ -603,7 +604,7 @@ func (h *Handler) logsV1(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		evs, err := h.b.Events(r.Context(), catalog.EventQuery{SandboxID: id, Since: msTime(start), Limit: int(limit)})
+		evs, err := h.b.SandboxLog(r.Context(), catalog.EventQuery{SandboxID: id, Since: msTime(start), Limit: int(limit)})
 		if err != nil {
 			return err
 		}
@@ -647,7 +648,7 @@ func (h *Handler) logsV2(w http.ResponseWriter, r *http.Request) {
 			}
 			minLevel = rank
 		}
-		evs, err := h.b.Events(r.Context(), q)
+		evs, err := h.b.SandboxLog(r.Context(), q)
 		if err != nil {
 			return err
 		}
