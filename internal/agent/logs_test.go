@@ -36,7 +36,12 @@ func TestLogs(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 	base := "http://" + ln.Addr().String()
 	pc := processconnect.NewProcessClient(http.DefaultClient, base)
 	run := func(t *testing.T, cfg *pb.ProcessConfig, pty bool) uint32 {
@@ -148,7 +153,12 @@ func TestLogs(t *testing.T) {
 	if all.Dropped < 9000 || size > 64<<10 {
 		t.Fatalf("cap not held: %d bytes kept, %d dropped", size, all.Dropped)
 	}
-	if r, _ := http.Get(base + agentproto.PathLogs + "?limit=0"); r == nil || r.StatusCode != 400 {
-		t.Fatalf("limit=0: %v", r)
+	r, err := http.Get(base + agentproto.PathLogs + "?limit=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != 400 {
+		t.Fatalf("limit=0: %s", r.Status)
 	}
 }
