@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -99,6 +100,39 @@ func TestSandboxLogs(t *testing.T) {
 			t.Fatalf("out of order at %d: %v after %v", i, all[i].Timestamp, all[i-1].Timestamp)
 		}
 	}
+
+	t.Run("create trace", func(t *testing.T) {
+		var tr map[string]string
+		for _, e := range all {
+			if e.Message == "create trace" {
+				tr = e.Fields
+			}
+		}
+		if tr == nil {
+			t.Fatal("no create trace in the log")
+		}
+		num := func(k string) float64 {
+			var v float64
+			if _, err := fmt.Sscan(tr[k], &v); err != nil {
+				t.Fatalf("trace field %s=%q: %v", k, tr[k], err)
+			}
+			return v
+		}
+		var sum float64
+		var actions []string
+		for k := range tr {
+			if strings.HasPrefix(k, "action.") {
+				actions = append(actions, k)
+				sum += num(k)
+			}
+		}
+		sort.Strings(actions)
+		t.Logf("trace: total %sms = placement %sms + node %sms (actions %.3fms: %v) + agent init %sms", tr["total"], tr["placement"],
+			tr["node"], sum, actions, tr["agent_init"])
+		if len(actions) < 3 || tr["flow"] != "create" || sum > num("node") || num("placement")+num("node")+num("agent_init") > num("total") {
+			t.Fatalf("trace %v", tr)
+		}
+	})
 
 	t.Run("v2 pages forward and backward", func(t *testing.T) {
 		for _, dir := range []string{"forward", "backward"} {
