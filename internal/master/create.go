@@ -376,8 +376,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		return nil, err
 	}
 	tr.total = time.Since(start)
-	s.event(sb.ID, "info", "sandbox created", map[string]string{"node": node.ID, "template": tmpl, "duration": tr.total.String()})
-	s.event(sb.ID, "info", TraceMessage, tr.fields())
+	// One event (one write on the create's path) carries the trace too.
+	fields := tr.fields()
+	fields["node"], fields["template"], fields["duration"] = node.ID, tmpl, tr.total.String()
+	s.event(sb.ID, "info", "sandbox created", fields)
 	s.log.Info("sandbox created", "sandbox_id", sb.ID, "node_id", node.ID, "template", tmpl, "duration", time.Since(start))
 	return up, nil
 }

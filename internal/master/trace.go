@@ -7,13 +7,10 @@ import (
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 )
 
-// TraceMessage is the message of the event that records where a create's
-// time went (in the sandbox's log, beside "sandbox created").
-const TraceMessage = "create trace"
-
 // createTrace is where one create's time went: placement (choosing a
 // node, waiting for one), the node's create flow action by action, the
-// rest of the node call (the RPC), and the agent's init.
+// rest of the node call (the RPC), and the agent's init. It rides in the
+// fields of the sandbox's "sandbox created" event (its log).
 type createTrace struct {
 	placed, node, agent, total time.Duration
 	actions                    []*cubeletpb.ActionTiming
@@ -23,22 +20,27 @@ type createTrace struct {
 // fields carry it.
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d.Microseconds())/1000) }
 
+// TracePrefix starts the keys of the trace's fields.
+const TracePrefix = "trace."
+
 // fields is the trace as event fields, each a duration in milliseconds:
-// "total", "placement", "node" (the whole node call), "agent_init", and
-// one "action.<step>.<name>" per action the node ran (step zero-padded,
-// so the keys sort in flow order; an undo's name ends in ".undo"),
-// plus "flow" (the node's flow).
+// "trace.total", "trace.placement", "trace.node_call" (the whole call to
+// the node), "trace.agent_init", and one "trace.action.<step>.<name>"
+// per action the node ran (step zero-padded, so the keys sort in flow
+// order; actions of one step ran in parallel; an undo's name ends in
+// ".undo"), plus "trace.flow" (the node's flow).
 func (t createTrace) fields() map[string]string {
 	f := map[string]string{
-		"total": ms(t.total), "placement": ms(t.placed), "node": ms(t.node), "agent_init": ms(t.agent),
+		TracePrefix + "total": ms(t.total), TracePrefix + "placement": ms(t.placed),
+		TracePrefix + "node_call": ms(t.node), TracePrefix + "agent_init": ms(t.agent),
 	}
 	for _, a := range t.actions {
-		k := fmt.Sprintf("action.%02d.%s", a.GetStep(), a.GetAction())
+		k := fmt.Sprintf("%saction.%02d.%s", TracePrefix, a.GetStep(), a.GetAction())
 		if a.GetPhase() == "undo" {
 			k += ".undo"
 		}
 		f[k] = ms(a.GetDuration().AsDuration())
-		f["flow"] = a.GetFlow()
+		f[TracePrefix+"flow"] = a.GetFlow()
 	}
 	return f
 }
