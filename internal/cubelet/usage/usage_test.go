@@ -105,7 +105,11 @@ func TestCardinalityBound(t *testing.T) {
 			ts = append(ts, Target{ID: name, CgroupPath: parent + "/" + name, Live: true})
 		}
 		l.set(ts)
+		tick := time.Now()
 		s.Tick()
+		if b == 0 {
+			t.Logf("a tick over %d sandboxes took %s", batch, time.Since(tick).Round(time.Microsecond))
+		}
 		if got, want := seriesCount(t, reg), base+batch*perSandbox; got != want {
 			t.Fatalf("batch %d alive: %d series, want %d", b, got, want)
 		}
