@@ -5,8 +5,9 @@
 //     a session cookie (HttpOnly, SameSite=Strict) and a CSRF token the
 //     console sends in X-CSRF-Token on every request that changes
 //     something; the admin sees every team;
-//   - a team user, with an API key in X-API-Key (no cookie, so no CSRF):
-//     the key's team only, as on the E2B API.
+//   - a team user, with an API key: in X-API-Key (scripts; no cookie, so
+//     no CSRF), or traded at login for a session scoped to the key's team
+//     (the console); the key's team only, as on the E2B API.
 //
 // The console is plain HTML, CSS and JavaScript embedded in the binary
 // (console/): no build step and no server-side rendering.
@@ -53,7 +54,10 @@ type Backend interface {
 	Audit(ctx context.Context, sandboxID, action string, key *catalog.APIKey)
 }
 
-var _ Backend = (*master.Service)(nil)
+var (
+	_ Backend = (*master.Service)(nil)
+	_ Agents  = (*master.Service)(nil)
+)
 
 // Config configures the ops API.
 type Config struct {
@@ -87,6 +91,7 @@ type session struct {
 	user    string
 	csrf    string
 	expires time.Time
+	key     *catalog.APIKey // a team user's session; nil for the admin
 }
 
 // caller is who a request acts as.
@@ -148,6 +153,7 @@ func (h *Handler) routes() {
 	api("GET /ops/api/templates", false, h.templates)
 	api("GET /ops/api/lineage", false, h.lineage)
 	api("GET /ops/api/live", false, h.live)
+	api("GET /ops/api/sandboxes/{sandboxID}/terminal", false, h.terminal)
 }
 
 func newToken() string {
@@ -167,11 +173,25 @@ func HashPassword(pw string) (string, error) {
 	return string(h), err
 }
 
-// login checks the admin password and starts a session.
+// login starts a session: the admin's, with the password, or a team
+// user's, with an API key (browsers cannot put the key on a live stream
+// or a WebSocket, so the console trades it for a session scoped to the
+// key's team).
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
-	var body struct{ User, Password string }
+	var body struct{ User, Password, Key string }
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&body); err != nil {
 		writeError(w, fmt.Errorf("login body: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if body.Key != "" {
+		key, err := h.b.VerifyAPIKey(r.Context(), body.Key)
+		if err != nil {
+			h.log.Warn("ops: failed key login", "remote", r.RemoteAddr)
+			writeError(w, fmt.Errorf("%v: %w", err, errUnauthenticated))
+			return
+		}
+		s := h.startSession(w, &session{user: key.Name, key: key})
+		writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": false, "team": key.Team, "csrf": s.csrf})
 		return
 	}
 	ok := h.cfg.AdminPasswordHash != "" &&
@@ -190,7 +210,14 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("wrong user or password: %w", errUnauthenticated))
 		return
 	}
-	s := &session{user: body.User, csrf: newToken(), expires: time.Now().Add(h.cfg.SessionTTL)}
+	s := h.startSession(w, &session{user: body.User})
+	h.log.Info("ops: admin logged in", "user", body.User, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": true, "csrf": s.csrf})
+}
+
+// startSession records s with a fresh CSRF token and sets its cookie.
+func (h *Handler) startSession(w http.ResponseWriter, s *session) *session {
+	s.csrf, s.expires = newToken(), time.Now().Add(h.cfg.SessionTTL)
 	tok := newToken()
 	h.mu.Lock()
 	now := time.Now()
@@ -203,8 +230,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, Secure: h.cfg.Secure,
 		SameSite: http.SameSiteStrictMode, Expires: s.expires})
-	h.log.Info("ops: admin logged in", "user", body.User, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": true, "csrf": s.csrf})
+	return s
 }
 
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
@@ -261,7 +287,10 @@ func (h *Handler) authed(adminOnly bool, next http.HandlerFunc) http.Handler {
 				writeError(w, errCSRF)
 				return
 			}
-			c = caller{admin: true, user: s.user, sess: s}
+			c = caller{admin: s.key == nil, user: s.user, sess: s, key: s.key}
+			if s.key != nil {
+				ctx = master.WithTeam(ctx, s.key.Team)
+			}
 		} else {
 			writeError(w, fmt.Errorf("log in or send X-API-Key: %w", errUnauthenticated))
 			return

@@ -9,9 +9,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/websocket"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
@@ -303,6 +306,44 @@ func TestOps(t *testing.T) {
 			t.Fatalf("admin lists %v", got)
 		}
 		t.Log("control: team A sees its sandbox; the admin sees every team's")
+	})
+
+	t.Run("terminal", func(t *testing.T) {
+		u, _ := url.Parse(base)
+		dial := func(origin string) (*websocket.Conn, error) {
+			cfg, err := websocket.NewConfig("ws://"+u.Host+"/ops/api/sandboxes/"+sb.ID+"/terminal", origin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Header = http.Header{}
+			for _, ck := range admin.hc.Jar.Cookies(u) {
+				cfg.Header.Add("Cookie", ck.Name+"="+ck.Value)
+			}
+			return websocket.DialConfig(cfg)
+		}
+		if ws, err := dial("http://evil.example"); err == nil {
+			ws.Close()
+			t.Fatal("a WebSocket from another origin was admitted")
+		} else {
+			t.Logf("refused: the terminal from origin http://evil.example: %v", err)
+		}
+		ws, err := dial(base)
+		if err != nil {
+			t.Fatalf("control: the terminal from its own origin: %v", err)
+		}
+		defer ws.Close()
+		_ = websocket.Message.Send(ws, `{"type":"resize","cols":100,"rows":30}`)
+		_ = websocket.Message.Send(ws, `{"type":"input","data":"echo h\"\"i$((1+1))\n"}`)
+		var out strings.Builder
+		_ = ws.SetReadDeadline(time.Now().Add(20 * time.Second))
+		for !strings.Contains(out.String(), "hi2") {
+			var b []byte
+			if err := websocket.Message.Receive(ws, &b); err != nil {
+				t.Fatalf("terminal: %v (so far %q)", err, out.String())
+			}
+			out.Write(b)
+		}
+		t.Logf("control: the terminal ran echo: %q", out.String())
 	})
 
 	t.Run("kill and logout", func(t *testing.T) {
