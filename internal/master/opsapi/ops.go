@@ -127,7 +127,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	start := time.Now()
 	h.mux.ServeHTTP(w, r)
+	h.log.Debug("ops", "method", r.Method, "path", r.URL.Path, "duration", time.Since(start))
 }
 
 func (h *Handler) routes() {

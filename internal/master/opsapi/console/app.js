@@ -100,7 +100,7 @@ async function pageSandboxes() {
   const tmpls = await api("GET", "/templates");
   view.innerHTML = `<h1>Sandboxes</h1>
     <form id="create" class="actions">
-      <select name="template">${tmpls.map((t) => `<option>${esc(t.aliases?.[0] || t.id)}</option>`).join("")}</select>
+      <select name="template">${tmpls.map((t) => `<option value="${esc(t.id)}">${esc(t.id)}${t.aliases?.length ? " (" + esc(t.aliases.join(", ")) + ")" : ""}</option>`).join("")}</select>
       <input name="timeout" type="number" min="10" value="600" title="time to live, seconds">
       <button class="primary" type="submit">Create sandbox</button>
       <input id="filter" placeholder="filter">
@@ -261,7 +261,12 @@ async function pageLineage() {
 
 // ---- routing and login ----
 
+// gen counts route() calls: a page whose route was overtaken while it
+// loaded stops itself at once (browsers allow six connections per host
+// over HTTP/1.1; a leaked live stream would hold one for good).
+let gen = 0;
 async function route() {
+  const mine = ++gen;
   stopPage();
   stopPage = () => {};
   showError("");
@@ -282,7 +287,8 @@ async function route() {
     const stop = await ({
       nodes: pageNodes, sandboxes: pageSandboxes, sandbox: () => pageSandbox(arg), templates: pageTemplates, lineage: pageLineage,
     }[page] || (me.admin ? pageNodes : pageSandboxes))();
-    if (stop) stopPage = stop;
+    if (stop && mine !== gen) stop();
+    else if (stop) stopPage = stop;
   } catch (e) {
     showError(e.message);
   }
@@ -291,8 +297,9 @@ async function route() {
 async function login(body) {
   try {
     me = await api("POST", "/login", body);
-    if (!location.hash) location.hash = me.admin ? "#/nodes" : "#/sandboxes";
-    route();
+    const want = me.admin ? "#/nodes" : "#/sandboxes";
+    if (!location.hash || location.hash === "#") location.hash = want; // hashchange routes
+    else route();
   } catch (e) {
     showError("Log in failed: " + e.message);
   }
