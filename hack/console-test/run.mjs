@@ -71,7 +71,7 @@ try {
   await list.close();
 
   // Terminal: echo hi.
-  await page.waitForSelector("#open-term");
+  await page.waitForSelector("#state");
   await page.click("#open-term");
   await page.waitForFunction(() => window.cubeTerm, { timeout: 10000 });
   await page.waitForFunction(() => {
@@ -113,7 +113,7 @@ try {
 
   // Kill.
   await page.goto(base + "/#/sandbox/" + id);
-  await page.waitForSelector("#kill");
+  await page.waitForSelector("#state");
   await Promise.all([page.waitForFunction(() => location.hash === "#/sandboxes", { timeout: 60000 }), page.click("#kill")]);
   await page.waitForFunction((i) => !document.querySelector(`tr[data-id="${i}"]`), { timeout: 10000 }, id);
   step(`killed ${id}; gone from the list`);

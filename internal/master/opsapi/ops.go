@@ -230,7 +230,7 @@ func (h *Handler) startSession(w http.ResponseWriter, s *session) *session {
 	}
 	h.sessions[tok] = s
 	h.mu.Unlock()
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, Secure: h.cfg.Secure,
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: tok, Path: "/", HttpOnly: true, Secure: h.cfg.Secure, //nolint:gosec // Secure follows the listener: a plaintext loopback console cannot set it
 		SameSite: http.SameSiteStrictMode, Expires: s.expires})
 	return s
 }
@@ -241,7 +241,8 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 		delete(h.sessions, c.Value)
 		h.mu.Unlock()
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: h.cfg.Secure, //nolint:gosec // Secure follows the listener: a plaintext loopback console cannot set it
+		SameSite: http.SameSiteStrictMode})
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -151,7 +151,7 @@ func TestOps(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/ops/api/live", nil)
-		resp, err := admin.hc.Do(req)
+		resp, err := admin.hc.Do(req) //nolint:bodyclose // closed below, after the reader goroutine
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,16 +170,16 @@ func TestOps(t *testing.T) {
 			close(events)
 		}()
 		state := func() string {
-			for l := range events {
-				for _, s := range l {
-					if s.ID == sb.ID {
-						return s.State
-					}
-				}
-				return "gone"
+			l, ok := <-events
+			if !ok {
+				t.Fatal("stream ended")
 			}
-			t.Fatal("stream ended")
-			return ""
+			for _, s := range l {
+				if s.ID == sb.ID {
+					return s.State
+				}
+			}
+			return "gone"
 		}
 		if st := state(); st != "running" {
 			t.Fatalf("first event: %s", st)

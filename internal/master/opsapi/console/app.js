@@ -200,8 +200,6 @@ async function pageSandbox(id) {
     $("#logs").innerHTML = ls.slice().reverse().map((l) =>
       `<span class="lvl-${esc(l.level)}">${new Date(l.t).toLocaleTimeString()} ${esc(l.fields?.stream || l.level)} ${esc(l.message)}</span>`).join("\n");
   };
-  await facts();
-  await Promise.all([metrics().catch(() => {}), logs().catch(() => {})]);
   const verb = (btnID, name, label) => {
     const b = $("#" + btnID);
     b.onclick = () => act(b, label, async () => {
@@ -236,6 +234,10 @@ async function pageSandbox(id) {
     term.onData((d) => ws?.readyState === 1 && ws.send(JSON.stringify({ type: "input", data: d })));
     window.cubeTerm = term; // for tests: the buffer is read through it
   };
+  // Handlers first, then the data: a click never meets a button without
+  // its handler. #state appears once the sandbox is read.
+  await facts();
+  await Promise.all([metrics().catch(() => {}), logs().catch(() => {})]);
   const t = setInterval(() => {
     metrics().catch(() => {});
     logs().catch(() => {});
