@@ -41,6 +41,20 @@ export CUBE_ARTIFACTS="${CUBE_ARTIFACTS:-$PWD/.artifacts}"
 # -p 2: the machines have 2 cores; packages that start sandboxes are heavy.
 go test -p 2 -count=1 -timeout 40m ./... "$@"
 
+# Every SDK suite below records its cases in $CUBE_E2E_RESULTS (the JS
+# ones through a node:test reporter added by NODE_OPTIONS, the Python ones
+# from their conftest); docs/compatibility.md is written from them when the
+# script ends, failures included (test/e2e/compat).
+export CUBE_E2E_RESULTS="${CUBE_E2E_RESULTS:-$(mktemp)}"
+: >"$CUBE_E2E_RESULTS"
+export NODE_OPTIONS="${NODE_OPTIONS:+$NODE_OPTIONS }--test-reporter=$PWD/test/e2e/node/compat-reporter.mjs --test-reporter-destination=stderr"
+compat() {
+  if [ -s "$CUBE_E2E_RESULTS" ] && go run ./test/e2e/compat -o docs/compatibility.md "$CUBE_E2E_RESULTS"; then
+    echo "docs/compatibility.md written from $CUBE_E2E_RESULTS"
+  fi
+}
+trap compat EXIT
+
 # The unmodified E2B JS SDK (pinned in test/e2e/node/package-lock.json,
 # installed from the npm registry) against a real sandbox; docs/envd.md.
 # CUBE_TEST_NODE=0 skips it.
@@ -76,5 +90,20 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   if [ "${CUBE_TEST_VM:-1}" != 0 ]; then
     echo "== node e2e: control plane snapshots, vm runtime"
     go run ./test/e2e/node/system -runtime vm -- npm --prefix test/e2e/node run test:snapshots
+  fi
+fi
+
+# The unmodified E2B Python SDK (sync and async) and both code-interpreter
+# SDKs (JS and Python) against cube up's system, with the code-interpreter
+# template (built from Debian once into $CUBE_BASE_CACHE, then cached; its
+# server starts in each sandbox as the template's service). The virtualenv
+# is cached in $CUBE_PY_CACHE (/var/cache/cube/pyenv) by the requirements'
+# hash; test/e2e/python/run.sh. CUBE_TEST_PYTHON=0 skips it.
+if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
+  echo "== python e2e + code interpreter (e2b, e2b-code-interpreter, @e2b/code-interpreter SDKs)"
+  go run ./test/e2e/node/system -code-interpreter -- bash test/e2e/sdk-suites.sh
+  if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
+    echo "== python e2e + code interpreter: gvisor runtime"
+    go run ./test/e2e/node/system -runtime gvisor -code-interpreter -- bash test/e2e/sdk-suites.sh
   fi
 fi

@@ -46,19 +46,43 @@ func main() {
 	os.Unsetenv(agentproto.TokenHashEnv)
 	resolver := os.Getenv(agentproto.ResolverEnv)
 	os.Unsetenv(agentproto.ResolverEnv)
+	var egressCA []byte
+	if v := os.Getenv(agentproto.EgressCAEnv); v != "" {
+		var err error
+		if egressCA, err = agentproto.DecodeCA(v); err != nil {
+			log.Error("egress CA", "error", err)
+		}
+	}
+	os.Unsetenv(agentproto.EgressCAEnv)
 	if *vm {
-		h, r, err := vmSetup(log)
+		h, r, ca, err := vmSetup(log)
 		if err != nil {
 			log.Error("vm setup", "error", err)
 			os.Exit(1)
 		}
-		tokenHash, hasHash, resolver = h, h != "", r
+		tokenHash, hasHash, resolver, egressCA = h, h != "", r, ca
 	}
 	if resolver != "" {
 		// Not fatal: a sandbox whose image keeps /etc read-only still
 		// serves, it just resolves nothing.
 		if err := agent.WriteResolvConf(agent.ResolvConfPath, resolver); err != nil {
 			log.Error("write resolv.conf", "error", err)
+		}
+	}
+	if len(egressCA) > 0 {
+		// Not fatal either: without it only hosts whose TLS the egress
+		// proxy terminates (credential rules) fail verification.
+		bundle, err := agent.InstallCA("/", egressCA)
+		if err != nil {
+			log.Error("install the egress CA", "error", err)
+		}
+		if bundle != "" {
+			// Before SandboxEnv below: what the sandbox's processes get.
+			for k, v := range agent.TrustEnv(bundle) {
+				if _, set := os.LookupEnv(k); !set {
+					os.Setenv(k, v)
+				}
+			}
 		}
 	}
 	var verifier *[sha256.Size]byte

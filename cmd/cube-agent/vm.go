@@ -13,12 +13,12 @@ import (
 // and networks the guest itself (docs/vm-guest.md).
 // It returns the access token's verifier the host put on the kernel
 // command line ("" for none).
-func vmSetup(log *slog.Logger) (tokenHash, resolver string, err error) {
+func vmSetup(log *slog.Logger) (tokenHash, resolver string, egressCA []byte, err error) {
 	cfg, err := vminit.Setup(log)
 	if cfg.Resolver.IsValid() {
 		resolver = cfg.Resolver.String()
 	}
-	return cfg.TokenHash, resolver, err
+	return cfg.TokenHash, resolver, cfg.EgressCA, err
 }
 
 // serveChannel serves the agent's API to the host over the agent channel

@@ -5,7 +5,11 @@
 // It prints the layout's path; `cubecli template import base PATH` turns it
 // into the template. See docs/templates.md.
 //
-//	go run ./hack/base-image [--rebuild] [--suite bookworm] DIR
+// With --code-interpreter it builds the code-interpreter image instead
+// (base + Debian's Jupyter kernel + the E2B code-interpreter server;
+// docs/templates.md), cached beside base.
+//
+//	go run ./hack/base-image [--rebuild] [--suite bookworm] [--code-interpreter] DIR
 package main
 
 import (
@@ -22,9 +26,10 @@ import (
 
 func main() {
 	rebuild := flag.Bool("rebuild", false, "ignore the cache and build again")
+	ci := flag.Bool("code-interpreter", false, "build the code-interpreter image (base + Jupyter kernel + the E2B code-interpreter server) instead")
 	suite := flag.String("suite", baseimage.DefaultSuite, "Debian suite")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: base-image [--rebuild] [--suite SUITE] DIR")
+		fmt.Fprintln(os.Stderr, "usage: base-image [--rebuild] [--suite SUITE] [--code-interpreter] DIR")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -35,7 +40,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	res, err := baseimage.Build(ctx, baseimage.Options{Dir: flag.Arg(0), Suite: *suite, Rebuild: *rebuild, Log: log})
+	o := baseimage.Options{Dir: flag.Arg(0), Suite: *suite, Rebuild: *rebuild, Log: log}
+	if *ci {
+		o = baseimage.CodeInterpreter(o)
+	}
+	res, err := baseimage.Build(ctx, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)

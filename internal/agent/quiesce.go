@@ -164,16 +164,31 @@ func (a *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// quiesced tears down srv after a quiesce order: wait for the caller to
-// close its connection, then close the listener and reset the rest.
-func (a *Server) quiesced(srv *http.Server, o quiesceOrder) {
+// quiesced tears down srv, serving ln, after a quiesce order: wait for
+// the caller to close its connection, stop accepting, then reset every
+// connection. served is srv.Serve's result, which it consumes.
+//
+// The listener closes first, and Serve must have returned before the
+// reset: every connection Serve accepted is then tracked (the StateNew
+// hook runs in Serve's loop), so the reset reaches all of them. srv.Close
+// alone would close a connection accepted after a reset with a FIN, and
+// that endpoint would sit in TIME_WAIT, which runsc cannot save: a failed
+// save takes the sandbox down (the caller dials the port until it is
+// refused, so connections do arrive during the teardown).
+func (a *Server) quiesced(srv *http.Server, ln net.Listener, served <-chan error, o quiesceOrder) error {
 	deadline := time.Now().Add(quiesceCloseWait)
 	for o.conn != nil && a.life.open(o.conn) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
+	_ = ln.Close()
+	err := <-served
 	a.life.reset()
 	_ = srv.Close()
 	a.life.reset()
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
 }
 
 // waitWake blocks a quiesced agent until Wake, its deadline or ctx.

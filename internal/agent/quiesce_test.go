@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -137,5 +139,78 @@ func waitHealth(base string, within time.Duration) error {
 			return fmt.Errorf("no /health within %s: %w", within, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestQuiesceLeavesNoEndpoint: a quiesce while a client keeps dialing the
+// agent (as cubelet does, waiting for the port to refuse) leaves no
+// endpoint of the agent's port in any state once the port refuses: every
+// connection the agent accepted was reset, none closed with a FIN into
+// TIME_WAIT, which runsc cannot save. Rounds of it, since the race is
+// between an accept and the teardown.
+func TestQuiesceLeavesNoEndpoint(t *testing.T) {
+	procNet := t.TempDir()
+	writeTCP(t, procNet)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	srv := New(Config{ProcNet: procNet})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	base := "http://" + addr
+	rst := func(c net.Conn) {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		c.Close()
+	}
+	for round := range 20 {
+		if err := waitHealth(base, 5*time.Second); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /_cube/quiesce HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n{\"timeout_ms\":20000}")
+		buf := make([]byte, 4096)
+		if _, err := c.Read(buf); err != nil || !strings.HasPrefix(string(buf), "HTTP/1.1 200") {
+			t.Fatalf("round %d: quiesce answer %q %v", round, buf[:min(len(buf), 40)], err)
+		}
+		rst(c)
+		// Dial until refused, each probe reset, as cubelet does.
+		for {
+			p, err := net.DialTimeout("tcp", addr, time.Second)
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				break
+			}
+			if errors.Is(err, syscall.ECONNRESET) {
+				continue // queued when the listener closed
+			}
+			if err != nil {
+				t.Fatalf("round %d: probe: %v", round, err)
+			}
+			rst(p)
+		}
+		socks, err := readTCPTable("/proc/net/tcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range socks {
+			if _, p, _ := net.SplitHostPort(s.Local); p == port {
+				t.Fatalf("round %d: the agent's port still has %s %s -> %s after the quiesce", round, s.State, s.Local, s.Remote)
+			}
+		}
+		srv.Wake()
 	}
 }

@@ -311,8 +311,7 @@ func (s *Server) serveOnce(ctx context.Context, ln net.Listener) (*quiesceOrder,
 	case err := <-errc:
 		return nil, fmt.Errorf("agent: serve: %w", err)
 	case o := <-s.life.quiesce:
-		s.quiesced(srv, o)
-		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		if err := s.quiesced(srv, ln, errc, o); err != nil {
 			return nil, fmt.Errorf("agent: serve: %w", err)
 		}
 		return &o, nil

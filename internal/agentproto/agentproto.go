@@ -7,6 +7,7 @@ package agentproto
 
 import (
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"time"
 )
@@ -146,6 +147,21 @@ const (
 	ResolverEnv   = "CUBE_AGENT_RESOLVER"
 	ResolverParam = "cube.resolver"
 )
+
+// A CA certificate cube-agent adds to the sandbox's trust store before it
+// serves (network-agent's egress CA), unpadded standard base64 of its DER
+// (EncodeCA): in PID 1's environment (containers) or on the kernel
+// command line (VMs, ~560 characters for a P-256 CA).
+const (
+	EgressCAEnv   = "CUBE_AGENT_EGRESS_CA"
+	EgressCAParam = "cube.egress_ca"
+)
+
+// EncodeCA is a CA certificate's form in EgressCAEnv and EgressCAParam.
+func EncodeCA(der []byte) string { return base64.RawStdEncoding.EncodeToString(der) }
+
+// DecodeCA reverses EncodeCA.
+func DecodeCA(s string) ([]byte, error) { return base64.RawStdEncoding.DecodeString(s) }
 
 // DropSysAdminEnv, set to 1 in PID 1's environment, makes cube-agent drop
 // CAP_SYS_ADMIN from its bounding set before it serves (agent.DropSysAdminBound):

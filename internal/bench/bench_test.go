@@ -143,7 +143,7 @@ func TestScenariosTiny(t *testing.T) {
 	}
 	// Snapshots, clones and the E2B round trip run where the node has
 	// them and are skipped with a reason otherwise: never a silent gap.
-	for _, name := range []string{"snapshot", "clone-1", "clone-n", "e2b", "create-warm", "pause-disk", "resume-disk"} {
+	for _, name := range []string{"snapshot", "clone-1", "clone-n", "e2b", "e2b-tti", "e2b-tti-burst", "create-warm", "pause-disk", "resume-disk"} {
 		r := byName[name]
 		if r == nil || (r.Skipped == "" && r.Error == "" && r.Latency == nil) || r.Error != "" {
 			t.Errorf("%s: %+v", name, r)

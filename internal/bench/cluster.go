@@ -98,13 +98,9 @@ func init() {
 
 // benchCluster is the run's cluster, built on first use.
 type benchCluster struct {
-	once  sync.Once
-	err   error
-	tb    *benchTB
-	c     *clusterenv.Cluster
-	api   *mastertest.Client
-	built time.Duration
-	logf  *os.File
+	ownSystem
+	c   *clusterenv.Cluster
+	api *mastertest.Client
 
 	mu   sync.Mutex
 	aggs map[string]*clusterAgg // by scenario, over its chunks
@@ -154,48 +150,15 @@ func (s nodeSpread) String(nodes []*clusterenv.Node) string {
 // error that stopped it).
 func (e *Env) cluster(ctx context.Context) (*benchCluster, error) {
 	bc := &e.clus
-	bc.once.Do(func() {
-		dir, err := e.scratch("cluster")
-		if err != nil {
-			bc.err = err
-			return
-		}
-		// The daemons' output, to watch while the run lasts (the work
-		// dir goes with the run).
-		if bc.logf, err = os.Create(filepath.Join(dir, "cluster.log")); err != nil {
-			bc.err = err
-			return
-		}
-		bc.tb = newBenchTB(context.WithoutCancel(ctx), "cluster", dir, bc.logf)
-		e.Progress.Note("cluster: building it (3 nodes, 2 masters, 2 proxies, MariaDB; log %s)", bc.logf.Name())
-		began := time.Now()
-		bc.err = bc.tb.do(func() {
-			bc.c = clusterenv.Start(bc.tb, clusterenv.Options{})
-			bc.api = bc.c.Masters[0].API(bc.c.APIKey(bc.tb))
-		})
-		bc.built = time.Since(began)
-		if bc.err != nil {
-			bc.err = errors.Join(fmt.Errorf("build the cluster: %w", bc.err), bc.close())
-		}
+	err := bc.build(ctx, e, "cluster", "3 nodes, 2 masters, 2 proxies, MariaDB", func(tb *benchTB) {
+		bc.c = clusterenv.Start(tb, clusterenv.Options{})
+		bc.api = bc.c.Masters[0].API(bc.c.APIKey(tb))
 	})
-	return bc, bc.err
+	return bc, err
 }
 
-// close tears the cluster down; a leak its checks found is an error.
-func (bc *benchCluster) close() error {
-	if bc.tb == nil {
-		return nil
-	}
-	err := bc.tb.cleanup()
-	bc.tb = nil
-	if bc.logf != nil {
-		_ = bc.logf.Close()
-	}
-	if err != nil {
-		return fmt.Errorf("cluster teardown: %w", err)
-	}
-	return nil
-}
+// close tears the cluster down.
+func (bc *benchCluster) close() error { return bc.ownSystem.close("cluster") }
 
 // clusterSample is one sandbox's create and first envd answer.
 type clusterSample struct {

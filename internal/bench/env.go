@@ -51,12 +51,16 @@ type Env struct {
 	memoMu sync.Mutex
 	memo   map[string][]batch
 
-	warmT warmTemplate   // the run's warmed template (warm.go)
-	net   *node.NetAgent // network-agent of a private gvisor/vm node
+	warmT warmTemplate // the run's warmed template (warm.go)
+	poolT poolTemplate // the run's warm pool template (pool.go)
+	// poolBurstT is the warm pool template of create-pool-c50.
+	poolBurstT poolTemplate
+	net        *node.NetAgent // network-agent of a private gvisor/vm node
 
 	profiler *profiler // set by the runner while a scenario runs
 
 	clus benchCluster // the cluster scenarios' cluster (cluster.go)
+	e2b  benchE2B     // the E2B scenarios' system (e2b.go)
 }
 
 // Node is the private cubelet the bench started (nil with Setup.Addr).
@@ -78,9 +82,11 @@ func (e *Env) Info(ctx context.Context) (*pb.InfoResponse, error) {
 // Close releases what baselines set up (their pool, podman storage).
 func (e *Env) Close(ctx context.Context) error {
 	var errs []error
-	errs = append(errs, e.clus.close())
+	errs = append(errs, e.clus.close(), e.e2b.close())
 	if e.Client != nil {
 		errs = append(errs, e.warmT.close(ctx, e.Client))
+		errs = append(errs, e.poolT.close(ctx, e.Client))
+		errs = append(errs, e.poolBurstT.close(ctx, e.Client))
 	}
 	if e.pod != nil {
 		errs = append(errs, e.pod.Close(ctx))

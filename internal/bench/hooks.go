@@ -75,16 +75,4 @@ func init() {
 		})
 	}
 
-	Register(Scenario{
-		Name: "e2b", Kind: report.KindCube,
-		Help:      "E2B round trip: POST /sandboxes on the E2B API, first envd /health through cubeproxy, DELETE",
-		Baselines: []string{"runc-run", "podman-run"},
-		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
-		Probe: func(context.Context, *Env) error {
-			return skipf("not wired yet: the bench would have to start cubemaster (E2B API) and cubeproxy in front of its node")
-		},
-		Run: func(context.Context, *Env, report.Params) (*report.Result, error) {
-			return nil, skipf("E2B round trip not available")
-		},
-	})
 }

@@ -141,7 +141,7 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		}
 		s.Progress.Note("starting a private cubelet in %s", filepath.Join(s.WorkDir, "node"))
 		// node.Start removes what it made when it fails.
-		n, err := node.Start(ctx, node.Config{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: extra + s.NodeTOML})
+		n, err := node.Start(ctx, node.Config{RunID: s.RunID, BinDir: s.BinDir, Dir: filepath.Join(s.WorkDir, "node"), ExtraTOML: extra + poolTOML(e.Opts) + s.NodeTOML})
 		if err != nil {
 			return nil, cleanup, err
 		}

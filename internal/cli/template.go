@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -21,7 +22,7 @@ func templateCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-var templateHeaders = []string{"ID", "DIGEST", "SIZE", "RUNTIME", "WARM", "AGE", "SOURCE"}
+var templateHeaders = []string{"ID", "DIGEST", "SIZE", "RUNTIME", "WARM", "POOL", "AGE", "SOURCE"}
 
 func templateRow(t *pb.Template) []string {
 	d := t.Digest
@@ -36,7 +37,7 @@ func templateRow(t *pb.Template) []string {
 	if t.Warm {
 		warm = "yes"
 	}
-	return []string{t.Id, d, bytesHuman(t.SizeBytes), rt, warm, age(t.CreatedAt.AsTime()), t.Source}
+	return []string{t.Id, d, bytesHuman(t.SizeBytes), rt, warm, strconv.Itoa(int(t.PoolReady)), age(t.CreatedAt.AsTime()), t.Source}
 }
 
 func templateImport(g *globals) *cobra.Command {

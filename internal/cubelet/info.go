@@ -98,7 +98,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[lifecycle.State]int{}
 	c.s.mu.Lock()
 	for _, e := range c.s.boxes {
-		counts[e.rec.Load().State]++
+		if r := e.rec.Load(); !pooled(r) {
+			counts[r.State]++
+		}
 	}
 	c.s.mu.Unlock()
 	for _, st := range lifecycle.All {
@@ -145,7 +147,7 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 		for _, t := range tmpls {
 			r.Templates = append(r.Templates, &masterpb.TemplateRef{
 				Id: t.ID, Digest: t.Digest, SizeBytes: t.SizeBytes, CreatedAt: timestamppb.New(t.CreatedAt),
-				Runtime: t.Runtime, Warm: t.WarmSnapshotID != "",
+				Runtime: t.Runtime, Warm: t.WarmSnapshotID != "", Pool: int32(s.PoolReady(t.ID)),
 			})
 		}
 		sort.Slice(r.Templates, func(i, j int) bool { return r.Templates[i].Id < r.Templates[j].Id })

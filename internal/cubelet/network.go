@@ -28,7 +28,7 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, p policy.Policy)
 	if rec.Network == nil {
 		return nil, fmt.Errorf("sandbox %s has no network slot (no network-agent on this node): %w", id, errdefs.ErrFailedPrecondition)
 	}
-	if err := s.node.Net.UpdatePolicy(ctx, id, &p); err != nil {
+	if err := s.node.Net.UpdatePolicy(ctx, rec.HostKey(), &p); err != nil {
 		return nil, err
 	}
 	t := newTask(s.store, e, rec, nil)

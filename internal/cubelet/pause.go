@@ -66,7 +66,7 @@ func (s *Service) pauseModeVerb(ctx context.Context, id, flow string, to lifecyc
 		}
 	}
 	t := newTask(s.store, e, rec, tmpl)
-	t.DiskPause = &actions.DiskPauseRun{Image: s.node.PausedImageDir(id)}
+	t.DiskPause = &actions.DiskPauseRun{Image: s.node.PausedImageDir(rec.HostKey())}
 	fctx, cancel := detached(ctx)
 	defer cancel()
 	res, err := s.engine.Run(fctx, flow, t)
@@ -101,7 +101,7 @@ func refuseDiskPaused(rec *sandbox.Record, verb string) error {
 // there, and is Failed (and released) when the image is gone.
 func (s *Service) adoptDiskPaused(ctx context.Context, t *actions.Task, sum *reconcileSummary) {
 	rec := t.Record()
-	if _, err := os.Stat(s.node.PausedImageDir(rec.ID)); err != nil {
+	if _, err := os.Stat(s.node.PausedImageDir(rec.HostKey())); err != nil {
 		_ = t.Update(func(r *sandbox.Record) {
 			r.State, r.Error = lifecycle.Failed, "memory image of disk-paused sandbox lost: "+err.Error()
 		})
@@ -126,7 +126,7 @@ func (s *Service) sweepPausedImage(rec *sandbox.Record) {
 	if rec.PauseMode == sandbox.PauseDisk {
 		return
 	}
-	dir := s.node.PausedImageDir(rec.ID)
+	dir := s.node.PausedImageDir(rec.HostKey())
 	if _, err := os.Stat(dir); err == nil {
 		if err := os.RemoveAll(dir); err != nil {
 			s.log.Warn("remove stale memory image", "sandbox_id", rec.ID, "err", err)

@@ -46,6 +46,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
+		known[rec.HostKey()] = true // a sandbox claimed from a warm pool holds its entry's
 		e := newEntry(rec)
 		e.onPublish = s.watchRecord
 		s.boxes[rec.ID] = e
@@ -444,7 +445,7 @@ func (s *Service) pausedImageStopped(ctx context.Context, rec *sandbox.Record) b
 	if rec.Container == nil || (rec.State != lifecycle.Running && rec.State != lifecycle.Paused) {
 		return false
 	}
-	if ents, err := os.ReadDir(s.node.PausedImageDir(rec.ID)); err != nil || len(ents) == 0 {
+	if ents, err := os.ReadDir(s.node.PausedImageDir(rec.HostKey())); err != nil || len(ents) == 0 {
 		return false
 	}
 	st, err := s.runtimeState(ctx, rec)

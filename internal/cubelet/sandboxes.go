@@ -33,7 +33,8 @@ type CreateRequest struct {
 	// first ("" = none: the agent serves anyone who reaches it until
 	// something sets a token through /init).
 	AccessToken string
-	// cold boots even when the template is warm (warming it).
+	// cold boots even when the template is warm (warming it) and never
+	// claims a warm pool's entry (filling the pool).
 	cold bool
 }
 
@@ -42,7 +43,9 @@ type Result struct {
 	Sandbox *sandbox.Record
 	Timings []workflow.Timing
 	// Warm: restored from the template's warm snapshot (warm.go).
-	Warm     bool
+	Warm bool
+	// Pooled: claimed from a warm pool (warmpool.go).
+	Pooled   bool
 	Warnings []string
 	// Flow is the flow that ran when the verb picks one (pause, resume:
 	// pause.go); empty otherwise.
@@ -59,6 +62,11 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 	}
 	if req.SandboxID == "" {
 		req.SandboxID = sandboxid.New()
+	}
+	if s.poolClaimable(&req, tmpl) {
+		if res, served, err := s.claimPooled(ctx, req, tmpl); served {
+			return res, err
+		}
 	}
 	if sn := s.warmSnapshotFor(tmpl, &req); sn != nil {
 		return s.createWarm(ctx, req, sn)
@@ -138,10 +146,20 @@ func (s *Service) forget(id string) {
 	s.usage.Forget(id)
 }
 
+// lookup finds a user's sandbox: a warm pool's entry is not one.
 func (s *Service) lookup(id string) (*entry, error) {
 	if err := sandboxid.Validate("sandbox", id); err != nil {
 		return nil, &errdefs.FieldError{Field: "sandbox_id", Msg: err.Error()}
 	}
+	e, err := s.find(id)
+	if err == nil && pooled(e.rec.Load()) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return e, err
+}
+
+// find finds any sandbox, a warm pool's entry too.
+func (s *Service) find(id string) (*entry, error) {
 	s.mu.Lock()
 	e := s.boxes[id]
 	s.mu.Unlock()
@@ -185,7 +203,7 @@ func (s *Service) listAt(f ListFilter) ([]*sandbox.Record, time.Time) {
 	s.mu.Unlock()
 	out := recs[:0]
 	for _, r := range recs {
-		if matches(r, f) {
+		if matches(r, f) && !pooled(r) {
 			out = append(out, r.Clone())
 		}
 	}
@@ -237,6 +255,10 @@ func (s *Service) Delete(ctx context.Context, id string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.deleteEntry(ctx, e, id)
+}
+
+func (s *Service) deleteEntry(ctx context.Context, e *entry, id string) (*Result, error) {
 	if err := e.acquire(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s is busy: %w", id, err)
 	}

@@ -80,6 +80,8 @@ type Service struct {
 	// closes when its loop has stopped.
 	usage     *usage.Sampler
 	usageDone chan struct{}
+	// pool is the warm pools (warmpool.go); nil when none is configured.
+	pool *warmPool
 }
 
 // New opens the store, runs the init flow, reconciles the store with what
@@ -169,6 +171,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		return nil, fmt.Errorf("storage: %w", err)
 	}
 	s.armAll()
+	if cfg.WarmPool.On() || len(s.poolEntries("")) > 0 {
+		s.startPool(life)
+	}
 	s.probe(ctx)
 	go s.gcLoop(life)
 	go s.healthLoop(life)
@@ -204,6 +209,7 @@ func (s *Service) Close() error {
 		<-s.gcDone
 		<-s.healthDone
 		<-s.usageDone
+		s.stopPool()
 		s.stopWatch()
 		s.stopStorage()
 		err = s.store.Close()

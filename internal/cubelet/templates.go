@@ -157,6 +157,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 		ID: id, Digest: meta.Digest, Source: img.Source, ImagePath: out, SizeBytes: meta.SizeBytes,
 		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir,
 		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest, Runtime: req.Runtime,
+		StartCmd: meta.StartCmd, ReadyCmd: meta.ReadyCmd,
 	}
 	if req.Artifact != "" {
 		t.Source = "cubemaster:" + req.Artifact // the pull's scratch layout is gone
@@ -342,6 +343,12 @@ func (s *Service) DeleteTemplate(ctx context.Context, id string) error {
 	}
 	if users > 0 {
 		return fmt.Errorf("template %q is used by %d sandbox(es): %w", id, users, errdefs.ErrFailedPrecondition)
+	}
+	// Its warm pool goes first, and stays empty while the delete runs
+	// (and for good once the template is gone).
+	defer s.undrainPool(id)
+	if err := s.drainPool(ctx, id); err != nil {
+		return fmt.Errorf("template %q: drain its warm pool: %w", id, err)
 	}
 	// Snapshots keep their template: clones boot with its metadata.
 	if n, err := s.templateSnapshots(id); err != nil || n > 0 {

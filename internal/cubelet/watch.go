@@ -203,7 +203,7 @@ func zombieStatus(pid int, start uint64) (syscall.WaitStatus, bool) {
 // onDeath acts on a death once no verb holds the sandbox.
 func (s *Service) onDeath(id string, d death) {
 	ctx := s.life
-	e, err := s.lookup(id)
+	e, err := s.find(id) // a warm pool's entry too
 	if err != nil {
 		return
 	}

@@ -30,20 +30,30 @@ func networkPolicyFromPB(field string, p *pb.NetworkPolicy) (*policy.Policy, err
 	if p == nil {
 		return nil, nil
 	}
-	v, err := policy.Parse(field, policy.Spec{
+	spec := policy.Spec{
 		AllowInternet: p.AllowInternetAccess, Allow: p.AllowOut, Deny: p.DenyOut,
 		MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps,
-	})
+	}
+	for _, c := range p.Credentials {
+		spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+	}
+	v, err := policy.Parse(field, spec)
 	if err != nil {
 		return nil, err
 	}
 	return &v, nil
 }
 
+// networkPolicyToPB is the policy as cubelet's API shows it: credential
+// rules by host and header, never their values.
 func networkPolicyToPB(p policy.Policy) *pb.NetworkPolicy {
 	s := p.Spec()
-	return &pb.NetworkPolicy{AllowInternetAccess: s.AllowInternet, AllowOut: s.Allow, DenyOut: s.Deny,
+	out := &pb.NetworkPolicy{AllowInternetAccess: s.AllowInternet, AllowOut: s.Allow, DenyOut: s.Deny,
 		MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
+	for _, c := range s.Credentials {
+		out.Credentials = append(out.Credentials, &pb.Credential{Host: c.Host, Header: c.Header})
+	}
+	return out
 }
 
 func networkToPB(r *sandbox.Record) *pb.NetworkInfo {

@@ -58,7 +58,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest
 		flow = cubelet.FlowClone
 	}
 	return &pb.CreateSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(flow, res.Timings),
-		Warm: res.Warm, Warnings: res.Warnings}, nil
+		Warm: res.Warm, Warnings: res.Warnings, Pooled: res.Pooled}, nil
 }
 
 func (s *Server) GetSandbox(ctx context.Context, req *pb.GetSandboxRequest) (*pb.GetSandboxResponse, error) {
@@ -159,7 +159,9 @@ func (s *Server) ListTemplates(ctx context.Context, _ *pb.ListTemplatesRequest) 
 	}
 	out := &pb.ListTemplatesResponse{ListedAt: timestamppb.New(at)}
 	for _, t := range ts {
-		out.Templates = append(out.Templates, templateToPB(t))
+		pt := templateToPB(t)
+		pt.PoolReady = int32(s.svc.PoolReady(t.ID))
+		out.Templates = append(out.Templates, pt)
 	}
 	return out, nil
 }
@@ -169,7 +171,9 @@ func (s *Server) GetTemplate(ctx context.Context, req *pb.GetTemplateRequest) (*
 	if err != nil {
 		return nil, ToGRPC(err, "")
 	}
-	return &pb.GetTemplateResponse{Template: templateToPB(t)}, nil
+	pt := templateToPB(t)
+	pt.PoolReady = int32(s.svc.PoolReady(t.ID))
+	return &pb.GetTemplateResponse{Template: pt}, nil
 }
 
 func (s *Server) DeleteTemplate(ctx context.Context, req *pb.DeleteTemplateRequest) (*pb.DeleteTemplateResponse, error) {

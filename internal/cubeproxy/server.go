@@ -20,6 +20,7 @@ import (
 	"time"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/clientlimit"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/nodetunnel"
 	"github.com/cubesandbox/cube/internal/proxy"
@@ -136,7 +137,7 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("GET /metrics", s.Metrics.Handler())
 	metricsMux.HandleFunc("GET /health", health)
-	h := &observe{route: route, routes: s.Routes, unknown: newUnknownLimit(), metrics: s.Metrics, act: act, log: log, local: local}
+	h := &observe{route: route, routes: s.Routes, unknown: clientlimit.New(unknownRate, unknownBurst), metrics: s.Metrics, act: act, log: log, local: local}
 
 	rctx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel

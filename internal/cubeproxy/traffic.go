@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/clientlimit"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/proxy"
 )
@@ -148,13 +149,24 @@ func (a *activity) report(ctx context.Context, client masterpb.RouteServiceClien
 	}
 }
 
+// Requests for sandboxes this replica has no route cached for that turn
+// out not to exist take a token from the client's bucket (unknownBurst,
+// refilled at unknownRate a second); with the bucket empty such requests
+// are answered 429 without asking the master. Requests for cached routes
+// (sandboxes the replica served recently) always pass, so a client that
+// also probes random IDs keeps reaching its own sandboxes.
+const (
+	unknownRate  = 20.0
+	unknownBurst = 100.0
+)
+
 // observe wraps the route: metrics, activity and one access log line per
 // request. It blocks for as long as the proxied exchange lasts (an
 // upgraded WebSocket included), so an open stream counts as in flight.
 type observe struct {
 	route   *proxy.Handler
 	routes  *Routes
-	unknown *unknownLimit
+	unknown *clientlimit.Limiter
 	metrics *Metrics
 	act     *activity
 	log     *slog.Logger
@@ -167,8 +179,8 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		o.local.ServeHTTP(w, r)
 		return
 	}
-	client := clientOf(r.RemoteAddr)
-	if id != "" && o.unknown.exhausted(client) && !o.routes.Cached(id) {
+	client := clientlimit.ClientOf(r.RemoteAddr)
+	if id != "" && o.unknown.Exhausted(client) && !o.routes.Cached(id) {
 		o.metrics.requests.WithLabelValues("", "", strconv.Itoa(http.StatusTooManyRequests)).Inc()
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Retry-After", "1")
@@ -179,7 +191,7 @@ func (o *observe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(proxy.WithUnresolved(r.Context(), func(err error) {
 		if errdefs.IsNotFound(err) {
-			o.unknown.miss(client)
+			o.unknown.Fail(client)
 		}
 	}))
 	start := time.Now()

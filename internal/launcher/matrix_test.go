@@ -355,6 +355,10 @@ func TestListenerMatrix(t *testing.T) {
 		// inventory names them "... (slot)"): for that slot's sandbox only.
 		"tcp " + slotResolver + " (slot)": {"network-agent", func(n string) { dnsMatrix(m, n, "tcp") }},
 		"udp " + slotResolver + " (slot)": {"network-agent", func(n string) { dnsMatrix(m, n, "udp") }},
+		// The egress proxy, inside every assigned slot's namespace: only
+		// connections the slot redirects reach it (TestEgressProxy in
+		// internal/network/agent has the redirected control).
+		"tcp " + slotProxy + " (slot)": {"network-agent", func(n string) { egressMatrix(m, n) }},
 		"unix " + filepath.Join(cfg.RunDir, "network-agent.sock"): {"network-agent", func(n string) {
 			unixMatrix(t, m, n, filepath.Join(cfg.RunDir, "network-agent.sock"), func(c *grpc.ClientConn) error {
 				_, err := networkpb.NewNetworkAgentClient(c).Health(ctx, &networkpb.HealthRequest{})
@@ -502,6 +506,56 @@ func dnsMatrix(m *matrix, name, network string) {
 		got = "answered " + dns.RcodeToString[r.Rcode]
 	}
 	m.add(name, "DNS query "+network+" to "+hostIP+":53", "the host", "no answer", got, err != nil)
+}
+
+// slotProxy is where network-agent's egress proxy listens inside every
+// slot namespace ([egress] port).
+const slotProxy = "169.254.0.22:15001"
+
+// egressMatrix probes a slot's egress proxy listener: neither the slot's
+// sandbox dialling it directly (not redirected: dropped by the slot's
+// input chain) nor the host at the slot's host address (DNATed to the
+// sandbox, where nothing listens) gets a connection.
+func egressMatrix(m *matrix, name string) {
+	_, pin, _ := strings.Cut(name, " in ")
+	dialIn := func(ns, addr string) (string, bool) {
+		var c net.Conn
+		err := netnsdir.Do(ns, func() (err error) {
+			c, err = net.DialTimeout("tcp4", addr, 500*time.Millisecond)
+			return err
+		})
+		if err != nil {
+			return "no connection: " + err.Error(), true
+		}
+		c.Close()
+		return "connected", false
+	}
+	if fileExists(pin + "-sb") {
+		got, ok := dialIn(pin+"-sb", slotProxy)
+		m.add(name, "direct TCP connect", "its sandbox", "no connection", got, ok)
+	}
+	var hostIP string
+	_ = netnsdir.Do(pin, func() error {
+		ifc, err := net.InterfaceByName("up0")
+		if err != nil {
+			return err
+		}
+		addrs, err := ifc.Addrs()
+		if err == nil && len(addrs) > 0 {
+			if ipn, ok := addrs[0].(*net.IPNet); ok {
+				hostIP = ipn.IP.String()
+			}
+		}
+		return err
+	})
+	_, port, _ := net.SplitHostPort(slotProxy)
+	c, err := net.DialTimeout("tcp4", net.JoinHostPort(hostIP, port), 500*time.Millisecond)
+	got := "no connection"
+	if err == nil {
+		got = "connected"
+		c.Close()
+	}
+	m.add(name, "TCP connect to "+hostIP+":"+port, "the host", "no connection", got, err != nil && hostIP != "")
 }
 
 func fileExists(p string) bool {

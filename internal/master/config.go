@@ -12,6 +12,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/objstore"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/tomlconfig"
@@ -103,6 +104,11 @@ type Config struct {
 		// images of templates imported through the master, which every
 		// node pulls.
 		StoreDir string `toml:"store_dir"`
+		// ObjectStore, when set, holds every stored template's image, so
+		// that every replica of the catalog serves it to its nodes (each
+		// keeps a copy in store_dir). Without it, a template's image is
+		// served only by the replica that imported it.
+		ObjectStore objstore.Config `toml:"object_store"`
 	} `toml:"templates"`
 	Scheduler scheduler.Config `toml:"scheduler"`
 	APIKeys   struct {

@@ -128,6 +128,16 @@ func ValidateNetwork(n catalog.Network) error {
 			return errdefs.FieldErrorf(field, "%q is not a CIDR or an IP address", e)
 		}
 	}
+	// Credential rules: the node's parser is the one definition.
+	if len(n.Credentials) > 0 {
+		spec := policy.Spec{}
+		for _, c := range n.Credentials {
+			spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+		}
+		if _, err := policy.Parse("network", spec); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -305,7 +315,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		cands, rejs := s.sched.Rank(nodes, sreq)
 		var order []string
 		for _, c := range cands {
-			order = append(order, fmt.Sprintf("%s=%.3f(load %.2f, locality %.0f, spread %.2f)", c.Node.ID, c.Score, c.Load, c.Locality, c.Spread))
+			order = append(order, fmt.Sprintf("%s=%.3f(load %.2f, locality %.0f, spread %.2f, pool %.0f)", c.Node.ID, c.Score, c.Load, c.Locality, c.Spread, c.Pool))
 		}
 		s.log.Debug("placement", "sandbox_id", sb.ID, "candidates", order, "rejected", rejs)
 	}
@@ -606,8 +616,12 @@ func (s *Service) forgetFailed(id string) {
 // sandbox keeps the node default (nodes refuse policies they cannot
 // apply, e.g. without a network-agent, so none is sent unless asked for).
 func networkPolicy(n catalog.Network) *cubeletpb.NetworkPolicy {
-	if n.AllowInternet == nil && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 {
+	if n.AllowInternet == nil && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && len(n.Credentials) == 0 {
 		return nil
 	}
-	return &cubeletpb.NetworkPolicy{AllowInternetAccess: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	p := &cubeletpb.NetworkPolicy{AllowInternetAccess: n.AllowInternet, AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	for _, c := range n.Credentials {
+		p.Credentials = append(p.Credentials, &cubeletpb.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+	}
+	return p
 }

@@ -12,6 +12,7 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/tmplstore"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 	"github.com/cubesandbox/cube/internal/template"
@@ -35,7 +36,13 @@ import (
 type storedTemplates struct {
 	store *tmplstore.Store
 	mu    sync.Mutex
-	recs  map[string]tmplstore.Record
+	// recs and rows are the catalog's template list (sharedtemplates.go).
+	recs map[string]tmplstore.Record
+	rows map[string]*catalog.ClusterTemplate
+	// importing holds the IDs this replica is importing: their local
+	// record exists before their catalog row.
+	importing map[string]bool
+	shared    *sharedTemplates
 	// pulling holds the pulls in flight, by node/template.
 	pulling map[string]*pullCall
 	// failed is when a background pull last failed, by node/template:
@@ -47,16 +54,10 @@ type storedTemplates struct {
 const pullRetry = 30 * time.Second
 
 func newStoredTemplates(dir string) (*storedTemplates, error) {
-	st := &storedTemplates{store: tmplstore.New(dir), recs: map[string]tmplstore.Record{}, pulling: map[string]*pullCall{}, failed: map[string]time.Time{}}
+	st := &storedTemplates{store: tmplstore.New(dir), recs: map[string]tmplstore.Record{}, rows: map[string]*catalog.ClusterTemplate{},
+		importing: map[string]bool{}, pulling: map[string]*pullCall{}, failed: map[string]time.Time{}}
 	if err := st.store.Clean(); err != nil {
 		return nil, err
-	}
-	recs, err := st.store.List()
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range recs {
-		st.recs[r.ID] = r
 	}
 	return st, nil
 }
@@ -78,15 +79,17 @@ func (st *storedTemplates) get(id string) (tmplstore.Record, bool) {
 	return r, ok
 }
 
-func (st *storedTemplates) put(r tmplstore.Record) {
-	st.mu.Lock()
-	st.recs[r.ID] = r
-	st.mu.Unlock()
-}
-
-func (st *storedTemplates) delete(id string) error {
+// delete removes template id from the catalog (and the object store),
+// then this replica's copy; the other replicas drop theirs as they follow
+// the catalog.
+func (s *Service) deleteStored(ctx context.Context, id string) error {
+	st := s.stored
+	if err := s.unpublishTemplate(ctx, id); err != nil {
+		return err
+	}
 	st.mu.Lock()
 	delete(st.recs, id)
+	delete(st.rows, id)
 	st.mu.Unlock()
 	return st.store.Delete(id)
 }
@@ -100,11 +103,6 @@ type pullCall struct {
 
 // TemplateStore is the master's template store.
 func (s *Service) TemplateStore() *tmplstore.Store { return s.stored.store }
-
-// ReadBlob serves part of a store blob to a node (NodeService.ReadBlob).
-func (s *Service) ReadBlob(_ context.Context, digest string, off int64, p []byte) (int, int64, error) {
-	return s.stored.store.ReadBlob(digest, off, p)
-}
 
 // storeTemplate reads the image req names on the master and puts it in
 // the store.
@@ -128,11 +126,34 @@ func (s *Service) storeTemplate(ctx context.Context, req TemplateImport) (tmplst
 	if err != nil {
 		return tmplstore.Record{}, err
 	}
-	rec, err := s.stored.store.Put(img, tmplstore.Record{ID: req.ID, Source: source, Runtime: req.Runtime, Warm: req.Warm})
+	st := s.stored
+	st.mu.Lock()
+	if st.importing[req.ID] {
+		st.mu.Unlock()
+		return tmplstore.Record{}, fmt.Errorf("template %q is being imported already: %w", req.ID, errdefs.ErrAlreadyExists)
+	}
+	st.importing[req.ID] = true
+	st.mu.Unlock()
+	defer func() {
+		st.mu.Lock()
+		delete(st.importing, req.ID)
+		st.mu.Unlock()
+	}()
+	_, before := st.store.Get(req.ID)
+	rec, err := st.store.Put(img, tmplstore.Record{ID: req.ID, Source: source, Runtime: req.Runtime, Warm: req.Warm})
 	if err != nil {
 		return tmplstore.Record{}, err
 	}
-	s.stored.put(rec)
+	if err := s.publishTemplate(ctx, rec); err != nil {
+		// No half-imported template: the local copy goes unless it was
+		// there before this import.
+		if before != nil {
+			if derr := st.store.Delete(req.ID); derr != nil {
+				s.log.Warn("template: removing the unpublished copy", "template_id", req.ID, "err", derr)
+			}
+		}
+		return tmplstore.Record{}, err
+	}
 	s.log.Info("template stored", "template_id", rec.ID, "digest", rec.Digest, "blob_bytes", rec.Blobs, "source", source, "took", time.Since(start))
 	return rec, nil
 }

@@ -72,7 +72,20 @@ func (l *leader) run(ctx context.Context) {
 	takeOwn := true
 	for {
 		t0 := time.Now()
-		actx, cancel := context.WithTimeout(ctx, renew)
+		// A renewal never runs past the point where the loops must have
+		// stopped: a catalog that holds the request without answering
+		// (a partition) would otherwise keep the loops running until the
+		// request times out, after another replica may hold the lease.
+		timeout := renew
+		if l.isHeld() {
+			timeout = min(timeout, time.Until(validUntil))
+			if timeout <= 0 {
+				l.s.log.Warn("lease: not renewed in time; stopping the lifecycle loops", "lease", loopsLease)
+				l.stop()
+				continue
+			}
+		}
+		actx, cancel := context.WithTimeout(ctx, timeout)
 		var prev catalog.Lease
 		if takeOwn {
 			prev, _ = l.s.cat.GetLease(actx, loopsLease)

@@ -489,7 +489,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 		r := ns.report
 		n := &scheduler.Node{
 			ID: id, Healthy: s.healthOf(ns, now) == "", Busy: r.Busy, Schedulable: ns.schedulable,
-			Templates: map[string]bool{}, TemplateRuntimes: map[string]string{}, TemplateSandboxes: map[string]int{},
+			Templates: map[string]bool{}, TemplateRuntimes: map[string]string{}, TemplateSandboxes: map[string]int{}, TemplatePool: map[string]int{},
 			MilliCPU: int64(r.Cpus) * 1000, MemoryMiB: r.MemoryBytes >> 20,
 			AllocMilliCPU: r.AllocatedMilliCpu, AllocMemoryMiB: r.AllocatedMemoryMib,
 			MaxMilliCPU: r.MaxMilliCpu, MaxMemoryMiB: r.MaxMemoryMib,
@@ -500,6 +500,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 		for _, t := range r.Templates {
 			n.Templates[t.Id] = true
 			n.TemplateRuntimes[t.Id] = t.Runtime
+			n.TemplatePool[t.Id] = int(t.Pool)
 		}
 		for st, c := range r.SandboxesByState {
 			if st != "destroyed" && st != "failed" {

@@ -180,6 +180,12 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		s.goBackground(s.flushActivity)
 	}
 	s.lead.loops = loops
+	if err := s.shareTemplates(ctx, s.lead.replica); err != nil {
+		cancel()
+		s.wg.Wait()
+		cat.Close()
+		return nil, err
+	}
 	s.goBackground(s.watchHealth)
 	s.goBackground(s.lead.run)
 	log.Info("cubemaster catalog open", "driver", cfg.Catalog.Driver, "nodes", len(s.reg.nodes), "replica", s.lead.replica)

@@ -134,7 +134,7 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, er
 	// The store first: a node that registers during the delete must not
 	// be handed the template again.
 	if t.Stored {
-		if err := s.stored.delete(t.ID); err != nil {
+		if err := s.deleteStored(ctx, t.ID); err != nil {
 			return nil, err
 		}
 	}

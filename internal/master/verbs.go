@@ -313,7 +313,8 @@ func (s *Service) extend(ctx context.Context, id string, d time.Duration, allowS
 	})
 }
 
-// UpdateNetwork replaces a sandbox's egress rules.
+// UpdateNetwork replaces a sandbox's egress rules. Credential rules given
+// at create stay unless n names its own (nil keeps them).
 func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Network) error {
 	if err := ValidateNetwork(n); err != nil {
 		return err
@@ -323,6 +324,9 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Networ
 		return err
 	}
 	defer unlock()
+	if n.Credentials == nil {
+		n.Credentials = sb.Network.Credentials
+	}
 	err = s.onNode(ctx, sb, func(ctx context.Context, c cubeletpb.CubeletServiceClient) error {
 		_, err := c.UpdateSandboxNetwork(ctx, &cubeletpb.UpdateSandboxNetworkRequest{SandboxId: id, Policy: networkPolicy(n)})
 		return err

@@ -9,6 +9,8 @@
 //	slot       one slot's kernel objects: converge (create/repair), release
 //	slotstore  the agent's bbolt state, one record per slot
 //	dnsfwd     the sandboxes' DNS forwarder: per-slot sockets, domain policy
+//	egress     the egress proxy: SNI/Host checks, credential injection, egress CA
+//	audit      per-sandbox JSONL of DNS queries and proxied connections
 //	agent      the daemon: ensure/release/update, pool, reconcile, metrics
 //	agentapi   its gRPC and HTTP edges
 //	client     the gRPC client cubelet uses
@@ -76,6 +78,10 @@ type Network struct {
 	GatewayIP string
 	// SandboxIP is the address the sandbox has: the same in every sandbox.
 	SandboxIP string
+	// EgressCA is the node's egress CA certificate (DER), nil when the
+	// agent runs no egress proxy: the runtime installs it in the
+	// sandbox's trust store.
+	EgressCA []byte
 	// NetNS is the namespace the sandbox's runtime joins.
 	NetNS string
 	// SlotNetNS holds the slot's NAT and policy; the sandbox never joins it.

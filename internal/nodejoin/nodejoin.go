@@ -103,6 +103,8 @@ func Join(ctx context.Context, addr, token, nodeID string, hosts []string, dir s
 			kind = errdefs.ErrInvalidArgument
 		case http.StatusConflict:
 			kind = errdefs.ErrFailedPrecondition
+		case http.StatusTooManyRequests:
+			kind = errdefs.ErrResourceExhausted
 		}
 		return "", "", "", fmt.Errorf("join %s: %s: %s: %w", addr, resp.Status, bytes.TrimSpace(data), kind)
 	}

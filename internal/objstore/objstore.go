@@ -26,6 +26,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,11 +70,36 @@ type Config struct {
 // Enabled reports whether a store is configured at all.
 func (c Config) Enabled() bool { return c.Endpoint != "" }
 
-// Store is a handle on one bucket.
+// Store is a handle on one bucket and one of its manifest spaces.
 type Store struct {
 	c      *minio.Client
 	bucket string
 	prefix string
+	space  string
+}
+
+// Manifest spaces: manifests of different kinds of things live apart (an
+// ID means one thing in each), while their chunks share one pool, so a
+// chunk two of them hold is stored once.
+const (
+	// Snapshots is the default space: sandbox snapshots.
+	Snapshots = "snapshots"
+	// Templates holds cluster templates' images.
+	Templates = "templates"
+)
+
+var spaces = []string{Snapshots, Templates}
+
+// In returns a handle on the same bucket whose manifests (Export,
+// Manifest, Import, Delete, List) are those of space (Snapshots or
+// Templates).
+func (s *Store) In(space string) *Store {
+	if !slices.Contains(spaces, space) {
+		panic("objstore: unknown space " + space)
+	}
+	c := *s
+	c.space = space
+	return &c
 }
 
 // Open reads the keys from their files and connects (lazily: nothing is
@@ -125,7 +151,7 @@ func New(endpoint, bucket, prefix, region, accessKey, secretKey string, secure b
 	if err != nil {
 		return nil, fmt.Errorf("objstore: %w", err)
 	}
-	return &Store{c: c, bucket: bucket, prefix: prefix}, nil
+	return &Store{c: c, bucket: bucket, prefix: prefix, space: Snapshots}, nil
 }
 
 // File is one regular file of an exported directory.
@@ -191,8 +217,10 @@ func validID(id string) error {
 	return nil
 }
 
-func (s *Store) manifestKey(id string) string { return s.prefix + "snapshots/" + id + "/manifest.json" }
-func (s *Store) chunkKey(sum string) string   { return s.prefix + "chunks/sha256/" + sum }
+func (s *Store) manifestKey(id string) string {
+	return s.prefix + s.space + "/" + id + "/manifest.json"
+}
+func (s *Store) chunkKey(sum string) string { return s.prefix + "chunks/sha256/" + sum }
 
 // Export uploads every regular file under dir and then the manifest for
 // id, with meta (JSON-encoded) in it. Only regular files and directories
@@ -566,10 +594,10 @@ func (s *Store) Delete(ctx context.Context, id string, grace time.Duration) erro
 	return err
 }
 
-// List returns the ids that have a manifest.
+// List returns the ids that have a manifest in the handle's space.
 func (s *Store) List(ctx context.Context) ([]string, error) {
 	var ids []string
-	pre := s.prefix + "snapshots/"
+	pre := s.prefix + s.space + "/"
 	for oi := range s.c.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: pre, Recursive: true}) {
 		if oi.Err != nil {
 			return nil, fmt.Errorf("objstore: list: %w", wrapNet(oi.Err))
@@ -581,27 +609,30 @@ func (s *Store) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// GC removes the chunks that no manifest names and that are older than
-// grace; it returns how many it removed.
+// GC removes the chunks that no manifest (of any space) names and that
+// are older than grace; it returns how many it removed.
 func (s *Store) GC(ctx context.Context, grace time.Duration) (int, error) {
-	ids, err := s.List(ctx)
-	if err != nil {
-		return 0, err
-	}
 	live := map[string]bool{}
-	for _, id := range ids {
-		m, err := s.Manifest(ctx, id)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			continue // deleted meanwhile
-		}
+	for _, space := range spaces {
+		in := s.In(space)
+		ids, err := in.List(ctx)
 		if err != nil {
-			// An unreadable manifest keeps everything: a chunk it names
-			// must not go because it could not be read.
 			return 0, err
 		}
-		for _, f := range m.Files {
-			for _, c := range f.Chunks {
-				live[c.SHA256] = true
+		for _, id := range ids {
+			m, err := in.Manifest(ctx, id)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				continue // deleted meanwhile
+			}
+			if err != nil {
+				// An unreadable manifest keeps everything: a chunk it
+				// names must not go because it could not be read.
+				return 0, err
+			}
+			for _, f := range m.Files {
+				for _, c := range f.Chunks {
+					live[c.SHA256] = true
+				}
 			}
 		}
 	}

@@ -391,6 +391,48 @@ func TestDeleteCollectsUnsharedChunks(t *testing.T) {
 	sameTree(t, a, dst)
 }
 
+// TestSpacesApart: one ID in two spaces names two manifests, a delete in
+// one space leaves the other's, and the chunk collection keeps the chunks
+// a manifest of any space names (the control: once no space names them,
+// they go).
+func TestSpacesApart(t *testing.T) {
+	srv := objstoretest.Start(t)
+	snaps := open(t, srv)
+	tmpls := snaps.In(Templates)
+	ctx := context.Background()
+	dir := snapDir(t, 1<<20, 1<<20)
+	if _, _, err := tmpls.Export(ctx, "x", dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snaps.Manifest(ctx, "x"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("template x seen as snapshot x: %v", err)
+	}
+	if ids, err := snaps.List(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("snapshots listed: %v %v", ids, err)
+	}
+	withTemplate := chunkObjects(t, snaps)
+	// A snapshot x sharing every chunk, then deleted: the template's
+	// chunks stay, and so does its manifest.
+	if _, _, err := snaps.Export(ctx, "x", dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := snaps.Delete(ctx, "x", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := chunkObjects(t, snaps); n != withTemplate {
+		t.Fatalf("after deleting snapshot x: %d chunks, want the template's %d", n, withTemplate)
+	}
+	if _, _, err := tmpls.Import(ctx, "x", filepath.Join(t.TempDir(), "x")); err != nil {
+		t.Fatalf("template after the snapshot's delete: %v", err)
+	}
+	if err := tmpls.Delete(ctx, "x", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := chunkObjects(t, snaps); n != 0 {
+		t.Fatalf("after deleting both: %d chunks left", n)
+	}
+}
+
 // du is the bytes allocated under dir.
 func du(dir string) int64 {
 	var n int64

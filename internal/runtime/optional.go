@@ -69,3 +69,17 @@ type MACReporter interface {
 type Prober interface {
 	Probe(ctx context.Context) error
 }
+
+// LimitUpdater changes a running sandbox's CPU, memory and PID limits
+// (a warm pool's entry taking the limits of the create that claims it).
+type LimitUpdater interface {
+	UpdateLimits(ctx context.Context, id string, l Limits) error
+}
+
+// HostnameSetter sets a running or frozen sandbox's hostname from the
+// host, for sandboxes whose own root may not (a runc container has no
+// CAP_SYS_ADMIN). Drivers without it leave the hostname to the agent's
+// reinit (gVisor grants the agent CAP_SYS_ADMIN in its own kernel).
+type HostnameSetter interface {
+	SetHostname(ctx context.Context, id string, pid int, name string) error
+}

@@ -92,6 +92,11 @@ type Spec struct {
 	// gets the same file from inside the sandbox. "" leaves the file as
 	// the image has it.
 	Resolver string
+	// EgressCA, when set, is a CA certificate (DER) PID 1 adds to the
+	// sandbox's trust store before it serves (network-agent's egress CA:
+	// the egress proxy terminates TLS for hosts with credential rules),
+	// handed over like Resolver.
+	EgressCA []byte
 }
 
 // Mount is a bind mount from the host into the sandbox.

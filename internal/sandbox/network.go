@@ -22,6 +22,9 @@ type Network struct {
 	// Resolver is the nameserver the sandbox's /etc/resolv.conf names
 	// (network-agent's DNS forwarder), "" when the agent runs none.
 	Resolver string `json:"resolver,omitempty"`
+	// EgressCA is the node's egress CA certificate (DER), which the
+	// sandbox trusts (network-agent's egress proxy), nil for none.
+	EgressCA []byte `json:"egress_ca,omitempty"`
 }
 
 // RuntimeNetNS is the namespace the sandbox's runtime must join, "" for
@@ -40,6 +43,15 @@ func (n *Network) ResolverOf() string {
 		return ""
 	}
 	return n.Resolver
+}
+
+// EgressCAOf is the CA certificate (DER) the sandbox's trust store gets,
+// nil for a sandbox without a slot or a node without the egress proxy.
+func (n *Network) EgressCAOf() []byte {
+	if n == nil {
+		return nil
+	}
+	return n.EgressCA
 }
 
 // clonePolicy deep-copies an optional policy.

@@ -66,6 +66,20 @@ type Record struct {
 	// and sent by cubelet on every call it makes to the agent. Never
 	// returned by the API.
 	AccessToken string `json:"access_token,omitempty"`
+	// HostID is the ID the node's resources for the sandbox are held
+	// under (container, run directory, cgroup, disk, network slot) when it
+	// is not ID: a sandbox claimed from a warm pool keeps the pool entry's
+	// resources, which cannot be renamed (a running container's cgroup,
+	// runc's state). Empty = ID.
+	HostID string `json:"host_id,omitempty"`
+}
+
+// HostKey is the ID the sandbox's node resources are held under.
+func (r *Record) HostKey() string {
+	if r.HostID != "" {
+		return r.HostID
+	}
+	return r.ID
 }
 
 // PauseMode is how a paused sandbox keeps its memory.
@@ -137,17 +151,23 @@ func cloneMap(m map[string]string) map[string]string {
 
 // Template is an imported image, ready to clone disks from.
 type Template struct {
-	ID         string    `json:"id"`
-	Digest     string    `json:"digest"`
-	Source     string    `json:"source"`
-	ImagePath  string    `json:"image_path"`
-	SizeBytes  int64     `json:"size_bytes"`
-	Entrypoint []string  `json:"entrypoint,omitempty"`
-	Cmd        []string  `json:"cmd,omitempty"`
-	Env        []string  `json:"env,omitempty"`
-	WorkingDir string    `json:"working_dir,omitempty"`
-	User       string    `json:"user,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
+	ID         string   `json:"id"`
+	Digest     string   `json:"digest"`
+	Source     string   `json:"source"`
+	ImagePath  string   `json:"image_path"`
+	SizeBytes  int64    `json:"size_bytes"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	// StartCmd is a service started (sh -c, as the sandbox's default user)
+	// in every sandbox booted from this template; ReadyCmd exits 0 once it
+	// serves, and the create waits for that. From the image's labels
+	// (template.LabelStartCmd, LabelReadyCmd).
+	StartCmd  string    `json:"start_cmd,omitempty"`
+	ReadyCmd  string    `json:"ready_cmd,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// AgentDigest is the sha256 of the cube-agent injected into the
 	// image: a later import of the same Digest reuses this image only
 	// while the node's agent is the same.

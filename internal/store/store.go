@@ -156,6 +156,30 @@ func (s *Store) CreateSandbox(r *sandbox.Record) error {
 	})
 }
 
+// ReplaceSandbox inserts r and deletes the record old in one transaction
+// (a warm pool's entry becoming the sandbox that claimed it): after a crash
+// exactly one of them names the resources they share. An existing r.ID is
+// ErrAlreadyExists, an absent old ErrNotFound; either leaves both as they were.
+func (s *Store) ReplaceSandbox(old string, r *sandbox.Record) error {
+	data, err := json.Marshal(r) //nolint:gosec // G117: as CreateSandbox
+	if err != nil {
+		return err
+	}
+	return s.batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		if b.Get([]byte(r.ID)) != nil {
+			return fmt.Errorf("sandbox %q: %w", r.ID, errdefs.ErrAlreadyExists)
+		}
+		if b.Get([]byte(old)) == nil {
+			return fmt.Errorf("sandbox %q: %w", old, errdefs.ErrNotFound)
+		}
+		if err := b.Delete([]byte(old)); err != nil {
+			return err
+		}
+		return b.Put([]byte(r.ID), data)
+	})
+}
+
 // PutSandbox writes a record, replacing any previous version.
 func (s *Store) PutSandbox(r *sandbox.Record) error { return put(s, bucketSandboxes, r.ID, r) }
 

@@ -109,3 +109,39 @@ func TestIDs(t *testing.T) {
 		}
 	}
 }
+
+func TestReplaceSandbox(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, id := range []string{"pool-1", "taken"} {
+		if err := s.CreateSandbox(&sandbox.Record{ID: id, State: lifecycle.Paused}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Refused either way leaves both records as they were.
+	if err := s.ReplaceSandbox("pool-1", &sandbox.Record{ID: "taken"}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("replace onto an existing ID: %v", err)
+	}
+	if err := s.ReplaceSandbox("gone", &sandbox.Record{ID: "sb"}); !errdefs.IsNotFound(err) {
+		t.Fatalf("replace of an absent record: %v", err)
+	}
+	if _, err := s.GetSandbox("pool-1"); err != nil {
+		t.Fatalf("refused replace removed the old record: %v", err)
+	}
+	if _, err := s.GetSandbox("sb"); !errdefs.IsNotFound(err) {
+		t.Fatalf("refused replace wrote the new record: %v", err)
+	}
+	if err := s.ReplaceSandbox("pool-1", &sandbox.Record{ID: "sb", HostID: "pool-1", State: lifecycle.Creating}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSandbox("pool-1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("old record after replace: %v", err)
+	}
+	got, err := s.GetSandbox("sb")
+	if err != nil || got.HostKey() != "pool-1" {
+		t.Fatalf("new record after replace: %+v %v", got, err)
+	}
+}

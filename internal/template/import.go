@@ -68,7 +68,19 @@ type Meta struct {
 	WorkingDir      string
 	User            string
 	SizeBytes       int64 // apparent size of the written ext4 image
+	// StartCmd and ReadyCmd come from the image labels LabelStartCmd and
+	// LabelReadyCmd: a service the template runs in every sandbox it
+	// starts, and the shell command that exits 0 once it serves.
+	StartCmd, ReadyCmd string
 }
+
+// Image labels a template's service is declared by (E2B's start and
+// ready commands): cubelet starts the one and waits for the other before
+// a sandbox from the template counts as created.
+const (
+	LabelStartCmd = "dev.cube.start-cmd"
+	LabelReadyCmd = "dev.cube.ready-cmd"
+)
 
 // Progress reports where an import is. Phases are resolve, extract,
 // inject, mkfs and done (cubelet adds reuse). During extract, Layer counts
@@ -198,6 +210,8 @@ func Resolve(ctx context.Context, req ImportRequest) (_ *Resolved, err error) {
 		Env:        cf.Config.Env,
 		WorkingDir: cf.Config.WorkingDir,
 		User:       cf.Config.User,
+		StartCmd:   cf.Config.Labels[LabelStartCmd],
+		ReadyCmd:   cf.Config.Labels[LabelReadyCmd],
 	}
 	return r, nil
 }

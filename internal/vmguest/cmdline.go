@@ -25,6 +25,9 @@ type CmdlineOptions struct {
 	// Resolver is the nameserver the agent writes into the guest's
 	// /etc/resolv.conf (agentproto.ResolverParam); invalid: none.
 	Resolver netip.Addr
+	// EgressCA is a CA certificate (DER) the agent adds to the guest's
+	// trust store (agentproto.EgressCAParam); nil: none.
+	EgressCA []byte
 	Extra    []string
 }
 
@@ -57,6 +60,9 @@ func Cmdline(o CmdlineOptions) string {
 	}
 	if o.Resolver.IsValid() {
 		args = append(args, agentproto.ResolverParam+"="+o.Resolver.String())
+	}
+	if len(o.EgressCA) > 0 {
+		args = append(args, agentproto.EgressCAParam+"="+agentproto.EncodeCA(o.EgressCA))
 	}
 	args = append(args, o.Extra...)
 	return strings.Join(args, " ")

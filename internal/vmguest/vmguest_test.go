@@ -145,6 +145,14 @@ func TestCmdline(t *testing.T) {
 	if kvm := Cmdline(CmdlineOptions{}); strings.Contains(kvm, "tsc=reliable") || strings.Contains(kvm, "cube.") {
 		t.Errorf("KVM cmdline %q", kvm)
 	}
+	// A P-256 CA certificate is ~400 bytes of DER: with everything else
+	// the line stays well under x86's 2048-byte COMMAND_LINE_SIZE.
+	ca := Cmdline(CmdlineOptions{TCG: true, Hostname: strings.Repeat("h", 63), TokenHash: strings.Repeat("a", 64),
+		Resolver: netip.MustParseAddr("169.254.0.22"), EgressCA: make([]byte, 600),
+		Net: &NetConfig{Addr: netip.MustParsePrefix("169.254.0.21/30"), Gateway: netip.MustParseAddr("169.254.0.22")}})
+	if !strings.Contains(ca, "cube.egress_ca=") || len(ca) > 1536 {
+		t.Errorf("cmdline with a CA: %d bytes: %q", len(ca), ca)
+	}
 }
 
 type cpioEntry struct {

@@ -29,6 +29,7 @@ func (s *suite) controls(ctx context.Context) {
 	s.rawSpoofControl(ctx)
 	s.ipv6Control(ctx)
 	s.netControl(ctx)
+	s.egressControl(ctx)
 	s.setuidControls()
 }
 

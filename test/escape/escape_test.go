@@ -142,18 +142,18 @@ func TestEscape(t *testing.T) {
 	s.hm = newHostMountDirs(t)
 	s.env = cubelettest.New(t, fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"120s\"\n[[storage.host_mount_allow]]\nprefix = %q\n[[storage.host_mount_allow]]\nprefix = %q\nread_only = true\n",
 		guest, accel, s.hm.Shared, s.hm.RO))
-	s.net = s.env.StartNetworkAgent(t, nettest.Options{PoolSize: 2, VMPoolSize: 1})
+	// The test world: the internet, a metadata responder, private and
+	// closed ranges, UDP echo beside every TCP greeter, a raw capture,
+	// DNS names and web servers for the egress rows; and the host's own
+	// greeter (every host address) and UDP echo (its end of the world
+	// link and every slot gateway, added once the sandboxes have theirs).
+	s.w = nettest.NewWorld(t)
+	dnsUp := s.egressWorld()
+	s.net = s.env.StartNetworkAgent(t, nettest.Options{PoolSize: 2, VMPoolSize: 1, DNSUpstreams: []string{dnsUp.String()}})
 	s.svc = s.env.Start(t)
 	if _, err := s.svc.ImportTemplate(ctx, "escape", image, nil); err != nil {
 		t.Fatalf("import: %v", err)
 	}
-
-	// The test world: the internet, a metadata responder, private and
-	// closed ranges, UDP echo beside every TCP greeter, a raw capture;
-	// and the host's own greeter (every host address) and UDP echo (its
-	// end of the world link and every slot gateway, added once the
-	// sandboxes have theirs).
-	s.w = nettest.NewWorld(t)
 	meta := s.w.ServeMetadata(t)
 	udpEcho(t, s.w.NS, append([]netip.Addr{meta, s.w.Private, s.w.Closed}, s.w.Addrs...), s.w.Port)
 	s.hostPort = s.w.Port + 1000
@@ -371,6 +371,7 @@ func (s *suite) attempts(ctx context.Context, rt string) {
 		return
 	}
 	s.netRows(rt, parseLines(res.Stdout))
+	s.egress(ctx, rt)
 	s.diskFill(ctx, rt, sb)
 }
 
@@ -612,6 +613,9 @@ func (s *suite) cell(r row, rt string) (string, bool) {
 	case !o.Ran:
 		return "FAIL(not run)", false
 	}
+	if strings.HasPrefix(r.Name, "egress-") && s.netOK[rt]["egress"] != "" {
+		return "FAIL(no path)", false
+	}
 	if strings.Contains(r.Name, "-") {
 		tg, proto, _ := strings.Cut(r.Name, "-")
 		for _, n := range netTargets {
@@ -636,10 +640,10 @@ func (s *suite) cell(r row, rt string) (string, bool) {
 func (s *suite) report() {
 	t := s.t
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-16s %-22s %-22s %-22s %s\n", "row", runc, gvisor, vm, "control")
+	fmt.Fprintf(&b, "\n%-19s %-22s %-22s %-22s %s\n", "row", runc, gvisor, vm, "control")
 	var failed []string
 	for _, r := range table {
-		fmt.Fprintf(&b, "%-16s", r.Name)
+		fmt.Fprintf(&b, "%-19s", r.Name)
 		for _, rt := range runtimes {
 			c, ok := s.cell(r, rt)
 			if !ok {

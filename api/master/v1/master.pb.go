@@ -804,7 +804,10 @@ type TemplateRef struct {
 	// the node default. The scheduler keeps such creates off nodes without it.
 	Runtime string `protobuf:"bytes,5,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// Whether creates from it restore a warm memory snapshot.
-	Warm          bool `protobuf:"varint,6,opt,name=warm,proto3" json:"warm,omitempty"`
+	Warm bool `protobuf:"varint,6,opt,name=warm,proto3" json:"warm,omitempty"`
+	// Frozen sandboxes of the template ready for creates to claim (warm
+	// pool); the scheduler prefers nodes with one.
+	Pool          int32 `protobuf:"varint,7,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -879,6 +882,13 @@ func (x *TemplateRef) GetWarm() bool {
 		return x.Warm
 	}
 	return false
+}
+
+func (x *TemplateRef) GetPool() int32 {
+	if x != nil {
+		return x.Pool
+	}
+	return 0
 }
 
 type RegisterRequest struct {
@@ -3327,7 +3337,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x123\n" +
-	"\adied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06diedAt\"\xbd\x01\n" +
+	"\adied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06diedAt\"\xd1\x01\n" +
 	"\vTemplateRef\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -3336,7 +3346,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x18\n" +
 	"\aruntime\x18\x05 \x01(\tR\aruntime\x12\x12\n" +
-	"\x04warm\x18\x06 \x01(\bR\x04warm\"<\n" +
+	"\x04warm\x18\x06 \x01(\bR\x04warm\x12\x12\n" +
+	"\x04pool\x18\a \x01(\x05R\x04pool\"<\n" +
 	"\x0fRegisterRequest\x12)\n" +
 	"\x04node\x18\x01 \x01(\v2\x15.master.v1.NodeReportR\x04node\"\\\n" +
 	"\x10RegisterResponse\x12H\n" +

@@ -87,8 +87,12 @@ type Policy struct {
 	DenyOut             []string `protobuf:"bytes,3,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`                       // IPv4 CIDRs or addresses
 	MaxConnections      int32    `protobuf:"varint,4,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"` // concurrent outbound connections; 0 = unlimited
 	EgressKbps          int64    `protobuf:"varint,5,opt,name=egress_kbps,json=egressKbps,proto3" json:"egress_kbps,omitempty"`             // outbound kilobits per second; 0 = unlimited
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Headers the node's egress proxy injects into HTTPS requests to a host
+	// (it terminates TLS for it with the node's egress CA). The sandbox
+	// never sees the values. Needs the agent's egress proxy.
+	Credentials   []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -156,6 +160,75 @@ func (x *Policy) GetEgressKbps() int64 {
 	return 0
 }
 
+func (x *Policy) GetCredentials() []*Credential {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+// Credential: set header to value on every HTTPS request to host
+// ("api.openai.com" or "*.example.com").
+type Credential struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Header        string                 `protobuf:"bytes,2,opt,name=header,proto3" json:"header,omitempty"`
+	Value         string                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Credential) Reset() {
+	*x = Credential{}
+	mi := &file_network_v1_network_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Credential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Credential) ProtoMessage() {}
+
+func (x *Credential) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Credential.ProtoReflect.Descriptor instead.
+func (*Credential) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Credential) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *Credential) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *Credential) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 // Network is one sandbox's slot.
 type Network struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -183,14 +256,18 @@ type Network struct {
 	// The DNS forwarder's address as the sandbox reaches it (the sandbox's
 	// gateway, port 53): what its /etc/resolv.conf names. Empty when the
 	// agent runs no forwarder.
-	Resolver      string `protobuf:"bytes,14,opt,name=resolver,proto3" json:"resolver,omitempty"`
+	Resolver string `protobuf:"bytes,14,opt,name=resolver,proto3" json:"resolver,omitempty"`
+	// The node's egress CA certificate (DER): what the sandbox's trust
+	// store gets, so that the egress proxy may terminate TLS for hosts with
+	// credential rules. Empty when the agent runs no egress proxy.
+	EgressCa      []byte `protobuf:"bytes,15,opt,name=egress_ca,json=egressCa,proto3" json:"egress_ca,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_network_v1_network_proto_msgTypes[1]
+	mi := &file_network_v1_network_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +279,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[1]
+	mi := &file_network_v1_network_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +292,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{1}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Network) GetSandboxId() string {
@@ -316,6 +393,13 @@ func (x *Network) GetResolver() string {
 	return ""
 }
 
+func (x *Network) GetEgressCa() []byte {
+	if x != nil {
+		return x.EgressCa
+	}
+	return nil
+}
+
 type EnsureNetworkRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -328,7 +412,7 @@ type EnsureNetworkRequest struct {
 
 func (x *EnsureNetworkRequest) Reset() {
 	*x = EnsureNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[2]
+	mi := &file_network_v1_network_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +424,7 @@ func (x *EnsureNetworkRequest) String() string {
 func (*EnsureNetworkRequest) ProtoMessage() {}
 
 func (x *EnsureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[2]
+	mi := &file_network_v1_network_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +437,7 @@ func (x *EnsureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*EnsureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{2}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EnsureNetworkRequest) GetSandboxId() string {
@@ -388,7 +472,7 @@ type EnsureNetworkResponse struct {
 
 func (x *EnsureNetworkResponse) Reset() {
 	*x = EnsureNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[3]
+	mi := &file_network_v1_network_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +484,7 @@ func (x *EnsureNetworkResponse) String() string {
 func (*EnsureNetworkResponse) ProtoMessage() {}
 
 func (x *EnsureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[3]
+	mi := &file_network_v1_network_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +497,7 @@ func (x *EnsureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*EnsureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{3}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EnsureNetworkResponse) GetNetwork() *Network {
@@ -439,7 +523,7 @@ type ReleaseNetworkRequest struct {
 
 func (x *ReleaseNetworkRequest) Reset() {
 	*x = ReleaseNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[4]
+	mi := &file_network_v1_network_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +535,7 @@ func (x *ReleaseNetworkRequest) String() string {
 func (*ReleaseNetworkRequest) ProtoMessage() {}
 
 func (x *ReleaseNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[4]
+	mi := &file_network_v1_network_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +548,7 @@ func (x *ReleaseNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseNetworkRequest) GetSandboxId() string {
@@ -483,7 +567,7 @@ type ReleaseNetworkResponse struct {
 
 func (x *ReleaseNetworkResponse) Reset() {
 	*x = ReleaseNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[5]
+	mi := &file_network_v1_network_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +579,7 @@ func (x *ReleaseNetworkResponse) String() string {
 func (*ReleaseNetworkResponse) ProtoMessage() {}
 
 func (x *ReleaseNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[5]
+	mi := &file_network_v1_network_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +592,7 @@ func (x *ReleaseNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseNetworkResponse) GetReleased() bool {
@@ -527,7 +611,7 @@ type GetNetworkRequest struct {
 
 func (x *GetNetworkRequest) Reset() {
 	*x = GetNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[6]
+	mi := &file_network_v1_network_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +623,7 @@ func (x *GetNetworkRequest) String() string {
 func (*GetNetworkRequest) ProtoMessage() {}
 
 func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[6]
+	mi := &file_network_v1_network_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +636,7 @@ func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*GetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetNetworkRequest) GetSandboxId() string {
@@ -571,7 +655,7 @@ type GetNetworkResponse struct {
 
 func (x *GetNetworkResponse) Reset() {
 	*x = GetNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[7]
+	mi := &file_network_v1_network_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +667,7 @@ func (x *GetNetworkResponse) String() string {
 func (*GetNetworkResponse) ProtoMessage() {}
 
 func (x *GetNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[7]
+	mi := &file_network_v1_network_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +680,7 @@ func (x *GetNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkResponse.ProtoReflect.Descriptor instead.
 func (*GetNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetNetworkResponse) GetNetwork() *Network {
@@ -614,7 +698,7 @@ type ListNetworksRequest struct {
 
 func (x *ListNetworksRequest) Reset() {
 	*x = ListNetworksRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +710,7 @@ func (x *ListNetworksRequest) String() string {
 func (*ListNetworksRequest) ProtoMessage() {}
 
 func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +723,7 @@ func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksRequest.ProtoReflect.Descriptor instead.
 func (*ListNetworksRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{9}
 }
 
 type ListNetworksResponse struct {
@@ -651,7 +735,7 @@ type ListNetworksResponse struct {
 
 func (x *ListNetworksResponse) Reset() {
 	*x = ListNetworksResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[9]
+	mi := &file_network_v1_network_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +747,7 @@ func (x *ListNetworksResponse) String() string {
 func (*ListNetworksResponse) ProtoMessage() {}
 
 func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[9]
+	mi := &file_network_v1_network_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +760,7 @@ func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksResponse.ProtoReflect.Descriptor instead.
 func (*ListNetworksResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{9}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListNetworksResponse) GetNetworks() []*Network {
@@ -697,7 +781,7 @@ type UpdatePolicyRequest struct {
 
 func (x *UpdatePolicyRequest) Reset() {
 	*x = UpdatePolicyRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[10]
+	mi := &file_network_v1_network_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +793,7 @@ func (x *UpdatePolicyRequest) String() string {
 func (*UpdatePolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[10]
+	mi := &file_network_v1_network_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +806,7 @@ func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{10}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdatePolicyRequest) GetSandboxId() string {
@@ -748,7 +832,7 @@ type UpdatePolicyResponse struct {
 
 func (x *UpdatePolicyResponse) Reset() {
 	*x = UpdatePolicyResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[11]
+	mi := &file_network_v1_network_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +844,7 @@ func (x *UpdatePolicyResponse) String() string {
 func (*UpdatePolicyResponse) ProtoMessage() {}
 
 func (x *UpdatePolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[11]
+	mi := &file_network_v1_network_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +857,7 @@ func (x *UpdatePolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{11}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdatePolicyResponse) GetNetwork() *Network {
@@ -791,7 +875,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[12]
+	mi := &file_network_v1_network_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +887,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[12]
+	mi := &file_network_v1_network_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +900,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{12}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{13}
 }
 
 type ReconcileResponse struct {
@@ -832,7 +916,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[13]
+	mi := &file_network_v1_network_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +928,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[13]
+	mi := &file_network_v1_network_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +941,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{13}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReconcileResponse) GetAdopted() int32 {
@@ -903,7 +987,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[14]
+	mi := &file_network_v1_network_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +999,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[14]
+	mi := &file_network_v1_network_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1012,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{14}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{15}
 }
 
 type Condition struct {
@@ -942,7 +1026,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_network_v1_network_proto_msgTypes[15]
+	mi := &file_network_v1_network_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1038,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[15]
+	mi := &file_network_v1_network_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1051,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{15}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Condition) GetType() string {
@@ -1005,7 +1089,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[16]
+	mi := &file_network_v1_network_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1101,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[16]
+	mi := &file_network_v1_network_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1114,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{16}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -1080,15 +1164,21 @@ var File_network_v1_network_proto protoreflect.FileDescriptor
 const file_network_v1_network_proto_rawDesc = "" +
 	"\n" +
 	"\x18network/v1/network.proto\x12\n" +
-	"network.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x01\n" +
+	"network.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x02\n" +
 	"\x06Policy\x127\n" +
 	"\x15allow_internet_access\x18\x01 \x01(\bH\x00R\x13allowInternetAccess\x88\x01\x01\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
 	"\bdeny_out\x18\x03 \x03(\tR\adenyOut\x12'\n" +
 	"\x0fmax_connections\x18\x04 \x01(\x05R\x0emaxConnections\x12\x1f\n" +
 	"\vegress_kbps\x18\x05 \x01(\x03R\n" +
-	"egressKbpsB\x18\n" +
-	"\x16_allow_internet_access\"\xc3\x03\n" +
+	"egressKbps\x128\n" +
+	"\vcredentials\x18\x06 \x03(\v2\x16.network.v1.CredentialR\vcredentialsB\x18\n" +
+	"\x16_allow_internet_access\"N\n" +
+	"\n" +
+	"Credential\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
+	"\x06header\x18\x02 \x01(\tR\x06header\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\"\xe0\x03\n" +
 	"\aNetwork\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12(\n" +
@@ -1109,7 +1199,8 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\vassigned_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"assignedAt\x12\x1b\n" +
 	"\tfrom_pool\x18\r \x01(\bR\bfromPool\x12\x1a\n" +
-	"\bresolver\x18\x0e \x01(\tR\bresolver\"\x8b\x01\n" +
+	"\bresolver\x18\x0e \x01(\tR\bresolver\x12\x1b\n" +
+	"\tegress_ca\x18\x0f \x01(\fR\begressCa\"\x8b\x01\n" +
 	"\x14EnsureNetworkRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12(\n" +
@@ -1189,59 +1280,61 @@ func file_network_v1_network_proto_rawDescGZIP() []byte {
 }
 
 var file_network_v1_network_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_network_v1_network_proto_goTypes = []any{
 	(SlotKind)(0),                  // 0: network.v1.SlotKind
 	(*Policy)(nil),                 // 1: network.v1.Policy
-	(*Network)(nil),                // 2: network.v1.Network
-	(*EnsureNetworkRequest)(nil),   // 3: network.v1.EnsureNetworkRequest
-	(*EnsureNetworkResponse)(nil),  // 4: network.v1.EnsureNetworkResponse
-	(*ReleaseNetworkRequest)(nil),  // 5: network.v1.ReleaseNetworkRequest
-	(*ReleaseNetworkResponse)(nil), // 6: network.v1.ReleaseNetworkResponse
-	(*GetNetworkRequest)(nil),      // 7: network.v1.GetNetworkRequest
-	(*GetNetworkResponse)(nil),     // 8: network.v1.GetNetworkResponse
-	(*ListNetworksRequest)(nil),    // 9: network.v1.ListNetworksRequest
-	(*ListNetworksResponse)(nil),   // 10: network.v1.ListNetworksResponse
-	(*UpdatePolicyRequest)(nil),    // 11: network.v1.UpdatePolicyRequest
-	(*UpdatePolicyResponse)(nil),   // 12: network.v1.UpdatePolicyResponse
-	(*ReconcileRequest)(nil),       // 13: network.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 14: network.v1.ReconcileResponse
-	(*HealthRequest)(nil),          // 15: network.v1.HealthRequest
-	(*Condition)(nil),              // 16: network.v1.Condition
-	(*HealthResponse)(nil),         // 17: network.v1.HealthResponse
-	(*timestamppb.Timestamp)(nil),  // 18: google.protobuf.Timestamp
+	(*Credential)(nil),             // 2: network.v1.Credential
+	(*Network)(nil),                // 3: network.v1.Network
+	(*EnsureNetworkRequest)(nil),   // 4: network.v1.EnsureNetworkRequest
+	(*EnsureNetworkResponse)(nil),  // 5: network.v1.EnsureNetworkResponse
+	(*ReleaseNetworkRequest)(nil),  // 6: network.v1.ReleaseNetworkRequest
+	(*ReleaseNetworkResponse)(nil), // 7: network.v1.ReleaseNetworkResponse
+	(*GetNetworkRequest)(nil),      // 8: network.v1.GetNetworkRequest
+	(*GetNetworkResponse)(nil),     // 9: network.v1.GetNetworkResponse
+	(*ListNetworksRequest)(nil),    // 10: network.v1.ListNetworksRequest
+	(*ListNetworksResponse)(nil),   // 11: network.v1.ListNetworksResponse
+	(*UpdatePolicyRequest)(nil),    // 12: network.v1.UpdatePolicyRequest
+	(*UpdatePolicyResponse)(nil),   // 13: network.v1.UpdatePolicyResponse
+	(*ReconcileRequest)(nil),       // 14: network.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 15: network.v1.ReconcileResponse
+	(*HealthRequest)(nil),          // 16: network.v1.HealthRequest
+	(*Condition)(nil),              // 17: network.v1.Condition
+	(*HealthResponse)(nil),         // 18: network.v1.HealthResponse
+	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
 }
 var file_network_v1_network_proto_depIdxs = []int32{
-	0,  // 0: network.v1.Network.kind:type_name -> network.v1.SlotKind
-	1,  // 1: network.v1.Network.policy:type_name -> network.v1.Policy
-	18, // 2: network.v1.Network.assigned_at:type_name -> google.protobuf.Timestamp
-	0,  // 3: network.v1.EnsureNetworkRequest.kind:type_name -> network.v1.SlotKind
-	1,  // 4: network.v1.EnsureNetworkRequest.policy:type_name -> network.v1.Policy
-	2,  // 5: network.v1.EnsureNetworkResponse.network:type_name -> network.v1.Network
-	2,  // 6: network.v1.GetNetworkResponse.network:type_name -> network.v1.Network
-	2,  // 7: network.v1.ListNetworksResponse.networks:type_name -> network.v1.Network
-	1,  // 8: network.v1.UpdatePolicyRequest.policy:type_name -> network.v1.Policy
-	2,  // 9: network.v1.UpdatePolicyResponse.network:type_name -> network.v1.Network
-	16, // 10: network.v1.HealthResponse.conditions:type_name -> network.v1.Condition
-	3,  // 11: network.v1.NetworkAgent.EnsureNetwork:input_type -> network.v1.EnsureNetworkRequest
-	5,  // 12: network.v1.NetworkAgent.ReleaseNetwork:input_type -> network.v1.ReleaseNetworkRequest
-	7,  // 13: network.v1.NetworkAgent.GetNetwork:input_type -> network.v1.GetNetworkRequest
-	9,  // 14: network.v1.NetworkAgent.ListNetworks:input_type -> network.v1.ListNetworksRequest
-	11, // 15: network.v1.NetworkAgent.UpdatePolicy:input_type -> network.v1.UpdatePolicyRequest
-	13, // 16: network.v1.NetworkAgent.Reconcile:input_type -> network.v1.ReconcileRequest
-	15, // 17: network.v1.NetworkAgent.Health:input_type -> network.v1.HealthRequest
-	4,  // 18: network.v1.NetworkAgent.EnsureNetwork:output_type -> network.v1.EnsureNetworkResponse
-	6,  // 19: network.v1.NetworkAgent.ReleaseNetwork:output_type -> network.v1.ReleaseNetworkResponse
-	8,  // 20: network.v1.NetworkAgent.GetNetwork:output_type -> network.v1.GetNetworkResponse
-	10, // 21: network.v1.NetworkAgent.ListNetworks:output_type -> network.v1.ListNetworksResponse
-	12, // 22: network.v1.NetworkAgent.UpdatePolicy:output_type -> network.v1.UpdatePolicyResponse
-	14, // 23: network.v1.NetworkAgent.Reconcile:output_type -> network.v1.ReconcileResponse
-	17, // 24: network.v1.NetworkAgent.Health:output_type -> network.v1.HealthResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	2,  // 0: network.v1.Policy.credentials:type_name -> network.v1.Credential
+	0,  // 1: network.v1.Network.kind:type_name -> network.v1.SlotKind
+	1,  // 2: network.v1.Network.policy:type_name -> network.v1.Policy
+	19, // 3: network.v1.Network.assigned_at:type_name -> google.protobuf.Timestamp
+	0,  // 4: network.v1.EnsureNetworkRequest.kind:type_name -> network.v1.SlotKind
+	1,  // 5: network.v1.EnsureNetworkRequest.policy:type_name -> network.v1.Policy
+	3,  // 6: network.v1.EnsureNetworkResponse.network:type_name -> network.v1.Network
+	3,  // 7: network.v1.GetNetworkResponse.network:type_name -> network.v1.Network
+	3,  // 8: network.v1.ListNetworksResponse.networks:type_name -> network.v1.Network
+	1,  // 9: network.v1.UpdatePolicyRequest.policy:type_name -> network.v1.Policy
+	3,  // 10: network.v1.UpdatePolicyResponse.network:type_name -> network.v1.Network
+	17, // 11: network.v1.HealthResponse.conditions:type_name -> network.v1.Condition
+	4,  // 12: network.v1.NetworkAgent.EnsureNetwork:input_type -> network.v1.EnsureNetworkRequest
+	6,  // 13: network.v1.NetworkAgent.ReleaseNetwork:input_type -> network.v1.ReleaseNetworkRequest
+	8,  // 14: network.v1.NetworkAgent.GetNetwork:input_type -> network.v1.GetNetworkRequest
+	10, // 15: network.v1.NetworkAgent.ListNetworks:input_type -> network.v1.ListNetworksRequest
+	12, // 16: network.v1.NetworkAgent.UpdatePolicy:input_type -> network.v1.UpdatePolicyRequest
+	14, // 17: network.v1.NetworkAgent.Reconcile:input_type -> network.v1.ReconcileRequest
+	16, // 18: network.v1.NetworkAgent.Health:input_type -> network.v1.HealthRequest
+	5,  // 19: network.v1.NetworkAgent.EnsureNetwork:output_type -> network.v1.EnsureNetworkResponse
+	7,  // 20: network.v1.NetworkAgent.ReleaseNetwork:output_type -> network.v1.ReleaseNetworkResponse
+	9,  // 21: network.v1.NetworkAgent.GetNetwork:output_type -> network.v1.GetNetworkResponse
+	11, // 22: network.v1.NetworkAgent.ListNetworks:output_type -> network.v1.ListNetworksResponse
+	13, // 23: network.v1.NetworkAgent.UpdatePolicy:output_type -> network.v1.UpdatePolicyResponse
+	15, // 24: network.v1.NetworkAgent.Reconcile:output_type -> network.v1.ReconcileResponse
+	18, // 25: network.v1.NetworkAgent.Health:output_type -> network.v1.HealthResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_network_v1_network_proto_init() }
@@ -1256,7 +1349,7 @@ func file_network_v1_network_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_network_v1_network_proto_rawDesc), len(file_network_v1_network_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,9 @@ type Config struct {
 	// Resolver is the nameserver for /etc/resolv.conf
 	// (agentproto.ResolverParam); invalid: leave the file alone.
 	Resolver netip.Addr
+	// EgressCA is a CA certificate (DER) for the trust store
+	// (agentproto.EgressCAParam); nil: none.
+	EgressCA []byte
 }
 
 var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
@@ -67,6 +70,11 @@ func ParseCmdline(cmdline string) (Config, error) {
 			c.Resolver, err = netip.ParseAddr(v)
 			if err != nil {
 				err = fmt.Errorf("vminit: %s=%q: %v: %w", k, v, err, errdefs.ErrInvalidArgument)
+			}
+		case agentproto.EgressCAParam:
+			c.EgressCA, err = agentproto.DecodeCA(v)
+			if err != nil {
+				err = fmt.Errorf("vminit: %s: %v: %w", k, err, errdefs.ErrInvalidArgument)
 			}
 		case "cube.gw":
 			c.Gateway, err = netip.ParseAddr(v)

@@ -1,9 +1,11 @@
 package vminit
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
@@ -23,6 +25,18 @@ func TestParseCmdline(t *testing.T) {
 		if _, err := ParseCmdline(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%q: %v", bad, err)
 		}
+	}
+}
+
+// The egress CA crosses the kernel command line intact.
+func TestParseCmdlineEgressCA(t *testing.T) {
+	der := []byte{0x30, 0x82, 0x01, 0xff, 0x00, 0x10, 0xfe}
+	c, err := ParseCmdline("quiet " + agentproto.EgressCAParam + "=" + agentproto.EncodeCA(der))
+	if err != nil || !bytes.Equal(c.EgressCA, der) {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if _, err := ParseCmdline(agentproto.EgressCAParam + "=!!"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("bad base64: %v", err)
 	}
 }
 

@@ -259,7 +259,7 @@ func (n *Node) Teardown(ctx context.Context) error {
 	// Only a mounted pool: opening an unmounted one would make a new image.
 	if mounted, _ := storage.IsMounted(pool); mounted {
 		if p, err := storage.OpenPool(ctx, storage.PoolConfig{Dir: pool, ImageSizeBytes: 1 << 30}); err == nil {
-			errs = append(errs, p.Teardown(ctx), raw.WaitLoopGone(pool+".img", 10*time.Second))
+			errs = append(errs, p.Teardown(ctx), raw.WaitLoopGone(pool+".img", raw.LoopGoneWait))
 		}
 	}
 	if err := os.RemoveAll(n.Dir); err != nil {

@@ -11,6 +11,11 @@ import (
 	"github.com/cubesandbox/cube/internal/loopdev"
 )
 
+// LoopGoneWait is how long a teardown waits for a pool's loop device to
+// go: seconds on a quiet machine, and more than 10 s was seen on a 2-core
+// machine at load 30, where the last sandbox disks' releases queue.
+const LoopGoneWait = time.Minute
+
 // WaitLoopGone waits until no loop device is backed by image. A pool's
 // loop device outlives its unmount for a moment when sandbox disks inside
 // it were unmounted just before: the kernel releases their loop devices

@@ -234,7 +234,7 @@ func (n *Runc) Close(ctx context.Context) error {
 	}
 	errs = append(errs, RemoveCgroupTree("/"+n.cgroupParent))
 	if n.pool != nil {
-		errs = append(errs, n.pool.Teardown(ctx), WaitLoopGone(n.pool.Dir()+".img", 10*time.Second))
+		errs = append(errs, n.pool.Teardown(ctx), WaitLoopGone(n.pool.Dir()+".img", LoopGoneWait))
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		errs = append(errs, err)

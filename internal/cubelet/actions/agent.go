@@ -21,15 +21,17 @@ type agentAction struct{ n *Node }
 func (*agentAction) Name() string { return "agent" }
 
 // Create waits for the agent; a VM's is then given its environment (its
-// kernel starts it with none).
+// kernel starts it with none). Then the template's service starts.
 func (a *agentAction) Create(ctx context.Context, t *Task) error {
 	if err := a.wait(ctx, t); err != nil {
 		return err
 	}
 	if a.n.BootsDisk(t.Record().Runtime) {
-		return a.n.reinitAgent(ctx, t)
+		if err := a.n.reinitAgent(ctx, t); err != nil {
+			return err
+		}
 	}
-	return nil
+	return a.n.startService(ctx, t)
 }
 
 func (a *agentAction) Resume(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
@@ -55,9 +57,12 @@ func (a *agentAction) Clone(ctx context.Context, t *Task) error {
 		return err
 	}
 	if memoryImage(d, t) == "" && !d.Capabilities().BootsDisk {
-		return nil
+		return a.n.startService(ctx, t)
 	}
-	return a.n.reinitAgent(ctx, t)
+	if err := a.n.reinitAgent(ctx, t); err != nil {
+		return err
+	}
+	return a.n.startService(ctx, t)
 }
 
 // heldToken is the access token the sandbox's agent holds right after
@@ -152,6 +157,32 @@ func (n *Node) reinitAgent(ctx context.Context, t *Task) error {
 	// A VM's agent starts with the kernel's bare environment, so it gets
 	// all of it, PATH included; a container's has it from its spec.
 	return agentclient.Reinit(ctx, d, rec, heldToken(d, t), spec.Hostname, spec.Env, d.Capabilities().BootsDisk)
+}
+
+// startService starts the template's service (sandbox.Template.StartCmd)
+// in a sandbox that booted cold, and waits until its ready command
+// succeeds, within the agent's wait budget. A sandbox restored from a
+// memory image has it running already.
+func (n *Node) startService(ctx context.Context, t *Task) error {
+	if t.Template == nil || t.Template.StartCmd == "" {
+		return nil
+	}
+	rec := t.Record()
+	d, err := n.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	if memoryImage(d, t) != "" {
+		return nil
+	}
+	ctx, cancel := n.agentWait(ctx, rec)
+	defer cancel()
+	start := time.Now()
+	if err := withWaitCause(ctx, agentclient.StartService(ctx, d, rec, t.Template.StartCmd, t.Template.ReadyCmd)); err != nil {
+		return err
+	}
+	slog.DebugContext(ctx, "template service ready", "sandbox_id", rec.ID, "template", t.Template.ID, "took", time.Since(start))
+	return nil
 }
 
 // sealConsole switches a VM's console away from its file once the agent

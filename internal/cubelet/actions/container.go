@@ -34,9 +34,9 @@ func (a *containerAction) Create(ctx context.Context, t *Task) error {
 		return fmt.Errorf("container: sandbox has no root filesystem: %w", errdefs.ErrFailedPrecondition)
 	}
 	c := &sandbox.Container{
-		ID:         rec.ID,
-		Bundle:     filepath.Join(a.n.Cfg.SandboxRunDir(rec.ID), "bundle"),
-		CgroupPath: a.n.Cfg.CgroupPath(rec.ID),
+		ID:         rec.HostKey(),
+		Bundle:     filepath.Join(a.n.Cfg.SandboxRunDir(rec.HostKey()), "bundle"),
+		CgroupPath: a.n.Cfg.CgroupPath(rec.HostKey()),
 	}
 	if err := t.Update(func(r *sandbox.Record) { r.Container = c }); err != nil {
 		return err
@@ -91,6 +91,7 @@ func specOf(rec *sandbox.Record, c *sandbox.Container, tmpl *sandbox.Template) r
 		Labels:         rec.Labels,
 		AgentTokenHash: tokenHash(rec.AccessToken),
 		Resolver:       rec.Network.ResolverOf(),
+		EgressCA:       rec.Network.EgressCAOf(),
 	}
 }
 
@@ -120,7 +121,7 @@ func (n *Node) launchSpec(ctx context.Context, rec *sandbox.Record, tmpl *sandbo
 	spec = specOf(rec, rec.Container, tmpl)
 	// Checked again right before the bind, and bound by descriptor: a
 	// path component may have become a symlink since create validated it.
-	if spec.Mounts, unstage, err = n.StageHostMounts(ctx, rec.ID, rec.HostMounts, !boots); err != nil {
+	if spec.Mounts, unstage, err = n.StageHostMounts(ctx, rec.HostKey(), rec.HostMounts, !boots); err != nil {
 		return spec, unstage, err
 	}
 	if m, ok := n.sharedAgent(); ok && !boots {
@@ -184,7 +185,7 @@ func (a *containerAction) Destroy(ctx context.Context, t *Task) error {
 	// Normally gone once the sandbox started; left by a cubelet that died
 	// mid-start. Before any RemoveAll near it, which would reach through
 	// a staging mount into the host directory.
-	if err := hostbind.Unstage(a.n.HostMountsDir(rec.ID)); err != nil {
+	if err := hostbind.Unstage(a.n.HostMountsDir(rec.HostKey())); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(rec.Container.Bundle); err != nil {

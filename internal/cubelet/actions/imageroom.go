@@ -24,7 +24,7 @@ const imageMargin = 64 << 20
 // cache included) plus imageMargin; a sandbox whose use cannot be read is
 // let through (the runtime's own error then reports a full disk).
 func (n *Node) checkImageRoom(rec *sandbox.Record, dir string) error {
-	cg := n.Cfg.CgroupPath(rec.ID)
+	cg := n.Cfg.CgroupPath(rec.HostKey())
 	if rec.Container != nil && rec.Container.CgroupPath != "" {
 		cg = rec.Container.CgroupPath
 	}

@@ -34,7 +34,7 @@ func (a *netAction) Create(ctx context.Context, t *Task) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.n.Net.Timeout())
 	defer cancel()
-	n, err := c.Ensure(ctx, rec.ID, kind, netagent.PolicyOf(rec))
+	n, err := c.Ensure(ctx, rec.HostKey(), kind, netagent.PolicyOf(rec))
 	if err != nil {
 		return fmt.Errorf("network slot: %w", err)
 	}
@@ -56,7 +56,7 @@ func (a *netAction) Destroy(ctx context.Context, t *Task) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.n.Net.Timeout())
 	defer cancel()
-	if _, err := c.Release(ctx, rec.ID); err != nil {
+	if _, err := c.Release(ctx, rec.HostKey()); err != nil {
 		return fmt.Errorf("release network slot: %w", err)
 	}
 	return t.Update(func(r *sandbox.Record) { r.Network = nil })
@@ -79,7 +79,7 @@ func (a *netAction) Resume(ctx context.Context, t *Task) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.n.Net.Timeout())
 	defer cancel()
-	if _, err := c.UpdatePolicy(ctx, rec.ID, nil); err != nil {
+	if _, err := c.UpdatePolicy(ctx, rec.HostKey(), nil); err != nil {
 		return fmt.Errorf("re-apply network policy: %w", err)
 	}
 	return nil

@@ -67,7 +67,7 @@ func (*diskAction) Name() string { return "disk" }
 
 func (a *diskAction) Create(ctx context.Context, t *Task) error {
 	rec := t.Record()
-	path := a.n.Pool.SandboxDiskPath(rec.ID)
+	path := a.n.Pool.SandboxDiskPath(rec.HostKey())
 	if err := t.Update(func(r *sandbox.Record) { r.Disk = &sandbox.Disk{Path: path} }); err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func (a *diskAction) Destroy(_ context.Context, t *Task) error {
 	if rec.Disk == nil {
 		return nil
 	}
-	if err := a.n.Pool.RemoveSandboxDisk(rec.ID); err != nil {
+	if err := a.n.Pool.RemoveSandboxDisk(rec.HostKey()); err != nil {
 		return err
 	}
 	return t.Update(func(r *sandbox.Record) { r.Disk = nil })
@@ -101,7 +101,7 @@ func (a *diskAction) Clone(ctx context.Context, t *Task) error {
 		return err
 	}
 	rec := t.Record()
-	path := a.n.Pool.SandboxDiskPath(rec.ID)
+	path := a.n.Pool.SandboxDiskPath(rec.HostKey())
 	if err := t.Update(func(r *sandbox.Record) { r.Disk = &sandbox.Disk{Path: path} }); err != nil {
 		return err
 	}
@@ -214,7 +214,7 @@ func (a *rootfsAction) Create(ctx context.Context, t *Task) error {
 	if a.n.BootsDisk(rec.Runtime) {
 		return nil // the VM mounts its disk itself
 	}
-	target := filepath.Join(a.n.Cfg.SandboxRunDir(rec.ID), "rootfs")
+	target := filepath.Join(a.n.Cfg.SandboxRunDir(rec.HostKey()), "rootfs")
 	if err := t.Update(func(r *sandbox.Record) {
 		r.Mount = &sandbox.Mount{Target: target, Image: rec.Disk.Path}
 	}); err != nil {

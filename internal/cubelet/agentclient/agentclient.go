@@ -96,6 +96,22 @@ func hostIPClient() *http.Client {
 	}}
 }
 
+// resetClient is hostIPClient whose connections close with a reset
+// (SO_LINGER 0) instead of a FIN.
+func resetClient() *http.Client {
+	d := &net.Dialer{Timeout: time.Second}
+	return &http.Client{Transport: &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0)
+			}
+			return c, err
+		},
+	}}
+}
+
 // Wait polls the sandbox's agent /health until it answers.
 func Wait(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
 	e, err := EndpointFor(d, rec)
@@ -183,6 +199,12 @@ func Quiesce(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
+	if _, channel := d.(runtime.AgentChannel); !channel && rec.Network != nil && rec.Network.HostIP != "" {
+		// Closed with a reset once the answer is read: the endpoint in
+		// the sandbox is then gone at once, not in LAST_ACK until the
+		// sandbox has taken our ACK of its FIN, which runsc cannot save.
+		e.Client = resetClient()
+	}
 	defer e.Client.CloseIdleConnections()
 	body, _ := json.Marshal(agentproto.QuiesceRequest{TimeoutMs: QuiesceTimeout.Milliseconds()})
 	req, err := e.NewRequest(ctx, http.MethodPost, agentproto.PathQuiesce, bytes.NewReader(body))
@@ -233,6 +255,11 @@ func waitListenerClosed(ctx context.Context, rec *sandbox.Record) error {
 				return fmt.Errorf("quiesced agent of %s still listens: %w", rec.ID, errdefs.ErrUnavailable)
 			}
 		} else {
+			// A reset, not a FIN: this probe must leave no endpoint
+			// in the sandbox (see resetClient).
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0)
+			}
 			c.Close()
 		}
 		select {

@@ -116,6 +116,8 @@ type Config struct {
 	// Network: the node's network-agent.
 	Network NetworkConfig   `toml:"network"`
 	Flows   workflow.Config `toml:"flows"`
+	// WarmPool: pre-started, frozen sandboxes that creates claim.
+	WarmPool WarmPoolConfig `toml:"warm_pool"`
 }
 
 // Load returns the defaults with the file at path (if any) merged
@@ -181,6 +183,9 @@ func (c *Config) Validate() error {
 	if c.API.Data != "" && !c.TLS.Enabled() {
 		// Its only guard is the caller's certificate.
 		return bad("api.data %q needs [tls] (cert, key and ca): the node data listener admits only proxy and master certificates", c.API.Data)
+	}
+	if err := c.WarmPool.validate(); err != nil {
+		return err
 	}
 	return c.finishSnapshots()
 }

@@ -31,7 +31,12 @@ import (
 // host IP, as the proxy reaches it) and returns its output and exit code.
 func shIn(t *testing.T, sb *sandbox.Record, script string) (string, int32) {
 	t.Helper()
-	hc := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	return shInWith(t, sb, &http.Client{Transport: &http.Transport{Proxy: nil}}, script)
+}
+
+// shInWith is shIn through client hc.
+func shInWith(t *testing.T, sb *sandbox.Record, hc *http.Client, script string) (string, int32) {
+	t.Helper()
 	defer hc.CloseIdleConnections()
 	c := processconnect.NewProcessClient(hc, fmt.Sprintf("http://%s:%d", sb.Network.HostIP, agentproto.Port))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -156,7 +161,7 @@ func TestVMDNS(t *testing.T) {
 	w := nettest.NewWorld(t)
 	allowed, other := w.Addrs[1], w.Addrs[2]
 	up := w.ServeDNS(t, map[string][]netip.Addr{"api.allowed.test": {allowed}, "other.test": {other}})
-	env.StartNetworkAgent(t, nettest.Options{DNSUpstreams: []string{up.String()}})
+	agent := env.StartNetworkAgent(t, nettest.Options{DNSUpstreams: []string{up.String()}})
 	svc := env.Start(t)
 	env.ImportBusybox(t, svc, "busybox")
 	ctx := context.Background()
@@ -172,6 +177,12 @@ func TestVMDNS(t *testing.T) {
 	out, code := shIn(t, a, "cat /etc/resolv.conf; cat /proc/cmdline")
 	if code != 0 || !strings.Contains(out, "\nnameserver 169.254.0.22\n") || !strings.Contains(out, "cube.resolver=169.254.0.22") {
 		t.Fatalf("guest resolv.conf / cmdline (exit %d): %q", code, out)
+	}
+	// The node's egress CA crossed the kernel command line into the
+	// guest's trust store, which the guest's processes are pointed at.
+	out, code = shIn(t, a, "cat $SSL_CERT_FILE")
+	if code != 0 || !strings.Contains(out, strings.TrimSpace(string(agent.Agent.EgressCA()))) {
+		t.Fatalf("VM: SSL_CERT_FILE lacks the egress CA (exit %d): %q", code, out)
 	}
 	out, code = shIn(t, a, fmt.Sprintf("echo ping | nc -w 5 api.allowed.test %d", w.Port))
 	t.Logf("VM: nc api.allowed.test: exit %d %q", code, out)

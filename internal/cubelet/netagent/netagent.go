@@ -76,6 +76,7 @@ func Record(n *network.Network) *sandbox.Network {
 	return &sandbox.Network{
 		Kind: string(n.Kind), Slot: n.Slot, HostIP: n.HostIP, GatewayIP: n.GatewayIP,
 		SandboxIP: n.SandboxIP, NetNS: n.NetNS, SlotNetNS: n.SlotNetNS, Resolver: n.Resolver,
+		EgressCA: n.EgressCA,
 	}
 }
 

@@ -17,9 +17,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -40,7 +42,14 @@ type Catalog struct {
 	db     *sql.DB
 	driver string
 	dir    string // SQLite: the file's directory, the filesystem a full-disk error names
+	// retried counts transactions run again after a deadlock or a lock
+	// wait timeout.
+	retried atomic.Int64
 }
+
+// Retried is how many transactions were run again after MySQL aborted
+// them for a deadlock or a lock wait timeout.
+func (c *Catalog) Retried() int64 { return c.retried.Load() }
 
 // Open connects to the database and applies every pending migration.
 //
@@ -128,8 +137,33 @@ func (c *Catalog) Durability(ctx context.Context) (journal string, synchronous i
 // Ping checks the database answers.
 func (c *Catalog) Ping(ctx context.Context) error { return c.db.PingContext(ctx) }
 
-// tx runs fn in a transaction, committing when it returns nil.
+// txAttempts bounds how often tx runs a transaction that MySQL aborted
+// for a deadlock or a lock wait timeout.
+var txAttempts = 6
+
+// tx runs fn in a transaction, committing when it returns nil. A MySQL
+// transaction chosen as a deadlock's victim (InnoDB rolls it back whole)
+// or timed out waiting for a lock is rolled back and run again, after a
+// short random pause, up to txAttempts times: concurrent transactions
+// (two kills: each deletes a tombstone that is not there, which locks the
+// gap, then inserts into it) deadlock by design in InnoDB, which expects
+// the application to retry. fn must not keep state across attempts.
 func (c *Catalog) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := c.tx1(ctx, fn)
+		if !retryable(err) || attempt >= txAttempts {
+			return err
+		}
+		c.retried.Add(1)
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(time.Duration(attempt) * time.Duration(1+rand.IntN(10)) * time.Millisecond): //nolint:gosec // G404: jitter, not a secret
+		}
+	}
+}
+
+func (c *Catalog) tx1(ctx context.Context, fn func(*sql.Tx) error) error {
 	tx, err := c.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -139,6 +173,13 @@ func (c *Catalog) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 		return c.full(err)
 	}
 	return c.full(tx.Commit())
+}
+
+// retryable reports whether err is MySQL's deadlock (1213) or lock wait
+// timeout (1205).
+func retryable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }
 
 func ms(t time.Time) int64 {

@@ -36,6 +36,17 @@ type Network struct {
 	// AllowPublicTraffic=false means proxied traffic needs the traffic
 	// access token.
 	AllowPublicTraffic *bool `json:"allow_public_traffic,omitempty"`
+	// Credentials are headers the node's egress proxy injects into HTTPS
+	// requests to a host (docs/network.md "Credential injection"). Stored
+	// as given (not encrypted); never returned by the API.
+	Credentials []Credential `json:"credentials,omitempty"`
+}
+
+// Credential sets Header to Value on every HTTPS request to Host.
+type Credential struct {
+	Host   string `json:"host"`
+	Header string `json:"header"`
+	Value  string `json:"value"`
 }
 
 // Sandbox is one catalog row.
@@ -243,12 +254,19 @@ func (c *Catalog) DeleteSandbox(ctx context.Context, id string) error {
 		if n, _ := res.RowsAffected(); n == 0 {
 			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 		}
-		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`, `DELETE FROM sandbox_tombstones WHERE id = ?`} {
+		for _, q := range []string{`DELETE FROM sandbox_metadata WHERE sandbox_id = ?`, `DELETE FROM sandbox_events WHERE sandbox_id = ?`} {
 			if _, err := tx.ExecContext(ctx, q, id); err != nil {
 				return err
 			}
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO sandbox_tombstones (id, deleted_at) VALUES (?, ?)`, id, ms(time.Now()))
+		// An upsert, not a delete and an insert: deleting a tombstone
+		// that is not there locks its gap in InnoDB, and two deletes
+		// inserting into each other's gaps deadlock.
+		upsert := `INSERT INTO sandbox_tombstones (id, deleted_at) VALUES (?, ?) ON CONFLICT(id) DO UPDATE SET deleted_at = excluded.deleted_at`
+		if c.driver == MySQL {
+			upsert = `INSERT INTO sandbox_tombstones (id, deleted_at) VALUES (?, ?) ON DUPLICATE KEY UPDATE deleted_at = VALUES(deleted_at)`
+		}
+		_, err = tx.ExecContext(ctx, upsert, id, ms(time.Now()))
 		return err
 	})
 }

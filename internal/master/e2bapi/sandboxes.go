@@ -133,6 +133,7 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 			return req, unsupported("network.httpsPorts")
 		}
 		req.Network.AllowOut, req.Network.DenyOut, req.Network.AllowPublicTraffic = n.AllowOut, n.DenyOut, n.AllowPublicTraffic
+		req.Network.Credentials = credentialsFromJSON(n.Credentials)
 	}
 	return req, nil
 }
@@ -407,7 +408,8 @@ func (h *Handler) network(w http.ResponseWriter, r *http.Request) {
 		if isSet(body.Rules) {
 			return unsupported("rules")
 		}
-		n := catalog.Network{AllowInternet: body.AllowInternetAccess, AllowOut: body.AllowOut, DenyOut: body.DenyOut}
+		n := catalog.Network{AllowInternet: body.AllowInternetAccess, AllowOut: body.AllowOut, DenyOut: body.DenyOut,
+			Credentials: credentialsFromJSON(body.Credentials)}
 		if err := h.b.UpdateNetwork(r.Context(), id, n); err != nil {
 			return err
 		}
@@ -673,4 +675,16 @@ func msTime(v int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(v)
+}
+
+// credentialsFromJSON keeps nil (absent) apart from empty ([]).
+func credentialsFromJSON(in []credentialJSON) []catalog.Credential {
+	if in == nil {
+		return nil
+	}
+	out := make([]catalog.Credential, 0, len(in))
+	for _, c := range in {
+		out = append(out, catalog.Credential(c))
+	}
+	return out
 }

@@ -80,6 +80,16 @@ type networkConfig struct {
 	HTTPSPorts         []int           `json:"httpsPorts,omitempty"`
 	EgressProxy        json.RawMessage `json:"egressProxy,omitempty"`
 	Rules              json.RawMessage `json:"rules,omitempty"`
+	// Credentials is cube's extension: headers the node's egress proxy
+	// injects (docs/network.md). Accepted, never returned.
+	Credentials []credentialJSON `json:"credentials,omitempty"`
+}
+
+// credentialJSON is one credential rule in a request.
+type credentialJSON struct {
+	Host   string `json:"host"`
+	Header string `json:"header"`
+	Value  string `json:"value"`
 }
 
 // networkUpdate is components.schemas.SandboxNetworkUpdateConfig.
@@ -89,6 +99,9 @@ type networkUpdate struct {
 	DenyOut             []string        `json:"denyOut"`
 	EgressProxy         json.RawMessage `json:"egressProxy"`
 	Rules               json.RawMessage `json:"rules"`
+	// Credentials replaces the sandbox's credential rules; absent keeps
+	// them, [] removes them.
+	Credentials []credentialJSON `json:"credentials"`
 }
 
 // newSandbox is components.schemas.NewSandbox and NewSandboxV2.

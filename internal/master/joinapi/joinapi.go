@@ -22,8 +22,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/clientlimit"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/nodejoin"
@@ -50,10 +52,27 @@ func TLSConfig(ca *pki.CA, hosts ...string) (*tls.Config, error) {
 	}, nil
 }
 
+// Refused joins a client may make (refusedBurst, refilled at refusedRate
+// a second) before the listener answers it 429 without reading the
+// catalog: every request costs a catalog read and write before its token
+// is known to be good, and a guesser must not get to try many.
+const (
+	refusedRate  = 0.2
+	refusedBurst = 10.0
+)
+
 // Handler serves POST /v1/join.
 func Handler(svc *master.Service, log *slog.Logger) http.Handler {
+	limit := clientlimit.New(refusedRate, refusedBurst)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+nodejoin.Path, func(w http.ResponseWriter, r *http.Request) {
+		client := clientlimit.ClientOf(r.RemoteAddr)
+		if limit.Exhausted(client) {
+			log.Warn("join refused: too many refused joins from this client", "remote", r.RemoteAddr)
+			w.Header().Set("Retry-After", strconv.Itoa(int(1/refusedRate)))
+			http.Error(w, "too many refused joins from this address; try again later", http.StatusTooManyRequests)
+			return
+		}
 		var req nodejoin.Request
 		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
 			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
@@ -71,6 +90,7 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 		}
 		certPEM, caPEM, err := svc.Join(r.Context(), req.Token, req.NodeID, pub, req.Hosts)
 		if err != nil {
+			limit.Fail(client)
 			code := http.StatusInternalServerError
 			switch {
 			case errdefs.IsUnauthenticated(err):

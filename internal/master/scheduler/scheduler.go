@@ -14,6 +14,8 @@
 //     (page cache and clone pool warm), else 0
 //     spread    1 - sandboxes / (most sandboxes on any candidate + 1), so that
 //     nodes of unequal size still share the sandbox count
+//     pool      1 when the node has a frozen sandbox of this template in its
+//     warm pool (the create claims it instead of starting one), else 0
 //     Ties are broken at random, so concurrent creates fan out. A node
 //     that reports itself busy ranks after every node that does not,
 //     whatever the scores: it is used only when no other node can.
@@ -64,6 +66,8 @@ type Node struct {
 	Sandboxes    int
 	// Sandboxes per template, for locality.
 	TemplateSandboxes map[string]int
+	// TemplatePool is the warm pool entries per template.
+	TemplatePool map[string]int
 }
 
 // Request is the sandbox to place.
@@ -79,6 +83,7 @@ type Weights struct {
 	Load     float64 `toml:"load"`
 	Locality float64 `toml:"locality"`
 	Spread   float64 `toml:"spread"`
+	Pool     float64 `toml:"pool"`
 }
 
 // Config tunes the scheduler.
@@ -97,7 +102,7 @@ type Config struct {
 // DefaultConfig is what cubemaster uses unless configured otherwise.
 func DefaultConfig() Config {
 	return Config{
-		Weights:       Weights{Load: 1, Locality: 0.3, Spread: 0.5},
+		Weights:       Weights{Load: 1, Locality: 0.3, Spread: 0.5, Pool: 0.6},
 		CPUOvercommit: 32, MemoryOvercommit: 4, MaxAttempts: 3,
 	}
 }
@@ -109,6 +114,7 @@ type Candidate struct {
 	Load     float64
 	Locality float64
 	Spread   float64
+	Pool     float64
 }
 
 // Rejection says why the filter dropped a node.
@@ -230,7 +236,10 @@ func (s *Scheduler) Rank(nodes []*Node, req Request) ([]Candidate, []Rejection) 
 			c.Locality = 1
 		}
 		c.Spread = 1 - float64(n.Sandboxes)/float64(maxCount+1)
-		c.Score = w.Load*c.Load + w.Locality*c.Locality + w.Spread*c.Spread
+		if n.TemplatePool[req.TemplateID] > 0 {
+			c.Pool = 1
+		}
+		c.Score = w.Load*c.Load + w.Locality*c.Locality + w.Spread*c.Spread + w.Pool*c.Pool
 	}
 	shuffle := rand.Shuffle
 	if s.rand != nil {

@@ -97,6 +97,29 @@ func TestScore(t *testing.T) {
 			t.Fatalf("order: %+v", cands)
 		}
 	})
+	t.Run("pool", func(t *testing.T) {
+		// Both run the template; one has a warm pool entry of it and wins
+		// even with a sandbox more. Control: without the entry, the node
+		// with fewer sandboxes wins (spread).
+		nodes := func(entries int) []*scheduler.Node {
+			return []*scheduler.Node{
+				node("plain", func(n *scheduler.Node) { n.Sandboxes = 2; n.TemplateSandboxes["busybox"] = 2 }),
+				node("pooled", func(n *scheduler.Node) {
+					n.Sandboxes = 3
+					n.TemplateSandboxes["busybox"] = 3
+					n.TemplatePool = map[string]int{"busybox": entries}
+				}),
+			}
+		}
+		cands, _ := newSched().Rank(nodes(1), req)
+		if cands[0].Node.ID != "pooled" || cands[0].Pool != 1 || cands[1].Pool != 0 {
+			t.Fatalf("with a pool entry: %+v", cands)
+		}
+		cands, _ = newSched().Rank(nodes(0), req)
+		if cands[0].Node.ID != "plain" {
+			t.Fatalf("control, no pool entry: %+v", cands)
+		}
+	})
 	t.Run("spread", func(t *testing.T) {
 		// A big node with many sandboxes and a small empty one: load alone
 		// would keep filling the big one; spread sends this one to the small.

@@ -1,9 +1,16 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -144,5 +151,61 @@ func TestJoin(t *testing.T) {
 		if resp.StatusCode == http.StatusOK {
 			t.Fatal("plaintext join answered 200")
 		}
+	}
+}
+
+// TestJoinRefusalsLimited: a client whose joins keep being refused (a
+// token guesser) is answered 429 once it has used its allowance of
+// refusals, before the listener reads the catalog. The control: the same
+// request from another address still reaches the token check (401).
+func TestJoinRefusalsLimited(t *testing.T) {
+	caDir := t.TempDir()
+	if _, err := pki.LoadOrCreateCA(caDir, "join test CA"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(t, func(c *master.Config) {
+		c.Join.Listen, c.Join.CADir = "127.0.0.1:0", caDir
+	})
+	s, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(nodejoin.Request{Token: "cjt1.guess.000000.x", NodeID: "node-g", Hosts: []string{"10.1.2.3"},
+		PublicKey: string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))})
+	from := func(ip string) int {
+		t.Helper()
+		tr := &http.Transport{
+			DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext,
+			// The listener's identity is not what this test checks
+			// (TestJoin does): any certificate will do.
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+		}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Post("https://"+s.JoinAddr+nodejoin.Path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	codes := map[int]int{}
+	for range 12 {
+		codes[from("127.0.0.1")]++
+	}
+	t.Logf("12 refused joins from 127.0.0.1: %v", codes)
+	if codes[http.StatusUnauthorized] != 10 || codes[http.StatusTooManyRequests] != 2 {
+		t.Fatalf("12 guesses from one address answered %v; want 10 refused by the token check, then 429", codes)
+	}
+	if code := from("127.0.0.2"); code != http.StatusUnauthorized {
+		t.Fatalf("control: the same request from 127.0.0.2 answered %d, want 401 from the token check", code)
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
@@ -353,4 +354,79 @@ func writeAtomic(path string, data []byte) error {
 		return err
 	}
 	return os.Rename(f.Name(), path)
+}
+
+// Layout writes template id's image as an OCI image layout into dir
+// (which must exist and be empty): its blobs are hard links to the
+// store's (copies where a link fails), so the layout costs no space.
+func (s *Store) Layout(id, dir string) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, err := s.Get(id)
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(s.BlobPath(r.Digest))
+	if err != nil {
+		return fmt.Errorf("template store: manifest of %s: %w", id, err)
+	}
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return fmt.Errorf("template store: manifest of %s: %w", id, err)
+	}
+	mt := m.MediaType
+	if mt == "" {
+		mt = types.OCIManifestSchema1
+	}
+	digests := []string{r.Digest, m.Config.Digest.String()}
+	for _, l := range m.Layers {
+		digests = append(digests, l.Digest.String())
+	}
+	blobs := filepath.Join(dir, "blobs", "sha256")
+	if err := os.MkdirAll(blobs, 0o700); err != nil {
+		return fmt.Errorf("template store: %w", err)
+	}
+	for _, d := range digests {
+		dst := filepath.Join(blobs, strings.TrimPrefix(d, "sha256:"))
+		if _, err := os.Lstat(dst); err == nil {
+			continue // a layer the image lists twice
+		}
+		if err := os.Link(s.BlobPath(d), dst); err != nil {
+			if err := copyFile(s.BlobPath(d), dst); err != nil {
+				return fmt.Errorf("template store: blob %s of %s: %w", d, id, err)
+			}
+		}
+	}
+	hash, err := v1.NewHash(r.Digest)
+	if err != nil {
+		return fmt.Errorf("template store: %w", err)
+	}
+	index, err := json.Marshal(map[string]any{
+		"schemaVersion": 2,
+		"manifests":     []v1.Descriptor{{MediaType: mt, Digest: hash, Size: int64(len(raw))}},
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "index.json"), index, 0o600); err != nil {
+		return fmt.Errorf("template store: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o600); err != nil {
+		return fmt.Errorf("template store: %w", err)
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, cerr := io.Copy(out, in)
+	return errors.Join(cerr, out.Close())
 }

@@ -10,6 +10,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,12 +19,15 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
+	"github.com/cubesandbox/cube/internal/network/audit"
 	"github.com/cubesandbox/cube/internal/network/dnsfwd"
+	"github.com/cubesandbox/cube/internal/network/egress"
 	"github.com/cubesandbox/cube/internal/network/ipam"
 	"github.com/cubesandbox/cube/internal/network/nft"
 	"github.com/cubesandbox/cube/internal/network/nl"
@@ -40,6 +44,8 @@ type Agent struct {
 	space   *ipam.Space
 	metrics *metrics
 	dns     *dnsfwd.Forwarder // nil when [dns] is off
+	egress  *egress.Proxy     // nil when [egress] is off
+	audit   *audit.Log
 
 	opMu  sync.RWMutex // held shared by every operation, exclusively by Reconcile
 	locks keyedLock    // per sandbox
@@ -90,8 +96,20 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Agent, error) {
 		pool: map[network.Kind][]int{}, filling: map[network.Kind]int{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), fillDone: make(chan struct{}),
 	}
+	if a.audit, err = audit.New(cfg.AuditDir(), time.Duration(cfg.Audit.KeepHours)*time.Hour, log); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if cfg.DNS.Enabled {
-		if a.dns, err = dnsfwd.New(cfg.DNS.Forwarder(), log); err != nil {
+		fc := cfg.DNS.Forwarder()
+		fc.Audit = a.audit
+		if a.dns, err = dnsfwd.New(fc, log); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	if cfg.Egress.Enabled {
+		if a.egress, err = newEgress(cfg, a.dns, a.audit, log); err != nil {
 			st.Close()
 			return nil, err
 		}
@@ -104,6 +122,9 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger) (*Agent, error) {
 			if a.dns != nil {
 				// Reconcile attached the assigned slots.
 				a.dns.Close()
+			}
+			if a.egress != nil {
+				a.egress.Close()
 			}
 		}
 	}()
@@ -246,6 +267,10 @@ func (a *Agent) Close() error {
 	if a.dns != nil {
 		a.dns.Close()
 	}
+	if a.egress != nil {
+		a.egress.Close()
+	}
+	a.audit.CloseAll()
 	return a.store.Close()
 }
 
@@ -291,30 +316,99 @@ func (a *Agent) Config() *Config { return a.cfg }
 func (a *Agent) layout(i int, kind network.Kind) slot.Layout {
 	addrs, _ := a.space.Addrs(i) // i came from the space
 	return slot.Layout{Index: i, Kind: kind, Dir: a.cfg.NetnsDir(), Prefix: a.cfg.Prefix, Addrs: addrs,
-		NodeCIDR: a.cfg.CIDR(), Opened: a.cfg.Opened(), DNS: a.dns != nil}
+		NodeCIDR: a.cfg.CIDR(), Opened: a.cfg.Opened(), DNS: a.dns != nil, ProxyPort: a.proxyPort()}
 }
 
-// attachDNS makes the forwarder serve an assigned slot (idempotent).
-// fresh: the slot's namespace was (re)created, so sockets the forwarder
-// holds for this sandbox, if any, are in a namespace that is gone.
+// attachDNS makes the forwarder and the egress proxy serve an assigned
+// slot (idempotent; with the slot's current policy, which makes the proxy
+// cut open connections the policy no longer allows). fresh: the slot's
+// namespace was (re)created, so sockets held for this sandbox, if any,
+// are in a namespace that is gone.
 func (a *Agent) attachDNS(r *slotstore.Record, fresh bool) error {
 	if a.dns == nil || r.SandboxID == "" {
 		return nil
 	}
 	if fresh {
 		a.dns.Detach(r.SandboxID)
+		if a.egress != nil {
+			a.egress.Detach(r.SandboxID)
+		}
 	}
-	return a.dns.Attach(dnsfwd.Target{SandboxID: r.SandboxID, NetNS: a.layout(r.Index, r.Kind).SlotNS(),
-		Addr: network.SandboxGateway, Policy: r.Policy})
+	ns := a.layout(r.Index, r.Kind).SlotNS()
+	if err := a.dns.Attach(dnsfwd.Target{SandboxID: r.SandboxID, NetNS: ns,
+		Addr: network.SandboxGateway, Policy: r.Policy}); err != nil {
+		return err
+	}
+	if a.egress != nil {
+		return a.egress.Attach(egress.Target{SandboxID: r.SandboxID, NetNS: ns, Addr: network.SandboxGateway, Policy: r.Policy})
+	}
+	return nil
 }
 
 // detachDNS stops serving a sandbox: before its namespace goes, since an
 // open socket would keep the namespace alive.
 func (a *Agent) detachDNS(id string) {
-	if a.dns != nil && id != "" {
+	if id == "" {
+		return
+	}
+	if a.dns != nil {
 		a.dns.Detach(id)
 	}
+	if a.egress != nil {
+		a.egress.Detach(id)
+	}
+	a.audit.Close(id)
 }
+
+// proxyPort is where the egress proxy listens in every slot (0: off).
+func (a *Agent) proxyPort() uint16 {
+	if a.egress == nil {
+		return 0
+	}
+	return uint16(a.cfg.Egress.Port)
+}
+
+// newEgress loads (or makes) the node's egress CA and the upstream roots
+// and returns the proxy.
+func newEgress(cfg *Config, res *dnsfwd.Forwarder, al *audit.Log, log *slog.Logger) (*egress.Proxy, error) {
+	ca, err := egress.LoadOrCreateCA(cfg.EgressCADir())
+	if err != nil {
+		return nil, err
+	}
+	var roots *x509.CertPool
+	if f := cfg.Egress.UpstreamCA; f != "" {
+		pemBytes, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("egress.upstream_ca: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pemBytes) {
+			return nil, fmt.Errorf("egress.upstream_ca %s: no certificate: %w", f, errdefs.ErrInvalidArgument)
+		}
+	}
+	return egress.New(egress.Config{Port: uint16(cfg.Egress.Port), NodeCIDR: cfg.CIDR(), Opened: cfg.Opened(),
+		CA: ca, UpstreamRoots: roots, Audit: al}, res, policy.Blocked(cfg.CIDR()), log), nil
+}
+
+// EgressCA is the PEM of the node's egress CA (nil when the proxy is off):
+// what sandboxes trust for hosts whose TLS the proxy terminates.
+func (a *Agent) EgressCA() []byte {
+	if a.egress == nil {
+		return nil
+	}
+	return a.egress.CA()
+}
+
+// EgressStats returns the proxy's counters (nil when it is off).
+func (a *Agent) EgressStats() *egress.Stats {
+	if a.egress == nil {
+		return nil
+	}
+	return &a.egress.Stats
+}
+
+// AuditPath is the file of a sandbox's audit events.
+func (a *Agent) AuditPath(id string) string { return a.audit.Path(id) }
 
 // DNSStats returns the forwarder's counters (nil when it is off).
 func (a *Agent) DNSStats() *dnsfwd.Stats {
@@ -338,6 +432,9 @@ func (a *Agent) view(r *slotstore.Record) *network.Network {
 	}
 	if a.dns != nil {
 		n.Resolver = network.SandboxGateway.String()
+	}
+	if a.egress != nil {
+		n.EgressCA = a.egress.CADER()
 	}
 	return n
 }

@@ -44,7 +44,15 @@ type Config struct {
 	Policy struct {
 		OpenPrivate []string `toml:"open_private"`
 	} `toml:"policy"`
-	DNS DNSConfig `toml:"dns"`
+	DNS    DNSConfig    `toml:"dns"`
+	Egress EgressConfig `toml:"egress"`
+	Audit  struct {
+		// Dir holds <sandbox_id>.jsonl; "" = <data_dir>/audit.
+		Dir string `toml:"dir"`
+		// KeepHours: files of released sandboxes are removed once
+		// unchanged this long (0: never).
+		KeepHours int `toml:"keep_hours"`
+	} `toml:"audit"`
 
 	cidr   netip.Prefix
 	opened []netip.Prefix
@@ -60,6 +68,34 @@ type DNSConfig struct {
 	MinTTL     int      `toml:"min_ttl_seconds"`
 	MaxTTL     int      `toml:"max_ttl_seconds"`
 	LogQueries bool     `toml:"log_queries"`
+}
+
+// EgressConfig is the [egress] section: the node's egress proxy.
+type EgressConfig struct {
+	Enabled bool `toml:"enabled"`
+	Port    int  `toml:"port"`
+	// CADir holds the node's egress CA (made at first start); "" =
+	// <data_dir>/egress.
+	CADir string `toml:"ca_dir"`
+	// UpstreamCA is a PEM file of roots the proxy trusts, instead of the
+	// system's, for upstreams whose TLS it re-originates.
+	UpstreamCA string `toml:"upstream_ca"`
+}
+
+// AuditDir is where per-sandbox audit files go.
+func (c *Config) AuditDir() string {
+	if c.Audit.Dir != "" {
+		return c.Audit.Dir
+	}
+	return filepath.Join(c.DataDir, "audit")
+}
+
+// EgressCADir is where the node's egress CA lives.
+func (c *Config) EgressCADir() string {
+	if c.Egress.CADir != "" {
+		return c.Egress.CADir
+	}
+	return filepath.Join(c.DataDir, "egress")
 }
 
 // Forwarder returns the forwarder's configuration.
@@ -124,6 +160,12 @@ func (c *Config) Validate() error {
 		return bad("pool of %d slots is larger than node_cidr %s, which holds %d", c.Pool.Size+c.Pool.VMSize, p, space.Size())
 	case c.Pool.RefillPerSecond <= 0:
 		return bad("pool.refill_per_second must be positive")
+	case c.Egress.Enabled && (c.Egress.Port <= 0 || c.Egress.Port > 65535 || c.Egress.Port == 53):
+		return bad("egress.port %d must be a TCP port other than 53", c.Egress.Port)
+	case c.Egress.Enabled && !c.DNS.Enabled:
+		// The proxy checks a connection's address against the names the
+		// forwarder answered.
+		return bad("egress.enabled needs dns.enabled")
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ func (a *Agent) Ensure(ctx context.Context, req EnsureRequest) (n *network.Netwo
 	if err != nil {
 		return nil, false, err
 	}
-	if err := policy.CheckOpened("policy", req.Policy, a.cfg.Opened()); err != nil {
+	if err := a.checkPolicy(req.Policy); err != nil {
 		return nil, false, err
 	}
 	a.opMu.RLock()
@@ -299,7 +299,7 @@ func (a *Agent) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.Po
 		return nil, err
 	}
 	if p != nil {
-		if err := policy.CheckOpened("policy", *p, a.cfg.Opened()); err != nil {
+		if err := a.checkPolicy(*p); err != nil {
 			return nil, err
 		}
 	}
@@ -393,6 +393,19 @@ func (a *Agent) forgetConnections(r *slotstore.Record) error {
 	}
 	if _, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
 		return fmt.Errorf("slot %d: flush conntrack: %w", r.Index, err)
+	}
+	return nil
+}
+
+// checkPolicy refuses what this node cannot enforce: private ranges it
+// does not open, and credential rules without the egress proxy (a policy
+// that cannot be enforced is refused, not dropped).
+func (a *Agent) checkPolicy(p policy.Policy) error {
+	if err := policy.CheckOpened("policy", p, a.cfg.Opened()); err != nil {
+		return err
+	}
+	if len(p.Credentials) > 0 && a.egress == nil {
+		return fmt.Errorf("policy.credentials: this node runs no egress proxy ([egress] enabled = false): %w", errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
 	"github.com/cubesandbox/cube/internal/network/nft"
+	"github.com/cubesandbox/cube/internal/network/slotstore"
 )
 
 // Condition is one health check.
@@ -55,6 +57,9 @@ func (a *Agent) Health(context.Context) Health {
 	add("host-rules", err)
 	_, err = os.Stat(a.cfg.NetnsDir())
 	add("netns-dir", err)
+	if a.egress != nil {
+		add("egress", a.EgressHealth())
+	}
 	h.OK = true
 	for _, c := range h.Conditions {
 		h.OK = h.OK && c.OK
@@ -67,4 +72,23 @@ func (a *Agent) Health(context.Context) Health {
 	h.Free = space.Size() - space.InUse()
 	h.PoolTarget = a.cfg.Pool.Size + a.cfg.Pool.VMSize
 	return h
+}
+
+// EgressHealth reports whether the egress proxy serves every sandbox
+// assigned more than a few seconds ago (one being assigned right now may
+// not be attached yet); nil when the proxy is off.
+func (a *Agent) EgressHealth() error {
+	if a.egress == nil {
+		return nil
+	}
+	settled := time.Now().Add(-5 * time.Second)
+	a.mu.Lock()
+	ids := make([]string, 0, len(a.bySandbox))
+	for id, i := range a.bySandbox {
+		if r := a.slots[i]; r != nil && r.State == slotstore.Assigned && r.AssignedAt.Before(settled) {
+			ids = append(ids, id)
+		}
+	}
+	a.mu.Unlock()
+	return a.egress.Health(ids)
 }

@@ -42,6 +42,19 @@ func newMetrics() *metrics {
 func (m *metrics) register(a *Agent) {
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.ensure, m.ops, m.errors, m.reconcile, &slotCollector{a: a})
+	if a.egress != nil {
+		es := &a.egress.Stats
+		for verdict, c := range map[string]*atomic.Uint64{"allowed": &es.Allowed, "denied": &es.Denied,
+			"cut": &es.Cut, "failed": &es.Failed} {
+			m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "network_agent_egress_connections_total", Help: "Connections through the egress proxy, by verdict (cut: closed by a policy update).",
+				ConstLabels: prometheus.Labels{"verdict": verdict},
+			}, func() float64 { return float64(c.Load()) }))
+		}
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "network_agent_egress_terminated_total", Help: "Allowed connections whose TLS the proxy terminated to inject credentials.",
+		}, func() float64 { return float64(es.Terminated.Load()) }))
+	}
 	if a.dns == nil {
 		return
 	}

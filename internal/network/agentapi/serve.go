@@ -64,6 +64,19 @@ func HTTPHandler(a *agent.Agent) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	// The egress proxy's own probe: 503 when an assigned sandbox has no
+	// listener (its redirected connections would be refused).
+	mux.HandleFunc("/egress/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if a.EgressStats() == nil {
+			http.Error(w, "egress proxy disabled", http.StatusNotFound)
+			return
+		}
+		if err := a.EgressHealth(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		h := a.Health(r.Context())
 		if !h.OK {

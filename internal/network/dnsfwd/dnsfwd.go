@@ -40,6 +40,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/cubesandbox/cube/internal/network/audit"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/nft"
 	"github.com/cubesandbox/cube/internal/network/policy"
@@ -64,6 +65,8 @@ type Config struct {
 	Timeout time.Duration
 	// LogQueries logs one line per query (slog Info, "dns query").
 	LogQueries bool
+	// Audit, when set, records every query (audit.KindDNS).
+	Audit *audit.Log
 }
 
 // Stats are the forwarder's counters since start.
@@ -364,6 +367,23 @@ func (f *Forwarder) serve(s *sandbox, w dns.ResponseWriter, r *dns.Msg) {
 	if werr := w.WriteMsg(resp); werr != nil && err == nil {
 		err = werr
 	}
+	if f.cfg.Audit != nil {
+		ev := audit.Event{SandboxID: s.id, Kind: audit.KindDNS, Verdict: audit.Allowed, Name: strings.TrimSuffix(strings.ToLower(q.Name), "."),
+			QType: dns.TypeToString[q.Qtype], RCode: dns.RcodeToString[resp.Rcode], Rule: rule,
+			DurationMS: float64(time.Since(start).Microseconds()) / 1000}
+		switch verdict {
+		case "refused":
+			ev.Verdict, ev.Reason = audit.Denied, "name not allowed by the policy"
+		case "failed":
+			ev.Verdict = audit.Failed
+		}
+		for _, rr := range resp.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				ev.Addrs = append(ev.Addrs, a.A.String())
+			}
+		}
+		f.cfg.Audit.Write(ev)
+	}
 	if f.cfg.LogQueries || err != nil {
 		attrs := []any{"sandbox_id", s.id, "name", q.Name, "type", dns.TypeToString[q.Qtype],
 			"verdict", verdict, "rcode", dns.RcodeToString[resp.Rcode], "answers", len(resp.Answer),
@@ -500,4 +520,62 @@ func (f *Forwarder) learn(s *sandbox, name string, resp *dns.Msg) (int, error) {
 	}
 	f.Stats.Added.Add(uint64(len(add)))
 	return len(add), nil
+}
+
+// Resolved reports whether the forwarder answered name with addr to
+// sandbox id, for a name the sandbox's policy allows, and the answer has
+// not expired: what the egress proxy checks a connection's destination
+// against.
+func (f *Forwarder) Resolved(id, name string, addr netip.Addr) bool {
+	f.mu.Lock()
+	s := f.slots[id]
+	f.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.resolved[addr]
+	return ok && e.expires.After(time.Now()) && slices.Contains(e.names, name)
+}
+
+// LookupA resolves name's IPv4 addresses through the forwarder's
+// upstreams (the node's resolvers): the egress proxy's second check when
+// the sandbox found an address some other way (its own cache, a hosts
+// file) — the address must still be one of the name's.
+func (f *Forwarder) LookupA(ctx context.Context, name string) ([]netip.Addr, error) {
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	q.RecursionDesired = true
+	type result struct {
+		m   *dns.Msg
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		m, err := f.exchange(q, "udp")
+		ch <- result{m, err}
+	}()
+	var r result
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if r.m.Rcode != dns.RcodeSuccess {
+		return nil, fmt.Errorf("%s: %s", name, dns.RcodeToString[r.m.Rcode])
+	}
+	var out []netip.Addr
+	for _, rr := range r.m.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out, nil
 }

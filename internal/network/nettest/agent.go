@@ -55,8 +55,13 @@ type Options struct {
 	// embedded defaults).
 	DNSRate  float64
 	DNSBurst int
-	// NoDNS turns the forwarder off ([dns] enabled = false).
+	// NoDNS turns the forwarder off ([dns] enabled = false), and the
+	// egress proxy with it.
 	NoDNS bool
+	// NoEgress turns the egress proxy off ([egress] enabled = false).
+	NoEgress bool
+	// UpstreamCA is the proxy's [egress] upstream_ca (TestCA.File).
+	UpstreamCA string
 }
 
 // Env is one test agent's world: config, directories and the agent.
@@ -110,6 +115,8 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 		c.DNS.Upstreams = []string{OfflineDNS}
 	}
 	c.DNS.Enabled = !o.NoDNS
+	c.Egress.Enabled = !o.NoDNS && !o.NoEgress
+	c.Egress.UpstreamCA = o.UpstreamCA
 	if o.DNSRate > 0 {
 		c.DNS.Rate, c.DNS.Burst = o.DNSRate, o.DNSBurst
 	}

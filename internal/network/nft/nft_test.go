@@ -87,6 +87,7 @@ func testSlot(p policy.Policy) Slot {
 		SandboxIP: netip.MustParseAddr("169.254.0.21"),
 		NodeCIDR:  netip.MustParsePrefix("10.200.0.0/16"),
 		Resolver:  netip.MustParseAddr("169.254.0.22"),
+		ProxyPort: 15001,
 		Policy:    p,
 	}
 }
@@ -96,7 +97,7 @@ func TestSlotGolden(t *testing.T) {
 	no := false
 	p, err := policy.Parse("", policy.Spec{
 		AllowInternet:  &no,
-		Allow:          []string{"198.51.100.0/24", "0.0.0.0/1"},
+		Allow:          []string{"198.51.100.0/24", "0.0.0.0/1", "api.example.com"},
 		Deny:           []string{"198.51.100.7", "240.0.0.0/4"},
 		MaxConnections: 100, EgressKbps: 8000,
 	})
@@ -185,6 +186,11 @@ func TestUpdateSlotPolicyEqualsApply(t *testing.T) {
 		{Deny: []string{"203.0.113.7"}, MaxConnections: 5}, // a knob: rules change
 		{MaxConnections: 5, EgressKbps: 100},
 		{AllowInternet: &no, MaxConnections: 5, EgressKbps: 100},
+		{AllowInternet: &no, Allow: []string{"api.example.com"}, MaxConnections: 5, EgressKbps: 100}, // proxied on
+		{AllowInternet: &no, Allow: []string{"api.example.com", "*.example.org"}, MaxConnections: 5, EgressKbps: 100},
+		{AllowInternet: &no, MaxConnections: 5, EgressKbps: 100}, // proxied off
+		{Credentials: []policy.Credential{{Host: "api.example.com", Header: "Authorization", Value: "Bearer x"}}},
+		{},
 	}
 	if err := ApplySlot(fdA, testSlot(from)); err != nil {
 		t.Fatal(err)

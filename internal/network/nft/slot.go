@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -46,8 +47,22 @@ type Slot struct {
 	// the input chain lets the sandbox reach it on UDP and TCP port 53,
 	// and nothing else of the slot.
 	Resolver netip.Addr
-	Policy   policy.Policy
+	// ProxyPort, when not 0, is where the node's egress proxy listens
+	// inside the slot namespace (at Resolver's address). A policy that is
+	// Proxied has the sandbox's new TCP connections to InterceptPorts
+	// redirected there (the "proxied" set holds those ports, else it is
+	// empty), and the input chain admits exactly those redirected
+	// connections.
+	ProxyPort uint16
+	Policy    policy.Policy
 }
+
+// InterceptPorts are the destination ports the egress proxy takes over
+// for a Proxied policy: HTTP (Host header) and HTTPS (TLS SNI).
+var InterceptPorts = []uint16{80, 443}
+
+// ProxiedSet is the slot table's set of intercepted ports.
+const ProxiedSet = "proxied"
 
 // ResolvedSet is the slot table's set of addresses the DNS forwarder
 // returned for names the policy's domain entries allow. Each element
@@ -63,6 +78,8 @@ const ResolvedSetSize = 16384
 // The rule set, in nft syntax (see testdata/slot.nft for the exact one):
 //
 //	prerouting (nat):  iifname uplink ip saddr GW ip daddr HOSTIP dnat to SANDBOXIP
+//	    iifname != uplink ip saddr SANDBOXIP tcp dport @proxied dnat to RESOLVER:PROXYPORT
+//	                                          the egress proxy (when ProxyPort is set)
 //	postrouting (nat): oifname uplink ip saddr SANDBOXIP snat to HOSTIP
 //	input:   policy drop: nobody talks to the slot itself, except
 //	    iifname lo accept
@@ -70,6 +87,10 @@ const ResolvedSetSize = 16384
 //	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport 53 ct count over 16 drop
 //	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER udp/tcp dport 53 accept
 //	                                          the DNS forwarder (when Resolver is set)
+//	    iifname != uplink limit rate over …   bandwidth knob (proxied traffic)
+//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport PROXYPORT ct count over min(N, 1024) drop
+//	    iifname != uplink ip saddr SANDBOXIP ip daddr RESOLVER tcp dport PROXYPORT ct status dnat accept
+//	                                          redirected connections only
 //	output:  policy drop: what the slot namespace itself sends (a VM's
 //	         monitor lives there)
 //	    oifname lo accept
@@ -176,6 +197,20 @@ func ApplySlot(nsFD int, s Slot) error {
 	if err := c.AddSet(resolved, nil); err != nil {
 		return fmt.Errorf("set %s: %w", ResolvedSet, err)
 	}
+	id++
+	proxied := proxiedSet(t)
+	proxied.ID = id
+	if err := c.AddSet(proxied, portElements(s.proxiedPorts())); err != nil {
+		return fmt.Errorf("set %s: %w", ProxiedSet, err)
+	}
+	if refill {
+		c.FlushSet(proxied)
+		if els := portElements(s.proxiedPorts()); len(els) > 0 {
+			if err := c.SetAddElements(proxied, els); err != nil {
+				return fmt.Errorf("set %s: %w", ProxiedSet, err)
+			}
+		}
+	}
 
 	up := ifname(s.Uplink)
 	acceptPolicy := nftables.ChainPolicyAccept
@@ -202,12 +237,39 @@ func ApplySlot(nsFD int, s Slot) error {
 	add(pre, iifname(expr.CmpOpEq, up), saddr(s.Gateway), daddr(s.HostIP),
 		&expr.Immediate{Register: 1, Data: s.SandboxIP.AsSlice()},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1})
+	if s.ProxyPort != 0 && s.Resolver.IsValid() {
+		add(pre, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), l4proto(unix.IPPROTO_TCP), dportInSet(proxied),
+			&expr.Immediate{Register: 1, Data: s.Resolver.AsSlice()},
+			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(s.ProxyPort)},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1,
+				RegProtoMin: 2, RegProtoMax: 2, Specified: true})
+	}
 	add(post, oifname(expr.CmpOpEq, up), saddr(s.SandboxIP),
 		&expr.Immediate{Register: 1, Data: s.HostIP.AsSlice()},
 		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 1})
 
 	add(in, iifname(expr.CmpOpEq, ifname("lo")), accept())
+	proxy := s.ProxyPort != 0 && s.Resolver.IsValid()
+	if kbps := s.Policy.EgressKbps; kbps > 0 && proxy {
+		// What the proxy carries for the sandbox arrives here, not in
+		// the forward chain: the same bandwidth knob (its own bucket).
+		add(in, iifname(expr.CmpOpNeq, up), egressLimit(kbps), drop())
+	}
 	add(in, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
+	if proxy {
+		// Only connections the prerouting rule redirected: a sandbox
+		// dialling the proxy's port directly gets nothing. One proxy
+		// serves every slot (two descriptors per connection): a sandbox
+		// holds at most proxyConns at once, fewer under max_connections.
+		limit := uint32(proxyConns)
+		if p := s.Policy.MaxConnections; p > 0 && uint32(p) < limit {
+			limit = uint32(p)
+		}
+		add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver), l4proto(unix.IPPROTO_TCP),
+			dport(s.ProxyPort), &expr.Connlimit{Count: limit, Flags: nftConnlimitInvert}, drop())
+		add(in, iifname(expr.CmpOpNeq, up), saddr(s.SandboxIP), daddr(s.Resolver), l4proto(unix.IPPROTO_TCP),
+			dport(s.ProxyPort), ctStatusDNAT(), accept())
+	}
 	if s.Resolver.IsValid() {
 		// One forwarder serves every slot: a sandbox holding open TCP
 		// connections to it (each a descriptor and a goroutine there
@@ -238,13 +300,7 @@ func ApplySlot(nsFD int, s Slot) error {
 	add(fwd, iifname(expr.CmpOpNeq, up), saddrNot(s.SandboxIP), drop())
 	add(fwd, ctStatusDNAT(), accept())
 	if kbps := s.Policy.EgressKbps; kbps > 0 {
-		// The kernel's byte bucket holds one second of the rate plus the
-		// burst; the burst must exceed the largest (GSO) packet, or a slow
-		// rate could never pass one.
-		rate := uint64(kbps) * 1000 / 8 // bytes per second
-		add(fwd, iifname(expr.CmpOpNeq, up),
-			&expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Unit: expr.LimitTimeSecond, Over: true, Burst: limitBurst},
-			drop())
+		add(fwd, iifname(expr.CmpOpNeq, up), egressLimit(kbps), drop())
 	}
 	add(fwd, ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept())
 	add(fwd, iifname(expr.CmpOpEq, up), drop())
@@ -270,6 +326,34 @@ func ApplySlot(nsFD int, s Slot) error {
 
 // limitBurst is the egress limit's burst in bytes: two 64 KiB GSO packets.
 const limitBurst = 128 << 10
+
+// egressLimit matches packets over the bandwidth knob. The kernel's byte
+// bucket holds one second of the rate plus the burst; the burst must
+// exceed the largest (GSO) packet, or a slow rate could never pass one.
+func egressLimit(kbps int64) expr.Any {
+	rate := uint64(kbps) * 1000 / 8 // bytes per second
+	return &expr.Limit{Type: expr.LimitTypePktBytes, Rate: rate, Unit: expr.LimitTimeSecond, Over: true, Burst: limitBurst}
+}
+
+// proxiedPorts are the elements of the proxied set for this slot.
+func (s Slot) proxiedPorts() []uint16 {
+	if s.ProxyPort == 0 || !s.Resolver.IsValid() || !s.Policy.Proxied() {
+		return nil
+	}
+	return InterceptPorts
+}
+
+func proxiedSet(t *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: t, Name: ProxiedSet, KeyType: nftables.TypeInetService}
+}
+
+func portElements(ports []uint16) []nftables.SetElement {
+	out := make([]nftables.SetElement, 0, len(ports))
+	for _, p := range ports {
+		out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
+	}
+	return out
+}
 
 var everything = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 
@@ -324,6 +408,21 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 			}
 		}
 	}
+	// The proxied set follows the policy's Proxied switch: all the
+	// intercepted ports or none.
+	prevSlot := s
+	prevSlot.Policy = prev
+	if was, now := prevSlot.proxiedPorts(), s.proxiedPorts(); !slices.Equal(was, now) {
+		st := proxiedSet(t)
+		if len(was) > 0 {
+			c.FlushSet(st)
+		}
+		if len(now) > 0 {
+			if err := c.SetAddElements(st, portElements(now)); err != nil {
+				return fmt.Errorf("set %s: %w", ProxiedSet, err)
+			}
+		}
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("update slot policy: %w", err)
 	}
@@ -348,7 +447,7 @@ func diff(old, cur []netip.Prefix) (removed, added []netip.Prefix) {
 // slotChains and slotSets are the names ApplySlot creates.
 var (
 	slotChains = []string{"egress", "forward", "input", "output", "postrouting", "prerouting"}
-	slotSets   = []string{"allow", "blocked", "deny", "internet", "opened", "private", ResolvedSet}
+	slotSets   = []string{"allow", "blocked", "deny", "internet", "opened", "private", ProxiedSet, ResolvedSet}
 )
 
 // shape reports whether table t exists and whether it holds exactly the
@@ -471,6 +570,10 @@ func resolvedSet() *nftables.Set {
 	return &nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyIPv4, Name: SlotTable},
 		Name: ResolvedSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
 }
+
+// proxyConns is how many connections through the egress proxy a sandbox
+// may hold open at once.
+const proxyConns = 1024
 
 // dnsTCPConns is how many TCP connections a sandbox may hold open to the
 // DNS forwarder at once (a resolver needs one or two, for answers that do

@@ -52,6 +52,9 @@ type Policy struct {
 	Deny           []netip.Prefix `json:"deny,omitempty"`
 	MaxConnections int32          `json:"max_connections,omitempty"`
 	EgressKbps     int64          `json:"egress_kbps,omitempty"`
+	// Credentials are headers the egress proxy injects (credential.go),
+	// sorted by host and header.
+	Credentials []Credential `json:"credentials,omitempty"`
 }
 
 // Spec is a policy as a request carries it (strings straight from the
@@ -61,6 +64,7 @@ type Spec struct {
 	Allow, Deny    []string
 	MaxConnections int32
 	EgressKbps     int64
+	Credentials    []Credential
 }
 
 // InternetAllowed resolves the unset default.
@@ -76,7 +80,8 @@ func (p Policy) Equal(o Policy) bool {
 	return p.InternetAllowed() == o.InternetAllowed() &&
 		slices.Equal(p.Allow, o.Allow) && slices.Equal(p.Deny, o.Deny) &&
 		slices.Equal(p.AllowDomains, o.AllowDomains) &&
-		p.MaxConnections == o.MaxConnections && p.EgressKbps == o.EgressKbps
+		p.MaxConnections == o.MaxConnections && p.EgressKbps == o.EgressKbps &&
+		slices.Equal(p.Credentials, o.Credentials)
 }
 
 // IsDefault reports whether p is the default policy (internet allowed, no
@@ -97,6 +102,7 @@ func (p Policy) Spec() Spec {
 	for _, d := range p.Deny {
 		s.Deny = append(s.Deny, d.String())
 	}
+	s.Credentials = slices.Clone(p.Credentials)
 	return s
 }
 
@@ -110,6 +116,7 @@ func (p Policy) Clone() Policy {
 	c.Allow = slices.Clone(p.Allow)
 	c.AllowDomains = slices.Clone(p.AllowDomains)
 	c.Deny = slices.Clone(p.Deny)
+	c.Credentials = slices.Clone(p.Credentials)
 	return c
 }
 
@@ -151,6 +158,9 @@ func Parse(field string, s Spec) (Policy, error) {
 		return Policy{}, err
 	}
 	if p.Deny, _, err = parseList(join(field, "deny_out"), s.Deny, false); err != nil {
+		return Policy{}, err
+	}
+	if p.Credentials, err = parseCredentials(join(field, "credentials"), s.Credentials); err != nil {
 		return Policy{}, err
 	}
 	return p, nil
@@ -290,6 +300,15 @@ func (p Policy) String() string {
 	}
 	if p.EgressKbps > 0 {
 		fmt.Fprintf(&b, " egress_kbps=%d", p.EgressKbps)
+	}
+	// Hosts only: a credential's value never reaches a log.
+	for i, c := range p.Credentials {
+		if i == 0 {
+			b.WriteString(" credentials=")
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(c.Host + ":" + c.Header)
 	}
 	return b.String()
 }

@@ -60,6 +60,9 @@ type Layout struct {
 	// gateway address, so the slot table lets the sandbox reach port 53
 	// there.
 	DNS bool
+	// ProxyPort is where the agent's egress proxy listens in the slot (0:
+	// no proxy): see nft.Slot.
+	ProxyPort uint16
 }
 
 // HostLink is the host end of the veth pair.
@@ -85,6 +88,7 @@ func (l Layout) Rules(p policy.Policy) nft.Slot {
 		SandboxIP: network.SandboxIP, NodeCIDR: l.NodeCIDR, Opened: l.Opened, Policy: p}
 	if l.DNS {
 		s.Resolver = network.SandboxGateway
+		s.ProxyPort = l.ProxyPort
 	}
 	return s
 }

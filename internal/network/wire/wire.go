@@ -36,15 +36,31 @@ func PolicyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 	if p == nil {
 		return policy.Policy{}, nil
 	}
-	return policy.Parse(field, policy.Spec{AllowInternet: p.AllowInternetAccess, Allow: p.AllowOut, Deny: p.DenyOut,
-		MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps})
+	spec := policy.Spec{AllowInternet: p.AllowInternetAccess, Allow: p.AllowOut, Deny: p.DenyOut,
+		MaxConnections: p.MaxConnections, EgressKbps: p.EgressKbps}
+	for _, c := range p.Credentials {
+		spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+	}
+	return policy.Parse(field, spec)
 }
 
 // PolicyToPB maps a policy to the API.
 func PolicyToPB(p policy.Policy) *pb.Policy {
 	s := p.Spec()
-	return &pb.Policy{AllowInternetAccess: s.AllowInternet, AllowOut: s.Allow, DenyOut: s.Deny,
+	out := &pb.Policy{AllowInternetAccess: s.AllowInternet, AllowOut: s.Allow, DenyOut: s.Deny,
 		MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
+	for _, c := range s.Credentials {
+		out.Credentials = append(out.Credentials, &pb.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+	}
+	return out
+}
+
+// withoutCredentials is p as a view shows it: credential values go to the
+// agent, never back out of it.
+func withoutCredentials(p policy.Policy) policy.Policy {
+	p = p.Clone()
+	p.Credentials = nil
+	return p
 }
 
 // NetworkToPB maps a slot to the API.
@@ -53,7 +69,8 @@ func NetworkToPB(n *network.Network) *pb.Network {
 		SandboxId: n.SandboxID, Kind: KindToPB(n.Kind), Slot: int32(n.Slot),
 		HostIp: n.HostIP, GatewayIp: n.GatewayIP, SandboxIp: n.SandboxIP,
 		Netns: n.NetNS, SlotNetns: n.SlotNetNS, Tap: n.Tap, HostLink: n.HostLink,
-		Policy: PolicyToPB(n.Policy), FromPool: n.FromPool, Resolver: n.Resolver,
+		Policy: PolicyToPB(withoutCredentials(n.Policy)), FromPool: n.FromPool, Resolver: n.Resolver,
+		EgressCa: n.EgressCA,
 	}
 	if !n.AssignedAt.IsZero() {
 		out.AssignedAt = timestamppb.New(n.AssignedAt)
@@ -74,7 +91,7 @@ func NetworkFromPB(p *pb.Network) (*network.Network, error) {
 		SandboxID: p.SandboxId, Kind: KindFromPB(p.Kind), Slot: int(p.Slot),
 		HostIP: p.HostIp, GatewayIP: p.GatewayIp, SandboxIP: p.SandboxIp,
 		NetNS: p.Netns, SlotNetNS: p.SlotNetns, Tap: p.Tap, HostLink: p.HostLink,
-		Policy: pol, FromPool: p.FromPool, Resolver: p.Resolver,
+		Policy: pol, FromPool: p.FromPool, Resolver: p.Resolver, EgressCA: p.EgressCa,
 	}
 	if p.AssignedAt != nil {
 		n.AssignedAt = p.AssignedAt.AsTime()

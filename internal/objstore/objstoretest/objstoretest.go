@@ -7,6 +7,7 @@
 package objstoretest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -158,6 +159,7 @@ func (s *Server) Restart() {
 			ok = err == nil
 		}
 		if ok {
+			s.warm(ctx, c, done)
 			return
 		}
 		select {
@@ -165,6 +167,29 @@ func (s *Server) Restart() {
 			t.Fatalf("weed exited before serving S3 (log: %s)", s.log.Name())
 		case <-ctx.Done():
 			t.Fatalf("weed did not serve S3 on %s within 90s (last: %v)", s.Endpoint, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// warm writes until a write succeeds: a fresh weed grows its first
+// volumes on the first writes, and parallel writes racing that growth
+// fail ("volume 2 not found") although the bucket answers.
+func (s *Server) warm(ctx context.Context, c *minio.Client, done chan struct{}) {
+	t := s.t
+	t.Helper()
+	body := bytes.Repeat([]byte("w"), 64<<10)
+	var err error
+	for {
+		if _, err = c.PutObject(ctx, s.Bucket, ".warm", bytes.NewReader(body), int64(len(body)), minio.PutObjectOptions{}); err == nil {
+			must(t, c.RemoveObject(ctx, s.Bucket, ".warm", minio.RemoveObjectOptions{}))
+			return
+		}
+		select {
+		case <-done:
+			t.Fatalf("weed exited before storing an object (log: %s)", s.log.Name())
+		case <-ctx.Done():
+			t.Fatalf("weed did not store an object within 90s (last: %v)", err)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -133,6 +133,9 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 	if s.Resolver != "" {
 		env = append(env, agentproto.ResolverEnv+"="+s.Resolver)
 	}
+	if len(s.EgressCA) > 0 {
+		env = append(env, agentproto.EgressCAEnv+"="+agentproto.EncodeCA(s.EgressCA))
+	}
 	sp := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -232,7 +235,15 @@ func mountsFor(extra []runtime.Mount) []specs.Mount {
 }
 
 func resourcesFor(l runtime.Limits) *specs.LinuxResources {
-	r := &specs.LinuxResources{Devices: defaultDevices()}
+	r := Limits(l)
+	r.Devices = defaultDevices()
+	return r
+}
+
+// Limits is the CPU, memory and PID part of a sandbox's resources, what a
+// running container's limits are updated to (runc update).
+func Limits(l runtime.Limits) *specs.LinuxResources {
+	r := &specs.LinuxResources{}
 	if l.MilliCPU > 0 {
 		quota := l.MilliCPU * int64(cfsPeriod) / 1000
 		period := cfsPeriod

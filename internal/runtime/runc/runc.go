@@ -253,6 +253,17 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	return nil
 }
 
+var _ runtime.LimitUpdater = (*Driver)(nil)
+
+// UpdateLimits sets a running or frozen sandbox's CPU, memory and PID
+// limits (runc update): its cgroup takes them at once.
+func (d *Driver) UpdateLimits(ctx context.Context, id string, l runtime.Limits) error {
+	if err := d.rc.Update(ctx, id, ocispec.Limits(l)); err != nil {
+		return d.classify(ctx, "update", id, err, "")
+	}
+	return nil
+}
+
 // Resume thaws a paused sandbox.
 func (d *Driver) Resume(ctx context.Context, id string) error {
 	begin := time.Now()

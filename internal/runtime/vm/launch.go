@@ -86,6 +86,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 		}
 		opts.Resolver = r
 	}
+	opts.EgressCA = s.EgressCA
 	shape.Cmdline = vmguest.Cmdline(opts)
 	return d.launch(ctx, s, shape, "", "")
 }

@@ -32,6 +32,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -69,6 +71,27 @@ type Options struct {
 	Packages []string // default DefaultPackages
 	Rebuild  bool     // ignore the cache
 	Log      *slog.Logger
+	// Name is the layout's directory name in Dir and its ref; default
+	// LayoutName and RefName. Files are written into the tree after the
+	// recipe (path relative to /), Labels added to the image config's.
+	// Both are inputs of the cache.
+	Name   string
+	Files  map[string]File
+	Labels map[string]string
+	// Install are packages apt-get installs (no recommends) in the
+	// bootstrapped tree, after debootstrap: apt orders the configuration
+	// of large dependency trees, which debootstrap's --include does not.
+	Install []string
+	// Run are shell commands (sh -c) run in the finished tree, as root,
+	// after Files (to prepare caches the image's programs would
+	// otherwise build at their first start).
+	Run []string
+}
+
+// File is a file an image adds to the bootstrapped tree.
+type File struct {
+	Mode os.FileMode
+	Data []byte
 }
 
 // Inputs is everything a build depends on; it is stored next to the
@@ -81,6 +104,13 @@ type Inputs struct {
 	Debootstrap string   `json:"debootstrap"`
 	Release     string   `json:"release_sha256"` // "" when the mirror was unreachable
 	Arch        string   `json:"arch"`
+	// Of images other than base only (omitted when empty, so that base's
+	// cached inputs stay as they were).
+	Name    string            `json:"name,omitempty"`
+	Install []string          `json:"install,omitempty"`
+	Run     []string          `json:"run,omitempty"`
+	Files   string            `json:"files_sha256,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
 }
 
 // Result says where the layout is and whether this call built it.
@@ -108,6 +138,10 @@ func Build(ctx context.Context, o Options) (Result, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
+	name := o.Name
+	if name == "" {
+		name = LayoutName
+	}
 	if o.Mirror == nil {
 		m, err := FindMirror(o.AptDir, o.Suite)
 		if err != nil {
@@ -132,7 +166,7 @@ func Build(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Layout: filepath.Join(o.Dir, LayoutName), Inputs: in}
+	res := Result{Layout: filepath.Join(o.Dir, name), Inputs: in}
 	inputsFile := res.Layout + ".inputs.json"
 	if !o.Rebuild {
 		if cached, ok := readInputs(inputsFile, res.Layout); ok {
@@ -164,7 +198,14 @@ func Build(ctx context.Context, o Options) (Result, error) {
 }
 
 func inputs(ctx context.Context, o Options) (Inputs, error) {
-	in := Inputs{Recipe: recipe, Suite: o.Suite, Mirror: o.Mirror.URI, Packages: o.Packages, Arch: runtime.GOARCH}
+	in := Inputs{Recipe: recipe, Suite: o.Suite, Mirror: o.Mirror.URI, Packages: o.Packages, Arch: runtime.GOARCH, Labels: o.Labels}
+	if o.Name != LayoutName {
+		in.Name = o.Name
+	}
+	if len(o.Files) > 0 {
+		in.Files = filesDigest(o.Files)
+	}
+	in.Install, in.Run = o.Install, o.Run
 	out, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Version}", "debootstrap").Output()
 	if err != nil || len(out) == 0 {
 		return in, fmt.Errorf("baseimage: debootstrap is not installed (apt-get install debootstrap, or bash hack/deps.sh): %w", errdefs.ErrFailedPrecondition)
@@ -244,8 +285,26 @@ func build(ctx context.Context, o Options, in Inputs, dst string) (err error) {
 	if err := run(ctx, filepath.Join(work, "debootstrap.log"), "debootstrap", args...); err != nil {
 		return err
 	}
+	if len(o.Install) > 0 {
+		o.Log.Info("base image: apt-get install", "packages", strings.Join(o.Install, ","))
+		// debootstrap left the mirror in sources.list and the host's
+		// resolv.conf in the tree; configure empties the latter after.
+		script := "mount -t proc proc /proc && apt-get update -q && apt-get install -y -q --no-install-recommends " + strings.Join(o.Install, " ")
+		if err := run(ctx, filepath.Join(work, "install.log"), "chroot", rootfs, "/bin/sh", "-c", script); err != nil {
+			return err
+		}
+	}
 	if err := configure(ctx, rootfs, filepath.Join(work, "configure.log")); err != nil {
 		return err
+	}
+	if err := writeFiles(rootfs, o.Files); err != nil {
+		return err
+	}
+	for _, c := range o.Run {
+		o.Log.Info("base image: run", "command", c)
+		if err := run(ctx, filepath.Join(work, "run.log"), "chroot", rootfs, "/bin/sh", "-c", "mountpoint -q /proc || mount -t proc proc /proc; "+c); err != nil {
+			return err
+		}
 	}
 	tarPath := filepath.Join(work, "layer.tar")
 	digest, size, err := packDir(rootfs, tarPath, []string{"dev", "proc", "sys"})
@@ -261,7 +320,11 @@ func build(ctx context.Context, o Options, in Inputs, dst string) (err error) {
 	if err != nil {
 		return fmt.Errorf("baseimage: layout: %w", err)
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": RefName})); err != nil {
+	ref := RefName
+	if in.Name != "" {
+		ref = "cube.local/" + in.Name + ":latest"
+	}
+	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})); err != nil {
 		return fmt.Errorf("baseimage: layout: %w", err)
 	}
 	if err := os.RemoveAll(dst); err != nil {
@@ -321,15 +384,50 @@ func image(layer v1.Layer, in Inputs) (v1.Image, error) {
 	cf.Config.WorkingDir = "/home/user"
 	cf.Config.Labels = map[string]string{
 		"org.opencontainers.image.title":       "cube base",
-		"org.opencontainers.image.description": "Debian " + in.Suite + " minbase + " + strings.Join(in.Packages, ", "),
+		"org.opencontainers.image.description": "Debian " + in.Suite + " minbase + " + strings.Join(append(slices.Clone(in.Packages), in.Install...), ", "),
 		"dev.cube.base.mirror":                 in.Mirror,
 		"dev.cube.base.recipe":                 in.Recipe,
+	}
+	for k, v := range in.Labels {
+		cf.Config.Labels[k] = v
 	}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, fmt.Errorf("baseimage: %w", err)
 	}
 	return img, nil
+}
+
+// filesDigest hashes files (names, modes, contents) in name order.
+func filesDigest(files map[string]File) string {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		fmt.Fprintf(h, "%s\x00%o\x00%d\x00", n, files[n].Mode, len(files[n].Data))
+		h.Write(files[n].Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// writeFiles adds files to the tree, owned by root, with their parents.
+func writeFiles(rootfs string, files map[string]File) error {
+	for n, f := range files {
+		p := filepath.Join(rootfs, filepath.Clean("/"+n))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("baseimage: %w", err)
+		}
+		if err := os.WriteFile(p, f.Data, f.Mode); err != nil {
+			return fmt.Errorf("baseimage: %w", err)
+		}
+		if err := os.Chmod(p, f.Mode); err != nil { // not umask's
+			return fmt.Errorf("baseimage: %w", err)
+		}
+	}
+	return nil
 }
 
 // run runs a build command in a private mount namespace, appending its

@@ -27,10 +27,13 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -58,6 +61,8 @@ func main() {
 		rows(args)
 	case "net":
 		netRows(args)
+	case "egress":
+		egressRows(args)
 	case "forkbomb":
 		forkbomb(atoi(args, 0))
 	case "membomb":
@@ -809,4 +814,111 @@ func inotifyHold(limit, seconds int) {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
+}
+
+// egressRows: "-lookup a,b" resolves those names through the sandbox's
+// own resolver first (so their addresses are the sandbox's), then each
+// spec row=tls|http:addr:port:name[:name2] makes one connection: TLS with
+// server name name ("-": none, an IP literal) and a GET for it, or plain
+// HTTP with Host name, then, with name2, a second request on the same
+// connection for Host name2. An HTTP response to the (last) request is
+// "escaped".
+func egressRows(args []string) {
+	if len(args) > 1 && args[0] == "-lookup" {
+		for _, n := range strings.Split(args[1], ",") {
+			ctx, cancel := context.WithTimeout(context.Background(), netWait)
+			addrs, err := net.DefaultResolver.LookupHost(ctx, n)
+			cancel()
+			fmt.Fprintf(os.Stderr, "lookup %s: %v %v\n", n, addrs, err)
+		}
+		args = args[2:]
+	}
+	var wg sync.WaitGroup
+	lines := make([]string, len(args))
+	for i, spec := range args {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lines[i] = egressTry(spec)
+		}()
+	}
+	wg.Wait()
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+}
+
+func egressTry(spec string) string {
+	row, rest, _ := strings.Cut(spec, "=")
+	f := strings.Split(rest, ":")
+	line := func(escaped bool, format string, a ...any) string {
+		word := "blocked"
+		if escaped {
+			word = "escaped"
+		}
+		return fmt.Sprintf("%s\t%s\t%s: %s", row, word, rest, strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", " | "))
+	}
+	if len(f) < 4 {
+		return line(false, "bad spec")
+	}
+	mode, addr, name := f[0], net.JoinHostPort(f[1], f[2]), f[3]
+	c, err := net.DialTimeout("tcp4", addr, netWait)
+	if err != nil {
+		return line(false, "connect: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(netWait))
+	host := name
+	if mode == "tls" {
+		sni := name
+		if name == "-" {
+			sni, host = "", f[1]
+		}
+		// An attacker verifies nothing.
+		tc := tls.Client(c, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+		if err := tc.Handshake(); err != nil {
+			return line(false, "TLS handshake: %v", err)
+		}
+		c = tc
+	}
+	br := bufio.NewReader(c)
+	get := func(h string) (string, error) {
+		if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", h); err != nil {
+			return "", err
+		}
+		status, err := br.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		length := 0
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				return "", err
+			}
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.EqualFold(k, "Content-Length") {
+				length, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+			if l == "\r\n" {
+				break
+			}
+		}
+		body := make([]byte, length)
+		if _, err := io.ReadFull(br, body); err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(status) + " " + strings.TrimSpace(string(body)), nil
+	}
+	got, err := get(host)
+	if err != nil {
+		return line(false, "request for %s: %v", host, err)
+	}
+	if len(f) > 4 {
+		got2, err := get(f[4])
+		if err != nil {
+			return line(false, "first request answered (%s); second, for %s: %v", got, f[4], err)
+		}
+		return line(true, "both answered: %s; %s", got, got2)
+	}
+	return line(true, "answered: %s", got)
 }

@@ -167,6 +167,7 @@ func run(agentBin, runtime string, command []string, log *slog.Logger) (code int
 		"E2B_API_KEY="+apiKey,
 		"CUBE_SANDBOX_ID="+sb.ID,
 		"CUBE_ENVD_VERSION="+info.EnvdVersion,
+		"CUBE_E2E_RUNTIME="+runtime,
 	)
 	runErr := cmd.Run()
 	fmt.Fprintf(os.Stderr, "harness: figure: %s RSS idle %s; after the suite %s\n", procName(runtime), idleRSS, rss(pid))

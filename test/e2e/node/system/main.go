@@ -19,6 +19,10 @@
 // the sandboxes' slots; vm builds the guest kernel and initramfs once
 // (CUBE_VM_ACCEL: tcg by default). CUBE_E2E_RUNTIME tells the suite.
 //
+// With -code-interpreter it also imports the code-interpreter template
+// (built once into $CUBE_BASE_CACHE, then cached) as code-interpreter-v1,
+// the SDKs' default, and names it in CUBE_E2E_CODE_INTERPRETER.
+//
 //	go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -standalone-proxy -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -runtime gvisor -- npm --prefix test/e2e/node run test:snapshots
@@ -50,6 +54,7 @@ import (
 	"github.com/cubesandbox/cube/internal/launcher"
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/storage"
+	"github.com/cubesandbox/cube/internal/template/baseimage"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -57,6 +62,7 @@ func main() {
 	verbose := flag.Bool("v", false, "show the daemons' logs")
 	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
 	flag.StringVar(&runtimeName, "runtime", "runc", "the node's default runtime: runc, gvisor or vm")
+	flag.BoolVar(&codeInterpreter, "code-interpreter", false, "also import the code-interpreter template (built from Debian, cached in $CUBE_BASE_CACHE)")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
 		flag.PrintDefaults()
@@ -87,6 +93,7 @@ func main() {
 var (
 	standaloneProxy bool
 	runtimeName     string
+	codeInterpreter bool
 )
 
 func randHex(n int) string {
@@ -173,6 +180,13 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	if err := testimage.WriteE2BBusybox(cfg.TemplateSource); err != nil {
 		return fail(err)
 	}
+	if codeInterpreter {
+		res, err := buildCodeInterpreter(ctx, log)
+		if err != nil {
+			return fail(err)
+		}
+		cfg.Imports = map[string]string{baseimage.CodeInterpreterTemplate: res}
+	}
 	var err error
 	if cfg.APIAddr, err = freeAddr(); err != nil {
 		return fail(err)
@@ -256,6 +270,9 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],
 		"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template,
 		"CUBE_E2E_RUNTIME="+runtimeName)
+	if codeInterpreter {
+		cmd.Env = append(cmd.Env, "CUBE_E2E_CODE_INTERPRETER="+baseimage.CodeInterpreterTemplate)
+	}
 	for name, key := range teamKeys {
 		cmd.Env = append(cmd.Env, name+"="+key)
 	}
@@ -302,6 +319,23 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		code = max(code, 1)
 	}
 	return code
+}
+
+// buildCodeInterpreter returns the code-interpreter image's layout,
+// building it when the cache ($CUBE_BASE_CACHE, /var/cache/cube/base by
+// default) lacks it or an input changed; it logs how long that took.
+func buildCodeInterpreter(ctx context.Context, log *slog.Logger) (string, error) {
+	dir := os.Getenv("CUBE_BASE_CACHE")
+	if dir == "" {
+		dir = "/var/cache/cube/base"
+	}
+	start := time.Now()
+	res, err := baseimage.Build(ctx, baseimage.CodeInterpreter(baseimage.Options{Dir: dir, Log: log}))
+	if err != nil {
+		return "", fmt.Errorf("code-interpreter image: %w", err)
+	}
+	fmt.Fprintf(os.Stdout, "system: code-interpreter image %s (built: %v, %s)\n", res.Layout, res.Built, time.Since(start).Round(time.Millisecond))
+	return res.Layout, nil
 }
 
 func healthy(vars []launcher.Var) bool {

@@ -1,4 +1,4 @@
-package cubeproxy
+package clientlimit
 
 import (
 	"fmt"
@@ -14,8 +14,8 @@ func TestClientOf(t *testing.T) {
 		"[2001:db8:1:3::1]:4000":         "2001:db8:1:3::/64",
 		"not an address":                 "not an address",
 	} {
-		if got := clientOf(in); got != want {
-			t.Errorf("clientOf(%q) = %q, want %q", in, got, want)
+		if got := ClientOf(in); got != want {
+			t.Errorf("ClientOf(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -23,15 +23,15 @@ func TestClientOf(t *testing.T) {
 // A client with an IPv6 /64 cannot escape the limit by using a new
 // address for every request; a client in another /64 is not limited by
 // it. Control: keyed per address, the same probe is never limited.
-func TestUnknownLimitPerIPv6Prefix(t *testing.T) {
+func TestLimitPerIPv6Prefix(t *testing.T) {
 	probe := func(key func(string) string) (limited, other bool) {
-		l := newUnknownLimit()
-		for i := range int(unknownBurst) + 1 {
-			l.miss(key(fmt.Sprintf("[2001:db8:1:2::%x]:443", i+1)))
+		l := New(20, 100)
+		for i := range 100 + 1 {
+			l.Fail(key(fmt.Sprintf("[2001:db8:1:2::%x]:443", i+1)))
 		}
-		return l.exhausted(key("[2001:db8:1:2::ffff]:443")), l.exhausted(key("[2001:db8:1:3::1]:443"))
+		return l.Exhausted(key("[2001:db8:1:2::ffff]:443")), l.Exhausted(key("[2001:db8:1:3::1]:443"))
 	}
-	if limited, other := probe(clientOf); !limited || other {
+	if limited, other := probe(ClientOf); !limited || other {
 		t.Errorf("keyed by /64: next address limited %v (want true), other /64 limited %v (want false)", limited, other)
 	}
 	perAddress := func(a string) string { return a }
@@ -42,15 +42,15 @@ func TestUnknownLimitPerIPv6Prefix(t *testing.T) {
 
 // A full table is cut to evictTo, not to one below the bound, so new
 // clients do not each pay for a scan of the whole table.
-func TestUnknownLimitEvictsInBatches(t *testing.T) {
-	l := newUnknownLimit()
+func TestLimitEvictsInBatches(t *testing.T) {
+	l := New(20, 100)
 	for i := range maxClients {
-		l.miss(fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255))
+		l.Fail(fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255))
 	}
 	if len(l.buckets) != maxClients {
 		t.Fatalf("%d buckets, want %d", len(l.buckets), maxClients)
 	}
-	l.miss("192.0.2.1")
+	l.Fail("192.0.2.1")
 	if n := len(l.buckets); n > evictTo+1 {
 		t.Fatalf("after eviction %d buckets, want at most %d", n, evictTo+1)
 	}
@@ -60,7 +60,7 @@ func TestUnknownLimitEvictsInBatches(t *testing.T) {
 }
 
 // hasBucket reports whether client has a bucket in l.
-func (l *unknownLimit) hasBucket(client string) bool {
+func (l *Limiter) hasBucket(client string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, ok := l.buckets[client]

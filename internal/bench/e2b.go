@@ -1,0 +1,280 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	envdpb "github.com/cubesandbox/cube/api/envd/process"
+	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	"github.com/cubesandbox/cube/internal/bench/report"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/proxy"
+	"github.com/cubesandbox/cube/internal/testbin"
+)
+
+// The E2B scenarios time what a user of an E2B SDK waits for on one node,
+// through the whole system: the E2B REST API of cubemaster, the node it
+// creates on, and the sandbox route in front of the sandbox's envd. The
+// system is the bench's own (package mastertest: cubemaster in-process
+// with its route, one in-process cubelet holding the busybox template,
+// runc), built once per run on first use and torn down with it.
+//
+//   - e2b: POST /sandboxes, then the first envd /health through the
+//     route (the sandbox answers), timed together; the sandbox is then
+//     deleted (not timed). Against a bare `runc run -d` + first /health.
+//   - e2b-tti and e2b-tti-burst: time to interactive in the shape of the
+//     cross-vendor benchmark: POST /sandboxes, then envd runs `true`
+//     (process.Start through the route, to its end event); one at a time,
+//     and a burst of 100 at once (all live together: --max-live does
+//     not split it).
+
+func init() {
+	probe := func(ctx context.Context, e *Env) error {
+		if os.Geteuid() != 0 {
+			return skipf("it starts a cubemaster and a cubelet of its own (root)")
+		}
+		if testbin.Root() == "" {
+			return skipf("it builds the system from source: run it from the repository")
+		}
+		if rt := e.Opts.Runtime; rt != "" && rt != "runc" {
+			return skipf("its system runs runc sandboxes (this run is for %s)", rt)
+		}
+		return nil
+	}
+	Register(Scenario{
+		Name: "e2b", Kind: report.KindCube,
+		Help:      "E2B round trip: POST /sandboxes on the E2B API + first envd /health through the route (then DELETE, not timed)",
+		Baselines: []string{"runc-run", "podman-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
+		Probe:     probe,
+		Run:       runE2B("e2b", false),
+		Finish:    finishE2B,
+	})
+	Register(Scenario{
+		Name: "e2b-tti", Kind: report.KindCube,
+		Help:      "time to interactive: POST /sandboxes + envd runs `true` through the route, one at a time",
+		Baselines: []string{"runc-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
+		Probe:     probe,
+		Run:       runE2B("e2b-tti", true),
+		Finish:    finishE2B,
+	})
+	Register(Scenario{
+		Name: "e2b-tti-burst", Kind: report.KindCube,
+		Help: "time to interactive for a burst of 100 (--n-c50 when smaller) at once (--concurrency does not apply)",
+		Params: func(o report.Options) report.Params {
+			n := min(100, o.N50)
+			return report.Params{N: n, Concurrency: n}
+		},
+		Probe:  probe,
+		Run:    runE2B("e2b-tti-burst", true),
+		Finish: finishE2B,
+	})
+}
+
+// benchE2B is the run's single-node E2B system, built on first use.
+type benchE2B struct {
+	ownSystem
+	m     *mastertest.Master
+	api   *mastertest.Client
+	route string // the sandbox route's base URL
+
+	mu   sync.Mutex
+	aggs map[string]*e2bAgg
+}
+
+// e2bAgg is a scenario's split of its samples, over all its chunks.
+type e2bAgg struct{ creates, firsts []time.Duration }
+
+func (b *benchE2B) agg(name string) *e2bAgg {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.aggs == nil {
+		b.aggs = map[string]*e2bAgg{}
+	}
+	if b.aggs[name] == nil {
+		b.aggs[name] = &e2bAgg{}
+	}
+	return b.aggs[name]
+}
+
+// e2bSystem builds the system once (later calls return it or the error
+// that stopped it).
+func (e *Env) e2bSystem(ctx context.Context) (*benchE2B, error) {
+	b := &e.e2b
+	err := b.build(ctx, e, "e2b", "cubemaster, its route and a cubelet", func(tb *benchTB) {
+		b.m = mastertest.StartMaster(tb, "[sandbox]\nmilli_cpu = 100\n")
+		n := mastertest.StartNode(tb, b.m, "busybox")
+		b.m.WaitHealthy(tb, n)
+		b.api = b.m.API(b.m.APIKey(tb))
+		b.route = "http://" + b.m.Server.ProxyAddr
+	})
+	return b, err
+}
+
+// close tears the system down.
+func (b *benchE2B) close() error { return b.ownSystem.close("e2b") }
+
+func runE2B(name string, command bool) func(context.Context, *Env, report.Params) (*report.Result, error) {
+	return func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+		b, err := e.e2bSystem(ctx)
+		if err != nil {
+			return nil, err
+		}
+		hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: p.Concurrency}}
+		agg := b.agg(name)
+		var all driveResult
+		var mu sync.Mutex
+		live := e.Opts.MaxLive
+		if p.Concurrency == p.N {
+			live = p.N // a burst
+		}
+		for _, n := range rounds(p.N, live) {
+			var ids []string
+			e.Progress.Start(name, n)
+			d := drive(ctx, e.Progress, n, p.Concurrency, func(ctx context.Context, _ int) (time.Duration, error) {
+				id, create, first, err := b.createFirst(ctx, hc, command)
+				mu.Lock()
+				if id != "" {
+					ids = append(ids, id)
+				}
+				if err == nil {
+					agg.creates = append(agg.creates, create)
+					agg.firsts = append(agg.firsts, first)
+				}
+				mu.Unlock()
+				return create + first, err
+			})
+			e.Progress.Finish()
+			all.merge(d)
+			if err := b.killAll(context.WithoutCancel(ctx), ids, p.Concurrency); err != nil {
+				return nil, err
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		return all.result(name, report.KindCube, p)
+	}
+}
+
+func finishE2B(e *Env, r *report.Result) {
+	b := &e.e2b
+	a := b.agg(r.Scenario)
+	first := "first envd /health through the route"
+	if r.Scenario != "e2b" {
+		first = "envd process.Start(`true`) through the route, to its end"
+	}
+	r.Notes = append(r.Notes,
+		summary("E2B POST /sandboxes alone", a.creates),
+		summary(first, a.firsts),
+		fmt.Sprintf("system (cubemaster, route, cubelet) built in %s", b.built.Round(time.Millisecond)))
+}
+
+// createFirst creates a sandbox through the E2B API and then either asks
+// its envd /health or has envd run `true`, through the route.
+func (b *benchE2B) createFirst(ctx context.Context, hc *http.Client, command bool) (id string, create, first time.Duration, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.api.Base+"/sandboxes",
+		strings.NewReader(`{"templateID":"busybox","timeout":600}`))
+	if err != nil {
+		return "", 0, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	var out struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	start := time.Now()
+	r, err := b.api.Try(req, &out)
+	create = time.Since(start)
+	if err != nil {
+		return "", create, 0, fmt.Errorf("create: %w", err)
+	}
+	if r.StatusCode/100 != 2 || out.SandboxID == "" {
+		return "", create, 0, fmt.Errorf("create: %s %s", r.Status, bytes.TrimSpace(r.Body))
+	}
+	id = out.SandboxID
+	start = time.Now()
+	if command {
+		err = b.runTrue(ctx, hc, id)
+	} else {
+		err = b.health(ctx, hc, id)
+	}
+	first = time.Since(start)
+	if err != nil {
+		return id, create, first, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return id, create, first, nil
+}
+
+func (b *benchE2B) health(ctx context.Context, hc *http.Client, id string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.route+"/health", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set(proxy.HeaderSandboxID, id)
+	req.Header.Set(proxy.HeaderSandboxPort, clusterEnvdPort)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("envd /health: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("envd /health: %s", resp.Status)
+	}
+	return nil
+}
+
+// runTrue has envd run `true` and waits for its end event.
+func (b *benchE2B) runTrue(ctx context.Context, hc *http.Client, id string) error {
+	c := processconnect.NewProcessClient(hc, b.route)
+	req := connect.NewRequest(&envdpb.StartRequest{Process: &envdpb.ProcessConfig{Cmd: "/bin/true"}})
+	req.Header().Set(proxy.HeaderSandboxID, id)
+	req.Header().Set(proxy.HeaderSandboxPort, clusterEnvdPort)
+	s, err := c.Start(ctx, req)
+	if err != nil {
+		return fmt.Errorf("envd process.Start: %w", err)
+	}
+	defer s.Close()
+	for s.Receive() {
+		if end := s.Msg().GetEvent().GetEnd(); end != nil {
+			if end.GetExitCode() != 0 {
+				return fmt.Errorf("`true` exited %d", end.GetExitCode())
+			}
+			return nil
+		}
+	}
+	if err := s.Err(); err != nil {
+		return fmt.Errorf("envd process.Start: %w", err)
+	}
+	return errors.New("envd process.Start: the stream ended without an end event")
+}
+
+// killAll deletes sandboxes through the E2B API, c at a time.
+func (b *benchE2B) killAll(ctx context.Context, ids []string, c int) error {
+	d := drive(ctx, nil, len(ids), c, func(ctx context.Context, i int) (time.Duration, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodDelete, b.api.Base+"/sandboxes/"+ids[i], nil)
+		if err != nil {
+			return 0, err
+		}
+		r, err := b.api.Try(req, nil)
+		if err == nil && r.StatusCode != http.StatusNoContent && r.StatusCode != http.StatusNotFound {
+			err = fmt.Errorf("delete %s: %s %s", ids[i], r.Status, bytes.TrimSpace(r.Body))
+		}
+		return 0, err
+	})
+	if d.failed > 0 {
+		return fmt.Errorf("%d of %d deletes failed: %w", d.failed, len(ids), errors.Join(d.errs...))
+	}
+	return nil
+}

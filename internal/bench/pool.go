@@ -1,0 +1,198 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/report"
+)
+
+// Warm pools: a private node keeps a pool for PoolTemplate(template), a
+// copy of the run's template imported by the create-pool scenario (so the
+// cold create scenarios of the same run keep starting containers).
+
+// poolSize is the private node's pool for the pool template: enough that
+// back-to-back samples find an entry while the refiller replaces the last.
+const poolSize = 2
+
+// PoolTemplate is the template a private node keeps a warm pool of
+// poolSize for; BurstPoolTemplate the one it keeps a pool of
+// --concurrency for (create-pool-c50).
+func PoolTemplate(tmpl string) string      { return tmpl + "-pool" }
+func BurstPoolTemplate(tmpl string) string { return tmpl + "-pool-burst" }
+
+// poolTOML is the private node's warm pool config.
+func poolTOML(o report.Options) string {
+	return fmt.Sprintf("\n[warm_pool]\nrefill_interval = \"0s\"\nmax = %d\n[warm_pool.templates]\n%q = %d\n%q = %d\n",
+		max(o.Concurrency, poolSize), PoolTemplate(o.Template), poolSize, BurstPoolTemplate(o.Template), o.Concurrency)
+}
+
+// poolTemplate is one of the run's pool templates, imported once.
+type poolTemplate struct {
+	once sync.Once
+	id   string
+	err  error
+}
+
+func (e *Env) poolTmpl(ctx context.Context) (string, error) {
+	return e.importPoolTemplate(ctx, &e.poolT, PoolTemplate(e.Opts.Template), poolSize)
+}
+
+func (e *Env) importPoolTemplate(ctx context.Context, p *poolTemplate, id string, size int) (string, error) {
+	p.once.Do(func() {
+		if e.node == nil || e.Opts.ImageLayout == "" {
+			p.err = skipf("create-pool needs a private node (its config keeps the pool)")
+			return
+		}
+		e.Progress.Note("importing template %s (warm pool of %d)", id, size)
+		if err := importTemplate(ctx, e.Client, id, e.Opts.ImageLayout); err != nil {
+			p.err = err
+			return
+		}
+		p.id = id
+	})
+	return p.id, p.err
+}
+
+// close deletes the pool template, which drains its pool.
+func (p *poolTemplate) close(ctx context.Context, c pb.CubeletServiceClient) error {
+	if p.id == "" {
+		return nil
+	}
+	if _, err := c.DeleteTemplate(context.WithoutCancel(ctx), &pb.DeleteTemplateRequest{TemplateId: p.id}); err != nil {
+		return fmt.Errorf("delete pool template %s: %w", p.id, err)
+	}
+	return nil
+}
+
+// waitPool waits (untimed) until template id has n ready pool entries.
+func (e *Env) waitPool(ctx context.Context, id string, n int) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		r, err := e.Client.GetTemplate(ctx, &pb.GetTemplateRequest{TemplateId: id})
+		if err != nil {
+			return err
+		}
+		if int(r.Template.PoolReady) >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("template %s: fewer than %d warm pool entries after 5 minutes", id, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func poolRuntime(_ context.Context, e *Env) error {
+	if e.Opts.Runtime != "" && e.Opts.Runtime != "runc" {
+		return skipf("warm pools are kept for runc only (run with --runtime runc)")
+	}
+	if e.node == nil {
+		return skipf("create-pool needs a private node (its config keeps the pool)")
+	}
+	return nil
+}
+
+func init() {
+	Register(Scenario{
+		Name: "create-pool", Kind: report.KindCube,
+		Help:      "create-to-ready claiming a frozen sandbox of the template's warm pool (waits untimed for the refill between samples)",
+		Baselines: []string{"runc-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
+		Probe:     poolRuntime,
+		Run:       runCreatePool,
+	})
+	Register(Scenario{
+		Name: "create-pool-c50", Kind: report.KindCube,
+		Help:      "bursts of --concurrency creates at once, each burst served from a warm pool of --concurrency (refilled, untimed, between bursts)",
+		Baselines: []string{"runc-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N50, Concurrency: o.Concurrency} },
+		Probe:     poolRuntime,
+		Run:       runCreatePoolBurst,
+	})
+}
+
+// createPooled times one create of template id and deletes it
+// (untimed); a create the pool did not serve is a failure.
+func (e *Env) createPooled(ctx context.Context, id string, at *report.ActionTimes, mu *sync.Mutex, made *[]string) (time.Duration, error) {
+	start := time.Now()
+	resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+		TemplateId: id, Runtime: e.Opts.Runtime, Labels: map[string]string{LabelKey: e.RunID},
+	})
+	dur := time.Since(start)
+	if err != nil {
+		return 0, fmt.Errorf("create: %w", err)
+	}
+	mu.Lock()
+	*made = append(*made, resp.Sandbox.Id)
+	mu.Unlock()
+	if !resp.Pooled {
+		return 0, fmt.Errorf("create of %s was not served from the warm pool", resp.Sandbox.Id)
+	}
+	mu.Lock()
+	addTimings(at, resp.Timings)
+	mu.Unlock()
+	return dur, nil
+}
+
+func runCreatePoolBurst(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	id, err := e.importPoolTemplate(ctx, &e.poolBurstT, BurstPoolTemplate(e.Opts.Template), e.Opts.Concurrency)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		at  report.ActionTimes
+		mu  sync.Mutex
+		all driveResult
+	)
+	e.Progress.Start("create-pool-c50", p.N)
+	for _, n := range rounds(p.N, p.Concurrency) {
+		if err := e.waitPool(ctx, id, n); err != nil {
+			return nil, err
+		}
+		var made []string
+		d := drive(ctx, e.Progress, n, n, func(ctx context.Context, _ int) (time.Duration, error) {
+			return e.createPooled(ctx, id, &at, &mu, &made)
+		})
+		all.merge(d)
+		if err := e.deleteAll(ctx, "", made, 8); err != nil {
+			return nil, err
+		}
+	}
+	e.Progress.Finish()
+	r, err := all.result("create-pool-c50", report.KindCube, p)
+	if r != nil {
+		r.Acts = &at
+		r.Notes = append(r.Notes, fmt.Sprintf("bursts of %d creates at once, each from a full pool of %d (refill between bursts untimed)", p.Concurrency, e.Opts.Concurrency))
+	}
+	return r, err
+}
+
+func runCreatePool(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	id, err := e.poolTmpl(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var at report.ActionTimes
+	e.Progress.Start("create-pool", p.N)
+	var mu sync.Mutex
+	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, _ int) (time.Duration, error) {
+		if err := e.waitPool(ctx, id, 1); err != nil {
+			return 0, err
+		}
+		var made []string
+		dur, err := e.createPooled(ctx, id, &at, &mu, &made)
+		return dur, errors.Join(err, e.deleteAll(ctx, "", made, 1))
+	})
+	e.Progress.Finish()
+	r, err := d.result("create-pool", report.KindCube, p)
+	if r != nil {
+		r.Acts = &at
+		r.Notes = append(r.Notes, fmt.Sprintf("pool of %d entries per template; each sample waits (untimed) for a ready entry", poolSize))
+	}
+	return r, err
+}

@@ -1,0 +1,679 @@
+package cubelet
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
+	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/sandbox"
+	"github.com/cubesandbox/cube/internal/sandboxid"
+	"github.com/cubesandbox/cube/internal/workflow"
+)
+
+// Warm pools (docs/pools.md): per template, sandboxes started ahead of
+// creates by the ordinary create flow, then frozen. A pool entry is a
+// sandbox record like any other (reconcile, the runtime watch and the
+// cleanup journal look after it) with LabelPool set, hidden from every
+// listing, lookup and count users see. A create claims one: one store
+// transaction replaces the entry's record by the new sandbox's, which
+// keeps the entry's node resources (Record.HostID); the claim then gives
+// the container the sandbox's hostname, limits and network policy, thaws
+// it and re-initialises its agent with the sandbox's env, token, clock
+// and entropy, the reinit a clone restored from memory gets.
+
+// LabelPool marks a warm pool's entry; its value is the template ID.
+const LabelPool = "cube.pool"
+
+// pooled says whether rec is a warm pool's entry (not a user's sandbox).
+func pooled(rec *sandbox.Record) bool { return rec.Labels[LabelPool] != "" }
+
+// warmPool is the node's pools: which entries are ready to claim, and the
+// refiller.
+type warmPool struct {
+	s *Service
+
+	mu sync.Mutex
+	// ready: entries that are frozen and claimable, by template, oldest
+	// first. filling: refills in flight, by template.
+	ready   map[string][]string
+	filling map[string]int
+	// blocked: templates being deleted (no refill).
+	blocked map[string]bool
+	// recent: when creates of each template asked for an entry, within
+	// the rate window (the adaptive size).
+	recent map[string][]time.Time
+	// Counters for /metrics.
+	hits, misses, refills, refillErrors map[string]uint64
+
+	kick chan struct{}
+	done chan struct{}
+	// lastScan is when reap last looked at every record for stale
+	// entries (a walk of the whole map, so not on every tick).
+	lastScan time.Time
+}
+
+// PoolStats is one template's pool.
+type PoolStats struct {
+	TemplateID                  string
+	Ready, Filling, Target      int
+	Hits, Misses, Refills, Errs uint64
+}
+
+func newWarmPool(s *Service) *warmPool {
+	return &warmPool{
+		s: s, ready: map[string][]string{}, filling: map[string]int{}, blocked: map[string]bool{},
+		recent: map[string][]time.Time{}, hits: map[string]uint64{}, misses: map[string]uint64{},
+		refills: map[string]uint64{}, refillErrors: map[string]uint64{},
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+}
+
+// startPool adopts the entries a previous cubelet left (reconcile has
+// checked them against the runtime: live ones are Paused) and starts the
+// refiller. Entries no longer wanted (pool off, template gone, dead) are
+// destroyed by the refiller's first pass.
+func (s *Service) startPool(ctx context.Context) {
+	p := newWarmPool(s)
+	s.pool = p
+	s.mu.Lock()
+	var recs []*sandbox.Record
+	for _, e := range s.boxes {
+		if r := e.rec.Load(); pooled(r) {
+			recs = append(recs, r)
+		}
+	}
+	s.mu.Unlock()
+	sortRecords(recs)
+	adopted := 0
+	for _, r := range recs {
+		if r.State == lifecycle.Paused && r.PauseMode != sandbox.PauseDisk {
+			p.ready[r.Labels[LabelPool]] = append(p.ready[r.Labels[LabelPool]], r.ID)
+			adopted++
+		}
+	}
+	if len(recs) > 0 {
+		s.log.Info("warm pool: entries found at start", "adopted", adopted, "other", len(recs)-adopted)
+	}
+	s.metrics.MustRegister(&poolCollector{p: p})
+	go p.loop(ctx)
+}
+
+// stopPool stops the refiller and destroys every entry: a stopped node
+// holds no idle pool containers (a crash's are adopted at the next start).
+func (s *Service) stopPool() {
+	p := s.pool
+	if p == nil {
+		return
+	}
+	<-p.done
+	for _, id := range s.poolEntries("") {
+		if err := s.destroyPoolEntry(context.Background(), id); err != nil {
+			s.log.Warn("warm pool: destroy entry at close", "sandbox_id", id, "err", err)
+		}
+	}
+}
+
+// poolEntries lists the IDs of every pool entry record, of template tmpl
+// ("" = all), ready or not.
+func (s *Service) poolEntries(tmpl string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for id, e := range s.boxes {
+		if r := e.rec.Load(); pooled(r) && (tmpl == "" || r.Labels[LabelPool] == tmpl) {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// target is the number of entries template id's pool keeps now: its
+// configured size, grown to the creates of the last rate window, at most
+// the configured maximum. p.mu is held.
+func (p *warmPool) target(id string, now time.Time) int {
+	c := p.s.cfg.WarmPool
+	base := c.SizeFor(id)
+	if base <= 0 {
+		return 0
+	}
+	recent := p.recent[id]
+	cut := 0
+	for cut < len(recent) && now.Sub(recent[cut]) > c.RateWindow.Duration {
+		cut++
+	}
+	recent = recent[cut:]
+	p.recent[id] = recent
+	return min(max(base, len(recent)), c.Max)
+}
+
+// take removes and returns the oldest ready entry of template id, or "".
+func (p *warmPool) take(id string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.recent[id] = append(p.recent[id], time.Now())
+	if len(p.recent[id]) > 4*p.s.cfg.WarmPool.Max+16 {
+		p.recent[id] = p.recent[id][1:]
+	}
+	q := p.ready[id]
+	if len(q) == 0 {
+		p.misses[id]++
+		return ""
+	}
+	p.ready[id] = q[1:]
+	p.hits[id]++
+	return q[0]
+}
+
+func (p *warmPool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// loop refills the pools: one entry at a time, refill_interval apart,
+// and only while no create is in flight, so a refill never holds a slot
+// or a core a user's create wants.
+func (p *warmPool) loop(ctx context.Context) {
+	defer close(p.done)
+	interval := p.s.cfg.WarmPool.RefillInterval.Duration
+	tick := time.NewTicker(100 * time.Millisecond) // claims and template deletes wake it at once
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-p.kick:
+		}
+		p.reap(ctx)
+		for ctx.Err() == nil {
+			if l := p.s.engine.Limits()[FlowCreate]; l.InFlight > 0 {
+				break // a user's create runs: refill after it
+			}
+			tmpl, ok := p.next()
+			if !ok {
+				break
+			}
+			p.fill(ctx, tmpl)
+			if interval > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(interval):
+				}
+			}
+		}
+	}
+}
+
+// next picks the template whose pool is furthest below its target and
+// counts a refill in flight for it.
+func (p *warmPool) next() (*sandbox.Template, bool) {
+	tmpls, err := p.s.store.ListTemplates()
+	if err != nil {
+		return nil, false
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var best *sandbox.Template
+	bestGap := 0
+	for _, t := range tmpls {
+		if p.blocked[t.ID] || !p.poolRuntime(t) {
+			continue
+		}
+		if gap := p.target(t.ID, now) - len(p.ready[t.ID]) - p.filling[t.ID]; gap > bestGap {
+			best, bestGap = t, gap
+		}
+	}
+	if best == nil {
+		return nil, false
+	}
+	p.filling[best.ID]++
+	return best, true
+}
+
+// poolRuntime says whether template t's creates run on a runtime pools
+// are kept for.
+func (p *warmPool) poolRuntime(t *sandbox.Template) bool {
+	rt := p.runtimeOf(t)
+	for _, r := range p.s.cfg.WarmPool.Runtimes {
+		if r == rt {
+			_, err := p.s.node.Driver(rt)
+			return err == nil
+		}
+	}
+	return false
+}
+
+func (p *warmPool) runtimeOf(t *sandbox.Template) string {
+	if t.Runtime != "" {
+		return t.Runtime
+	}
+	return p.s.cfg.Node.DefaultRuntime
+}
+
+// fill starts one entry for template t: a cold create under a pool ID
+// and a token only this node knows, then frozen.
+func (p *warmPool) fill(ctx context.Context, t *sandbox.Template) {
+	s := p.s
+	id := "pool-" + sandboxid.New()[:16]
+	err := s.fillEntry(ctx, id, t.ID)
+	p.mu.Lock()
+	p.filling[t.ID]--
+	if err != nil {
+		p.refillErrors[t.ID]++
+	} else {
+		p.refills[t.ID]++
+		p.ready[t.ID] = append(p.ready[t.ID], id)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		s.log.Warn("warm pool: refill failed", "template_id", t.ID, "err", err)
+	}
+}
+
+func (s *Service) fillEntry(ctx context.Context, id, tmpl string) error {
+	res, err := s.Create(ctx, CreateRequest{
+		SandboxID: id, TemplateID: tmpl, cold: true,
+		Labels: map[string]string{LabelPool: tmpl},
+		// Replaced by the claiming sandbox's at reinit, before anyone
+		// else reaches the agent.
+		AccessToken: rand.Text(),
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.freezeEntry(ctx, res.Sandbox); err != nil {
+		return fmt.Errorf("freeze pool entry %s: %w (destroy: %w)", id, err, s.destroyPoolEntry(ctx, id))
+	}
+	return nil
+}
+
+func (s *Service) freezeEntry(ctx context.Context, rec *sandbox.Record) error {
+	e, err := s.find(rec.ID)
+	if err != nil {
+		return err
+	}
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	defer e.release()
+	d, err := s.node.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	cid := rec.Container.ID
+	if err := actions.Settle(ctx, d, cid, runtime.StatusPaused, d.Pause(ctx, cid)); err != nil {
+		return err
+	}
+	t := newTask(s.store, e, e.rec.Load(), nil)
+	return t.Update(func(r *sandbox.Record) { r.State, r.PauseMode = lifecycle.Paused, sandbox.PauseMemory })
+}
+
+// reap destroys entries that are not ready (dead, failed, left by a
+// create cut short) and ready ones above their pool's target.
+func (p *warmPool) reap(ctx context.Context) {
+	s := p.s
+	now := time.Now()
+	p.mu.Lock()
+	ready := map[string]bool{}
+	var excess []string
+	for tmpl, q := range p.ready {
+		// An entry that died while frozen (the runtime watch marked it
+		// failed) is no longer ready.
+		live := q[:0:0]
+		for _, id := range q {
+			if e, err := s.find(id); err == nil && e.rec.Load().State == lifecycle.Paused {
+				live = append(live, id)
+			}
+		}
+		q = live
+		p.ready[tmpl] = q
+		keep := p.target(tmpl, now)
+		if p.blocked[tmpl] {
+			keep = 0
+		}
+		if len(q) > keep {
+			excess = append(excess, q[keep:]...)
+			p.ready[tmpl] = q[:keep]
+			q = q[:keep]
+		}
+		for _, id := range q {
+			ready[id] = true
+		}
+	}
+	filling := 0
+	for _, n := range p.filling {
+		filling += n
+	}
+	p.mu.Unlock()
+	for _, id := range excess {
+		if err := s.destroyPoolEntry(ctx, id); err != nil {
+			s.log.Warn("warm pool: destroy excess entry", "sandbox_id", id, "err", err)
+		}
+	}
+	if filling > 0 || now.Sub(p.lastScan) < 2*time.Second {
+		return // an entry being filled is not ready yet; or scanned lately
+	}
+	p.lastScan = now
+	for _, id := range s.poolEntries("") {
+		e, err := s.find(id)
+		if err != nil || ready[id] {
+			continue
+		}
+		if st := e.rec.Load().State; st == lifecycle.Creating || st == lifecycle.Destroying && s.journalled(id) {
+			continue // a create in flight, or the cleanup loop's
+		}
+		if err := s.destroyPoolEntry(ctx, id); err != nil {
+			s.log.Warn("warm pool: destroy stale entry", "sandbox_id", id, "err", err)
+		}
+	}
+}
+
+// journalled says whether the cleanup loop owns sandbox id.
+func (s *Service) journalled(id string) bool {
+	js, err := s.store.ListJournal()
+	if err != nil {
+		return true
+	}
+	for _, j := range js {
+		if j.SandboxID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// drainPool destroys template id's entries and keeps its pool empty
+// until undrain (a template being deleted).
+func (s *Service) drainPool(ctx context.Context, id string) error {
+	p := s.pool
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	p.blocked[id] = true
+	p.mu.Unlock()
+	for deadline := time.Now().Add(time.Minute); ; {
+		p.mu.Lock()
+		n := p.filling[id]
+		if n == 0 {
+			delete(p.ready, id)
+		}
+		p.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("template %s: a pool refill is still running: %w", id, errdefs.ErrUnavailable)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var first error
+	for _, eid := range s.poolEntries(id) {
+		if err := s.destroyPoolEntry(ctx, eid); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (s *Service) undrainPool(id string) {
+	if p := s.pool; p != nil {
+		p.mu.Lock()
+		delete(p.blocked, id)
+		p.mu.Unlock()
+		p.wake()
+	}
+}
+
+// destroyPoolEntry destroys one entry like Delete destroys a sandbox.
+func (s *Service) destroyPoolEntry(ctx context.Context, id string) error {
+	s.mu.Lock()
+	e := s.boxes[id]
+	s.mu.Unlock()
+	if e == nil {
+		return nil // gone already
+	}
+	// Another destroy of it (a drain and the refiller's reap) may have
+	// had it first: the entry is then no longer the map's.
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	cur := s.boxes[id]
+	s.mu.Unlock()
+	e.release()
+	if cur != e {
+		return nil
+	}
+	_, err := s.deleteEntry(ctx, e, id)
+	return err
+}
+
+// poolClaimable says whether a create can be served from a pool entry:
+// not a warm-up or refill, no host mounts (bound at start), the
+// template's own runtime, and the disk size the entry was made with.
+func (s *Service) poolClaimable(req *CreateRequest, tmpl *sandbox.Template) bool {
+	p := s.pool
+	if p == nil || req.cold || len(req.HostMounts) > 0 || req.Resources.DiskMiB != 0 {
+		return false
+	}
+	if req.Runtime != p.runtimeOf(tmpl) || !p.poolRuntime(tmpl) {
+		return false
+	}
+	// Entries run with the default limits: other limits need a runtime
+	// that can change them on a running sandbox.
+	c := s.cfg.Sandbox
+	if r := req.Resources; r.MilliCPU != c.DefaultMilliCPU || r.MemoryMiB != c.DefaultMemoryMiB || r.Pids != c.DefaultPids {
+		d, err := s.node.Driver(req.Runtime)
+		if _, ok := d.(runtime.LimitUpdater); err != nil || !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// claimPooled serves a create from a pool entry. served is false when the
+// pool had none (or the claim failed and was undone): the caller creates
+// cold. An error with served true is the create's answer.
+func (s *Service) claimPooled(ctx context.Context, req CreateRequest, tmpl *sandbox.Template) (res *Result, served bool, err error) {
+	p := s.pool
+	defer p.wake()
+	for range 3 { // an entry that died since it was frozen is skipped
+		id := p.take(tmpl.ID)
+		if id == "" {
+			return nil, false, nil
+		}
+		res, served, err = s.claim(ctx, req, tmpl, id)
+		if served || err != nil {
+			return res, served, err
+		}
+	}
+	return nil, false, nil
+}
+
+func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Template, poolID string) (*Result, bool, error) {
+	begin := time.Now()
+	old, err := s.find(poolID)
+	if err != nil {
+		return nil, false, nil
+	}
+	if err := old.acquire(ctx); err != nil {
+		return nil, false, err
+	}
+	prev := old.rec.Load()
+	if prev.State != lifecycle.Paused || prev.Container == nil || prev.Runtime != req.Runtime {
+		old.release()
+		// Not the create's to wait for: the service's lifetime bounds it.
+		go func() { _ = s.destroyPoolEntry(s.life, poolID) }()
+		return nil, false, nil
+	}
+	rec := &sandbox.Record{
+		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
+		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
+		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
+		NetworkPolicy: req.Network, AccessToken: req.AccessToken,
+		HostID: prev.HostKey(), Disk: prev.Disk, Mount: prev.Mount, Container: prev.Container, Network: prev.Network,
+	}
+	rec = rec.Clone()
+	s.mu.Lock()
+	if _, dup := s.boxes[rec.ID]; dup {
+		s.mu.Unlock()
+		old.release()
+		p := s.pool
+		p.mu.Lock()
+		p.ready[tmpl.ID] = append([]string{poolID}, p.ready[tmpl.ID]...)
+		p.mu.Unlock()
+		return nil, true, fmt.Errorf("sandbox %q: %w", rec.ID, errdefs.ErrAlreadyExists)
+	}
+	rec.CreatedAt = time.Now().UTC() // under s.mu: see Create
+	rec.UpdatedAt = rec.CreatedAt
+	e := newEntry(rec)
+	_ = e.acquire(context.Background()) // fresh entry: never blocks
+	e.onPublish = s.watchRecord
+	s.boxes[rec.ID] = e
+	delete(s.boxes, poolID)
+	s.mu.Unlock()
+	defer e.release()
+	s.disarm(poolID)
+	if err := s.store.ReplaceSandbox(poolID, rec); err != nil {
+		s.mu.Lock()
+		delete(s.boxes, rec.ID)
+		s.boxes[poolID] = old
+		s.mu.Unlock()
+		old.release()
+		s.watchRecord(prev)
+		return nil, false, nil
+	}
+	old.release() // nobody finds it any more
+
+	log := s.log.With("sandbox_id", rec.ID, "request_id", req.RequestID, "pool_entry", poolID)
+	t := newTask(s.store, e, rec, tmpl)
+	timings := []workflow.Timing{{Step: 1, Action: "claim", Phase: workflow.PhaseDo, Duration: time.Since(begin)}}
+	step := func(name string, fn func() error) error {
+		b := time.Now()
+		err := fn()
+		tm := workflow.Timing{Step: len(timings) + 1, Action: name, Phase: workflow.PhaseDo, Duration: time.Since(b)}
+		if err != nil {
+			tm.Err = err.Error()
+		}
+		timings = append(timings, tm)
+		return err
+	}
+	if err := s.node.ApplyClaim(ctx, t, prev, step); err != nil {
+		log.Warn("warm pool: claim failed; destroying the entry and creating cold", "err", err)
+		s.undoClaim(ctx, t, log, err)
+		return nil, false, nil
+	}
+	if err := t.Update(func(r *sandbox.Record) { r.State = lifecycle.Running }); err != nil {
+		return nil, true, err
+	}
+	log.Info("sandbox created from warm pool", "duration", time.Since(begin))
+	return &Result{Sandbox: t.Record(), Timings: timings, Pooled: true}, true, nil
+}
+
+// undoClaim destroys a claimed entry whose claim failed, like a failed
+// create, so the caller's cold create can take the ID.
+func (s *Service) undoClaim(ctx context.Context, t *actions.Task, log interface {
+	Error(string, ...any)
+}, cause error) {
+	_ = t.Update(func(r *sandbox.Record) { r.State = lifecycle.Destroying })
+	if _, err := s.engine.Run(context.WithoutCancel(ctx), FlowDestroy, t); err != nil {
+		log.Error("warm pool: undo claim; journalled for cleanup", "err", err, "cause", cause)
+		_ = t.Update(func(r *sandbox.Record) { r.Error = cause.Error() })
+		s.journal(t.Record().ID, err)
+		return
+	}
+	if err := s.store.FinishDestroy(t.Record().ID); err != nil {
+		s.journal(t.Record().ID, err)
+		return
+	}
+	s.forget(t.Record().ID)
+}
+
+// Pools reports every template's pool.
+func (s *Service) Pools() []PoolStats {
+	p := s.pool
+	if p == nil {
+		return nil
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := map[string]bool{}
+	for _, m := range []map[string]uint64{p.hits, p.misses, p.refills, p.refillErrors} {
+		for id := range m {
+			ids[id] = true
+		}
+	}
+	for id := range p.ready {
+		ids[id] = true
+	}
+	out := make([]PoolStats, 0, len(ids))
+	for id := range ids {
+		out = append(out, PoolStats{
+			TemplateID: id, Ready: len(p.ready[id]), Filling: p.filling[id], Target: p.target(id, now),
+			Hits: p.hits[id], Misses: p.misses[id], Refills: p.refills[id], Errs: p.refillErrors[id],
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].TemplateID < out[j].TemplateID })
+	return out
+}
+
+// PoolReady is the number of ready entries of template id.
+func (s *Service) PoolReady(id string) int {
+	p := s.pool
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready[id])
+}
+
+// poolCollector exports the pools at scrape time.
+type poolCollector struct{ p *warmPool }
+
+var _ prometheus.Collector = (*poolCollector)(nil)
+
+var (
+	poolEntriesDesc = prometheus.NewDesc("cubelet_warm_pool_ready",
+		"Frozen sandboxes ready for creates to claim.", []string{"template"}, nil)
+	poolTargetDesc = prometheus.NewDesc("cubelet_warm_pool_target",
+		"Entries the pool is kept at now (configured size grown by the recent create rate).", []string{"template"}, nil)
+	poolClaimsDesc = prometheus.NewDesc("cubelet_warm_pool_claims_total",
+		"Creates that asked the pool for an entry, by result (hit: served from it, miss: empty, created cold).", []string{"template", "result"}, nil)
+	poolRefillsDesc = prometheus.NewDesc("cubelet_warm_pool_refills_total",
+		"Entries the refiller started, by result.", []string{"template", "result"}, nil)
+)
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- poolEntriesDesc
+	ch <- poolTargetDesc
+	ch <- poolClaimsDesc
+	ch <- poolRefillsDesc
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.p.s.Pools() {
+		ch <- prometheus.MustNewConstMetric(poolEntriesDesc, prometheus.GaugeValue, float64(st.Ready), st.TemplateID)
+		ch <- prometheus.MustNewConstMetric(poolTargetDesc, prometheus.GaugeValue, float64(st.Target), st.TemplateID)
+		ch <- prometheus.MustNewConstMetric(poolClaimsDesc, prometheus.CounterValue, float64(st.Hits), st.TemplateID, "hit")
+		ch <- prometheus.MustNewConstMetric(poolClaimsDesc, prometheus.CounterValue, float64(st.Misses), st.TemplateID, "miss")
+		ch <- prometheus.MustNewConstMetric(poolRefillsDesc, prometheus.CounterValue, float64(st.Refills), st.TemplateID, "ok")
+		ch <- prometheus.MustNewConstMetric(poolRefillsDesc, prometheus.CounterValue, float64(st.Errs), st.TemplateID, "error")
+	}
+}

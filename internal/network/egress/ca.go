@@ -1,0 +1,159 @@
+package egress
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// CA is the node's egress CA: it signs the certificates the proxy shows a
+// sandbox for the hosts whose TLS it terminates (credential rules).
+// Sandboxes trust it (its PEM is installed in their trust store); its key
+// never leaves network-agent's data directory.
+type CA struct {
+	Cert *x509.Certificate
+	PEM  []byte
+	key  crypto.Signer
+
+	mu     sync.Mutex
+	leaves map[string]*tls.Certificate
+}
+
+// Files of a CA in its directory.
+const (
+	CACertFile = "egress-ca.pem"
+	CAKeyFile  = "egress-ca-key.pem"
+)
+
+const (
+	caValidity   = 10 * 365 * 24 * time.Hour
+	leafValidity = 7 * 24 * time.Hour
+	leafRenew    = 24 * time.Hour // a cached leaf this close to expiry is made again
+)
+
+// LoadOrCreateCA reads the CA from dir, or makes one (ECDSA P-256, key
+// file mode 0600) when neither file exists.
+func LoadOrCreateCA(dir string) (*CA, error) {
+	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
+	certPEM, cerr := os.ReadFile(certPath)
+	keyPEM, kerr := os.ReadFile(keyPath)
+	if errors.Is(cerr, os.ErrNotExist) && errors.Is(kerr, os.ErrNotExist) {
+		var err error
+		if certPEM, keyPEM, err = newCA(); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(certPath, certPEM, 0o644); err != nil {
+			return nil, err
+		}
+	} else if cerr != nil || kerr != nil {
+		return nil, fmt.Errorf("egress CA in %s: %w", dir, errors.Join(cerr, kerr))
+	}
+	return ParseCA(certPEM, keyPEM)
+}
+
+// ParseCA builds a CA from PEM files' contents.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("egress CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("egress CA: %w", err)
+	}
+	if !cert.IsCA {
+		return nil, errors.New("egress CA: the certificate is not a CA")
+	}
+	signer, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, errors.New("egress CA: the key cannot sign")
+	}
+	return &CA{Cert: cert, PEM: certPEM, key: signer, leaves: map[string]*tls.Certificate{}}, nil
+}
+
+func newCA() (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	host, _ := os.Hostname()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "cube egress CA " + host, Organization: []string{"cube"}},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(caValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	return n
+}
+
+// leaf returns a certificate for name signed by the CA (cached).
+func (ca *CA) leaf(name string) (*tls.Certificate, error) {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if c := ca.leaves[name]; c != nil && time.Until(c.Leaf.NotAfter) > leafRenew {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(leafValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}
+	if len(ca.leaves) > 4096 {
+		clear(ca.leaves)
+	}
+	ca.leaves[name] = c
+	return c, nil
+}

@@ -1,0 +1,717 @@
+// Package egress is the node's egress proxy, run by network-agent beside
+// the DNS forwarder. It serves every sandbox from a listener opened inside
+// that sandbox's slot namespace at the sandbox's gateway
+// (169.254.0.22:<port>); the slot table redirects the sandbox's new TCP
+// connections to ports 80 and 443 there when its policy is Proxied
+// (domain entries without default internet, or credential rules). So:
+//
+//   - a connection's sandbox is known from the listener it arrived on, and
+//     its original destination from the redirect (SO_ORIGINAL_DST);
+//   - the proxy reads the name the connection claims (TLS SNI without
+//     terminating TLS, or the HTTP Host of every request) and decides by
+//     the policy, with the destination checked against that name's
+//     addresses (see decide); a denied connection is reset;
+//   - for a host with credential rules it terminates TLS with a
+//     certificate from the node's egress CA, opens its own TLS connection
+//     to the upstream (verified against the node's roots), and adds the
+//     rules' headers to every request: the secret never enters the
+//     sandbox;
+//   - upstream connections leave from the agent's own (host) namespace;
+//   - a policy update re-decides every open connection and cuts those the
+//     new policy denies;
+//   - every decision is an audit event (package audit).
+//
+// Should the agent die, the listeners die with it: redirected connections
+// are refused, so domain-restricted sandboxes fail closed.
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubesandbox/cube/internal/network/audit"
+	"github.com/cubesandbox/cube/internal/network/netnsdir"
+	"github.com/cubesandbox/cube/internal/network/policy"
+)
+
+// Config is the proxy's part of network-agent's config.
+type Config struct {
+	// Port is where the proxy listens in every slot namespace.
+	Port     uint16
+	NodeCIDR netip.Prefix
+	// Opened are the private ranges the node lets policies open.
+	Opened []netip.Prefix
+	// CA signs the certificates of terminated hosts; nil: no credential
+	// injection (a connection to a credential host is refused rather than
+	// sent without its credential).
+	CA *CA
+	// UpstreamRoots verify upstream servers when TLS is terminated; nil:
+	// the system's roots.
+	UpstreamRoots *x509.CertPool
+	// DialTimeout bounds an upstream connect; PeekTimeout how long a
+	// sandbox has to send its ClientHello or request head; LookupTimeout
+	// one check of a name's addresses with the node's resolvers.
+	DialTimeout, PeekTimeout, LookupTimeout time.Duration
+	Audit                                   *audit.Log
+}
+
+// Stats are the proxy's counters since start.
+type Stats struct {
+	Allowed, Denied, Cut, Terminated, Failed atomic.Uint64
+}
+
+// Proxy serves the sandboxes attached to it.
+type Proxy struct {
+	cfg       Config
+	log       *slog.Logger
+	res       Resolver
+	blocked   []netip.Prefix
+	hostAddrs localAddrs
+	Stats     Stats
+
+	mu    sync.Mutex
+	slots map[string]*sandbox
+}
+
+// New returns a proxy; it serves nothing until Attach.
+func New(cfg Config, res Resolver, blocked []netip.Prefix, log *slog.Logger) *Proxy {
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.PeekTimeout <= 0 {
+		cfg.PeekTimeout = 10 * time.Second
+	}
+	if cfg.LookupTimeout <= 0 {
+		cfg.LookupTimeout = 3 * time.Second
+	}
+	return &Proxy{cfg: cfg, log: log, res: res, blocked: blocked, slots: map[string]*sandbox{},
+		hostAddrs: localAddrs{refresh: 2 * time.Second}}
+}
+
+// Target is one sandbox to serve.
+type Target struct {
+	SandboxID string
+	NetNS     string     // the slot namespace
+	Addr      netip.Addr // where to listen there
+	Policy    policy.Policy
+}
+
+type sandbox struct {
+	id, netns string
+	ln        net.Listener
+	policy    atomic.Pointer[policy.Policy]
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+
+	mu    sync.Mutex
+	conns map[*conn]struct{}
+}
+
+// conn is one proxied connection, tracked so a policy update can cut it.
+type conn struct {
+	name   string
+	dst    netip.AddrPort
+	client net.Conn
+	// decided: name and dst are set and the connection was allowed; until
+	// then a policy update leaves it to serve, which reads the policy
+	// after it.
+	decided atomic.Bool
+	mu      sync.Mutex
+	up      net.Conn
+	cut     atomic.Bool
+}
+
+func (c *conn) setUpstream(u net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cut.Load() {
+		return false
+	}
+	c.up = u
+	return true
+}
+
+func (c *conn) close() {
+	c.mu.Lock()
+	up := c.up
+	c.mu.Unlock()
+	reset(c.client)
+	if up != nil {
+		up.Close()
+	}
+}
+
+// reset closes c with a TCP RST, so the sandbox sees a refusal at once.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// Attach starts serving t (only the policy changes when t is served at
+// the same namespace already).
+func (p *Proxy) Attach(t Target) error {
+	p.mu.Lock()
+	cur := p.slots[t.SandboxID]
+	p.mu.Unlock()
+	if cur != nil {
+		if cur.netns == t.NetNS {
+			p.SetPolicy(t.SandboxID, t.Policy)
+			return nil
+		}
+		p.Detach(t.SandboxID)
+	}
+	addr := net.JoinHostPort(t.Addr.String(), strconv.Itoa(int(p.cfg.Port)))
+	// IP_FREEBIND: a VM slot's TAP has no carrier until its monitor opens it.
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_FREEBIND, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	var ln net.Listener
+	err := netnsdir.Do(t.NetNS, func() error {
+		var err error
+		ln, err = lc.Listen(context.Background(), "tcp4", addr)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("egress: sandbox %s: listen in %s: %w", t.SandboxID, t.NetNS, err)
+	}
+	s := &sandbox{id: t.SandboxID, netns: t.NetNS, ln: ln, conns: map[*conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	pol := t.Policy.Clone()
+	s.policy.Store(&pol)
+	p.mu.Lock()
+	p.slots[t.SandboxID] = s
+	p.mu.Unlock()
+	s.wg.Go(func() { p.acceptLoop(s) })
+	return nil
+}
+
+// Detach stops serving a sandbox and closes its connections.
+func (p *Proxy) Detach(id string) {
+	p.mu.Lock()
+	s := p.slots[id]
+	delete(p.slots, id)
+	p.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+}
+
+func (s *sandbox) close() {
+	s.cancel()
+	s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// Close detaches every sandbox.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	all := p.slots
+	p.slots = map[string]*sandbox{}
+	p.mu.Unlock()
+	for _, s := range all {
+		s.close()
+	}
+}
+
+// Attached lists the sandboxes served.
+func (p *Proxy) Attached() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.slots))
+	for id := range p.slots {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// SetPolicy changes a sandbox's policy and cuts its open connections that
+// the new policy denies; it returns how many it cut.
+func (p *Proxy) SetPolicy(id string, pol policy.Policy) int {
+	p.mu.Lock()
+	s := p.slots[id]
+	p.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	pol = pol.Clone()
+	s.policy.Store(&pol)
+	s.mu.Lock()
+	open := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		if c.decided.Load() {
+			open = append(open, c)
+		}
+	}
+	s.mu.Unlock()
+	cut := 0
+	for _, c := range open {
+		d := p.decide(s.ctx, id, pol, c.dst.Addr(), c.name)
+		if d.allow {
+			continue
+		}
+		c.mu.Lock()
+		c.cut.Store(true)
+		c.mu.Unlock()
+		c.close()
+		cut++
+		p.Stats.Cut.Add(1)
+		p.cfg.Audit.Write(audit.Event{SandboxID: id, Kind: audit.KindCut, Verdict: audit.Denied, Name: c.name,
+			Addr: c.dst.String(), Reason: "policy update: " + d.reason})
+	}
+	return cut
+}
+
+func (p *Proxy) acceptLoop(s *sandbox) {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.log.Warn("egress: accept", "sandbox_id", s.id, "err", err)
+			}
+			return
+		}
+		// Tracked from the start, so that Detach closes a connection
+		// still being read (not only decided ones).
+		tc := &conn{client: c}
+		s.mu.Lock()
+		s.conns[tc] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Go(func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, tc)
+				s.mu.Unlock()
+				tc.close()
+			}()
+			p.serve(s, tc)
+		})
+	}
+}
+
+// serve carries one redirected connection.
+func (p *Proxy) serve(s *sandbox, c *conn) {
+	client := c.client.(*net.TCPConn)
+	start := time.Now()
+	ev := audit.Event{SandboxID: s.id, Kind: audit.KindConnect}
+	dst, err := originalDst(client)
+	if err != nil {
+		reset(client)
+		p.Stats.Failed.Add(1)
+		ev.Verdict, ev.Reason = audit.Failed, err.Error()
+		p.cfg.Audit.Write(ev)
+		return
+	}
+	ev.Addr = dst.String()
+	cc := &countConn{Conn: client}
+	_ = client.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	br := bufio.NewReader(cc)
+	var hello []byte // the ClientHello, replayed upstream or to our TLS server
+	var req *http.Request
+	first, err := br.Peek(1)
+	if err == nil && first[0] == 0x16 { // a TLS handshake record
+		ev.Mode = "sni"
+		ev.Name, hello, err = peekSNI(br)
+	} else if err == nil {
+		ev.Mode = "http"
+		if req, err = http.ReadRequest(br); err == nil {
+			ev.Name = hostOnly(req.Host)
+		}
+	}
+	if err != nil {
+		reset(client)
+		p.Stats.Failed.Add(1)
+		ev.Verdict, ev.Reason = audit.Failed, "reading the connection's name: "+err.Error()
+		p.cfg.Audit.Write(ev)
+		return
+	}
+	_ = client.SetReadDeadline(time.Time{})
+	pp := s.policy.Load()
+	pol := *pp
+	d := p.decide(s.ctx, s.id, pol, dst.Addr(), ev.Name)
+	ev.Rule = d.rule
+	creds := pol.CredentialsFor(ev.Name)
+	if d.allow && len(creds) > 0 && p.cfg.CA == nil {
+		d = decision{reason: "credential rules need the egress CA, which this node has not"}
+	}
+	if !d.allow {
+		reset(client)
+		p.Stats.Denied.Add(1)
+		ev.Verdict, ev.Reason = audit.Denied, d.reason
+		ev.DurationMS = ms(time.Since(start))
+		p.cfg.Audit.Write(ev)
+		return
+	}
+	c.name, c.dst = ev.Name, dst
+	c.decided.Store(true)
+	if cur := s.policy.Load(); cur != pp {
+		// A policy update ran between the decision and now, and may
+		// have skipped this connection: decide again under it.
+		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow {
+			reset(client)
+			p.Stats.Denied.Add(1)
+			ev.Verdict, ev.Reason = audit.Denied, d2.reason
+			p.cfg.Audit.Write(ev)
+			return
+		}
+	}
+	p.Stats.Allowed.Add(1)
+	ev.Verdict = audit.Allowed
+	switch {
+	case hello != nil && len(creds) > 0:
+		ev.Mode = "terminated"
+		p.Stats.Terminated.Add(1)
+		for _, cr := range creds {
+			ev.Injected = append(ev.Injected, cr.Header)
+		}
+		// The ClientHello, then what br holds past it, then the socket.
+		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), br)}, ev.Name, creds)
+	case hello != nil:
+		var up net.Conn
+		if up, err = p.dial(s.ctx, c); err == nil {
+			if _, err = up.Write(hello); err == nil {
+				splice(cc, br, up)
+			}
+		}
+	default:
+		// Plain HTTP: every request on the connection must name the
+		// host the first one did (a second request for another virtual
+		// host of the same address is refused). Credentials are never
+		// sent in clear text.
+		var up net.Conn
+		if up, err = p.dial(s.ctx, c); err == nil {
+			err = relayHTTP(br, cc, up, req, ev.Name, nil)
+		}
+	}
+	var ref *refusal
+	switch {
+	case err == nil || c.cut.Load():
+	case errors.As(err, &ref):
+		// A later request on the connection named another host.
+		ev.Verdict, ev.Reason = audit.Denied, err.Error()
+		p.Stats.Denied.Add(1)
+	default:
+		// Allowed by the policy, but not carried: the upstream refused
+		// or failed TLS verification.
+		ev.Verdict, ev.Reason = audit.Failed, err.Error()
+		p.Stats.Failed.Add(1)
+	}
+	ev.BytesOut, ev.BytesIn = cc.read.Load(), cc.written.Load()
+	ev.DurationMS = ms(time.Since(start))
+	p.cfg.Audit.Write(ev)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// dial opens the upstream connection for c from the agent's namespace.
+func (p *Proxy) dial(ctx context.Context, c *conn) (net.Conn, error) {
+	d := net.Dialer{Timeout: p.cfg.DialTimeout}
+	up, err := d.DialContext(ctx, "tcp4", c.dst.String())
+	if err != nil {
+		return nil, err
+	}
+	if !c.setUpstream(up) {
+		up.Close()
+		return nil, errors.New("cut by a policy update")
+	}
+	return up, nil
+}
+
+// splice copies both ways until both sides end; br holds what was read
+// from the client and not yet sent.
+func splice(client net.Conn, br *bufio.Reader, up net.Conn) {
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(up, br)
+		if tc, ok := up.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		close(done)
+	}()
+	_, _ = io.Copy(client, up)
+	if tc, ok := client.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+	}
+	<-done
+	client.Close()
+	up.Close()
+}
+
+// relayHTTP carries HTTP/1 requests from the client (br, w) to up one at
+// a time, first (already read) then the rest, each of which must be for
+// host. inject headers are set on every request, replacing the client's.
+// A 101 (protocol switch) turns the connection into a plain splice.
+func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, host string, inject []policy.Credential) error {
+	ubr := bufio.NewReader(up)
+	req := first
+	for {
+		if req == nil {
+			var err error
+			if req, err = http.ReadRequest(br); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			if h := hostOnly(req.Host); h != host {
+				return &refusal{fmt.Sprintf("request for host %q on a connection for %q refused", h, host)}
+			}
+		}
+		for _, c := range inject {
+			req.Header.Set(c.Header, c.Value)
+		}
+		if err := req.Write(up); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(ubr, req)
+		// Interim responses (100 Continue, 103 Early Hints) go back as
+		// they come, then the final one.
+		for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			if err = resp.Write(w); err == nil {
+				resp, err = http.ReadResponse(ubr, req)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			if err := resp.Write(w); err != nil {
+				return err
+			}
+			// Whatever the server sent past the response is in ubr.
+			go func() { _, _ = io.Copy(w, ubr); w.Close() }()
+			_, err := io.Copy(up, br)
+			return err
+		}
+		werr := resp.Write(w)
+		resp.Body.Close()
+		if werr != nil {
+			return werr
+		}
+		if resp.Close || req.Close {
+			return nil
+		}
+		req = nil
+	}
+}
+
+// terminate serves a TLS connection for a credential host: the sandbox
+// gets a certificate for name from the egress CA, the upstream gets a TLS
+// connection verified for name, and every request gets the credentials.
+func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, creds []policy.Credential) error {
+	leaf, err := p.cfg.CA.leaf(name)
+	if err != nil {
+		return err
+	}
+	ts := tls.Server(client, &tls.Config{Certificates: []tls.Certificate{*leaf}, NextProtos: []string{"http/1.1"},
+		MinVersion: tls.VersionTLS12})
+	ctx, cancel := context.WithTimeout(s.ctx, p.cfg.PeekTimeout)
+	err = ts.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("TLS with the sandbox: %w", err)
+	}
+	br := bufio.NewReader(ts)
+	_ = client.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return err
+	}
+	_ = client.SetReadDeadline(time.Time{})
+	if h := hostOnly(req.Host); h != name {
+		return &refusal{fmt.Sprintf("request for host %q on a TLS connection for %q refused", h, name)}
+	}
+	raw, err := p.dial(s.ctx, c)
+	if err != nil {
+		return err
+	}
+	up := tls.Client(raw, &tls.Config{ServerName: name, RootCAs: p.cfg.UpstreamRoots, NextProtos: []string{"http/1.1"},
+		MinVersion: tls.VersionTLS12})
+	ctx, cancel = context.WithTimeout(s.ctx, p.cfg.DialTimeout)
+	err = up.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("TLS with %s: %w", name, err)
+	}
+	defer up.Close()
+	return relayHTTP(br, ts, up, req, name, creds)
+}
+
+// refusal is a request the proxy refused by policy (not a failure).
+type refusal struct{ msg string }
+
+func (r *refusal) Error() string { return r.msg }
+
+// hostOnly strips a port and a trailing dot and lowercases.
+func hostOnly(h string) string {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	return strings.TrimSuffix(strings.ToLower(h), ".")
+}
+
+// originalDst is where the sandbox sent the connection before the slot's
+// redirect.
+func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = os.NewSyscallError("getsockopt SO_ORIGINAL_DST", err)
+			return
+		}
+		b := m.Multiaddr
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), uint16(b[2])<<8|uint16(b[3]))
+	}); err != nil {
+		return ap, err
+	}
+	return ap, serr
+}
+
+// errPeeked stops the TLS handshake once the ClientHello is read.
+var errPeeked = errors.New("client hello read")
+
+// peekSNI reads the ClientHello from br and returns its server name and
+// the bytes it took (to be replayed).
+func peekSNI(br *bufio.Reader) (string, []byte, error) {
+	rec := &recordConn{r: br}
+	var name string
+	err := tls.Server(rec, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		name = h.ServerName
+		return nil, errPeeked
+	}}).Handshake()
+	if !errors.Is(err, errPeeked) {
+		if err == nil {
+			err = errors.New("no ClientHello")
+		}
+		return "", nil, err
+	}
+	return hostOnly(name), rec.buf.Bytes(), nil
+}
+
+// recordConn is a read-only net.Conn that keeps what was read.
+type recordConn struct {
+	r   io.Reader
+	buf bytes.Buffer
+}
+
+func (c *recordConn) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.buf.Write(b[:n])
+	return n, err
+}
+func (c *recordConn) Write(b []byte) (int, error)      { return 0, io.ErrClosedPipe }
+func (c *recordConn) Close() error                     { return nil }
+func (c *recordConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *recordConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *recordConn) SetDeadline(time.Time) error      { return nil }
+func (c *recordConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *recordConn) SetWriteDeadline(time.Time) error { return nil }
+
+// prefixConn reads from r (bytes already read, then the connection).
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// countConn counts the bytes each way.
+type countConn struct {
+	net.Conn
+	read, written atomic.Int64
+}
+
+func (c *countConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) CloseWrite() error {
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		return tc.CloseWrite()
+	}
+	return nil
+}
+
+// CADER returns the egress CA certificate, DER (nil without one).
+func (p *Proxy) CADER() []byte {
+	if p.cfg.CA == nil {
+		return nil
+	}
+	return p.cfg.CA.Cert.Raw
+}
+
+// CA returns the PEM of the egress CA (nil without one).
+func (p *Proxy) CA() []byte {
+	if p.cfg.CA == nil {
+		return nil
+	}
+	return p.cfg.CA.PEM
+}
+
+// Health reports whether every sandbox in ids is served (its listener is
+// open): a slot without its listener refuses its redirected connections.
+func (p *Proxy) Health(ids []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var missing []string
+	for _, id := range ids {
+		if p.slots[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("egress proxy does not serve %d assigned sandboxes (%s…)", len(missing), missing[0])
+	}
+	return nil
+}
