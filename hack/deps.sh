@@ -9,6 +9,7 @@ PKGS=(runc xfsprogs e2fsprogs busybox-static util-linux iproute2 ca-certificates
   runsc          # the gvisor runtime (gVisor, --platform=ptrace: no KVM needed)
   docker-registry # the template tests' loopback registry (started per test)
   nftables         # tests only: nft lists rule sets for golden files (network-agent uses netlink)
+  chromium         # tests only: the console's browser test (puppeteer-core drives it)
   python3-venv     # the Python SDK suites' virtualenv (test/e2e/python/run.sh)
   qemu-system-x86 zstd) # the vm runtime: QEMU micro-VMs, memory images through zstd (docs/vm.md)
 missing=()

@@ -33,6 +33,11 @@ export CUBE_TEST_BASE="${CUBE_TEST_BASE:-1}" CUBE_BASE_CACHE="${CUBE_BASE_CACHE:
 # The snapshot store tests run SeaweedFS (hack/s3/weed.sh: built from the Go
 # module proxy once, a few minutes, then cached in /var/cache/cube/weed).
 export CUBE_WEED="${CUBE_WEED:-$(bash hack/s3/weed.sh)}"
+# The console's browser test (internal/master/opsapi TestConsoleBrowser)
+# drives Debian's chromium with puppeteer-core, pinned in
+# hack/console-test/package-lock.json (no browser download).
+npm ci --prefix hack/console-test --no-audit --no-fund --loglevel=error
+export CUBE_ARTIFACTS="${CUBE_ARTIFACTS:-$PWD/.artifacts}"
 # -p 2: the machines have 2 cores; packages that start sandboxes are heavy.
 go test -p 2 -count=1 -timeout 40m ./... "$@"
 

@@ -6,11 +6,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"flag"
+	"io"
 	"log/slog"
 	"os"
 
 	"github.com/cubesandbox/cube/internal/agent"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
+	"github.com/cubesandbox/cube/internal/agent/logring"
 	"github.com/cubesandbox/cube/internal/agentproto"
 )
 
@@ -27,7 +29,11 @@ func main() {
 	// write to its console through /proc before it is protected.
 	protectErr := protectSelf()
 	console := newCappedConsole(os.Stderr, consoleMax, consoleKeep)
-	log := slog.New(slog.NewTextHandler(console, nil)).With("component", "cube-agent")
+	// The agent's log goes to the console and into the sandbox's log
+	// (GET /_cube/logs), beside the output of the processes it starts.
+	logs := logring.New(agent.DefaultLogBytes)
+	logw := io.MultiWriter(console, logs.Writer(agentproto.LogEntry{Source: agentproto.LogSourceAgent, Stream: "stderr"}))
+	log := slog.New(slog.NewTextHandler(logw, nil)).With("component", "cube-agent")
 	slog.SetDefault(log)
 	if protectErr != nil {
 		log.Error("protect the agent from its sandbox", "error", protectErr)
@@ -118,7 +124,7 @@ func main() {
 	reaper := initproc.NewReaper(log)
 	srv := agent.New(agent.Config{
 		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
-		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening, TokenHash: verifier,
+		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening, TokenHash: verifier, Logs: logs,
 	})
 
 	if *vm {

@@ -6,13 +6,17 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/opsapi"
 	"github.com/cubesandbox/cube/internal/master/server"
 )
 
@@ -20,9 +24,24 @@ func main() {
 	cfgPath := flag.String("config", "", "TOML config merged over the embedded defaults")
 	printCfg := flag.Bool("print-config", false, "print the embedded default config and exit")
 	debug := flag.Bool("debug", false, "debug logging (one line per API request)")
+	hashPw := flag.Bool("hash-password", false, "read a password on stdin, print its bcrypt hash for console.admin_password_hash and exit")
 	flag.Parse()
 	if *printCfg {
 		os.Stdout.Write(master.DefaultTOML())
+		return
+	}
+	if *hashPw {
+		pw, err := io.ReadAll(io.LimitReader(os.Stdin, 1024))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cubemaster:", err)
+			os.Exit(1)
+		}
+		h, err := opsapi.HashPassword(strings.TrimRight(string(pw), "\r\n"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cubemaster:", err)
+			os.Exit(1)
+		}
+		fmt.Println(h)
 		return
 	}
 	level := slog.LevelInfo

@@ -11,7 +11,7 @@
 //	POST /init                   env vars, access token, default user/workdir, clock
 //	GET  /metrics                CPU, memory, disk of the sandbox
 //	     /_cube/*                cubelet only, never proxied: info, fsfreeze, fsthaw, clock,
-//	                             quiesce (quiesce.go), reinit (reinit.go)
+//	                             quiesce (quiesce.go), reinit (reinit.go), logs
 //
 // over HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge), as the
 // SDKs' Connect transports may use either. The wire contract is envd's, as
@@ -44,6 +44,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/fsfreeze"
 	"github.com/cubesandbox/cube/internal/agent/fsys"
 	"github.com/cubesandbox/cube/internal/agent/identity"
+	"github.com/cubesandbox/cube/internal/agent/logring"
 	"github.com/cubesandbox/cube/internal/agent/procs"
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
 	"github.com/cubesandbox/cube/internal/agent/sysinfo"
@@ -58,6 +59,9 @@ var DefaultAddr = ":" + strconv.Itoa(agentproto.Port)
 // (0.5.2), octet-stream upload (0.5.7), file metadata (0.6.2), watch with
 // entries (0.6.3) and on network mounts (0.6.4) — and all are implemented.
 const EnvdVersion = "0.6.4"
+
+// DefaultLogBytes caps the sandbox's log the agent keeps in memory.
+const DefaultLogBytes = 1 << 20
 
 // maxMessageBytes bounds one Connect message the agent reads.
 const maxMessageBytes = 16 << 20
@@ -114,6 +118,10 @@ type Config struct {
 	// OnListening, when set, runs each time the agent starts listening
 	// (again after a quiesce), after it logged so.
 	OnListening func()
+	// Logs is the sandbox's log (GET /_cube/logs): the output lines of
+	// pipe processes go into it, and the caller may add its own; a ring
+	// of DefaultLogBytes when nil.
+	Logs *logring.Ring
 	// TokenHash, when set, is the SHA-256 of the sandbox's access token
 	// (agentproto.TokenHashEnv, ParseTokenHash): every request but GET
 	// /health needs the token from the first one on.
@@ -147,6 +155,9 @@ func New(cfg Config) *Server {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if cfg.Logs == nil {
+		cfg.Logs = logring.New(DefaultLogBytes)
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -182,6 +193,7 @@ func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+agentproto.PathClock, s.handleClock)
 	mux.HandleFunc("POST "+agentproto.PathQuiesce, s.handleQuiesce)
 	mux.HandleFunc("POST "+agentproto.PathReinit, s.handleReinit)
+	mux.HandleFunc("GET "+agentproto.PathLogs, s.handleLogs)
 
 	// Messages are commands, paths and stdin chunks: 16 MiB is plenty, and
 	// a client cannot make the agent buffer more.
@@ -191,7 +203,9 @@ func (s *Server) routes(mux *http.ServeMux) {
 	)
 	var ps processconnect.ProcessHandler = processconnect.UnimplementedProcessHandler{}
 	if s.cfg.Starter != nil {
-		ps = procs.NewService(procs.NewManager(s.cfg.Starter, s.log), s.state)
+		m := procs.NewManager(s.cfg.Starter, s.log)
+		m.KeepOutput(s.cfg.Logs)
+		ps = procs.NewService(m, s.state)
 	}
 	mux.Handle(processconnect.NewProcessHandler(ps, opts))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(s.fs, opts))

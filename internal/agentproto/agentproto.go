@@ -24,6 +24,7 @@ const (
 	PathClock   = InternalPrefix + "clock"
 	PathQuiesce = InternalPrefix + "quiesce"
 	PathReinit  = InternalPrefix + "reinit"
+	PathLogs    = InternalPrefix + "logs"
 )
 
 // Variables cubelet puts in every sandbox's environment.
@@ -173,3 +174,36 @@ const DropSysAdminEnv = "CUBE_AGENT_DROP_SYS_ADMIN"
 // /proc/<pid>/fd, so as long as the agent holds the console (a file on
 // the host) anything inside could write to it without bound.
 const DetachConsoleEnv = "CUBE_AGENT_DETACH_CONSOLE"
+
+// GET /_cube/logs: the sandbox's log, which the agent keeps in memory up
+// to a size cap (the oldest lines go first): the output lines of the
+// processes started through envd (pipes; a PTY is a terminal, not a log)
+// and the agent's own log. Query: start and end (Unix milliseconds,
+// inclusive; absent = open), after (a sequence number: entries after it,
+// for exact paging), limit (entries, default and most 1000),
+// direction=backward for the newest first (from end back).
+
+// Log sources.
+const (
+	LogSourceAgent   = "agent"   // the agent's own log (PID 1, the init)
+	LogSourceProcess = "process" // a process started through envd
+)
+
+// LogEntry is one line of a sandbox's log.
+type LogEntry struct {
+	Seq    uint64    `json:"seq"`
+	Time   time.Time `json:"ts"`
+	Source string    `json:"source"`
+	Stream string    `json:"stream"` // stdout or stderr
+	PID    uint32    `json:"pid,omitempty"`
+	Cmd    string    `json:"cmd,omitempty"`
+	Line   string    `json:"line"`
+}
+
+// LogsResponse answers GET /_cube/logs.
+type LogsResponse struct {
+	Entries []LogEntry `json:"entries"`
+	// Dropped is how many lines the cap has pushed out since the agent
+	// started.
+	Dropped uint64 `json:"dropped"`
+}

@@ -78,6 +78,7 @@ func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *re
 		}
 		if err := s.store.FinishDestroy(rec.ID); err == nil {
 			delete(s.boxes, rec.ID)
+			s.usage.Forget(rec.ID)
 		}
 		sum.Finished++
 		return

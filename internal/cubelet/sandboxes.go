@@ -143,6 +143,7 @@ func (s *Service) forget(id string) {
 	s.mu.Lock()
 	delete(s.boxes, id)
 	s.mu.Unlock()
+	s.usage.Forget(id)
 }
 
 // lookup finds a user's sandbox: a warm pool's entry is not one.

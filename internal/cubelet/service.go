@@ -26,6 +26,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/cubelet/health"
 	"github.com/cubesandbox/cube/internal/cubelet/masterlink"
+	"github.com/cubesandbox/cube/internal/cubelet/usage"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/objstore"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
@@ -75,6 +76,10 @@ type Service struct {
 	// healthDone closes when its probe loop has stopped.
 	health     *health.Tracker
 	healthDone chan struct{}
+	// usage samples every sandbox's resource use (usage.go); usageDone
+	// closes when its loop has stopped.
+	usage     *usage.Sampler
+	usageDone chan struct{}
 	// pool is the warm pools (warmpool.go); nil when none is configured.
 	pool *warmPool
 }
@@ -118,7 +123,9 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 		health:     health.New(healthThreshold),
 		healthDone: make(chan struct{}),
 		kick:       make(chan struct{}, 1),
+		usageDone:  make(chan struct{}),
 	}
+	s.usage = s.newSampler()
 	// The service's lifetime: New's ctx bounds only the start-up (it may be
 	// a request's or a timeout's); Close ends this one.
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -133,7 +140,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 			st.Close()
 		}
 	}()
-	s.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &stateCollector{s: s})
+	s.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &stateCollector{s: s}, s.usage.Collector())
 
 	reg := workflow.NewRegistry()
 	actions.Register(s.node, reg)
@@ -170,6 +177,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*Service, e
 	s.probe(ctx)
 	go s.gcLoop(life)
 	go s.healthLoop(life)
+	go func() { defer close(s.usageDone); s.usage.Run(life) }()
 	ok = true
 	return s, nil
 }
@@ -200,6 +208,7 @@ func (s *Service) Close() error {
 		s.stop() // aborts an in-flight journal or GC pass too
 		<-s.gcDone
 		<-s.healthDone
+		<-s.usageDone
 		s.stopPool()
 		s.stopWatch()
 		s.stopStorage()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -37,7 +38,18 @@ type Config struct {
 		// client certificate: keys authenticate them).
 		E2BTLSCert string `toml:"e2b_tls_cert"`
 		E2BTLSKey  string `toml:"e2b_tls_key"`
+		// Ops is CubeOps, the operators' API and web console (package
+		// opsapi); TLS as api.e2b. Empty disables it.
+		Ops string `toml:"ops"`
 	} `toml:"api"`
+	// Console: the admin's login to CubeOps.
+	Console struct {
+		AdminUser string `toml:"admin_user"`
+		// AdminPasswordHash is a bcrypt hash; empty = no password login
+		// (team users log in with an API key).
+		AdminPasswordHash string   `toml:"admin_password_hash"`
+		SessionTTL        Duration `toml:"session_ttl"`
+	} `toml:"console"`
 	// TLS is the master's certificate, key and the cluster CA: mutual TLS
 	// on api.node and towards nodes at host:port.
 	TLS   serve.TLSFiles `toml:"tls"`
@@ -210,6 +222,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Templates.StoreDir == "" || !filepath.IsAbs(c.Templates.StoreDir) {
 		return bad("templates.store_dir %q: want an absolute path", c.Templates.StoreDir)
+	}
+	if h := c.Console.AdminPasswordHash; h != "" && !strings.HasPrefix(h, "$2") {
+		return bad("console.admin_password_hash: want a bcrypt hash ($2a$/$2b$/$2y$...)")
 	}
 	if c.API.E2B == "" && c.API.Node == "" && c.API.Socket == "" {
 		return bad("every API listener is disabled")

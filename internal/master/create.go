@@ -324,6 +324,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	}
 	start := time.Now()
 	var created *cubeletpb.Sandbox
+	var tr createTrace
 	nodes := s.schedNodes()
 	sreq := scheduler.Request{TemplateID: tmpl, Runtime: req.Runtime, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
@@ -348,7 +349,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 			}
 		}
 		var err error
-		created, err = s.createOn(ctx, n.ID, sb, req.Env)
+		called := time.Now()
+		created, tr.actions, err = s.createOn(ctx, n.ID, sb, req.Env)
+		tr.placed, tr.node = called.Sub(start), time.Since(called)
 		if err != nil && maybeCreated(err) {
 			undos[n.ID] = s.undoCreate(n.ID, sb.ID)
 		}
@@ -373,7 +376,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	}
 	err = fpCreatePlaced.Eval(cctx)
 	if err == nil {
+		initStart := time.Now()
 		err = s.initAgent(cctx, sb, created, req.Env)
+		tr.agent = time.Since(initStart)
 	}
 	if err == nil {
 		err = fpCreateReady.Eval(cctx)
@@ -396,32 +401,37 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err := fpCreateDone.Eval(cctx); err != nil {
 		return nil, err
 	}
-	s.event(sb.ID, "info", "sandbox created", map[string]string{"node": node.ID, "template": tmpl, "duration": time.Since(start).String()})
+	tr.total = time.Since(start)
+	// One event (one write on the create's path) carries the trace too.
+	fields := tr.fields()
+	fields["node"], fields["template"], fields["duration"] = node.ID, tmpl, tr.total.String()
+	s.event(sb.ID, "info", "sandbox created", fields)
 	s.log.Info("sandbox created", "sandbox_id", sb.ID, "node_id", node.ID, "template", tmpl, "duration", time.Since(start))
 	return up, nil
 }
 
-// createOn asks one node to create the sandbox.
-func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string) (*cubeletpb.Sandbox, error) {
+// createOn asks one node to create the sandbox; it returns the node's
+// record and how long each action of its create flow took.
+func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string) (*cubeletpb.Sandbox, []*cubeletpb.ActionTiming, error) {
 	c, err := s.client(nodeID)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error { r.NodeID = nodeID; return nil }); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := fpCreateAssigned.Eval(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if s.connDown(nodeID) {
 		// Nothing would be sent: no undo needed (errNotSent).
-		return nil, fmt.Errorf("node %s: not reachable now: %w", nodeID, errNotSent)
+		return nil, nil, fmt.Errorf("node %s: not reachable now: %w", nodeID, errNotSent)
 	}
 	// Nothing is sent when a secret cannot be opened (deleted since the
 	// create's check): InvalidArgument, not a node's fault to retry.
 	netPolicy, err := s.nodeNetwork(ctx, sb.Team, sb.Network)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
 	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
@@ -453,9 +463,9 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	done(created)
 	if err != nil {
 		s.log.Warn("node refused create", "sandbox_id", sb.ID, "node_id", nodeID, "err", err)
-		return nil, err
+		return nil, nil, err
 	}
-	return resp.Sandbox, nil
+	return resp.Sandbox, resp.GetTimings(), nil
 }
 
 // placeWaiting places the sandbox (try is called on each candidate) and,

@@ -262,3 +262,32 @@ func (s *Service) initAgent(ctx context.Context, sb *catalog.Sandbox, pb *cubele
 	}
 	return nil
 }
+
+// AgentHTTP is an HTTP client to the agent of a running sandbox of the
+// caller's team, its base URL and the envd access token to send, for a
+// long-lived call (the console's terminal): no timeout; done closes its
+// connections.
+func (s *Service) AgentHTTP(ctx context.Context, id string) (hc *http.Client, base, token string, done func(), err error) {
+	sb, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	if sb.State != catalog.StateRunning {
+		return nil, "", "", nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	t, err := s.Resolve(ctx, id)
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	c, done := s.agents.client()
+	rt := c.Transport
+	c.Timeout = 0
+	c.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return rt.RoundTrip(r.WithContext(context.WithValue(r.Context(), agentTargetKey{}, t)))
+	})
+	return c, "http://" + net.JoinHostPort(id, strconv.Itoa(agentproto.Port)), sb.EnvdAccessToken, done, nil
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

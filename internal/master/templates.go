@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"sort"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
-	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
@@ -310,58 +308,4 @@ func (s *Service) refreshTemplates(ctx context.Context, node string) {
 	row := nodeRow(rep, ns)
 	s.reg.mu.Unlock()
 	_ = s.cat.PutNode(ctx, row, reportTemplates(rep), false)
-}
-
-// Metric is one resource sample of a sandbox, from its agent.
-type Metric struct {
-	Timestamp  time.Time
-	CPUCount   int
-	CPUUsedPct float64
-	MemUsed    int64
-	MemTotal   int64
-	MemCache   int64
-	DiskUsed   int64
-	DiskTotal  int64
-}
-
-// envdMetrics is envd's GET /metrics body.
-type envdMetrics struct {
-	Timestamp  int64   `json:"ts"`
-	CPUCount   int     `json:"cpu_count"`
-	CPUUsedPct float64 `json:"cpu_used_pct"`
-	MemTotal   int64   `json:"mem_total"`
-	MemUsed    int64   `json:"mem_used"`
-	MemCache   int64   `json:"mem_cache"`
-	DiskUsed   int64   `json:"disk_used"`
-	DiskTotal  int64   `json:"disk_total"`
-}
-
-// Metrics samples a running sandbox's resource use now (the agent keeps no
-// history). A paused sandbox, or an agent without /metrics, has none.
-func (s *Service) Metrics(ctx context.Context, id string) ([]Metric, error) {
-	sb, err := s.Get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if sb.State != catalog.StateRunning {
-		return nil, nil
-	}
-	t, err := s.Resolve(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	var m envdMetrics
-	code, err := s.agents.do(ctx, t, http.MethodGet, "/metrics", sb.EnvdAccessToken, nil, &m)
-	if code == http.StatusNotFound {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	ts := time.Now().UTC()
-	if m.Timestamp > 0 {
-		ts = time.Unix(m.Timestamp, 0).UTC()
-	}
-	return []Metric{{Timestamp: ts, CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed, MemTotal: m.MemTotal,
-		MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal}}, nil
 }

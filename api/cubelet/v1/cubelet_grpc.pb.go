@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	CubeletService_CreateSandbox_FullMethodName        = "/cubelet.v1.CubeletService/CreateSandbox"
 	CubeletService_GetSandbox_FullMethodName           = "/cubelet.v1.CubeletService/GetSandbox"
+	CubeletService_SandboxMetrics_FullMethodName       = "/cubelet.v1.CubeletService/SandboxMetrics"
 	CubeletService_ListSandboxes_FullMethodName        = "/cubelet.v1.CubeletService/ListSandboxes"
 	CubeletService_DeleteSandbox_FullMethodName        = "/cubelet.v1.CubeletService/DeleteSandbox"
 	CubeletService_PauseSandbox_FullMethodName         = "/cubelet.v1.CubeletService/PauseSandbox"
@@ -54,6 +55,9 @@ const (
 type CubeletServiceClient interface {
 	CreateSandbox(ctx context.Context, in *CreateSandboxRequest, opts ...grpc.CallOption) (*CreateSandboxResponse, error)
 	GetSandbox(ctx context.Context, in *GetSandboxRequest, opts ...grpc.CallOption) (*GetSandboxResponse, error)
+	// A sandbox's resource samples (CPU, memory, tasks, disk, network) in a
+	// time range, oldest first, from the node's sampler ([usage]).
+	SandboxMetrics(ctx context.Context, in *SandboxMetricsRequest, opts ...grpc.CallOption) (*SandboxMetricsResponse, error)
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	DeleteSandbox(ctx context.Context, in *DeleteSandboxRequest, opts ...grpc.CallOption) (*DeleteSandboxResponse, error)
 	PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*PauseSandboxResponse, error)
@@ -113,6 +117,16 @@ func (c *cubeletServiceClient) GetSandbox(ctx context.Context, in *GetSandboxReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetSandboxResponse)
 	err := c.cc.Invoke(ctx, CubeletService_GetSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *cubeletServiceClient) SandboxMetrics(ctx context.Context, in *SandboxMetricsRequest, opts ...grpc.CallOption) (*SandboxMetricsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SandboxMetricsResponse)
+	err := c.cc.Invoke(ctx, CubeletService_SandboxMetrics_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -357,6 +371,9 @@ func (c *cubeletServiceClient) SetFlowLimit(ctx context.Context, in *SetFlowLimi
 type CubeletServiceServer interface {
 	CreateSandbox(context.Context, *CreateSandboxRequest) (*CreateSandboxResponse, error)
 	GetSandbox(context.Context, *GetSandboxRequest) (*GetSandboxResponse, error)
+	// A sandbox's resource samples (CPU, memory, tasks, disk, network) in a
+	// time range, oldest first, from the node's sampler ([usage]).
+	SandboxMetrics(context.Context, *SandboxMetricsRequest) (*SandboxMetricsResponse, error)
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	DeleteSandbox(context.Context, *DeleteSandboxRequest) (*DeleteSandboxResponse, error)
 	PauseSandbox(context.Context, *PauseSandboxRequest) (*PauseSandboxResponse, error)
@@ -407,6 +424,9 @@ func (UnimplementedCubeletServiceServer) CreateSandbox(context.Context, *CreateS
 }
 func (UnimplementedCubeletServiceServer) GetSandbox(context.Context, *GetSandboxRequest) (*GetSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetSandbox not implemented")
+}
+func (UnimplementedCubeletServiceServer) SandboxMetrics(context.Context, *SandboxMetricsRequest) (*SandboxMetricsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SandboxMetrics not implemented")
 }
 func (UnimplementedCubeletServiceServer) ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSandboxes not implemented")
@@ -527,6 +547,24 @@ func _CubeletService_GetSandbox_Handler(srv interface{}, ctx context.Context, de
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(CubeletServiceServer).GetSandbox(ctx, req.(*GetSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _CubeletService_SandboxMetrics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SandboxMetricsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).SandboxMetrics(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_SandboxMetrics_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).SandboxMetrics(ctx, req.(*SandboxMetricsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -934,6 +972,10 @@ var CubeletService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetSandbox",
 			Handler:    _CubeletService_GetSandbox_Handler,
+		},
+		{
+			MethodName: "SandboxMetrics",
+			Handler:    _CubeletService_SandboxMetrics_Handler,
 		},
 		{
 			MethodName: "ListSandboxes",

@@ -26,6 +26,8 @@ import (
 	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/internal/agent/identity"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
+	"github.com/cubesandbox/cube/internal/agent/logring"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/failpoint"
 )
@@ -48,6 +50,9 @@ type Starter interface {
 type Manager struct {
 	starter Starter
 	log     *slog.Logger
+	// out keeps the output lines of pipe processes (the sandbox's log);
+	// nil = none.
+	out *logring.Ring
 
 	mu    sync.Mutex
 	procs map[uint32]*Proc
@@ -61,6 +66,11 @@ func NewManager(s Starter, log *slog.Logger) *Manager {
 	}
 	return &Manager{starter: s, log: log, procs: map[uint32]*Proc{}, tags: map[string]*Proc{}}
 }
+
+// KeepOutput makes the manager add every pipe process's output lines to
+// r (the sandbox's log, GET /_cube/logs). PTY output is a terminal's
+// screen, not lines, and is not kept.
+func (m *Manager) KeepOutput(r *logring.Ring) { m.out = r }
 
 // StartOptions says what to run and as whom.
 type StartOptions struct {
@@ -144,6 +154,13 @@ func (m *Manager) Start(o StartOptions) (*Proc, *Subscription, error) {
 		return nil, nil, fmt.Errorf("start %q in %s as %s: %w: %w", cfg.GetCmd(), cwd, o.User.Name, err, errdefs.ErrInvalidArgument)
 	}
 	p.PID, p.proc = uint32(rp.Pid), rp
+	if m.out != nil && !p.isPTY {
+		tmpl := agentproto.LogEntry{Source: agentproto.LogSourceProcess, PID: p.PID, Cmd: cfg.GetCmd()}
+		tmpl.Stream = "stdout"
+		p.logOut = m.out.Writer(tmpl)
+		tmpl.Stream = "stderr"
+		p.logErr = m.out.Writer(tmpl)
+	}
 	m.procs[p.PID] = p
 	if o.Tag != "" {
 		m.tags[o.Tag] = p
@@ -176,6 +193,11 @@ func (m *Manager) supervise(p *Proc, pio *procIO, timeout time.Duration) {
 	}
 	pio.wg.Wait()
 	p.closeIO(pio.readers)
+	for _, w := range []*logring.Writer{p.logOut, p.logErr} {
+		if w != nil {
+			w.Flush()
+		}
+	}
 
 	m.mu.Lock()
 	delete(m.procs, p.PID)
@@ -272,11 +294,13 @@ func (p *Proc) prepareIO(cmd *exec.Cmd, o StartOptions) (*procIO, error) {
 	pio.pumps = []func(){
 		func() {
 			p.pump(outR, pipeChunk, func(b []byte) *pb.ProcessEvent_DataEvent {
+				p.keep(p.logOut, b)
 				return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
 			})
 		},
 		func() {
 			p.pump(errR, pipeChunk, func(b []byte) *pb.ProcessEvent_DataEvent {
+				p.keep(p.logErr, b)
 				return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
 			})
 		},

@@ -11,6 +11,7 @@ import (
 
 	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
+	"github.com/cubesandbox/cube/internal/agent/logring"
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
@@ -57,6 +58,16 @@ type Proc struct {
 	pty    *os.File                  // the master, nil for pipe processes
 	isPTY  bool
 	closed chan struct{}
+	// logOut and logErr keep the output in the sandbox's log (nil: not
+	// kept); set before the pumps start.
+	logOut, logErr *logring.Writer
+}
+
+// keep adds output to the sandbox's log.
+func (p *Proc) keep(w *logring.Writer, b []byte) {
+	if w != nil {
+		_, _ = w.Write(b)
+	}
 }
 
 // Subscription receives a process's events from the moment it was made.

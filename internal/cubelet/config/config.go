@@ -104,6 +104,15 @@ type Config struct {
 		KeepTemplates []string `toml:"keep_templates"`
 	} `toml:"gc"`
 	Master MasterConfig `toml:"master"`
+	// Usage: the per-sandbox resource sampler (package usage).
+	Usage struct {
+		// Interval between samples; "0s" = no sampling.
+		Interval Duration `toml:"interval"`
+		// History is how many samples each sandbox keeps.
+		History int `toml:"history"`
+		// SandboxSeries exports per-sandbox series on /metrics.
+		SandboxSeries bool `toml:"sandbox_series"`
+	} `toml:"usage"`
 	// Network: the node's network-agent.
 	Network NetworkConfig   `toml:"network"`
 	Flows   workflow.Config `toml:"flows"`
@@ -167,6 +176,9 @@ func (c *Config) Validate() error {
 	}
 	if c.GC.Interval.Duration <= 0 {
 		return bad("gc.interval must be positive")
+	}
+	if c.Usage.Interval.Duration < 0 || c.Usage.History < 1 || c.Usage.History > 100000 {
+		return bad("usage: interval must not be negative, history 1-100000")
 	}
 	if c.API.Data != "" && !c.TLS.Enabled() {
 		// Its only guard is the caller's certificate.

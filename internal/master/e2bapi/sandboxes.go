@@ -510,9 +510,27 @@ func metricJSON(m master.Metric) sandboxMetric {
 	}
 }
 
+// metrics serves a sandbox's samples between start and end (Unix seconds,
+// both inclusive; absent = open), as the SDKs' getMetrics asks.
 func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) {
 	withID(w, r, func(id string) error {
-		ms, err := h.b.Metrics(r.Context(), id)
+		qv := r.URL.Query()
+		start, err := intParam(qv, "start", 0, 0, 1<<40)
+		if err != nil {
+			return err
+		}
+		end, err := intParam(qv, "end", 0, 0, 1<<40)
+		if err != nil {
+			return err
+		}
+		var from, to time.Time
+		if start > 0 {
+			from = time.Unix(start, 0)
+		}
+		if end > 0 {
+			to = time.Unix(end, 0).Add(time.Second - time.Nanosecond) // the whole of second end
+		}
+		ms, err := h.b.Metrics(r.Context(), id, from, to)
 		if err != nil {
 			return err
 		}
@@ -540,7 +558,7 @@ func (h *Handler) metricsMany(w http.ResponseWriter, r *http.Request) {
 	}
 	out := sandboxesWithMetrics{Sandboxes: map[string]sandboxMetric{}}
 	for _, id := range ids {
-		ms, err := h.b.Metrics(r.Context(), id)
+		ms, err := h.b.Metrics(r.Context(), id, time.Time{}, time.Time{})
 		if errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err) {
 			continue
 		}
@@ -575,7 +593,8 @@ func logEntry(e catalog.Event) sandboxLogEntry {
 	return sandboxLogEntry{Timestamp: timeJSON(e.At), Level: e.Level, Message: e.Message, Fields: f}
 }
 
-// logsV1 serves the sandbox's lifecycle log (what cubemaster did to it).
+// logsV1 serves the sandbox's log: what cubemaster did to it and what ran
+// in it (master.SandboxLog).
 func (h *Handler) logsV1(w http.ResponseWriter, r *http.Request) {
 	withID(w, r, func(id string) error {
 		qv := r.URL.Query()
@@ -587,7 +606,7 @@ func (h *Handler) logsV1(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		evs, err := h.b.Events(r.Context(), catalog.EventQuery{SandboxID: id, Since: msTime(start), Limit: int(limit)})
+		evs, err := h.b.SandboxLog(r.Context(), catalog.EventQuery{SandboxID: id, Since: msTime(start), Limit: int(limit)})
 		if err != nil {
 			return err
 		}
@@ -631,7 +650,7 @@ func (h *Handler) logsV2(w http.ResponseWriter, r *http.Request) {
 			}
 			minLevel = rank
 		}
-		evs, err := h.b.Events(r.Context(), q)
+		evs, err := h.b.SandboxLog(r.Context(), q)
 		if err != nil {
 			return err
 		}

@@ -51,8 +51,10 @@ type Backend interface {
 	Snapshot(ctx context.Context, id, name string) (*catalog.Snapshot, error)
 	ListSnapshots(ctx context.Context, q catalog.SnapshotQuery) ([]*catalog.Snapshot, string, error)
 	Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]master.ForkResult, error)
-	Metrics(ctx context.Context, id string) ([]master.Metric, error)
+	Metrics(ctx context.Context, id string, start, end time.Time) ([]master.Metric, error)
 	Events(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error)
+	// SandboxLog is Events merged with the log of what ran in the sandbox.
+	SandboxLog(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error)
 	Templates() []master.Template
 	GetTemplate(ctx context.Context, name string) (master.Template, error)
 	DeleteFromAPI(ctx context.Context, name string, admin bool) ([]string, error)

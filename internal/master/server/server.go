@@ -16,6 +16,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
 	"github.com/cubesandbox/cube/internal/master/joinapi"
 	"github.com/cubesandbox/cube/internal/master/nodeapi"
+	"github.com/cubesandbox/cube/internal/master/opsapi"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/serve"
 )
@@ -30,6 +31,8 @@ type Server struct {
 	ProxyMetricsAddr string
 	// JoinAddr is the join listener (join.listen), "" when none.
 	JoinAddr string
+	// OpsAddr is CubeOps (api.ops), "" when none.
+	OpsAddr string
 	// Proxy is the in-process cubeproxy (nil when the plain route runs).
 	Proxy *cubeproxy.Server
 
@@ -70,9 +73,14 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		svc.Close()
 		return nil, err
 	}
-	var e2bLn, proxyLn net.Listener
+	var e2bLn, proxyLn, opsLn net.Listener
 	if cfg.API.E2B != "" {
 		if e2bLn, err = listen("api.e2b", "api.e2b_tls_cert and api.e2b_tls_key", cfg.API.E2B, e2bTLS); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.API.Ops != "" {
+		if opsLn, err = listen("api.ops", "api.e2b_tls_cert and api.e2b_tls_key", cfg.API.Ops, e2bTLS); err != nil {
 			return nil, err
 		}
 	}
@@ -124,6 +132,15 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		}, log)
 		log.Info("E2B API listening", "addr", s.E2BAddr)
 		s.run(func() error { return e2bapi.Serve(rctx, api, e2bLn) })
+	}
+	if opsLn != nil {
+		s.OpsAddr = opsLn.Addr().String()
+		ops := opsapi.New(svc, opsapi.Config{
+			AdminUser: cfg.Console.AdminUser, AdminPasswordHash: cfg.Console.AdminPasswordHash,
+			SessionTTL: cfg.Console.SessionTTL.Duration, Secure: e2bTLS != nil,
+		}, log)
+		log.Info("CubeOps listening", "addr", s.OpsAddr)
+		s.run(func() error { return e2bapi.Serve(rctx, ops, opsLn) })
 	}
 	if inProcessProxy {
 		if err := s.startProxy(rctx, cfg, log); err != nil {

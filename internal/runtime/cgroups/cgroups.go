@@ -241,3 +241,104 @@ func readPIDs(path string) []int {
 	}
 	return out
 }
+
+// Stats is a cgroup's resource use at one moment.
+type Stats struct {
+	// CPU is the CPU time the cgroup's processes have used since it was
+	// made (cumulative).
+	CPU time.Duration
+	// Memory is the memory charged to the cgroup (anonymous, page cache
+	// and kernel memory); RSS and Cache are its anonymous and file-backed
+	// parts.
+	Memory, RSS, Cache int64
+	// MemoryLimit is the cgroup's memory limit, 0 when it has none.
+	MemoryLimit int64
+	// Pids is the number of tasks in the cgroup.
+	Pids int64
+}
+
+// ReadStats reads cgroupPath's resource use from every hierarchy in mounts
+// (Mounts' list, read once by a caller that samples many cgroups). Each
+// figure is cgroup v2's file or v1's, the largest where both hierarchies
+// hold the controller, as MemoryUsage does: on a hybrid host the
+// controllers are split between the two and a figure missing from one is
+// read as 0 there. A cgroup found in no hierarchy is ErrNotExist.
+func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
+	var st Stats
+	found := false
+	for _, m := range mounts {
+		d := filepath.Join(m, cgroupPath)
+		if d == m {
+			continue
+		}
+		if _, err := os.Stat(d); err != nil {
+			continue
+		}
+		found = true
+		// cgroup v2: cpu.stat's usage_usec exists in every cgroup, with
+		// or without the cpu controller.
+		if kv := readKV(filepath.Join(d, "cpu.stat")); kv != nil {
+			st.CPU = max(st.CPU, time.Duration(kv["usage_usec"])*time.Microsecond)
+		}
+		if n, ok := readInt(filepath.Join(d, "cpuacct.usage")); ok {
+			st.CPU = max(st.CPU, time.Duration(n))
+		}
+		for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
+			if n, ok := readInt(filepath.Join(d, f)); ok {
+				st.Memory = max(st.Memory, n)
+			}
+		}
+		if kv := readKV(filepath.Join(d, "memory.stat")); kv != nil {
+			// v2: anon and file; v1: total_rss and total_cache (with the
+			// cgroups below), else rss and cache.
+			st.RSS = max(st.RSS, kv["anon"], kv["total_rss"], kv["rss"])
+			st.Cache = max(st.Cache, kv["file"], kv["total_cache"], kv["cache"])
+		}
+		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
+			// v2 writes "max" for none (readInt fails); v1 a page-rounded
+			// int64 maximum.
+			if n, ok := readInt(filepath.Join(d, f)); ok && n < 1<<62 {
+				if st.MemoryLimit == 0 || n < st.MemoryLimit {
+					st.MemoryLimit = n
+				}
+			}
+		}
+		if n, ok := readInt(filepath.Join(d, "pids.current")); ok {
+			st.Pids = max(st.Pids, n)
+		}
+	}
+	if !found {
+		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupPath, fs.ErrNotExist)
+	}
+	return st, nil
+}
+
+// readInt reads a control file that holds one integer.
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// readKV reads a "key value" per line control file (cpu.stat,
+// memory.stat); nil when it cannot be read.
+func readKV(path string) map[string]int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out
+}

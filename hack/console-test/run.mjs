@@ -1,0 +1,152 @@
+// Browser test of the CubeOps console: the system chromium driven by
+// puppeteer-core. internal/master/opsapi's TestConsoleBrowser starts a
+// master and a node and runs this with:
+//   CUBE_OPS_URL, CUBE_OPS_PASSWORD  the console and the admin password
+//   CUBE_KEY_A, CUBE_KEY_B           API keys of teams A and B
+//   CUBE_SANDBOX_B                   a sandbox of team B
+//   CUBE_SCREENS                     where the screenshots go
+//   CHROMIUM                         the browser (default /usr/bin/chromium)
+// Each step logs what it did; the first failure exits non-zero.
+import puppeteer from "puppeteer-core";
+import { mkdirSync } from "node:fs";
+
+const env = (k) => {
+  if (!process.env[k]) throw new Error(`${k} is not set`);
+  return process.env[k];
+};
+const base = env("CUBE_OPS_URL");
+const screens = env("CUBE_SCREENS");
+mkdirSync(screens, { recursive: true });
+const t0 = Date.now();
+const step = (msg) => console.log(`[console] ${((Date.now() - t0) / 1000).toFixed(1)}s ${msg}`);
+
+const browser = await puppeteer.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  // Root in a container: chromium's own sandbox needs user namespaces.
+  args: ["--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"],
+  defaultViewport: { width: 1280, height: 900 },
+});
+let page;
+const shot = async (p, name) => {
+  await p.screenshot({ path: `${screens}/${name}.png`, fullPage: true });
+  step(`screenshot ${name}.png`);
+};
+const text = (p, sel) => p.$eval(sel, (e) => e.textContent);
+const waitText = (p, sel, want, timeout = 30000) =>
+  p.waitForFunction((s, w) => document.querySelector(s)?.textContent.includes(w), { timeout }, sel, want);
+
+try {
+  page = await browser.newPage();
+  page.on("pageerror", (e) => console.log(`[console] page error: ${e.message}`));
+  page.on("dialog", (d) => d.accept());
+
+  // Log in as the admin and see the node.
+  await page.goto(base, { waitUntil: "networkidle0" });
+  await page.type("#login-password input[name=password]", env("CUBE_OPS_PASSWORD"));
+  await Promise.all([page.waitForSelector(".node"), page.click("#login-password button")]);
+  const nodeCard = await text(page, ".node h2");
+  if (!nodeCard.includes("healthy")) throw new Error(`node card: ${nodeCard}`);
+  step(`logged in; node card: ${nodeCard.trim()}`);
+  await shot(page, "nodes");
+
+  // A second tab on the list, to watch the sandbox appear live.
+  const list = await browser.newPage();
+  await list.goto(base + "/#/sandboxes", { waitUntil: "domcontentloaded" }); // the live stream never idles
+  await list.waitForSelector("#rows");
+  // Back to the first tab: a background tab gets no frames (screenshots,
+  // rAF polling and clicks stall there).
+  await page.bringToFront();
+
+  // Create from the UI.
+  await page.goto(base + "/#/sandboxes");
+  await page.waitForSelector("#create button");
+  await shot(page, "sandboxes");
+  await Promise.all([page.waitForFunction(() => location.hash.startsWith("#/sandbox/"), { timeout: 120000 }), page.click("#create button")]);
+  const id = page.url().split("#/sandbox/")[1];
+  step(`created ${id} from the UI`);
+  await list.waitForFunction((i) => !!document.querySelector(`tr[data-id="${i}"]`), { timeout: 10000, polling: 200 }, id);
+  step(`the list tab showed ${id} live (no reload)`);
+  await shot(list, "sandboxes-live");
+  await list.close();
+
+  // Terminal: echo hi.
+  await page.waitForSelector("#state");
+  await page.click("#open-term");
+  await page.waitForFunction(() => window.cubeTerm, { timeout: 10000 });
+  await page.waitForFunction(() => {
+    const b = window.cubeTerm.buffer.active;
+    for (let i = 0; i < b.length; i++) if (b.getLine(i).translateToString(true).includes("$")) return true;
+    return false;
+  }, { timeout: 20000 });
+  await page.focus(".xterm-helper-textarea");
+  await page.keyboard.type("echo h''i\n");
+  await page.waitForFunction(() => {
+    const b = window.cubeTerm.buffer.active;
+    for (let i = 0; i < b.length; i++) if (b.getLine(i).translateToString(true).trim() === "hi") return true;
+    return false;
+  }, { timeout: 20000 });
+  step("the terminal printed hi for echo h''i");
+
+  // CPU rises in the chart while a command burns CPU.
+  await page.keyboard.type("timeout 15 sh -c 'while :; do :; done' &\n");
+  await page.waitForFunction(() => Number(document.querySelector("#cpu").dataset.max) > 20, { timeout: 30000 });
+  step(`the CPU chart rose to ${await page.$eval("#cpu", (e) => Number(e.dataset.max).toFixed(1))}%`);
+  await shot(page, "sandbox");
+
+  // Pause and resume.
+  await page.click("#pause");
+  await waitText(page, "#state", "paused");
+  step("paused");
+  await page.click("#resume");
+  await waitText(page, "#state", "running");
+  step("resumed");
+
+  // Snapshot, seen in the lineage tree under the sandbox.
+  await page.click("#snapshot");
+  await page.waitForFunction(() => document.querySelector("#facts").textContent.includes("snapshot"), { timeout: 60000 });
+  const snap = await page.$eval("#facts a", (a) => a.textContent);
+  await page.goto(base + "/#/lineage");
+  await page.waitForSelector(`li[data-kind=sandbox][data-id="${id}"] li[data-kind=snapshot][data-id="${snap}"]`, { timeout: 10000 });
+  step(`snapshot ${snap} drawn under ${id} in the lineage tree`);
+  await shot(page, "lineage");
+
+  // Kill.
+  await page.goto(base + "/#/sandbox/" + id);
+  await page.waitForSelector("#state");
+  await Promise.all([page.waitForFunction(() => location.hash === "#/sandboxes", { timeout: 60000 }), page.click("#kill")]);
+  await page.waitForFunction((i) => !document.querySelector(`tr[data-id="${i}"]`), { timeout: 10000 }, id);
+  step(`killed ${id}; gone from the list`);
+
+  // Team isolation: team A does not see team B's sandbox; team B does.
+  const sbB = env("CUBE_SANDBOX_B");
+  const asTeam = async (key) => {
+    const ctx = await browser.createBrowserContext();
+    const p = await ctx.newPage();
+    await p.goto(base, { waitUntil: "networkidle0" });
+    await p.type("#login-key input[name=key]", key);
+    await Promise.all([p.waitForSelector("#rows tr"), p.click("#login-key button")]);
+    await new Promise((r) => setTimeout(r, 1500)); // a live update or two
+    return { ctx, p, sees: !!(await p.$(`tr[data-id="${sbB}"]`)) };
+  };
+  const a = await asTeam(env("CUBE_KEY_A"));
+  await a.p.goto(base + "/#/sandbox/" + sbB);
+  await a.p.waitForFunction(() => !document.querySelector("#error").hidden, { timeout: 10000 });
+  const errA = await text(a.p, "#error");
+  await shot(a.p, "team-a");
+  if (a.sees || !errA.includes("not found")) throw new Error(`team A sees team B's sandbox (list ${a.sees}, page error ${errA})`);
+  step(`team A: ${sbB} not in its list; its page says "${errA}"`);
+  const b = await asTeam(env("CUBE_KEY_B"));
+  if (!b.sees) throw new Error("control: team B does not see its own sandbox");
+  step(`control: team B sees ${sbB}`);
+  await shot(b.p, "team-b");
+  await a.ctx.close();
+  await b.ctx.close();
+  step("all passed");
+} catch (e) {
+  console.log(`[console] FAILED: ${e.stack || e}`);
+  if (page) await page.screenshot({ path: `${screens}/failure.png`, fullPage: true }).catch(() => {});
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
