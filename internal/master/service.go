@@ -77,6 +77,10 @@ type Service struct {
 	// forking holds the IDs of the snapshots of forks in flight in this
 	// process, so reconcile leaves them alone.
 	forking sync.Map
+	// moving holds the IDs of sandboxes being moved to another node in
+	// this process (moveElsewhere): the route waits for the move rather
+	// than call them paused.
+	moving sync.Map
 	// lead runs the lifecycle loops while this replica holds their lease
 	// (lease.go).
 	lead *leader

@@ -221,6 +221,12 @@ func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.
 		}
 		s.log.Warn("resume on another node failed; resuming on the cordoned node", "sandbox_id", sb.ID, "node_id", sb.NodeID, "err", err)
 	}
+	return s.resumeHere(ctx, sb, timeout)
+}
+
+// resumeHere resumes a paused sandbox on the node it is on.
+func (s *Service) resumeHere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
+	s.routes.drop(sb.ID)
 	if err := fpResumeBegin.Eval(ctx); err != nil {
 		return nil, err
 	}
