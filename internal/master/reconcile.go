@@ -156,6 +156,8 @@ func (s *Service) sandboxOnNode(ctx context.Context, c cubeletpb.CubeletServiceC
 //     died mid-create, the client never got it) is destroyed and dropped;
 //   - a row whose state differs from the node's (paused vs running) takes
 //     the node's;
+//   - a sandbox whose row names another node (it moved while this node
+//     was away) is destroyed here (movedAway);
 //   - a sandbox carrying the managed label with no row is destroyed when
 //     the catalog has its tombstone (a kill while the node was away, an
 //     undo that could not reach it) or it is older than
@@ -264,8 +266,11 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		if rowIDs[id] || nsb.Labels[ManagedLabel] != ManagedValue {
 			continue
 		}
-		if _, err := s.cat.GetSandbox(ctx, id); err == nil {
-			continue // placed on this node since the listing
+		if row, err := s.cat.GetSandbox(ctx, id); err == nil {
+			if row.NodeID != nodeID && row.NodeID != "" && s.movedAway(ctx, nodeID, id, nsb, now) {
+				orphans++
+			}
+			continue // placed on this node since the listing, or moved
 		}
 		removed, err := s.cat.Tombstoned(ctx, id)
 		if err != nil {
@@ -295,6 +300,36 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),
 		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans, "adopted", adopted, "snapshots_deleted", snaps)
 	return nil
+}
+
+// movedAway destroys the node's copy of a sandbox whose row names another
+// node (it moved while this node was away: a drain, a resume elsewhere, a
+// restore after the node was lost) and reports whether it did. A move to
+// this node in flight (its row still names the node it leaves) is left:
+// in this process it holds the sandbox's lock and creating; at another
+// replica of a shared catalog, the copy is younger than createGrace.
+func (s *Service) movedAway(ctx context.Context, nodeID, id string, nsb *cubeletpb.Sandbox, now time.Time) bool {
+	if _, inFlight := s.creating.Load(id); inFlight {
+		return false
+	}
+	if s.shared() && nsb.CreatedAt != nil && now.Sub(nsb.CreatedAt.AsTime()) < s.createGrace() {
+		return false
+	}
+	unlock, err := s.locks.lock(ctx, id)
+	if err != nil {
+		return false
+	}
+	defer unlock()
+	row, err := s.cat.GetSandbox(ctx, id)
+	if err != nil || row.NodeID == nodeID || row.NodeID == "" {
+		return false
+	}
+	if _, inFlight := s.creating.Load(id); inFlight {
+		return false
+	}
+	s.log.Warn("reconcile: destroying the copy of a sandbox that moved to another node", "sandbox_id", id, "node_id", nodeID, "now_on", row.NodeID)
+	s.destroyOn(nodeID, id, grpc.WaitForReady(true))
+	return true
 }
 
 // reconcileSnapshots deletes the node's managed snapshots nobody can use:

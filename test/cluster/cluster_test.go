@@ -68,7 +68,7 @@ func kill(t *testing.T, c *mastertest.Client, id string) {
 // time).
 func TestCluster(t *testing.T) {
 	start := time.Now()
-	c := cluster.Start(t, cluster.Options{})
+	c := cluster.Start(t, cluster.Options{ObjectStore: true})
 	t.Logf("cluster %s up in %s: bridge %s, db %s, masters %s, proxies %d, nodes %d",
 		c.ID, time.Since(start).Round(time.Millisecond), c.Bridge, c.DB.Host.IP, c.MasterAddrs(), len(c.Proxies), len(c.Nodes))
 	key := c.APIKey(t)
@@ -150,6 +150,10 @@ func TestCluster(t *testing.T) {
 
 	t.Run("templates", func(t *testing.T) {
 		templates(t, c, apis)
+	})
+
+	t.Run("drain", func(t *testing.T) {
+		drain(t, c, apis)
 	})
 
 	t.Run("leader-kill", func(t *testing.T) {

@@ -71,28 +71,46 @@ type Server struct {
 	// read them from files.
 	AccessKeyFile, SecretKeyFile string
 
-	t    testing.TB
-	bin  string
-	ip   string
-	dir  string
-	log  *os.File
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	t   testing.TB
+	bin string
+	ip  string
+	// netns: the namespace it runs in ("" = the test's).
+	netns string
+	dir   string
+	log   *os.File
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
 // Start starts a server with an empty bucket Bucket and stops it when the
 // test ends.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return StartWith(t, Options{}) }
+
+// Options place a server elsewhere than on a loopback address of its own.
+type Options struct {
+	// IP is the address it listens on; "" = a loopback address of its
+	// own (127.x.y.z).
+	IP string
+	// NetNS is the network namespace (a path, /run/netns/NAME) it runs
+	// in, where IP is; "" = the test's own.
+	NetNS string
+}
+
+// StartWith is Start with o.
+func StartWith(t testing.TB, o Options) *Server {
 	t.Helper()
 	bin := Binary(t)
 	dir := t.TempDir()
-	s := &Server{t: t, bin: bin, dir: dir, Bucket: Bucket, AccessKey: "cube" + randHex(4), SecretKey: randHex(20)}
-	// 127.0.0.0/8 is all loopback; one address per server keeps weed's
-	// fixed ports (master, volume, filer, S3 and their gRPC ports) apart.
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	s.ip = fmt.Sprintf("127.%d.%d.%d", 100+int(b[0])%100, b[1], 2+int(b[0])%200)
+	s := &Server{t: t, bin: bin, dir: dir, Bucket: Bucket, AccessKey: "cube" + randHex(4), SecretKey: randHex(20), ip: o.IP, netns: o.NetNS}
+	if s.ip == "" {
+		// 127.0.0.0/8 is all loopback; one address per server keeps
+		// weed's fixed ports (master, volume, filer, S3 and their gRPC
+		// ports) apart.
+		b := make([]byte, 2)
+		_, _ = rand.Read(b)
+		s.ip = fmt.Sprintf("127.%d.%d.%d", 100+int(b[0])%100, b[1], 2+int(b[0])%200)
+	}
 	s.Endpoint = net.JoinHostPort(s.ip, strconv.Itoa(s3Port))
 	s.AccessKeyFile = filepath.Join(dir, "access_key")
 	s.SecretKeyFile = filepath.Join(dir, "secret_key")
@@ -130,11 +148,16 @@ func Start(t testing.TB) *Server {
 func (s *Server) Restart() {
 	t := s.t
 	t.Helper()
-	cmd := exec.Command(s.bin, "mini",
-		"-ip="+s.ip, "-ip.bind="+s.ip, "-dir="+filepath.Join(s.dir, "data"),
-		"-s3.config="+filepath.Join(s.dir, "s3.json"), "-bucket="+s.Bucket,
+	args := []string{s.bin, "mini",
+		"-ip=" + s.ip, "-ip.bind=" + s.ip, "-dir=" + filepath.Join(s.dir, "data"),
+		"-s3.config=" + filepath.Join(s.dir, "s3.json"), "-bucket=" + s.Bucket,
 		"-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-		"-admin.port.legacy=0")
+		"-admin.port.legacy=0"}
+	if s.netns != "" {
+		// nsenter execs weed: the process (and its group) stays ours.
+		args = append([]string{"nsenter", "--net=" + s.netns, "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...) //nolint:gosec // G204: the test's own binary and arguments
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(os.Environ(), "HOME="+s.dir)
