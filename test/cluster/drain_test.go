@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -34,13 +35,25 @@ func sh(ctx context.Context, pc processconnect.ProcessClient, script string) (st
 		return "", err
 	}
 	defer s.Close()
-	var out bytes.Buffer
+	var out, errOut bytes.Buffer
+	status := ""
 	for s.Receive() {
-		if d := s.Msg().GetEvent().GetData(); d != nil {
+		ev := s.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
 			out.Write(d.GetStdout())
+			errOut.Write(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil && e.GetExitCode() != 0 {
+			status = e.GetStatus()
 		}
 	}
-	return out.String(), s.Err()
+	if err := s.Err(); err != nil {
+		return out.String(), err
+	}
+	if status != "" {
+		return out.String(), fmt.Errorf("%q: %s: %s", script, status, strings.TrimSpace(errOut.String()))
+	}
+	return out.String(), nil
 }
 
 // drain makes a sandbox on node 1 and writes a file in it through proxy
@@ -61,7 +74,7 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		}
 	})
 	const note = "written before the drain"
-	if _, err := sh(ctx, envdClient(c, c.Proxies[0], id, token), "mkdir -p /data && echo '"+note+"' > /data/note && sync"); err != nil {
+	if _, err := sh(ctx, envdClient(c, c.Proxies[0], id, token), "echo '"+note+"' > $HOME/note && sync"); err != nil {
 		t.Fatalf("write the file through %s: %v", c.Proxies[0].Host.Name, err)
 	}
 
@@ -83,7 +96,7 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 			case <-time.After(100 * time.Millisecond):
 			}
 			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			out, err := sh(rctx, pc, "cat /data/note")
+			out, err := sh(rctx, pc, "cat $HOME/note")
 			cancel()
 			if err == nil && strings.TrimSpace(out) == note {
 				ok.Add(1)
@@ -141,7 +154,7 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	if left := n1.SandboxIDs(t); len(left) != 0 {
 		t.Errorf("drained node %s's cubelet holds %v", n1.ID, left)
 	}
-	got, err := sh(ctx, envdClient(c, c.Proxies[1], id, token), "cat /data/note")
+	got, err := sh(ctx, envdClient(c, c.Proxies[1], id, token), "cat $HOME/note")
 	if err != nil || strings.TrimSpace(got) != note {
 		t.Fatalf("the file through %s after the move: %q %v", c.Proxies[1].Host.Name, got, err)
 	}
