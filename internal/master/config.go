@@ -132,6 +132,9 @@ type Config struct {
 		// ExportSnapshots exports every snapshot taken through the master
 		// as it is taken, so it outlives its node.
 		ExportSnapshots bool `toml:"export_snapshots"`
+		// ExportOnPause exports a paused sandbox's snapshot as it
+		// pauses; its node's loss then resumes it elsewhere (lost.go).
+		ExportOnPause bool `toml:"export_on_pause"`
 	} `toml:"store"`
 }
 

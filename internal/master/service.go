@@ -81,6 +81,9 @@ type Service struct {
 	// this process (moveElsewhere): the route waits for the move rather
 	// than call them paused.
 	moving sync.Map
+	// lostNoted holds the paused sandboxes of lost nodes already told
+	// that they will resume elsewhere (one event per loss).
+	lostNoted sync.Map
 	// lead runs the lifecycle loops while this replica holds their lease
 	// (lease.go).
 	lead *leader

@@ -189,9 +189,27 @@ func (s *Service) moveElsewhere(ctx context.Context, sb *catalog.Sandbox, endAt 
 			s.log.Warn("delete a move's snapshot from the store", "snapshot_id", snap.ID, "node", from, "err", err)
 		}
 	}()
-	to, done, err := s.importElsewhere(ctx, snap, sb)
+	up, err := s.startElsewhere(ctx, sb, snap, endAt)
 	if err != nil {
 		return nil, fmt.Errorf("move sandbox %s off node %s: %w", sb.ID, from, err)
+	}
+	s.destroyOn(from, sb.ID)
+	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", up.NodeID,
+		"export", exported, "total", time.Since(begin))
+	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": up.NodeID, "end_at": endAt.Format(time.RFC3339)})
+	return up, nil
+}
+
+// startElsewhere starts sb, paused on its node, from snap (exported to
+// the store) on another node under sb's ID and token, running until
+// endAt, and moves its row there. The imported copy is deleted from the
+// new node; the store's copy and the original sandbox are the caller's.
+// Until the row moves, a failure leaves the row as it was and nothing on
+// the new node.
+func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, endAt time.Time) (*catalog.Sandbox, error) {
+	to, done, err := s.importElsewhere(ctx, snap, sb)
+	if err != nil {
+		return nil, err
 	}
 	var created time.Time
 	defer func() { done(created) }()
@@ -222,30 +240,64 @@ func (s *Service) moveElsewhere(ctx context.Context, sb *catalog.Sandbox, endAt 
 		if maybeCreated(err) {
 			s.destroyOn(to, sb.ID)
 		}
-		return nil, fmt.Errorf("move sandbox %s to node %s: %w", sb.ID, to, err)
+		return nil, fmt.Errorf("start sandbox %s on node %s: %w", sb.ID, to, err)
 	}
 	created = resp.Sandboxes[0].GetCreatedAt().AsTime()
 	moved := *sb
 	moved.NodeID = to
 	if err := s.initAgent(ctx, &moved, resp.Sandboxes[0], nil); err != nil {
 		s.destroyOn(to, sb.ID)
-		return nil, fmt.Errorf("move sandbox %s to node %s: agent: %w", sb.ID, to, err)
+		return nil, fmt.Errorf("start sandbox %s on node %s: agent: %w", sb.ID, to, err)
 	}
+	pauseSnap := sb.PauseSnapshot
 	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
-		r.NodeID, r.State, r.EndAt = to, catalog.StateRunning, endAt
+		r.NodeID, r.State, r.EndAt, r.PauseSnapshot = to, catalog.StateRunning, endAt, ""
 		return nil
 	})
 	if err != nil {
 		s.destroyOn(to, sb.ID)
 		return nil, err
 	}
-	s.destroyOn(from, sb.ID)
+	if pauseSnap != "" && pauseSnap != snap.ID {
+		// Running again: the snapshot exported at its pause is stale.
+		s.dropExported(ctx, pauseSnap, to)
+	}
 	s.routes.drop(sb.ID)
 	s.activity.touch(sb.ID, time.Now())
-	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", to,
-		"export", exported, "total", time.Since(begin))
-	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": to, "end_at": endAt.Format(time.RFC3339)})
 	return up, nil
+}
+
+// dropExported deletes an exported snapshot from the object store
+// through a node with a store: node first, then any other healthy node
+// (the store's copy needs no node's copy). A failure is logged: the
+// object stays in the store.
+func (s *Service) dropExported(ctx context.Context, snapID, node string) {
+	ctx = context.WithoutCancel(ctx)
+	var tried []string
+	for _, n := range s.schedNodes() {
+		switch {
+		case !n.Healthy: // a lost node would hold the call up
+		case n.ID == node:
+			tried = append([]string{n.ID}, tried...)
+		default:
+			tried = append(tried, n.ID)
+		}
+	}
+	var errs []error
+	for _, id := range tried {
+		c, err := s.client(id)
+		if err == nil {
+			dctx, cancel := context.WithTimeout(ctx, time.Minute)
+			_, err = c.DeleteSnapshot(dctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snapID, DeleteExported: true})
+			cancel()
+			err = fromGRPC(id, err)
+		}
+		if err == nil || errdefs.IsNotFound(err) {
+			return
+		}
+		errs = append(errs, fmt.Errorf("node %s: %w", id, err))
+	}
+	s.log.Warn("delete an exported pause snapshot from the store; it stays there", "snapshot_id", snapID, "err", errors.Join(errs...))
 }
 
 // markMoving records that sandbox id is being moved, until the returned

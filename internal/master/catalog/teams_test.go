@@ -13,12 +13,13 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
-// rollbackTeams undoes migrations 0010 to 0005 on SQLite, the way the
+// rollbackTeams undoes migrations 0011 to 0005 on SQLite, the way the
 // migration tests take a catalog back to an older schema.
 var rollbackTeams = []string{
-	`DROP TABLE cluster_templates`, // 0010
-	`DROP TABLE join_tokens`,       // 0009
-	`DROP TABLE leases`,            // 0008
+	`ALTER TABLE sandboxes DROP COLUMN pause_snapshot`, // 0011
+	`DROP TABLE cluster_templates`,                     // 0010
+	`DROP TABLE join_tokens`,                           // 0009
+	`DROP TABLE leases`,                                // 0008
 	`DROP TABLE route_events`,
 	`DROP TABLE sandbox_activity`,
 	`DROP TABLE quarantine`,         // 0007
