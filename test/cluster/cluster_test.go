@@ -156,6 +156,10 @@ func TestCluster(t *testing.T) {
 		drain(t, c, apis)
 	})
 
+	t.Run("e2b-sdk-drain", func(t *testing.T) {
+		sdkDrain(t, c, apis, key)
+	})
+
 	t.Run("leader-kill", func(t *testing.T) {
 		leaderKill(t, c, apis)
 	})
@@ -566,21 +570,7 @@ func crossHost(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 // API on node 3, reached through a proxy host; the control-plane suite
 // through the other replica.
 func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key string) {
-	if os.Getenv("CUBE_TEST_NODE") == "0" {
-		t.Skip("CUBE_TEST_NODE=0: the Node suites are off (as in hack/test.sh)")
-	}
-	node := testenv.RequireBinary(t, "node", "nodejs")
-	dir := filepath.Join(testbin.Root(), "test", "e2e", "node")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
-		// The pinned SDK, as hack/test.sh installs it (which runs the Go
-		// tests first).
-		npm := testenv.RequireBinary(t, "npm", "npm")
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, npm, "ci", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error").CombinedOutput(); err != nil {
-			testenv.Missing(t, "the E2B SDK is not installed and npm ci --prefix test/e2e/node failed: %v\n%s", err, out)
-		}
-	}
+	node, dir := nodeSDK(t)
 	id, token := onNode(t, c, apis[0], c.Nodes[2], "")
 	t.Cleanup(func() { kill(t, apis[0], id) })
 	if token == "" {
@@ -648,6 +638,28 @@ func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key 
 		}()
 		run(t, 1, c.Proxies[1], c.Proxies[1].URL, append(teams, "CUBE_E2E_TEMPLATE="+cluster.Template), "controlplane.test.mjs", "tenancy.test.mjs")
 	})
+}
+
+// nodeSDK returns node and the directory of the E2B JS SDK suites
+// (test/e2e/node), installing the pinned SDK there if it is not.
+func nodeSDK(t *testing.T) (node, dir string) {
+	t.Helper()
+	if os.Getenv("CUBE_TEST_NODE") == "0" {
+		t.Skip("CUBE_TEST_NODE=0: the Node suites are off (as in hack/test.sh)")
+	}
+	node = testenv.RequireBinary(t, "node", "nodejs")
+	dir = filepath.Join(testbin.Root(), "test", "e2e", "node")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		// The pinned SDK, as hack/test.sh installs it (which runs the Go
+		// tests first).
+		npm := testenv.RequireBinary(t, "npm", "npm")
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, npm, "ci", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error").CombinedOutput(); err != nil {
+			testenv.Missing(t, "the E2B SDK is not installed and npm ci --prefix test/e2e/node failed: %v\n%s", err, out)
+		}
+	}
+	return node, dir
 }
 
 // teamKeys makes the teams of the tenancy suite (as test/e2e/node/system

@@ -3,8 +3,13 @@ package cluster_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -162,4 +167,80 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	if ok.Load() == 0 {
 		t.Errorf("the client never read the file during the drain")
 	}
+}
+
+// sdkDrain: the unmodified E2B JS SDK (test/e2e/node/move.test.mjs) makes
+// a sandbox through replica m1 and proxy p1, writes a file and pauses it;
+// the sandbox's node is drained through replica m2's admin API; then, in
+// a second run through m2 and proxy p2, Sandbox.connect resumes it on the
+// node it moved to, under the same ID, with its file.
+func sdkDrain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key string) {
+	node, dir := nodeSDK(t)
+	idFile := filepath.Join(t.TempDir(), "id")
+	run := func(api int, p *cluster.Proxy, env ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, "--test", "--test-concurrency=1", "--test-reporter=spec", "move.test.mjs")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), append(env,
+			"E2B_API_URL="+apis[api].Base, "E2B_SANDBOX_URL="+p.URL, "E2B_API_KEY="+key, "E2B_DOMAIN="+cluster.Domain,
+			"CUBE_E2E_TEMPLATE="+cluster.Template, "CUBE_MOVE_OUT="+idFile,
+			"NODE_EXTRA_CA_CERTS="+c.CAFile(), "NODE_OPTIONS=--import="+c.NodeResolver(t, p))...)
+		began := time.Now()
+		out, err := cmd.CombinedOutput()
+		t.Logf("move.test.mjs %v against %s and %s in %s:\n%s", env, apis[api].Base, p.URL, time.Since(began).Round(time.Millisecond), out)
+		if err != nil {
+			t.Fatalf("move.test.mjs %v: %v", env, err)
+		}
+	}
+	run(0, c.Proxies[0], "CUBE_MOVE_PHASE=pause")
+	b, err := os.ReadFile(idFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := string(b)
+	t.Cleanup(func() { kill(t, apis[0], id) })
+	from := ""
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == id {
+			from = sb.NodeId
+		}
+	}
+	if from == "" {
+		t.Fatalf("sandbox %s not in the catalog", id)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if _, err := c.AdminOf(t).SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: from, Schedulable: true}); err != nil {
+			t.Errorf("uncordon %s: %v", from, err)
+		}
+	})
+	began := time.Now()
+	st, err := c.Masters[1].Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("drain %s through %s: %v", from, c.Masters[1].Replica, err)
+		}
+		t.Logf("drain %s: %s %s %s -> %s %s %s", from, p.SandboxId, p.State, p.Phase, p.ToNode, p.Took.AsDuration().Round(time.Millisecond), p.Error)
+	}
+	t.Logf("node %s drained through %s in %s", from, c.Masters[1].Replica, time.Since(began).Round(time.Millisecond))
+	var now *masterpb.Sandbox
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == id {
+			now = sb
+		}
+	}
+	if now == nil || now.State != "paused" || now.NodeId == from {
+		t.Fatalf("after the drain, sandbox %s: %v, want paused on another node than %s", id, now, from)
+	}
+	run(1, c.Proxies[1], "CUBE_MOVE_PHASE=connect", "CUBE_MOVE_ID="+id)
+	t.Logf("the SDK's sandbox %s paused on %s, drained to %s, resumed there by Sandbox.connect with its file", id, from, now.NodeId)
 }
