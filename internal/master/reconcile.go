@@ -156,8 +156,8 @@ func (s *Service) sandboxOnNode(ctx context.Context, c cubeletpb.CubeletServiceC
 //     died mid-create, the client never got it) is destroyed and dropped;
 //   - a row whose state differs from the node's (paused vs running) takes
 //     the node's;
-//   - a sandbox whose row names another node (it moved while this node
-//     was away) is destroyed here (movedAway);
+//   - a sandbox whose row names another node that holds a newer copy (it
+//     moved while this node was away) is destroyed here (movedAway);
 //   - a sandbox carrying the managed label with no row is destroyed when
 //     the catalog has its tombstone (a kill while the node was away, an
 //     undo that could not reach it) or it is older than
@@ -303,16 +303,15 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 }
 
 // movedAway destroys the node's copy of a sandbox whose row names another
-// node (it moved while this node was away: a drain, a resume elsewhere, a
-// restore after the node was lost) and reports whether it did. A move to
-// this node in flight (its row still names the node it leaves) is left:
-// in this process it holds the sandbox's lock and creating; at another
-// replica of a shared catalog, the copy is younger than createGrace.
+// node, when that node holds a copy made after this one: the sandbox
+// moved while this node was away (a drain or resume elsewhere whose
+// destroy could not reach it, a restore after the node was lost). It
+// reports whether it did. A move to this node in flight has it the other
+// way round (this copy is the newer, the row still names the node it
+// leaves) and is left: in this process it also holds the sandbox's lock
+// and creating. When the row's node cannot say, nothing is done.
 func (s *Service) movedAway(ctx context.Context, nodeID, id string, nsb *cubeletpb.Sandbox, now time.Time) bool {
 	if _, inFlight := s.creating.Load(id); inFlight {
-		return false
-	}
-	if s.shared() && nsb.CreatedAt != nil && now.Sub(nsb.CreatedAt.AsTime()) < s.createGrace() {
 		return false
 	}
 	unlock, err := s.locks.lock(ctx, id)
@@ -327,7 +326,17 @@ func (s *Service) movedAway(ctx context.Context, nodeID, id string, nsb *cubelet
 	if _, inFlight := s.creating.Load(id); inFlight {
 		return false
 	}
-	s.log.Warn("reconcile: destroying the copy of a sandbox that moved to another node", "sandbox_id", id, "node_id", nodeID, "now_on", row.NodeID)
+	c, err := s.client(row.NodeID)
+	if err != nil {
+		return false
+	}
+	there, err := s.sandboxOnNode(ctx, c, id)
+	if err != nil || there == nil || nsb.CreatedAt == nil || there.CreatedAt == nil ||
+		!there.CreatedAt.AsTime().After(nsb.CreatedAt.AsTime()) {
+		return false
+	}
+	s.log.Warn("reconcile: destroying the copy of a sandbox that moved to another node", "sandbox_id", id, "node_id", nodeID,
+		"now_on", row.NodeID, "copy_created", nsb.CreatedAt.AsTime(), "there_created", there.CreatedAt.AsTime(), "age", now.Sub(nsb.CreatedAt.AsTime()))
 	s.destroyOn(nodeID, id, grpc.WaitForReady(true))
 	return true
 }

@@ -68,7 +68,9 @@ func kill(t *testing.T, c *mastertest.Client, id string) {
 // time).
 func TestCluster(t *testing.T) {
 	start := time.Now()
-	c := cluster.Start(t, cluster.Options{ObjectStore: true})
+	// Pauses export their snapshot, so a paused sandbox outlives its node
+	// (case node-loss).
+	c := cluster.Start(t, cluster.Options{ObjectStore: true, MasterTOML: "[store]\nexport_on_pause = true\n"})
 	t.Logf("cluster %s up in %s: bridge %s, db %s, masters %s, proxies %d, nodes %d",
 		c.ID, time.Since(start).Round(time.Millisecond), c.Bridge, c.DB.Host.IP, c.MasterAddrs(), len(c.Proxies), len(c.Nodes))
 	key := c.APIKey(t)
@@ -166,6 +168,10 @@ func TestCluster(t *testing.T) {
 
 	t.Run("host-loss", func(t *testing.T) {
 		hostLoss(t, c, apis)
+	})
+
+	t.Run("node-loss", func(t *testing.T) {
+		nodeLoss(t, c, apis)
 	})
 }
 

@@ -23,6 +23,7 @@ import (
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cli"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/objstore"
 	cluster "github.com/cubesandbox/cube/test/cluster/clusterenv"
 )
 
@@ -243,4 +244,98 @@ func sdkDrain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key s
 	}
 	run(1, c.Proxies[1], "CUBE_MOVE_PHASE=connect", "CUBE_MOVE_ID="+id)
 	t.Logf("the SDK's sandbox %s paused on %s, drained to %s, resumed there by Sandbox.connect with its file", id, from, now.NodeId)
+}
+
+// nodeLoss (masters with store.export_on_pause): a running sandbox and a
+// paused one (a file written, its snapshot exported as it paused) on
+// node 2, whose host is then lost (daemons SIGKILLed, link cut). The
+// running one is reported failed through the E2B API, and connecting to
+// it answers 409 naming the lost node; the paused one stays paused, and
+// an E2B connect resumes it on another node under the same ID, its file
+// read through a proxy at the same URL. When the host comes back, its
+// copy of the moved sandbox is destroyed and the failed one runs again.
+func nodeLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
+	victim := c.Nodes[1]
+	running, _ := onNode(t, c, apis[0], victim, "")
+	t.Cleanup(func() { kill(t, apis[0], running) })
+	paused, token := onNode(t, c, apis[0], victim, "")
+	t.Cleanup(func() { kill(t, apis[0], paused) })
+	ctx := context.Background()
+	const note = "written before the node was lost"
+	if _, err := sh(ctx, envdClient(c, c.Proxies[0], paused, token), "echo '"+note+"' > $HOME/note && sync"); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+paused+"/pause", nil, nil); r.StatusCode/100 != 2 {
+		t.Fatalf("pause: %s %s", r.Status, r.Body)
+	}
+	t.Logf("pause with export at pause: %s", time.Since(began).Round(time.Millisecond))
+	st, err := objstore.Open(objstore.Config{Endpoint: c.Store.Server.Endpoint, Bucket: c.Store.Server.Bucket,
+		AccessKeyFile: c.Store.Server.AccessKeyFile, SecretKeyFile: c.Store.Server.SecretKeyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := st.List(ctx); err != nil || len(ids) != 1 {
+		t.Fatalf("store after the pause: %v %v, want the pause snapshot alone", ids, err)
+	}
+
+	lost := time.Now()
+	victim.Lose(t)
+	state := func(id string) string {
+		var got struct {
+			State string `json:"state"`
+		}
+		r := apis[1].Do(t, http.MethodGet, "/sandboxes/"+id, nil, &got)
+		if r.StatusCode != http.StatusOK {
+			return r.Status
+		}
+		return got.State
+	}
+	mastertest.WaitFor(t, 30*time.Second, "the lost node's running sandbox to leave running", func() bool { return state(running) != "running" })
+	t.Logf("host %s lost: its running sandbox is %q (E2B GET) %s later", victim.ID, state(running), time.Since(lost).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	if s := state(paused); s != "paused" {
+		t.Fatalf("the lost node's exported paused sandbox is %q, want paused", s)
+	}
+	r := apis[1].Do(t, http.MethodPost, "/sandboxes/"+running+"/connect", `{"timeout":60}`, nil)
+	t.Logf("E2B connect to the lost running sandbox: %s %s", r.Status, r.Body)
+	if r.StatusCode != http.StatusConflict || !strings.Contains(string(r.Body), "lost") {
+		t.Errorf("connect to the lost running sandbox: %s %s, want 409 naming the lost node", r.Status, r.Body)
+	}
+
+	began = time.Now()
+	r = apis[1].Do(t, http.MethodPost, "/sandboxes/"+paused+"/connect", `{"timeout":600}`, nil)
+	if r.StatusCode != http.StatusCreated {
+		t.Fatalf("connect to the paused sandbox of the lost node: %s %s", r.Status, r.Body)
+	}
+	restored := time.Since(began)
+	var now *masterpb.Sandbox
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == paused {
+			now = sb
+		}
+	}
+	if now == nil || now.State != "running" || now.NodeId == victim.ID {
+		t.Fatalf("after the restore: %v", now)
+	}
+	got, err := sh(ctx, envdClient(c, c.Proxies[1], paused, token), "cat $HOME/note")
+	if err != nil || strings.TrimSpace(got) != note {
+		t.Fatalf("file through %s after the restore: %q %v", c.Proxies[1].Host.Name, got, err)
+	}
+	t.Logf("sandbox %s restored from %s (lost) on %s by an E2B connect in %s; its file read through %s",
+		paused, victim.ID, now.NodeId, restored.Round(time.Millisecond), c.Proxies[1].Host.Name)
+	if ids, err := st.List(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("store after the restore: %v %v, want empty", ids, err)
+	}
+
+	victim.Return(t)
+	mastertest.WaitFor(t, 30*time.Second, "the returned node to drop its copy of the restored sandbox and run the other again", func() bool {
+		for _, id := range victim.SandboxIDs(t) {
+			if id == paused {
+				return false
+			}
+		}
+		return state(running) == "running"
+	})
+	t.Logf("host %s back: its copy of %s destroyed, %s running again", victim.ID, paused, running)
 }
