@@ -236,7 +236,8 @@ func (s *Service) drainOne(ctx context.Context, nodeID, id string) (string, erro
 	if sb.NodeID != nodeID || (sb.State != catalog.StateRunning && sb.State != catalog.StatePaused) {
 		return "", nil
 	}
-	defer s.markMoving(id)()
+	unmark := s.markMoving(id)
+	defer unmark()
 	wasRunning := sb.State == catalog.StateRunning
 	if wasRunning {
 		if err := s.pause(ctx, sb); err != nil {

@@ -144,7 +144,8 @@ func (s *Service) exportPaused(ctx context.Context, sb *catalog.Sandbox) {
 // pause's. The lost node's copy is destroyed when the node reports again
 // (reconcile: movedAway). The caller holds the sandbox's lock.
 func (s *Service) restoreElsewhere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
-	defer s.markMoving(sb.ID)()
+	unmark := s.markMoving(sb.ID)
+	defer unmark()
 	begin := time.Now()
 	snap := &catalog.Snapshot{ID: sb.PauseSnapshot, SandboxID: sb.ID, NodeID: sb.NodeID, TemplateID: sb.TemplateID,
 		Runtime: sb.Runtime, Team: sb.Team, EnvdAccessToken: sb.EnvdAccessToken}

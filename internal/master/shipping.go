@@ -150,7 +150,8 @@ func (s *Service) createFromSnapshotElsewhere(ctx context.Context, sb *catalog.S
 // taking nothing new) on another node, keeping its ID (and so its URL
 // through the route), with deadline now+timeout: moveElsewhere.
 func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
-	defer s.markMoving(sb.ID)()
+	unmark := s.markMoving(sb.ID)
+	defer unmark()
 	return s.moveElsewhere(ctx, sb, time.Now().UTC().Add(timeout))
 }
 

@@ -157,7 +157,7 @@ func (s *Server) Restart() {
 		// nsenter execs weed: the process (and its group) stays ours.
 		args = append([]string{"nsenter", "--net=" + s.netns, "--"}, args...)
 	}
-	cmd := exec.Command(args[0], args[1:]...) //nolint:gosec // G204: the test's own binary and arguments
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Env = append(os.Environ(), "HOME="+s.dir)
