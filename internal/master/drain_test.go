@@ -63,9 +63,11 @@ func TestDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 		if state == catalog.StatePaused {
+			began := time.Now()
 			if err := svc.Pause(ctx, sb.ID); err != nil {
 				t.Fatal(err)
 			}
+			t.Logf("pause without export (runc, busybox): %s", time.Since(began).Round(time.Millisecond))
 		} else {
 			runningEnd = sb.EndAt
 		}
