@@ -46,18 +46,25 @@ const s3Port = 8333
 // under /var/cache/cube/weed). It calls testenv.Missing when there is none.
 func Binary(t testing.TB) string {
 	t.Helper()
+	p, ok := Lookup()
+	if !ok {
+		testenv.Missing(t, "needs SeaweedFS's weed at %s (build it with hack/s3/weed.sh)", p)
+	}
+	return p
+}
+
+// Lookup is Binary without a test: weed's path, and whether it is there.
+func Lookup() (string, bool) {
 	if p := os.Getenv("CUBE_WEED"); p != "" {
-		return p
+		return p, true
 	}
 	cache := os.Getenv("CUBE_WEED_CACHE")
 	if cache == "" {
 		cache = "/var/cache/cube/weed"
 	}
 	p := filepath.Join(cache, Version, "weed")
-	if _, err := os.Stat(p); err != nil {
-		testenv.Missing(t, "needs SeaweedFS's weed at %s (build it with hack/s3/weed.sh)", p)
-	}
-	return p
+	_, err := os.Stat(p)
+	return p, err == nil
 }
 
 // Server is one running store.
