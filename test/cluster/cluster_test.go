@@ -400,6 +400,14 @@ func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster
 // onNodeFrom is onNode with a template.
 func onNodeFrom(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, tmpl, extra string) (id, token string) {
 	t.Helper()
+	ids, tokens := onNodeN(t, c, api, n, tmpl, extra, 1)
+	return ids[0], tokens[0]
+}
+
+// onNodeN creates count sandboxes on node n (the other nodes cordoned
+// for the creates).
+func onNodeN(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, tmpl, extra string, count int) (ids, tokens []string) {
+	t.Helper()
 	ctx := context.Background()
 	admin := c.AdminOf(t)
 	for _, o := range c.Nodes {
@@ -431,20 +439,25 @@ func onNodeFrom(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *clu
 		}
 		return true
 	})
-	var out struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+tmpl+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
-	if r.StatusCode/100 != 2 {
-		t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
+	for range count {
+		var out struct {
+			SandboxID       string `json:"sandboxID"`
+			EnvdAccessToken string `json:"envdAccessToken"`
+		}
+		r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+tmpl+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
+		if r.StatusCode/100 != 2 {
+			t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
+		}
+		ids, tokens = append(ids, out.SandboxID), append(tokens, out.EnvdAccessToken)
 	}
 	for _, sb := range c.Sandboxes(t) {
-		if sb.SandboxId == out.SandboxID && sb.NodeId != n.ID {
-			t.Fatalf("sandbox %s landed on %s, want %s", out.SandboxID, sb.NodeId, n.ID)
+		for _, id := range ids {
+			if sb.SandboxId == id && sb.NodeId != n.ID {
+				t.Fatalf("sandbox %s landed on %s, want %s", id, sb.NodeId, n.ID)
+			}
 		}
 	}
-	return out.SandboxID, out.EnvdAccessToken
+	return ids, tokens
 }
 
 // crossHost makes a sandbox on node 3 (auto-pause and auto-resume on)

@@ -62,17 +62,28 @@ func sh(ctx context.Context, pc processconnect.ProcessClient, script string) (st
 	return out.String(), nil
 }
 
-// drain makes a sandbox on node 1 and writes a file in it through proxy
-// p1, then drains node 1 with `cubecli node drain` (in-process, against a
+// drain makes five sandboxes on node 1 (two of them paused) and writes a
+// file in the first through proxy p1, then drains node 1 with `cubecli node drain` (in-process, against a
 // replica's admin socket) while a client reads the file through p1 every
 // 100 ms. The sandbox must end on another node under the same ID, with its
-// file, reached through proxy p2 at the same URL; node 1 must hold no
-// sandbox, in the catalog or on its cubelet. The client's failed reads
+// file, reached through proxy p2 at the same URL, the others on other
+// nodes in the state they had; node 1 must hold no sandbox, in the catalog
+// or on its cubelet. The client's failed reads
 // and its longest gap are logged: what its users saw of the move.
 func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	n1 := c.Nodes[0]
-	id, token := onNode(t, c, apis[0], n1, "")
-	t.Cleanup(func() { kill(t, apis[0], id) })
+	// The client's sandbox, two more running and two paused.
+	ids, tokens := onNodeN(t, c, apis[0], n1, cluster.Template, "", 5)
+	for _, id := range ids {
+		t.Cleanup(func() { kill(t, apis[0], id) })
+	}
+	id, token := ids[0], tokens[0]
+	want := map[string]string{ids[1]: "running", ids[2]: "running", ids[3]: "paused", ids[4]: "paused"}
+	for _, other := range ids[3:] {
+		if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+other+"/pause", nil, nil); r.StatusCode/100 != 2 {
+			t.Fatalf("pause %s: %s %s", other, r.Status, r.Body)
+		}
+	}
 	ctx := context.Background()
 	t.Cleanup(func() {
 		if _, err := c.AdminOf(t).SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: n1.ID, Schedulable: true}); err != nil {
@@ -146,6 +157,7 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	}
 
 	var now *masterpb.Sandbox
+	per := map[string]int{}
 	for _, sb := range c.Sandboxes(t) {
 		if sb.NodeId == n1.ID {
 			t.Errorf("catalog: sandbox %s (%s) still on drained node %s", sb.SandboxId, sb.State, n1.ID)
@@ -153,7 +165,18 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		if sb.SandboxId == id {
 			now = sb
 		}
+		if st, ok := want[sb.SandboxId]; ok {
+			per[sb.NodeId]++
+			if sb.State != st {
+				t.Errorf("sandbox %s is %s after the drain, want %s as before", sb.SandboxId, sb.State, st)
+			}
+			delete(want, sb.SandboxId)
+		}
 	}
+	if len(want) != 0 {
+		t.Errorf("sandboxes gone after the drain: %v", want)
+	}
+	t.Logf("the other four went to %v", per)
 	if now == nil || now.State != "running" || now.NodeId == n1.ID {
 		t.Fatalf("after the drain, sandbox %s: %v", id, now)
 	}

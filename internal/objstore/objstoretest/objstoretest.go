@@ -83,11 +83,15 @@ type Server struct {
 	ip  string
 	// netns: the namespace it runs in ("" = the test's).
 	netns string
-	dir   string
-	log   *os.File
-	mu    sync.Mutex
-	cmd   *exec.Cmd
-	done  chan struct{}
+	// grpcBase is the first of its five gRPC ports; sockDir holds its
+	// HTTP sockets.
+	grpcBase int
+	sockDir  string
+	dir      string
+	log      *os.File
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
 // Start starts a server with an empty bucket Bucket and stops it when the
@@ -110,6 +114,15 @@ func StartWith(t testing.TB, o Options) *Server {
 	bin := Binary(t)
 	dir := t.TempDir()
 	s := &Server{t: t, bin: bin, dir: dir, Bucket: Bucket, AccessKey: "cube" + randHex(4), SecretKey: randHex(20), ip: o.IP, netns: o.NetNS}
+	// Its own sockets' directory, short for unix socket paths.
+	sd, err := os.MkdirTemp("", "weed")
+	must(t, err)
+	s.sockDir = sd
+	t.Cleanup(func() { os.RemoveAll(sd) })
+	// Its own gRPC ports (see Restart): 5 from a random base.
+	pb := make([]byte, 2)
+	_, _ = rand.Read(pb)
+	s.grpcBase = 20000 + (int(pb[0])<<8|int(pb[1]))%40000
 	if s.ip == "" {
 		// 127.0.0.0/8 is all loopback; one address per server keeps
 		// weed's fixed ports (master, volume, filer, S3 and their gRPC
@@ -159,7 +172,20 @@ func (s *Server) Restart() {
 		"-ip=" + s.ip, "-ip.bind=" + s.ip, "-dir=" + filepath.Join(s.dir, "data"),
 		"-s3.config=" + filepath.Join(s.dir, "s3.json"), "-bucket=" + s.Bucket,
 		"-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-		"-admin.port.legacy=0"}
+		"-admin.port.legacy=0",
+		// weed mini's parts reach one another's gRPC through unix
+		// sockets at fixed paths named by port (/tmp/seaweedfs-master-
+		// grpc-<port>.sock, ...): servers on the same gRPC ports, even on
+		// other addresses or in other network namespaces, would take
+		// over each other's sockets and talk to each other's parts.
+		// Ports of this server's own keep them apart.
+		fmt.Sprintf("-master.port.grpc=%d", s.grpcBase), fmt.Sprintf("-volume.port.grpc=%d", s.grpcBase+1),
+		fmt.Sprintf("-filer.port.grpc=%d", s.grpcBase+2), fmt.Sprintf("-s3.port.grpc=%d", s.grpcBase+3),
+		fmt.Sprintf("-admin.port.grpc=%d", s.grpcBase+4),
+		// Likewise the filer's and the S3 gateway's HTTP sockets (the
+		// gateway reaches the filer through its socket).
+		"-filer.localSocket=" + filepath.Join(s.sockDir, "filer.sock"),
+		"-s3.localSocket=" + filepath.Join(s.sockDir, "s3.sock")}
 	if s.netns != "" {
 		// nsenter execs weed: the process (and its group) stays ours.
 		args = append([]string{"nsenter", "--net=" + s.netns, "--"}, args...)
@@ -167,7 +193,7 @@ func (s *Server) Restart() {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Env = append(os.Environ(), "HOME="+s.dir)
+	cmd.Env = append(os.Environ(), "HOME="+s.dir, "TMPDIR="+s.dir)
 	cmd.Dir = s.dir
 	must(t, forkthread.Start(cmd))
 	done := make(chan struct{})
