@@ -240,7 +240,9 @@ func (s *Service) drainOne(ctx context.Context, nodeID, id string) (string, erro
 	defer unmark()
 	wasRunning := sb.State == catalog.StateRunning
 	if wasRunning {
-		if err := s.pause(ctx, sb); err != nil {
+		// Not exported at this pause (store.export_on_pause): the move
+		// takes a snapshot of its own.
+		if err := s.pauseAndExport(ctx, sb, false); err != nil {
 			return "", fmt.Errorf("pause: %w", err)
 		}
 		sb.State = catalog.StatePaused

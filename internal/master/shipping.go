@@ -250,8 +250,9 @@ func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap 
 		s.destroyOn(to, sb.ID)
 		return nil, fmt.Errorf("start sandbox %s on node %s: agent: %w", sb.ID, to, err)
 	}
-	pauseSnap := sb.PauseSnapshot
+	pauseSnap := ""
 	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
+		pauseSnap = r.PauseSnapshot
 		r.NodeID, r.State, r.EndAt, r.PauseSnapshot = to, catalog.StateRunning, endAt, ""
 		return nil
 	})

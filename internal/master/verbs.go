@@ -150,6 +150,12 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 }
 
 func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
+	return s.pauseAndExport(ctx, sb, s.cfg.Store.ExportOnPause)
+}
+
+// pauseAndExport is pause, exporting the paused sandbox's snapshot
+// (exportPaused) when export is set.
+func (s *Service) pauseAndExport(ctx context.Context, sb *catalog.Sandbox, export bool) error {
 	if sb.State != catalog.StateRunning {
 		return fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
@@ -175,7 +181,7 @@ func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
 	}
 	s.routes.drop(sb.ID)
 	s.event(sb.ID, "info", "sandbox paused", nil)
-	if s.cfg.Store.ExportOnPause {
+	if export {
 		paused := *sb
 		paused.State = catalog.StatePaused
 		s.exportPaused(ctx, &paused)
@@ -253,16 +259,18 @@ func (s *Service) resumeHere(ctx context.Context, sb *catalog.Sandbox, timeout t
 	if err := fpResumeResumed.Eval(ctx); err != nil {
 		return nil, err
 	}
+	stale := ""
 	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
+		stale = r.PauseSnapshot
 		r.State, r.EndAt, r.PauseSnapshot = catalog.StateRunning, time.Now().UTC().Add(timeout), ""
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if sb.PauseSnapshot != "" {
+	if stale != "" {
 		// Running again: the snapshot exported at its pause is stale.
-		s.dropExported(ctx, sb.PauseSnapshot, sb.NodeID)
+		s.dropExported(ctx, stale, sb.NodeID)
 	}
 	if err := fpResumeDone.Eval(ctx); err != nil {
 		return nil, err

@@ -27,6 +27,21 @@ import (
 	cluster "github.com/cubesandbox/cube/test/cluster/clusterenv"
 )
 
+// storeList lists the snapshots in the cluster's object store.
+func storeList(t *testing.T, c *cluster.Cluster) []string {
+	t.Helper()
+	srv := c.Store.Server
+	st, err := objstore.Open(objstore.Config{Endpoint: srv.Endpoint, Bucket: srv.Bucket, AccessKeyFile: srv.AccessKeyFile, SecretKeyFile: srv.SecretKeyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := st.List(context.Background())
+	if err != nil {
+		t.Fatalf("list the object store: %v", err)
+	}
+	return ids
+}
+
 // envdClient reaches sandbox id's envd through proxy p with its token.
 func envdClient(c *cluster.Cluster, p *cluster.Proxy, id, token string) processconnect.ProcessClient {
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: headerTransport{id: id, port: "49983", token: token, rt: &http.Transport{TLSClientConfig: c.ServerTLS()}}}
@@ -177,6 +192,11 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		t.Errorf("sandboxes gone after the drain: %v", want)
 	}
 	t.Logf("the other four went to %v", per)
+	// The masters export at pause: the store holds the two paused
+	// sandboxes' exports from their new nodes, nothing of the moves.
+	if ids := storeList(t, c); len(ids) != 2 {
+		t.Errorf("store after the drain: %v, want the two paused sandboxes' exports", ids)
+	}
 	if now == nil || now.State != "running" || now.NodeId == n1.ID {
 		t.Fatalf("after the drain, sandbox %s: %v", id, now)
 	}
@@ -288,18 +308,15 @@ func nodeLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	if _, err := sh(ctx, envdClient(c, c.Proxies[0], paused, token), "echo '"+note+"' > $HOME/note && sync"); err != nil {
 		t.Fatal(err)
 	}
+	before := storeList(t, c)
 	began := time.Now()
 	if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+paused+"/pause", nil, nil); r.StatusCode/100 != 2 {
 		t.Fatalf("pause: %s %s", r.Status, r.Body)
 	}
 	t.Logf("pause with export at pause: %s", time.Since(began).Round(time.Millisecond))
-	st, err := objstore.Open(objstore.Config{Endpoint: c.Store.Server.Endpoint, Bucket: c.Store.Server.Bucket,
-		AccessKeyFile: c.Store.Server.AccessKeyFile, SecretKeyFile: c.Store.Server.SecretKeyFile})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ids, err := st.List(ctx); err != nil || len(ids) != 1 {
-		t.Fatalf("store after the pause: %v %v, want the pause snapshot alone", ids, err)
+	after := storeList(t, c)
+	if len(after) != len(before)+1 {
+		t.Fatalf("store after the pause: %v, before %v: want one more, the pause's export", after, before)
 	}
 
 	lost := time.Now()
@@ -347,8 +364,8 @@ func nodeLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	}
 	t.Logf("sandbox %s restored from %s (lost) on %s by an E2B connect in %s; its file read through %s",
 		paused, victim.ID, now.NodeId, restored.Round(time.Millisecond), c.Proxies[1].Host.Name)
-	if ids, err := st.List(ctx); err != nil || len(ids) != 0 {
-		t.Errorf("store after the restore: %v %v, want empty", ids, err)
+	if ids := storeList(t, c); len(ids) != len(before) {
+		t.Errorf("store after the restore: %v, want as before the pause: %v", ids, before)
 	}
 
 	victim.Return(t)
