@@ -144,3 +144,69 @@ func TestDrain(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainWait: with Wait a running sandbox is not moved: the drain
+// reports it waiting and ends once the sandbox is killed (reported
+// ended), the node cordoned and empty; the sandbox never left its node.
+func TestDrainWait(t *testing.T) {
+	srv := objstoretest.Start(t)
+	store := fmt.Sprintf("[store]\nendpoint = %q\nbucket = %q\naccess_key_file = %q\nsecret_key_file = %q\n",
+		srv.Endpoint, srv.Bucket, srv.AccessKeyFile, srv.SecretKeyFile)
+	m := mastertest.StartMaster(t, "")
+	n1 := mastertest.StartNodeConfig(t, m, noVM+store, "busybox")
+	n2 := mastertest.StartNodeConfig(t, m, noVM+store, "busybox")
+	m.WaitHealthy(t, n1, n2)
+	svc := m.Server.Service
+	ctx := context.Background()
+	if _, err := svc.SetSchedulable(ctx, n2.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := svc.Create(ctx, master.CreateRequest{Template: "busybox", Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = svc.Kill(context.Background(), sb.ID)
+		_, _ = svc.SetSchedulable(context.Background(), n1.ID, true)
+	})
+	if _, err := svc.SetSchedulable(ctx, n2.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan master.DrainEvent, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- svc.Drain(ctx, n1.ID, master.DrainOptions{Wait: true}, func(ev master.DrainEvent) { events <- ev })
+	}()
+	if ev := <-events; ev.SandboxID != sb.ID || ev.Phase != master.DrainWaiting {
+		t.Fatalf("first event %+v, want %s waiting", ev, sb.ID)
+	}
+	time.Sleep(time.Second)
+	select {
+	case err := <-done:
+		t.Fatalf("drain with --wait ended while the sandbox ran: %v", err)
+	default:
+	}
+	if cur, err := svc.Get(ctx, sb.ID); err != nil || cur.NodeID != n1.ID || cur.State != "running" {
+		t.Fatalf("waited-for sandbox: %+v %v, want running on %s", cur, err, n1.ID)
+	}
+	if err := svc.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("drain: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("drain did not end after its last sandbox was killed")
+	}
+	var phases []string
+	for len(events) > 0 {
+		ev := <-events
+		phases = append(phases, ev.SandboxID+" "+ev.Phase)
+	}
+	t.Logf("events after waiting: %v", phases)
+	if len(phases) != 2 || phases[0] != sb.ID+" "+master.DrainEnded || phases[1] != " "+master.DrainDone {
+		t.Errorf("events after waiting: %v, want ended, then done", phases)
+	}
+}
