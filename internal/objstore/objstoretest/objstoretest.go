@@ -119,10 +119,12 @@ func StartWith(t testing.TB, o Options) *Server {
 	must(t, err)
 	s.sockDir = sd
 	t.Cleanup(func() { os.RemoveAll(sd) })
-	// Its own gRPC ports (see Restart): 5 from a random base.
+	// Its own gRPC ports (see Restart): 5 from a random base, above
+	// weed's defaults (18333-19340) and below the ephemeral range (32768
+	// on), where an outbound connection could take one first.
 	pb := make([]byte, 2)
 	_, _ = rand.Read(pb)
-	s.grpcBase = 20000 + (int(pb[0])<<8|int(pb[1]))%40000
+	s.grpcBase = 20000 + (int(pb[0])<<8|int(pb[1]))%12000
 	if s.ip == "" {
 		// 127.0.0.0/8 is all loopback; one address per server keeps
 		// weed's fixed ports (master, volume, filer, S3 and their gRPC
