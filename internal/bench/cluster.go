@@ -24,6 +24,7 @@ import (
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/bench/report"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testimage"
@@ -46,6 +47,8 @@ import (
 // interleaved with it on the bench's private node. cluster-template and
 // cluster-template-32m time template distribution: ImportTemplate once
 // through a master until that master reports every node holding it.
+// cluster-resume-move (clustermove.go) times a paused sandbox's resume on
+// another node through the object store host.
 
 // clusterEnvdPort is envd's port in a sandbox (the route's port header).
 const clusterEnvdPort = "49983"
@@ -151,7 +154,10 @@ func (s nodeSpread) String(nodes []*clusterenv.Node) string {
 func (e *Env) cluster(ctx context.Context) (*benchCluster, error) {
 	bc := &e.clus
 	err := bc.build(ctx, e, "cluster", "3 nodes, 2 masters, 2 proxies, MariaDB", func(tb *benchTB) {
-		bc.c = clusterenv.Start(tb, clusterenv.Options{})
+		// With weed at hand, an object store host too: paused sandboxes
+		// can move between nodes (cluster-resume-move).
+		_, store := objstoretest.Lookup()
+		bc.c = clusterenv.Start(tb, clusterenv.Options{ObjectStore: store})
 		bc.api = bc.c.Masters[0].API(bc.c.APIKey(tb))
 	})
 	return bc, err

@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
@@ -29,6 +31,7 @@ import (
 //	cubecli apikey create NAME [--team T] [--admin] | ls | rm KEY
 //	cubecli team create NAME [--max-sandboxes N --max-vcpu N --max-memory-mib N] | ls | quota NAME ... | delete NAME [--force]
 //	cubecli node ls | cordon NODE | uncordon NODE | join-token [--node-id N] [--ttl D]
+//	cubecli node drain NODE [--wait] [--parallel N]
 //	cubecli sandbox ls --all-nodes
 //	cubecli template ls|import|rm --all-nodes   (import: --node N for one node,
 //	                                            --source-on-nodes for a path on each node,
@@ -55,7 +58,7 @@ func addCluster(root *cobra.Command, g *globals) {
 	root.PersistentFlags().StringVar(&c.token, "admin-token", os.Getenv("CUBEMASTER_TOKEN"), "cubemaster admin token, for host:port (env CUBEMASTER_TOKEN)")
 	root.AddCommand(apikeyCmd(c), teamCmd(c))
 	if node := findCmd(root, "node"); node != nil {
-		node.AddCommand(nodeList(c), nodeCordon(c, "cordon", false), nodeCordon(c, "uncordon", true), nodeJoinToken(c))
+		node.AddCommand(nodeList(c), nodeCordon(c, "cordon", false), nodeCordon(c, "uncordon", true), nodeDrain(c), nodeJoinToken(c))
 	}
 	allNodes(findCmd(root, "sandbox", "ls"), "list the catalog of cubemaster: every sandbox on every node", c.sandboxList)
 	allNodes(findCmd(root, "template", "ls"), "list the templates of every node, through cubemaster", c.templateList)
@@ -265,6 +268,80 @@ func nodeCordon(c *cluster, verb string, on bool) *cobra.Command {
 			})
 		},
 	}
+}
+
+// drainRow is one progress line of a drain, in the columns of
+// drainHeaders (fixed widths: lines are printed as they come).
+func drainRow(p *masterpb.DrainNodeProgress) string {
+	took := "-"
+	if d := p.GetTook().AsDuration(); d > 0 {
+		took = d.Round(time.Millisecond).String()
+	}
+	left := fmt.Sprintf("%d/%d", p.Remaining, p.Total)
+	return fmt.Sprintf("%-26s  %-8s  %-8s  %-24s  %-9s  %-7s  %s", orDash(p.SandboxId), orDash(p.State), p.Phase,
+		orDash(p.ToNode), took, left, p.Error)
+}
+
+var drainHeaders = fmt.Sprintf("%-26s  %-8s  %-8s  %-24s  %-9s  %-7s  %s", "SANDBOX", "STATE", "PHASE", "TO", "TOOK", "LEFT", "ERROR")
+
+func nodeDrain(c *cluster) *cobra.Command {
+	var wait bool
+	var parallel int32
+	cmd := &cobra.Command{
+		Use:   "drain NODE",
+		Short: "Cordon a node and move its sandboxes to other nodes (same ID and URL), showing each step",
+		Long: `Cordon NODE, then move each of its sandboxes to another node under the same
+ID, so clients reach it at the same URL through the route: a running sandbox
+is paused, shipped through the object store and runs again elsewhere with
+its deadline (its clients see a pause); a paused one moves and stays paused.
+With --wait, running sandboxes are left to end and only paused ones move.
+
+The drain is refused, with nothing changed, when some sandbox has no other
+node that could take it (template, runtime, room). A sandbox whose move
+fails stays on the node, running; the command then exits non-zero naming
+it. The drain lasts as long as the command (--timeout); the node stays
+cordoned, and running drain again continues. One line per step (-o json:
+one JSON object per line).`,
+		Args: exactArgs(1, "a node ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
+				st, err := a.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: args[0], Wait: wait, Parallel: parallel})
+				if err != nil {
+					return err
+				}
+				header := false
+				for {
+					p, err := st.Recv()
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					if c.g.json() {
+						b, err := protojson.Marshal(p)
+						if err != nil {
+							return err
+						}
+						fmt.Fprintln(c.g.out, string(b))
+						continue
+					}
+					if !header {
+						fmt.Fprintln(c.g.out, drainHeaders)
+						header = true
+					}
+					if p.Phase == "done" {
+						fmt.Fprintf(c.g.out, "node %s drained: %d sandboxes moved or ended\n", p.NodeId, p.Total)
+						continue
+					}
+					fmt.Fprintln(c.g.out, drainRow(p))
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "leave running sandboxes to end (deadline, kill) instead of moving them; paused ones still move")
+	cmd.Flags().Int32Var(&parallel, "parallel", 4, "sandboxes moved at once")
+	return cmd
 }
 
 func nodeJoinToken(c *cluster) *cobra.Command {

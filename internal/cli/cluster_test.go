@@ -108,6 +108,19 @@ func TestClusterCLI(t *testing.T) {
 	if code != 0 || !strings.Contains(out, sb.ID) || !strings.Contains(out, node.ID) || !strings.Contains(out, "team=a") || !strings.Contains(out, "default") {
 		t.Fatalf("sandbox ls --all-nodes: %d\n%s", code, out)
 	}
+	// Drain: the only node, so nothing can take the sandbox: refused
+	// (exit 5, naming why) and the node left schedulable; an unknown
+	// node is not found. (Moves: internal/master TestDrain, test/cluster.)
+	_, errOut, code = run("node", "drain", node.ID)
+	if code != cli.ExitFailedPrecondition || !strings.Contains(errOut, "no other node can take sandbox "+sb.ID) {
+		t.Fatalf("drain of the only node: %d %s", code, errOut)
+	}
+	if v := m.Node(t, node.ID); !v.Schedulable {
+		t.Fatalf("a refused drain cordoned %s", node.ID)
+	}
+	if _, _, code = run("node", "drain", "nosuchnode"); code != cli.ExitNotFound {
+		t.Fatalf("drain unknown: %d", code)
+	}
 	out, _, _ = run("sandbox", "ls", "--all-nodes", "-l", "team=b", "-o", "json")
 	var empty struct{ Sandboxes []any }
 	if json.Unmarshal([]byte(out), &empty) != nil || len(empty.Sandboxes) != 0 {

@@ -144,6 +144,9 @@ type Config struct {
 		// ExportSnapshots exports every snapshot taken through the master
 		// as it is taken, so it outlives its node.
 		ExportSnapshots bool `toml:"export_snapshots"`
+		// ExportOnPause exports a paused sandbox's snapshot as it
+		// pauses; its node's loss then resumes it elsewhere (lost.go).
+		ExportOnPause bool `toml:"export_on_pause"`
 	} `toml:"store"`
 	// Secrets: the master key that seals teams' secrets in the catalog.
 	Secrets struct {

@@ -70,6 +70,16 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	if err != nil {
 		return nil, err
 	}
+	if sb.State == catalog.StatePaused {
+		if _, moving := s.moving.Load(id); moving {
+			// Paused for a move to another node (a drain): wait for the
+			// move, which holds the sandbox's lock, and route to where
+			// it runs now.
+			if sb, err = s.afterMove(ctx, id); err != nil {
+				return nil, err
+			}
+		}
+	}
 	resumed := false
 	if sb.State == catalog.StatePaused {
 		if !resume || !sb.AutoResume {
@@ -110,6 +120,17 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	}
 	s.reg.mu.Unlock()
 	return ri, nil
+}
+
+// afterMove waits until no verb holds sandbox id's lock (a move in
+// flight) and reads its row again.
+func (s *Service) afterMove(ctx context.Context, id string) (*catalog.Sandbox, error) {
+	unlock, err := s.locks.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	unlock()
+	return s.Get(ctx, id)
 }
 
 // routeHub fans route invalidations out to watchers (proxy replicas).

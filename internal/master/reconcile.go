@@ -156,6 +156,8 @@ func (s *Service) sandboxOnNode(ctx context.Context, c cubeletpb.CubeletServiceC
 //     died mid-create, the client never got it) is destroyed and dropped;
 //   - a row whose state differs from the node's (paused vs running) takes
 //     the node's;
+//   - a sandbox whose row names another node that holds a newer copy (it
+//     moved while this node was away) is destroyed here (movedAway);
 //   - a sandbox carrying the managed label with no row is destroyed when
 //     the catalog has its tombstone (a kill while the node was away, an
 //     undo that could not reach it) or it is older than
@@ -264,8 +266,11 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 		if rowIDs[id] || nsb.Labels[ManagedLabel] != ManagedValue {
 			continue
 		}
-		if _, err := s.cat.GetSandbox(ctx, id); err == nil {
-			continue // placed on this node since the listing
+		if row, err := s.cat.GetSandbox(ctx, id); err == nil {
+			if row.NodeID != nodeID && row.NodeID != "" && s.movedAway(ctx, nodeID, id, nsb, now) {
+				orphans++
+			}
+			continue // placed on this node since the listing, or moved
 		}
 		removed, err := s.cat.Tombstoned(ctx, id)
 		if err != nil {
@@ -295,6 +300,45 @@ func (s *Service) reconcileNode(ctx context.Context, nodeID string) error {
 	s.log.Info("node reconciled", "node_id", nodeID, "sandboxes", len(onNode), "catalog", len(rows),
 		"dropped", dropped, "state_fixed", fixed, "orphans_destroyed", orphans, "adopted", adopted, "snapshots_deleted", snaps)
 	return nil
+}
+
+// movedAway destroys the node's copy of a sandbox whose row names another
+// node, when that node holds a copy made after this one: the sandbox
+// moved while this node was away (a drain or resume elsewhere whose
+// destroy could not reach it, a restore after the node was lost). It
+// reports whether it did. A move to this node in flight has it the other
+// way round (this copy is the newer, the row still names the node it
+// leaves) and is left: in this process it also holds the sandbox's lock
+// and creating. When the row's node cannot say, nothing is done.
+func (s *Service) movedAway(ctx context.Context, nodeID, id string, nsb *cubeletpb.Sandbox, now time.Time) bool {
+	if _, inFlight := s.creating.Load(id); inFlight {
+		return false
+	}
+	unlock, err := s.locks.lock(ctx, id)
+	if err != nil {
+		return false
+	}
+	defer unlock()
+	row, err := s.cat.GetSandbox(ctx, id)
+	if err != nil || row.NodeID == nodeID || row.NodeID == "" {
+		return false
+	}
+	if _, inFlight := s.creating.Load(id); inFlight {
+		return false
+	}
+	c, err := s.client(row.NodeID)
+	if err != nil {
+		return false
+	}
+	there, err := s.sandboxOnNode(ctx, c, id)
+	if err != nil || there == nil || nsb.CreatedAt == nil || there.CreatedAt == nil ||
+		!there.CreatedAt.AsTime().After(nsb.CreatedAt.AsTime()) {
+		return false
+	}
+	s.log.Warn("reconcile: destroying the copy of a sandbox that moved to another node", "sandbox_id", id, "node_id", nodeID,
+		"now_on", row.NodeID, "copy_created", nsb.CreatedAt.AsTime(), "there_created", there.CreatedAt.AsTime(), "age", now.Sub(nsb.CreatedAt.AsTime()))
+	s.destroyOn(nodeID, id, grpc.WaitForReady(true))
+	return true
 }
 
 // reconcileSnapshots deletes the node's managed snapshots nobody can use:

@@ -91,6 +91,11 @@ func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error)
 	if err != nil {
 		return nil, err
 	}
+	if _, moving := s.moving.Load(id); moving && sb.State == catalog.StatePaused {
+		if sb, err = s.afterMove(ctx, id); err != nil {
+			return nil, err
+		}
+	}
 	switch sb.State {
 	case catalog.StateRunning:
 	case catalog.StatePaused:

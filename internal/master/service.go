@@ -82,6 +82,13 @@ type Service struct {
 	// forking holds the IDs of the snapshots of forks in flight in this
 	// process, so reconcile leaves them alone.
 	forking sync.Map
+	// moving holds the IDs of sandboxes being moved to another node in
+	// this process (moveElsewhere): the route waits for the move rather
+	// than call them paused.
+	moving sync.Map
+	// lostNoted holds the paused sandboxes of lost nodes already told
+	// that they will resume elsewhere (one event per loss).
+	lostNoted sync.Map
 	// lead runs the lifecycle loops while this replica holds their lease
 	// (lease.go).
 	lead *leader

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"strings"
 	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/scheduler"
 )
 
 // Snapshots across nodes. Nodes move snapshot files through the object
@@ -52,49 +53,83 @@ func (s *Service) snapshotHomeUsable(snap *catalog.Snapshot) bool {
 	return false
 }
 
-// importElsewhere imports snap from the store onto a healthy, schedulable
-// node other than its own that has its runtime and template, trying them
-// in the scheduler's order; it returns the node. The import is refused
-// (FAILED_PRECONDITION, naming why) where a memory image cannot be
-// restored; such a node is skipped.
-func (s *Service) importElsewhere(ctx context.Context, snap *catalog.Snapshot) (string, error) {
-	var errs []error
+// moveTargets ranks the nodes other than from that could take sb (or a
+// clone of its snapshot) now, best first, the scheduler's way (healthy,
+// schedulable, its template and runtime, room for its size), with why
+// every other node cannot.
+func (s *Service) moveTargets(from string, sb *catalog.Sandbox) ([]scheduler.Candidate, []scheduler.Rejection) {
+	var nodes []*scheduler.Node
 	for _, n := range s.schedNodes() {
-		if n.ID == snap.NodeID || !n.Healthy || !n.Schedulable || !n.Templates[snap.TemplateID] ||
-			(snap.Runtime != "" && !slices.Contains(n.Runtimes, snap.Runtime)) {
-			continue
+		if n.ID != from {
+			nodes = append(nodes, n)
 		}
+	}
+	return s.sched.Rank(nodes, scheduler.Request{TemplateID: sb.TemplateID, Runtime: sb.Runtime, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB})
+}
+
+// noTarget says why no node can take sb, naming each node's reason.
+func noTarget(sb *catalog.Sandbox, rejs []scheduler.Rejection) error {
+	var why []string
+	for _, r := range rejs {
+		why = append(why, r.NodeID+": "+r.Reason)
+	}
+	if len(why) == 0 {
+		why = append(why, "no other node is registered")
+	}
+	return fmt.Errorf("no other node can take sandbox %s (template %s, runtime %q, %d milli-CPU, %d MiB): %s: %w",
+		sb.ID, sb.TemplateID, sb.Runtime, sb.MilliCPU, sb.MemoryMiB, strings.Join(why, "; "), errdefs.ErrFailedPrecondition)
+}
+
+// importElsewhere imports snap from the store onto a node other than its
+// own that can take sb (moveTargets), trying them in the scheduler's
+// order; it returns the node, with sb's size reserved on it until the
+// returned func is called with the clone's outcome (reserve). The import
+// is refused (FAILED_PRECONDITION, naming why) where a memory image
+// cannot be restored; such a node is skipped.
+func (s *Service) importElsewhere(ctx context.Context, snap *catalog.Snapshot, sb *catalog.Sandbox) (string, func(time.Time), error) {
+	want := *sb
+	if want.Runtime == "" {
+		want.Runtime = snap.Runtime
+	}
+	want.TemplateID = snap.TemplateID
+	cands, rejs := s.moveTargets(snap.NodeID, &want)
+	var errs []error
+	for _, cand := range cands {
+		n := cand.Node
 		c, err := s.client(n.ID)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		done := s.reserve(n.ID, sb.ID, want.TemplateID, sb.MilliCPU, sb.MemoryMiB)
 		start := time.Now()
 		resp, err := c.ImportSnapshot(ctx, &cubeletpb.ImportSnapshotRequest{SnapshotId: snap.ID})
 		if err != nil {
+			done(time.Time{})
 			err = fromGRPC(n.ID, err)
 			if errdefs.IsNotFound(err) {
-				return "", fmt.Errorf("snapshot %s was never exported to the object store: %w", snap.ID, err)
+				return "", nil, fmt.Errorf("snapshot %s was never exported to the object store: %w", snap.ID, err)
 			}
 			errs = append(errs, fmt.Errorf("node %s: %w", n.ID, err))
 			continue
 		}
 		s.log.Info("snapshot imported on another node", "snapshot_id", snap.ID, "from", snap.NodeID, "to", n.ID,
 			"received_bytes", resp.GetTransfer().GetMovedBytes(), "duration", time.Since(start))
-		return n.ID, nil
+		return n.ID, done, nil
 	}
 	if len(errs) == 0 {
-		return "", fmt.Errorf("no other healthy node has runtime %q and template %s for snapshot %s: %w", snap.Runtime, snap.TemplateID, snap.ID, errdefs.ErrUnavailable)
+		return "", nil, fmt.Errorf("snapshot %s: %w", snap.ID, noTarget(&want, rejs))
 	}
-	return "", fmt.Errorf("snapshot %s could not be imported on another node: %w", snap.ID, errors.Join(errs...))
+	return "", nil, fmt.Errorf("snapshot %s could not be imported on another node: %w", snap.ID, errors.Join(errs...))
 }
 
 // createFromSnapshotElsewhere clones sb from snap on another node.
 func (s *Service) createFromSnapshotElsewhere(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, env map[string]string) (*catalog.Sandbox, error) {
-	nodeID, err := s.importElsewhere(ctx, snap)
+	nodeID, done, err := s.importElsewhere(ctx, snap, sb)
 	if err != nil {
 		return nil, err
 	}
+	done(time.Time{}) // the clone's row and the next report count it
 	moved := *snap
 	moved.NodeID = nodeID
 	sb.NodeID = nodeID
@@ -113,14 +148,25 @@ func (s *Service) createFromSnapshotElsewhere(ctx context.Context, sb *catalog.S
 
 // resumeElsewhere resumes a paused sandbox whose node is cordoned (healthy,
 // taking nothing new) on another node, keeping its ID (and so its URL
-// through the route) and, where the runtime has memory snapshots and the
-// nodes share a memory fingerprint, its memory: its node snapshots it
-// (the fork-labelled kind, so reconcile removes one a crash leaves) and
-// exports the snapshot, another node imports it and clones it under the
-// sandbox's own ID and token, then the catalog moves the sandbox and the
-// original is destroyed. Until the catalog moves it, any failure leaves
-// the sandbox paused where it was.
+// through the route), with deadline now+timeout: moveElsewhere.
 func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
+	unmark := s.markMoving(sb.ID)
+	defer unmark()
+	return s.moveElsewhere(ctx, sb, time.Now().UTC().Add(timeout))
+}
+
+// moveElsewhere starts a paused sandbox on another node under its own ID
+// (and so its URL through the route), running with deadline endAt, and,
+// where the runtime has memory snapshots and the nodes share a memory
+// fingerprint, its memory: its node snapshots it (the fork-labelled kind,
+// so reconcile removes one a crash leaves) and exports the snapshot,
+// another node imports it and clones it under the sandbox's own ID and
+// token, then the catalog moves the sandbox and the original is
+// destroyed. Until the catalog moves it, any failure leaves the sandbox
+// paused where it was. The caller holds the sandbox's lock, and marks
+// the move (markMoving) so that the route waits for it instead of calling
+// the sandbox paused.
+func (s *Service) moveElsewhere(ctx context.Context, sb *catalog.Sandbox, endAt time.Time) (*catalog.Sandbox, error) {
 	from := sb.NodeID
 	snap, err := s.snapshot(ctx, sb, "", true)
 	if err != nil {
@@ -144,10 +190,30 @@ func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, time
 			s.log.Warn("delete a move's snapshot from the store", "snapshot_id", snap.ID, "node", from, "err", err)
 		}
 	}()
-	to, err := s.importElsewhere(ctx, snap)
+	up, err := s.startElsewhere(ctx, sb, snap, endAt)
 	if err != nil {
 		return nil, fmt.Errorf("move sandbox %s off node %s: %w", sb.ID, from, err)
 	}
+	s.destroyOn(from, sb.ID)
+	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", up.NodeID,
+		"export", exported, "total", time.Since(begin))
+	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": up.NodeID, "end_at": endAt.Format(time.RFC3339)})
+	return up, nil
+}
+
+// startElsewhere starts sb, paused on its node, from snap (exported to
+// the store) on another node under sb's ID and token, running until
+// endAt, and moves its row there. The imported copy is deleted from the
+// new node; the store's copy and the original sandbox are the caller's.
+// Until the row moves, a failure leaves the row as it was and nothing on
+// the new node.
+func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, endAt time.Time) (*catalog.Sandbox, error) {
+	to, done, err := s.importElsewhere(ctx, snap, sb)
+	if err != nil {
+		return nil, err
+	}
+	var created time.Time
+	defer func() { done(created) }()
 	tc, err := s.client(to)
 	if err != nil {
 		return nil, err
@@ -179,29 +245,72 @@ func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, time
 		if maybeCreated(err) {
 			s.destroyOn(to, sb.ID)
 		}
-		return nil, fmt.Errorf("move sandbox %s to node %s: %w", sb.ID, to, err)
+		return nil, fmt.Errorf("start sandbox %s on node %s: %w", sb.ID, to, err)
 	}
+	created = resp.Sandboxes[0].GetCreatedAt().AsTime()
 	moved := *sb
 	moved.NodeID = to
 	if err := s.initAgent(ctx, &moved, resp.Sandboxes[0], nil); err != nil {
 		s.destroyOn(to, sb.ID)
-		return nil, fmt.Errorf("move sandbox %s to node %s: agent: %w", sb.ID, to, err)
+		return nil, fmt.Errorf("start sandbox %s on node %s: agent: %w", sb.ID, to, err)
 	}
+	pauseSnap := ""
 	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
-		r.NodeID, r.State, r.EndAt = to, catalog.StateRunning, time.Now().UTC().Add(timeout)
+		pauseSnap = r.PauseSnapshot
+		r.NodeID, r.State, r.EndAt, r.PauseSnapshot = to, catalog.StateRunning, endAt, ""
 		return nil
 	})
 	if err != nil {
 		s.destroyOn(to, sb.ID)
 		return nil, err
 	}
-	s.destroyOn(from, sb.ID)
+	if pauseSnap != "" && pauseSnap != snap.ID {
+		// Running again: the snapshot exported at its pause is stale.
+		s.dropExported(ctx, pauseSnap, to)
+	}
 	s.routes.drop(sb.ID)
 	s.activity.touch(sb.ID, time.Now())
-	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", to,
-		"export", exported, "total", time.Since(begin))
-	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": to, "timeout": timeout.String()})
 	return up, nil
+}
+
+// dropExported deletes an exported snapshot from the object store
+// through a node with a store: node first, then any other healthy node
+// (the store's copy needs no node's copy). A failure is logged: the
+// object stays in the store.
+func (s *Service) dropExported(ctx context.Context, snapID, node string) {
+	ctx = context.WithoutCancel(ctx)
+	var tried []string
+	for _, n := range s.schedNodes() {
+		switch {
+		case !n.Healthy: // a lost node would hold the call up
+		case n.ID == node:
+			tried = append([]string{n.ID}, tried...)
+		default:
+			tried = append(tried, n.ID)
+		}
+	}
+	var errs []error
+	for _, id := range tried {
+		c, err := s.client(id)
+		if err == nil {
+			dctx, cancel := context.WithTimeout(ctx, time.Minute)
+			_, err = c.DeleteSnapshot(dctx, &cubeletpb.DeleteSnapshotRequest{SnapshotId: snapID, DeleteExported: true})
+			cancel()
+			err = fromGRPC(id, err)
+		}
+		if err == nil || errdefs.IsNotFound(err) {
+			return
+		}
+		errs = append(errs, fmt.Errorf("node %s: %w", id, err))
+	}
+	s.log.Warn("delete an exported pause snapshot from the store; it stays there", "snapshot_id", snapID, "err", errors.Join(errs...))
+}
+
+// markMoving records that sandbox id is being moved, until the returned
+// func is called.
+func (s *Service) markMoving(id string) func() {
+	s.moving.Store(id, true)
+	return func() { s.moving.Delete(id) }
 }
 
 // nodeCordoned reports whether nodeID is healthy but takes nothing new: a

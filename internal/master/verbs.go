@@ -113,6 +113,9 @@ func (s *Service) kill(ctx context.Context, sb *catalog.Sandbox, why string) err
 	if err := s.cat.DeleteSandbox(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
+	if sb.PauseSnapshot != "" {
+		s.dropExported(ctx, sb.PauseSnapshot, sb.NodeID)
+	}
 	if err := fpKillDone.Eval(ctx); err != nil {
 		return err
 	}
@@ -147,6 +150,12 @@ func (s *Service) Pause(ctx context.Context, id string) error {
 }
 
 func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
+	return s.pauseAndExport(ctx, sb, s.cfg.Store.ExportOnPause)
+}
+
+// pauseAndExport is pause, exporting the paused sandbox's snapshot
+// (exportPaused) when export is set.
+func (s *Service) pauseAndExport(ctx context.Context, sb *catalog.Sandbox, export bool) error {
 	if sb.State != catalog.StateRunning {
 		return fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
@@ -172,6 +181,11 @@ func (s *Service) pause(ctx context.Context, sb *catalog.Sandbox) error {
 	}
 	s.routes.drop(sb.ID)
 	s.event(sb.ID, "info", "sandbox paused", nil)
+	if export {
+		paused := *sb
+		paused.State = catalog.StatePaused
+		s.exportPaused(ctx, &paused)
+	}
 	return nil
 }
 
@@ -212,6 +226,11 @@ func (s *Service) Resume(ctx context.Context, id string, timeout time.Duration) 
 
 func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
 	s.routes.drop(sb.ID)
+	if sb.PauseSnapshot != "" && s.nodeLost(sb.NodeID) {
+		// Its node is gone: start it elsewhere from the snapshot
+		// exported as it paused.
+		return s.restoreElsewhere(ctx, sb, timeout)
+	}
 	if s.nodeCordoned(sb.NodeID) {
 		// A move that fails leaves the sandbox paused where it is, which
 		// can still resume it there (cordoned takes nothing new).
@@ -221,6 +240,12 @@ func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.
 		}
 		s.log.Warn("resume on another node failed; resuming on the cordoned node", "sandbox_id", sb.ID, "node_id", sb.NodeID, "err", err)
 	}
+	return s.resumeHere(ctx, sb, timeout)
+}
+
+// resumeHere resumes a paused sandbox on the node it is on.
+func (s *Service) resumeHere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
+	s.routes.drop(sb.ID)
 	if err := fpResumeBegin.Eval(ctx); err != nil {
 		return nil, err
 	}
@@ -234,12 +259,18 @@ func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.
 	if err := fpResumeResumed.Eval(ctx); err != nil {
 		return nil, err
 	}
+	stale := ""
 	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
-		r.State, r.EndAt = catalog.StateRunning, time.Now().UTC().Add(timeout)
+		stale = r.PauseSnapshot
+		r.State, r.EndAt, r.PauseSnapshot = catalog.StateRunning, time.Now().UTC().Add(timeout), ""
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	if stale != "" {
+		// Running again: the snapshot exported at its pause is stale.
+		s.dropExported(ctx, stale, sb.NodeID)
 	}
 	if err := fpResumeDone.Eval(ctx); err != nil {
 		return nil, err
@@ -269,8 +300,26 @@ func (s *Service) Connect(ctx context.Context, id string, timeout time.Duration)
 		sb, err = s.resume(ctx, sb, timeout)
 		return sb, err == nil, err
 	}
+	if sb.State == catalog.StateFailed {
+		return nil, false, s.failedError(ctx, sb)
+	}
 	sb, err = s.extend(ctx, id, timeout, false)
 	return sb, false, err
+}
+
+// failedError says why a failed sandbox cannot be used: the latest error
+// event (its process died, its node was lost).
+func (s *Service) failedError(ctx context.Context, sb *catalog.Sandbox) error {
+	why := "its process died or its node was lost"
+	if evs, err := s.cat.ListEvents(ctx, catalog.EventQuery{SandboxID: sb.ID, Backward: true, Limit: 20}); err == nil {
+		for _, ev := range evs {
+			if ev.Level == "error" {
+				why = ev.Message
+				break
+			}
+		}
+	}
+	return fmt.Errorf("sandbox %s failed on node %s (%s); it cannot be resumed, kill it: %w", sb.ID, sb.NodeID, why, errdefs.ErrFailedPrecondition)
 }
 
 // SetTimeout sets the deadline to now+timeout, shorter or longer.

@@ -68,7 +68,9 @@ func kill(t *testing.T, c *mastertest.Client, id string) {
 // time).
 func TestCluster(t *testing.T) {
 	start := time.Now()
-	c := cluster.Start(t, cluster.Options{})
+	// Pauses export their snapshot, so a paused sandbox outlives its node
+	// (case node-loss).
+	c := cluster.Start(t, cluster.Options{ObjectStore: true, MasterTOML: "[store]\nexport_on_pause = true\n"})
 	t.Logf("cluster %s up in %s: bridge %s, db %s, masters %s, proxies %d, nodes %d",
 		c.ID, time.Since(start).Round(time.Millisecond), c.Bridge, c.DB.Host.IP, c.MasterAddrs(), len(c.Proxies), len(c.Nodes))
 	key := c.APIKey(t)
@@ -152,12 +154,24 @@ func TestCluster(t *testing.T) {
 		templates(t, c, apis)
 	})
 
+	t.Run("drain", func(t *testing.T) {
+		drain(t, c, apis)
+	})
+
+	t.Run("e2b-sdk-drain", func(t *testing.T) {
+		sdkDrain(t, c, apis, key)
+	})
+
 	t.Run("leader-kill", func(t *testing.T) {
 		leaderKill(t, c, apis)
 	})
 
 	t.Run("host-loss", func(t *testing.T) {
 		hostLoss(t, c, apis)
+	})
+
+	t.Run("node-loss", func(t *testing.T) {
+		nodeLoss(t, c, apis)
 	})
 }
 
@@ -386,6 +400,14 @@ func onNode(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster
 // onNodeFrom is onNode with a template.
 func onNodeFrom(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, tmpl, extra string) (id, token string) {
 	t.Helper()
+	ids, tokens := onNodeN(t, c, api, n, tmpl, extra, 1)
+	return ids[0], tokens[0]
+}
+
+// onNodeN creates count sandboxes on node n (the other nodes cordoned
+// for the creates).
+func onNodeN(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *cluster.Node, tmpl, extra string, count int) (ids, tokens []string) {
+	t.Helper()
 	ctx := context.Background()
 	admin := c.AdminOf(t)
 	for _, o := range c.Nodes {
@@ -417,20 +439,25 @@ func onNodeFrom(t *testing.T, c *cluster.Cluster, api *mastertest.Client, n *clu
 		}
 		return true
 	})
-	var out struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-	}
-	r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+tmpl+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
-	if r.StatusCode/100 != 2 {
-		t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
+	for range count {
+		var out struct {
+			SandboxID       string `json:"sandboxID"`
+			EnvdAccessToken string `json:"envdAccessToken"`
+		}
+		r := api.Do(t, http.MethodPost, "/sandboxes", `{"templateID":"`+tmpl+`","timeout":600,"secure":true,"envVars":{"CUBE_E2E":"1"}`+extra+`}`, &out)
+		if r.StatusCode/100 != 2 {
+			t.Fatalf("create on %s: %s %s", n.ID, r.Status, r.Body)
+		}
+		ids, tokens = append(ids, out.SandboxID), append(tokens, out.EnvdAccessToken)
 	}
 	for _, sb := range c.Sandboxes(t) {
-		if sb.SandboxId == out.SandboxID && sb.NodeId != n.ID {
-			t.Fatalf("sandbox %s landed on %s, want %s", out.SandboxID, sb.NodeId, n.ID)
+		for _, id := range ids {
+			if sb.SandboxId == id && sb.NodeId != n.ID {
+				t.Fatalf("sandbox %s landed on %s, want %s", id, sb.NodeId, n.ID)
+			}
 		}
 	}
-	return out.SandboxID, out.EnvdAccessToken
+	return ids, tokens
 }
 
 // crossHost makes a sandbox on node 3 (auto-pause and auto-resume on)
@@ -562,21 +589,7 @@ func crossHost(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 // API on node 3, reached through a proxy host; the control-plane suite
 // through the other replica.
 func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key string) {
-	if os.Getenv("CUBE_TEST_NODE") == "0" {
-		t.Skip("CUBE_TEST_NODE=0: the Node suites are off (as in hack/test.sh)")
-	}
-	node := testenv.RequireBinary(t, "node", "nodejs")
-	dir := filepath.Join(testbin.Root(), "test", "e2e", "node")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
-		// The pinned SDK, as hack/test.sh installs it (which runs the Go
-		// tests first).
-		npm := testenv.RequireBinary(t, "npm", "npm")
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, npm, "ci", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error").CombinedOutput(); err != nil {
-			testenv.Missing(t, "the E2B SDK is not installed and npm ci --prefix test/e2e/node failed: %v\n%s", err, out)
-		}
-	}
+	node, dir := nodeSDK(t)
 	id, token := onNode(t, c, apis[0], c.Nodes[2], "")
 	t.Cleanup(func() { kill(t, apis[0], id) })
 	if token == "" {
@@ -644,6 +657,28 @@ func sdkSuites(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key 
 		}()
 		run(t, 1, c.Proxies[1], c.Proxies[1].URL, append(teams, "CUBE_E2E_TEMPLATE="+cluster.Template), "controlplane.test.mjs", "tenancy.test.mjs")
 	})
+}
+
+// nodeSDK returns node and the directory of the E2B JS SDK suites
+// (test/e2e/node), installing the pinned SDK there if it is not.
+func nodeSDK(t *testing.T) (node, dir string) {
+	t.Helper()
+	if os.Getenv("CUBE_TEST_NODE") == "0" {
+		t.Skip("CUBE_TEST_NODE=0: the Node suites are off (as in hack/test.sh)")
+	}
+	node = testenv.RequireBinary(t, "node", "nodejs")
+	dir = filepath.Join(testbin.Root(), "test", "e2e", "node")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		// The pinned SDK, as hack/test.sh installs it (which runs the Go
+		// tests first).
+		npm := testenv.RequireBinary(t, "npm", "npm")
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, npm, "ci", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error").CombinedOutput(); err != nil {
+			testenv.Missing(t, "the E2B SDK is not installed and npm ci --prefix test/e2e/node failed: %v\n%s", err, out)
+		}
+	}
+	return node, dir
 }
 
 // teamKeys makes the teams of the tenancy suite (as test/e2e/node/system

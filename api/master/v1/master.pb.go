@@ -1463,6 +1463,183 @@ func (x *SetNodeSchedulableResponse) GetNode() *Node {
 	return nil
 }
 
+type DrainNodeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Leave running sandboxes to end (deadline, kill) instead of moving
+	// them; paused ones still move.
+	Wait bool `protobuf:"varint,2,opt,name=wait,proto3" json:"wait,omitempty"`
+	// Sandboxes moved at once; 0 = 4.
+	Parallel      int32 `protobuf:"varint,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_master_v1_master_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DrainNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+func (x *DrainNodeRequest) GetParallel() int32 {
+	if x != nil {
+		return x.Parallel
+	}
+	return 0
+}
+
+type DrainNodeProgress struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	NodeId    string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	SandboxId string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The sandbox's state when the drain took it up: running or paused.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// moving, moved, failed, waiting, ended; done (the last message: the
+	// node holds none of its sandboxes).
+	Phase string `protobuf:"bytes,4,opt,name=phase,proto3" json:"phase,omitempty"`
+	// The node the sandbox moved to.
+	ToNode string               `protobuf:"bytes,5,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	Error  string               `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Took   *durationpb.Duration `protobuf:"bytes,7,opt,name=took,proto3" json:"took,omitempty"`
+	// The node's sandboxes left after this step, and how many the drain
+	// has taken up so far.
+	Remaining     int32 `protobuf:"varint,8,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	Total         int32 `protobuf:"varint,9,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeProgress) Reset() {
+	*x = DrainNodeProgress{}
+	mi := &file_master_v1_master_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeProgress) ProtoMessage() {}
+
+func (x *DrainNodeProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeProgress.ProtoReflect.Descriptor instead.
+func (*DrainNodeProgress) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DrainNodeProgress) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainNodeProgress) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *DrainNodeProgress) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *DrainNodeProgress) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *DrainNodeProgress) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+func (x *DrainNodeProgress) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *DrainNodeProgress) GetTook() *durationpb.Duration {
+	if x != nil {
+		return x.Took
+	}
+	return nil
+}
+
+func (x *DrainNodeProgress) GetRemaining() int32 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *DrainNodeProgress) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
 type CreateJoinTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The only node ID the token may be used for; empty = any ID not yet
@@ -1476,7 +1653,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1665,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1678,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateJoinTokenRequest) GetNodeId() string {
@@ -1530,7 +1707,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1719,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1732,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -1591,7 +1768,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1780,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1793,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *APIKey) GetId() string {
@@ -1680,7 +1857,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1869,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1882,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -1740,7 +1917,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1929,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1942,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1790,7 +1967,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1979,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1992,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 type ListAPIKeysResponse struct {
@@ -1827,7 +2004,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2016,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2029,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -1872,7 +2049,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2061,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2074,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -1915,7 +2092,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2104,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2117,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 // Sandbox is one catalog entry.
@@ -1971,7 +2148,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2160,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2173,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -2117,7 +2294,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2306,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2319,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -2175,7 +2352,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2187,7 +2364,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2200,7 +2377,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2231,7 +2408,7 @@ type ClusterTemplate struct {
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2243,7 +2420,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2256,7 +2433,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -2323,7 +2500,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2335,7 +2512,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2348,7 +2525,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
 }
 
 type ListTemplatesResponse struct {
@@ -2360,7 +2537,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2372,7 +2549,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2385,7 +2562,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -2421,7 +2598,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2610,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2623,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2521,7 +2698,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2710,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2723,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -2569,7 +2746,7 @@ type UploadTemplateRequest struct {
 
 func (x *UploadTemplateRequest) Reset() {
 	*x = UploadTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2758,7 @@ func (x *UploadTemplateRequest) String() string {
 func (*UploadTemplateRequest) ProtoMessage() {}
 
 func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2771,7 @@ func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTemplateRequest.ProtoReflect.Descriptor instead.
 func (*UploadTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UploadTemplateRequest) GetPart() isUploadTemplateRequest_Part {
@@ -2649,7 +2826,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2838,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2851,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2694,7 +2871,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2883,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2896,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2742,7 +2919,7 @@ type TeamQuota struct {
 
 func (x *TeamQuota) Reset() {
 	*x = TeamQuota{}
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +2931,7 @@ func (x *TeamQuota) String() string {
 func (*TeamQuota) ProtoMessage() {}
 
 func (x *TeamQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +2944,7 @@ func (x *TeamQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
 func (*TeamQuota) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TeamQuota) GetMaxSandboxes() int64 {
@@ -2806,7 +2983,7 @@ type Team struct {
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2818,7 +2995,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2831,7 +3008,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Team) GetName() string {
@@ -2886,7 +3063,7 @@ type CreateTeamRequest struct {
 
 func (x *CreateTeamRequest) Reset() {
 	*x = CreateTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +3075,7 @@ func (x *CreateTeamRequest) String() string {
 func (*CreateTeamRequest) ProtoMessage() {}
 
 func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +3088,7 @@ func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
 func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateTeamRequest) GetName() string {
@@ -2937,7 +3114,7 @@ type CreateTeamResponse struct {
 
 func (x *CreateTeamResponse) Reset() {
 	*x = CreateTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2949,7 +3126,7 @@ func (x *CreateTeamResponse) String() string {
 func (*CreateTeamResponse) ProtoMessage() {}
 
 func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2962,7 +3139,7 @@ func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
 func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateTeamResponse) GetTeam() *Team {
@@ -2980,7 +3157,7 @@ type ListTeamsRequest struct {
 
 func (x *ListTeamsRequest) Reset() {
 	*x = ListTeamsRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3169,7 @@ func (x *ListTeamsRequest) String() string {
 func (*ListTeamsRequest) ProtoMessage() {}
 
 func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3182,7 @@ func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
 func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
 }
 
 type ListTeamsResponse struct {
@@ -3017,7 +3194,7 @@ type ListTeamsResponse struct {
 
 func (x *ListTeamsResponse) Reset() {
 	*x = ListTeamsResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3029,7 +3206,7 @@ func (x *ListTeamsResponse) String() string {
 func (*ListTeamsResponse) ProtoMessage() {}
 
 func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3042,7 +3219,7 @@ func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
 func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListTeamsResponse) GetTeams() []*Team {
@@ -3062,7 +3239,7 @@ type SetTeamQuotaRequest struct {
 
 func (x *SetTeamQuotaRequest) Reset() {
 	*x = SetTeamQuotaRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3251,7 @@ func (x *SetTeamQuotaRequest) String() string {
 func (*SetTeamQuotaRequest) ProtoMessage() {}
 
 func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3264,7 @@ func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SetTeamQuotaRequest) GetName() string {
@@ -3112,7 +3289,7 @@ type SetTeamQuotaResponse struct {
 
 func (x *SetTeamQuotaResponse) Reset() {
 	*x = SetTeamQuotaResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[48]
+	mi := &file_master_v1_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3301,7 @@ func (x *SetTeamQuotaResponse) String() string {
 func (*SetTeamQuotaResponse) ProtoMessage() {}
 
 func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[48]
+	mi := &file_master_v1_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3314,7 @@ func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{50}
 }
 
 type DeleteTeamRequest struct {
@@ -3151,7 +3328,7 @@ type DeleteTeamRequest struct {
 
 func (x *DeleteTeamRequest) Reset() {
 	*x = DeleteTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[49]
+	mi := &file_master_v1_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3163,7 +3340,7 @@ func (x *DeleteTeamRequest) String() string {
 func (*DeleteTeamRequest) ProtoMessage() {}
 
 func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[49]
+	mi := &file_master_v1_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3176,7 +3353,7 @@ func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{49}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeleteTeamRequest) GetName() string {
@@ -3206,7 +3383,7 @@ type DeleteTeamResponse struct {
 
 func (x *DeleteTeamResponse) Reset() {
 	*x = DeleteTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[50]
+	mi := &file_master_v1_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3395,7 @@ func (x *DeleteTeamResponse) String() string {
 func (*DeleteTeamResponse) ProtoMessage() {}
 
 func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[50]
+	mi := &file_master_v1_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3408,7 @@ func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{50}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteTeamResponse) GetRevokedKeys() []string {
@@ -3381,7 +3558,22 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"^\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"[\n" +
+	"\x10DrainNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04wait\x18\x02 \x01(\bR\x04wait\x12\x1a\n" +
+	"\bparallel\x18\x03 \x01(\x05R\bparallel\"\x89\x02\n" +
+	"\x11DrainNodeProgress\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x14\n" +
+	"\x05phase\x18\x04 \x01(\tR\x05phase\x12\x17\n" +
+	"\ato_node\x18\x05 \x01(\tR\x06toNode\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x12-\n" +
+	"\x04took\x18\a \x01(\v2\x19.google.protobuf.DurationR\x04took\x12\x1c\n" +
+	"\tremaining\x18\b \x01(\x05R\tremaining\x12\x14\n" +
+	"\x05total\x18\t \x01(\x05R\x05total\"^\n" +
 	"\x16CreateJoinTokenRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"j\n" +
@@ -3523,10 +3715,12 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vNodeService\x12C\n" +
 	"\bRegister\x12\x1a.master.v1.RegisterRequest\x1a\x1b.master.v1.RegisterResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.master.v1.HeartbeatRequest\x1a\x1c.master.v1.HeartbeatResponse\x12C\n" +
-	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\xe1\t\n" +
+	"\bReadBlob\x12\x1a.master.v1.ReadBlobRequest\x1a\x1b.master.v1.ReadBlobResponse2\xab\n" +
+	"\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.master.v1.ListNodesRequest\x1a\x1c.master.v1.ListNodesResponse\x12a\n" +
-	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12X\n" +
+	"\x12SetNodeSchedulable\x12$.master.v1.SetNodeSchedulableRequest\x1a%.master.v1.SetNodeSchedulableResponse\x12H\n" +
+	"\tDrainNode\x12\x1b.master.v1.DrainNodeRequest\x1a\x1c.master.v1.DrainNodeProgress0\x01\x12X\n" +
 	"\x0fCreateJoinToken\x12!.master.v1.CreateJoinTokenRequest\x1a\".master.v1.CreateJoinTokenResponse\x12O\n" +
 	"\fCreateAPIKey\x12\x1e.master.v1.CreateAPIKeyRequest\x1a\x1f.master.v1.CreateAPIKeyResponse\x12L\n" +
 	"\vListAPIKeys\x12\x1d.master.v1.ListAPIKeysRequest\x1a\x1e.master.v1.ListAPIKeysResponse\x12O\n" +
@@ -3559,7 +3753,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3582,138 +3776,143 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),          // 18: master.v1.ListNodesResponse
 	(*SetNodeSchedulableRequest)(nil),  // 19: master.v1.SetNodeSchedulableRequest
 	(*SetNodeSchedulableResponse)(nil), // 20: master.v1.SetNodeSchedulableResponse
-	(*CreateJoinTokenRequest)(nil),     // 21: master.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),    // 22: master.v1.CreateJoinTokenResponse
-	(*APIKey)(nil),                     // 23: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 24: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 25: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 26: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 27: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 28: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 29: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 30: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 31: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 32: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 33: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 34: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 35: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 36: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 37: master.v1.ImportTemplateResponse
-	(*UploadTemplateRequest)(nil),      // 38: master.v1.UploadTemplateRequest
-	(*DeleteTemplateRequest)(nil),      // 39: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 40: master.v1.DeleteTemplateResponse
-	(*TeamQuota)(nil),                  // 41: master.v1.TeamQuota
-	(*Team)(nil),                       // 42: master.v1.Team
-	(*CreateTeamRequest)(nil),          // 43: master.v1.CreateTeamRequest
-	(*CreateTeamResponse)(nil),         // 44: master.v1.CreateTeamResponse
-	(*ListTeamsRequest)(nil),           // 45: master.v1.ListTeamsRequest
-	(*ListTeamsResponse)(nil),          // 46: master.v1.ListTeamsResponse
-	(*SetTeamQuotaRequest)(nil),        // 47: master.v1.SetTeamQuotaRequest
-	(*SetTeamQuotaResponse)(nil),       // 48: master.v1.SetTeamQuotaResponse
-	(*DeleteTeamRequest)(nil),          // 49: master.v1.DeleteTeamRequest
-	(*DeleteTeamResponse)(nil),         // 50: master.v1.DeleteTeamResponse
-	nil,                                // 51: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 52: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 53: master.v1.Sandbox.MetadataEntry
-	nil,                                // 54: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 55: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 56: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 57: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 58: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 59: google.protobuf.Duration
-	(*v1.RegistryAuth)(nil),            // 60: cubelet.v1.RegistryAuth
+	(*DrainNodeRequest)(nil),           // 21: master.v1.DrainNodeRequest
+	(*DrainNodeProgress)(nil),          // 22: master.v1.DrainNodeProgress
+	(*CreateJoinTokenRequest)(nil),     // 23: master.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),    // 24: master.v1.CreateJoinTokenResponse
+	(*APIKey)(nil),                     // 25: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 26: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 27: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 28: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 29: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 30: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 31: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 32: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 33: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 34: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 35: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 36: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 37: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 38: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 39: master.v1.ImportTemplateResponse
+	(*UploadTemplateRequest)(nil),      // 40: master.v1.UploadTemplateRequest
+	(*DeleteTemplateRequest)(nil),      // 41: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 42: master.v1.DeleteTemplateResponse
+	(*TeamQuota)(nil),                  // 43: master.v1.TeamQuota
+	(*Team)(nil),                       // 44: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 45: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 46: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 47: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 48: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 49: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 50: master.v1.SetTeamQuotaResponse
+	(*DeleteTeamRequest)(nil),          // 51: master.v1.DeleteTeamRequest
+	(*DeleteTeamResponse)(nil),         // 52: master.v1.DeleteTeamResponse
+	nil,                                // 53: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 54: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 55: master.v1.Sandbox.MetadataEntry
+	nil,                                // 56: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 57: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 58: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 59: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 60: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 61: google.protobuf.Duration
+	(*v1.RegistryAuth)(nil),            // 62: cubelet.v1.RegistryAuth
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	56, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	51, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	52, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	58, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	53, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	54, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	57, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	58, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	59, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	60, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	58, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	58, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	60, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	60, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	59, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	61, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	59, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	61, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
 	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	58, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	58, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	60, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	60, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	16, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
 	16, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	59, // 19: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	58, // 20: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 21: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	58, // 22: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	23, // 23: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	23, // 24: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	53, // 25: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	58, // 26: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	58, // 27: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	59, // 28: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	54, // 29: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	30, // 30: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	58, // 31: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	55, // 32: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	33, // 33: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	60, // 34: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	33, // 35: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	36, // 36: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
-	58, // 37: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	41, // 38: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	41, // 39: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	42, // 40: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	42, // 41: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	41, // 42: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	10, // 43: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	14, // 44: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	12, // 45: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
-	17, // 46: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	19, // 47: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	21, // 48: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
-	24, // 49: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	26, // 50: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	28, // 51: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	43, // 52: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	45, // 53: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	47, // 54: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	49, // 55: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
-	31, // 56: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	34, // 57: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	36, // 58: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	39, // 59: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	38, // 60: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
-	0,  // 61: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 62: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 63: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 64: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	15, // 65: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	13, // 66: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
-	18, // 67: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	20, // 68: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	22, // 69: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
-	25, // 70: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	27, // 71: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	29, // 72: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	44, // 73: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	46, // 74: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	48, // 75: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	50, // 76: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
-	32, // 77: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	35, // 78: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	37, // 79: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	40, // 80: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	37, // 81: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
-	1,  // 82: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 83: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 84: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	64, // [64:85] is the sub-list for method output_type
-	43, // [43:64] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	61, // 19: master.v1.DrainNodeProgress.took:type_name -> google.protobuf.Duration
+	61, // 20: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	60, // 21: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 22: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	60, // 23: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	25, // 24: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	25, // 25: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	55, // 26: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	60, // 27: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	60, // 28: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	61, // 29: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	56, // 30: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	32, // 31: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	60, // 32: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	57, // 33: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	35, // 34: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	62, // 35: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	35, // 36: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	38, // 37: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
+	60, // 38: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	43, // 39: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	43, // 40: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	44, // 41: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	44, // 42: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	43, // 43: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	10, // 44: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	14, // 45: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	12, // 46: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
+	17, // 47: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	19, // 48: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	21, // 49: master.v1.AdminService.DrainNode:input_type -> master.v1.DrainNodeRequest
+	23, // 50: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
+	26, // 51: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	28, // 52: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	30, // 53: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	45, // 54: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	47, // 55: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	49, // 56: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	51, // 57: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	33, // 58: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	36, // 59: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	38, // 60: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	41, // 61: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	40, // 62: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
+	0,  // 63: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 64: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 65: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	11, // 66: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	15, // 67: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	13, // 68: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
+	18, // 69: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	20, // 70: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	22, // 71: master.v1.AdminService.DrainNode:output_type -> master.v1.DrainNodeProgress
+	24, // 72: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
+	27, // 73: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	29, // 74: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	31, // 75: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	46, // 76: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	48, // 77: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	50, // 78: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	52, // 79: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	34, // 80: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	37, // 81: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	39, // 82: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	42, // 83: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	39, // 84: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
+	1,  // 85: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 86: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 87: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	66, // [66:88] is the sub-list for method output_type
+	44, // [44:66] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -3721,7 +3920,7 @@ func file_master_v1_master_proto_init() {
 	if File_master_v1_master_proto != nil {
 		return
 	}
-	file_master_v1_master_proto_msgTypes[38].OneofWrappers = []any{
+	file_master_v1_master_proto_msgTypes[40].OneofWrappers = []any{
 		(*UploadTemplateRequest_Request)(nil),
 		(*UploadTemplateRequest_Chunk)(nil),
 	}
@@ -3731,7 +3930,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   56,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

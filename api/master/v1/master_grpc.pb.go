@@ -223,6 +223,7 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 const (
 	AdminService_ListNodes_FullMethodName          = "/master.v1.AdminService/ListNodes"
 	AdminService_SetNodeSchedulable_FullMethodName = "/master.v1.AdminService/SetNodeSchedulable"
+	AdminService_DrainNode_FullMethodName          = "/master.v1.AdminService/DrainNode"
 	AdminService_CreateJoinToken_FullMethodName    = "/master.v1.AdminService/CreateJoinToken"
 	AdminService_CreateAPIKey_FullMethodName       = "/master.v1.AdminService/CreateAPIKey"
 	AdminService_ListAPIKeys_FullMethodName        = "/master.v1.AdminService/ListAPIKeys"
@@ -248,6 +249,13 @@ type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	// SetNodeSchedulable cordons (false) or uncordons (true) a node.
 	SetNodeSchedulable(ctx context.Context, in *SetNodeSchedulableRequest, opts ...grpc.CallOption) (*SetNodeSchedulableResponse, error)
+	// DrainNode cordons a node and moves each of its sandboxes to another
+	// node under the same ID (running ones paused, moved and running again;
+	// paused ones moved and paused again), streaming one message per step.
+	// Refused (FailedPrecondition, nothing changed) when some sandbox has no
+	// node that could take it. It runs while the call lasts; a sandbox that
+	// could not move ends the stream with an error naming it.
+	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DrainNodeProgress], error)
 	// A one-time token with which a new node obtains its certificate from
 	// the master's join listener (api.join), without the CA key.
 	CreateJoinToken(ctx context.Context, in *CreateJoinTokenRequest, opts ...grpc.CallOption) (*CreateJoinTokenResponse, error)
@@ -305,6 +313,25 @@ func (c *adminServiceClient) SetNodeSchedulable(ctx context.Context, in *SetNode
 	}
 	return out, nil
 }
+
+func (c *adminServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DrainNodeProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_DrainNode_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DrainNodeRequest, DrainNodeProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_DrainNodeClient = grpc.ServerStreamingClient[DrainNodeProgress]
 
 func (c *adminServiceClient) CreateJoinToken(ctx context.Context, in *CreateJoinTokenRequest, opts ...grpc.CallOption) (*CreateJoinTokenResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -428,7 +455,7 @@ func (c *adminServiceClient) DeleteTemplate(ctx context.Context, in *DeleteTempl
 
 func (c *adminServiceClient) UploadTemplate(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadTemplateRequest, ImportTemplateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_UploadTemplate_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[1], AdminService_UploadTemplate_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -449,6 +476,13 @@ type AdminServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	// SetNodeSchedulable cordons (false) or uncordons (true) a node.
 	SetNodeSchedulable(context.Context, *SetNodeSchedulableRequest) (*SetNodeSchedulableResponse, error)
+	// DrainNode cordons a node and moves each of its sandboxes to another
+	// node under the same ID (running ones paused, moved and running again;
+	// paused ones moved and paused again), streaming one message per step.
+	// Refused (FailedPrecondition, nothing changed) when some sandbox has no
+	// node that could take it. It runs while the call lasts; a sandbox that
+	// could not move ends the stream with an error naming it.
+	DrainNode(*DrainNodeRequest, grpc.ServerStreamingServer[DrainNodeProgress]) error
 	// A one-time token with which a new node obtains its certificate from
 	// the master's join listener (api.join), without the CA key.
 	CreateJoinToken(context.Context, *CreateJoinTokenRequest) (*CreateJoinTokenResponse, error)
@@ -492,6 +526,9 @@ func (UnimplementedAdminServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedAdminServiceServer) SetNodeSchedulable(context.Context, *SetNodeSchedulableRequest) (*SetNodeSchedulableResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeSchedulable not implemented")
+}
+func (UnimplementedAdminServiceServer) DrainNode(*DrainNodeRequest, grpc.ServerStreamingServer[DrainNodeProgress]) error {
+	return status.Error(codes.Unimplemented, "method DrainNode not implemented")
 }
 func (UnimplementedAdminServiceServer) CreateJoinToken(context.Context, *CreateJoinTokenRequest) (*CreateJoinTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateJoinToken not implemented")
@@ -588,6 +625,17 @@ func _AdminService_SetNodeSchedulable_Handler(srv interface{}, ctx context.Conte
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _AdminService_DrainNode_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DrainNodeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdminServiceServer).DrainNode(m, &grpc.GenericServerStream[DrainNodeRequest, DrainNodeProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_DrainNodeServer = grpc.ServerStreamingServer[DrainNodeProgress]
 
 func _AdminService_CreateJoinToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateJoinTokenRequest)
@@ -877,6 +925,11 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "DrainNode",
+			Handler:       _AdminService_DrainNode_Handler,
+			ServerStreams: true,
+		},
 		{
 			StreamName:    "UploadTemplate",
 			Handler:       _AdminService_UploadTemplate_Handler,

@@ -84,10 +84,15 @@ type Sandbox struct {
 	// Team owns the sandbox (the team of the API key that made it); ""
 	// at create is DefaultTeam. It never changes.
 	Team string
+	// PauseSnapshot is the snapshot of this paused sandbox its node
+	// exported to the object store as it paused (store.export_on_pause);
+	// "" when none. It is dropped from the store when the sandbox runs
+	// again or goes.
+	PauseSnapshot string
 }
 
 const sandboxCols = `id, version, template_id, alias, node_id, state, milli_cpu, memory_mib, disk_mib, started_at, end_at,
-auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms, runtime, team`
+auto_pause, auto_resume, envd_access_token, traffic_access_token, envd_version, network, api_key_id, idle_timeout_ms, runtime, pause_snapshot, team`
 
 func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
 	var sb Sandbox
@@ -96,7 +101,7 @@ func scanSandbox(s interface{ Scan(...any) error }) (*Sandbox, error) {
 	var network string
 	var idle int64
 	if err := s.Scan(&sb.ID, &sb.Version, &sb.TemplateID, &sb.Alias, &sb.NodeID, &sb.State, &sb.MilliCPU, &sb.MemoryMiB,
-		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID, &idle, &sb.Runtime, &sb.Team); err != nil {
+		&sb.DiskMiB, &started, &end, &ap, &ar, &sb.EnvdAccessToken, &sb.TrafficAccessToken, &sb.EnvdVersion, &network, &sb.APIKeyID, &idle, &sb.Runtime, &sb.PauseSnapshot, &sb.Team); err != nil {
 		return nil, err
 	}
 	sb.StartedAt, sb.EndAt = fromMS(started), fromMS(end)
@@ -114,7 +119,7 @@ func (s *Sandbox) args() []any {
 	network, _ := json.Marshal(s.Network)
 	return []any{s.ID, s.Version, s.TemplateID, s.Alias, s.NodeID, s.State, s.MilliCPU, s.MemoryMiB, s.DiskMiB,
 		ms(s.StartedAt), ms(s.EndAt), b2i(s.AutoPause), b2i(s.AutoResume), s.EnvdAccessToken, s.TrafficAccessToken,
-		s.EnvdVersion, string(network), s.APIKeyID, s.IdleTimeout.Milliseconds(), s.Runtime}
+		s.EnvdVersion, string(network), s.APIKeyID, s.IdleTimeout.Milliseconds(), s.Runtime, s.PauseSnapshot}
 }
 
 // CreateSandbox inserts a sandbox and its metadata. AlreadyExists if the ID
@@ -139,7 +144,7 @@ func (c *Catalog) CreateSandbox(ctx context.Context, s *Sandbox) error {
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(21)+`)`, append(s.args(), s.Team)...); err != nil { //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (`+placeholders(22)+`)`, append(s.args(), s.Team)...); err != nil { //nolint:gosec // G202: constant column lists and placeholders; values are bound as args
 			return err
 		}
 		return putMetadata(ctx, tx, s.ID, s.Metadata)
@@ -232,7 +237,7 @@ func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox
 		a := s.args()
 		res, err := c.exec(ctx, `UPDATE sandboxes SET version = ?, template_id = ?, alias = ?, node_id = ?, state = ?,
 milli_cpu = ?, memory_mib = ?, disk_mib = ?, started_at = ?, end_at = ?, auto_pause = ?, auto_resume = ?,
-envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ?, runtime = ? WHERE id = ? AND version = ?`,
+envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ?, runtime = ?, pause_snapshot = ? WHERE id = ? AND version = ?`,
 			append(a[1:], id, old)...)
 		if err != nil {
 			return nil, err

@@ -115,6 +115,25 @@ func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetN
 	return &masterpb.SetNodeSchedulableResponse{Node: nodeToPB(v)}, nil
 }
 
+// DrainNode implements AdminService: the drain runs while the stream is
+// open, one message per step.
+func (a *AdminServer) DrainNode(req *masterpb.DrainNodeRequest, stream masterpb.AdminService_DrainNodeServer) error {
+	var sendErr error
+	err := a.svc.Drain(stream.Context(), req.NodeId, master.DrainOptions{Wait: req.Wait, Parallel: int(req.Parallel)}, func(ev master.DrainEvent) {
+		if sendErr != nil {
+			return
+		}
+		sendErr = stream.Send(&masterpb.DrainNodeProgress{
+			NodeId: ev.NodeID, SandboxId: ev.SandboxID, State: ev.State, Phase: ev.Phase, ToNode: ev.To,
+			Error: ev.Err, Took: durationpb.New(ev.Took), Remaining: int32(ev.Remaining), Total: int32(ev.Total),
+		})
+	})
+	if err != nil {
+		return grpcerr.ToGRPC(err)
+	}
+	return sendErr
+}
+
 // CreateJoinToken implements AdminService.
 func (a *AdminServer) CreateJoinToken(ctx context.Context, req *masterpb.CreateJoinTokenRequest) (*masterpb.CreateJoinTokenResponse, error) {
 	tok, exp, err := a.svc.CreateJoinToken(ctx, req.NodeId, req.Ttl.AsDuration())

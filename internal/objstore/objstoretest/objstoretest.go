@@ -46,18 +46,25 @@ const s3Port = 8333
 // under /var/cache/cube/weed). It calls testenv.Missing when there is none.
 func Binary(t testing.TB) string {
 	t.Helper()
+	p, ok := Lookup()
+	if !ok {
+		testenv.Missing(t, "needs SeaweedFS's weed at %s (build it with hack/s3/weed.sh)", p)
+	}
+	return p
+}
+
+// Lookup is Binary without a test: weed's path, and whether it is there.
+func Lookup() (string, bool) {
 	if p := os.Getenv("CUBE_WEED"); p != "" {
-		return p
+		return p, true
 	}
 	cache := os.Getenv("CUBE_WEED_CACHE")
 	if cache == "" {
 		cache = "/var/cache/cube/weed"
 	}
 	p := filepath.Join(cache, Version, "weed")
-	if _, err := os.Stat(p); err != nil {
-		testenv.Missing(t, "needs SeaweedFS's weed at %s (build it with hack/s3/weed.sh)", p)
-	}
-	return p
+	_, err := os.Stat(p)
+	return p, err == nil
 }
 
 // Server is one running store.
@@ -71,28 +78,61 @@ type Server struct {
 	// read them from files.
 	AccessKeyFile, SecretKeyFile string
 
-	t    testing.TB
-	bin  string
-	ip   string
-	dir  string
-	log  *os.File
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	t   testing.TB
+	bin string
+	ip  string
+	// netns: the namespace it runs in ("" = the test's).
+	netns string
+	// grpcBase is the first of its five gRPC ports; sockDir holds its
+	// HTTP sockets.
+	grpcBase int
+	sockDir  string
+	dir      string
+	log      *os.File
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
 // Start starts a server with an empty bucket Bucket and stops it when the
 // test ends.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return StartWith(t, Options{}) }
+
+// Options place a server elsewhere than on a loopback address of its own.
+type Options struct {
+	// IP is the address it listens on; "" = a loopback address of its
+	// own (127.x.y.z).
+	IP string
+	// NetNS is the network namespace (a path, /run/netns/NAME) it runs
+	// in, where IP is; "" = the test's own.
+	NetNS string
+}
+
+// StartWith is Start with o.
+func StartWith(t testing.TB, o Options) *Server {
 	t.Helper()
 	bin := Binary(t)
 	dir := t.TempDir()
-	s := &Server{t: t, bin: bin, dir: dir, Bucket: Bucket, AccessKey: "cube" + randHex(4), SecretKey: randHex(20)}
-	// 127.0.0.0/8 is all loopback; one address per server keeps weed's
-	// fixed ports (master, volume, filer, S3 and their gRPC ports) apart.
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	s.ip = fmt.Sprintf("127.%d.%d.%d", 100+int(b[0])%100, b[1], 2+int(b[0])%200)
+	s := &Server{t: t, bin: bin, dir: dir, Bucket: Bucket, AccessKey: "cube" + randHex(4), SecretKey: randHex(20), ip: o.IP, netns: o.NetNS}
+	// Its own sockets' directory, short for unix socket paths.
+	sd, err := os.MkdirTemp("", "weed")
+	must(t, err)
+	s.sockDir = sd
+	t.Cleanup(func() { os.RemoveAll(sd) })
+	// Its own gRPC ports (see Restart): 5 from a random base, above
+	// weed's defaults (18333-19340) and below the ephemeral range (32768
+	// on), where an outbound connection could take one first.
+	pb := make([]byte, 2)
+	_, _ = rand.Read(pb)
+	s.grpcBase = 20000 + (int(pb[0])<<8|int(pb[1]))%12000
+	if s.ip == "" {
+		// 127.0.0.0/8 is all loopback; one address per server keeps
+		// weed's fixed ports (master, volume, filer, S3 and their gRPC
+		// ports) apart.
+		b := make([]byte, 2)
+		_, _ = rand.Read(b)
+		s.ip = fmt.Sprintf("127.%d.%d.%d", 100+int(b[0])%100, b[1], 2+int(b[0])%200)
+	}
 	s.Endpoint = net.JoinHostPort(s.ip, strconv.Itoa(s3Port))
 	s.AccessKeyFile = filepath.Join(dir, "access_key")
 	s.SecretKeyFile = filepath.Join(dir, "secret_key")
@@ -130,14 +170,32 @@ func Start(t testing.TB) *Server {
 func (s *Server) Restart() {
 	t := s.t
 	t.Helper()
-	cmd := exec.Command(s.bin, "mini",
-		"-ip="+s.ip, "-ip.bind="+s.ip, "-dir="+filepath.Join(s.dir, "data"),
-		"-s3.config="+filepath.Join(s.dir, "s3.json"), "-bucket="+s.Bucket,
+	args := []string{s.bin, "mini",
+		"-ip=" + s.ip, "-ip.bind=" + s.ip, "-dir=" + filepath.Join(s.dir, "data"),
+		"-s3.config=" + filepath.Join(s.dir, "s3.json"), "-bucket=" + s.Bucket,
 		"-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-		"-admin.port.legacy=0")
+		"-admin.port.legacy=0",
+		// weed mini's parts reach one another's gRPC through unix
+		// sockets at fixed paths named by port (/tmp/seaweedfs-master-
+		// grpc-<port>.sock, ...): servers on the same gRPC ports, even on
+		// other addresses or in other network namespaces, would take
+		// over each other's sockets and talk to each other's parts.
+		// Ports of this server's own keep them apart.
+		fmt.Sprintf("-master.port.grpc=%d", s.grpcBase), fmt.Sprintf("-volume.port.grpc=%d", s.grpcBase+1),
+		fmt.Sprintf("-filer.port.grpc=%d", s.grpcBase+2), fmt.Sprintf("-s3.port.grpc=%d", s.grpcBase+3),
+		fmt.Sprintf("-admin.port.grpc=%d", s.grpcBase+4),
+		// Likewise the filer's and the S3 gateway's HTTP sockets (the
+		// gateway reaches the filer through its socket).
+		"-filer.localSocket=" + filepath.Join(s.sockDir, "filer.sock"),
+		"-s3.localSocket=" + filepath.Join(s.sockDir, "s3.sock")}
+	if s.netns != "" {
+		// nsenter execs weed: the process (and its group) stays ours.
+		args = append([]string{"nsenter", "--net=" + s.netns, "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Env = append(os.Environ(), "HOME="+s.dir)
+	cmd.Env = append(os.Environ(), "HOME="+s.dir, "TMPDIR="+s.dir)
 	cmd.Dir = s.dir
 	must(t, forkthread.Start(cmd))
 	done := make(chan struct{})

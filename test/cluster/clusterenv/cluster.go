@@ -41,6 +41,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/network/client"
 	"github.com/cubesandbox/cube/internal/network/nettest"
+	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/testbin"
@@ -73,6 +74,11 @@ type Options struct {
 	UnhealthyAfter time.Duration
 	// LeaseTTL is ha.lease_ttl (default 2s).
 	LeaseTTL time.Duration
+	// ObjectStore starts an S3 server (SeaweedFS) on a host of its own,
+	// which every node's [store] names: snapshots travel between nodes.
+	ObjectStore bool
+	// MasterTOML is added to every replica's configuration.
+	MasterTOML string
 }
 
 // Cluster is a running cluster.
@@ -89,13 +95,15 @@ type Cluster struct {
 	// cluster CA (the admin API on a replica's api.node, with AdminToken).
 	AdminTLS *tls.Config
 	DB       *MariaDB
-	Masters  []*Master
-	Proxies  []*Proxy
-	Nodes    []*Node
-	bins     map[string]string
-	opts     Options
-	image    string
-	hosts    int
+	// Store is the object store (Options.ObjectStore), nil without one.
+	Store   *ObjectStore
+	Masters []*Master
+	Proxies []*Proxy
+	Nodes   []*Node
+	bins    map[string]string
+	opts    Options
+	image   string
+	hosts   int
 }
 
 // MariaDB is the catalog's server on its own host.
@@ -105,6 +113,12 @@ type MariaDB struct {
 	Dir    string
 	Socket string
 	DSN    string // the cluster's database over TCP
+}
+
+// ObjectStore is the S3 server snapshots travel through, on its own host.
+type ObjectStore struct {
+	Host   *Host
+	Server *objstoretest.Server
 }
 
 // Master is a cubemaster replica on its own host.
@@ -204,6 +218,9 @@ func Start(t testing.TB, o Options) *Cluster {
 	// The first replica alone applies the migrations.
 	for i := 0; i < o.Masters; i++ {
 		c.startMaster(t, i)
+	}
+	if o.ObjectStore {
+		c.startStore(t)
 	}
 	for i := 0; i < o.Nodes; i++ {
 		c.startNode(t, i)
@@ -324,6 +341,25 @@ func (c *Cluster) startMariaDB(t testing.TB) {
 	c.DB = m
 }
 
+// startStore runs SeaweedFS on a host "s3": nodes reach it over the
+// bridge, and killing it (Store.Server.Kill) cuts every node off the
+// store at once.
+func (c *Cluster) startStore(t testing.TB) {
+	t.Helper()
+	h := c.newHost(t, "s3")
+	c.Store = &ObjectStore{Host: h, Server: objstoretest.StartWith(t, objstoretest.Options{IP: h.IP, NetNS: h.nsPath()})}
+}
+
+// storeTOML is a node's [store] section ("" without a store).
+func (c *Cluster) storeTOML() string {
+	if c.Store == nil {
+		return ""
+	}
+	srv := c.Store.Server
+	return fmt.Sprintf("[store]\nendpoint = %q\nbucket = %q\naccess_key_file = %q\nsecret_key_file = %q\n",
+		srv.Endpoint, srv.Bucket, srv.AccessKeyFile, srv.SecretKeyFile)
+}
+
 func lookPath(names ...string) string {
 	for _, n := range names {
 		if p, err := exec.LookPath(n); err == nil {
@@ -395,8 +431,9 @@ store_dir = %[14]q
 # first sandboxes on the node that got the first one (its bonus outweighs
 # spread's until a node has a few), and the cases assert the spread.
 locality = 0.0
+%[15]s
 `, h.IP, E2BPort, f.Cert, f.Key, f.CA, NodeAPI, m.Socket, c.AdminToken, Domain, c.DB.DSN, name,
-		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"))
+		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"), c.opts.MasterTOML)
 	m.Config = filepath.Join(m.Dir, "cubemaster.toml")
 	if err := os.WriteFile(m.Config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -592,9 +629,9 @@ template_headroom_mib = %d
 [gc]
 interval = "200ms"
 max_backoff = "2s"
-`, n.ID, ec.Node.DataDir, ec.Node.RunDir, ec.Node.CgroupParent, ec.API.Socket, h.IP, CubeletAPI, h.IP, DataPort,
+%s`, n.ID, ec.Node.DataDir, ec.Node.RunDir, ec.Node.CgroupParent, ec.API.Socket, h.IP, CubeletAPI, h.IP, DataPort,
 		f.Cert, f.Key, f.CA, c.MasterAddrs(), h.IP, CubeletAPI, n.agentSock,
-		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB)
+		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB, c.storeTOML())
 	n.cubeletCf = filepath.Join(env.Dir, "cubelet.toml")
 	if err := os.WriteFile(n.cubeletCf, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -839,6 +876,26 @@ func (n *Node) teardown(t testing.TB) {
 	for _, l := range leaks {
 		t.Errorf("node %s: leak: %s", n.ID, l)
 	}
+}
+
+// SandboxIDs lists the sandboxes the node's cubelet holds.
+func (n *Node) SandboxIDs(t testing.TB) []string {
+	t.Helper()
+	var ids []string
+	_, err := n.call(func(ctx context.Context, cl cubeletpb.CubeletServiceClient) error {
+		resp, err := cl.ListSandboxes(ctx, &cubeletpb.ListSandboxesRequest{})
+		if err != nil {
+			return err
+		}
+		for _, sb := range resp.Sandboxes {
+			ids = append(ids, sb.Id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("list sandboxes on %s: %v", n.ID, err)
+	}
+	return ids
 }
 
 // Sandboxes lists the catalog's sandboxes (every team) through a live

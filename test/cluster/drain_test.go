@@ -1,0 +1,381 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/cubesandbox/cube/api/envd/process"
+	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/cli"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/objstore"
+	cluster "github.com/cubesandbox/cube/test/cluster/clusterenv"
+)
+
+// storeList lists the snapshots in the cluster's object store.
+func storeList(t *testing.T, c *cluster.Cluster) []string {
+	t.Helper()
+	srv := c.Store.Server
+	st, err := objstore.Open(objstore.Config{Endpoint: srv.Endpoint, Bucket: srv.Bucket, AccessKeyFile: srv.AccessKeyFile, SecretKeyFile: srv.SecretKeyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := st.List(context.Background())
+	if err != nil {
+		t.Fatalf("list the object store: %v", err)
+	}
+	return ids
+}
+
+// envdClient reaches sandbox id's envd through proxy p with its token.
+func envdClient(c *cluster.Cluster, p *cluster.Proxy, id, token string) processconnect.ProcessClient {
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: headerTransport{id: id, port: "49983", token: token, rt: &http.Transport{TLSClientConfig: c.ServerTLS()}}}
+	return processconnect.NewProcessClient(hc, p.URL)
+}
+
+// sh runs a shell script in the sandbox through envd and returns its
+// standard output.
+func sh(ctx context.Context, pc processconnect.ProcessClient, script string) (string, error) {
+	s, err := pc.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}}}))
+	if err != nil {
+		return "", err
+	}
+	defer s.Close()
+	var out, errOut bytes.Buffer
+	status := ""
+	for s.Receive() {
+		ev := s.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+			errOut.Write(d.GetStderr())
+		}
+		if e := ev.GetEnd(); e != nil && e.GetExitCode() != 0 {
+			status = e.GetStatus()
+		}
+	}
+	if err := s.Err(); err != nil {
+		return out.String(), err
+	}
+	if status != "" {
+		return out.String(), fmt.Errorf("%q: %s: %s", script, status, strings.TrimSpace(errOut.String()))
+	}
+	return out.String(), nil
+}
+
+// drain makes five sandboxes on node 1 (two of them paused) and writes a
+// file in the first through proxy p1, then drains node 1 with `cubecli node drain` (in-process, against a
+// replica's admin socket) while a client reads the file through p1 every
+// 100 ms. The sandbox must end on another node under the same ID, with its
+// file, reached through proxy p2 at the same URL, the others on other
+// nodes in the state they had; node 1 must hold no sandbox, in the catalog
+// or on its cubelet. The client's failed reads
+// and its longest gap are logged: what its users saw of the move.
+func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
+	n1 := c.Nodes[0]
+	// The client's sandbox, two more running and two paused.
+	ids, tokens := onNodeN(t, c, apis[0], n1, cluster.Template, "", 5)
+	for _, id := range ids {
+		t.Cleanup(func() { kill(t, apis[0], id) })
+	}
+	id, token := ids[0], tokens[0]
+	want := map[string]string{ids[1]: "running", ids[2]: "running", ids[3]: "paused", ids[4]: "paused"}
+	for _, other := range ids[3:] {
+		if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+other+"/pause", nil, nil); r.StatusCode/100 != 2 {
+			t.Fatalf("pause %s: %s %s", other, r.Status, r.Body)
+		}
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if _, err := c.AdminOf(t).SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: n1.ID, Schedulable: true}); err != nil {
+			t.Errorf("uncordon %s: %v", n1.ID, err)
+		}
+	})
+	const note = "written before the drain"
+	if _, err := sh(ctx, envdClient(c, c.Proxies[0], id, token), "echo '"+note+"' > $HOME/note && sync"); err != nil {
+		t.Fatalf("write the file through %s: %v", c.Proxies[0].Host.Name, err)
+	}
+
+	// A client reading the file through the route all along.
+	var ok, failed atomic.Int64
+	var mu sync.Mutex
+	var gap time.Duration
+	var lastErr string
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pc := envdClient(c, c.Proxies[0], id, token)
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			out, err := sh(rctx, pc, "cat $HOME/note")
+			cancel()
+			if err == nil && strings.TrimSpace(out) == note {
+				ok.Add(1)
+				mu.Lock()
+				gap = max(gap, time.Since(last))
+				mu.Unlock()
+				last = time.Now()
+				continue
+			}
+			failed.Add(1)
+			mu.Lock()
+			if err != nil {
+				lastErr = err.Error()
+			} else {
+				lastErr = "read " + out
+			}
+			mu.Unlock()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+
+	var out bytes.Buffer
+	root := cli.NewRoot(&out)
+	root.SetArgs([]string{"--master", c.Masters[0].Socket, "node", "drain", n1.ID})
+	began := time.Now()
+	err := root.Execute()
+	took := time.Since(began)
+	time.Sleep(time.Second) // the client reads from the new node a few times
+	close(stop)
+	<-done
+	t.Logf("cubecli node drain %s (%s):\n%s", n1.ID, took.Round(time.Millisecond), out.String())
+	if err != nil {
+		t.Fatalf("cubecli node drain: %v", err)
+	}
+	mu.Lock()
+	t.Logf("client reading through %s during the drain: %d reads ok, %d failed (last: %s), longest gap between good reads %s",
+		c.Proxies[0].Host.Name, ok.Load(), failed.Load(), lastErr, gap.Round(time.Millisecond))
+	mu.Unlock()
+	if !strings.Contains(out.String(), "moved") || !strings.Contains(out.String(), "drained") {
+		t.Errorf("drain output shows no move or no end")
+	}
+
+	var now *masterpb.Sandbox
+	per := map[string]int{}
+	for _, sb := range c.Sandboxes(t) {
+		if sb.NodeId == n1.ID {
+			t.Errorf("catalog: sandbox %s (%s) still on drained node %s", sb.SandboxId, sb.State, n1.ID)
+		}
+		if sb.SandboxId == id {
+			now = sb
+		}
+		if st, ok := want[sb.SandboxId]; ok {
+			per[sb.NodeId]++
+			if sb.State != st {
+				t.Errorf("sandbox %s is %s after the drain, want %s as before", sb.SandboxId, sb.State, st)
+			}
+			delete(want, sb.SandboxId)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("sandboxes gone after the drain: %v", want)
+	}
+	t.Logf("the other four went to %v", per)
+	// The masters export at pause: the store holds the two paused
+	// sandboxes' exports from their new nodes, nothing of the moves.
+	if ids := storeList(t, c); len(ids) != 2 {
+		t.Errorf("store after the drain: %v, want the two paused sandboxes' exports", ids)
+	}
+	if now == nil || now.State != "running" || now.NodeId == n1.ID {
+		t.Fatalf("after the drain, sandbox %s: %v", id, now)
+	}
+	if left := n1.SandboxIDs(t); len(left) != 0 {
+		t.Errorf("drained node %s's cubelet holds %v", n1.ID, left)
+	}
+	got, err := sh(ctx, envdClient(c, c.Proxies[1], id, token), "cat $HOME/note")
+	if err != nil || strings.TrimSpace(got) != note {
+		t.Fatalf("the file through %s after the move: %q %v", c.Proxies[1].Host.Name, got, err)
+	}
+	t.Logf("sandbox %s moved %s -> %s; its file read through %s at the same URL", id, n1.ID, now.NodeId, c.Proxies[1].Host.Name)
+	if ok.Load() == 0 {
+		t.Errorf("the client never read the file during the drain")
+	}
+}
+
+// sdkDrain: the unmodified E2B JS SDK (test/e2e/node/move.test.mjs) makes
+// a sandbox through replica m1 and proxy p1, writes a file and pauses it;
+// the sandbox's node is drained through replica m2's admin API; then, in
+// a second run through m2 and proxy p2, Sandbox.connect resumes it on the
+// node it moved to, under the same ID, with its file.
+func sdkDrain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client, key string) {
+	node, dir := nodeSDK(t)
+	idFile := filepath.Join(t.TempDir(), "id")
+	run := func(api int, p *cluster.Proxy, env ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, "--test", "--test-concurrency=1", "--test-reporter=spec", "move.test.mjs")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), append(env,
+			"E2B_API_URL="+apis[api].Base, "E2B_SANDBOX_URL="+p.URL, "E2B_API_KEY="+key, "E2B_DOMAIN="+cluster.Domain,
+			"CUBE_E2E_TEMPLATE="+cluster.Template, "CUBE_MOVE_OUT="+idFile,
+			"NODE_EXTRA_CA_CERTS="+c.CAFile(), "NODE_OPTIONS=--import="+c.NodeResolver(t, p))...)
+		began := time.Now()
+		out, err := cmd.CombinedOutput()
+		t.Logf("move.test.mjs %v against %s and %s in %s:\n%s", env, apis[api].Base, p.URL, time.Since(began).Round(time.Millisecond), out)
+		if err != nil {
+			t.Fatalf("move.test.mjs %v: %v", env, err)
+		}
+	}
+	run(0, c.Proxies[0], "CUBE_MOVE_PHASE=pause")
+	b, err := os.ReadFile(idFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := string(b)
+	t.Cleanup(func() { kill(t, apis[0], id) })
+	from := ""
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == id {
+			from = sb.NodeId
+		}
+	}
+	if from == "" {
+		t.Fatalf("sandbox %s not in the catalog", id)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if _, err := c.AdminOf(t).SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: from, Schedulable: true}); err != nil {
+			t.Errorf("uncordon %s: %v", from, err)
+		}
+	})
+	began := time.Now()
+	st, err := c.Masters[1].Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("drain %s through %s: %v", from, c.Masters[1].Replica, err)
+		}
+		t.Logf("drain %s: %s %s %s -> %s %s %s", from, p.SandboxId, p.State, p.Phase, p.ToNode, p.Took.AsDuration().Round(time.Millisecond), p.Error)
+	}
+	t.Logf("node %s drained through %s in %s", from, c.Masters[1].Replica, time.Since(began).Round(time.Millisecond))
+	var now *masterpb.Sandbox
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == id {
+			now = sb
+		}
+	}
+	if now == nil || now.State != "paused" || now.NodeId == from {
+		t.Fatalf("after the drain, sandbox %s: %v, want paused on another node than %s", id, now, from)
+	}
+	run(1, c.Proxies[1], "CUBE_MOVE_PHASE=connect", "CUBE_MOVE_ID="+id)
+	t.Logf("the SDK's sandbox %s paused on %s, drained to %s, resumed there by Sandbox.connect with its file", id, from, now.NodeId)
+}
+
+// nodeLoss (masters with store.export_on_pause): a running sandbox and a
+// paused one (a file written, its snapshot exported as it paused) on
+// node 2, whose host is then lost (daemons SIGKILLed, link cut). The
+// running one is reported failed through the E2B API, and connecting to
+// it answers 409 naming the lost node; the paused one stays paused, and
+// an E2B connect resumes it on another node under the same ID, its file
+// read through a proxy at the same URL. When the host comes back, its
+// copy of the moved sandbox is destroyed and the failed one runs again.
+func nodeLoss(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
+	victim := c.Nodes[1]
+	running, _ := onNode(t, c, apis[0], victim, "")
+	t.Cleanup(func() { kill(t, apis[0], running) })
+	paused, token := onNode(t, c, apis[0], victim, "")
+	t.Cleanup(func() { kill(t, apis[0], paused) })
+	ctx := context.Background()
+	const note = "written before the node was lost"
+	if _, err := sh(ctx, envdClient(c, c.Proxies[0], paused, token), "echo '"+note+"' > $HOME/note && sync"); err != nil {
+		t.Fatal(err)
+	}
+	before := storeList(t, c)
+	began := time.Now()
+	if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+paused+"/pause", nil, nil); r.StatusCode/100 != 2 {
+		t.Fatalf("pause: %s %s", r.Status, r.Body)
+	}
+	t.Logf("pause with export at pause: %s", time.Since(began).Round(time.Millisecond))
+	after := storeList(t, c)
+	if len(after) != len(before)+1 {
+		t.Fatalf("store after the pause: %v, before %v: want one more, the pause's export", after, before)
+	}
+
+	lost := time.Now()
+	victim.Lose(t)
+	state := func(id string) string {
+		var got struct {
+			State string `json:"state"`
+		}
+		r := apis[1].Do(t, http.MethodGet, "/sandboxes/"+id, nil, &got)
+		if r.StatusCode != http.StatusOK {
+			return r.Status
+		}
+		return got.State
+	}
+	mastertest.WaitFor(t, 30*time.Second, "the lost node's running sandbox to leave running", func() bool { return state(running) != "running" })
+	t.Logf("host %s lost: its running sandbox is %q (E2B GET) %s later", victim.ID, state(running), time.Since(lost).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	if s := state(paused); s != "paused" {
+		t.Fatalf("the lost node's exported paused sandbox is %q, want paused", s)
+	}
+	r := apis[1].Do(t, http.MethodPost, "/sandboxes/"+running+"/connect", `{"timeout":60}`, nil)
+	t.Logf("E2B connect to the lost running sandbox: %s %s", r.Status, r.Body)
+	if r.StatusCode != http.StatusConflict || !strings.Contains(string(r.Body), "lost") {
+		t.Errorf("connect to the lost running sandbox: %s %s, want 409 naming the lost node", r.Status, r.Body)
+	}
+
+	began = time.Now()
+	r = apis[1].Do(t, http.MethodPost, "/sandboxes/"+paused+"/connect", `{"timeout":600}`, nil)
+	if r.StatusCode != http.StatusCreated {
+		t.Fatalf("connect to the paused sandbox of the lost node: %s %s", r.Status, r.Body)
+	}
+	restored := time.Since(began)
+	var now *masterpb.Sandbox
+	for _, sb := range c.Sandboxes(t) {
+		if sb.SandboxId == paused {
+			now = sb
+		}
+	}
+	if now == nil || now.State != "running" || now.NodeId == victim.ID {
+		t.Fatalf("after the restore: %v", now)
+	}
+	got, err := sh(ctx, envdClient(c, c.Proxies[1], paused, token), "cat $HOME/note")
+	if err != nil || strings.TrimSpace(got) != note {
+		t.Fatalf("file through %s after the restore: %q %v", c.Proxies[1].Host.Name, got, err)
+	}
+	t.Logf("sandbox %s restored from %s (lost) on %s by an E2B connect in %s; its file read through %s",
+		paused, victim.ID, now.NodeId, restored.Round(time.Millisecond), c.Proxies[1].Host.Name)
+	if ids := storeList(t, c); len(ids) != len(before) {
+		t.Errorf("store after the restore: %v, want as before the pause: %v", ids, before)
+	}
+
+	victim.Return(t)
+	mastertest.WaitFor(t, 30*time.Second, "the returned node to drop its copy of the restored sandbox and run the other again", func() bool {
+		for _, id := range victim.SandboxIDs(t) {
+			if id == paused {
+				return false
+			}
+		}
+		return state(running) == "running"
+	})
+	t.Logf("host %s back: its copy of %s destroyed, %s running again", victim.ID, paused, running)
+}
