@@ -47,7 +47,9 @@ func smoke(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	began := time.Now()
-	step := func(what string, t0 time.Time) { fmt.Printf("ok  %-34s %s\n", what, time.Since(t0).Round(time.Millisecond)) }
+	step := func(what string, t0 time.Time) {
+		fmt.Printf("ok  %-34s %s\n", what, time.Since(t0).Round(time.Millisecond))
+	}
 
 	// The admin API: a certificate of role admin, then a key for the run.
 	dir, err := os.MkdirTemp("", "cube-smoke-")
