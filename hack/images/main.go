@@ -14,6 +14,7 @@
 //	cube/network-agent  network-agent
 //	cube/cubemaster     cubemaster, cubecli
 //	cube/cubeproxy      cubeproxy
+//	cube/mariadb        Debian's mariadbd (the catalog's built-in database)
 //	cube/installer      cube (join), cube-k8s (certificates, helm tests), cube-agent,
 //	                    the VM guest artifacts and busybox: lays them onto the node
 package main
@@ -44,6 +45,9 @@ var (
 	nodeDebs = []string{"runc", "runsc", "qemu-system-x86", "xfsprogs", "e2fsprogs", "util-linux", "mount",
 		"iproute2", "busybox-static", "zstd"}
 	toolDebs = []string{"busybox-static"}
+	// The catalog's built-in database: Debian's mariadbd, started by the
+	// chart's script (deploy/helm/cube/files/mariadb-run.sh).
+	mariadbDebs = []string{"mariadb-server-core", "busybox-static"}
 )
 
 func main() {
@@ -289,12 +293,21 @@ func (b *builder) specs(ctx context.Context) ([]imagebuild.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
+	mariadbDeb, err := b.debLayer(ctx, mariadbDebs)
+	if err != nil {
+		return nil, err
+	}
+	links, err := layer(shLink)
+	if err != nil {
+		return nil, err
+	}
 	labels := map[string]string{"org.opencontainers.image.source": "github.com/cubesandbox/cube"}
 	return []imagebuild.Spec{
 		{Name: "cube/cubelet", Layers: []v1.Layer{nodeDeb, cubelet}, Entrypoint: []string{"/usr/local/bin/cubelet"}, Labels: labels},
 		{Name: "cube/network-agent", Layers: []v1.Layer{netagent}, Entrypoint: []string{"/usr/local/bin/network-agent"}, Labels: labels},
 		{Name: "cube/cubemaster", Layers: []v1.Layer{toolDeb, master}, Entrypoint: []string{"/usr/local/bin/cubemaster"}, Labels: labels},
 		{Name: "cube/cubeproxy", Layers: []v1.Layer{proxy}, Entrypoint: []string{"/usr/local/bin/cubeproxy"}, Labels: labels},
+		{Name: "cube/mariadb", Layers: []v1.Layer{mariadbDeb, links}, Entrypoint: []string{"/bin/sh"}, Labels: labels},
 		{Name: "cube/installer", Layers: []v1.Layer{toolDeb, installer}, Entrypoint: []string{"/usr/local/bin/cube-k8s"}, Labels: labels},
 	}, nil
 }
