@@ -4,6 +4,8 @@
 //	cube-k8s install --from DIR --to DIR --version V
 //	    lay the node's runtime artifacts (cube-agent, VM guest, default
 //	    template) onto the host at <to>/<V>, then point <to>/current at it
+//	cube-k8s config --in FILE --out FILE
+//	    write a daemon's config with ${VAR}s from the pod's environment
 //	cube-k8s cert --ca-dir DIR --role ROLE --name NAME --hosts H[,H] --out DIR
 //	    issue a component certificate from the cluster CA (a Secret mount)
 //	cube-k8s template --socket PATH --id ID --source DIR [--stay]
@@ -32,6 +34,8 @@ func main() {
 	switch os.Args[1] {
 	case "install":
 		err = install(args)
+	case "config":
+		err = config(args)
 	case "cert":
 		err = cert(args)
 	case "template":
@@ -48,6 +52,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cube-k8s install|cert|template|smoke [flags]")
+	fmt.Fprintln(os.Stderr, "usage: cube-k8s install|config|cert|template|smoke [flags]")
 	os.Exit(2)
 }

@@ -124,7 +124,7 @@ func cert(args []string) error {
 	if _, err := os.Stat(filepath.Join(*caDir, pki.CAKeyFile)); err != nil {
 		return fmt.Errorf("cert: the CA key: %w", err)
 	}
-	ca, err := pki.LoadOrCreateCA(*caDir, "")
+	ca, err := pki.LoadCA(*caDir)
 	if err != nil {
 		return err
 	}
@@ -201,4 +201,51 @@ func importOnce(ctx context.Context, socket, id, source string) error {
 			return err
 		}
 	}
+}
+
+// config writes the file at in to out with every ${VAR} replaced by the
+// environment's value escaped for a TOML basic string: the chart's
+// ConfigMaps carry the daemons' configs with the pod's address, name and
+// the Secrets' values (a database password may hold any character) left
+// to the pod.
+func config(args []string) error {
+	fs := flag.NewFlagSet("config", flag.ExitOnError)
+	in := fs.String("in", "", "the template")
+	out := fs.String("out", "", "the config to write (0600)")
+	_ = fs.Parse(args)
+	b, err := os.ReadFile(*in)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	s := os.Expand(string(b), func(k string) string {
+		v, ok := os.LookupEnv(k)
+		if !ok {
+			missing = append(missing, k)
+		}
+		return tomlEscape(v)
+	})
+	if len(missing) > 0 {
+		return fmt.Errorf("config %s: unset variables %v", *in, missing)
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(*out, []byte(s), 0o600)
+}
+
+func tomlEscape(s string) string {
+	var sb strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\\' || r == '"':
+			sb.WriteByte('\\')
+			sb.WriteRune(r)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&sb, "\\u%04X", r)
+		default:
+			sb.WriteRune(r)
+		}
+	}
+	return sb.String()
 }

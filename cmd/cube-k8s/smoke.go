@@ -57,7 +57,7 @@ func smoke(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ca, err := pki.LoadOrCreateCA(*caDir, "")
+	ca, err := pki.LoadCA(*caDir)
 	if err != nil {
 		return fmt.Errorf("the cluster CA: %w", err)
 	}

@@ -15,6 +15,7 @@
 //	cube/cubemaster     cubemaster, cubecli
 //	cube/cubeproxy      cubeproxy
 //	cube/mariadb        Debian's mariadbd (the catalog's built-in database)
+//	cube/pause          busybox sleeping: a pod sandbox image for a cluster without pulls
 //	cube/installer      cube (join), cube-k8s (certificates, helm tests), cube-agent,
 //	                    the VM guest artifacts and busybox: lays them onto the node
 package main
@@ -297,6 +298,10 @@ func (b *builder) specs(ctx context.Context) ([]imagebuild.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
+	pauseDeb, err := b.debLayer(ctx, []string{"busybox-static"})
+	if err != nil {
+		return nil, err
+	}
 	links, err := layer(shLink)
 	if err != nil {
 		return nil, err
@@ -307,6 +312,8 @@ func (b *builder) specs(ctx context.Context) ([]imagebuild.Spec, error) {
 		{Name: "cube/network-agent", Layers: []v1.Layer{netagent}, Entrypoint: []string{"/usr/local/bin/network-agent"}, Labels: labels},
 		{Name: "cube/cubemaster", Layers: []v1.Layer{toolDeb, master}, Entrypoint: []string{"/usr/local/bin/cubemaster"}, Labels: labels},
 		{Name: "cube/cubeproxy", Layers: []v1.Layer{proxy}, Entrypoint: []string{"/usr/local/bin/cubeproxy"}, Labels: labels},
+		// The pod sandbox image hack/kube-up.sh's containerd runs (no pulls).
+		{Name: "cube/pause", Layers: []v1.Layer{pauseDeb}, Entrypoint: []string{"/bin/busybox", "sleep", "2147483647"}, Labels: labels},
 		{Name: "cube/mariadb", Layers: []v1.Layer{mariadbDeb, links}, Entrypoint: []string{"/bin/sh"}, Labels: labels},
 		{Name: "cube/installer", Layers: []v1.Layer{toolDeb, installer}, Entrypoint: []string{"/usr/local/bin/cube-k8s"}, Labels: labels},
 	}, nil

@@ -9,11 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 cache="${CUBE_KUBE_CACHE:-/var/cache/cube/kube}"
-key=$( (cat go.mod go.sum; go version) | sha256sum | cut -c1-16)
-dir="$cache/$key"
 tools=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
   helm.sh/helm/v3/cmd/helm)
+# The key is every module the binaries link (path@version) and the Go
+# version: a change elsewhere in the module (the chart tests' imports)
+# keeps the cache.
+key=$( (go list -deps -f '{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}=>{{.Path}}@{{.Version}}{{end}}{{end}}' "${tools[@]}" | sort -u; go version) | sha256sum | cut -c1-16)
+dir="$cache/$key"
 if [ ! -f "$dir/done" ]; then
   mkdir -p "$cache"
   tmp=$(mktemp -d "$cache/.build.XXXXXX")

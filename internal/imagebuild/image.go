@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -74,11 +75,23 @@ func WriteLayout(dir string, images map[string]v1.Image) (layout.Path, error) {
 	for _, ref := range sortedKeys(images) {
 		if err := p.ReplaceImage(images[ref], refMatcher(ref), layout.WithAnnotations(map[string]string{
 			"org.opencontainers.image.ref.name": ref,
+			// containerd's import names the image by this one.
+			"io.containerd.image.name": FullName(ref),
 		})); err != nil {
 			return "", fmt.Errorf("write %s: %w", ref, err)
 		}
 	}
 	return p, nil
+}
+
+// FullName is ref with the registry Kubernetes assumes when it names
+// none (docker.io), as the kubelet asks containerd for it.
+func FullName(ref string) string {
+	first, _, found := strings.Cut(ref, "/")
+	if !found || !strings.ContainsAny(first, ".:") && first != "localhost" {
+		return "docker.io/" + ref
+	}
+	return ref
 }
 
 func refMatcher(ref string) func(v1.Descriptor) bool {
