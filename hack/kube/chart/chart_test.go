@@ -514,5 +514,3 @@ func decode(t *testing.T, v any) string {
 	}
 	return string(b)
 }
-
-
