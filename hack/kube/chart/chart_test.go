@@ -25,8 +25,6 @@ import (
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 	"k8s.io/kube-openapi/pkg/validation/spec"
-	"k8s.io/kube-openapi/pkg/validation/strfmt"
-	"k8s.io/kube-openapi/pkg/validation/validate"
 	"sigs.k8s.io/yaml"
 )
 
@@ -186,6 +184,29 @@ func TestRender(t *testing.T) {
 	sw := openAPI(t)
 	idx := gvkIndex(sw)
 	c := load(t)
+	// Control: the validator rejects a misspelt field, a wrong type and a
+	// missing required field in an otherwise valid Deployment.
+	for _, bad := range []string{
+		`{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"x"},"spec":{"selector":{},"template":{"spec":{"containerz":[]}}}}`,
+		`{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"x"},"spec":{"replicas":"two","selector":{},"template":{}}}`,
+		`{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"x"},"spec":{"selector":{},"template":{"spec":{"containers":[{"image":"x"}]}}}}`,
+	} {
+		var o map[string]any
+		if err := json.Unmarshal([]byte(bad), &o); err != nil {
+			t.Fatal(err)
+		}
+		err := validateObject(sw, idx["apps/v1/Deployment"], o)
+		if err == nil {
+			t.Fatalf("the validator accepted %s", bad)
+		}
+		t.Logf("control: rejected (%v)", err)
+	}
+	good := `{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"x"},"spec":{"selector":{},"template":{"spec":{"containers":[{"name":"a","image":"x"}]}}}}`
+	var o map[string]any
+	_ = json.Unmarshal([]byte(good), &o)
+	if err := validateObject(sw, idx["apps/v1/Deployment"], o); err != nil {
+		t.Fatalf("the validator rejected a valid Deployment: %v", err)
+	}
 	for name, vals := range overlays(t) {
 		t.Run(name, func(t *testing.T) {
 			objs, err := render(c, vals)
@@ -218,41 +239,122 @@ func TestRender(t *testing.T) {
 }
 
 func validateObject(sw *spec.Swagger, def string, o map[string]any) error {
-	schema := spec.MustCreateRef("#/definitions/" + def)
-	s := &spec.Schema{SchemaProps: spec.SchemaProps{Ref: schema}}
-	strict := strictSchema(sw)
-	res := validate.NewSchemaValidator(s, strict, "", strfmt.Default).Validate(o)
-	if res == nil || res.IsValid() {
+	var errs []string
+	v := &validator{defs: sw.Definitions, errs: &errs}
+	v.check("", o, &spec.Schema{SchemaProps: spec.SchemaProps{Ref: spec.MustCreateRef("#/definitions/" + def)}}, 0)
+	if len(errs) == 0 {
 		return nil
 	}
-	var msgs []string
-	for _, e := range res.Errors {
-		msgs = append(msgs, e.Error())
-	}
-	slices.Sort(msgs)
-	return errors.New(strings.Join(msgs, "; "))
+	slices.Sort(errs)
+	return errors.New(strings.Join(errs, "; "))
 }
 
-var strictCache *spec.Swagger
+// validator checks a value against the OpenAPI (v2) schema of
+// Kubernetes: types, required fields, enums, and fields the schema does
+// not declare (rejected, as the API server's strict field validation
+// rejects them).
+type validator struct {
+	defs spec.Definitions
+	errs *[]string
+}
 
-// strictSchema is the document with additionalProperties false on every
-// object definition that lists properties: a misspelt field fails, as
-// kubectl's strict field validation makes it fail.
-func strictSchema(sw *spec.Swagger) *spec.Swagger {
-	if strictCache != nil {
-		return strictCache
-	}
-	cp := *sw
-	cp.Definitions = spec.Definitions{}
-	for name, s := range sw.Definitions {
-		s := s
-		if len(s.Properties) > 0 && s.AdditionalProperties == nil {
-			s.AdditionalProperties = &spec.SchemaOrBool{Allows: false}
+func (v *validator) fail(path, f string, a ...any) {
+	*v.errs = append(*v.errs, path+": "+fmt.Sprintf(f, a...))
+}
+
+func (v *validator) resolve(s *spec.Schema) *spec.Schema {
+	for s.Ref.String() != "" {
+		name := strings.TrimPrefix(s.Ref.String(), "#/definitions/")
+		d, ok := v.defs[name]
+		if !ok {
+			return nil
 		}
-		cp.Definitions[name] = s
+		s = &d
 	}
-	strictCache = &cp
-	return strictCache
+	return s
+}
+
+func (v *validator) check(path string, val any, s *spec.Schema, depth int) {
+	if depth > 64 {
+		return
+	}
+	s = v.resolve(s)
+	if s == nil || val == nil {
+		return
+	}
+	if len(s.AllOf) == 1 { // a $ref wrapped for a description
+		v.check(path, val, &s.AllOf[0], depth+1)
+		return
+	}
+	if f, _ := s.Extensions["x-kubernetes-int-or-string"].(bool); f || s.Format == "int-or-string" {
+		switch val.(type) {
+		case string, float64:
+		default:
+			v.fail(path, "want an integer or a string, got %T", val)
+		}
+		return
+	}
+	typ := ""
+	if len(s.Type) > 0 {
+		typ = s.Type[0]
+	}
+	switch typ {
+	case "object", "":
+		m, ok := val.(map[string]any)
+		if !ok {
+			if typ == "object" {
+				v.fail(path, "want an object, got %T", val)
+			}
+			return
+		}
+		for _, r := range s.Required {
+			if _, ok := m[r]; !ok {
+				v.fail(path, "required field %q missing", r)
+			}
+		}
+		for k, sub := range m {
+			if p, ok := s.Properties[k]; ok {
+				v.check(path+"."+k, sub, &p, depth+1)
+			} else if s.AdditionalProperties != nil && s.AdditionalProperties.Schema != nil {
+				v.check(path+"."+k, sub, s.AdditionalProperties.Schema, depth+1)
+			} else if len(s.Properties) > 0 {
+				v.fail(path, "unknown field %q", k)
+			}
+		}
+	case "array":
+		a, ok := val.([]any)
+		if !ok {
+			v.fail(path, "want an array, got %T", val)
+			return
+		}
+		if s.Items != nil && s.Items.Schema != nil {
+			for i, e := range a {
+				v.check(fmt.Sprintf("%s[%d]", path, i), e, s.Items.Schema, depth+1)
+			}
+		}
+	case "string":
+		str, ok := val.(string)
+		if !ok {
+			v.fail(path, "want a string, got %T (%v)", val, val)
+			return
+		}
+		if len(s.Enum) > 0 && !slices.ContainsFunc(s.Enum, func(e any) bool { return e == str }) {
+			v.fail(path, "%q is not one of %v", str, s.Enum)
+		}
+	case "integer":
+		f, ok := val.(float64)
+		if !ok || f != float64(int64(f)) {
+			v.fail(path, "want an integer, got %T (%v)", val, val)
+		}
+	case "number":
+		if _, ok := val.(float64); !ok {
+			v.fail(path, "want a number, got %T", val)
+		}
+	case "boolean":
+		if _, ok := val.(bool); !ok {
+			v.fail(path, "want a boolean, got %T (%v)", val, val)
+		}
+	}
 }
 
 func containers(o map[string]any) (podSpec map[string]any, cs []map[string]any) {
@@ -439,7 +541,7 @@ func TestRefusals(t *testing.T) {
 		want string
 	}{
 		{"sqlite with replicas", "catalog: {type: sqlite}\nmaster: {replicas: 2}", "with master.replicas > 1 use catalog.type mariadb or mysql"},
-		{"latest tag", "images: {cubelet: {repository: cube/cubelet, tag: latest}}", "images.cubelet.tag"},
+		{"latest tag", "images: {cubelet: {repository: cube/cubelet, tag: latest}}", "/images/cubelet/tag"},
 		{"unknown key", "master: {replica: 2}", "replica"},
 		{"bad mode", "mode: everything", "mode"},
 		{"bad digest", "images: {cubelet: {repository: cube/cubelet, tag: '1', digest: 'sha256:xyz'}}", "digest"},
