@@ -67,6 +67,12 @@ trap cleanup EXIT
 # Loopback ports of their own, so as not to meet a system instance.
 ETCD=127.0.0.1:23790 API=127.0.0.1:16443
 SVC_CIDR=172.30.128.0/24 POD_CIDR=172.30.0.0/24 CLUSTER_IP=172.30.128.1
+# The node's address on the pods' bridge: the kubelet's node IP (so that
+# pods reach the host-network node pod), the cluster DNS.
+NODE_IP=172.30.0.1
+ip link add cube-kube0 type bridge
+ip addr add "$NODE_IP/24" dev cube-kube0
+ip link set cube-kube0 up
 
 log "images"
 guest=/var/lib/cube/vm; [ -f "$guest/vmlinuz" ] || guest=/var/cache/cube/vm/guest-cubelet
@@ -86,7 +92,7 @@ mkdir -p "$W/pki"
   }
   issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:$CLUSTER_IP,DNS:kubernetes,DNS:kubernetes.default.svc"
   issue admin "/O=system:masters/CN=admin" "DNS:admin"
-  issue kubelet "/O=system:nodes/CN=system:node:$(hostname)" "IP:127.0.0.1,DNS:$(hostname)"
+  issue kubelet "/O=system:nodes/CN=system:node:$(hostname)" "IP:127.0.0.1,IP:$NODE_IP,DNS:$(hostname)"
   openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
   openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
 )
@@ -128,6 +134,11 @@ log "apiserver ready ($(elapsed))"
   --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/ca.crt" --use-service-account-credentials=false \
   --cluster-signing-cert-file "$W/pki/ca.crt" --cluster-signing-key-file "$W/pki/ca.key" \
   --controllers '*,-nodeipam,-cloud-node-lifecycle' >"$W/controller-manager.log" 2>&1 &
+pids+=($!)
+# Cluster DNS: Services' ready endpoints (hack/kube/dns; no CoreDNS, no
+# kube-proxy: names resolve to the pods, as headless Services do).
+go build -C hack/kube -o "$W/dns" ./dns
+"$W/dns" --kubeconfig "$W/admin.kubeconfig" --listen "$NODE_IP:53" >"$W/dns.log" 2>&1 &
 pids+=($!)
 "$KBIN/kube-scheduler" --kubeconfig "$W/admin.kubeconfig" --bind-address 127.0.0.1 --secure-port 0 >"$W/scheduler.log" 2>&1 &
 pids+=($!)
@@ -183,9 +194,11 @@ staticPodPath: ""
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
 resolvConf: /etc/resolv.conf
+clusterDNS: ["$NODE_IP"]
+clusterDomain: cluster.local
 EOF
 "$KBIN/kubelet" --config "$W/kubelet.yaml" --kubeconfig "$W/kubelet.kubeconfig" --root-dir "$W/kubelet" \
-  --hostname-override "$(hostname)" --node-ip 127.0.0.1 >"$W/kubelet.log" 2>&1 &
+  --hostname-override "$(hostname)" --node-ip "$NODE_IP" >"$W/kubelet.log" 2>&1 &
 pids+=($!)
 NODE=$(hostname)
 for _ in $(seq 120); do "$K" get node "$NODE" >/dev/null 2>&1 && break; sleep 1; done
