@@ -183,7 +183,7 @@ failCgroupV1: false
 failSwapOn: false
 authentication: {anonymous: {enabled: false}, x509: {clientCAFile: "$W/pki/ca.crt"}, webhook: {enabled: false}}
 authorization: {mode: AlwaysAllow}
-address: 127.0.0.1
+address: "$NODE_IP"
 port: 10350
 readOnlyPort: 0
 healthzPort: 0
