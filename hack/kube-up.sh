@@ -55,8 +55,17 @@ cleanup() {
   fi
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  # The kubelet's and containerd's mounts under the work directory.
-  grep " $W" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  # The node's host rules and slots (network-agent --purge with the
+  # chart's settings of ci/kube-up.yaml), then every mount under the work
+  # directory and the node's paths, their loop devices, the cgroups.
+  printf 'node_cidr = "10.213.0.0/16"\nprefix = "ckube"\nrun_dir = "/run/cube-kube/network"\ndata_dir = "/var/lib/cube-kube/network"\n[api]\nsocket = "/run/cube-kube/network-agent.sock"\n' > "$W/na-purge.toml"
+  [ -d /var/lib/cube-kube/network ] && go run ./cmd/network-agent --purge --config "$W/na-purge.toml" >&2 || true
+  for root in "$W" /var/lib/cube-kube /run/cube-kube; do
+    grep " $root" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  done
+  losetup -a 2>/dev/null | grep /var/lib/cube-kube | cut -d: -f1 | while read -r d; do losetup -d "$d" 2>/dev/null || true; done
+  rm -rf /var/lib/cube-kube /run/cube-kube
+  find /sys/fs/cgroup -depth -type d -name cube-kube -exec rmdir {} \; 2>/dev/null || true
   ip link del cube-kube0 2>/dev/null || true
   [ $rc = 0 ] || { log "failed ($(elapsed)); logs:"; tail -n 30 "$W"/*.log >&2 || true; }
   rm -rf "$W"
