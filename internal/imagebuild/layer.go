@@ -13,6 +13,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -44,12 +45,9 @@ type Entry struct {
 	Dir  bool
 }
 
-// layerFile is a finished uncompressed tar on disk. Layers are kept as
-// files: the node image's Debian packages are hundreds of MiB.
-type layerFile struct{ path string }
-
 // FilesLayer writes entries (and their missing parent directories) as one
-// layer. The tar goes to a file under tmpDir.
+// layer. The tar goes to a file under tmpDir: layers are kept as files, the
+// node image's Debian packages are hundreds of MiB.
 func FilesLayer(tmpDir string, entries []Entry) (v1.Layer, error) {
 	w, err := newLayerWriter(tmpDir)
 	if err != nil {
@@ -201,7 +199,7 @@ func (w *layerWriter) copyTar(r io.Reader, skip []string) error {
 next:
 	for {
 		hdr, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
