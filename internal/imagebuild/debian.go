@@ -2,8 +2,8 @@ package imagebuild
 
 import (
 	"bytes"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
