@@ -57,14 +57,14 @@ func Download(ctx context.Context, cacheDir string, pkgs []string) ([]string, er
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
+	names, err := debFileNames(ctx, pkgs)
+	if err != nil {
+		return nil, err
+	}
 	files := make([]string, len(pkgs))
 	var missing []string
 	for i, p := range pkgs {
-		f, err := debFileName(ctx, p)
-		if err != nil {
-			return nil, err
-		}
-		files[i] = filepath.Join(cacheDir, f)
+		files[i] = filepath.Join(cacheDir, names[p])
 		if _, err := os.Stat(files[i]); err != nil {
 			missing = append(missing, p)
 		}
@@ -86,26 +86,38 @@ func Download(ctx context.Context, cacheDir string, pkgs []string) ([]string, er
 	return files, nil
 }
 
-// debFileName is the name apt-get download gives a package's file:
-// name_version_arch.deb with the version's epoch colon escaped.
-func debFileName(ctx context.Context, pkg string) (string, error) {
-	out, err := exec.CommandContext(ctx, "apt-cache", "show", "--no-all-versions", pkg).Output()
+// debFileNames are the names apt-get download gives the packages' files:
+// name_version_arch.deb with the version's epoch colon escaped (one
+// apt-cache call for all of them).
+func debFileNames(ctx context.Context, pkgs []string) (map[string]string, error) {
+	out, err := exec.CommandContext(ctx, "apt-cache", append([]string{"show", "--no-all-versions"}, pkgs...)...).Output()
 	if err != nil {
-		return "", fmt.Errorf("apt-cache show %s: %w", pkg, exitErr(err))
+		return nil, fmt.Errorf("apt-cache show: %w", exitErr(err))
 	}
-	var version, arch string
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "Version: "); ok && version == "" {
-			version = v
+	names := map[string]string{}
+	for _, rec := range strings.Split(string(out), "\n\n") {
+		var pkg, version, arch string
+		for _, line := range strings.Split(rec, "\n") {
+			if v, ok := strings.CutPrefix(line, "Package: "); ok {
+				pkg = v
+			} else if v, ok := strings.CutPrefix(line, "Version: "); ok {
+				version = v
+			} else if v, ok := strings.CutPrefix(line, "Architecture: "); ok {
+				arch = v
+			}
 		}
-		if v, ok := strings.CutPrefix(line, "Architecture: "); ok && arch == "" {
-			arch = v
+		if pkg != "" && version != "" && arch != "" {
+			if _, seen := names[pkg]; !seen {
+				names[pkg] = pkg + "_" + strings.ReplaceAll(version, ":", "%3a") + "_" + arch + ".deb"
+			}
 		}
 	}
-	if version == "" || arch == "" {
-		return "", fmt.Errorf("apt-cache show %s: no version: %w", pkg, errdefs.ErrNotFound)
+	for _, p := range pkgs {
+		if names[p] == "" {
+			return nil, fmt.Errorf("apt-cache show %s: no version: %w", p, errdefs.ErrNotFound)
+		}
 	}
-	return pkg + "_" + strings.ReplaceAll(version, ":", "%3a") + "_" + arch + ".deb", nil
+	return names, nil
 }
 
 // DebLayer unpacks the data of the given .deb files, in order, into one
