@@ -228,4 +228,21 @@ log "helm test"
 t_test=$(date +%s)
 "$KBIN/helm" test "$REL" -n "$NS" --logs --timeout 6m >&2
 log "helm test passed in $(($(date +%s) - t_test))s; install to first sandbox: $(($(date +%s) - t_install))s"
+# Adoption: a sandbox made on the node survives the node pod's deletion
+# and is adopted by the new pod's cubelet (same sandbox, still running, its
+# init process the same host PID).
+go build -o "$W/cubecli" ./cmd/cubecli
+CLI=("$W/cubecli" --addr /run/cube-kube/cubelet.sock)
+"${CLI[@]}" sandbox create --template busybox --id kube-adopt >&2
+pid_of() { "${CLI[@]}" -o json sandbox inspect kube-adopt | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' | head -1; }
+before=$(pid_of)
+old=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}')
+t_del=$(date +%s)
+"$K" -n "$NS" delete pod "$old" --wait >&2
+"$K" -n "$NS" rollout status ds/cube-node --timeout=5m >&2
+state=$("${CLI[@]}" sandbox inspect kube-adopt | awk 'NR==2{print $3}')
+after=$(pid_of)
+log "node pod $old replaced in $(($(date +%s) - t_del))s; sandbox kube-adopt: $state, pid $before -> $after"
+[ "$state" = running ] && [ -n "$before" ] && [ "$before" = "$after" ] || { log "sandbox not adopted"; exit 1; }
+"${CLI[@]}" sandbox rm kube-adopt >&2
 log "done ($(elapsed))"
