@@ -4,6 +4,7 @@
 #
 #   bash hack/kube-up.sh            build, start, install, test, tear down
 #   CUBE_KUBE_KEEP=1 bash hack/kube-up.sh   leave the cluster running (KUBECONFIG printed)
+#   CUBE_KUBE_IMAGES=DIR bash hack/kube-up.sh   use images built before (DIR/layout, DIR/values.yaml)
 #
 # Kubernetes v1.34 is built from the Go module proxy (hack/kube/build.sh,
 # cached in /var/cache/cube/kube), etcd and containerd are Debian's, the
@@ -84,8 +85,14 @@ ip addr add "$NODE_IP/24" dev cube-kube0
 ip link set cube-kube0 up
 
 log "images"
-guest=/var/lib/cube/vm; [ -f "$guest/vmlinuz" ] || guest=/var/cache/cube/vm/guest-cubelet
-go run ./hack/images --out "$W/images" --values "$W/images.yaml" --guest-dir "$guest" 2>"$W/images.log"
+if [ -n "${CUBE_KUBE_IMAGES:-}" ]; then
+  # Images built before (go run ./hack/images --out DIR/layout --values DIR/values.yaml).
+  cp -r "$CUBE_KUBE_IMAGES/layout" "$W/images"
+  cp "$CUBE_KUBE_IMAGES/values.yaml" "$W/images.yaml"
+else
+  guest=/var/lib/cube/vm; [ -f "$guest/vmlinuz" ] || guest=/var/cache/cube/vm/guest-cubelet
+  go run ./hack/images --out "$W/images" --values "$W/images.yaml" --guest-dir "$guest" 2>"$W/images.log"
+fi
 tar -C "$W/images" -cf "$W/images.tar" .
 log "images built ($(elapsed)): $(du -sh "$W/images" | cut -f1) layout"
 
