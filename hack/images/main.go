@@ -163,6 +163,9 @@ func valuesOverlay(repo, tag string, digests map[string]string) string {
 	}
 	sort.Strings(names)
 	for _, n := range names {
+		if n == "pause" { // the cluster's, not the chart's
+			continue
+		}
 		fmt.Fprintf(&sb, "  %s:\n    repository: %scube/%s\n    tag: %q\n    digest: %s\n", valuesKey(n), repo, n, tag, digests[n])
 	}
 	return sb.String()
