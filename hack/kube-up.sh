@@ -39,7 +39,7 @@ pids=()
 cleanup() {
   local rc=$?
   set +e # every step of the teardown runs, whatever one of them says
-  if [ "${CUBE_KUBE_KEEP:-0}" = 1 ] && [ $rc = 0 ]; then
+  if [ "${CUBE_KUBE_KEEP:-0}" = 1 ]; then
     log "kept: export KUBECONFIG=$W/admin.kubeconfig; tear down with: kill ${pids[*]}"
     return
   fi
