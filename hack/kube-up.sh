@@ -193,6 +193,12 @@ containerd --config "$W/containerd.toml" >"$W/containerd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 30); do [ -S "$W/containerd.sock" ] && break; sleep 1; done
 ctr -a "$W/containerd.sock" -n k8s.io images import --all-platforms "$W/images.tar" >"$W/import.log"
+# The chart pins digests: name each image by its digest too (the kubelet
+# asks containerd for repository@digest).
+for n in $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep '^docker.io/cube/.*:'); do
+  d=$(ctr -a "$W/containerd.sock" -n k8s.io images ls | awk -v n="$n" '$1==n{print $3}')
+  ctr -a "$W/containerd.sock" -n k8s.io images tag "$n" "${n%:*}@$d" >/dev/null
+done
 log "images imported: $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep -c cube/) ($(elapsed))"
 
 log "kubelet"
