@@ -84,6 +84,13 @@ NODE_IP=172.30.0.1
 ip link add cube-kube0 type bridge
 ip addr add "$NODE_IP/24" dev cube-kube0
 ip link set cube-kube0 up
+# The node pod's host paths with Bidirectional propagation must be shared
+# mounts: each becomes a shared bind mount of itself (the root stays as it is).
+for d in /var/lib/cube-kube /run/cube-kube; do
+  mkdir -p "$d"
+  mount --bind "$d" "$d"
+  mount --make-rshared "$d"
+done
 
 log "images"
 if [ -n "${CUBE_KUBE_IMAGES:-}" ]; then
@@ -141,7 +148,7 @@ log "kube-apiserver"
   --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc --authorization-mode Node,RBAC \
   --kubelet-client-certificate "$W/pki/admin.crt" --kubelet-client-key "$W/pki/admin.key" \
-  --allow-privileged >"$W/apiserver.log" 2>&1 &
+  --kubelet-preferred-address-types InternalIP --allow-privileged >"$W/apiserver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 120); do "$K" get --raw /readyz >/dev/null 2>&1 && break; sleep 1; done
 "$K" get --raw /readyz >/dev/null
@@ -221,6 +228,7 @@ staticPodPath: ""
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
 resolvConf: /etc/resolv.conf
+podLogsDir: "$W/pod-logs"
 clusterDNS: ["$NODE_IP"]
 clusterDomain: cluster.local
 EOF

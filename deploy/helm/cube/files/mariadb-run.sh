@@ -6,10 +6,18 @@
 set -eu
 data="${MARIADB_DATA:-/var/lib/mysql}"
 run="${MARIADB_RUN:-/run/mysqld}"
-mkdir -p "$data" "$run"
-common="--no-defaults --datadir=$data --user=root --skip-name-resolve --innodb-buffer-pool-size=64M --performance-schema=OFF --skip-log-bin"
+mkdir -p "$(dirname "$data")" "$run"
+# No /tmp in the image: temporary files go to the run directory.
+common="--no-defaults --datadir=$data --tmpdir=$run --user=root --skip-name-resolve --innodb-buffer-pool-size=64M --performance-schema=OFF --skip-log-bin"
 if [ ! -d "$data/mysql" ]; then
   echo "bootstrapping $data"
+  # Into a fresh directory renamed into place: a bootstrap that fails half
+  # way is redone at the next start.
+  rm -rf "$data.new"
+  mkdir -p "$data.new"
+  final="$data"
+  data="$data.new"
+  common=$(echo "$common" | sed "s#--datadir=$final #--datadir=$data #")
   share=/usr/share/mysql
   {
     echo "create database if not exists mysql;"
@@ -17,6 +25,10 @@ if [ ! -d "$data/mysql" ]; then
     echo "SET @auth_root_socket='root';"
     cat "$share/mysql_system_tables.sql" "$share/mysql_performance_tables.sql" "$share/mysql_system_tables_data.sql"
   } | mariadbd $common --bootstrap >/dev/null
+  rm -rf "$final"
+  mv "$data" "$final"
+  data="$final"
+  common=$(echo "$common" | sed "s#--datadir=$data.new #--datadir=$data #")
   echo "bootstrapped"
 fi
 # The database and its user, at every start (idempotent; a changed
