@@ -47,6 +47,13 @@ cleanup() {
   if [ -S "$W/containerd.sock" ]; then
     # The chart's uninstall (no sandbox may outlive it), then every pod.
     [ -f "$W/installed" ] && "$KBIN/helm" --kubeconfig "$W/admin.kubeconfig" uninstall "$REL" -n "$NS" --wait --timeout 2m >&2 || true
+    # Pods deleted through the kubelet, so that their sandboxes and
+    # network namespaces are released (CNI DEL) before it stops.
+    "$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" delete pods --all -A --grace-period=0 --force --wait=false >/dev/null 2>&1
+    for _ in $(seq 30); do
+      [ -z "$("$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" get pods -A -o name 2>/dev/null)" ] && break
+      sleep 1
+    done
     for c in $(ctr -a "$W/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
       ctr -a "$W/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
     done
@@ -69,6 +76,11 @@ cleanup() {
   rm -rf /var/lib/cube-kube /run/cube-kube
   find /sys/fs/cgroup -depth -type d -name cube-kube -exec rmdir {} \; 2>/dev/null || true
   ip link del cube-kube0 2>/dev/null || true
+  # Network namespaces and CNI results a pod left (those made since start).
+  for n in $(ls /run/netns 2>/dev/null | grep '^cni-'); do
+    grep -qx "$n" "$W/netns-before" 2>/dev/null || ip netns del "$n" 2>/dev/null
+  done
+  rm -f /var/lib/cni/results/cube-kube-*
   [ $rc = 0 ] || { log "failed ($(elapsed)); logs:"; tail -n 30 "$W"/*.log >&2 || true; }
   rm -rf "$W"
   exit $rc
@@ -81,6 +93,7 @@ SVC_CIDR=172.30.128.0/24 POD_CIDR=172.30.0.0/24 CLUSTER_IP=172.30.128.1
 # The node's address on the pods' bridge: the kubelet's node IP (so that
 # pods reach the host-network node pod), the cluster DNS.
 NODE_IP=172.30.0.1
+ls /run/netns 2>/dev/null | grep '^cni-' > "$W/netns-before" || true
 ip link add cube-kube0 type bridge
 ip addr add "$NODE_IP/24" dev cube-kube0
 ip link set cube-kube0 up
