@@ -279,9 +279,9 @@ old=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.i
 t_del=$(date +%s)
 "$K" -n "$NS" delete pod "$old" --wait >&2
 "$K" -n "$NS" rollout status ds/cube-node --timeout=5m >&2
-state=$("${CLI[@]}" sandbox inspect kube-adopt | awk 'NR==2{print $3}')
+state=$("${CLI[@]}" -o json sandbox inspect kube-adopt | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1)
 after=$(pid_of)
 log "node pod $old replaced in $(($(date +%s) - t_del))s; sandbox kube-adopt: $state, pid $before -> $after"
-[ "$state" = running ] && [ -n "$before" ] && [ "$before" = "$after" ] || { log "sandbox not adopted"; exit 1; }
+[ "$state" = SANDBOX_STATE_RUNNING ] && [ -n "$before" ] && [ "$before" = "$after" ] || { log "sandbox not adopted"; exit 1; }
 "${CLI[@]}" sandbox rm kube-adopt >&2
 log "done ($(elapsed))"
