@@ -63,7 +63,12 @@ cleanup() {
     done
   fi
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  # The API server may take a minute to shut down gracefully: 10 s, then KILL.
+  for _ in $(seq 10); do
+    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break; sleep 1
+  done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done
   # The node's host rules and slots (network-agent --purge with the
   # chart's settings of ci/kube-up.yaml), then every mount under the work
   # directory and the node's paths, their loop devices, the cgroups.
