@@ -107,3 +107,15 @@ if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
     go run ./test/e2e/node/system -runtime gvisor -code-interpreter -- bash test/e2e/sdk-suites.sh
   fi
 fi
+# The Helm chart (deploy/helm/cube) with helm as a library, in its own
+# module (hack/kube: Kubernetes v1.34 and helm): lint, every values overlay
+# rendered and validated against Kubernetes' OpenAPI, probes, refusals.
+echo "== helm chart"
+(cd hack/kube && go test -count=1 ./...)
+# The chart on a real single-node cluster built from source (hack/kube-up.sh:
+# Kubernetes cached in /var/cache/cube/kube after a cold build of about
+# 10 minutes), helm install and helm test. CUBE_TEST_KUBE=0 skips it.
+if [ "${CUBE_TEST_KUBE:-1}" != 0 ]; then
+  echo "== kubernetes (hack/kube-up.sh)"
+  bash hack/kube-up.sh
+fi

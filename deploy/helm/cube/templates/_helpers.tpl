@@ -1,0 +1,55 @@
+{{/* Names and labels. */}}
+{{- define "cube.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 40 | trimSuffix "-" }}{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "cube.labels" -}}
+app.kubernetes.io/name: cube
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "cube.selector" -}}
+app.kubernetes.io/name: cube
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference: repository@digest when pinned, else repository:tag. */}}
+{{- define "cube.image" -}}
+{{- if .digest -}}{{ .repository }}@{{ .digest }}{{- else -}}{{ .repository }}:{{ .tag }}{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding ca.crt, ca.key and admin-token. */}}
+{{- define "cube.pkiSecret" -}}
+{{- .Values.pki.existingSecret | default (printf "%s-pki" (include "cube.fullname" .)) -}}
+{{- end -}}
+
+{{- define "cube.masterHost" -}}{{ include "cube.fullname" . }}-master.{{ .Release.Namespace }}.svc{{- end -}}
+{{- define "cube.proxyHost" -}}{{ include "cube.fullname" . }}-proxy.{{ .Release.Namespace }}.svc{{- end -}}
+
+{{/* Refusals the schema cannot express. */}}
+{{- define "cube.validate" -}}
+{{- if and (eq .Values.mode "full") (eq .Values.catalog.type "sqlite") (gt (int .Values.master.replicas) 1) -}}
+{{- fail "catalog.type sqlite holds one replica's catalog: with master.replicas > 1 use catalog.type mariadb or mysql" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "full") (eq .Values.catalog.type "mysql") (or (not .Values.catalog.mysql.host) (not .Values.catalog.mysql.passwordSecret)) -}}
+{{- fail "catalog.type mysql needs catalog.mysql.host and catalog.mysql.passwordSecret" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "compute-only") (or (not .Values.join.masterAddr) (not .Values.join.joinAddr) (not .Values.join.tokenSecret)) -}}
+{{- fail "mode compute-only needs join.masterAddr, join.joinAddr and join.tokenSecret (a Secret with key token: cubecli node join-token on the master)" -}}
+{{- end -}}
+{{- if and (eq .Values.proxy.tls.mode "secret") (not .Values.proxy.tls.secretName) -}}
+{{- fail "proxy.tls.mode secret needs proxy.tls.secretName" -}}
+{{- end -}}
+{{- if and (eq .Values.proxy.tls.mode "certManager") (not .Values.proxy.tls.issuer.name) -}}
+{{- fail "proxy.tls.mode certManager needs proxy.tls.issuer.name" -}}
+{{- end -}}
+{{- range $k, $v := .Values.images -}}
+{{- if and (kindIs "map" $v) (eq (toString $v.tag) "latest") (not $v.digest) -}}
+{{- fail (printf "images.%s: tag latest is refused (pin a version or a digest)" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

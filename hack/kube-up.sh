@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# A single-node Kubernetes cluster on this machine, the chart installed on
+# it and its helm test run, then everything torn down (docs/kubernetes.md).
+#
+#   bash hack/kube-up.sh            build, start, install, test, tear down
+#   CUBE_KUBE_KEEP=1 bash hack/kube-up.sh   leave the cluster running (KUBECONFIG printed)
+#   CUBE_KUBE_IMAGES=DIR bash hack/kube-up.sh   use images built before (DIR/layout, DIR/values.yaml)
+#
+# Kubernetes v1.34 is built from the Go module proxy (hack/kube/build.sh,
+# cached in /var/cache/cube/kube), etcd and containerd are Debian's, the
+# images are built here (hack/images) and imported with ctr: nothing is
+# pulled. The control plane listens on loopback only; the node's pods use
+# Debian's CNI bridge plugin on a private bridge.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+log() { echo "== kube-up: $*" >&2; }
+t0=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t0))s"; }
+
+# Debian's etcd, containerd and CNI plugins (installed when missing).
+pkgs=(etcd-server containerd containernetworking-plugins openssl iptables)
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+log "building Kubernetes and helm (cached)"
+KBIN=$(bash hack/kube/build.sh)
+log "binaries in $KBIN ($(elapsed))"
+
+W=$(mktemp -d /tmp/cube-kube.XXXXXX)
+NS=cube-system
+REL=cube
+pids=()
+cleanup() {
+  local rc=$?
+  set +e # every step of the teardown runs, whatever one of them says
+  if [ "${CUBE_KUBE_KEEP:-0}" = 1 ]; then
+    log "kept: export KUBECONFIG=$W/admin.kubeconfig; tear down with: kill ${pids[*]}"
+    return
+  fi
+  log "tearing down"
+  if [ -S "$W/containerd.sock" ]; then
+    # The chart's uninstall (no sandbox may outlive it), then every pod.
+    [ -f "$W/installed" ] && "$KBIN/helm" --kubeconfig "$W/admin.kubeconfig" uninstall "$REL" -n "$NS" --wait --timeout 2m >&2 || true
+    # Pods deleted through the kubelet, so that their sandboxes and
+    # network namespaces are released (CNI DEL) before it stops.
+    "$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" delete pods --all -A --grace-period=0 --force --wait=false >/dev/null 2>&1
+    for _ in $(seq 30); do
+      [ -z "$("$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" get pods -A -o name 2>/dev/null)" ] && break
+      sleep 1
+    done
+    for c in $(ctr -a "$W/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr -a "$W/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
+    done
+    sleep 1
+    for c in $(ctr -a "$W/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr -a "$W/containerd.sock" -n k8s.io tasks rm -f "$c" >/dev/null 2>&1 || true
+    done
+  fi
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
+  # The API server may take a minute to shut down gracefully: 10 s, then KILL.
+  for _ in $(seq 10); do
+    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break; sleep 1
+  done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done
+  # The node's host rules and slots (network-agent --purge with the
+  # chart's settings of ci/kube-up.yaml), then every mount under the work
+  # directory and the node's paths, their loop devices, the cgroups.
+  printf 'node_cidr = "10.213.0.0/16"\nprefix = "ckube"\nrun_dir = "/run/cube-kube/network"\ndata_dir = "/var/lib/cube-kube/network"\n[api]\nsocket = "/run/cube-kube/network-agent.sock"\n' > "$W/na-purge.toml"
+  [ -d /var/lib/cube-kube/network ] && go run ./cmd/network-agent --purge --config "$W/na-purge.toml" >&2 || true
+  for root in "$W" /var/lib/cube-kube /run/cube-kube; do
+    grep " $root" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  done
+  losetup -a 2>/dev/null | grep /var/lib/cube-kube | cut -d: -f1 | while read -r d; do losetup -d "$d" 2>/dev/null || true; done
+  rm -rf /var/lib/cube-kube /run/cube-kube
+  find /sys/fs/cgroup -depth -type d -name cube-kube -exec rmdir {} \; 2>/dev/null || true
+  ip link del cube-kube0 2>/dev/null || true
+  # Network namespaces and CNI results a pod left (those made since start).
+  for n in $(ls /run/netns 2>/dev/null | grep '^cni-'); do
+    grep -qx "$n" "$W/netns-before" 2>/dev/null || ip netns del "$n" 2>/dev/null
+  done
+  rm -f /var/lib/cni/results/cube-kube-*
+  [ $rc = 0 ] || { log "failed ($(elapsed)); logs:"; tail -n 30 "$W"/*.log >&2 || true; }
+  rm -rf "$W"
+  exit $rc
+}
+trap cleanup EXIT
+
+# Loopback ports of their own, so as not to meet a system instance.
+ETCD=127.0.0.1:23790 API=127.0.0.1:16443
+SVC_CIDR=172.30.128.0/24 POD_CIDR=172.30.0.0/24 CLUSTER_IP=172.30.128.1
+# The node's address on the pods' bridge: the kubelet's node IP (so that
+# pods reach the host-network node pod), the cluster DNS.
+NODE_IP=172.30.0.1
+ls /run/netns 2>/dev/null | grep '^cni-' > "$W/netns-before" || true
+ip link add cube-kube0 type bridge
+ip addr add "$NODE_IP/24" dev cube-kube0
+ip link set cube-kube0 up
+# The node pod's host paths with Bidirectional propagation must be shared
+# mounts: each becomes a shared bind mount of itself (the root stays as it is).
+for d in /var/lib/cube-kube /run/cube-kube; do
+  mkdir -p "$d"
+  mount --bind "$d" "$d"
+  mount --make-rshared "$d"
+done
+
+log "images"
+if [ -n "${CUBE_KUBE_IMAGES:-}" ]; then
+  # Images built before (go run ./hack/images --out DIR/layout --values DIR/values.yaml).
+  cp -r "$CUBE_KUBE_IMAGES/layout" "$W/images"
+  cp "$CUBE_KUBE_IMAGES/values.yaml" "$W/images.yaml"
+else
+  guest=/var/lib/cube/vm; [ -f "$guest/vmlinuz" ] || guest=/var/cache/cube/vm/guest-cubelet
+  go run ./hack/images --out "$W/images" --values "$W/images.yaml" --guest-dir "$guest" 2>"$W/images.log"
+fi
+tar -C "$W/images" -cf "$W/images.tar" .
+log "images built ($(elapsed)): $(du -sh "$W/images" | cut -f1) layout"
+
+log "certificates"
+mkdir -p "$W/pki"
+(
+  cd "$W/pki"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -days 2 -subj "/CN=cube-kube-ca" 2>/dev/null
+  issue() { # name subject sans
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" > "$1.ext"
+    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 2 -extfile "$1.ext" 2>/dev/null
+  }
+  issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:$CLUSTER_IP,DNS:kubernetes,DNS:kubernetes.default.svc"
+  issue admin "/O=system:masters/CN=admin" "DNS:admin"
+  issue kubelet "/O=system:nodes/CN=system:node:$(hostname)" "IP:127.0.0.1,IP:$NODE_IP,DNS:$(hostname)"
+  openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
+  openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
+)
+kcfg() { # file cert
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: cube, cluster: {server: "https://$API", certificate-authority: "$W/pki/ca.crt"}}]
+users: [{name: u, user: {client-certificate: "$W/pki/$2.crt", client-key: "$W/pki/$2.key"}}]
+contexts: [{name: c, context: {cluster: cube, user: u}}]
+current-context: c
+EOF
+}
+kcfg "$W/admin.kubeconfig" admin
+kcfg "$W/kubelet.kubeconfig" kubelet
+export KUBECONFIG="$W/admin.kubeconfig"
+K="$KBIN/kubectl"
+
+log "etcd"
+etcd --name cube --data-dir "$W/etcd" --listen-client-urls "http://$ETCD" --advertise-client-urls "http://$ETCD" \
+  --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+  --initial-cluster cube=http://127.0.0.1:23800 >"$W/etcd.log" 2>&1 &
+pids+=($!)
+
+log "kube-apiserver"
+"$KBIN/kube-apiserver" --etcd-servers "http://$ETCD" --bind-address 127.0.0.1 --secure-port "${API#*:}" \
+  --advertise-address 127.0.0.1 --service-cluster-ip-range "$SVC_CIDR" \
+  --tls-cert-file "$W/pki/apiserver.crt" --tls-private-key-file "$W/pki/apiserver.key" --client-ca-file "$W/pki/ca.crt" \
+  --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc --authorization-mode Node,RBAC \
+  --kubelet-client-certificate "$W/pki/admin.crt" --kubelet-client-key "$W/pki/admin.key" \
+  --kubelet-preferred-address-types InternalIP --allow-privileged >"$W/apiserver.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 120); do "$K" get --raw /readyz >/dev/null 2>&1 && break; sleep 1; done
+"$K" get --raw /readyz >/dev/null
+log "apiserver ready ($(elapsed))"
+
+"$KBIN/kube-controller-manager" --kubeconfig "$W/admin.kubeconfig" --bind-address 127.0.0.1 --secure-port 0 \
+  --service-account-private-key-file "$W/pki/sa.key" --root-ca-file "$W/pki/ca.crt" --use-service-account-credentials=false \
+  --cluster-signing-cert-file "$W/pki/ca.crt" --cluster-signing-key-file "$W/pki/ca.key" \
+  --controllers '*,-nodeipam,-cloud-node-lifecycle' >"$W/controller-manager.log" 2>&1 &
+pids+=($!)
+# Cluster DNS: Services' ready endpoints (hack/kube/dns; no CoreDNS, no
+# kube-proxy: names resolve to the pods, as headless Services do).
+go build -C hack/kube -o "$W/dns" ./dns
+"$W/dns" --kubeconfig "$W/admin.kubeconfig" --listen "$NODE_IP:53" >"$W/dns.log" 2>&1 &
+pids+=($!)
+"$KBIN/kube-scheduler" --kubeconfig "$W/admin.kubeconfig" --bind-address 127.0.0.1 --secure-port 0 >"$W/scheduler.log" 2>&1 &
+pids+=($!)
+
+log "containerd"
+mkdir -p "$W/containerd" "$W/cni/net.d"
+cat > "$W/containerd.toml" <<EOF
+version = 2
+root = "$W/containerd/root"
+state = "$W/containerd/state"
+[grpc]
+  address = "$W/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  # These machines lack CAP_SYS_RESOURCE: runc cannot raise the pause
+  # container's oom_score_adj.
+  restrict_oom_score_adj = true
+  sandbox_image = "docker.io/cube/pause:0.1.0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$W/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    SystemdCgroup = false
+EOF
+cat > "$W/cni/net.d/10-cube-kube.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "cube-kube", "plugins": [
+  {"type": "bridge", "bridge": "cube-kube0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$W/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+containerd --config "$W/containerd.toml" >"$W/containerd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 30); do [ -S "$W/containerd.sock" ] && break; sleep 1; done
+ctr -a "$W/containerd.sock" -n k8s.io images import --all-platforms "$W/images.tar" >"$W/import.log"
+# The chart pins digests: name each image by its digest too (the kubelet
+# asks containerd for repository@digest).
+for n in $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep '^docker.io/cube/.*:'); do
+  d=$(ctr -a "$W/containerd.sock" -n k8s.io images ls | awk -v n="$n" '$1==n{print $3}')
+  ctr -a "$W/containerd.sock" -n k8s.io images tag "$n" "${n%:*}@$d" >/dev/null
+done
+log "images imported: $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep -c cube/) ($(elapsed))"
+
+log "kubelet"
+cat > "$W/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+authentication: {anonymous: {enabled: false}, x509: {clientCAFile: "$W/pki/ca.crt"}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+address: "$NODE_IP"
+port: 10350
+readOnlyPort: 0
+healthzPort: 0
+tlsCertFile: "$W/pki/kubelet.crt"
+tlsPrivateKeyFile: "$W/pki/kubelet.key"
+containerRuntimeEndpoint: "unix://$W/containerd.sock"
+staticPodPath: ""
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+resolvConf: /etc/resolv.conf
+podLogsDir: "$W/pod-logs"
+clusterDNS: ["$NODE_IP"]
+clusterDomain: cluster.local
+EOF
+"$KBIN/kubelet" --config "$W/kubelet.yaml" --kubeconfig "$W/kubelet.kubeconfig" --root-dir "$W/kubelet" \
+  --hostname-override "$(hostname)" --node-ip "$NODE_IP" >"$W/kubelet.log" 2>&1 &
+pids+=($!)
+NODE=$(hostname)
+for _ in $(seq 120); do "$K" get node "$NODE" >/dev/null 2>&1 && break; sleep 1; done
+"$K" wait --for=condition=Ready "node/$NODE" --timeout=180s >&2
+log "node $NODE Ready ($(elapsed))"
+"$K" label node "$NODE" cube.dev/node=true --overwrite >/dev/null
+
+log "helm install"
+"$K" create namespace "$NS" >/dev/null
+t_install=$(date +%s)
+touch "$W/installed"
+"$KBIN/helm" install "$REL" deploy/helm/cube -n "$NS" -f deploy/helm/cube/ci/kube-up.yaml -f "$W/images.yaml" \
+  --wait --timeout 8m >&2
+log "helm install: every pod ready in $(($(date +%s) - t_install))s"
+"$K" -n "$NS" get pods -o wide >&2
+
+log "helm test"
+t_test=$(date +%s)
+"$KBIN/helm" test "$REL" -n "$NS" --logs --timeout 6m >&2
+log "helm test passed in $(($(date +%s) - t_test))s; install to first sandbox: $(($(date +%s) - t_install))s"
+# Adoption: a sandbox made on the node survives the node pod's deletion
+# and is adopted by the new pod's cubelet (same sandbox, still running, its
+# init process the same host PID).
+go build -o "$W/cubecli" ./cmd/cubecli
+CLI=("$W/cubecli" --addr /run/cube-kube/cubelet.sock)
+"${CLI[@]}" sandbox create --template busybox --id kube-adopt >&2
+pid_of() { "${CLI[@]}" -o json sandbox inspect kube-adopt | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' | head -1; }
+before=$(pid_of)
+old=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}')
+t_del=$(date +%s)
+"$K" -n "$NS" delete pod "$old" --wait >&2
+"$K" -n "$NS" rollout status ds/cube-node --timeout=5m >&2
+state=$("${CLI[@]}" -o json sandbox inspect kube-adopt | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1)
+after=$(pid_of)
+log "node pod $old replaced in $(($(date +%s) - t_del))s; sandbox kube-adopt: $state, pid $before -> $after"
+[ "$state" = SANDBOX_STATE_RUNNING ] && [ -n "$before" ] && [ "$before" = "$after" ] || { log "sandbox not adopted"; exit 1; }
+"${CLI[@]}" sandbox rm kube-adopt >&2
+log "done ($(elapsed))"
