@@ -42,7 +42,10 @@ type storedTemplates struct {
 	// importing holds the IDs this replica is importing: their local
 	// record exists before their catalog row.
 	importing map[string]bool
-	shared    *sharedTemplates
+	// gen counts this replica's own changes to recs: a catalog read that
+	// began before one is not applied over it.
+	gen    uint64
+	shared *sharedTemplates
 	// pulling holds the pulls in flight, by node/template.
 	pulling map[string]*pullCall
 	// failed is when a background pull last failed, by node/template:
@@ -90,6 +93,7 @@ func (s *Service) deleteStored(ctx context.Context, id string) error {
 	st.mu.Lock()
 	delete(st.recs, id)
 	delete(st.rows, id)
+	st.gen++
 	st.mu.Unlock()
 	return st.store.Delete(id)
 }
@@ -206,7 +210,7 @@ func (s *Service) pullOn(ctx context.Context, node string, rec tmplstore.Record)
 	c.err = s.importRequest(ctx, node, &cubeletpb.ImportTemplateRequest{
 		TemplateId: rec.ID, Artifact: rec.Digest, Runtime: rec.Runtime, Warm: rec.Warm,
 	})
-	s.refreshTemplates(ctx, node)
+	s.refreshTemplatesWithin(ctx, node, importRefreshTimeout)
 	if c.err != nil {
 		s.log.Warn("template pull failed", "node_id", node, "template_id", rec.ID, "digest", rec.Digest, "err", c.err)
 		return c.err

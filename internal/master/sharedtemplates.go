@@ -109,6 +109,9 @@ func (s *Service) shareTemplates(ctx context.Context, replica string) error {
 // of templates it no longer lists (or lists with another image).
 func (s *Service) syncTemplates(ctx context.Context) error {
 	st := s.stored
+	st.mu.Lock()
+	gen := st.gen
+	st.mu.Unlock()
 	rows, err := s.cat.ListClusterTemplates(ctx)
 	if err != nil {
 		return err
@@ -120,6 +123,13 @@ func (s *Service) syncTemplates(ctx context.Context) error {
 		objects[r.ID] = r
 	}
 	st.mu.Lock()
+	if st.gen != gen {
+		// This replica published or deleted a template since the read:
+		// the list read is older than its own view; the next sync reads
+		// again.
+		st.mu.Unlock()
+		return nil
+	}
 	st.recs, st.rows = recs, objects
 	st.mu.Unlock()
 	local, err := st.store.List()
@@ -183,6 +193,7 @@ func (s *Service) publishTemplate(ctx context.Context, r tmplstore.Record) error
 	}
 	s.stored.mu.Lock()
 	s.stored.recs[r.ID], s.stored.rows[r.ID] = r, row
+	s.stored.gen++
 	s.stored.mu.Unlock()
 	return nil
 }

@@ -151,7 +151,7 @@ func (s *Service) DeleteTemplate(ctx context.Context, name string) ([]string, er
 			continue
 		}
 		done = append(done, node)
-		s.refreshTemplates(ctx, node)
+		s.refreshTemplatesWithin(ctx, node, importRefreshTimeout)
 	}
 	if len(errs) > 0 {
 		return done, errors.Join(errs...)
@@ -235,7 +235,7 @@ func (s *Service) ImportTemplate(ctx context.Context, req TemplateImport) (Templ
 		if err := s.importOn(ctx, node, req); err != nil {
 			errs = append(errs, err)
 		}
-		s.refreshTemplates(ctx, node)
+		s.refreshTemplatesWithin(ctx, node, importRefreshTimeout)
 	}
 	if len(errs) > 0 {
 		return Template{}, errors.Join(errs...)
@@ -270,19 +270,30 @@ func (s *Service) importRequest(ctx context.Context, node string, req *cubeletpb
 	}
 }
 
-// refreshTimeout bounds one node's answer to a template refresh.
-const refreshTimeout = 2 * time.Second
+// refreshTimeout bounds one node's answer to a template refresh on the
+// create path; an import, whose answer lists the nodes that hold the
+// template, waits up to importRefreshTimeout (a loaded node answered
+// ListTemplates in more than 2 s, and the import's answer left it out).
+const (
+	refreshTimeout       = 2 * time.Second
+	importRefreshTimeout = 15 * time.Second
+)
 
 // refreshTemplates updates the master's view of a node's templates right
 // away, instead of at its next heartbeat.
 func (s *Service) refreshTemplates(ctx context.Context, node string) {
+	s.refreshTemplatesWithin(ctx, node, refreshTimeout)
+}
+
+// refreshTemplatesWithin is refreshTemplates waiting up to d for the node.
+func (s *Service) refreshTemplatesWithin(ctx context.Context, node string, d time.Duration) {
 	c, err := s.client(node)
 	if err != nil {
 		return
 	}
 	// Bounded: a create that missed a template waits for this, and a
 	// node that heartbeats but does not answer must not hold it.
-	ctx, cancel := context.WithTimeout(ctx, refreshTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	resp, err := c.ListTemplates(ctx, &cubeletpb.ListTemplatesRequest{})
 	if err != nil {
