@@ -93,6 +93,14 @@ func (s *Service) ExportSnapshot(ctx context.Context, id string) (*sandbox.Snaps
 	defer release()
 	meta := shipped{Snapshot: sn.Clone()}
 	meta.Snapshot.Dir, meta.Snapshot.DiskPath, meta.Snapshot.MemoryDir = "", "", ""
+	if p := meta.Snapshot.NetworkPolicy; p != nil && len(p.Credentials) > 0 {
+		// Credential values (team secrets the master opened) never go to
+		// the object store: a sandbox run from the export gets its rules
+		// from the master again, and one run without them has none.
+		c := p.Clone()
+		c.Credentials = nil
+		meta.Snapshot.NetworkPolicy = &c
+	}
 	meta.Snapshot.WarmFor = ""
 	if sn.HasMemory {
 		if filepath.Clean(sn.MemoryDir) != filepath.Join(sn.Dir, memoryDirName) {

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"os"
@@ -15,11 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
 	"github.com/cubesandbox/cube/internal/nsdial"
+	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
 	"github.com/cubesandbox/cube/internal/testenv"
 )
 
@@ -33,7 +38,8 @@ import (
 // has its control: a marker planted the same way is found by the same
 // search.
 func TestNetworkEgressCredentials(t *testing.T) {
-	env := cubelettest.New(t, "[gvisor]\ncheckpoint = false\n")
+	store := objstoretest.Start(t)
+	env := cubelettest.New(t, "[gvisor]\ncheckpoint = false\n"+storeTOML(store))
 	w := nettest.NewWorld(t)
 	api := w.Addrs[1]
 	up := w.ServeDNS(t, map[string][]netip.Addr{"secret.test": {api}})
@@ -151,6 +157,46 @@ func TestNetworkEgressCredentials(t *testing.T) {
 				t.Fatal("control: the marker planted in a sandbox process's environment was not found in memory")
 			}
 			t.Logf("memory of the sandbox's processes: secret absent, marker found")
+
+			// A snapshot exported to the object store: every object in
+			// the bucket is searched; the marker (in a file of the disk
+			// image) is found, the secret is not.
+			sn := mustSnapshot(t, svc, cubelet.SnapshotRequest{SandboxID: sb.ID, Name: "with-credentials"})
+			t.Cleanup(func() { _ = svc.DeleteSnapshot(context.Background(), sn.ID) })
+			if _, _, err := svc.ExportSnapshot(ctx, sn.ID); err != nil {
+				t.Fatalf("export: %v", err)
+			}
+			inStore := func(what string) bool {
+				mc, err := minio.New(store.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(store.AccessKey, store.SecretKey, "")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for oi := range mc.ListObjects(ctx, store.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+					if oi.Err != nil {
+						t.Fatal(oi.Err)
+					}
+					obj, err := mc.GetObject(ctx, store.Bucket, oi.Key, minio.GetObjectOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					b, err := io.ReadAll(obj)
+					obj.Close()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if bytes.Contains(b, []byte(what)) {
+						return true
+					}
+				}
+				return false
+			}
+			if inStore(secret) {
+				t.Fatal("the secret went to the object store with the snapshot")
+			}
+			if !inStore(marker) {
+				t.Fatal("control: the marker planted in a file was not found in the exported snapshot")
+			}
+			t.Logf("exported snapshot: secret absent from the object store, marker found")
 		})
 	}
 }
