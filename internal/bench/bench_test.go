@@ -79,7 +79,11 @@ func TestScenariosTiny(t *testing.T) {
 	}
 	t.Log("\n" + tab.String())
 
-	// Scenarios clean up after themselves: check before the run's cleanup.
+	// Scenarios clean up after themselves: check before the run's cleanup
+	// (the warm pools, kept for the run, are drained first).
+	if err := e.closePools(ctx); err != nil {
+		t.Fatal(err)
+	}
 	leakcheck.AssertNone(t, ctx, e.Node().Scope())
 	if e.rawNode != nil {
 		leakcheck.AssertNone(t, ctx, e.rawNode.Scope())

@@ -85,8 +85,7 @@ func (e *Env) Close(ctx context.Context) error {
 	errs = append(errs, e.clus.close(), e.e2b.close())
 	if e.Client != nil {
 		errs = append(errs, e.warmT.close(ctx, e.Client))
-		errs = append(errs, e.poolT.close(ctx, e.Client))
-		errs = append(errs, e.poolBurstT.close(ctx, e.Client))
+		errs = append(errs, e.closePools(ctx))
 	}
 	if e.pod != nil {
 		errs = append(errs, e.pod.Close(ctx))

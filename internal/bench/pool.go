@@ -66,7 +66,18 @@ func (p *poolTemplate) close(ctx context.Context, c pb.CubeletServiceClient) err
 	if _, err := c.DeleteTemplate(context.WithoutCancel(ctx), &pb.DeleteTemplateRequest{TemplateId: p.id}); err != nil {
 		return fmt.Errorf("delete pool template %s: %w", p.id, err)
 	}
+	p.id = ""
 	return nil
+}
+
+// closePools deletes the run's pool templates, draining their pools: the
+// pool entries are the node's, kept between the pool scenarios' chunks,
+// and go with the run.
+func (e *Env) closePools(ctx context.Context) error {
+	if e.Client == nil {
+		return nil
+	}
+	return errors.Join(e.poolT.close(ctx, e.Client), e.poolBurstT.close(ctx, e.Client))
 }
 
 // waitPool waits (untimed) until template id has n ready pool entries.
