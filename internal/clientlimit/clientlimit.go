@@ -109,3 +109,37 @@ func (l *Limiter) evict(now time.Time) {
 		delete(l.buckets, k)
 	}
 }
+
+// Take takes a token from client's bucket before the request is served,
+// and reports false (taking nothing) when there is none: concurrent
+// requests of one client cannot all pass a check made before any of them
+// failed. A request that then succeeds gives its token back (Refund).
+func (l *Limiter) Take(client string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	b := l.buckets[client]
+	if b == nil {
+		if len(l.buckets) >= maxClients {
+			l.evict(now)
+		}
+		b = &bucket{tokens: l.burst, at: now}
+		l.buckets[client] = b
+	}
+	l.refill(b, now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Refund gives back the token a successful request took.
+func (l *Limiter) Refund(client string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b := l.buckets[client]; b != nil {
+		l.refill(b, time.Now())
+		b.tokens = min(l.burst, b.tokens+1)
+	}
+}

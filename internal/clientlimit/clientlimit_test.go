@@ -66,3 +66,24 @@ func (l *Limiter) hasBucket(client string) bool {
 	_, ok := l.buckets[client]
 	return ok
 }
+
+// Take refuses once the burst is taken, whatever the order of the
+// requests' ends; a refund gives one back.
+func TestTakeRefund(t *testing.T) {
+	l := New(0, 3)
+	for i := range 3 {
+		if !l.Take("c") {
+			t.Fatalf("take %d refused within the burst", i)
+		}
+	}
+	if l.Take("c") {
+		t.Fatal("a fourth take passed a burst of 3")
+	}
+	l.Refund("c")
+	if !l.Take("c") {
+		t.Fatal("a take after a refund refused")
+	}
+	if !l.Take("other") {
+		t.Fatal("another client limited")
+	}
+}

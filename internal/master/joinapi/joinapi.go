@@ -67,7 +67,9 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+nodejoin.Path, func(w http.ResponseWriter, r *http.Request) {
 		client := clientlimit.ClientOf(r.RemoteAddr)
-		if limit.Exhausted(client) {
+		// A token is taken before the catalog is read and given back on
+		// success, so parallel guesses cannot all pass the check.
+		if !limit.Take(client) {
 			log.Warn("join refused: too many refused joins from this client", "remote", r.RemoteAddr)
 			w.Header().Set("Retry-After", strconv.Itoa(int(1/refusedRate)))
 			http.Error(w, "too many refused joins from this address; try again later", http.StatusTooManyRequests)
@@ -90,7 +92,6 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 		}
 		certPEM, caPEM, err := svc.Join(r.Context(), req.Token, req.NodeID, pub, req.Hosts)
 		if err != nil {
-			limit.Fail(client)
 			code := http.StatusInternalServerError
 			switch {
 			case errdefs.IsUnauthenticated(err):
@@ -111,6 +112,7 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 			http.Error(w, msg, code)
 			return
 		}
+		limit.Refund(client)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(nodejoin.Response{Certificate: string(certPEM), CA: string(caPEM)})
 	})

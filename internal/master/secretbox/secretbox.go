@@ -59,25 +59,30 @@ func Load(path string) (*Box, error) {
 	return New(key)
 }
 
-// create writes a new key at path; O_EXCL, so two masters starting at
-// once on one directory cannot each write a different key: the loser
-// reads the winner's.
+// create writes a new key at path: into a temp file of its directory,
+// synced, then linked to path (link fails if path exists, so two masters
+// starting at once on one directory cannot each write a different key:
+// the loser reads the winner's), and the directory synced. A crash leaves
+// either no key file or a whole one, never an empty one that would stop
+// the master from starting.
 func create(path string) (*Box, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("secrets key: %w", err)
 	}
 	key := make([]byte, keySize)
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return Load(path)
-	}
+	f, err := os.CreateTemp(dir, ".secrets-key-*")
 	if err != nil {
 		return nil, fmt.Errorf("secrets key: %w", err)
 	}
+	defer os.Remove(f.Name())
 	_, err = f.WriteString(hex.EncodeToString(key) + "\n")
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
 	if err == nil {
 		err = f.Sync()
 	}
@@ -85,8 +90,19 @@ func create(path string) (*Box, error) {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(path)
 		return nil, fmt.Errorf("secrets key %s: %w", path, err)
+	}
+	if err := os.Link(f.Name(), path); errors.Is(err, fs.ErrExist) {
+		return Load(path)
+	} else if err != nil {
+		return nil, fmt.Errorf("secrets key %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		err = d.Sync()
+		d.Close()
+		if err != nil {
+			return nil, fmt.Errorf("secrets key %s: sync %s: %w", path, dir, err)
+		}
 	}
 	return New(key)
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,5 +208,24 @@ func TestJoinRefusalsLimited(t *testing.T) {
 	}
 	if code := from("127.0.0.2"); code != http.StatusUnauthorized {
 		t.Fatalf("control: the same request from 127.0.0.2 answered %d, want 401 from the token check", code)
+	}
+	// Guesses sent all at once get no more tries than guesses in turn.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	burst := map[int]int{}
+	for range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code := from("127.0.0.3")
+			mu.Lock()
+			burst[code]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t.Logf("30 concurrent guesses from 127.0.0.3: %v", burst)
+	if burst[http.StatusUnauthorized] > 10 || burst[http.StatusUnauthorized]+burst[http.StatusTooManyRequests] != 30 {
+		t.Fatalf("30 concurrent guesses answered %v; want at most 10 past the limit", burst)
 	}
 }
