@@ -114,6 +114,9 @@ func (s *Service) storeTemplate(ctx context.Context, req TemplateImport) (tmplst
 	if err := os.MkdirAll(s.stored.store.Dir(), 0o700); err != nil {
 		return tmplstore.Record{}, fmt.Errorf("templates.store_dir: %w", err)
 	}
+	if err := s.stored.markShared(); err != nil {
+		return tmplstore.Record{}, err
+	}
 	scratch, err := os.MkdirTemp(s.stored.store.Dir(), ".import-")
 	if err != nil {
 		return tmplstore.Record{}, fmt.Errorf("templates.store_dir: %w", err)

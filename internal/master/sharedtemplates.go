@@ -49,7 +49,8 @@ type sharedTemplates struct {
 // digest, so two replicas importing one ID with different images at once
 // never write over each other's export.
 func objectID(r tmplstore.Record) string {
-	return r.ID + "." + strings.TrimPrefix(r.Digest, "sha256:")[:16]
+	h := strings.TrimPrefix(r.Digest, "sha256:")
+	return r.ID + "." + h[:min(16, len(h))]
 }
 
 func fromCatalog(t *catalog.ClusterTemplate) tmplstore.Record {
@@ -70,9 +71,18 @@ func (s *Service) shareTemplates(ctx context.Context, replica string) error {
 		}
 		st.shared.obj = obj.In(objstore.Templates)
 	}
+	// Local records the catalog lacks are published once, the first time
+	// this store meets a catalog (a store filled by a master from before
+	// the catalog listed templates). After that a local record the catalog
+	// lacks was deleted through another replica while this one was down,
+	// and syncTemplates drops it: publishing it would bring it back.
+	marker := filepath.Join(st.store.Dir(), sharedMarker)
 	local, err := st.store.List()
 	if err != nil {
 		return err
+	}
+	if _, err := os.Stat(marker); err == nil {
+		local = nil
 	}
 	for _, r := range local {
 		if _, err := s.cat.GetClusterTemplate(ctx, r.ID); errdefs.IsNotFound(err) {
@@ -84,6 +94,9 @@ func (s *Service) shareTemplates(ctx context.Context, replica string) error {
 		} else if err != nil {
 			return err
 		}
+	}
+	if err := st.markShared(); err != nil {
+		return err
 	}
 	if err := s.syncTemplates(ctx); err != nil {
 		return err
@@ -102,6 +115,22 @@ func (s *Service) shareTemplates(ctx context.Context, replica string) error {
 			}
 		}
 	})
+	return nil
+}
+
+// sharedMarker, in the store's directory, says its records have been
+// published to a catalog.
+const sharedMarker = ".shared"
+
+// markShared writes the marker into the store's directory when there is
+// one (a master that never stored a template leaves no directory).
+func (st *storedTemplates) markShared() error {
+	if _, err := os.Stat(st.store.Dir()); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(st.store.Dir(), sharedMarker), nil, 0o600); err != nil {
+		return fmt.Errorf("templates.store_dir: %w", err)
+	}
 	return nil
 }
 
@@ -299,6 +328,9 @@ func (s *Service) fetchImage(ctx context.Context, r *catalog.ClusterTemplate) er
 	start := time.Now()
 	if err := os.MkdirAll(s.stored.store.Dir(), 0o700); err != nil {
 		return fmt.Errorf("templates.store_dir: %w", err)
+	}
+	if err := s.stored.markShared(); err != nil {
+		return err
 	}
 	scratch, err := os.MkdirTemp(s.stored.store.Dir(), ".import-")
 	if err != nil {

@@ -30,8 +30,8 @@ import (
 // through a (from a source only a is told of) is listed by b at once,
 // reaches the node through b (which fetches its image from the object
 // store: nothing of it was in b's store), and sandboxes are created from
-// it through b. Deleted through b, it leaves a's store, the object store
-// and the catalog. The control: replica c on the same catalog without an
+// it through b. Deleted through b while a is down, it leaves the object
+// store and the catalog, and a drops its copy when it starts again. The control: replica c on the same catalog without an
 // object store imports a template the same way, and the node cannot get
 // it through b (b says why).
 func TestTemplatesAcrossReplicas(t *testing.T) {
@@ -128,16 +128,26 @@ func TestTemplatesAcrossReplicas(t *testing.T) {
 		t.Fatalf("object store templates %v, want shared's", ids)
 	}
 
-	// Deleted through b: gone everywhere.
+	// Deleted through b while a is down: gone everywhere, and a, started
+	// again with the template in its store, drops its copy rather than
+	// publishing it again.
+	a.Kill()
 	if _, err := b.Admin.DeleteTemplate(ctx, &masterpb.DeleteTemplateRequest{TemplateId: "shared"}); err != nil {
 		t.Fatal(err)
 	}
 	if ids := objects(); len(ids) != 0 {
 		t.Errorf("after the delete the object store holds %v", ids)
 	}
+	a.Start()
 	mastertest.WaitFor(t, 10*time.Second, "a drops its copy", func() bool {
 		return strings.Contains(a.Logs(), "template copy dropped") && stored(a, "shared") == nil
 	})
+	if tt := stored(b, "shared"); tt != nil {
+		t.Fatalf("after a's restart b lists %+v: a published the deleted template again", tt)
+	}
+	if ids := objects(); len(ids) != 0 {
+		t.Errorf("after a's restart the object store holds %v", ids)
+	}
 	if m, _ := filepath.Glob(filepath.Join(a.Dir, "templates", "templates", "*.json")); len(m) != 0 {
 		t.Errorf("a's store still has records %v", m)
 	}
