@@ -30,6 +30,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/cubesandbox/cube/internal/clientlimit"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
@@ -85,6 +86,7 @@ type Handler struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session // by cookie value
+	logins   *clientlimit.Limiter
 }
 
 type session struct {
@@ -92,6 +94,9 @@ type session struct {
 	csrf    string
 	expires time.Time
 	key     *catalog.APIKey // a team user's session; nil for the admin
+	// secret is the team user's API key, verified again at each request
+	// (through the key cache), so a revoked key ends its sessions.
+	secret string
 }
 
 // caller is who a request acts as.
@@ -115,7 +120,7 @@ func New(b Backend, cfg Config, log *slog.Logger) *Handler {
 	if cfg.LiveInterval <= 0 {
 		cfg.LiveInterval = time.Second
 	}
-	h := &Handler{b: b, cfg: cfg, log: log, mux: http.NewServeMux(), sessions: map[string]*session{}}
+	h := &Handler{b: b, cfg: cfg, log: log, mux: http.NewServeMux(), sessions: map[string]*session{}, logins: clientlimit.New(0.2, 10)}
 	h.routes()
 	return h
 }
@@ -185,6 +190,15 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("login body: %v: %w", err, errdefs.ErrInvalidArgument))
 		return
 	}
+	// A client refused 10 times waits (one more try per 5 s) before the
+	// key lookup or bcrypt runs again: online guessing is slow, and a
+	// flood costs no CPU.
+	client := clientlimit.ClientOf(r.RemoteAddr)
+	if !h.logins.Take(client) {
+		w.Header().Set("Retry-After", "5")
+		writeJSON(w, http.StatusTooManyRequests, map[string]string{"message": "too many failed logins from this address; try again later"})
+		return
+	}
 	if body.Key != "" {
 		key, err := h.b.VerifyAPIKey(r.Context(), body.Key)
 		if err != nil {
@@ -192,7 +206,8 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 			writeError(w, fmt.Errorf("%v: %w", err, errUnauthenticated))
 			return
 		}
-		s := h.startSession(w, &session{user: key.Name, key: key})
+		h.logins.Refund(client)
+		s := h.startSession(w, &session{user: key.Name, key: key, secret: body.Key})
 		writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": false, "team": key.Team, "csrf": s.csrf})
 		return
 	}
@@ -212,6 +227,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("wrong user or password: %w", errUnauthenticated))
 		return
 	}
+	h.logins.Refund(client)
 	s := h.startSession(w, &session{user: body.User})
 	h.log.Info("ops: admin logged in", "user", body.User, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": true, "csrf": s.csrf})
@@ -292,7 +308,16 @@ func (h *Handler) authed(adminOnly bool, next http.HandlerFunc) http.Handler {
 			}
 			c = caller{admin: s.key == nil, user: s.user, sess: s, key: s.key}
 			if s.key != nil {
-				ctx = master.WithTeam(ctx, s.key.Team)
+				key, err := h.b.VerifyAPIKey(ctx, s.secret)
+				if err != nil {
+					h.mu.Lock()
+					delete(h.sessions, ck.Value)
+					h.mu.Unlock()
+					writeError(w, fmt.Errorf("the session's API key: %v: %w", err, errUnauthenticated))
+					return
+				}
+				c.key = key
+				ctx = master.WithTeam(ctx, key.Team)
 			}
 		} else {
 			writeError(w, fmt.Errorf("log in or send X-API-Key: %w", errUnauthenticated))

@@ -251,6 +251,44 @@ func TestOps(t *testing.T) {
 		}
 	})
 
+	t.Run("a revoked key ends its sessions", func(t *testing.T) {
+		ctx := context.Background()
+		if _, err := m.Admin.CreateTeam(ctx, &masterpb.CreateTeamRequest{Name: "team-r"}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := m.Admin.CreateAPIKey(ctx, &masterpb.CreateAPIKeyRequest{Name: "team-r-key", Team: "team-r"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := newClient(t, base)
+		if code := c.do("POST", "/ops/api/login", map[string]string{"key": resp.Secret}, nil); code != 200 {
+			t.Fatalf("key login: %d", code)
+		}
+		if code := c.do("GET", "/ops/api/sandboxes", nil, nil); code != 200 {
+			t.Fatalf("control: the key's session before the revoke: %d, want 200", code)
+		}
+		if _, err := m.Admin.DeleteAPIKey(ctx, &masterpb.DeleteAPIKeyRequest{Key: "team-r-key"}); err != nil {
+			t.Fatal(err)
+		}
+		mastertest.WaitFor(t, time.Minute, "the revoked key's session refused", func() bool {
+			return c.do("GET", "/ops/api/sandboxes", nil, nil) == 401
+		})
+		t.Log("a session started with an API key ends when the key is deleted")
+	})
+
+	t.Run("failed logins are limited", func(t *testing.T) {
+		c := newClient(t, base)
+		codes := map[int]int{}
+		for range 12 {
+			codes[c.do("POST", "/ops/api/login", map[string]string{"user": "admin", "password": "guess"}, nil)]++
+		}
+		t.Logf("12 wrong passwords: %v", codes)
+		// The earlier subtests' two refusals came from this address too.
+		if codes[http.StatusTooManyRequests] < 2 || codes[http.StatusUnauthorized]+codes[http.StatusTooManyRequests] != 12 {
+			t.Fatalf("12 wrong passwords answered %v; want 429 once the allowance of 10 is used", codes)
+		}
+	})
+
 	t.Run("teams", func(t *testing.T) {
 		ctx := context.Background()
 		keyOf := func(team string) string {
