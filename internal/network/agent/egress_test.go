@@ -394,6 +394,48 @@ func TestEgressProxy(t *testing.T) {
 		update(t, a, "sb-egress", ew.domains)
 	})
 
+	t.Run("a changed credential cuts its terminated connections", func(t *testing.T) {
+		no := false
+		spec := func(value string) policy.Spec {
+			sp := ew.domains
+			sp.AllowInternet = &no
+			sp.Allow = append(slices.Clone(ew.domains.Allow), "secret.test")
+			sp.Credentials = []policy.Credential{{Host: "secret.test", Header: "Authorization", Value: value}}
+			return sp
+		}
+		old, rotated := "Bearer old-"+fmt.Sprint(time.Now().UnixNano()), "Bearer new-"+fmt.Sprint(time.Now().UnixNano())
+		update(t, a, "sb-egress", spec(old))
+		egressRoots := x509.NewCertPool()
+		if !egressRoots.AppendCertsFromPEM(a.EgressCA()) {
+			t.Fatal("no egress CA")
+		}
+		c, err := openWeb(ew.sb.NetNS, ew.api, webOpts{useTLS: true, sni: "secret.test", roots: egressRoots})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if body, err := c.get("secret.test", nil); err != nil || !strings.Contains(body, "auth="+nettest.AuthDigest(old)) {
+			t.Fatalf("before the update: %q %v", body, err)
+		}
+		// Control: an update that leaves the rule as it was keeps the
+		// connection (and its credential).
+		update(t, a, "sb-egress", spec(old))
+		if body, err := c.get("secret.test", nil); err != nil || !strings.Contains(body, "auth="+nettest.AuthDigest(old)) {
+			t.Fatalf("control: after an update with the same rule: %q %v", body, err)
+		}
+		update(t, a, "sb-egress", spec(rotated))
+		if body, err := c.get("secret.test", nil); err == nil {
+			t.Fatalf("the connection served with the old credential answered after its rotation: %q", body)
+		} else {
+			t.Logf("the old credential's connection after the rotation: %v", err)
+		}
+		body, err := fetch(ew.sb.NetNS, ew.api, webOpts{useTLS: true, sni: "secret.test", roots: egressRoots}, "secret.test", nil)
+		if err != nil || !strings.Contains(body, "auth="+nettest.AuthDigest(rotated)) {
+			t.Fatalf("a new connection after the rotation: %q %v", body, err)
+		}
+		update(t, a, "sb-egress", ew.domains)
+	})
+
 	t.Run("audit", func(t *testing.T) {
 		evs := readAudit(t, a.AuditPath("sb-egress"))
 		has := func(kind, verdict, name, reasonPart string) {

@@ -140,9 +140,13 @@ type conn struct {
 	// then a policy update leaves it to serve, which reads the policy
 	// after it.
 	decided atomic.Bool
-	mu      sync.Mutex
-	up      net.Conn
-	cut     atomic.Bool
+	// creds are the credential rules the connection was served with (set
+	// before decided): a policy update that changes them for its name
+	// cuts it, so a removed or rotated value is not injected on.
+	creds []policy.Credential
+	mu    sync.Mutex
+	up    net.Conn
+	cut   atomic.Bool
 }
 
 func (c *conn) setUpstream(u net.Conn) bool {
@@ -285,7 +289,13 @@ func (p *Proxy) SetPolicy(id string, pol policy.Policy) int {
 	for _, c := range open {
 		d := p.decide(s.ctx, id, pol, c.dst.Addr(), c.name)
 		if d.allow {
-			continue
+			if slices.Equal(pol.CredentialsFor(c.name), c.creds) {
+				continue
+			}
+			// Still allowed, but served with credentials the policy
+			// no longer gives: a terminated keep-alive connection
+			// would inject them on.
+			d.allow, d.reason = false, "its credential rules changed"
 		}
 		c.mu.Lock()
 		c.cut.Store(true)
@@ -379,12 +389,15 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 		p.cfg.Audit.Write(ev)
 		return
 	}
-	c.name, c.dst = ev.Name, dst
+	c.name, c.dst, c.creds = ev.Name, dst, creds
 	c.decided.Store(true)
 	if cur := s.policy.Load(); cur != pp {
 		// A policy update ran between the decision and now, and may
 		// have skipped this connection: decide again under it.
-		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow {
+		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow || !slices.Equal(cur.CredentialsFor(ev.Name), creds) {
+			if d2.allow {
+				d2.reason = "its credential rules changed"
+			}
 			reset(client)
 			p.Stats.Denied.Add(1)
 			ev.Verdict, ev.Reason = audit.Denied, d2.reason
