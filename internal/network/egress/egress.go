@@ -49,6 +49,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/audit"
 	"github.com/cubesandbox/cube/internal/network/netnsdir"
 	"github.com/cubesandbox/cube/internal/network/policy"
@@ -215,6 +216,18 @@ func (p *Proxy) Attach(t Target) error {
 	pol := t.Policy.Clone()
 	s.policy.Store(&pol)
 	p.mu.Lock()
+	if other := p.slots[t.SandboxID]; other != nil {
+		// Another Attach of this sandbox won the race: its listener
+		// serves; this one goes.
+		p.mu.Unlock()
+		s.cancel()
+		ln.Close()
+		if other.netns != t.NetNS {
+			return fmt.Errorf("egress: sandbox %s: attached concurrently in %s and %s: %w", t.SandboxID, other.netns, t.NetNS, errdefs.ErrAborted)
+		}
+		p.SetPolicy(t.SandboxID, t.Policy)
+		return nil
+	}
 	p.slots[t.SandboxID] = s
 	p.mu.Unlock()
 	s.wg.Go(func() { p.acceptLoop(s) })
