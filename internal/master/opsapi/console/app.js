@@ -287,7 +287,9 @@ async function route() {
   const [, page, arg] = (location.hash || "").split("/");
   try {
     const stop = await ({
-      nodes: pageNodes, sandboxes: pageSandboxes, sandbox: () => pageSandbox(arg), templates: pageTemplates, lineage: pageLineage,
+      // The ID from the URL goes into API paths: encoded, so a crafted
+      // link cannot turn a button into a call of another route.
+      nodes: pageNodes, sandboxes: pageSandboxes, sandbox: () => pageSandbox(encodeURIComponent(decodeURIComponent(arg || ""))), templates: pageTemplates, lineage: pageLineage,
     }[page] || (me.admin ? pageNodes : pageSandboxes))();
     if (stop && mine !== gen) stop();
     else if (stop) stopPage = stop;
