@@ -211,13 +211,18 @@ func (s *Service) publishTemplate(ctx context.Context, r tmplstore.Record) error
 		row.Object = objectID(r)
 		s.log.Info("template exported", "template_id", r.ID, "object", row.Object, "sent", stats.Sent, "stored", stats.StoredBytes, "took", time.Since(start))
 	}
-	err := s.cat.PutClusterTemplate(ctx, row)
-	if errors.Is(err, errdefs.ErrAlreadyExists) && row.Object != "" {
-		if derr := sh.obj.Delete(context.WithoutCancel(ctx), row.Object, objectGrace); derr != nil {
-			s.log.Warn("template: removing the losing export", "template_id", r.ID, "object", row.Object, "err", derr)
+	if err := s.cat.PutClusterTemplate(ctx, row); err != nil {
+		// No row names this export (the ID is another image's, or the
+		// catalog failed): it goes, unless a row of another replica's
+		// import of the same image names the same object.
+		if row.Object != "" {
+			dctx := context.WithoutCancel(ctx)
+			if cur, gerr := s.cat.GetClusterTemplate(dctx, r.ID); gerr != nil || cur.Object != row.Object {
+				if derr := sh.obj.Delete(dctx, row.Object, objectGrace); derr != nil {
+					s.log.Warn("template: removing an export no row names", "template_id", r.ID, "object", row.Object, "err", derr)
+				}
+			}
 		}
-	}
-	if err != nil {
 		return err
 	}
 	s.stored.mu.Lock()
