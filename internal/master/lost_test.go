@@ -70,9 +70,20 @@ func TestLostNode(t *testing.T) {
 	if s := state(kept.ID); s != catalog.StateRunning {
 		t.Errorf("sandbox on the live node is %q", s)
 	}
-	if !strings.Contains(m.Logs(), "lost: no heartbeat since") {
-		t.Errorf("no event or log naming the lost node")
-	}
+	// The row turns failed before its event is written: wait for the
+	// event rather than reading it at the instant the state changed.
+	mastertest.WaitFor(t, 5*time.Second, "an event naming the lost node", func() bool {
+		evs, err := svc.Events(ctx, catalog.EventQuery{SandboxID: lost.ID})
+		if err != nil {
+			return false
+		}
+		for _, ev := range evs {
+			if strings.Contains(ev.Message, "node "+a.ID+" lost: no heartbeat since") {
+				return true
+			}
+		}
+		return false
+	})
 	a.Start()
 	m.WaitHealthy(t, a)
 	mastertest.WaitFor(t, 15*time.Second, "the returned node's sandbox to be running again", func() bool { return state(lost.ID) == catalog.StateRunning })
