@@ -275,7 +275,10 @@ func (h *CommandHandle) begin(ctx context.Context, op string, next func() (*proc
 	select {
 	case f = <-got:
 	case <-ctx.Done():
+		// Cancelling the stream ends the receive; the stream is closed
+		// only after it returned (streams are not safe for concurrent use).
 		h.cancel()
+		<-got
 		closeStream()
 		return nil, classify(op, ctx.Err())
 	}

@@ -28,6 +28,7 @@ import (
 
 func newClient(t *testing.T) *sandbox.Client {
 	t.Helper()
+	record(t)
 	if os.Getenv("E2B_API_URL") == "" || os.Getenv("E2B_API_KEY") == "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("E2B_API_URL and E2B_API_KEY are not set: run through go run ./test/e2e/node/system (CI=true needs the system)")
@@ -39,6 +40,39 @@ func newClient(t *testing.T) *sandbox.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// record appends the test's result to $CUBE_E2E_RESULTS, when set, as
+// the other SDK suites do (sdk, version, suite, runtime, case, result;
+// tab-separated), for test/e2e/compat's docs/compatibility.md.
+func record(t *testing.T) {
+	out := os.Getenv("CUBE_E2E_RESULTS")
+	if out == "" {
+		return
+	}
+	t.Cleanup(func() {
+		result := "pass"
+		switch {
+		case t.Failed():
+			result = "fail"
+		case t.Skipped():
+			result = "skip"
+		}
+		runtime := os.Getenv("CUBE_E2E_RUNTIME")
+		if runtime == "" {
+			runtime = "runc"
+		}
+		line := strings.Join([]string{"cube Go SDK (sdk/go)", "in-tree", "sdk/go", runtime, t.Name(), result}, "\t") + "\n"
+		f, err := os.OpenFile(out, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Errorf("recording the result: %v", err)
+			return
+		}
+		defer f.Close()
+		if _, err := f.WriteString(line); err != nil {
+			t.Errorf("recording the result: %v", err)
+		}
+	})
 }
 
 func template() string {
