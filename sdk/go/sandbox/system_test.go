@@ -232,6 +232,9 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("after resume: %q", got)
 	}
 
+	if ok, err := sbx.IsRunning(ctx); err != nil || !ok {
+		t.Errorf("IsRunning of a running sandbox: %v %v", ok, err)
+	}
 	if err := sbx.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -242,6 +245,32 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("kill of a killed sandbox: %v, want ErrNotFound", err)
 	}
 	t.Logf("lifecycle ok: create, info, setTimeout, list (metadata, state, paging), pause, connect, resume, kill")
+}
+
+// A sandbox created with AutoPause is paused at its timeout, not killed,
+// and Connect brings it back with its files.
+func TestAutoPause(t *testing.T) {
+	c := newClient(t)
+	ctx := testContext(t)
+	sbx := create(t, c, sandbox.CreateOptions{AutoPause: true, Timeout: 2 * time.Second})
+	run(t, sbx, "echo before > /tmp/auto")
+	var state sandbox.State
+	for deadline := time.Now().Add(time.Minute); state != sandbox.StatePaused; time.Sleep(200 * time.Millisecond) {
+		info, err := sbx.GetInfo(ctx)
+		if err != nil {
+			t.Fatalf("info while waiting for the auto-pause: %v", err)
+		}
+		if state = info.State; time.Now().After(deadline) {
+			t.Fatalf("not paused a minute after its 2 s timeout: %s", state)
+		}
+	}
+	if _, err := c.Connect(ctx, sbx.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, sbx, "cat /tmp/auto"); got != "before\n" {
+		t.Errorf("after the auto-pause and connect: %q", got)
+	}
+	t.Logf("auto-pause ok: paused at the timeout, connect resumed it with its files")
 }
 
 func infoIDs(in []sandbox.Info) []string {
@@ -454,6 +483,17 @@ func TestCommands(t *testing.T) {
 	}
 	if err := sbx.Commands.Kill(ctx, h.PID); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Errorf("kill of an ended process: %v, want ErrNotFound", err)
+	}
+	// Terminate sends SIGTERM.
+	h, err = sbx.Commands.Start(ctx, "sleep 60", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sbx.Commands.Terminate(ctx, h.PID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Wait(ctx); !errors.As(err, &exit) || !strings.Contains(exit.Err, "terminated") {
+		t.Errorf("wait after terminate: %v", err)
 	}
 	t.Logf("commands ok: streamed output, exit error, envs/cwd/user, stdin, list, disconnect/connect, kill")
 }
