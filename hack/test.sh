@@ -11,6 +11,7 @@ echo "== gofmt / go vet"
 unformatted=$(gofmt -l $(git ls-files '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
 go vet ./...
+(cd sdk/go && go vet ./...) # the Go SDK, a module of its own
 
 echo "== golangci-lint"
 # .golangci.yml; the linter is pinned in hack/tools/go.mod and built by the
@@ -19,6 +20,7 @@ echo "== golangci-lint"
 # Go's build cache (~/.cache), created on first use. docs/contributing.md.
 export GOLANGCI_LINT_CACHE="${GOLANGCI_LINT_CACHE:-$(dirname "$(go env GOCACHE)")/golangci-lint}"
 make -s lint
+(cd sdk/go && go tool -modfile=../../hack/tools/go.mod golangci-lint run --config ../../.golangci.yml ./...)
 
 echo "== generated code is up to date"
 make -s generate
@@ -98,7 +100,8 @@ fi
 # template (built from Debian once into $CUBE_BASE_CACHE, then cached; its
 # server starts in each sandbox as the template's service). The virtualenv
 # is cached in $CUBE_PY_CACHE (/var/cache/cube/pyenv) by the requirements'
-# hash; test/e2e/python/run.sh. CUBE_TEST_PYTHON=0 skips it.
+# hash; test/e2e/python/run.sh. test/e2e/sdk-suites.sh also runs the Go
+# SDK's suite (sdk/go). CUBE_TEST_PYTHON=0 skips them.
 if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
   echo "== python e2e + code interpreter (e2b, e2b-code-interpreter, @e2b/code-interpreter SDKs)"
   go run ./test/e2e/node/system -code-interpreter -- bash test/e2e/sdk-suites.sh
