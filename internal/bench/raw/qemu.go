@@ -56,7 +56,7 @@ func Incoming(ctx context.Context, mem, disk, work string, cid uint32) (took tim
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
 	}
-	if err := vm.WaitIncoming(ctx, f.QMP, true); err != nil {
+	if err := vm.WaitIncoming(ctx, f, true); err != nil {
 		return 0, fmt.Errorf("%w: %s", err, Tail(f.Log))
 	}
 	c := agentchan.SerialClient(f.Agent)

@@ -24,6 +24,10 @@ type RawFiles struct {
 	// VsockCID is the guest CID when the snapshot has a vsock device
 	// (0 otherwise): the agent is then reached over vsock, not Agent.
 	VsockCID uint32
+	// Deferred is the incoming URI of a template snapshot with shared
+	// memory: QEMU starts with "-incoming defer" and WaitIncoming sets
+	// x-ignore-shared, then starts the migration from it.
+	Deferred string
 }
 
 // RawIncoming returns QEMU's argv (without the binary) to restore the
@@ -56,8 +60,20 @@ func RawIncoming(dir, disk, workDir string, cid uint32) ([]string, RawFiles, err
 		f.VsockCID = cid
 	}
 	p := paths{Disk: disk, QMP: f.QMP, Agent: f.Agent, Console: f.Console, Log: f.Log, PIDFile: f.PIDFile, VsockCID: f.VsockCID}
+	uri := "exec:zstd -dc " + shellQuote(img)
+	if shape.SharedRAM {
+		// The template's RAM file itself, mapped privately (QEMU runs as
+		// root here), and only the device state from the stream.
+		p.RAM = filepath.Join(dir, RAMFile)
+		if _, err := os.Stat(p.RAM); err != nil {
+			return nil, RawFiles{}, fmt.Errorf("raw restore of %s: %w: %w", dir, err, errdefs.ErrNotFound)
+		}
+		args := qemuArgs(shape, p, true)
+		f.Deferred = uri
+		return args, f, nil
+	}
 	args := qemuArgs(shape, p, false)
-	args = append(args, "-incoming", "exec:zstd -dc "+shellQuote(img))
+	args = append(args, "-incoming", uri)
 	return args, f, nil
 }
 
@@ -66,13 +82,22 @@ const TapName = tapName
 
 // WaitIncoming waits, over the QMP socket of a raw restore, until the
 // incoming migration completed (the VM is loaded, still stopped), then
-// resumes it when cont is set. It fails when the migration does.
-func WaitIncoming(ctx context.Context, qmpSock string, cont bool) error {
-	c, err := qmp.Dial(ctx, qmpSock)
+// resumes it when cont is set. It fails when the migration does. A
+// template snapshot's migration (f.Deferred) is started here first.
+func WaitIncoming(ctx context.Context, f RawFiles, cont bool) error {
+	c, err := qmp.Dial(ctx, f.QMP)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	if f.Deferred != "" {
+		if err := setIgnoreShared(ctx, c.Execute); err != nil {
+			return err
+		}
+		if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": f.Deferred}, nil); err != nil {
+			return fmt.Errorf("qmp migrate-incoming: %w", err)
+		}
+	}
 	d := &Driver{}
 	if err := d.waitMigrate(ctx, c.Execute, ""); err != nil {
 		return err
