@@ -160,3 +160,27 @@ func ficlone(src, dst string) error {
 	}
 	return nil
 }
+
+// CloneMem is the host memory of one VM clone's QEMU, from its smaps: Pss
+// and how it splits. Template is its share of the warm template's pages
+// (Pss_Shmem: the sealed RAM copy every clone maps); Own is the rest (Pss
+// minus Template), of which CoW is guest RAM the clone wrote since its
+// restore and the remainder QEMU itself (heap, TCG's translation cache).
+type CloneMem struct {
+	Pss, Template, Own, CoW int64 // bytes
+}
+
+// VMCloneMem measures the QEMU with this pid.
+func VMCloneMem(pid int) (CloneMem, error) {
+	m, err := vm.SmapsRollup(pid)
+	if err != nil {
+		return CloneMem{}, err
+	}
+	g, err := vm.TemplateMapping(pid)
+	if err != nil {
+		return CloneMem{}, err
+	}
+	c := CloneMem{Pss: m["Pss"] << 10, Template: m["Pss_Shmem"] << 10, CoW: g["Anonymous"] << 10}
+	c.Own = c.Pss - c.Template
+	return c, nil
+}

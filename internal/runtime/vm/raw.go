@@ -91,7 +91,7 @@ func WaitIncoming(ctx context.Context, f RawFiles, cont bool) error {
 	}
 	defer c.Close()
 	if f.Deferred != "" {
-		if err := setIgnoreShared(ctx, c.Execute); err != nil {
+		if err := setIgnoreShared(ctx, c.Execute, true); err != nil {
 			return err
 		}
 		if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": f.Deferred}, nil); err != nil {

@@ -32,3 +32,37 @@ func SmapsRollup(pid int) (map[string]int64, error) {
 	}
 	return out, sc.Err()
 }
+
+// TemplateMapping sums /proc/<pid>/smaps over the mappings of a template's
+// sealed RAM copy (a clone's guest RAM): Rss, Pss, Anonymous (pages the
+// guest wrote since the restore, copied on write) and the rest, in KiB.
+// It is empty for a QEMU that maps no template.
+func TemplateMapping(pid int) (map[string]int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, ":")
+		fields := strings.Fields(rest)
+		if ok && !strings.Contains(name, " ") && len(fields) == 2 && fields[1] == "kB" {
+			if in {
+				if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
+					out[name] += n
+				}
+			}
+			continue
+		}
+		if ok && !strings.Contains(name, " ") {
+			continue // VmFlags, THPeligible, ...
+		}
+		// A mapping's header: address perms offset dev inode [path].
+		in = strings.Contains(line, "memfd:"+templateMemfdName)
+	}
+	return out, sc.Err()
+}

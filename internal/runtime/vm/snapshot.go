@@ -93,10 +93,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(migrateBandwidth)}, nil); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
-	if st.Shape.SharedRAM {
+	if st.Shape.RAMObject {
 		// A template VM: its RAM is copied as a file below, the stream
-		// carries the device state only.
-		if err := setIgnoreShared(ctx, c.Execute); err != nil {
+		// carries the device state only. A clone: its QEMU still has
+		// the capability on from its own restore, and a stream that
+		// says so would not load into a QEMU that has it off; its RAM
+		// is private, so the stream carries all of it either way.
+		if err := setIgnoreShared(ctx, c.Execute, st.Shape.SharedRAM); err != nil {
 			return fmt.Errorf("vm checkpoint %s: %w", id, err)
 		}
 	}
@@ -168,11 +171,12 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 
 type executeFunc func(ctx context.Context, cmd string, args, out any) error
 
-// setIgnoreShared turns on x-ignore-shared: RAM blocks mapped shared are
-// left out of the stream. The incoming side must set it too (each block's
-// header then carries its guest address, which it reads).
-func setIgnoreShared(ctx context.Context, exec executeFunc) error {
-	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+// setIgnoreShared sets x-ignore-shared: on, RAM blocks mapped shared are
+// left out of the stream. The stream records the capability and the
+// incoming side must have the same (each block's header then carries its
+// guest address, which it reads).
+func setIgnoreShared(ctx context.Context, exec executeFunc, on bool) error {
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
 	if err := exec(ctx, "migrate-set-capabilities", caps, nil); err != nil {
 		return fmt.Errorf("migrate-set-capabilities x-ignore-shared: %w", err)
 	}
@@ -386,7 +390,7 @@ func (d *Driver) incoming(ctx context.Context, st *vmState, q *started, log stri
 	}
 	defer c.Close()
 	if ignoreShared {
-		if err := setIgnoreShared(ctx, c.Execute); err != nil {
+		if err := setIgnoreShared(ctx, c.Execute, true); err != nil {
 			return fmt.Errorf("%w%s", err, logTail(log))
 		}
 	}
@@ -395,8 +399,25 @@ func (d *Driver) incoming(ctx context.Context, st *vmState, q *started, log stri
 		return fmt.Errorf("migrate-incoming: %w%s", err, logTail(log))
 	}
 	// A stream that fails to load makes QEMU exit: the QMP connection
-	// then breaks, and the log says why.
-	if err := d.waitMigrate(ctx, c.Execute, ""); err != nil {
+	// then breaks, and the log says why. A stream cut short inside the
+	// device state does not always: QEMU 7.2 may wait on it for ever.
+	// zstd failing (a truncated or corrupt image) fails the restore.
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case err := <-q.unzstdCh:
+			q.unzstdCh <- err
+			if err != nil {
+				cancel(fmt.Errorf("zstd -d: %w: %w", err, errdefs.ErrInvalidArgument))
+			}
+		case <-wctx.Done():
+		}
+	}()
+	if err := d.waitMigrate(wctx, c.Execute, ""); err != nil {
+		if cause := context.Cause(wctx); ctx.Err() == nil && cause != nil {
+			err = cause
+		}
 		return fmt.Errorf("load memory image: %w%s", err, logTail(log))
 	}
 	// QEMU read the whole stream; zstd ends with it.

@@ -155,7 +155,7 @@ func sealedCopy(path string, size int64) (*os.File, error) {
 		return nil, err
 	}
 	defer src.Close()
-	mem, err := newMemfd("cube-vm-template", size)
+	mem, err := newMemfd(templateMemfdName, size)
 	if err != nil {
 		return nil, err
 	}
@@ -323,3 +323,7 @@ func createRAMFile(path string, size int64, uid uint32) (*os.File, error) {
 // (the pool's filesystem: /run, where Root usually is, is a small tmpfs,
 // and a reflink to the snapshot then copies nothing).
 func sharedRAMPath(bundle string) string { return filepath.Join(bundle, "qemu-ram") }
+
+// templateMemfdName names the sealed copies (memfd:cube-vm-template in a
+// clone's /proc/<pid>/maps).
+const templateMemfdName = "cube-vm-template"
