@@ -8,7 +8,10 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +21,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestTemplateSharedMemory boots a template VM (RAM in a shared file),
@@ -366,4 +370,80 @@ func fileSHA(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TestJailProcTemplate: a template VM's (and a clone's) jail has a /proc,
+// so QEMU can name the RAM file it inherited. Attack rows, as QEMU's uid
+// in its mount namespace: list other processes, read PID 1's status, read
+// a sysctl, write anything. Control: root in the same mount namespace,
+// through the same procfs, sees other processes, so hidepid (not an empty
+// procfs) is what hides them.
+func TestJailProcTemplate(t *testing.T) {
+	requireVM(t)
+	testenv.RequireBinary(t, "nsenter", "util-linux")
+	e := newEnv(t)
+	e.d.jailExtra = []jailBind{{From: probeBin, To: jailProbe}}
+	ctx := t.Context()
+	s := e.spec(t, "jp")
+	s.Labels = map[string]string{TemplateLabel: "t"}
+	stopAtEnd(t, e.d, s.ID)
+	if _, err := e.d.Start(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	st := mustLoad(t, e.d, s.ID)
+	uid := itoa(int(st.UID))
+	asQEMU := func(args ...string) (string, error) {
+		return probeRun(exec.Command("nsenter", append([]string{"-t", itoa(st.PID), "-m", "-S", uid, "-G", uid, "--", jailProbe}, args...)...))
+	}
+	asRootInJail := func(args ...string) (string, error) {
+		return probeRun(exec.Command("nsenter", append([]string{"-t", itoa(st.PID), "-m", "--", jailProbe}, args...)...))
+	}
+	pids := func(ls string) []string {
+		var out []string
+		for _, f := range strings.Fields(ls) {
+			if _, err := strconv.Atoi(f); err == nil {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	out, err := asQEMU("ls", "/proc")
+	if err != nil {
+		t.Fatalf("ls /proc as QEMU: %v %s", err, out)
+	}
+	// nsenter's probe runs as QEMU's uid too, so it may see itself.
+	if got := pids(out); len(got) > 2 || !slices.Contains(got, itoa(st.PID)) {
+		t.Errorf("attack: QEMU's uid lists processes %v in its /proc, want its own only", got)
+	} else {
+		t.Logf("attack: ls /proc as QEMU's uid: pids %v (its own: stopped by hidepid=invisible)", got)
+	}
+	for _, f := range []string{"/proc/1/status", "/proc/sys/kernel/hostname", "/proc/meminfo"} {
+		if out, err := asQEMU("cat", f); err == nil {
+			t.Errorf("attack: QEMU read %s: %.80q", f, out)
+		} else {
+			t.Logf("attack: cat %s as QEMU: %s", f, firstLine(out))
+		}
+	}
+	if out, err := asQEMU("sh", "-c", "echo x >/proc/self/comm"); err == nil {
+		t.Errorf("attack: QEMU wrote its /proc (read-only mount expected): %q", out)
+	} else {
+		t.Logf("attack: write /proc/self/comm as QEMU: %s", firstLine(out))
+	}
+	// Control: root, same mount namespace and procfs, sees everyone.
+	out, err = asRootInJail("ls", "/proc")
+	if err != nil || len(pids(out)) < 10 {
+		t.Errorf("control: root in QEMU's mount namespace lists %d pids (%v): the probe cannot tell", len(pids(out)), err)
+	} else {
+		t.Logf("control: root in the same procfs lists %d pids", len(pids(out)))
+	}
+	// Control: a VM that is not a template has no /proc at all.
+	s2 := e.spec(t, "jq")
+	stopAtEnd(t, e.d, s2.ID)
+	if _, err := e.d.Start(ctx, s2); err != nil {
+		t.Fatal(err)
+	}
+	st2 := mustLoad(t, e.d, s2.ID)
+	if out, err := probeRun(exec.Command("nsenter", "-t", itoa(st2.PID), "-m", "--", jailProbe, "ls", "/proc")); err == nil {
+		t.Errorf("a plain VM's jail has a /proc: %q", out)
+	}
 }
