@@ -106,7 +106,7 @@ func init() {
 	Register(Scenario{
 		Name: "create-warm", Kind: report.KindCube,
 		Help:      "create-to-ready from a warmed template (WarmTemplate once, untimed): a restore of its memory snapshot",
-		Baselines: []string{"runsc-restore", "qemu-incoming"},
+		Baselines: []string{"runsc-restore", "qemu-incoming", "qemu-incoming-full"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     memoryRuntime,
 		Run:       runCreateWarm,

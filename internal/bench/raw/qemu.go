@@ -184,3 +184,43 @@ func VMCloneMem(pid int) (CloneMem, error) {
 	c.Own = c.Pss - c.Template
 	return c, nil
 }
+
+// FullImage writes into out a full memory image of the shared-memory VM
+// template snapshot in mem (vm.RawSaveFull: every RAM page in the
+// stream, as snapshots were before templates shared memory), restoring it
+// once by hand in work (removed at the end) and migrating it out: the
+// qemu-incoming-full baseline restores that, the same guest state, the
+// way a create did before.
+func FullImage(ctx context.Context, mem, disk, work, out string) (err error) {
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, os.RemoveAll(work)) }()
+	clone := filepath.Join(work, "disk.img")
+	if err := ficlone(disk, clone); err != nil {
+		return err
+	}
+	args, f, err := vm.RawIncoming(mem, clone, work, 999)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, killQemu(f.PIDFile)) }()
+	cmd := exec.CommandContext(ctx, "unshare", append([]string{"--net", "--", QemuBinary}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
+	}
+	if err := vm.WaitIncoming(ctx, f, false); err != nil {
+		return fmt.Errorf("%w: %s", err, Tail(f.Log))
+	}
+	if err := vm.RawSaveFull(ctx, f, mem, out); err != nil {
+		return fmt.Errorf("%w: %s", err, Tail(f.Log))
+	}
+	return nil
+}
+
+// SharedMemory reports whether the VM snapshot in mem is a template with
+// shared memory (its RAM a file beside a device-state stream).
+func SharedMemory(mem string) bool {
+	_, err := os.Stat(filepath.Join(mem, vm.RAMFile))
+	return err == nil
+}
