@@ -235,7 +235,7 @@ func TestTemplateSharedMemory(t *testing.T) {
 		t.Errorf("restore of the deleted template: %v, want NotFound", err)
 	}
 	wantNoFiles(t, ls.BundleDir)
-	for _, s := range append(specs, rs) {
+	for _, s := range append(slices.Clone(specs), rs) {
 		if err := d.Stop(ctx, s.ID); err != nil {
 			t.Fatal(err)
 		}
