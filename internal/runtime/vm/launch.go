@@ -182,7 +182,9 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	if err := d.save(st); err != nil {
 		return runtime.State{}, err
 	}
+	t0 := time.Now()
 	q, err := d.spawn(ctx, st, s, p, image, ram)
+	tSpawn := time.Since(t0)
 	if q != nil {
 		defer q.release()
 		defer func() {
@@ -207,11 +209,20 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	if err := ctx.Err(); err != nil {
 		return runtime.State{}, err
 	}
+	t1 := time.Now()
 	if image != "" {
 		if err := d.incoming(ctx, st, q, p.Log, ram != nil); err != nil {
 			return runtime.State{}, err
 		}
 	}
+	t2 := time.Now()
+	// Where a start's or restore's time goes (docs/vm.md, Figures):
+	// jail and QEMU up to its QMP answering, cgroup join, loading the
+	// stream, cont.
+	defer func() {
+		d.log.DebugContext(ctx, "boot phases", "id", st.ID, "spawn", tSpawn, "cgroup", t1.Sub(t0)-tSpawn,
+			"incoming", t2.Sub(t1), "cont", time.Since(t2), "shared_ram", ram != nil)
+	}()
 	if err := d.execute(ctx, st, "cont", nil, nil); err != nil {
 		return runtime.State{}, fmt.Errorf("cont: %w%s", err, logTail(p.Log))
 	}
