@@ -26,6 +26,9 @@ import (
 // reported the migration completed and the VM was continued. What it
 // leaves out of a create: cgroup, network slot, state store, reinit.
 
+// incomingTimeout bounds a raw restore's migration.
+const incomingTimeout = 2 * time.Minute
+
 // QemuBinary is the QEMU the raw restore runs.
 const QemuBinary = "qemu-system-x86_64"
 
@@ -56,7 +59,11 @@ func Incoming(ctx context.Context, mem, disk, work string, cid uint32) (took tim
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
 	}
-	if err := vm.WaitIncoming(ctx, f, true); err != nil {
+	// A stream cut short inside the device state can leave QEMU 7.2
+	// waiting for the rest for ever (docs/vm.md).
+	wctx, cancel := context.WithTimeout(ctx, incomingTimeout)
+	defer cancel()
+	if err := vm.WaitIncoming(wctx, f, true); err != nil {
 		return 0, fmt.Errorf("%w: %s", err, Tail(f.Log))
 	}
 	c := agentchan.SerialClient(f.Agent)
@@ -209,7 +216,9 @@ func FullImage(ctx context.Context, mem, disk, work, out string) (err error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
 	}
-	if err := vm.WaitIncoming(ctx, f, false); err != nil {
+	wctx, cancel := context.WithTimeout(ctx, incomingTimeout)
+	defer cancel()
+	if err := vm.WaitIncoming(wctx, f, false); err != nil {
 		return fmt.Errorf("%w: %s", err, Tail(f.Log))
 	}
 	if err := vm.RawSaveFull(ctx, f, mem, out); err != nil {

@@ -205,11 +205,14 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 			// would let the guest grow a host file at will.
 			"-D", p.Log)
 	}
-	a = append(a, "-kernel", s.Kernel)
-	if s.Initrd != "" {
-		a = append(a, "-initrd", s.Initrd)
+	if loadsKernel(s, incoming) {
+		a = append(a, "-kernel", s.Kernel)
+		if s.Initrd != "" {
+			a = append(a, "-initrd", s.Initrd)
+		}
+		a = append(a, "-append", s.Cmdline)
 	}
-	a = append(a, "-append", s.Cmdline,
+	a = append(a,
 		// The console is a file while the guest boots (what a failed
 		// boot says), switched to a ring buffer once the agent answers
 		// (SealConsole): guest root must not be able to fill the host's
@@ -295,6 +298,15 @@ func ramBackend(s Shape, p paths) string {
 	}
 	return "memory-backend-file,id=" + ramObject + size + ",mem-path=" + escapeOpt(path) + ",share=" + onOff(p.ShareRAM)
 }
+
+// loadsKernel: QEMU keeps a copy of -kernel and -initrd in its own memory
+// for the life of the VM (fw_cfg data for a reboot: 14 MiB with the Debian
+// cloud kernel), though only a boot reads it and -no-reboot ends QEMU
+// instead of rebooting. A clone restored from a template (a shape with
+// RAMObject: the guest runs from its memory image, and fw_cfg contents are
+// not part of the migration stream) leaves them out. Restores of
+// snapshots from before keep the command line they were taken with.
+func loadsKernel(s Shape, incoming bool) bool { return !incoming || !s.RAMObject }
 
 func onOff(b bool) string {
 	if b {

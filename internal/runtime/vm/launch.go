@@ -350,9 +350,11 @@ func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths
 		Nodes: []jailNode{{Path: "/dev/null", Major: 1, Minor: 3, Mode: 0o666}, {Path: "/dev/urandom", Major: 1, Minor: 9, Mode: 0o666}},
 		Proc:  fds.RAM > 0,
 	}
-	spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Kernel, To: jailKernel})
-	if st.Shape.Initrd != "" {
-		spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Initrd, To: jailInitrd})
+	if loadsKernel(st.Shape, image != "") {
+		spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Kernel, To: jailKernel})
+		if st.Shape.Initrd != "" {
+			spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Initrd, To: jailInitrd})
+		}
 	}
 	if st.Shape.Accel == "kvm" {
 		major, minor, err := charDev("/dev/kvm")
