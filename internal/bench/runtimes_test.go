@@ -153,13 +153,10 @@ func rawIncomingFailureLeaksNothing(t *testing.T, e *Env) {
 			t.Fatal(err)
 		}
 	}
-	// A shared-memory template's RAM file goes with it, so QEMU starts
-	// and fails on the stream.
-	if _, err := os.Stat(filepath.Join(mem, vm.RAMFile)); err == nil {
-		if err := os.Link(filepath.Join(mem, vm.RAMFile), filepath.Join(bad, vm.RAMFile)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Without a shared-memory template's RAM file: QEMU 7.2 given a
+	// device stream cut short may wait for the rest for ever (the raw
+	// restore would then end at its timeout); the driver's own restore
+	// of one is TestTemplateSharedMemory's.
 	work := filepath.Join(bad, "work")
 	if _, err := raw.Incoming(ctx, bad, disk, work, 2000); err == nil {
 		t.Fatal("raw restore of a truncated image succeeded")
