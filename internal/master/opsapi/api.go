@@ -55,7 +55,9 @@ func (h *Handler) nodes(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) cordon(on bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if _, err := h.b.SetSchedulable(r.Context(), r.PathValue("nodeID"), on); err != nil {
+		_, err := h.b.SetSchedulable(r.Context(), r.PathValue("nodeID"), on)
+		h.record(r, map[bool]string{true: "uncordon", false: "cordon"}[on], r.PathValue("nodeID"), "", err)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
@@ -127,16 +129,21 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := h.b.Create(r.Context(), req)
 	if err != nil {
+		h.record(r, "create", body.Template, "", err)
 		writeError(w, err)
 		return
 	}
-	h.audit(r, sb.ID, "create")
+	h.audit(r, sb.ID, sb.Team, "create")
 	writeJSON(w, http.StatusCreated, sandboxOf(sb))
 }
 
 // audit records who did what: an API key as on the E2B API, the admin by
 // name in the master's log.
-func (h *Handler) audit(r *http.Request, id, action string) {
+// It also goes to the console's audit log (audit.go), with the
+// sandbox's team so that team sees what the admin did to it.
+func (h *Handler) audit(r *http.Request, id, team, action string) {
+	h.trail.add(auditEntry{T: time.Now().UnixMilli(), By: callerOf(r).user, Admin: callerOf(r).admin, Team: team, Action: action,
+		Target: id, OK: true, Remote: r.RemoteAddr})
 	c := callerOf(r)
 	if c.key != nil {
 		h.b.Audit(r.Context(), id, action+" (console)", c.key)
@@ -225,6 +232,10 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) verb(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("sandboxID")
+		team := ""
+		if sb, err := h.b.Get(r.Context(), id); err == nil {
+			team = sb.Team
+		}
 		var err error
 		switch name {
 		case "pause":
@@ -235,14 +246,11 @@ func (h *Handler) verb(name string) http.HandlerFunc {
 			err = h.b.Kill(r.Context(), id)
 		}
 		if err != nil {
+			h.record(r, name, id, team, err)
 			writeError(w, err)
 			return
 		}
-		if name != "kill" { // a kill's audit line would go with the row
-			h.audit(r, id, name)
-		} else {
-			h.log.Info("audit", "sandbox_id", id, "action", "kill (console)", "by", callerOf(r).user)
-		}
+		h.audit(r, id, team, name) // a kill's goes to the master's log: the row and its events are gone
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
@@ -266,10 +274,11 @@ func (h *Handler) snapshot(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sandboxID")
 	snap, err := h.b.Snapshot(r.Context(), id, body.Name)
 	if err != nil {
+		h.record(r, "snapshot", id, "", err)
 		writeError(w, err)
 		return
 	}
-	h.audit(r, id, "snapshot")
+	h.audit(r, id, snap.Team, "snapshot")
 	writeJSON(w, http.StatusCreated, snapshotOf(snap))
 }
 
@@ -280,16 +289,9 @@ func snapshotOf(s *catalog.Snapshot) snapshotJSON {
 
 func (h *Handler) templates(w http.ResponseWriter, _ *http.Request) {
 	ts := h.b.Templates()
-	type tj struct {
-		ID        string    `json:"id"`
-		Aliases   []string  `json:"aliases"`
-		Nodes     []string  `json:"nodes"`
-		SizeBytes int64     `json:"sizeBytes"`
-		CreatedAt time.Time `json:"createdAt"`
-	}
-	out := make([]tj, 0, len(ts))
+	out := make([]templateJSON, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, tj{ID: t.ID, Aliases: t.Aliases, Nodes: t.Nodes, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt})
+		out = append(out, templateOf(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
