@@ -76,7 +76,7 @@ func (jb *job) view() jobJSON {
 	jb.mu.Lock()
 	defer jb.mu.Unlock()
 	v := jb.j
-	v.Steps = append([]jobStep(nil), jb.j.Steps...)
+	v.Steps = append(make([]jobStep, 0, len(jb.j.Steps)), jb.j.Steps...)
 	if v.Total > 0 {
 		v.Progress = fmt.Sprintf("%d/%d", v.Done, v.Total)
 	}
