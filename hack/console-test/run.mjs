@@ -70,7 +70,20 @@ try {
   step(`created ${id} from the UI`);
   await list.waitForFunction((i) => !!document.querySelector(`tr[data-id="${i}"]`), { timeout: 10000, polling: 200 }, id);
   step(`the list tab showed ${id} live (no reload)`);
+  // Sort by ID, then reversed.
+  const ids = () => list.$$eval("#rows tr[data-id]", (trs) => trs.map((t) => t.dataset.id));
+  await list.bringToFront();
+  await list.click('#sort th[data-key="id"]');
+  const asc = await ids();
+  await list.click('#sort th[data-key="id"]');
+  const desc = await ids();
+  const sorted = [...asc].sort();
+  if (asc.length < 2 || JSON.stringify(asc) !== JSON.stringify(sorted) || JSON.stringify(desc) !== JSON.stringify([...sorted].reverse())) {
+    throw new Error(`sort by ID: ${asc} then ${desc}`);
+  }
+  step(`sorted by ID: ${asc.join(" < ")}, then reversed`);
   await shot(list, "sandboxes-live");
+  await page.bringToFront();
   await list.close();
 
   // Terminal: echo hi.
@@ -136,8 +149,13 @@ try {
 
   // Snapshot, seen in the lineage tree under the sandbox.
   await page.click("#snapshot");
-  await page.waitForFunction(() => document.querySelector("#facts").textContent.includes("snapshot"), { timeout: 60000 });
-  const snap = await page.$eval("#facts a", (a) => a.textContent);
+  await page.waitForSelector("#made a.snap", { timeout: 60000 });
+  const snap = await page.$eval("#made a.snap", (a) => a.textContent);
+  // Fork: a new sandbox from it, linked from the page.
+  await page.click("#fork");
+  await page.waitForSelector("#made a.fork", { timeout: 60000 });
+  const forked = await page.$eval("#made a.fork", (a) => a.textContent);
+  step(`forked ${id} into ${forked}`);
   await page.goto(base + "/#/lineage");
   await page.waitForSelector(`li[data-kind=sandbox][data-id="${id}"] li[data-kind=snapshot][data-id="${snap}"]`, { timeout: 10000 });
   step(`snapshot ${snap} drawn under ${id} in the lineage tree`);

@@ -343,6 +343,33 @@ func TestOpsAdmin(t *testing.T) {
 		t.Log("refused (404): team B listing, reading, uploading into team A's sandbox; its directory unchanged")
 	})
 
+	t.Run("fork", func(t *testing.T) {
+		if code := b.do("POST", "/ops/api/sandboxes/"+sa.ID+"/fork", map[string]any{"count": 1}, nil); code != 404 {
+			t.Fatalf("team B forks team A's sandbox: %d, want 404", code)
+		}
+		if code := a.do("POST", "/ops/api/sandboxes/"+sa.ID+"/fork", map[string]any{"count": 11}, nil); code != 400 {
+			t.Fatalf("11 forks: %d, want 400", code)
+		}
+		var f struct {
+			Sandboxes []sandbox `json:"sandboxes"`
+			Errors    []string  `json:"errors"`
+		}
+		if code := a.do("POST", "/ops/api/sandboxes/"+sa.ID+"/fork", map[string]any{"count": 1}, &f); code != 201 || len(f.Sandboxes) != 1 || len(f.Errors) != 0 {
+			t.Fatalf("control: team A forks its sandbox: %d %+v", code, f)
+		}
+		child := f.Sandboxes[0]
+		t.Cleanup(func() { a.do("POST", "/ops/api/sandboxes/"+child.ID+"/kill", nil, nil) })
+		if child.Team != "team-a" || child.State != "running" {
+			t.Fatalf("fork: %+v", child)
+		}
+		// The fork holds the parent's files.
+		code, got := a.raw("GET", "/ops/api/sandboxes/"+child.ID+"/file?path=/tmp/up/hello.txt", nil)
+		if code != 200 || string(got) != "hello from the console\n" {
+			t.Fatalf("the fork's copy of hello.txt: %d %q", code, got)
+		}
+		t.Logf("refused: team B forking team A's sandbox; control: team A forked it into %s, which holds its files", child.ID)
+	})
+
 	t.Run("events", func(t *testing.T) {
 		type ev struct {
 			Seq    uint64 `json:"seq"`

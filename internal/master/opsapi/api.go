@@ -282,6 +282,50 @@ func (h *Handler) snapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, snapshotOf(snap))
 }
 
+// fork starts count (1 by default, at most 10) copies of a running
+// sandbox from a snapshot of it; each succeeds or fails on its own.
+func (h *Handler) fork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Count int `json:"count"`
+	}
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&body); err != nil {
+			writeError(w, fmt.Errorf("fork body: %v: %w", err, errdefs.ErrInvalidArgument))
+			return
+		}
+	}
+	if body.Count == 0 {
+		body.Count = 1
+	}
+	if body.Count < 0 || body.Count > 10 {
+		writeError(w, fmt.Errorf("count %d: 1 to 10 from the console: %w", body.Count, errdefs.ErrInvalidArgument))
+		return
+	}
+	id := r.PathValue("sandboxID")
+	res, err := h.b.Fork(r.Context(), id, body.Count, 0)
+	if err != nil {
+		h.record(r, "fork", id, "", err)
+		writeError(w, err)
+		return
+	}
+	out := struct {
+		Sandboxes []sandboxJSON `json:"sandboxes"`
+		Errors    []string      `json:"errors"`
+	}{Sandboxes: []sandboxJSON{}, Errors: []string{}}
+	for _, f := range res {
+		if f.Err != nil {
+			out.Errors = append(out.Errors, f.Err.Error())
+			continue
+		}
+		out.Sandboxes = append(out.Sandboxes, sandboxOf(f.Sandbox))
+		h.audit(r, f.Sandbox.ID, f.Sandbox.Team, "fork of "+id)
+	}
+	if len(out.Errors) > 0 {
+		h.record(r, "fork", id, "", fmt.Errorf("%d of %d forks failed: %s", len(out.Errors), len(res), out.Errors[0]))
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
 func snapshotOf(s *catalog.Snapshot) snapshotJSON {
 	return snapshotJSON{ID: s.ID, Name: s.Name, SandboxID: s.SandboxID, TemplateID: s.TemplateID, NodeID: s.NodeID,
 		HasMemory: s.HasMemory, CreatedAt: s.CreatedAt, Team: s.Team}

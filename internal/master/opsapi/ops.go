@@ -49,6 +49,7 @@ type Backend interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string, timeout time.Duration) (*catalog.Sandbox, error)
 	Snapshot(ctx context.Context, id, name string) (*catalog.Snapshot, error)
+	Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]master.ForkResult, error)
 	ListSnapshots(ctx context.Context, q catalog.SnapshotQuery) ([]*catalog.Snapshot, string, error)
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]master.Metric, error)
 	SandboxLog(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error)
@@ -174,6 +175,7 @@ func (h *Handler) routes() {
 	api("POST /ops/api/sandboxes/{sandboxID}/resume", false, h.verb("resume"))
 	api("POST /ops/api/sandboxes/{sandboxID}/kill", false, h.verb("kill"))
 	api("POST /ops/api/sandboxes/{sandboxID}/snapshot", false, h.snapshot)
+	api("POST /ops/api/sandboxes/{sandboxID}/fork", false, h.fork)
 	api("GET /ops/api/templates", false, h.templates)
 	api("GET /ops/api/lineage", false, h.lineage)
 	api("GET /ops/api/live", false, h.live)

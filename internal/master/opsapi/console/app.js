@@ -145,13 +145,26 @@ async function pageSandboxes() {
       <button class="primary" type="submit">Create sandbox</button>
       <input id="filter" placeholder="filter">
     </form>
-    <table><thead><tr><th>ID</th><th>State</th><th>Template</th><th>Runtime</th><th>Node</th><th>Team</th><th>Size</th><th>Started</th></tr></thead>
+    <table><thead id="sort"><tr><th data-key="id">ID</th><th data-key="state">State</th><th data-key="templateID">Template</th><th data-key="runtime">Runtime</th>
+      <th data-key="nodeID">Node</th><th data-key="team">Team</th><th data-key="memoryMiB">Size</th><th data-key="startedAt">Started</th></tr></thead>
     <tbody id="rows"><tr><td colspan="8">loading…</td></tr></tbody></table>`;
   let last = [];
+  // Sorted by a column (a click on its header; again: reversed), newest
+  // first until then.
+  let key = "", dir = 1;
   const draw = () => {
     const f = $("#filter").value;
-    $("#rows").innerHTML = sandboxRows(last.filter((s) => !f || JSON.stringify(s).includes(f))) ||
-      '<tr><td colspan="8" class="muted">No sandboxes.</td></tr>';
+    const rows = last.filter((s) => !f || JSON.stringify(s).includes(f));
+    if (key) rows.sort((a, b) => (a[key] < b[key] ? -dir : a[key] > b[key] ? dir : 0));
+    $("#rows").innerHTML = sandboxRows(rows) || '<tr><td colspan="8" class="muted">No sandboxes.</td></tr>';
+    for (const th of view.querySelectorAll("#sort th")) th.dataset.dir = th.dataset.key === key ? (dir > 0 ? "asc" : "desc") : "";
+  };
+  $("#sort").onclick = (ev) => {
+    const k = ev.target.closest("th")?.dataset.key;
+    if (!k) return;
+    dir = k === key ? -dir : 1;
+    key = k;
+    draw();
   };
   $("#filter").oninput = draw;
   $("#create").onsubmit = (ev) => {
@@ -206,10 +219,10 @@ function traceTable(fields) {
 }
 
 async function pageSandbox(id) {
-  view.innerHTML = `<h1>Sandbox ${esc(id)}</h1><p id="facts">loading…</p>
+  view.innerHTML = `<h1>Sandbox ${esc(id)}</h1><p id="facts">loading…</p><p id="made" class="muted"></p>
     <div class="actions">
       <button id="pause">Pause</button><button id="resume">Resume</button>
-      <button id="snapshot">Snapshot</button><button id="kill">Kill</button>
+      <button id="snapshot">Snapshot</button><button id="fork">Fork</button><button id="kill">Kill</button>
       <button id="open-term">Open terminal</button>
     </div>
     <div id="term-box" hidden><div id="terminal"></div></div>
@@ -256,7 +269,13 @@ async function pageSandbox(id) {
       if (name === "snapshot") {
         const s = await api("POST", `/sandboxes/${id}/snapshot`, {});
         showError("");
-        $("#facts").insertAdjacentHTML("beforeend", ` · snapshot <a href="#/lineage">${esc(s.id)}</a>`);
+        $("#made").insertAdjacentHTML("beforeend", ` snapshot <a class="snap" href="#/lineage">${esc(s.id)}</a>`);
+        return;
+      }
+      if (name === "fork") {
+        const f = await api("POST", `/sandboxes/${id}/fork`, { count: 1 });
+        $("#made").insertAdjacentHTML("beforeend", f.sandboxes.map((c) => ` fork <a class="fork" href="#/sandbox/${esc(c.id)}">${esc(c.id)}</a>`).join(""));
+        if (f.errors.length) throw new Error(f.errors.join("; "));
         return;
       }
       await api("POST", `/sandboxes/${id}/${name}`);
@@ -268,6 +287,7 @@ async function pageSandbox(id) {
   verb("resume", "resume", "Resuming");
   verb("kill", "kill", "Killing");
   verb("snapshot", "snapshot", "Snapshotting");
+  verb("fork", "fork", "Forking");
   let ws = null, term = null;
   $("#open-term").onclick = () => {
     if (ws) return;
