@@ -38,7 +38,7 @@ func (h *Handler) drain(w http.ResponseWriter, r *http.Request) {
 	}
 	node := r.PathValue("nodeID")
 	jb := h.start(r, "drain", node, func(ctx context.Context, jb *job) error {
-		jb.step("info", "cordoning %s and moving its sandboxes", node)
+		jb.step("info", "draining %s: each sandbox must have a node to go to; then it is cordoned and they move", node)
 		err := h.b.Drain(ctx, node, master.DrainOptions{Wait: body.Wait, Parallel: body.Parallel}, func(ev master.DrainEvent) {
 			jb.count(ev.Total-ev.Remaining, ev.Total)
 			switch ev.Phase {

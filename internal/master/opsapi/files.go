@@ -139,7 +139,11 @@ func (h *Handler) writeFile(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		resp.Body.Close()
 	}
-	h.record(r, "file upload", r.PathValue("sandboxID")+":"+p, "", err)
+	team := "" // the sandbox's, so its team sees what the admin wrote there
+	if sb, gerr := h.b.Get(r.Context(), r.PathValue("sandboxID")); gerr == nil {
+		team = sb.Team
+	}
+	h.record(r, "file upload", r.PathValue("sandboxID")+":"+p, team, err)
 	if err != nil {
 		writeError(w, err)
 		return
