@@ -1,8 +1,10 @@
 package opsapi_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -81,7 +83,7 @@ func TestOpsAdmin(t *testing.T) {
 	m := mastertest.StartMaster(t, fmt.Sprintf("[api]\nops = \"127.0.0.1:0\"\n[console]\nadmin_password_hash = %q\n", hash))
 	// Moves (the drain) go through an object store.
 	srv := objstoretest.Start(t)
-	store := fmt.Sprintf("[store]\nendpoint = %q\nbucket = %q\naccess_key_file = %q\nsecret_key_file = %q\n",
+	store := fmt.Sprintf("[usage]\ninterval = \"1s\"\n[store]\nendpoint = %q\nbucket = %q\naccess_key_file = %q\nsecret_key_file = %q\n",
 		srv.Endpoint, srv.Bucket, srv.AccessKeyFile, srv.SecretKeyFile)
 	n1 := mastertest.StartNodeConfig(t, m, store, "busybox")
 	n2 := mastertest.StartNodeConfig(t, m, store)
@@ -368,6 +370,65 @@ func TestOpsAdmin(t *testing.T) {
 			t.Fatalf("the fork's copy of hello.txt: %d %q", code, got)
 		}
 		t.Logf("refused: team B forking team A's sandbox; control: team A forked it into %s, which holds its files", child.ID)
+
+		// The fork's live stream: the sandbox, its samples as the node
+		// takes them, its pause, and its end.
+		if code := b.do("GET", "/ops/api/sandboxes/"+child.ID+"/live", nil, nil); code != 404 {
+			t.Fatalf("team B's live stream of team A's sandbox: %d, want 404", code)
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(sctx, "GET", base+"/ops/api/sandboxes/"+child.ID+"/live", nil)
+		req.Header.Set("X-API-Key", a.key)
+		resp, err := a.hc.Do(req) //nolint:bodyclose // closed below
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("live: %v %v", err, resp)
+		}
+		defer resp.Body.Close()
+		type event struct{ name, data string }
+		events := make(chan event, 64)
+		go func() {
+			defer close(events)
+			sc := bufio.NewScanner(resp.Body)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			var name string
+			for sc.Scan() {
+				if v, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+					name = v
+				} else if v, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+					events <- event{name, v}
+				}
+			}
+		}()
+		next := func(want string) event {
+			t.Helper()
+			for e := range events {
+				if e.name == want {
+					return e
+				}
+			}
+			t.Fatalf("the stream ended before a %q event", want)
+			return event{}
+		}
+		if e := next("sandbox"); !strings.Contains(e.data, `"state":"running"`) {
+			t.Fatalf("first sandbox event: %s", e.data)
+		}
+		var first, later []struct{ T int64 }
+		_ = json.Unmarshal([]byte(next("metrics").data), &first)
+		_ = json.Unmarshal([]byte(next("metrics").data), &later)
+		if len(first) == 0 || len(later) == 0 || later[0].T <= first[len(first)-1].T {
+			t.Fatalf("samples: %v then %v; want new ones after the first", first, later)
+		}
+		if code := a.do("POST", "/ops/api/sandboxes/"+child.ID+"/pause", nil, nil); code != 204 {
+			t.Fatalf("pause: %d", code)
+		}
+		for e := next("sandbox"); !strings.Contains(e.data, `"state":"paused"`); e = next("sandbox") {
+		}
+		if code := a.do("POST", "/ops/api/sandboxes/"+child.ID+"/kill", nil, nil); code != 204 {
+			t.Fatalf("kill: %d", code)
+		}
+		next("gone")
+		t.Logf("live stream of %s: the sandbox, %d samples then %d more as taken, paused, gone", child.ID, len(first), len(later))
 	})
 
 	t.Run("events", func(t *testing.T) {

@@ -192,10 +192,14 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]metricJSON, 0, len(ms))
 	for _, m := range ms {
-		out = append(out, metricJSON{T: m.Timestamp.UnixMilli(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed,
-			MemCache: m.MemCache, MemTotal: m.MemTotal, Tasks: m.Tasks, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal, NetRx: m.NetRx, NetTx: m.NetTx})
+		out = append(out, metricOf(m))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func metricOf(m master.Metric) metricJSON {
+	return metricJSON{T: m.Timestamp.UnixMilli(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed,
+		MemCache: m.MemCache, MemTotal: m.MemTotal, Tasks: m.Tasks, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal, NetRx: m.NetRx, NetTx: m.NetTx}
 }
 
 type logJSON struct {

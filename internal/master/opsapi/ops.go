@@ -179,6 +179,7 @@ func (h *Handler) routes() {
 	api("GET /ops/api/templates", false, h.templates)
 	api("GET /ops/api/lineage", false, h.lineage)
 	api("GET /ops/api/live", false, h.live)
+	api("GET /ops/api/sandboxes/{sandboxID}/live", false, h.sandboxLive)
 	api("GET /ops/api/sandboxes/{sandboxID}/terminal", false, h.terminal)
 	api("GET /ops/api/sandboxes/{sandboxID}/files", false, h.listFiles)
 	api("GET /ops/api/sandboxes/{sandboxID}/file", false, h.readFile)

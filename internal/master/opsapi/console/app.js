@@ -242,13 +242,18 @@ async function pageSandbox(id) {
     <h2>Create trace</h2><div id="trace" class="muted">none</div>
     <h2>Log</h2><pre class="logs" id="logs"></pre>`;
   let sb = null;
-  const facts = async () => {
-    sb = await api("GET", "/sandboxes/" + id);
+  const showFacts = () => {
     $("#facts").innerHTML = `<span class="state-${esc(sb.state)}" id="state">${esc(sb.state)}</span> ·
       ${esc(sb.alias || sb.templateID)} on ${esc(sb.nodeID)} (${esc(sb.runtime)}) · team ${esc(sb.team)} · until ${ago(sb.endAt)}`;
   };
-  const metrics = async () => {
-    const ms = await api("GET", `/sandboxes/${id}/metrics`);
+  const facts = async () => {
+    sb = await api("GET", "/sandboxes/" + id);
+    showFacts();
+  };
+  // Samples arrive over the page's live stream (the history first, then
+  // each new one); the charts keep the last 900.
+  let ms = [];
+  const drawMetrics = () => {
     chart($("#cpu"), ms.map((m) => ({ t: m.t, v: m.cpuUsedPct })), 100, "CPU", (v) => v.toFixed(1) + "%");
     $("#cpu").dataset.last = ms.length ? ms[ms.length - 1].cpuUsedPct : 0;
     $("#cpu").dataset.max = Math.max(0, ...ms.map((m) => m.cpuUsedPct));
@@ -369,14 +374,15 @@ async function pageSandbox(id) {
   // Handlers first, then the data: a click never meets a button without
   // its handler. #state appears once the sandbox is read.
   await facts();
-  await Promise.all([metrics().catch(() => {}), logs().catch(() => {}),
+  await Promise.all([logs().catch(() => {}),
     sb.state === "running" ? openDir("/").catch((e) => { $("#file-rows").innerHTML = `<tr><td colspan="5" class="bad">${esc(e.message)}</td></tr>`; }) : null]);
-  const t = setInterval(() => {
-    metrics().catch(() => {});
-    logs().catch(() => {});
-    facts().catch(() => {});
-  }, 2000);
-  return () => { clearInterval(t); ws?.close(); term?.dispose(); };
+  // Live: the sandbox's state and samples over server-sent events.
+  const es = new EventSource(`/ops/api/sandboxes/${id}/live`);
+  es.addEventListener("sandbox", (e) => { sb = JSON.parse(e.data); showFacts(); });
+  es.addEventListener("metrics", (e) => { ms = ms.concat(JSON.parse(e.data)).slice(-900); drawMetrics(); });
+  es.addEventListener("gone", () => { es.close(); showError(`Sandbox ${decodeURIComponent(id)} no longer exists.`); });
+  const t = setInterval(() => logs().catch(() => {}), 2000);
+  return () => { clearInterval(t); es.close(); ws?.close(); term?.dispose(); };
 }
 
 async function pageTemplates() {
