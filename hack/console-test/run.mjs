@@ -5,6 +5,7 @@
 //   CUBE_KEY_A, CUBE_KEY_B           API keys of teams A and B
 //   CUBE_SANDBOX_B                   a sandbox of team B
 //   CUBE_TEMPLATE_SOURCE             an image (OCI layout) on the master to import
+//   CUBE_TEMPLATE_ARCHIVE            the same as a tar archive, to upload
 //   CUBE_SCREENS                     where the screenshots go
 //   CHROMIUM                         the browser (default /usr/bin/chromium)
 // Each step logs what it did; the first failure exits non-zero.
@@ -134,9 +135,16 @@ try {
 
   // CPU rises in the chart while a command burns CPU.
   await page.focus(".xterm-helper-textarea");
-  await page.keyboard.type("timeout 15 sh -c 'while :; do :; done' &\n");
-  await page.waitForFunction(() => Number(document.querySelector("#cpu").dataset.max) > 20, { timeout: 30000 });
-  step(`the CPU chart rose to ${await page.$eval("#cpu", (e) => Number(e.dataset.max).toFixed(1))}%`);
+  // The host is shared (other tests run beside this one): the loop gets
+  // what the host gives it, so the rise is measured against the idle
+  // sandbox's own peak so far: at least 5 points and 3 times that.
+  const idle = await page.$eval("#cpu", (e) => Number(e.dataset.max));
+  await page.keyboard.type("timeout 30 sh -c 'while :; do :; done' &\n");
+  await page.waitForFunction((b) => {
+    const m = Number(document.querySelector("#cpu").dataset.max);
+    return m >= b + 5 && m >= 3 * b;
+  }, { timeout: 40000 }, idle);
+  step(`the CPU chart rose to ${await page.$eval("#cpu", (e) => Number(e.dataset.max).toFixed(1))}% (idle peak ${idle.toFixed(1)}%)`);
   await shot(page, "sandbox");
 
   // Pause and resume.
@@ -186,6 +194,15 @@ try {
   await page.click('#template-rows tr[data-id="imported"] button[data-delete]');
   await page.waitForFunction(() => !document.querySelector('#template-rows tr[data-id="imported"]'), { timeout: 30000 });
   step("template deleted");
+  // An archive uploaded from the browser, with the upload's progress.
+  await page.$eval("#import input[name=id]", (e) => { e.value = "uploaded"; });
+  await page.$eval("#import input[name=source]", (e) => { e.value = ""; });
+  await (await page.$("#import input[name=archive]")).uploadFile(env("CUBE_TEMPLATE_ARCHIVE"));
+  await page.click("#import button");
+  await page.waitForSelector('#template-job .job[data-state="done"]', { timeout: 120000 });
+  await page.waitForSelector('#template-rows tr[data-id="uploaded"]', { timeout: 10000 });
+  step(`template uploaded: ${(await text(page, "#template-upload-status")).trim()}`);
+  await shot(page, "templates-upload");
 
   // Nodes: cordon and uncordon; a drain the cluster cannot take (one
   // node) is refused with its reason.
@@ -231,7 +248,7 @@ try {
   // Events: what was done above, in the audit log.
   await page.goto(base + "/#/events");
   await page.waitForSelector("#event-rows tr[data-seq]");
-  for (const want of ["template import done", "template warm failed", "drain failed", "api key create", "team delete", "kill"]) {
+  for (const want of ["template upload", "template import done", "template warm failed", "drain failed", "api key create", "team delete", "kill"]) {
     await waitText(page, "#event-rows", want, 10000);
   }
   step("events: the import, warm, drain, key, team and kill are in the audit log");

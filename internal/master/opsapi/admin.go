@@ -168,6 +168,33 @@ func (h *Handler) importTemplate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, jb.view())
 }
 
+// maxTemplateUpload bounds an image archive sent through the console.
+const maxTemplateUpload = 16 << 30
+
+// uploadTemplate imports the image archive (OCI or docker) in the body:
+// the master spools it into its template store and the nodes pull it
+// (master.Service.ImportUpload). It answers when the import is done; the
+// browser shows the upload's own progress while it is sent. Query:
+// nodeID, runtime, warm=1.
+func (h *Handler) uploadTemplate(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	id := r.PathValue("templateID")
+	if r.ContentLength > maxTemplateUpload {
+		writeError(w, fmt.Errorf("an archive of %d bytes: at most %d through the console: %w", r.ContentLength, int64(maxTemplateUpload), errdefs.ErrInvalidArgument))
+		return
+	}
+	start := time.Now()
+	t, err := h.b.ImportUpload(r.Context(), master.TemplateImport{ID: id, NodeID: q.Get("nodeID"), Runtime: q.Get("runtime"), Warm: q.Get("warm") == "1"},
+		http.MaxBytesReader(w, r.Body, maxTemplateUpload))
+	h.record(r, "template upload", id, "", err)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	h.log.Info("ops: template uploaded", "template_id", id, "bytes", r.ContentLength, "took", time.Since(start))
+	writeJSON(w, http.StatusCreated, templateOf(t))
+}
+
 // warmTemplate starts a job warming a template on every node holding it.
 func (h *Handler) warmTemplate(w http.ResponseWriter, r *http.Request) {
 	var body struct {

@@ -1,6 +1,7 @@
 package opsapi_test
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -8,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +47,25 @@ func waitJob(t *testing.T, c *client, j jobView) jobView {
 		t.Logf("  %s: [%s] %s", j.Kind, s.Level, s.Text)
 	}
 	return j
+}
+
+// tarDir writes dir (an OCI layout) as a tar archive and returns its path.
+func tarDir(t *testing.T, dir string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "image.tar")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	if err := tw.AddFS(os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // raw sends body as it is (no JSON) and returns the status and answer.
@@ -114,7 +136,7 @@ func TestOpsAdmin(t *testing.T) {
 		calls := []struct{ method, path string }{
 			{"GET", "/ops/api/keys"}, {"POST", "/ops/api/keys"}, {"DELETE", "/ops/api/keys/x"},
 			{"GET", "/ops/api/teams"}, {"POST", "/ops/api/teams"}, {"PUT", "/ops/api/teams/team-b/quota"}, {"DELETE", "/ops/api/teams/team-b"},
-			{"POST", "/ops/api/templates"}, {"POST", "/ops/api/templates/busybox/warm"}, {"DELETE", "/ops/api/templates/busybox"},
+			{"POST", "/ops/api/templates"}, {"POST", "/ops/api/templates/busybox/warm"}, {"PUT", "/ops/api/templates/x/upload"}, {"DELETE", "/ops/api/templates/busybox"},
 			{"POST", "/ops/api/nodes/" + n2.ID + "/drain"}, {"POST", "/ops/api/nodes/" + n2.ID + "/cordon"},
 		}
 		for _, c := range calls {
@@ -176,6 +198,22 @@ func TestOpsAdmin(t *testing.T) {
 		if code := admin.do("DELETE", "/ops/api/templates/imported", nil, nil); code != 404 {
 			t.Fatalf("a second delete: %d, want 404", code)
 		}
+
+		// An archive sent through the console.
+		archive, err := os.ReadFile(tarDir(t, n1.Env.Image))
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, body := admin.raw("PUT", "/ops/api/templates/uploaded/upload?nodeID="+n1.ID, archive)
+		if code != 201 || !strings.Contains(string(body), `"stored":true`) || !strings.Contains(string(body), n1.ID) {
+			t.Fatalf("upload: %d %s", code, body)
+		}
+		if code, body := admin.raw("PUT", "/ops/api/templates/broken/upload", []byte("not an archive")); code/100 == 2 {
+			t.Fatalf("a broken archive: %d %s", code, body)
+		} else {
+			t.Logf("a broken archive refused: %d %s", code, body)
+		}
+		t.Logf("an archive of %d bytes uploaded and imported on %s", len(archive), n1.ID)
 	})
 
 	var sa sandbox
@@ -451,7 +489,7 @@ func TestOpsAdmin(t *testing.T) {
 		admin.do("GET", "/ops/api/events?limit=500", nil, &all)
 		a.do("GET", "/ops/api/events?limit=500", nil, &ofA)
 		b.do("GET", "/ops/api/events?limit=500", nil, &ofB)
-		for _, want := range [][2]string{{"template import done", "imported"}, {"template warm failed", "imported"}, {"template delete", "imported"},
+		for _, want := range [][2]string{{"template import done", "imported"}, {"template upload", "uploaded"}, {"template warm failed", "imported"}, {"template delete", "imported"},
 			{"drain failed", n1.ID}, {"drain done", n2.ID}, {"drain done", n1.ID}, {"api key create", "c-key"}, {"team delete", "team-c"}, {"create", sa.ID}} {
 			if !has(all, want[0], want[1]) {
 				t.Errorf("the admin's audit log has no %q of %s", want[0], want[1])

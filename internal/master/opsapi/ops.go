@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -59,6 +60,7 @@ type Backend interface {
 	// Admin only, in the console.
 	Drain(ctx context.Context, nodeID string, o master.DrainOptions, progress func(master.DrainEvent)) error
 	ImportTemplate(ctx context.Context, req master.TemplateImport) (master.Template, error)
+	ImportUpload(ctx context.Context, req master.TemplateImport, body io.Reader) (master.Template, error)
 	WarmTemplate(ctx context.Context, name, runtime string, progress func(node string, err error)) (master.Template, error)
 	DeleteTemplate(ctx context.Context, name string) ([]string, error)
 	GetTemplate(ctx context.Context, name string) (master.Template, error)
@@ -187,6 +189,7 @@ func (h *Handler) routes() {
 	api("POST /ops/api/nodes/{nodeID}/drain", true, h.drain)
 	api("POST /ops/api/templates", true, h.importTemplate)
 	api("POST /ops/api/templates/{templateID}/warm", true, h.warmTemplate)
+	api("PUT /ops/api/templates/{templateID}/upload", true, h.uploadTemplate)
 	api("DELETE /ops/api/templates/{templateID}", true, h.deleteTemplate)
 	api("GET /ops/api/keys", true, h.listKeys)
 	api("POST /ops/api/keys", true, h.createKey)

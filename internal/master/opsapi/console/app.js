@@ -391,6 +391,7 @@ async function pageTemplates() {
     ${admin ? `<form id="import" class="inline">
       <label>ID <input name="id" required pattern="[A-Za-z0-9][A-Za-z0-9._-]*" size="14"></label>
       <label>Source <input name="source" size="34" placeholder="path on the master, or registry image"></label>
+      <label>or an archive <input name="archive" type="file" accept=".tar,application/x-tar"></label>
       <label>Node <select name="node"><option value="">every healthy node</option></select></label>
       <label><input type="checkbox" name="warm"> warm</label>
       <button class="primary" type="submit">Import</button></form>
@@ -431,11 +432,54 @@ async function pageTemplates() {
     const src = String(fd.get("source") || "");
     const body = { id: fd.get("id"), nodeID: fd.get("node"), warm: fd.get("warm") === "on" };
     if (src.startsWith("/")) body.source = src; else body.imageRef = src;
+    const file = ev.target.archive.files[0];
+    if (file) {
+      act($("#import button"), "Importing", () => uploadTemplate(body, file).finally(draw));
+      return;
+    }
     act($("#import button"), "Importing", async () => {
       const job = await api("POST", "/templates", body);
       try { await runJob($("#template-job"), job); } finally { await draw(); }
     });
   };
+}
+
+// uploadTemplate sends an image archive with its progress, then waits
+// for the import on the nodes (the same request answers when it is done).
+function uploadTemplate(body, file) {
+  const box = $("#template-job");
+  box.hidden = false;
+  box.innerHTML = `<div class="job job-running" data-state="running"><b>template upload ${esc(body.id)}</b>
+    <progress id="template-progress" max="1" value="0"></progress> <span class="muted" id="template-upload-status">starting</span></div>`;
+  const q = new URLSearchParams({ nodeID: body.nodeID || "", warm: body.warm ? "1" : "" });
+  return new Promise((resolve, reject) => {
+    const x = new XMLHttpRequest();
+    x.open("PUT", `/ops/api/templates/${encodeURIComponent(body.id)}/upload?${q}`);
+    x.setRequestHeader("X-CSRF-Token", me.csrf);
+    const status = (text, state) => {
+      $("#template-upload-status").textContent = text;
+      if (state) { box.firstElementChild.dataset.state = state; box.firstElementChild.className = `job job-${state}`; }
+    };
+    x.upload.onprogress = (e) => {
+      if (!e.lengthComputable) return;
+      $("#template-progress").value = e.loaded / e.total;
+      status(`uploading: ${bytes(e.loaded)} of ${bytes(e.total)}`);
+    };
+    x.upload.onload = () => status(`uploaded ${bytes(file.size)}; importing on the nodes…`);
+    x.onload = () => {
+      let data = null;
+      try { data = JSON.parse(x.responseText); } catch { /* not JSON */ }
+      if (x.status >= 200 && x.status < 300) {
+        status(`imported ${data.id}: on ${data.nodes.join(", ") || "no node yet"}`, "done");
+        resolve(data);
+      } else {
+        status(data?.message || x.statusText, "failed");
+        reject(new Error(data?.message || x.statusText));
+      }
+    };
+    x.onerror = () => { status("network error", "failed"); reject(new Error("network error")); };
+    x.send(file);
+  });
 }
 
 async function pageKeys() {
