@@ -91,7 +91,8 @@ type jobs struct {
 func newJobs() *jobs { return &jobs{m: map[string]*job{}} }
 
 // start runs fn as a job of r's caller. fn's context carries the
-// request's values (the caller's team scope) but not its cancellation.
+// request's values (the caller's team scope) but not its cancellation; it
+// ends at jobLimit, on a cancel, or when the master shuts down (Done).
 func (h *Handler) start(r *http.Request, kind, target string, fn func(ctx context.Context, jb *job) error) *job {
 	c := callerOf(r)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), jobLimit)
@@ -107,6 +108,17 @@ func (h *Handler) start(r *http.Request, kind, target string, fn func(ctx contex
 	by, remote := c, r.RemoteAddr
 	go func() {
 		defer cancel()
+		if h.cfg.Done != nil {
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				select {
+				case <-h.cfg.Done:
+					cancel()
+				case <-stop:
+				}
+			}()
+		}
 		err := fn(ctx, jb)
 		jb.mu.Lock()
 		jb.j.Ended = time.Now()

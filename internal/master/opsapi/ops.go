@@ -88,6 +88,9 @@ type Config struct {
 	// LiveInterval is how often the live stream looks for changes; 1 s
 	// when 0.
 	LiveInterval time.Duration
+	// Done, when set, cancels the running jobs (drains, imports, warms)
+	// once it is closed: the master is shutting down.
+	Done <-chan struct{}
 }
 
 //go:embed console

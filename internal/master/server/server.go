@@ -137,7 +137,7 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		s.OpsAddr = opsLn.Addr().String()
 		ops := opsapi.New(svc, opsapi.Config{
 			AdminUser: cfg.Console.AdminUser, AdminPasswordHash: cfg.Console.AdminPasswordHash,
-			SessionTTL: cfg.Console.SessionTTL.Duration, Secure: e2bTLS != nil,
+			SessionTTL: cfg.Console.SessionTTL.Duration, Secure: e2bTLS != nil, Done: rctx.Done(),
 		}, log)
 		log.Info("CubeOps listening", "addr", s.OpsAddr)
 		s.run(func() error { return e2bapi.Serve(rctx, ops, opsLn) })
