@@ -19,8 +19,10 @@ echo "== golangci-lint"
 # analysis cache is $GOLANGCI_LINT_CACHE, by default golangci-lint next to
 # Go's build cache (~/.cache), created on first use. docs/contributing.md.
 export GOLANGCI_LINT_CACHE="${GOLANGCI_LINT_CACHE:-$(dirname "$(go env GOCACHE)")/golangci-lint}"
-make -s lint
-(cd sdk/go && go tool -modfile=../../hack/tools/go.mod golangci-lint run --config ../../.golangci.yml ./...)
+# --allow-serial-runners: another golangci-lint on the machine (a
+# developer's) is waited for instead of failing the run.
+make -s lint LINT_FLAGS=--allow-serial-runners
+(cd sdk/go && go tool -modfile=../../hack/tools/go.mod golangci-lint run --allow-serial-runners --config ../../.golangci.yml ./...)
 
 echo "== generated code is up to date"
 make -s generate
