@@ -112,9 +112,10 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		}
 		req.AutoResume = true
 	}
+	for _, m := range body.VolumeMounts {
+		req.Volumes = append(req.Volumes, master.VolumeMount{Name: m.Name, Path: m.Path})
+	}
 	switch {
-	case len(body.VolumeMounts) > 0:
-		return req, unsupported("volumeMounts")
 	case isSet(body.MCP):
 		return req, unsupported("mcp")
 	case isSet(body.IAM):
