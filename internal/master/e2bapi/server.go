@@ -146,9 +146,12 @@ func (h *Handler) routes() {
 	auth("GET /volumes", h.listVolumes)
 	auth("GET /volumes/{volumeID}", h.getVolume)
 	auth("DELETE /volumes/{volumeID}", h.deleteVolume)
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
-	})
+	// What the routes above lack of the SDKs' spec (fallback.go), else
+	// 404. DELETE /templates/tags is named here: DELETE
+	// /templates/{templateID} would take it otherwise.
+	fallback := h.fallbackMux()
+	m.Handle("DELETE /templates/tags", fallback)
+	m.HandleFunc("/", h.notFound(fallback))
 }
 
 // Routes are the API's routes ("METHOD /path/{param}") in the order they
