@@ -387,6 +387,9 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err != nil {
 		s.forgetAfter(ctx, sb.ID, undos)
 		err = runtimePlacementErr(err, tmpl, req.Runtime)
+		if pin != "" {
+			err = fmt.Errorf("its volumes live on node %s (volumes are node-local): %w", pin, err)
+		}
 		var nn *scheduler.NoNodeError
 		if errors.As(err, &nn) && errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("template %q not found on any node: %w", req.Template, errdefs.ErrNotFound)

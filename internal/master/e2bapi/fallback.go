@@ -29,7 +29,7 @@ const (
 	msgTags   = "template tags are not served by this server; a template is named by its ID or an alias (templates.aliases in the master's configuration)"
 	msgVolume = "the volume content API is not served by this server; mount the volume into a sandbox (Sandbox.create volumeMounts) and use the sandbox's filesystem API"
 	msgTeamM  = "team metrics are not recorded by this server; GET /sandboxes/metrics gives the team's running sandboxes' metrics"
-	msgSecret = "this server's secrets are cube's named secrets: GET /secrets lists them, PUT /secrets/{name} replaces a value, DELETE /secrets/{name} removes one (E2B's versioned secret objects are not served)"
+	msgSecret = "this server's secrets are cube's named secrets: GET /secrets lists them, PUT /secrets/{name} replaces a value, DELETE /secrets/{name} removes one (E2B's versioned secret objects are not served)" //nolint:gosec // G101: a message naming the secrets API
 )
 
 func (h *Handler) fallbackRoutes() []fallbackRoute {

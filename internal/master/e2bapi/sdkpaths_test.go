@@ -34,7 +34,7 @@ func TestSDKPathsServed(t *testing.T) {
 		r := c.Do(t, method, path, body, nil)
 		var eb errBody
 		if r.StatusCode >= 400 {
-			if err := json.Unmarshal([]byte(r.Body), &eb); err != nil || eb.Message == "" || eb.Code != r.StatusCode {
+			if err := json.Unmarshal(r.Body, &eb); err != nil || eb.Message == "" || eb.Code != r.StatusCode {
 				t.Errorf("%s %s: %d with a body not in E2B's error shape: %s", method, path, r.StatusCode, r.Body)
 			}
 		}
