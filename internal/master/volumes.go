@@ -82,14 +82,14 @@ func (s *Service) DeleteVolume(ctx context.Context, id string) error {
 	}
 	// Take the volume for the delete, so no create claims it meanwhile.
 	deleting := "deleting-" + v.ID
-	if ok, err := s.cat.ClaimVolume(ctx, v.ID, v.SandboxID, deleting); err != nil {
+	if ok, err := s.cat.ClaimVolume(ctx, v.ID, v.SandboxID, deleting, ""); err != nil {
 		return err
 	} else if !ok {
 		return fmt.Errorf("volume %s was mounted meanwhile: %w", v.Name, errdefs.ErrFailedPrecondition)
 	}
 	if v.NodeID != "" {
 		if err := s.deleteVolumeOn(ctx, v.NodeID, v.ID); err != nil {
-			_, _ = s.cat.ClaimVolume(context.WithoutCancel(ctx), v.ID, deleting, "")
+			_, _ = s.cat.ClaimVolume(context.WithoutCancel(ctx), v.ID, deleting, "", "")
 			return err
 		}
 	}
@@ -166,7 +166,7 @@ func (s *Service) claimVolumes(ctx context.Context, id string, ms []VolumeMount)
 		if holder != "" {
 			return nil, "", fmt.Errorf("volume %q is mounted by sandbox %s (one sandbox at a time): %w", m.Name, holder, errdefs.ErrFailedPrecondition)
 		}
-		if ok, err := s.cat.ClaimVolume(ctx, v.ID, v.SandboxID, id); err != nil {
+		if ok, err := s.cat.ClaimVolume(ctx, v.ID, v.SandboxID, id, m.Path); err != nil {
 			return nil, "", err
 		} else if !ok {
 			return nil, "", fmt.Errorf("volume %q was mounted by another sandbox meanwhile: %w", m.Name, errdefs.ErrFailedPrecondition)
@@ -180,6 +180,27 @@ func (s *Service) claimVolumes(ctx context.Context, id string, ms []VolumeMount)
 		vols = append(vols, claimedVolume{vol: v, path: m.Path})
 	}
 	return vols, pin, nil
+}
+
+// SandboxVolumes returns what one of the caller's team's sandboxes
+// mounts (NotFound for another team's sandbox).
+func (s *Service) SandboxVolumes(ctx context.Context, id string) ([]VolumeMount, error) {
+	sb, err := s.cat.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if !inScope(ctx, sb.Team) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	vs, err := s.cat.SandboxVolumes(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]VolumeMount, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, VolumeMount{Name: v.Name, Path: v.MountPath})
+	}
+	return out, nil
 }
 
 // releaseVolumes clears sandbox id's hold on its volumes (a create that

@@ -21,16 +21,18 @@ type Volume struct {
 	SizeMiB   int64
 	NodeID    string
 	SandboxID string
+	// MountPath is where SandboxID mounts it.
+	MountPath string
 	Token     string
 	CreatedAt time.Time
 }
 
-const volumeCols = `id, team, name, size_mib, node_id, sandbox_id, token, created_ms`
+const volumeCols = `id, team, name, size_mib, node_id, sandbox_id, mount_path, token, created_ms`
 
 func scanVolume(r interface{ Scan(...any) error }) (*Volume, error) {
 	var v Volume
 	var created int64
-	if err := r.Scan(&v.ID, &v.Team, &v.Name, &v.SizeMiB, &v.NodeID, &v.SandboxID, &v.Token, &created); err != nil {
+	if err := r.Scan(&v.ID, &v.Team, &v.Name, &v.SizeMiB, &v.NodeID, &v.SandboxID, &v.MountPath, &v.Token, &created); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = fromMS(created)
@@ -40,8 +42,8 @@ func scanVolume(r interface{ Scan(...any) error }) (*Volume, error) {
 // CreateVolume adds a volume; ErrAlreadyExists when its team has one of
 // that name.
 func (c *Catalog) CreateVolume(ctx context.Context, v *Volume) error {
-	_, err := c.exec(ctx, `INSERT INTO volumes (`+volumeCols+`) VALUES (`+placeholders(8)+`)`,
-		v.ID, v.Team, v.Name, v.SizeMiB, v.NodeID, v.SandboxID, v.Token, ms(v.CreatedAt))
+	_, err := c.exec(ctx, `INSERT INTO volumes (`+volumeCols+`) VALUES (`+placeholders(9)+`)`,
+		v.ID, v.Team, v.Name, v.SizeMiB, v.NodeID, v.SandboxID, v.MountPath, v.Token, ms(v.CreatedAt))
 	if isDuplicate(err) {
 		return fmt.Errorf("volume %q already exists: %w", v.Name, errdefs.ErrAlreadyExists)
 	}
@@ -84,10 +86,11 @@ func (c *Catalog) ListVolumes(ctx context.Context, team string) ([]*Volume, erro
 	return out, rows.Err()
 }
 
-// ClaimVolume makes sandboxID the holder of volume id if its holder is
-// still from (compare and swap); false when another claim came first.
-func (c *Catalog) ClaimVolume(ctx context.Context, id, from, sandboxID string) (bool, error) {
-	res, err := c.exec(ctx, `UPDATE volumes SET sandbox_id = ? WHERE id = ? AND sandbox_id = ?`, sandboxID, id, from)
+// ClaimVolume makes sandboxID the holder of volume id, mounted at path,
+// if its holder is still from (compare and swap); false when another
+// claim came first.
+func (c *Catalog) ClaimVolume(ctx context.Context, id, from, sandboxID, path string) (bool, error) {
+	res, err := c.exec(ctx, `UPDATE volumes SET sandbox_id = ?, mount_path = ? WHERE id = ? AND sandbox_id = ?`, sandboxID, path, id, from)
 	if err != nil {
 		return false, err
 	}
@@ -97,8 +100,26 @@ func (c *Catalog) ClaimVolume(ctx context.Context, id, from, sandboxID string) (
 
 // ReleaseVolumes clears sandboxID's hold on every volume.
 func (c *Catalog) ReleaseVolumes(ctx context.Context, sandboxID string) error {
-	_, err := c.exec(ctx, `UPDATE volumes SET sandbox_id = '' WHERE sandbox_id = ?`, sandboxID)
+	_, err := c.exec(ctx, `UPDATE volumes SET sandbox_id = '', mount_path = '' WHERE sandbox_id = ?`, sandboxID)
 	return err
+}
+
+// SandboxVolumes returns the volumes sandboxID holds, by name.
+func (c *Catalog) SandboxVolumes(ctx context.Context, sandboxID string) ([]*Volume, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE sandbox_id = ? ORDER BY name`, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*Volume
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }
 
 // PlaceVolume records the node volume id lives on, if it had none; it

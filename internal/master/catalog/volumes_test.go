@@ -45,11 +45,14 @@ func testVolumes(t *testing.T, c *catalog.Catalog) {
 		t.Fatalf("list va: %v, %v", l, err)
 	}
 
-	if ok, err := c.ClaimVolume(ctx, "vol-a", "", "sb1"); err != nil || !ok {
+	if ok, err := c.ClaimVolume(ctx, "vol-a", "", "sb1", "/data"); err != nil || !ok {
 		t.Fatalf("first claim: %v %v", ok, err)
 	}
-	if ok, err := c.ClaimVolume(ctx, "vol-a", "", "sb2"); err != nil || ok {
+	if ok, err := c.ClaimVolume(ctx, "vol-a", "", "sb2", "/x"); err != nil || ok {
 		t.Fatalf("second claim from the same holder won: %v %v", ok, err)
+	}
+	if held, err := c.SandboxVolumes(ctx, "sb1"); err != nil || len(held) != 1 || held[0].ID != "vol-a" || held[0].MountPath != "/data" {
+		t.Fatalf("sb1 holds %+v, %v", held, err)
 	}
 	if err := c.DeleteVolume(ctx, "va", "vol-a", ""); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("delete of a held volume: %v, want FailedPrecondition", err)
@@ -63,7 +66,7 @@ func testVolumes(t *testing.T, c *catalog.Catalog) {
 	if err := c.ReleaseVolumes(ctx, "sb1"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := c.GetVolume(ctx, "va", "vol-a"); got.SandboxID != "" {
+	if got, _ := c.GetVolume(ctx, "va", "vol-a"); got.SandboxID != "" || got.MountPath != "" {
 		t.Fatalf("after release: holder %q", got.SandboxID)
 	}
 

@@ -279,7 +279,15 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, h.detail(sb))
+		d := h.detail(sb)
+		vols, err := h.b.SandboxVolumes(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		for _, v := range vols {
+			d.VolumeMounts = append(d.VolumeMounts, volumeMount{Name: v.Name, Path: v.Path})
+		}
+		writeJSON(w, http.StatusOK, d)
 		return nil
 	})
 }

@@ -66,6 +66,7 @@ type Backend interface {
 	ListVolumes(ctx context.Context) ([]*catalog.Volume, error)
 	GetVolume(ctx context.Context, id string) (*catalog.Volume, error)
 	DeleteVolume(ctx context.Context, id string) error
+	SandboxVolumes(ctx context.Context, id string) ([]master.VolumeMount, error)
 }
 
 var _ Backend = (*master.Service)(nil)

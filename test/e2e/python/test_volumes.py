@@ -87,6 +87,7 @@ def test_volume_persists_across_sandboxes():
 
     # By name, at another path: B reads what A wrote.
     b = make(TEMPLATE, volume_mounts={"/data": vol.name}, **A)
+    assert Sandbox.get_info(b.sandbox_id, **A).volume_mounts == [{"name": vol.name, "path": "/data"}]
     assert b.files.read("/data/hello.txt") == "written by A"
     assert b.commands.run("cat /data/dir/n.txt").stdout.strip() == "nested"
     Sandbox.kill(b.sandbox_id, **A)
