@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/loopdev"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -79,6 +80,11 @@ func (n *Node) mountVolume(ctx context.Context, id string, v sandbox.Volume, tar
 	}
 	if created {
 		*undo = append(*undo, func() { _, _ = n.Pool.RemoveVolumeImage(v.ID) })
+		// A create that fails later (the runtime, the agent) removes
+		// what it made: UnmountVolumes reads this.
+		if err := os.WriteFile(madeByPath(img), []byte(id), 0o600); err != nil {
+			return fmt.Errorf("volume %s: %w", v.ID, err)
+		}
 	} else if devs, err := loopdev.FindByBacking(img); err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	} else if len(devs) > 0 {
@@ -114,6 +120,8 @@ func (n *Node) mountVolume(ctx context.Context, id string, v sandbox.Volume, tar
 
 // UnmountVolumes releases the record's volumes once its container is
 // gone; volumes another sandbox holds (never this one's) are left alone.
+// A sandbox still being created (its create failed) also removes the
+// images its create made, so a failed create leaves no volume file.
 func (n *Node) UnmountVolumes(ctx context.Context, rec *sandbox.Record) error {
 	if len(rec.Volumes) == 0 {
 		return nil
@@ -138,9 +146,18 @@ func (n *Node) UnmountVolumes(ctx context.Context, rec *sandbox.Record) error {
 		if err := os.Remove(target + ".owner"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
+		img := n.Pool.VolumeImagePath(v.ID)
+		if b, err := os.ReadFile(madeByPath(img)); err == nil && rec.State == lifecycle.Creating && string(b) == rec.ID {
+			if _, err := n.Pool.RemoveVolumeImage(v.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
+
+// madeByPath names the sandbox whose create made the image img.
+func madeByPath(img string) string { return filepath.Join(filepath.Dir(img), "made-by") }
 
 // DeleteVolume removes volume id's image; FailedPrecondition while it is
 // mounted.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/sandbox"
 	"github.com/cubesandbox/cube/internal/storage"
 	"github.com/cubesandbox/cube/internal/testenv"
@@ -126,6 +127,19 @@ func TestVolumes(t *testing.T) {
 	}
 	if existed, err := n.DeleteVolume(ctx, "vol1"); err != nil || existed {
 		t.Fatalf("second delete: %v %v", existed, err)
+	}
+
+	// A create that fails after its mount (its sandbox still Creating)
+	// removes the image it made; recA (not Creating) kept vol1's above.
+	recD := &sandbox.Record{ID: "sbd", State: lifecycle.Creating, Volumes: []sandbox.Volume{{ID: "vol5", Path: "/a", SizeMiB: 8}}}
+	if _, err := n.MountVolumes(ctx, recD); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.UnmountVolumes(ctx, recD); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(pool.VolumeImagePath("vol5"))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed create left the volume it made: %v", err)
 	}
 
 	// The second volume cannot be made: the first, made by this call, is
