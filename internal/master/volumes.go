@@ -182,17 +182,10 @@ func (s *Service) claimVolumes(ctx context.Context, id string, ms []VolumeMount)
 	return vols, pin, nil
 }
 
-// SandboxVolumes returns what one of the caller's team's sandboxes
-// mounts (NotFound for another team's sandbox).
+// SandboxVolumes returns the caller's team's volumes that sandbox id
+// mounts (one indexed query: the API calls it on every GET of a sandbox).
 func (s *Service) SandboxVolumes(ctx context.Context, id string) ([]VolumeMount, error) {
-	sb, err := s.cat.GetSandbox(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if !inScope(ctx, sb.Team) {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
-	vs, err := s.cat.SandboxVolumes(ctx, id)
+	vs, err := s.cat.SandboxVolumes(ctx, TeamOf(ctx), id)
 	if err != nil {
 		return nil, err
 	}

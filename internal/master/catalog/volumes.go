@@ -104,9 +104,10 @@ func (c *Catalog) ReleaseVolumes(ctx context.Context, sandboxID string) error {
 	return err
 }
 
-// SandboxVolumes returns the volumes sandboxID holds, by name.
-func (c *Catalog) SandboxVolumes(ctx context.Context, sandboxID string) ([]*Volume, error) {
-	rows, err := c.db.QueryContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE sandbox_id = ? ORDER BY name`, sandboxID)
+// SandboxVolumes returns the volumes of team that sandboxID holds, by
+// name.
+func (c *Catalog) SandboxVolumes(ctx context.Context, team, sandboxID string) ([]*Volume, error) {
+	rows, err := c.db.QueryContext(ctx, `SELECT `+volumeCols+` FROM volumes WHERE sandbox_id = ? AND team = ? ORDER BY name`, sandboxID, team)
 	if err != nil {
 		return nil, err
 	}

@@ -51,8 +51,11 @@ func testVolumes(t *testing.T, c *catalog.Catalog) {
 	if ok, err := c.ClaimVolume(ctx, "vol-a", "", "sb2", "/x"); err != nil || ok {
 		t.Fatalf("second claim from the same holder won: %v %v", ok, err)
 	}
-	if held, err := c.SandboxVolumes(ctx, "sb1"); err != nil || len(held) != 1 || held[0].ID != "vol-a" || held[0].MountPath != "/data" {
+	if held, err := c.SandboxVolumes(ctx, "va", "sb1"); err != nil || len(held) != 1 || held[0].ID != "vol-a" || held[0].MountPath != "/data" {
 		t.Fatalf("sb1 holds %+v, %v", held, err)
+	}
+	if held, err := c.SandboxVolumes(ctx, "vb", "sb1"); err != nil || len(held) != 0 {
+		t.Fatalf("team vb sees sb1 hold %+v, %v", held, err)
 	}
 	if err := c.DeleteVolume(ctx, "va", "vol-a", ""); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("delete of a held volume: %v, want FailedPrecondition", err)
