@@ -112,9 +112,10 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		}
 		req.AutoResume = true
 	}
+	for _, m := range body.VolumeMounts {
+		req.Volumes = append(req.Volumes, master.VolumeMount{Name: m.Name, Path: m.Path})
+	}
 	switch {
-	case len(body.VolumeMounts) > 0:
-		return req, unsupported("volumeMounts")
 	case isSet(body.MCP):
 		return req, unsupported("mcp")
 	case isSet(body.IAM):
@@ -278,7 +279,15 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, h.detail(sb))
+		d := h.detail(sb)
+		vols, err := h.b.SandboxVolumes(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		for _, v := range vols {
+			d.VolumeMounts = append(d.VolumeMounts, volumeMount{Name: v.Name, Path: v.Path})
+		}
+		writeJSON(w, http.StatusOK, d)
 		return nil
 	})
 }

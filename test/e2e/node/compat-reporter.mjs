@@ -19,6 +19,7 @@ const suites = {
   'sdk.test.mjs': ['e2b (JS)', 'e2b', 'envd'],
   'controlplane.test.mjs': ['e2b (JS)', 'e2b', 'control plane'],
   'tenancy.test.mjs': ['e2b (JS)', 'e2b', 'tenancy'],
+  'volumes.test.mjs': ['e2b (JS)', 'e2b', 'volumes'],
   'codeinterpreter.test.mjs': ['@e2b/code-interpreter (JS)', '@e2b/code-interpreter', 'code interpreter'],
 }
 
