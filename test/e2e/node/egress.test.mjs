@@ -156,6 +156,26 @@ test('precedence as E2B: a deny CIDR beats the default allow; allowOut beats den
   await answered(`http ${neighbour} in allowOut and in denyOut ${ALL_TRAFFIC}: allow wins`, get(both, `http://${neighbour}/`))
 })
 
+test('UDP follows the address rules: DNS straight to an outside server dropped (control: the default policy)', { skip: !proxyRows && 'runs with runc' }, async () => {
+  const server = `${neighbour}:53` // the world's DNS server, past the forwarder
+  const r = await probe(filtered, `dns -server ${server} api.allowed.test`)
+  assert.ok(r.err && !r.rcode, `a query straight to ${server} under the filter: ${JSON.stringify(r)}`)
+  console.log(`  refused: udp dns straight to ${server} under the filter: ${r.err}`)
+  const c = await probe(open, `dns -server ${server} api.allowed.test`)
+  assert.equal(c.rcode, 'NOERROR', `control: ${JSON.stringify(c)}`)
+  console.log(`  answered: control: udp dns straight to ${server} under the default policy: ${c.addrs}`)
+})
+
+test('DNS query rate per sandbox: a burst past the bucket is dropped (control: a burst within it is answered)', async () => {
+  const sbx = await make()
+  const small = await probe(sbx, 'dnsburst -n 50 api.allowed.test')
+  assert.equal(small.answered, 50, `control: 50 queries at once: ${JSON.stringify(small)}`)
+  await new Promise((res) => setTimeout(res, 3000)) // the bucket refills (100 at 50/s)
+  const big = await probe(sbx, 'dnsburst -n 400 api.allowed.test')
+  assert.ok(big.answered >= 90 && big.answered < 300, `400 queries at once: ${JSON.stringify(big)}`)
+  console.log(`  limited: 400 queries at once, ${big.answered} answered (50 of 50 within the bucket)`)
+})
+
 test('names are checked against the resolver: forged SNI, --resolve, IP literals, a neighbour (control: the default policy)', { skip: !proxyRows && 'the proxy rows run with runc' }, async () => {
   const api = ip['api.allowed.test']
   const cdn = ip['cdn.allowed.test']

@@ -4,13 +4,16 @@
 // and it can forge what the spec needs (a TLS server name that is not the
 // host, a connection to another address, curl's --resolve).
 //
-//	egressprobe dns NAME
+//	egressprobe dns [-server IP:PORT] NAME
+//	egressprobe dnsburst [-n N] NAME
 //	egressprobe get [-connect IP:PORT] [-sni NAME] [-ca FILE] [-insecure] URL
 //	egressprobe hold [-ca FILE] [-every D] [-for D] URL
 //
 // Every subcommand prints one JSON object per line. dns asks the first
 // nameserver of /etc/resolv.conf itself (the rcode matters: REFUSED is
-// the forwarder's refusal). get exits 1 when the request failed. hold
+// the forwarder's refusal), or -server. dnsburst sends N queries at once
+// to that nameserver and counts the answers that came within two seconds
+// (the forwarder's per-sandbox rate limit drops the rest). get exits 1 when the request failed. hold
 // sends a request every -every on one TLS connection and exits 3 at the
 // first failure (a connection the egress proxy cut).
 package main
@@ -43,6 +46,8 @@ func main() {
 	switch os.Args[1] {
 	case "dns":
 		os.Exit(lookup(os.Args[2:]))
+	case "dnsburst":
+		os.Exit(burst(os.Args[2:]))
 	case "get":
 		os.Exit(get(os.Args[2:]))
 	case "hold":
@@ -57,23 +62,39 @@ func emit(v map[string]any) {
 	fmt.Println(string(b))
 }
 
+// resolver is the first nameserver of /etc/resolv.conf.
+func resolver() (string, error) {
+	conf, err := dns.ClientConfigFromFile("/etc/resolv.conf")
+	if err != nil {
+		return "", fmt.Errorf("resolv.conf: %w", err)
+	}
+	if len(conf.Servers) == 0 {
+		return "", errors.New("resolv.conf names no nameserver")
+	}
+	return net.JoinHostPort(conf.Servers[0], conf.Port), nil
+}
+
 func lookup(args []string) int {
-	if len(args) != 1 {
-		fmt.Fprintln(os.Stderr, "usage: egressprobe dns NAME")
+	fs := flag.NewFlagSet("dns", flag.ExitOnError)
+	server := fs.String("server", "", "ask this IP:PORT (default: resolv.conf's first nameserver)")
+	_ = fs.Parse(args)
+	if fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: egressprobe dns [-server IP:PORT] NAME")
 		return 2
 	}
-	conf, err := dns.ClientConfigFromFile("/etc/resolv.conf")
-	if err != nil || len(conf.Servers) == 0 {
-		emit(map[string]any{"err": fmt.Sprintf("resolv.conf: %v", err)})
-		return 1
+	if *server == "" {
+		var err error
+		if *server, err = resolver(); err != nil {
+			emit(map[string]any{"err": err.Error()})
+			return 1
+		}
 	}
-	server := net.JoinHostPort(conf.Servers[0], conf.Port)
 	m := new(dns.Msg)
-	m.SetQuestion(dns.Fqdn(args[0]), dns.TypeA)
-	c := &dns.Client{Timeout: 5 * time.Second}
-	r, _, err := c.Exchange(m, server)
+	m.SetQuestion(dns.Fqdn(fs.Arg(0)), dns.TypeA)
+	c := &dns.Client{Timeout: 3 * time.Second}
+	r, _, err := c.Exchange(m, *server)
 	if err != nil {
-		emit(map[string]any{"server": server, "err": err.Error()})
+		emit(map[string]any{"server": *server, "err": err.Error()})
 		return 1
 	}
 	addrs := []string{}
@@ -82,7 +103,53 @@ func lookup(args []string) int {
 			addrs = append(addrs, a.A.String())
 		}
 	}
-	emit(map[string]any{"server": server, "rcode": dns.RcodeToString[r.Rcode], "addrs": addrs})
+	emit(map[string]any{"server": *server, "rcode": dns.RcodeToString[r.Rcode], "addrs": addrs})
+	return 0
+}
+
+func burst(args []string) int {
+	fs := flag.NewFlagSet("dnsburst", flag.ExitOnError)
+	n := fs.Int("n", 400, "queries")
+	_ = fs.Parse(args)
+	if fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: egressprobe dnsburst [-n N] NAME")
+		return 2
+	}
+	server, err := resolver()
+	if err != nil {
+		emit(map[string]any{"err": err.Error()})
+		return 1
+	}
+	c, err := net.Dial("udp", server)
+	if err != nil {
+		emit(map[string]any{"err": err.Error()})
+		return 1
+	}
+	defer c.Close()
+	for i := range *n {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(fs.Arg(0)), dns.TypeA)
+		m.Id = uint16(i)
+		b, _ := m.Pack()
+		if _, err := c.Write(b); err != nil {
+			emit(map[string]any{"err": err.Error()})
+			return 1
+		}
+	}
+	answered := map[uint16]bool{}
+	buf := make([]byte, 4096)
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	for {
+		k, err := c.Read(buf)
+		if err != nil {
+			break
+		}
+		var r dns.Msg
+		if r.Unpack(buf[:k]) == nil {
+			answered[r.Id] = true
+		}
+	}
+	emit(map[string]any{"sent": *n, "answered": len(answered)})
 	return 0
 }
 
