@@ -194,8 +194,17 @@ test('names are checked against the resolver: forged SNI, --resolve, IP literals
     await answered(`control: ${what} under the default policy`, get(open, url, flags))
   }
   await answered('control: the allowed name on its own address through the proxy', get(filtered, 'https://api.allowed.test/', `-connect ${api}:443`), 'api.allowed.test')
-  const ev = await auditHas(filtered.sandboxId, { kind: 'connect', verdict: 'denied', name: 'evil.test', addr: `${api}:443` })
-  console.log(`  audit: ${JSON.stringify(ev)}`)
+  // The audit line of each refusal: what the connection claimed, where it went.
+  for (const want of [
+    { name: 'evil.test', addr: `${api}:443`, mode: 'sni' },
+    { name: 'api.allowed.test', addr: `${cdn}:443`, mode: 'sni' },
+    { name: undefined, addr: `${api}:443`, mode: 'sni' },
+    { name: 'evil.test', addr: `${api}:80`, mode: 'http' },
+    { name: 'api.allowed.test', addr: `${neighbour}:443`, mode: 'sni' },
+  ]) {
+    const ev = await auditHas(filtered.sandboxId, { kind: 'connect', verdict: 'denied', ...want })
+    console.log(`  audit: ${JSON.stringify(ev)}`)
+  }
   await auditHas(filtered.sandboxId, { kind: 'connect', verdict: 'allowed', name: 'api.allowed.test', mode: 'sni' })
 })
 
