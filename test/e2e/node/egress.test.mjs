@@ -169,11 +169,13 @@ test('UDP follows the address rules: DNS straight to an outside server dropped (
 test('DNS query rate per sandbox: a burst past the bucket is dropped (control: a burst within it is answered)', async () => {
   const sbx = await make()
   const small = await probe(sbx, 'dnsburst -n 50 api.allowed.test')
-  assert.equal(small.answered, 50, `control: 50 queries at once: ${JSON.stringify(small)}`)
+  assert.equal(small.answered, 50, `control: 50 queries in 50 ms: ${JSON.stringify(small)}`)
   await new Promise((res) => setTimeout(res, 3000)) // the bucket refills (100 at 50/s)
+  // 400 in ~0.4 s: the bucket's 100 and ~20 refilled pass (more on a slow
+  // machine, where sending takes longer).
   const big = await probe(sbx, 'dnsburst -n 400 api.allowed.test')
-  assert.ok(big.answered >= 90 && big.answered < 300, `400 queries at once: ${JSON.stringify(big)}`)
-  console.log(`  limited: 400 queries at once, ${big.answered} answered (50 of 50 within the bucket)`)
+  assert.ok(big.answered >= 90 && big.answered < 350, `400 queries in ~0.4 s: ${JSON.stringify(big)}`)
+  console.log(`  limited: 400 queries in ~0.4 s, ${big.answered} answered (50 of 50 within the bucket)`)
 })
 
 test('names are checked against the resolver: forged SNI, --resolve, IP literals, a neighbour (control: the default policy)', { skip: !proxyRows && 'the proxy rows run with runc' }, async () => {

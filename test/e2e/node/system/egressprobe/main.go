@@ -11,9 +11,10 @@
 //
 // Every subcommand prints one JSON object per line. dns asks the first
 // nameserver of /etc/resolv.conf itself (the rcode matters: REFUSED is
-// the forwarder's refusal), or -server. dnsburst sends N queries at once
-// to that nameserver and counts the answers that came within two seconds
-// (the forwarder's per-sandbox rate limit drops the rest). get exits 1 when the request failed. hold
+// the forwarder's refusal), or -server. dnsburst sends N queries to that
+// nameserver, a millisecond apart, and counts the answers that came by two
+// seconds after the last (the forwarder's per-sandbox rate limit drops
+// the rest). get exits 1 when the request failed. hold
 // sends a request every -every on one TLS connection and exits 3 at the
 // first failure (a connection the egress proxy cut).
 package main
@@ -126,6 +127,25 @@ func burst(args []string) int {
 		return 1
 	}
 	defer c.Close()
+	// Answers are read while the queries go out, a millisecond apart, so
+	// that no socket buffer on the way (gVisor's netstack has small ones)
+	// drops what the forwarder's limit would let through.
+	answered := map[uint16]bool{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			var r dns.Msg
+			if r.Unpack(buf[:k]) == nil {
+				answered[r.Id] = true
+			}
+		}
+	}()
 	for i := range *n {
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(fs.Arg(0)), dns.TypeA)
@@ -135,20 +155,10 @@ func burst(args []string) int {
 			emit(map[string]any{"err": err.Error()})
 			return 1
 		}
+		time.Sleep(time.Millisecond)
 	}
-	answered := map[uint16]bool{}
-	buf := make([]byte, 4096)
 	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	for {
-		k, err := c.Read(buf)
-		if err != nil {
-			break
-		}
-		var r dns.Msg
-		if r.Unpack(buf[:k]) == nil {
-			answered[r.Id] = true
-		}
-	}
+	<-done
 	emit(map[string]any{"sent": *n, "answered": len(answered)})
 	return 0
 }
