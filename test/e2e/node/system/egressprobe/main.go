@@ -146,6 +146,7 @@ func burst(args []string) int {
 			}
 		}
 	}()
+	start := time.Now()
 	for i := range *n {
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(fs.Arg(0)), dns.TypeA)
@@ -157,9 +158,10 @@ func burst(args []string) int {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	sending := time.Since(start)
 	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	<-done
-	emit(map[string]any{"sent": *n, "answered": len(answered)})
+	emit(map[string]any{"sent": *n, "answered": len(answered), "sendingMs": sending.Milliseconds()})
 	return 0
 }
 
