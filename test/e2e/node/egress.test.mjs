@@ -17,9 +17,10 @@
 // or the address where a row needs it), `hold` keeps one connection busy.
 // Every refusal has a control: the same probe answered where the one
 // control in question is absent (another policy, or the default one).
-// gVisor and VM runs check the resolver and a domain policy; the proxy's
-// rows run with runc (the proxy is the same for every runtime: it lives in
-// the slot, outside the sandbox).
+// gVisor runs take the resolver, domain policy, precedence and DNS rate
+// rows, VM runs the first three; the proxy's rows run with runc (the proxy
+// and the forwarder are the same for every runtime: they live in the slot,
+// outside the sandbox).
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync, existsSync, readdirSync, readlinkSync, renameSync } from 'node:fs'
