@@ -85,6 +85,19 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   # runs the suite through a separate cmd/cubeproxy process instead.
   proxy_flag=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && proxy_flag="-standalone-proxy"
   go run ./test/e2e/node/system $proxy_flag -- npm --prefix test/e2e/node run test:controlplane
+  # Egress (DNS, domain policies, the egress proxy, credential injection,
+  # audit) against a fake internet in its own namespace; the resolver and
+  # a domain policy on the other runtimes too. docs/network.md.
+  echo "== node e2e: egress"
+  go run ./test/e2e/node/system -egress -- npm --prefix test/e2e/node run test:egress
+  if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
+    echo "== node e2e: egress, gvisor runtime"
+    go run ./test/e2e/node/system -egress -runtime gvisor -- npm --prefix test/e2e/node run test:egress
+  fi
+  if [ "${CUBE_TEST_VM:-1}" != 0 ]; then
+    echo "== node e2e: egress, vm runtime"
+    go run ./test/e2e/node/system -egress -runtime vm -- npm --prefix test/e2e/node run test:egress
+  fi
   # Snapshot, create from snapshot and fork of secure SDK sandboxes through
   # the E2B API on the memory-snapshot runtimes too (runc ran them above).
   if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then

@@ -1,9 +1,12 @@
 package e2bapi
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -126,8 +129,6 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		switch {
 		case isSet(n.EgressProxy):
 			return req, unsupported("network.egressProxy")
-		case isSet(n.Rules):
-			return req, unsupported("network.rules")
 		case n.MaskRequestHost != nil && *n.MaskRequestHost != "":
 			return req, unsupported("network.maskRequestHost")
 		case len(n.HTTPSPorts) > 0:
@@ -135,8 +136,48 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		}
 		req.Network.AllowOut, req.Network.DenyOut, req.Network.AllowPublicTraffic = n.AllowOut, n.DenyOut, n.AllowPublicTraffic
 		req.Network.Credentials = credentialsFromJSON(n.Credentials)
+		fromRules, err := credentialsFromRules("network.rules", n.Rules)
+		if err != nil {
+			return req, err
+		}
+		req.Network.Credentials = append(req.Network.Credentials, fromRules...)
 	}
 	return req, nil
+}
+
+// networkRule is components.schemas.SandboxNetworkRule: E2B's per-host
+// header transforms, which are cube's credential rules (the node's egress
+// proxy sets each header on the host's HTTPS requests; docs/network.md).
+type networkRule struct {
+	Transform *struct {
+		Headers map[string]string `json:"headers"`
+	} `json:"transform"`
+}
+
+// credentialsFromRules turns E2B's network.rules ({host: [{transform:
+// {headers}}]}) into credential rules, in a stable order; nil when raw
+// is absent or null. A rule without a transform injects nothing, as in
+// E2B.
+func credentialsFromRules(field string, raw json.RawMessage) ([]catalog.Credential, error) {
+	if s := strings.TrimSpace(string(raw)); s == "" || s == "null" {
+		return nil, nil
+	}
+	var rules map[string][]networkRule
+	if err := json.Unmarshal(raw, &rules); err != nil {
+		return nil, fmt.Errorf("%s: %v: %w", field, err, errdefs.ErrInvalidArgument)
+	}
+	out := []catalog.Credential{}
+	for _, host := range slices.Sorted(maps.Keys(rules)) {
+		for _, r := range rules[host] {
+			if r.Transform == nil {
+				continue
+			}
+			for _, h := range slices.Sorted(maps.Keys(r.Transform.Headers)) {
+				out = append(out, catalog.Credential{Host: host, Header: h, Value: r.Transform.Headers[h]})
+			}
+		}
+	}
+	return out, nil
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) {
@@ -414,11 +455,17 @@ func (h *Handler) network(w http.ResponseWriter, r *http.Request) {
 		if isSet(body.EgressProxy) {
 			return unsupported("egressProxy")
 		}
-		if isSet(body.Rules) {
-			return unsupported("rules")
-		}
 		n := catalog.Network{AllowInternet: body.AllowInternetAccess, AllowOut: body.AllowOut, DenyOut: body.DenyOut,
 			Credentials: credentialsFromJSON(body.Credentials)}
+		// rules, when present, replace the credential rules with cube's
+		// own (absent keeps them).
+		fromRules, err := credentialsFromRules("rules", body.Rules)
+		if err != nil {
+			return err
+		}
+		if fromRules != nil {
+			n.Credentials = append(append([]catalog.Credential{}, n.Credentials...), fromRules...)
+		}
 		if err := h.b.UpdateNetwork(r.Context(), id, n); err != nil {
 			return err
 		}

@@ -26,6 +26,7 @@
 //	go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -standalone-proxy -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -runtime gvisor -- npm --prefix test/e2e/node run test:snapshots
+//	go run ./test/e2e/node/system -egress -- npm --prefix test/e2e/node run test:egress
 package main
 
 import (
@@ -63,6 +64,7 @@ func main() {
 	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
 	flag.StringVar(&runtimeName, "runtime", "runc", "the node's default runtime: runc, gvisor or vm")
 	flag.BoolVar(&codeInterpreter, "code-interpreter", false, "also import the code-interpreter template (built from Debian, cached in $CUBE_BASE_CACHE)")
+	flag.BoolVar(&egress, "egress", false, "run network-agent against a fake internet (the egress spec; CUBE_E2E_EGRESS)")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
 		flag.PrintDefaults()
@@ -94,7 +96,11 @@ var (
 	standaloneProxy bool
 	runtimeName     string
 	codeInterpreter bool
+	egress          bool
 )
+
+// withNetworkAgent reports whether the node runs network-agent.
+func withNetworkAgent() bool { return runtimeName != "runc" || egress }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -113,7 +119,7 @@ func freeAddr() (string, error) {
 
 func build(dir string) error {
 	bins := []string{"cubelet", "cubemaster", "cube-agent", "cubeproxy"}
-	if runtimeName != "runc" {
+	if withNetworkAgent() {
 		// gVisor and VM sandboxes are reached only through a slot.
 		bins = append(bins, "network-agent")
 	}
@@ -163,8 +169,13 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		// A TCG VM boots in seconds when it gets a core; a fork restores
 		// two of them at once.
 		cfg.ExtraMasterTOML += "[sandbox]\ncreate_timeout = \"5m\"\n"
+	}
+	if withNetworkAgent() {
 		prefix := "sy" + id[:6]
-		cfg.ExtraNetworkTOML = networkTOML(prefix)
+		// The sandboxes' DNS goes nowhere but to the egress world: the
+		// host's resolvers are off the machine, which tests never reach
+		// (loopback's discard port answers at once with a refusal).
+		cfg.ExtraNetworkTOML = networkTOML(prefix, "127.0.0.1:9")
 		scope.NetPrefix, scope.NetnsDir = prefix, filepath.Join(cfg.RunDir, "network", "netns")
 		scope.RunscRoot, scope.VMRoot = filepath.Join(cfg.RunDir, "runsc"), filepath.Join(cfg.RunDir, "vm")
 	}
@@ -179,6 +190,19 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	}
 	if err := testimage.WriteE2BBusybox(cfg.TemplateSource); err != nil {
 		return fail(err)
+	}
+	var world *egressWorld
+	if egress {
+		var err error
+		if world, err = startEgressWorld(bin, cfg.StateDir); err != nil {
+			return fail(fmt.Errorf("egress world: %w", err))
+		}
+		defer func() {
+			if err := world.stop(); err != nil {
+				fmt.Fprintln(os.Stdout, "system: egress world:", err)
+			}
+		}()
+		cfg.ExtraNetworkTOML = networkTOML(scope.NetPrefix, world.dns) + world.network
 	}
 	if codeInterpreter {
 		res, err := buildCodeInterpreter(ctx, log)
@@ -273,6 +297,9 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	if codeInterpreter {
 		cmd.Env = append(cmd.Env, "CUBE_E2E_CODE_INTERPRETER="+baseimage.CodeInterpreterTemplate)
 	}
+	if world != nil {
+		cmd.Env = append(cmd.Env, world.env())
+	}
 	for name, key := range teamKeys {
 		cmd.Env = append(cmd.Env, name+"="+key)
 	}
@@ -297,7 +324,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		fmt.Fprintln(os.Stdout, "system: cube up:", err)
 		code = max(code, 1)
 	}
-	if runtimeName != "runc" {
+	if withNetworkAgent() {
 		// cube up leaves network-agent's slots for the next start, as it
 		// leaves sandboxes: this run's go with it.
 		out, err := exec.Command(filepath.Join(bin, "network-agent"), "--config",
