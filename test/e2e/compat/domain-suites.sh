@@ -10,7 +10,7 @@
 # docs/compatibility.md): JS 1.x last, 2.x oldest supported, newest;
 # Python 2.x oldest supported, newest.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 rc=0
 if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   for v in ${CUBE_COMPAT_JS:-1.13.2 2.0.1 2.51.0}; do
