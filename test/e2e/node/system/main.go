@@ -28,6 +28,10 @@
 // runs in a private mount namespace whose /etc/resolv.conf names a test
 // resolver answering the domain and every name under it (domain.go).
 //
+// With -domain -standalone-proxy the domain is a separate cubeproxy's
+// (--tls-cert with the route's certificate, --api passing api.<domain> on
+// to the master's E2B API).
+//
 // With -code-interpreter it also imports the code-interpreter template
 // (built once into $CUBE_BASE_CACHE, then cached) as code-interpreter-v1,
 // the SDKs' default, and names it in CUBE_E2E_CODE_INTERPRETER.
@@ -207,8 +211,17 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		return fail(err)
 	}
 	var res *resolver
+	standaloneAddr := ""
 	if domainMode {
 		_, port, _ := net.SplitHostPort(cfg.ProxyAddr)
+		if standaloneProxy {
+			// The domain is the standalone replica's: its port in
+			// E2B_DOMAIN and in the API's create answers.
+			if standaloneAddr, err = freeAddr(); err != nil {
+				return fail(err)
+			}
+			_, port, _ = net.SplitHostPort(standaloneAddr)
+		}
 		cfg.DomainMode, cfg.Domain = true, id+".cube.test:"+port
 		if res, err = startResolver(root, cfg.Domain); err != nil {
 			return fail(err)
@@ -252,7 +265,35 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 	}
 
-	if standaloneProxy {
+	if standaloneProxy && domainMode {
+		// Domain mode through a separate replica: the route's
+		// certificate, and api.<domain> passed on to the master's API.
+		pctx, stopProxy := context.WithCancel(ctx)
+		defer stopProxy()
+		pkiDir := filepath.Join(cfg.StateDir, "pki")
+		p := exec.CommandContext(pctx, filepath.Join(bin, "cubeproxy"), "--master", filepath.Join(cfg.RunDir, "cubemaster.sock"),
+			"--listen", standaloneAddr, "--domain", cfg.Domain, "--tls-cert", filepath.Join(pkiDir, "route.crt"),
+			"--tls-key", filepath.Join(pkiDir, "route.key"), "--api", "http://"+cfg.APIAddr)
+		p.Cancel = func() error { return p.Process.Signal(syscall.SIGTERM) }
+		if verbose {
+			p.Stderr = os.Stderr
+		}
+		if err := p.Start(); err != nil {
+			return fail(err)
+		}
+		defer func() { stopProxy(); _ = p.Wait() }()
+		for i := 0; ; i++ {
+			if c, err := net.Dial("tcp", standaloneAddr); err == nil {
+				c.Close()
+				break
+			}
+			if i > 100 {
+				return fail(fmt.Errorf("cubeproxy did not come up"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		fmt.Fprintln(os.Stdout, "system: E2B_DOMAIN is a standalone cubeproxy (--api) at", standaloneAddr)
+	} else if standaloneProxy {
 		addr, err := freeAddr()
 		if err != nil {
 			return fail(err)
