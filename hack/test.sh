@@ -117,6 +117,7 @@ fi
 if [ "${CUBE_TEST_DOMAIN:-1}" != 0 ]; then
   echo "== domain mode + SDK versions (test/e2e/compat/domain-suites.sh)"
   domain_proxy=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && domain_proxy="-standalone-proxy"
+  bash test/e2e/compat/domain-suites.sh --install
   go run ./test/e2e/node/system -domain $domain_proxy -- bash test/e2e/compat/domain-suites.sh
 fi
 # The Helm chart (deploy/helm/cube) with helm as a library, in its own

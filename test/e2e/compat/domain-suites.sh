@@ -9,8 +9,20 @@
 # leaves out the JS ones. The versions are the matrix's (docs/proxy.md,
 # docs/compatibility.md): JS 1.x last, 2.x oldest supported, newest;
 # Python 2.x oldest supported, newest.
+#
+# With --install it only installs the versions (hack/test.sh does so before
+# starting the system: npm install in the harness's mount namespace, whose
+# resolver is the test's, stalled).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
+if [ "${1:-}" = --install ]; then
+  set -e
+  if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
+    for v in ${CUBE_COMPAT_JS:-1.13.2 2.0.1 2.51.0}; do bash test/e2e/compat/install.sh npm "e2b@$v" >/dev/null; done
+  fi
+  for v in ${CUBE_COMPAT_PY:-2.0.0 2.63.0}; do bash test/e2e/compat/install.sh pypi "e2b==$v" >/dev/null; done
+  exit 0
+fi
 rc=0
 if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   for v in ${CUBE_COMPAT_JS:-1.13.2 2.0.1 2.51.0}; do

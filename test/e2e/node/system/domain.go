@@ -7,13 +7,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 )
 
 // resolver is the test resolver of domain mode: a DNS server on port 53 of
 // a random loopback address that answers <domain> and every name under it
-// with 127.0.0.1 (no AAAA), and refuses every other name. The command runs
+// with 127.0.0.1 (no AAAA), and passes every other name on to the
+// machine's own nameservers (the command still installs packages from
+// the registries). The command runs
 // in a private mount namespace whose /etc/resolv.conf names only it, so
 // the SDKs resolve https://api.<domain> and https://<port>-<id>.<domain>
 // through the system's own resolver (getaddrinfo) without a line in the
@@ -29,16 +32,25 @@ func startResolver(dir, domain string) (*resolver, error) {
 		domain = h
 	}
 	zone := dns.Fqdn(strings.ToLower(domain))
+	var upstream []string
+	if cc, err := dns.ClientConfigFromFile("/etc/resolv.conf"); err == nil {
+		for _, s := range cc.Servers {
+			upstream = append(upstream, net.JoinHostPort(s, cc.Port))
+		}
+	}
+	inZone := func(name string) bool {
+		name = strings.ToLower(name)
+		return name == zone || strings.HasSuffix(name, "."+zone)
+	}
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		if len(q.Question) > 0 && !inZone(q.Question[0].Name) {
+			_ = w.WriteMsg(forward(q, upstream, w.RemoteAddr().Network()))
+			return
+		}
 		m := new(dns.Msg)
 		m.SetReply(q)
 		m.Authoritative = true
 		for _, qq := range q.Question {
-			name := strings.ToLower(qq.Name)
-			if name != zone && !strings.HasSuffix(name, "."+zone) {
-				m.Rcode = dns.RcodeRefused
-				continue
-			}
 			if qq.Qtype == dns.TypeA {
 				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: qq.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(127, 0, 0, 1)})
 			}
@@ -74,6 +86,20 @@ func startResolver(dir, domain string) (*resolver, error) {
 		return r, nil
 	}
 	return nil, fmt.Errorf("test resolver: no loopback address to serve DNS on: %w", lastErr)
+}
+
+// forward asks the upstream nameservers in turn; SERVFAIL when none
+// answers.
+func forward(q *dns.Msg, upstream []string, network string) *dns.Msg {
+	c := &dns.Client{Net: network, Timeout: 2 * time.Second}
+	for _, u := range upstream {
+		if r, _, err := c.Exchange(q, u); err == nil {
+			return r
+		}
+	}
+	m := new(dns.Msg)
+	m.SetRcode(q, dns.RcodeServerFailure)
+	return m
 }
 
 func (r *resolver) stop() {
