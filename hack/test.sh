@@ -125,6 +125,19 @@ if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
     go run ./test/e2e/node/system -runtime gvisor -code-interpreter -- bash test/e2e/sdk-suites.sh
   fi
 fi
+# Domain mode (docs/proxy.md): `cube up --domain-mode`, the SDKs configured
+# by E2B_DOMAIN alone and the cluster CA, names from a test resolver; the
+# domain suite against each SDK version of the matrix (JS 1.13.2, 2.0.1,
+# 2.51.0; Python 2.0.0, 2.63.0; docs/compatibility.md), each installed once
+# into $CUBE_SDK_CACHE (/var/cache/cube/sdk). About 75 s once installed.
+# CUBE_TEST_DOMAIN=0 skips it; CUBE_TEST_PROXY=standalone serves the domain
+# from a separate cmd/cubeproxy (--api) instead of cubemaster's route.
+if [ "${CUBE_TEST_DOMAIN:-1}" != 0 ]; then
+  echo "== domain mode + SDK versions (test/e2e/compat/domain-suites.sh)"
+  domain_proxy=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && domain_proxy="-standalone-proxy"
+  bash test/e2e/compat/domain-suites.sh --install
+  go run ./test/e2e/node/system -domain $domain_proxy -- bash test/e2e/compat/domain-suites.sh
+fi
 # The Helm chart (deploy/helm/cube) with helm as a library, in its own
 # module (hack/kube: Kubernetes v1.34 and helm): lint, every values overlay
 # rendered and validated against Kubernetes' OpenAPI, probes, refusals.

@@ -252,6 +252,11 @@ func TestE2BAPI(t *testing.T) {
 			t.Fatalf("resume running: %d %s", r.StatusCode, r.Body)
 		}
 		c.Do(t, "POST", "/sandboxes/"+id+"/pause", nil, nil)
+		// A paused sandbox has no timeout to set (E2B: 404; SDK 2.0's
+		// connect resumes on it); a running one takes it ("deadlines").
+		if r := c.Do(t, "POST", "/sandboxes/"+id+"/timeout", map[string]any{"timeout": 60}, nil); r.StatusCode != 404 {
+			t.Fatalf("timeout of a paused sandbox: %d %s", r.StatusCode, r.Body)
+		}
 		if r := c.Do(t, "POST", "/sandboxes/"+id+"/resume", map[string]any{"timeout": 30}, &sb); r.StatusCode != 201 {
 			t.Fatalf("resume paused: %d %s", r.StatusCode, r.Body)
 		}

@@ -420,6 +420,13 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		// E2B sets the timeout of running sandboxes only: a paused one is
+		// 404, which SDKs before /connect existed (2.0–2.x) read as "paused:
+		// resume it" in Sandbox.connect. Accepting it left them talking to
+		// a paused sandbox.
+		if sb, err := h.b.Get(r.Context(), id); err == nil && sb.State == catalog.StatePaused {
+			return fmt.Errorf("sandbox %s is paused, not running: resume or connect to it first: %w", id, errdefs.ErrNotFound)
+		}
 		if err := h.b.SetTimeout(r.Context(), id, d); err != nil {
 			return err
 		}
