@@ -292,13 +292,13 @@ func TestCubeProxy(t *testing.T) {
 		}
 	})
 
-	t.Run("paused without autoResume answers 409", func(t *testing.T) {
+	t.Run("paused without autoResume answers 502", func(t *testing.T) {
 		plain := create(t, map[string]any{"timeout": 120})
 		if r := c.Do(t, "POST", "/sandboxes/"+plain.SandboxID+"/pause", nil, nil); r.StatusCode != http.StatusNoContent {
 			t.Fatalf("pause: %d %s", r.StatusCode, r.Body)
 		}
 		code, body := get(t, http.DefaultClient, "http://"+replica.Addr+"/health", "49983-"+plain.SandboxID+".cube.test", nil)
-		if code != http.StatusConflict || !strings.Contains(body, "autoResume") || !strings.Contains(body, plain.SandboxID) {
+		if code != http.StatusBadGateway || !strings.Contains(body, "autoResume") || !strings.Contains(body, plain.SandboxID) {
 			t.Fatalf("paused: %d %s", code, body)
 		}
 	})

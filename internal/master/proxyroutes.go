@@ -83,7 +83,10 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	resumed := false
 	if sb.State == catalog.StatePaused {
 		if !resume || !sb.AutoResume {
-			return nil, fmt.Errorf("sandbox %s is paused and was not created with autoResume; resume or connect to it first: %w", id, errdefs.ErrFailedPrecondition)
+			// Unavailable, which the route answers 502: the status E2B's
+			// SDKs read as "not running" (isRunning() is false for it,
+			// and throws on anything else).
+			return nil, fmt.Errorf("sandbox %s is paused and was not created with autoResume; resume or connect to it first: %w", id, errdefs.ErrUnavailable)
 		}
 		if err := p.mayResume(sb); err != nil {
 			return nil, err

@@ -129,7 +129,7 @@ func TestRoute(t *testing.T) {
 	addr := route(t, resolverFunc(func(_ context.Context, id string) (*proxy.Target, error) {
 		switch id {
 		case "sleepy":
-			return nil, fmt.Errorf("sandbox sleepy is paused: %w", errdefs.ErrFailedPrecondition)
+			return nil, fmt.Errorf("sandbox sleepy is paused: %w", errdefs.ErrUnavailable)
 		}
 		if tg, ok := targets[id]; ok {
 			return tg, nil
@@ -196,7 +196,7 @@ func TestRoute(t *testing.T) {
 			code int
 		}{
 			{ps + "-ghost.cube.test", nil, "/echo", http.StatusBadGateway},
-			{ps + "-sleepy.cube.test", nil, "/echo", http.StatusConflict},
+			{ps + "-sleepy.cube.test", nil, "/echo", http.StatusBadGateway},
 			{ps + "-faraway.cube.test", nil, "/echo", http.StatusBadGateway},
 			{"1-direct.cube.test", nil, "/echo", http.StatusBadGateway}, // nothing listens on port 1
 			{ps + "-direct.other.domain", nil, "/echo", http.StatusBadRequest},

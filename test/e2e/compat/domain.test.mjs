@@ -135,9 +135,9 @@ test('pause, then connect resumes (pause or betaPause, where the SDK has one)', 
   }
   await sbx.files.write('/tmp/kept.txt', 'kept')
   await pause()
-  // Not isRunning(): the route answers a paused sandbox's envd 409, which
-  // the SDKs read as an error, not as "not running" (only 502 is); see
-  // docs/compatibility.md, Notes.
+  // The route answers a paused sandbox's envd 502, the one status the
+  // SDKs read as "not running".
+  assert.equal(await sbx.isRunning(), false, 'isRunning() of a paused sandbox')
   assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal(await again.files.read('/tmp/kept.txt'), 'kept')

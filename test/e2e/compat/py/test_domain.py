@@ -123,13 +123,15 @@ def test_files_watch_dir(sbx):
 
 
 def test_pause_then_connect_resumes(sbx):
-    # pause() in newer releases, beta_pause() in 2.0; is_running() is not
-    # asked: the route answers a paused sandbox's envd 409 (Notes).
+    # pause() in newer releases, beta_pause() in 2.0. The route answers a
+    # paused sandbox's envd 502, the one status the SDKs read as "not
+    # running".
     pause = getattr(sbx, "pause", None) or getattr(sbx, "beta_pause", None)
     if pause is None:
         pytest.skip("this SDK version has no pause")
     sbx.files.write("/tmp/kept.txt", "kept")
     pause()
+    assert sbx.is_running() is False, "is_running() of a paused sandbox"
     assert str(Sandbox.get_info(sbx.sandbox_id).state).lower().endswith("paused")
     again = Sandbox.connect(sbx.sandbox_id)
     assert again.files.read("/tmp/kept.txt") == "kept"
