@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"fmt"
+	"strings"
 	"path"
 	"regexp"
 	"time"
@@ -75,13 +76,15 @@ func (s *Service) DeleteVolume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	// Take the volume for the delete, so no create claims it meanwhile.
+	// A delete cut short (the master died, the node was down) left its
+	// mark: a new delete takes over from it.
+	deleting := deletingVolume + v.ID
 	if holder, err := s.volumeHolder(ctx, v); err != nil {
 		return err
-	} else if holder != "" {
+	} else if holder != "" && holder != deleting {
 		return fmt.Errorf("volume %s is mounted by sandbox %s; kill the sandbox first: %w", v.Name, holder, errdefs.ErrFailedPrecondition)
 	}
-	// Take the volume for the delete, so no create claims it meanwhile.
-	deleting := "deleting-" + v.ID
 	if ok, err := s.cat.ClaimVolume(ctx, v.ID, v.SandboxID, deleting, ""); err != nil {
 		return err
 	} else if !ok {
@@ -111,11 +114,16 @@ func (s *Service) deleteVolumeOn(ctx context.Context, nodeID, id string) error {
 	return fromGRPC(nodeID, err)
 }
 
+// deletingVolume prefixes the holder a delete writes into a volume's
+// row while it removes the volume's image from its node.
+const deletingVolume = "deleting-"
+
 // volumeHolder is the sandbox that holds v, "" when none: a holder whose
-// row is gone (killed, failed) holds nothing.
+// row is gone (killed, failed) holds nothing. A delete in progress holds
+// the volume (its mark is returned as the holder) until it ends.
 func (s *Service) volumeHolder(ctx context.Context, v *catalog.Volume) (string, error) {
-	if v.SandboxID == "" {
-		return "", nil
+	if v.SandboxID == "" || strings.HasPrefix(v.SandboxID, deletingVolume) {
+		return v.SandboxID, nil
 	}
 	if _, err := s.cat.GetSandbox(ctx, v.SandboxID); errdefs.IsNotFound(err) {
 		return "", nil
@@ -162,6 +170,9 @@ func (s *Service) claimVolumes(ctx context.Context, id string, ms []VolumeMount)
 		}
 		if holder == id {
 			return nil, "", errdefs.FieldErrorf(field+".name", "volume %q is mounted twice", m.Name)
+		}
+		if strings.HasPrefix(holder, deletingVolume) {
+			return nil, "", fmt.Errorf("volume %q is being deleted: %w", m.Name, errdefs.ErrFailedPrecondition)
 		}
 		if holder != "" {
 			return nil, "", fmt.Errorf("volume %q is mounted by sandbox %s (one sandbox at a time): %w", m.Name, holder, errdefs.ErrFailedPrecondition)

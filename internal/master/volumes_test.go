@@ -101,6 +101,41 @@ func TestVolumesNodeLocal(t *testing.T) {
 		kill(sb)
 	}
 
+	// A delete in progress holds the volume: a create meanwhile is
+	// refused instead of claiming it and mounting an image the delete is
+	// removing. The mark is what DeleteVolume writes, set here through a
+	// second connection to the catalog (as another replica would); the
+	// control is the same create once the mark is gone.
+	cat, err := catalog.Open(ctx, m.Config.Catalog.Driver, m.Config.Catalog.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	mark := func(to string) {
+		t.Helper()
+		cur, err := svc.GetVolume(ctx, v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		from := cur.SandboxID // a killed holder's ID stays until the next claim
+		if ok, err := cat.ClaimVolume(ctx, v.ID, from, to, ""); err != nil || !ok {
+			t.Fatalf("set the volume's holder %q -> %q: %v %v", from, to, ok, err)
+		}
+	}
+	mark("deleting-" + v.ID)
+	_, err = create(mount)
+	t.Logf("a create while the volume is being deleted: %v", err)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "being deleted") {
+		t.Fatalf("create during a delete: %v, want FailedPrecondition (being deleted)", err)
+	}
+	mark("")
+	sb, err := create(mount)
+	if err != nil {
+		t.Fatalf("control: the same create once the delete's mark is gone: %v", err)
+	}
+	kill(sb)
+	// A delete cut short leaves its mark; the next delete takes over.
+	mark("deleting-" + v.ID)
 	if err := svc.DeleteVolume(ctx, v.ID); err != nil {
 		t.Fatal(err)
 	}
