@@ -923,4 +923,3 @@ func removeEnv(env []string, k string) []string {
 	}
 	return out
 }
-
