@@ -79,13 +79,15 @@ func (b *box) run(ctx context.Context, cmd, user string, env map[string]string, 
 			lines[0].flush()
 			lines[1].flush()
 			end := ev.GetEnd()
-			if end.GetError() != "" {
-				return stdout.Bytes(), fmt.Errorf("sandbox %s: %q: %s", b.id, cmd, end.GetError())
-			}
-			if end.GetExitCode() != 0 || !end.GetExited() {
+			switch {
+			case end.GetExited() && end.GetExitCode() == 0:
+				return stdout.Bytes(), nil
+			case end.GetExited() || end.GetStatus() != "":
+				// A non-zero exit or a signal (envd also sets error
+				// to the status then).
 				return stdout.Bytes(), &ExitError{Code: int(end.GetExitCode()), Status: end.GetStatus()}
 			}
-			return stdout.Bytes(), nil
+			return stdout.Bytes(), fmt.Errorf("sandbox %s: %q: %s", b.id, cmd, end.GetError())
 		}
 	}
 	if err := stream.Err(); err != nil {

@@ -476,11 +476,22 @@ func (e *Engine) run(ctx context.Context, b *Build, spec Spec) (err error) {
 // runSteps runs steps from first on in a build sandbox, replaying the
 // cached layers before them, and checks the start command.
 func (e *Engine) runSteps(ctx context.Context, b *Build, spec Spec, bs base, keys []string, first int) error {
-	sb, err := e.b.Create(ctx, master.CreateRequest{
+	req := master.CreateRequest{
 		Template: bs.template, Timeout: 2 * time.Hour,
 		Metadata: map[string]string{"cube.template-build": b.ID, "cube.template": b.TemplateID},
-		Network:  catalog.Network{AllowInternet: boolPtr(false), AllowOut: e.o.AllowOut},
-	})
+	}
+	if len(e.o.AllowOut) > 0 {
+		req.Network = catalog.Network{AllowInternet: boolPtr(false), AllowOut: e.o.AllowOut}
+	}
+	sb, err := e.b.Create(ctx, req)
+	if err != nil && len(e.o.AllowOut) > 0 && errdefs.IsFailedPrecondition(err) && strings.Contains(err.Error(), "network-agent") {
+		// A node without a network-agent gives sandboxes an empty
+		// network namespace and refuses any policy: the build runs
+		// with no network at all (stricter than the allow list).
+		b.logf("warn", "base", "The node has no network-agent: the build sandbox has no network (steps that download will fail)")
+		req.Network = catalog.Network{}
+		sb, err = e.b.Create(ctx, req)
+	}
 	if err != nil {
 		return &StepError{Step: 0, Err: fmt.Errorf("build sandbox: %w", err)}
 	}
