@@ -19,6 +19,13 @@
 // the sandboxes' slots; vm builds the guest kernel and initramfs once
 // (CUBE_VM_ACCEL: tcg by default). CUBE_E2E_RUNTIME tells the suite.
 //
+// With -template-builds the node runs a network-agent (on runc too) whose
+// DNS forwards to the host's resolvers, so that a template build's
+// sandbox reaches the package mirrors the host reaches (its allow list;
+// docs/templates.md), and the Debian base image is built (or found) in
+// $CUBE_BASE_CACHE for builds from it; CUBE_E2E_TEMPLATE_BUILDS=1 tells
+// the suite.
+//
 // With -code-interpreter it also imports the code-interpreter template
 // (built once into $CUBE_BASE_CACHE, then cached) as code-interpreter-v1,
 // the SDKs' default, and names it in CUBE_E2E_CODE_INTERPRETER.
@@ -62,6 +69,7 @@ func main() {
 	verbose := flag.Bool("v", false, "show the daemons' logs")
 	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
 	flag.StringVar(&runtimeName, "runtime", "runc", "the node's default runtime: runc, gvisor or vm")
+	flag.BoolVar(&templateBuilds, "template-builds", false, "run a network-agent with the host's DNS and build the Debian base, for template builds through the API")
 	flag.BoolVar(&codeInterpreter, "code-interpreter", false, "also import the code-interpreter template (built from Debian, cached in $CUBE_BASE_CACHE)")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
@@ -94,7 +102,12 @@ var (
 	standaloneProxy bool
 	runtimeName     string
 	codeInterpreter bool
+	templateBuilds  bool
 )
+
+// withNetworkAgent: gVisor and VM sandboxes are reached only through a
+// slot; template builds need one for their egress allow list.
+func withNetworkAgent() bool { return runtimeName != "runc" || templateBuilds }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -113,7 +126,7 @@ func freeAddr() (string, error) {
 
 func build(dir string) error {
 	bins := []string{"cubelet", "cubemaster", "cube-agent", "cubeproxy"}
-	if runtimeName != "runc" {
+	if withNetworkAgent() {
 		// gVisor and VM sandboxes are reached only through a slot.
 		bins = append(bins, "network-agent")
 	}
@@ -159,7 +172,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		DataDir: cfg.StateDir, RunDir: cfg.RunDir, RuncRoot: filepath.Join(cfg.RunDir, "runc"), CgroupName: "cube-e2e-" + id,
 		AllowMounts: []string{filepath.Join(cfg.StateDir, "pool")}, AllowLoopBacking: []string{filepath.Join(cfg.StateDir, "pool.img")},
 	}
-	if runtimeName != "runc" {
+	if withNetworkAgent() {
 		// A TCG VM boots in seconds when it gets a core; a fork restores
 		// two of them at once.
 		cfg.ExtraMasterTOML += "[sandbox]\ncreate_timeout = \"5m\"\n"
@@ -179,6 +192,11 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	}
 	if err := testimage.WriteE2BBusybox(cfg.TemplateSource); err != nil {
 		return fail(err)
+	}
+	if templateBuilds {
+		if err := buildBase(ctx); err != nil {
+			return fail(err)
+		}
 	}
 	if codeInterpreter {
 		res, err := buildCodeInterpreter(ctx, log)
@@ -273,6 +291,9 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	if codeInterpreter {
 		cmd.Env = append(cmd.Env, "CUBE_E2E_CODE_INTERPRETER="+baseimage.CodeInterpreterTemplate)
 	}
+	if templateBuilds {
+		cmd.Env = append(cmd.Env, "CUBE_E2E_TEMPLATE_BUILDS=1")
+	}
 	for name, key := range teamKeys {
 		cmd.Env = append(cmd.Env, name+"="+key)
 	}
@@ -297,7 +318,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		fmt.Fprintln(os.Stdout, "system: cube up:", err)
 		code = max(code, 1)
 	}
-	if runtimeName != "runc" {
+	if withNetworkAgent() {
 		// cube up leaves network-agent's slots for the next start, as it
 		// leaves sandboxes: this run's go with it.
 		out, err := exec.Command(filepath.Join(bin, "network-agent"), "--config",
@@ -319,6 +340,23 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		code = max(code, 1)
 	}
 	return code
+}
+
+// buildBase builds (or finds) the Debian base image in $CUBE_BASE_CACHE,
+// where cubemaster's template builds find it (debian:stable, e2bdev/base).
+func buildBase(ctx context.Context) error {
+	dir := os.Getenv("CUBE_BASE_CACHE")
+	if dir == "" {
+		dir = "/var/cache/cube/base"
+		os.Setenv("CUBE_BASE_CACHE", dir)
+	}
+	start := time.Now()
+	res, err := baseimage.Build(ctx, baseimage.Options{Dir: dir})
+	if err != nil {
+		return fmt.Errorf("base image: %w", err)
+	}
+	fmt.Fprintf(os.Stdout, "system: base image %s (built: %v, %s)\n", res.Layout, res.Built, time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // buildCodeInterpreter returns the code-interpreter image's layout,

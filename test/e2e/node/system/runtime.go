@@ -56,6 +56,12 @@ func networkTOML(prefix string) string {
 	}
 	// The sandboxes' DNS goes nowhere: the host's resolvers are off the
 	// machine, which tests never reach (loopback's discard port answers
-	// at once with a refusal).
-	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = %d\nvm_size = %d\n[dns]\nupstreams = [\"127.0.0.1:9\"]\n", cidr, prefix, size, vmSize)
+	// at once with a refusal). Template builds are the exception: their
+	// sandboxes resolve the package mirrors with the host's resolvers
+	// (/etc/resolv.conf), and their allow list admits only those.
+	dns := "[dns]\nupstreams = [\"127.0.0.1:9\"]\n"
+	if templateBuilds {
+		dns = ""
+	}
+	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = %d\nvm_size = %d\n%s", cidr, prefix, size, vmSize, dns)
 }
