@@ -185,7 +185,7 @@ func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	present, token, err := e.FileUpload(r.PathValue("hash"))
+	present, token, err := e.FileUpload(master.TeamOf(r.Context()), r.PathValue("hash"))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -85,8 +85,9 @@ type Engine struct {
 	log  *slog.Logger
 	mu   sync.Mutex
 	bids map[string]*Build
-	// uploads are the upload tokens handed out: token -> files hash.
-	uploads map[string]string
+	// uploads are the upload tokens handed out, each for one upload of
+	// one files hash within uploadTTL.
+	uploads map[string]upload
 	// building holds the template IDs with a build running.
 	building map[string]string
 }
@@ -120,7 +121,7 @@ func New(b Backend, o Options) (*Engine, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	return &Engine{b: b, o: o, log: o.Log, bids: map[string]*Build{}, uploads: map[string]string{}, building: map[string]string{}}, nil
+	return &Engine{b: b, o: o, log: o.Log, bids: map[string]*Build{}, uploads: map[string]upload{}, building: map[string]string{}}, nil
 }
 
 // Statuses, as E2B's TemplateBuildStatus.
@@ -224,9 +225,30 @@ func (e *Engine) Request(ctx context.Context, id, team string, admin bool) (*Bui
 	}
 	b := &Build{ID: newUUID(), TemplateID: id, Team: team, Admin: admin, Created: time.Now(), status: StatusWaiting}
 	e.mu.Lock()
+	e.prune(time.Now())
 	e.bids[b.ID] = b
 	e.mu.Unlock()
 	return b, nil
+}
+
+// Builds are kept in memory for their status: a finished one for a day,
+// one never started for an hour (the SDK starts it right after).
+const (
+	keepFinished = 24 * time.Hour
+	keepWaiting  = time.Hour
+)
+
+// prune drops old builds; e.mu is held.
+func (e *Engine) prune(now time.Time) {
+	for id, b := range e.bids {
+		b.mu.Lock()
+		status := b.status
+		b.mu.Unlock()
+		age := now.Sub(b.Created)
+		if (status == StatusWaiting && age > keepWaiting) || ((status == StatusReady || status == StatusError) && age > keepFinished) {
+			delete(e.bids, id)
+		}
+	}
 }
 
 func newUUID() string {
@@ -249,33 +271,53 @@ func (e *Engine) Get(id, buildID, team string) (*Build, error) {
 	return b, nil
 }
 
-func (e *Engine) filePath(hash string) string { return filepath.Join(e.o.Dir, "files", hash) }
+// filePath is where a team's upload of a files hash is kept: uploads are
+// per team (the hash is the SDK's, unchecked).
+func (e *Engine) filePath(team, hash string) string {
+	return filepath.Join(e.o.Dir, "files", hex.EncodeToString([]byte(team))+"-"+hash)
+}
 
 // FileUpload answers E2B's upload-link request: present when the files
 // are cached, else a token to PUT them with.
-func (e *Engine) FileUpload(hash string) (present bool, token string, err error) {
+func (e *Engine) FileUpload(team, hash string) (present bool, token string, err error) {
 	if !ValidFilesHash(hash) {
 		return false, "", fmt.Errorf("files hash %q is not a hex SHA-256: %w", hash, errdefs.ErrInvalidArgument)
 	}
-	if _, err := os.Stat(e.filePath(hash)); err == nil {
+	if _, err := os.Stat(e.filePath(team, hash)); err == nil {
 		return true, "", nil
 	}
 	token = randomHex(16)
+	now := time.Now()
 	e.mu.Lock()
-	e.uploads[token] = hash
+	for t, u := range e.uploads {
+		if now.After(u.expires) {
+			delete(e.uploads, t)
+		}
+	}
+	e.uploads[token] = upload{team: team, hash: hash, expires: now.Add(uploadTTL)}
 	e.mu.Unlock()
 	return false, token, nil
 }
 
+type upload struct {
+	team    string
+	hash    string
+	expires time.Time
+}
+
+// uploadTTL bounds how long an upload URL is good for.
+const uploadTTL = time.Hour
+
 // PutFile stores an upload (the SDK's tar, gzipped or not) for a token.
 func (e *Engine) PutFile(hash, token string, r io.Reader) error {
 	e.mu.Lock()
-	want, ok := e.uploads[token]
-	if ok && want == hash {
+	u, ok := e.uploads[token]
+	ok = ok && u.hash == hash && time.Now().Before(u.expires)
+	if ok {
 		delete(e.uploads, token)
 	}
 	e.mu.Unlock()
-	if !ok || want != hash {
+	if !ok {
 		return fmt.Errorf("upload of %s: unknown or used token: %w", hash, errdefs.ErrPermissionDenied)
 	}
 	f, err := os.CreateTemp(filepath.Join(e.o.Dir, "files"), ".tmp-")
@@ -293,7 +335,7 @@ func (e *Engine) PutFile(hash, token string, r io.Reader) error {
 	if n > e.o.MaxUpload {
 		return fmt.Errorf("upload of %s: over %d bytes: %w", hash, e.o.MaxUpload, errdefs.ErrInvalidArgument)
 	}
-	return os.Rename(f.Name(), e.filePath(hash))
+	return os.Rename(f.Name(), e.filePath(u.team, hash))
 }
 
 // Start validates the definition and runs the build in the background.
@@ -303,7 +345,7 @@ func (e *Engine) Start(ctx context.Context, b *Build, spec Spec) error {
 	}
 	for i, st := range spec.Steps {
 		if st.Type == "COPY" {
-			if _, err := os.Stat(e.filePath(st.FilesHash)); err != nil {
+			if _, err := os.Stat(e.filePath(b.Team, st.FilesHash)); err != nil {
 				return fmt.Errorf("step %d (%s): its files (%s) were not uploaded: %w", i+1, st.Describe(), st.FilesHash, errdefs.ErrInvalidArgument)
 			}
 		}
@@ -451,7 +493,7 @@ func (e *Engine) run(ctx context.Context, b *Build, spec Spec) (err error) {
 	}
 	b.logf("info", "base", "Base %s", bs.digest)
 	keys := make([]string, len(spec.Steps))
-	prev := BaseKey(bs.digest)
+	prev := BaseKey(b.Team, bs.digest)
 	first := len(spec.Steps) // the first step that must run
 	for i, st := range spec.Steps {
 		keys[i] = NextKey(prev, st)
@@ -610,7 +652,7 @@ func (e *Engine) runStep(ctx context.Context, b *Build, bx *box, st *State, step
 			return err
 		}
 	case "COPY":
-		if err := e.copyStep(sctx, bx, st, step, out); err != nil {
+		if err := e.copyStep(sctx, bx, b.Team, st, step, out); err != nil {
 			return err
 		}
 	}
@@ -673,8 +715,8 @@ func (e *Engine) listing(ctx context.Context, bx *box) (Listing, error) {
 // copyStep unpacks an uploaded archive in the sandbox and copies its src
 // to dest as E2B's COPY does: a directory's contents into dest, a file to
 // dest (into it when dest ends with "/" or is a directory).
-func (e *Engine) copyStep(ctx context.Context, bx *box, st *State, step Step, out func(bool, string)) error {
-	f, err := os.Open(e.filePath(step.FilesHash))
+func (e *Engine) copyStep(ctx context.Context, bx *box, team string, st *State, step Step, out func(bool, string)) error {
+	f, err := os.Open(e.filePath(team, step.FilesHash))
 	if err != nil {
 		return fmt.Errorf("files of %s: %w", step.Describe(), err)
 	}

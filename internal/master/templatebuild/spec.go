@@ -125,9 +125,13 @@ func (st Step) Describe() string {
 	return st.Type + " " + strings.Join(st.Args, " ")
 }
 
-// BaseKey is the first link of the cache chain: the base image by digest.
-func BaseKey(baseDigest string) string {
-	h := sha256.Sum256([]byte("cube-template-build/v1\x00base\x00" + baseDigest))
+// BaseKey is the first link of the cache chain: the base image by digest,
+// and the team. A COPY's files are known by the hash the SDK computed,
+// which the master cannot check against the upload: with the team in the
+// chain, what one team uploaded under a hash never reaches another
+// team's build.
+func BaseKey(team, baseDigest string) string {
+	h := sha256.Sum256([]byte("cube-template-build/v1\x00base\x00" + team + "\x00" + baseDigest))
 	return hex.EncodeToString(h[:])
 }
 

@@ -13,7 +13,7 @@ import (
 )
 
 func TestCacheKeys(t *testing.T) {
-	base := BaseKey("sha256:aaaa")
+	base := BaseKey("t", "sha256:aaaa")
 	run := Step{Type: "RUN", Args: []string{"apt-get install -y jq", "root"}}
 	cp := Step{Type: "COPY", Args: []string{"app", "/app", "", ""}, FilesHash: strings.Repeat("a", 64)}
 	k1 := NextKey(base, run)
@@ -23,9 +23,10 @@ func TestCacheKeys(t *testing.T) {
 		key  string
 		same bool
 	}{
-		{"same chain", NextKey(NextKey(BaseKey("sha256:aaaa"), run), cp), true},
+		{"same chain", NextKey(NextKey(BaseKey("t", "sha256:aaaa"), run), cp), true},
 		{"force is not part of the key", NextKey(NextKey(base, Step{Type: run.Type, Args: run.Args, Force: true}), cp), true},
-		{"another base", NextKey(NextKey(BaseKey("sha256:bbbb"), run), cp), false},
+		{"another team", NextKey(NextKey(BaseKey("u", "sha256:aaaa"), run), cp), false},
+		{"another base", NextKey(NextKey(BaseKey("t", "sha256:bbbb"), run), cp), false},
 		{"a changed earlier step", NextKey(NextKey(base, Step{Type: "RUN", Args: []string{"apt-get install -y curl", "root"}}), cp), false},
 		{"another user", NextKey(NextKey(base, Step{Type: "RUN", Args: []string{"apt-get install -y jq", "user"}}), cp), false},
 		{"other files", NextKey(k1, Step{Type: cp.Type, Args: cp.Args, FilesHash: strings.Repeat("b", 64)}), false},

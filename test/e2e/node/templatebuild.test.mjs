@@ -39,13 +39,18 @@ function definition () {
 async function build (label) {
   const lines = []
   const t0 = performance.now()
-  await Template.build(definition(), name, {
-    onBuildLogs: (entry) => { lines.push(`${entry.level} ${entry.message}`) }
-  })
-  const ms = performance.now() - t0
-  console.log(`TEMPLATE BUILD (${label}): ${(ms / 1000).toFixed(1)} s`)
-  for (const l of lines) console.log(`  ${l}`)
-  return { ms, lines }
+  let ok = false
+  try {
+    await Template.build(definition(), name, {
+      onBuildLogs: (entry) => { lines.push(`${entry.level} ${entry.message}`) }
+    })
+    ok = true
+  } finally {
+    const ms = performance.now() - t0
+    console.log(`TEMPLATE BUILD (${label}): ${ok ? 'ready' : 'FAILED'} in ${(ms / 1000).toFixed(1)} s`)
+    for (const l of lines) console.log(`  ${l}`)
+  }
+  return { ms: performance.now() - t0, lines }
 }
 
 let first
