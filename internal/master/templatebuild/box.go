@@ -43,7 +43,7 @@ type ExitError struct {
 
 func (e *ExitError) Error() string { return fmt.Sprintf("exited with %s", e.Status) }
 
-// run runs cmd with /bin/sh -c as user, sending its output line by line
+// run runs cmd with /bin/sh -c as user ("": the sandbox's default user), sending its output line by line
 // to out (nil: discarded) and returning its stdout. A non-zero exit is an
 // *ExitError.
 func (b *box) run(ctx context.Context, cmd, user string, env map[string]string, cwd string, out func(stderr bool, line string)) ([]byte, error) {
@@ -56,7 +56,9 @@ func (b *box) run(ctx context.Context, cmd, user string, env map[string]string, 
 	if b.token != "" {
 		req.Header().Set("X-Access-Token", b.token)
 	}
-	req.Header().Set("Authorization", basicUser(user))
+	if user != "" {
+		req.Header().Set("Authorization", basicUser(user))
+	}
 	stream, err := b.pc.Start(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start %q: %w", b.id, cmd, err)

@@ -73,6 +73,9 @@ type Options struct {
 	// StepTimeout bounds one step; ReadyTimeout the start command's
 	// ready check.
 	StepTimeout, ReadyTimeout time.Duration
+	// DiskMiB is the build sandbox's disk (the base grown to it): room
+	// for what the steps install. 0: 2048.
+	DiskMiB int64
 	// MaxUpload bounds one uploaded COPY archive.
 	MaxUpload int64
 	Log       *slog.Logger
@@ -114,6 +117,9 @@ func New(b Backend, o Options) (*Engine, error) {
 	}
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 2 * time.Minute
+	}
+	if o.DiskMiB == 0 {
+		o.DiskMiB = 2048
 	}
 	if o.MaxUpload == 0 {
 		o.MaxUpload = 1 << 30
@@ -521,6 +527,7 @@ func (e *Engine) runSteps(ctx context.Context, b *Build, spec Spec, bs base, key
 	req := master.CreateRequest{
 		Template: bs.template, Timeout: 2 * time.Hour,
 		Metadata: map[string]string{"cube.template-build": b.ID, "cube.template": b.TemplateID},
+		DiskMiB:  e.o.DiskMiB,
 	}
 	if len(e.o.AllowOut) > 0 {
 		req.Network = catalog.Network{AllowInternet: boolPtr(false), AllowOut: e.o.AllowOut}
@@ -572,7 +579,7 @@ func (e *Engine) runSteps(ctx context.Context, b *Build, spec Spec, bs base, key
 			env[k] = ScratchDir + "/ca.crt"
 		}
 	}
-	var st State
+	st := initState(bs)
 	for i, step := range spec.Steps {
 		name := fmt.Sprint(i + 1)
 		if i < first {
@@ -604,6 +611,16 @@ func (e *Engine) runSteps(ctx context.Context, b *Build, spec Spec, bs base, key
 }
 
 func boolPtr(v bool) *bool { return &v }
+
+// initState starts from the base image's working directory, as Docker's
+// steps do.
+func initState(bs base) State {
+	var st State
+	if cf, err := bs.img.ConfigFile(); err == nil {
+		st.Workdir = cf.Config.WorkingDir
+	}
+	return st
+}
 
 func stepEnv(st *State, extra map[string]string) map[string]string {
 	env := st.EnvMap()
@@ -830,10 +847,9 @@ func (e *Engine) replay(ctx context.Context, bx *box, key string) error {
 // its ready command, so a template whose service never gets ready fails
 // its build rather than every create.
 func (e *Engine) checkStart(ctx context.Context, b *Build, bx *box, st *State, spec Spec, env map[string]string) error {
+	// As a create starts it: as the template's user, else the
+	// sandbox's default user (no user named to the agent).
 	user := st.User
-	if user == "" {
-		user = "root"
-	}
 	cwd := st.Workdir
 	if cwd == "" {
 		cwd = "/"
@@ -886,7 +902,7 @@ func (e *Engine) checkStart(ctx context.Context, b *Build, bx *box, st *State, s
 // digest, and the import of an unchanged template is a no-op.
 func (e *Engine) compose(ctx context.Context, b *Build, spec Spec, bs base, keys []string, scratch string) error {
 	img := bs.img
-	var st State
+	st := initState(bs)
 	for i, step := range spec.Steps {
 		st.Apply(step)
 		if !step.Layered() {
