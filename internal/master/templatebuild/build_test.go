@@ -69,8 +69,13 @@ func build(t *testing.T, api *mastertest.Client, name string, spec templatebuild
 		resp.Body.Close()
 		// The token is for one upload.
 		put, _ = http.NewRequest("PUT", link.URL, bytes.NewReader(files[st.FilesHash]))
-		if resp, err := http.DefaultClient.Do(put); err != nil || resp.StatusCode != http.StatusForbidden {
-			t.Fatalf("second upload with the same token: %v %v, want 403", resp, err)
+		resp, err = http.DefaultClient.Do(put)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("second upload with the same token: %d, want 403", resp.StatusCode)
 		}
 	}
 	if r := api.Do(t, "POST", "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, spec, nil); r.StatusCode != http.StatusAccepted {
