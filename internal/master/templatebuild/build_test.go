@@ -240,18 +240,45 @@ func TestTemplateBuild(t *testing.T) {
 		t.Errorf("second build: image %s, the first made %s", tmpl.BuildID, digest)
 	}
 
+	// The last step changed: the first four come from the cache (their
+	// layers replayed in the build sandbox, the whiteout too), the last
+	// runs, and the template is replaced.
+	if err := svc.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	changed := spec
+	changed.Steps = append([]templatebuild.Step(nil), spec.Steps...)
+	changed.Steps[4] = templatebuild.Step{Type: "RUN", Args: []string{`test ! -e /etc/motd && cat /opt/one hello.txt > copied`}}
+	st, logs3, third := build(t, api, "built", changed, nil)
+	t.Logf("third build (last step changed): %s in %s\n%s", st.Status, third, strings.Join(logs3, "\n"))
+	if st.Status != "ready" {
+		t.Fatalf("third build: %s %+v", st.Status, st.Reason)
+	}
+	if n := strings.Count(strings.Join(logs3, "\n"), "CACHED"); n != 4 {
+		t.Errorf("third build: %d steps cached, want 4", n)
+	}
+	sb3, err := svc.Create(ctx, master.CreateRequest{Template: "built"})
+	if err != nil {
+		t.Fatalf("create from the rebuilt template: %v", err)
+	}
+	t.Cleanup(func() { _ = svc.Kill(ctx, sb3.ID) })
+	if got := sh(t, svc, sb3.ID, "cat /srv/app/copied"); got != "one\nhello from the build\n" {
+		t.Errorf("rebuilt template: copied = %q", got)
+	}
+	_ = svc.Kill(ctx, sb3.ID)
+
 	// A failing step: the build says which and shows its output, and
 	// leaves no sandbox, mount or file.
 	failing := templatebuild.Spec{FromImage: "debian:stable", Steps: []templatebuild.Step{
 		{Type: "RUN", Args: []string{"echo ok > /opt/ok"}},
 		{Type: "RUN", Args: []string{"echo boom-output; echo boom-err >&2; exit 3"}},
 	}}
-	st, logs3, _ := build(t, api, "failing", failing, nil)
-	t.Logf("failing build: %s %+v\n%s", st.Status, st.Reason, strings.Join(logs3, "\n"))
+	st, logs4, _ := build(t, api, "failing", failing, nil)
+	t.Logf("failing build: %s %+v\n%s", st.Status, st.Reason, strings.Join(logs4, "\n"))
 	if st.Status != "error" || st.Reason == nil || st.Reason.Step != "2" || !strings.Contains(st.Reason.Message, "exit status 3") {
 		t.Fatalf("failing build: %s %+v", st.Status, st.Reason)
 	}
-	all := strings.Join(logs3, "\n")
+	all := strings.Join(logs4, "\n")
 	if !strings.Contains(all, "boom-output") || !strings.Contains(all, "boom-err") {
 		t.Errorf("the failing step's output is not in the log")
 	}
