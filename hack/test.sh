@@ -107,6 +107,14 @@ if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
     go run ./test/e2e/node/system -runtime gvisor -code-interpreter -- bash test/e2e/sdk-suites.sh
   fi
 fi
+# Template builds through the E2B API with the unmodified JS SDK's Template
+# builder: a Debian base, apt-get and pip steps over the node's egress allow
+# list (the package mirrors the host reaches), a start command, the cached
+# rebuild (docs/templates.md). CUBE_TEST_TEMPLATE_BUILDS=0 skips it.
+if [ "${CUBE_TEST_TEMPLATE_BUILDS:-1}" != 0 ]; then
+  echo "== node e2e: template builds (e2b Template builder)"
+  go run ./test/e2e/node/system -template-builds -- npm --prefix test/e2e/node run test:templatebuild
+fi
 # The Helm chart (deploy/helm/cube) with helm as a library, in its own
 # module (hack/kube: Kubernetes v1.34 and helm): lint, every values overlay
 # rendered and validated against Kubernetes' OpenAPI, probes, refusals.

@@ -1,7 +1,6 @@
 package templatebuild
 
 import (
-	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -23,7 +22,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
@@ -478,13 +476,6 @@ func openLayout(dir string) (v1.Image, error) {
 	return idx.Image(m.Manifests[0].Digest)
 }
 
-func (e *Engine) layerPath(key string) string { return filepath.Join(e.o.Dir, "layers", key+".tar") }
-
-func (e *Engine) cached(key string) bool {
-	_, err := os.Stat(e.layerPath(key))
-	return err == nil
-}
-
 // run is one build: the cached prefix of the steps reused, the rest run in
 // a build sandbox, the image composed and imported.
 func (e *Engine) run(ctx context.Context, b *Build, spec Spec) (err error) {
@@ -704,21 +695,12 @@ func (e *Engine) runStep(ctx context.Context, b *Build, bx *box, st *State, step
 		}
 		archive = f
 	}
-	tmp, err := os.CreateTemp(filepath.Join(e.o.Dir, "layers"), ".tmp-")
+	rec, err := e.storeLayer(key, func(w io.Writer) error { return WriteLayer(w, archive, d.Removed) })
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	err = WriteLayer(tmp, archive, d.Removed)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	fi, _ := os.Stat(tmp.Name())
-	b.logf("info", name, "Layer: %d paths added or changed, %d removed, %d bytes", len(d.Changed), len(d.Removed), fi.Size())
-	return os.Rename(tmp.Name(), e.layerPath(key))
+	b.logf("info", name, "Layer: %d paths added or changed, %d removed, %d bytes compressed", len(d.Changed), len(d.Removed), rec.Size)
+	return nil
 }
 
 func (e *Engine) listing(ctx context.Context, bx *box) (Listing, error) {
@@ -808,7 +790,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 // replay applies a cached layer in the build sandbox.
 func (e *Engine) replay(ctx context.Context, bx *box, key string) error {
-	f, err := os.Open(e.layerPath(key))
+	f, err := e.uncompressedLayer(key)
 	if err != nil {
 		return err
 	}
@@ -908,8 +890,7 @@ func (e *Engine) compose(ctx context.Context, b *Build, spec Spec, bs base, keys
 		if !step.Layered() {
 			continue
 		}
-		p := e.layerPath(keys[i])
-		l, err := tarball.LayerFromFile(p, tarball.WithCompressionLevel(gzip.BestSpeed))
+		l, err := e.openLayer(keys[i])
 		if err != nil {
 			return fmt.Errorf("layer of step %d: %w", i+1, err)
 		}

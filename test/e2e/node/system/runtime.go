@@ -63,5 +63,11 @@ func networkTOML(prefix string) string {
 	if templateBuilds {
 		dns = ""
 	}
-	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = %d\nvm_size = %d\n%s", cidr, prefix, size, vmSize, dns)
+	// Its health listener on a free port: another network-agent on this
+	// host (a cube up, another run) may hold the default one.
+	health, err := freeAddr()
+	if err != nil {
+		health = "127.0.0.1:0"
+	}
+	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = %q\n[pool]\nsize = %d\nvm_size = %d\n%s", cidr, prefix, health, size, vmSize, dns)
 }
