@@ -169,11 +169,24 @@ func TestTemplateBuild(t *testing.T) {
 	}
 	t.Setenv("CUBE_BASE_CACHE", cache)
 	m := mastertest.StartMaster(t, "")
-	n := mastertest.StartNode(t, m)
+	n := mastertest.StartNode(t, m, "busybox")
 	m.WaitHealthy(t, n)
 	svc := m.Server.Service
 	api := m.API(m.APIKey(t))
 	api.HC.Timeout = 10 * time.Minute
+
+	// Names a build may not take: the build bases', and a template this
+	// team did not build (busybox, imported by the node).
+	if r := api.Do(t, "POST", "/v3/templates", map[string]any{"name": "build-base-ffffffffffff"}, nil); r.StatusCode != http.StatusBadRequest {
+		t.Errorf("build named like a build base: %d %s", r.StatusCode, r.Body)
+	}
+	mastertest.WaitFor(t, 30*time.Second, "busybox on the node", func() bool {
+		_, err := svc.GetTemplate(context.Background(), "busybox")
+		return err == nil
+	})
+	if r := api.Do(t, "POST", "/v3/templates", map[string]any{"name": "busybox"}, nil); r.StatusCode != http.StatusConflict {
+		t.Errorf("build over a template the team did not build: %d %s", r.StatusCode, r.Body)
+	}
 
 	hello, helloHash := tarOf(t, "hello.txt", []byte("hello from the build\n"))
 	spec := templatebuild.Spec{

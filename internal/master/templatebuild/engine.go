@@ -217,6 +217,10 @@ func (e *Engine) Request(ctx context.Context, id, team string, admin bool) (*Bui
 	if err := sandboxid.Validate("template", id); err != nil {
 		return nil, err
 	}
+	if strings.HasPrefix(id, basePrefix) {
+		// Build sandboxes boot from these: no build may make one.
+		return nil, errdefs.FieldErrorf("name", "%q: names starting with %q are the build bases'", id, basePrefix)
+	}
 	if _, err := e.b.GetTemplate(ctx, id); err == nil && !admin {
 		var o owner
 		data, rerr := os.ReadFile(e.ownerPath(id))
@@ -415,6 +419,10 @@ func (e *Engine) imageNames() []string {
 	return out
 }
 
+// basePrefix names the templates build sandboxes boot from (a fromImage
+// base imported as a template).
+const basePrefix = "build-base-"
+
 // base is where a build starts: its image and the template a build
 // sandbox boots from.
 type base struct {
@@ -447,7 +455,7 @@ func (e *Engine) resolveBase(ctx context.Context, b *Build, spec Spec, scratch s
 	}
 	// The build sandbox boots from the base as a template of its own,
 	// imported once per image.
-	tid := "build-base-" + d.Hex[:12]
+	tid := basePrefix + d.Hex[:12]
 	if _, err := e.b.GetTemplate(ctx, tid); err != nil {
 		b.logf("info", "base", "Importing base image %s (%s) as template %s", spec.FromImage, d, tid)
 		if _, err := e.b.ImportTemplate(ctx, master.TemplateImport{ID: tid, Source: src}); err != nil {
