@@ -20,6 +20,7 @@ import (
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	pb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/api/envd/process/processconnect"
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
@@ -209,6 +210,29 @@ func TestTemplateBuild(t *testing.T) {
 	var tmpl struct{ BuildID string }
 	api.Do(t, "GET", "/templates/built", nil, &tmpl)
 	digest := tmpl.BuildID
+
+	// Uploads are per team: another team asking for the same files hash
+	// must upload its own (what team A uploaded never reaches team B's
+	// build); team A's own request, the control, finds it cached.
+	if _, err := m.Admin.CreateTeam(context.Background(), &masterpb.CreateTeamRequest{Name: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	kb, err := m.Admin.CreateAPIKey(context.Background(), &masterpb.CreateAPIKeyRequest{Name: "other-key", Team: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiB := m.API(kb.Secret)
+	for _, c := range []struct {
+		who     string
+		api     *mastertest.Client
+		present bool
+	}{{"team A (control)", api, true}, {"team B", apiB, false}} {
+		var link struct{ Present bool }
+		if r := c.api.Do(t, "GET", "/templates/any/files/"+helloHash, nil, &link); r.StatusCode != http.StatusCreated || link.Present != c.present {
+			t.Errorf("%s: upload link for team A's files: %d %s, want present=%v", c.who, r.StatusCode, r.Body, c.present)
+		}
+		t.Logf("%s: files %s present=%v", c.who, helloHash[:12], c.present)
+	}
 
 	ctx := master.WithTeam(context.Background(), catalog.DefaultTeam)
 	sb, err := svc.Create(ctx, master.CreateRequest{Template: "built"})
