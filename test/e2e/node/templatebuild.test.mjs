@@ -109,3 +109,24 @@ test('fromImage of an image this system does not have: a clear 400', async () =>
   await assert.rejects(Template.build(Template().fromImage('python:3.12').runCmd('true'), `${name}-py`),
     (err) => { assert.match(err.message, /pull no registry image/); return true })
 })
+
+test('the build sandbox reaches the package mirrors and nothing else', { timeout: 10 * 60_000 }, async () => {
+  // Control: a mirror on the allow list answers from a build step.
+  const ok = []
+  await Template.build(
+    Template().fromDebianImage('stable').skipCache()
+      .runCmd('curl -sS -m 20 -o /dev/null -w "mirror %{http_code}\\n" http://deb.debian.org/debian/dists/bookworm/Release'),
+    `${name}-net-ok`, { onBuildLogs: (e) => ok.push(e.message) })
+  assert.ok(ok.includes('mirror 200'), ok.join('\n'))
+  // The same request to a host off the list: the node's resolver does
+  // not answer the name, and the step fails.
+  const denied = []
+  await assert.rejects(
+    Template.build(
+      Template().fromDebianImage('stable').skipCache()
+        .runCmd('curl -sS -m 20 -o /dev/null -w "other %{http_code}\\n" https://github.com/'),
+      `${name}-net-denied`, { onBuildLogs: (e) => denied.push(e.message) }),
+    (err) => { assert.ok(err instanceof BuildError, String(err)); return true })
+  console.log(`  allowed: ${ok.filter((l) => l.startsWith('mirror')).join(' ')}; denied: ${denied.filter((l) => l.includes('curl')).join(' ')}`)
+  assert.ok(!denied.some((l) => l.startsWith('other ')), denied.join('\n'))
+})
