@@ -32,6 +32,7 @@ func (h *Handler) buildRoutes(auth func(string, http.HandlerFunc)) {
 	auth("GET /templates/{templateID}/files/{hash}", h.fileUploadLink)
 	auth("POST /v2/templates/{templateID}/builds/{buildID}", h.startBuild)
 	auth("GET /templates/{templateID}/builds/{buildID}/status", h.buildStatus)
+	auth("GET /templates/{templateID}/builds/{buildID}/logs", h.buildLogs)
 	// Authorized by its token, not a key: kept out of Routes (whose every
 	// route but /health answers 401 without a key).
 	h.mux.HandleFunc("PUT /template-files/{hash}", h.putFiles)
@@ -296,4 +297,66 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) {
 		info.Reason = &buildStatusReason{Message: reason.Message, Step: reason.Step, LogEntries: logEntries(reason.Log)}
 	}
 	writeJSON(w, http.StatusOK, info)
+}
+
+var logLevels = map[string]int{"debug": 0, "info": 1, "warn": 2, "error": 3}
+
+// buildLogs is E2B's build log query: entries from cursor (milliseconds;
+// forward: at or after it, backward: at or before it, newest first), at
+// level or above, at most limit (100 by default, 1000 at most).
+func (h *Handler) buildLogs(w http.ResponseWriter, r *http.Request) {
+	_, b, err := h.pathBuild(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 0 {
+			writeError(w, errdefs.FieldErrorf("limit", "%q is not a non-negative integer", v))
+			return
+		}
+		limit = min(limit, 1000)
+	}
+	var cursor int64
+	if v := q.Get("cursor"); v != "" {
+		if cursor, err = strconv.ParseInt(v, 10, 64); err != nil {
+			writeError(w, errdefs.FieldErrorf("cursor", "%q is not a time in milliseconds", v))
+			return
+		}
+	}
+	dir := q.Get("direction")
+	if dir != "" && dir != "forward" && dir != "backward" {
+		writeError(w, errdefs.FieldErrorf("direction", "%q: want forward or backward", dir))
+		return
+	}
+	minLevel := 0
+	if v := q.Get("level"); v != "" {
+		l, ok := logLevels[v]
+		if !ok {
+			writeError(w, errdefs.FieldErrorf("level", "%q: want debug, info, warn or error", v))
+			return
+		}
+		minLevel = l
+	}
+	_, all, _ := b.Info(0)
+	var out []templatebuild.LogEntry
+	if dir == "backward" {
+		for i := len(all) - 1; i >= 0 && len(out) < limit; i-- {
+			if (cursor == 0 || all[i].Time.UnixMilli() <= cursor) && logLevels[all[i].Level] >= minLevel {
+				out = append(out, all[i])
+			}
+		}
+	} else {
+		for _, l := range all {
+			if len(out) >= limit {
+				break
+			}
+			if l.Time.UnixMilli() >= cursor && logLevels[l.Level] >= minLevel {
+				out = append(out, l)
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"logs": logEntries(out)})
 }

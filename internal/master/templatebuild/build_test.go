@@ -79,6 +79,7 @@ func build(t *testing.T, api *mastertest.Client, name string, spec templatebuild
 			t.Fatalf("second upload with the same token: %d, want 403", resp.StatusCode)
 		}
 	}
+	lastBuildID = req.BuildID
 	if r := api.Do(t, "POST", "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, spec, nil); r.StatusCode != http.StatusAccepted {
 		t.Fatalf("start build: %d %s", r.StatusCode, r.Body)
 	}
@@ -100,6 +101,9 @@ func build(t *testing.T, api *mastertest.Client, name string, spec templatebuild
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// lastBuildID is the build build started last.
+var lastBuildID string
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
@@ -253,6 +257,19 @@ func TestTemplateBuild(t *testing.T) {
 		if got := sh(t, svc, sb.ID, cmd); got != want {
 			t.Errorf("%s: %q, want %q", cmd, got, want)
 		}
+	}
+
+	// The log query of the last build: its error-level entries (none),
+	// and the first two entries of the whole log.
+	var logsResp struct {
+		Logs []struct{ Level, Message string }
+	}
+	lastBuild := lastBuildID
+	if r := api.Do(t, "GET", "/templates/built/builds/"+lastBuild+"/logs?limit=2", nil, &logsResp); r.StatusCode != 200 || len(logsResp.Logs) != 2 {
+		t.Errorf("build logs: %d %s", r.StatusCode, r.Body)
+	}
+	if r := api.Do(t, "GET", "/templates/built/builds/"+lastBuild+"/logs?level=error", nil, &logsResp); r.StatusCode != 200 || len(logsResp.Logs) != 0 {
+		t.Errorf("build logs at error level of a build that succeeded: %d %s", r.StatusCode, r.Body)
 	}
 
 	st, logs2, second := build(t, api, "built", spec, nil)
