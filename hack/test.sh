@@ -11,6 +11,7 @@ echo "== gofmt / go vet"
 unformatted=$(gofmt -l $(git ls-files '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
 go vet ./...
+(cd sdk/go && go vet ./...) # the Go SDK, a module of its own
 
 echo "== golangci-lint"
 # .golangci.yml; the linter is pinned in hack/tools/go.mod and built by the
@@ -18,7 +19,10 @@ echo "== golangci-lint"
 # analysis cache is $GOLANGCI_LINT_CACHE, by default golangci-lint next to
 # Go's build cache (~/.cache), created on first use. docs/contributing.md.
 export GOLANGCI_LINT_CACHE="${GOLANGCI_LINT_CACHE:-$(dirname "$(go env GOCACHE)")/golangci-lint}"
-make -s lint
+# --allow-serial-runners: another golangci-lint on the machine (a
+# developer's) is waited for instead of failing the run.
+make -s lint LINT_FLAGS=--allow-serial-runners
+(cd sdk/go && go tool -modfile=../../hack/tools/go.mod golangci-lint run --allow-serial-runners --config ../../.golangci.yml ./...)
 
 echo "== generated code is up to date"
 make -s generate
@@ -81,6 +85,19 @@ if [ "${CUBE_TEST_NODE:-1}" != 0 ]; then
   # runs the suite through a separate cmd/cubeproxy process instead.
   proxy_flag=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && proxy_flag="-standalone-proxy"
   go run ./test/e2e/node/system $proxy_flag -- npm --prefix test/e2e/node run test:controlplane
+  # Egress (DNS, domain policies, the egress proxy, credential injection,
+  # audit) against a fake internet in its own namespace; the resolver and
+  # a domain policy on the other runtimes too. docs/network.md.
+  echo "== node e2e: egress"
+  go run ./test/e2e/node/system -egress -- npm --prefix test/e2e/node run test:egress
+  if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
+    echo "== node e2e: egress, gvisor runtime"
+    go run ./test/e2e/node/system -egress -runtime gvisor -- npm --prefix test/e2e/node run test:egress
+  fi
+  if [ "${CUBE_TEST_VM:-1}" != 0 ]; then
+    echo "== node e2e: egress, vm runtime"
+    go run ./test/e2e/node/system -egress -runtime vm -- npm --prefix test/e2e/node run test:egress
+  fi
   # Snapshot, create from snapshot and fork of secure SDK sandboxes through
   # the E2B API on the memory-snapshot runtimes too (runc ran them above).
   if [ "${CUBE_TEST_GVISOR:-1}" != 0 ]; then
@@ -98,7 +115,8 @@ fi
 # template (built from Debian once into $CUBE_BASE_CACHE, then cached; its
 # server starts in each sandbox as the template's service). The virtualenv
 # is cached in $CUBE_PY_CACHE (/var/cache/cube/pyenv) by the requirements'
-# hash; test/e2e/python/run.sh. CUBE_TEST_PYTHON=0 skips it.
+# hash; test/e2e/python/run.sh. test/e2e/sdk-suites.sh also runs the Go
+# SDK's suite (sdk/go). CUBE_TEST_PYTHON=0 skips them.
 if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
   echo "== python e2e + code interpreter (e2b, e2b-code-interpreter, @e2b/code-interpreter SDKs)"
   go run ./test/e2e/node/system -code-interpreter -- bash test/e2e/sdk-suites.sh
@@ -114,6 +132,19 @@ fi
 if [ "${CUBE_TEST_TEMPLATE_BUILDS:-1}" != 0 ]; then
   echo "== node e2e: template builds (e2b Template builder)"
   go run ./test/e2e/node/system -template-builds -- npm --prefix test/e2e/node run test:templatebuild
+fi
+# Domain mode (docs/proxy.md): `cube up --domain-mode`, the SDKs configured
+# by E2B_DOMAIN alone and the cluster CA, names from a test resolver; the
+# domain suite against each SDK version of the matrix (JS 1.13.2, 2.0.1,
+# 2.51.0; Python 2.0.0, 2.63.0; docs/compatibility.md), each installed once
+# into $CUBE_SDK_CACHE (/var/cache/cube/sdk). About 75 s once installed.
+# CUBE_TEST_DOMAIN=0 skips it; CUBE_TEST_PROXY=standalone serves the domain
+# from a separate cmd/cubeproxy (--api) instead of cubemaster's route.
+if [ "${CUBE_TEST_DOMAIN:-1}" != 0 ]; then
+  echo "== domain mode + SDK versions (test/e2e/compat/domain-suites.sh)"
+  domain_proxy=""; [ "${CUBE_TEST_PROXY:-}" = standalone ] && domain_proxy="-standalone-proxy"
+  bash test/e2e/compat/domain-suites.sh --install
+  go run ./test/e2e/node/system -domain $domain_proxy -- bash test/e2e/compat/domain-suites.sh
 fi
 # The Helm chart (deploy/helm/cube) with helm as a library, in its own
 # module (hack/kube: Kubernetes v1.34 and helm): lint, every values overlay

@@ -56,6 +56,9 @@ func main() {
 	fs.StringVar(&cfg.APIAddr, "api", "127.0.0.1:3000", "E2B API listen address (E2B_API_URL)")
 	fs.StringVar(&cfg.ProxyAddr, "proxy", "127.0.0.1:8081", "sandbox route listen address (E2B_SANDBOX_URL)")
 	fs.StringVar(&cfg.Domain, "domain", "", "sandbox host domain (E2B_DOMAIN); empty = localhost:<route port>")
+	fs.BoolVar(&cfg.DomainMode, "domain-mode", false, "serve the E2B API at api.<domain> and sandboxes at <port>-<id>.<domain> on the route with TLS (E2B_DOMAIN alone); the domain is then cube.localhost:<route port> unless --domain says otherwise")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "domain mode: the route's certificate (PEM, for <domain> and *.<domain>); empty = issued from the cluster CA at every start")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "domain mode: its key (PEM)")
 	fs.StringVar(&cfg.Template, "template", "busybox", "default template (alias \"base\"), imported when missing")
 	fs.StringVar(&cfg.TemplateSource, "template-source", "", "OCI layout or image tar for the default template; empty = build busybox from busybox-static")
 	fs.Func("import", "ID=SOURCE: one more template imported when missing (repeatable)", func(v string) error {

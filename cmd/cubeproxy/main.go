@@ -33,6 +33,7 @@ func main() {
 	flag.StringVar(&masterTLS.Cert, "master-tls-cert", "", "certificate (PEM, signed by the cluster CA, role proxy) for a master at host:port with [tls] and for the nodes' data listeners")
 	flag.StringVar(&masterTLS.Key, "master-tls-key", "", "its key (PEM)")
 	flag.StringVar(&masterTLS.CA, "master-tls-ca", "", "the cluster CA (PEM) that signed the master's certificate")
+	apiURL := flag.String("api", "", "domain mode: pass requests for api.<domain> on to this E2B API (a master's api.e2b, http(s)://host:port; https verified against --master-tls-ca when given); empty = none")
 	debug := flag.Bool("debug", false, "debug logging")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -56,6 +57,12 @@ func main() {
 	defer stop()
 	// The same certificate (role proxy) opens the nodes' data listeners.
 	cfg.NodeTLS = tc
+	if *apiURL != "" {
+		if cfg.API, err = cubeproxy.APIUpstream(*apiURL, tc); err != nil {
+			log.Error("cubeproxy: --api", "err", err)
+			os.Exit(1)
+		}
+	}
 	srv, err := cubeproxy.Start(ctx, cfg, masterpb.NewRouteServiceClient(conn), log)
 	if err != nil {
 		log.Error("cubeproxy failed to start", "err", err)

@@ -61,6 +61,8 @@ type Env struct {
 
 	clus benchCluster // the cluster scenarios' cluster (cluster.go)
 	e2b  benchE2B     // the E2B scenarios' system (e2b.go)
+	// egress is the egress scenarios' system (egress.go).
+	egress benchEgress
 }
 
 // Node is the private cubelet the bench started (nil with Setup.Addr).
@@ -82,7 +84,7 @@ func (e *Env) Info(ctx context.Context) (*pb.InfoResponse, error) {
 // Close releases what baselines set up (their pool, podman storage).
 func (e *Env) Close(ctx context.Context) error {
 	var errs []error
-	errs = append(errs, e.clus.close(), e.e2b.close())
+	errs = append(errs, e.clus.close(), e.e2b.close(), e.egress.close())
 	if e.Client != nil {
 		errs = append(errs, e.warmT.close(ctx, e.Client))
 		errs = append(errs, e.closePools(ctx))

@@ -54,7 +54,8 @@ func init() {
 		run                 func(context.Context, *Env, report.Params) (*report.Result, error)
 	}{
 		{"runsc-restore", "gvisor", raw.RunscBinary, "bare `runsc restore --detach` of the warm template's checkpoint + agent wake + first /health", runRunscRestore},
-		{"qemu-incoming", "vm", raw.QemuBinary, "bare QEMU `-incoming exec:zstd -dc` of the warm template's snapshot + cont + first /health", runQemuIncoming},
+		{"qemu-incoming", "vm", raw.QemuBinary, "bare QEMU `-incoming exec:zstd -dc` of the warm template's snapshot (a shared-memory template: its RAM file mapped privately, the device state loaded) + cont + first /health", runQemuIncoming},
+		{"qemu-incoming-full", "vm", raw.QemuBinary, "bare QEMU `-incoming exec:zstd -dc` of a full memory image of the same warm template snapshot (every page copied in, as before templates shared memory) + cont + first /health", runQemuIncomingFull},
 	} {
 		Register(Scenario{
 			Name: h.name, Kind: report.KindBaseline, Runtime: h.rt, Help: h.help,

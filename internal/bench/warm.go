@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/bench/raw"
 	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
@@ -105,7 +106,7 @@ func init() {
 	Register(Scenario{
 		Name: "create-warm", Kind: report.KindCube,
 		Help:      "create-to-ready from a warmed template (WarmTemplate once, untimed): a restore of its memory snapshot",
-		Baselines: []string{"runsc-restore", "qemu-incoming"},
+		Baselines: []string{"runsc-restore", "qemu-incoming", "qemu-incoming-full"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     memoryRuntime,
 		Run:       runCreateWarm,
@@ -161,8 +162,57 @@ func runCreateWarm(ctx context.Context, e *Env, p report.Params) (*report.Result
 	if r != nil {
 		r.Acts = &at
 		r.Notes = append(r.Notes, fmt.Sprintf("WarmTemplate (boot + memory snapshot, untimed) took %s", w.took.Round(time.Millisecond)))
+		if e.Opts.Runtime == "vm" && err == nil {
+			note, merr := e.vmCloneMemory(ctx, w)
+			if merr != nil {
+				note = "idle VM clone memory: not measured: " + merr.Error()
+			}
+			r.Notes = append(r.Notes, note)
+		}
 	}
 	return r, err
+}
+
+// vmCloneMemN clones are measured together: the template's pages are
+// shared between them.
+const vmCloneMemN = 5
+
+// vmCloneMemory creates vmCloneMemN clones of the warm template (untimed),
+// lets them idle and reads each QEMU's smaps: host memory per idle clone
+// as Pss, split into its share of the template's pages and what it owns.
+func (e *Env) vmCloneMemory(ctx context.Context, w *warmTemplate) (string, error) {
+	var ids []string
+	defer func() { _ = e.deleteAll(ctx, "", ids, vmCloneMemN) }()
+	for range vmCloneMemN {
+		resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+			TemplateId: w.id, Runtime: e.Opts.Runtime, Labels: map[string]string{LabelKey: e.RunID},
+		})
+		if err != nil {
+			return "", fmt.Errorf("create: %w", err)
+		}
+		ids = append(ids, resp.Sandbox.Id)
+	}
+	select {
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-time.After(3 * time.Second):
+	}
+	var pss, tmpl, own, cow []report.Bytes
+	for _, id := range ids {
+		sb, err := e.Client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			return "", err
+		}
+		m, err := raw.VMCloneMem(int(sb.Sandbox.Pid))
+		if err != nil {
+			return "", fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		pss, tmpl = append(pss, report.Bytes(m.Pss)), append(tmpl, report.Bytes(m.Template))
+		own, cow = append(own, report.Bytes(m.Own)), append(cow, report.Bytes(m.CoW))
+	}
+	med := func(b []report.Bytes) string { return report.Summarize(b).P50.MiB() }
+	return fmt.Sprintf("idle VM clone memory (%d clones of the warm template, p50 of Pss from smaps): %s = %s of the template's shared pages + %s beyond them (%s guest pages copied on write, the rest QEMU itself)",
+		vmCloneMemN, med(pss), med(tmpl), med(own), med(cow)), nil
 }
 
 // pauseResumeDisk is pauseResume with the memory written to disk.

@@ -27,6 +27,8 @@ type CreateRequest struct {
 	Resources   sandbox.Resources
 	// HostMounts are checked against storage.host_mount_allow.
 	HostMounts []sandbox.HostMount
+	// Volumes are mounted at their paths (actions.MountVolumes).
+	Volumes []sandbox.Volume
 	// Network is the egress policy; nil = the default (internet allowed).
 	Network *policy.Policy
 	// AccessToken is what the agent requires on every request from its
@@ -75,7 +77,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*Result, error
 		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
 		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
-		HostMounts:    req.HostMounts,
+		HostMounts: req.HostMounts, Volumes: req.Volumes,
 		NetworkPolicy: req.Network, AccessToken: req.AccessToken,
 	}
 	s.mu.Lock()

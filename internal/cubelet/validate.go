@@ -99,6 +99,9 @@ func (s *Service) validateCreate(req *CreateRequest) (*sandbox.Template, error) 
 	if req.HostMounts, err = checkHostMounts(s.cfg, req.HostMounts); err != nil {
 		return nil, err
 	}
+	if err := s.checkVolumes(req); err != nil {
+		return nil, err
+	}
 	if err := s.node.Net.CheckPolicy(req.Network); err != nil {
 		return nil, err
 	}

@@ -153,7 +153,7 @@ func (s *Service) dropWarmSnapshot(id, why string) {
 // boots: the template has none, the create asks for another runtime, or
 // for host mounts (binds cannot be added to a restored sandbox).
 func (s *Service) warmSnapshotFor(tmpl *sandbox.Template, req *CreateRequest) *sandbox.Snapshot {
-	if req.cold || tmpl.WarmSnapshotID == "" || len(req.HostMounts) > 0 {
+	if req.cold || tmpl.WarmSnapshotID == "" || len(req.HostMounts) > 0 || len(req.Volumes) > 0 {
 		return nil
 	}
 	sn, err := s.store.GetSnapshot(tmpl.WarmSnapshotID)

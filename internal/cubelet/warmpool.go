@@ -468,7 +468,7 @@ func (s *Service) destroyPoolEntry(ctx context.Context, id string) error {
 // template's own runtime, and the disk size the entry was made with.
 func (s *Service) poolClaimable(req *CreateRequest, tmpl *sandbox.Template) bool {
 	p := s.pool
-	if p == nil || req.cold || len(req.HostMounts) > 0 || req.Resources.DiskMiB != 0 {
+	if p == nil || req.cold || len(req.HostMounts) > 0 || len(req.Volumes) > 0 || req.Resources.DiskMiB != 0 {
 		return false
 	}
 	if req.Runtime != p.runtimeOf(tmpl) || !p.poolRuntime(tmpl) {

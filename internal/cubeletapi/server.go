@@ -47,6 +47,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest
 		Runtime: req.Runtime, Labels: req.Labels, Annotations: req.Annotations, Env: req.Env,
 		Resources:   resourcesFromPB(req.Resources),
 		HostMounts:  hostMountsFromPB(req.HostMounts),
+		Volumes:     volumesFromPB(req.Volumes),
 		Network:     netPolicy,
 		AccessToken: req.AccessToken,
 	})

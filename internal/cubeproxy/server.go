@@ -52,6 +52,10 @@ type Config struct {
 	// proxy (or master) certificate of the cluster CA. Without it,
 	// sandboxes on nodes that serve one are unreachable (502).
 	NodeTLS *tls.Config
+	// API, when set, serves requests for the host api.<Domain> (the E2B
+	// API, in-process or APIUpstream): domain mode, one TLS listener with
+	// a *.<Domain> certificate for the API and every sandbox.
+	API http.Handler
 	// Settings names Listen, MetricsListen and TLS in errors (cubeproxy's
 	// flags when empty): a listener beyond loopback without TLS is refused.
 	Settings Settings
@@ -150,7 +154,11 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	} else {
 		protocols.SetUnencryptedHTTP2(true)
 	}
-	srv := &http.Server{Handler: h, Protocols: protocols, TLSConfig: s.TLS, ReadHeaderTimeout: 30 * time.Second,
+	var handler http.Handler = h
+	if cfg.API != nil {
+		handler = apiHost{domain: cfg.Domain, api: cfg.API, next: h}
+	}
+	srv := &http.Server{Handler: handler, Protocols: protocols, TLSConfig: s.TLS, ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	s.goRun(func() error { return serveHTTP(rctx, srv, ln, s.TLS != nil) })
 	if mln != nil {
@@ -158,7 +166,7 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 		s.goRun(func() error { return serveHTTP(rctx, msrv, mln, s.TLS != nil) })
 	}
 	s.goRun(func() error { <-rctx.Done(); route.Close(); return nil })
-	log.Info("cubeproxy listening", "addr", s.Addr, "domain", cfg.Domain, "tls", s.TLS != nil, "metrics", s.MetricsAddr, "id", cfg.ID)
+	log.Info("cubeproxy listening", "addr", s.Addr, "domain", cfg.Domain, "tls", s.TLS != nil, "api", cfg.API != nil, "metrics", s.MetricsAddr, "id", cfg.ID)
 	return s, nil
 }
 

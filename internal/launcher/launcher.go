@@ -45,6 +45,7 @@ import (
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
+	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -59,6 +60,14 @@ type Config struct {
 	// Domain of sandbox hosts; empty = localhost:<route port>, so that
 	// http://<port>-<id>.localhost:<route port> works from this machine.
 	Domain string
+	// DomainMode: the route (ProxyAddr) serves TLS with a certificate for
+	// *.<domain> and the E2B API at api.<domain> besides the sandboxes at
+	// <port>-<id>.<domain>, so that an SDK configured by E2B_DOMAIN alone
+	// (and the CA) works. The domain is then cube.localhost:<route port>
+	// unless Domain says otherwise. The certificate is TLSCert/TLSKey
+	// when given, else issued from the cluster CA at every start.
+	DomainMode      bool
+	TLSCert, TLSKey string
 	// Template is imported when the node lacks it; TemplateSource is its
 	// OCI layout (empty = the busybox image built from busybox-static).
 	Template       string
@@ -91,8 +100,17 @@ func (cfg *Config) domain() string {
 		return cfg.Domain
 	}
 	_, port, _ := net.SplitHostPort(cfg.ProxyAddr)
+	if cfg.DomainMode {
+		// Two labels: TLS clients refuse a wildcard over a single label
+		// (*.localhost), and RFC 6761 keeps *.localhost on loopback.
+		return DefaultLocalDomain + ":" + port
+	}
 	return "localhost:" + port
 }
+
+// DefaultLocalDomain is the domain of domain mode unless Domain says
+// otherwise (with the route's port after it).
+const DefaultLocalDomain = "cube.localhost"
 
 // hostURL is a listen address as clients on this machine reach it.
 func hostURL(addr string) string {
@@ -301,6 +319,14 @@ func waitFor(ctx context.Context, d time.Duration, what string, fn func(context.
 func (cfg *Config) writeConfigs(withNetwork bool) (master, cubelet string, err error) {
 	master = filepath.Join(cfg.launcherDir(), "cubemaster.toml")
 	cubelet = filepath.Join(cfg.launcherDir(), "cubelet.toml")
+	domainMode := ""
+	if cfg.DomainMode {
+		route, err := cfg.routeCertificate()
+		if err != nil {
+			return "", "", err
+		}
+		domainMode = fmt.Sprintf("api = true\ntls_cert = %q\ntls_key = %q\n", route.Cert, route.Key)
+	}
 	mt := fmt.Sprintf(`# Written by cube up; regenerated at every start.
 [api]
 e2b = %q
@@ -308,13 +334,13 @@ socket = %q
 [proxy]
 listen = %q
 domain = %q
-[catalog]
+%s[catalog]
 driver = "sqlite"
 dsn = %q
 [templates]
 aliases = { base = %q }
 store_dir = %q
-`, cfg.APIAddr, cfg.masterSocket(), cfg.ProxyAddr, cfg.domain(), filepath.Join(cfg.StateDir, "master", "catalog.db"), cfg.Template,
+`, cfg.APIAddr, cfg.masterSocket(), cfg.ProxyAddr, cfg.domain(), domainMode, filepath.Join(cfg.StateDir, "master", "catalog.db"), cfg.Template,
 		filepath.Join(cfg.StateDir, "master", "templates"))
 	ct := fmt.Sprintf(`# Written by cube up; regenerated at every start.
 [node]
@@ -461,6 +487,21 @@ func (cfg *Config) ensureKey(ctx context.Context, a masterpb.AdminServiceClient)
 type Var struct{ Name, Value string }
 
 func (cfg *Config) environment(key string) []Var {
+	if cfg.DomainMode {
+		// E2B_DOMAIN alone: the SDKs derive https://api.<domain> and
+		// https://<port>-<id>.<domain>; a URL variable would take over.
+		env := []Var{{"E2B_DOMAIN", cfg.domain()}, {"E2B_API_KEY", key}}
+		if cfg.TLSCert == "" {
+			// The certificate is the cluster CA's: Node adds
+			// NODE_EXTRA_CA_CERTS to its roots; Python (httpx, requests)
+			// and OpenSSL replace theirs with SSL_CERT_FILE /
+			// REQUESTS_CA_BUNDLE, hence a bundle of the system's roots
+			// and the cluster CA.
+			env = append(env, Var{"NODE_EXTRA_CA_CERTS", filepath.Join(cfg.pkiDir(), pki.CACertFile)},
+				Var{"SSL_CERT_FILE", cfg.caBundle()}, Var{"REQUESTS_CA_BUNDLE", cfg.caBundle()})
+		}
+		return env
+	}
 	return []Var{
 		{"E2B_API_URL", hostURL(cfg.APIAddr)},
 		{"E2B_SANDBOX_URL", hostURL(cfg.ProxyAddr)},
@@ -483,6 +524,10 @@ func PrintEnv(out io.Writer, env []Var, envFile string) {
 	for _, v := range env {
 		vals[v.Name] = v.Value
 	}
+	if vals["E2B_API_URL"] == "" {
+		printDomainEnv(out, env, vals, envFile)
+		return
+	}
 	fmt.Fprintf(out, `
 cube is up: an E2B-compatible API on %[1]s, sandboxes behind %[2]s.
 Point an unmodified E2B SDK at it:
@@ -500,6 +545,31 @@ Or plain HTTP:
 
 Operate it with cubecli (node ls, sandbox ls --all-nodes, apikey create NAME, template import --all-nodes).
 `, vals["E2B_API_URL"], vals["E2B_SANDBOX_URL"], exportLines(env), envFile)
+}
+
+// printDomainEnv is PrintEnv in domain mode.
+func printDomainEnv(out io.Writer, env []Var, vals map[string]string, envFile string) {
+	host := vals["E2B_DOMAIN"]
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	fmt.Fprintf(out, `
+cube is up in domain mode: the E2B API at https://api.%[1]s and sandboxes at
+https://<port>-<sandboxID>.%[1]s, on one TLS listener. Point an unmodified E2B
+SDK at it with E2B_DOMAIN alone (and the CA, when the cluster CA issued the
+certificate):
+
+%[2]s
+(also in %[3]s: source it)
+
+The names must resolve to this machine: *.localhost does through
+systemd-resolved or nss-myhostname; otherwise add a wildcard to a local
+resolver (dnsmasq: address=/%[4]s/127.0.0.1), or /etc/hosts lines for
+api.%[4]s and each <port>-<sandboxID>.%[4]s. docs/proxy.md, "Domain mode".
+
+Sample (Node, npm i e2b):
+  node -e "const {Sandbox}=require('e2b');(async()=>{const s=await Sandbox.create();console.log(await s.commands.run('echo hi'));await s.kill()})()"
+`, vals["E2B_DOMAIN"], exportLines(env), envFile, host)
 }
 
 // Env reads the environment of a running (or last) `cube up`.

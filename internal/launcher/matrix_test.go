@@ -613,9 +613,10 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 	if len(routes) < 20 {
 		t.Fatalf("the E2B route table has %d routes", len(routes))
 	}
+	var volumeA string // made below, before the first call that names it
 	call := func(route, key string) (int, string) {
 		method, path, _ := strings.Cut(route, " ")
-		path = strings.NewReplacer("{sandboxID}", sandboxA, "{templateID}", "busybox", "{alias}", "base", "{name}", "matrix").Replace(path)
+		path = strings.NewReplacer("{sandboxID}", sandboxA, "{templateID}", "busybox", "{alias}", "base", "{name}", "matrix", "{volumeID}", volumeA).Replace(path)
 		if path == "/sandboxes/metrics" {
 			path += "?sandbox_ids=" + sandboxA // the list names team A's sandbox
 		}
@@ -645,6 +646,13 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 		map[string]string{"name": "matrix", "value": "v"}, nil); r.StatusCode != http.StatusCreated {
 		t.Fatalf("team A's secret: %d %s", r.StatusCode, r.Body)
 	}
+	// Team A's volume, which {volumeID} routes name.
+	var vol struct{ VolumeID string }
+	if r := (&mastertest.Client{Base: base, Key: keyA, HC: &http.Client{Timeout: time.Minute}}).Do(t, "POST", "/volumes",
+		map[string]string{"name": "matrix"}, &vol); r.StatusCode != http.StatusCreated {
+		t.Fatalf("team A's volume: %d %s", r.StatusCode, r.Body)
+	}
+	volumeA = vol.VolumeID
 	wrongKey := "e2b_" + randomHex(20)
 	for _, r := range routes {
 		if r == "GET /health" {
@@ -657,7 +665,7 @@ func e2bMatrix(t *testing.T, m *matrix, name, base, keyA, keyB, sandboxA string)
 			m.add(name, r, c.cred, "401", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), code == http.StatusUnauthorized)
 		}
 		switch {
-		case strings.Contains(r, "{sandboxID}"), strings.Contains(r, "{name}"):
+		case strings.Contains(r, "{sandboxID}"), strings.Contains(r, "{name}"), strings.Contains(r, "{volumeID}"):
 			code, body := call(r, keyB)
 			m.add(name, r, "team B's key", "404", fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), code == http.StatusNotFound)
 		case strings.HasPrefix(r, "GET "):

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -77,4 +78,51 @@ func nodeID(cubeletTOML string) (string, error) {
 		return c.Node.ID, nil
 	}
 	return os.Hostname()
+}
+
+// systemRoots are where distributions keep the system's trusted roots as
+// one PEM file (Debian and derivatives first).
+var systemRoots = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"}
+
+func (cfg *Config) caBundle() string { return filepath.Join(cfg.pkiDir(), "ca-bundle.pem") }
+
+// routeCertificate returns the route's certificate in domain mode: the
+// operator's files, else one issued from the cluster CA for <domain>,
+// *.<domain> and loopback (role route, server use only in practice: no
+// listener accepts the role as a caller), with the trust bundle clients
+// point SSL_CERT_FILE at: the system's roots and the cluster CA.
+func (cfg *Config) routeCertificate() (serve.TLSFiles, error) {
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" {
+			return serve.TLSFiles{}, fmt.Errorf("domain mode: --tls-cert and --tls-key go together")
+		}
+		return serve.TLSFiles{Cert: cfg.TLSCert, Key: cfg.TLSKey}, nil
+	}
+	ca, err := pki.LoadOrCreateCA(cfg.pkiDir(), "cube up cluster CA")
+	if err != nil {
+		return serve.TLSFiles{}, fmt.Errorf("cluster CA: %w", err)
+	}
+	host := cfg.domain()
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	f, err := ca.Issue(cfg.pkiDir(), "route", host, pki.RoleRoute, append([]string{host, "*." + host}, loopbackHosts...)...)
+	if err != nil {
+		return serve.TLSFiles{}, fmt.Errorf("domain mode certificate: %w", err)
+	}
+	bundle := []byte{}
+	for _, p := range systemRoots {
+		if b, err := os.ReadFile(p); err == nil {
+			bundle = append(bundle, b...)
+			if len(b) > 0 && b[len(b)-1] != '\n' {
+				bundle = append(bundle, '\n')
+			}
+			break
+		}
+	}
+	bundle = append(bundle, ca.CertPEM...)
+	if err := os.WriteFile(cfg.caBundle(), bundle, 0o644); err != nil {
+		return serve.TLSFiles{}, err
+	}
+	return f, nil
 }

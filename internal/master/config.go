@@ -63,6 +63,11 @@ type Config struct {
 		TLSCert       string `toml:"tls_cert"`
 		TLSKey        string `toml:"tls_key"`
 		TLSSelfSigned bool   `toml:"tls_self_signed"`
+		// API serves the E2B API (api.e2b's handler) on listen too, for
+		// the host api.<domain>: domain mode, where SDKs configured by
+		// E2B_DOMAIN alone reach the API and every sandbox on one TLS
+		// listener. Needs api.e2b and the in-process cubeproxy.
+		API bool `toml:"api"`
 	} `toml:"proxy"`
 	Catalog struct {
 		Driver string `toml:"driver"`

@@ -46,6 +46,8 @@ type CreateRequest struct {
 	Secure   bool
 	Network  catalog.Network
 	APIKeyID string
+	// Volumes are the team's volumes mounted into the sandbox (volumes.go).
+	Volumes []VolumeMount
 	// DiskMiB grows the sandbox's disk to this size when larger than the
 	// template's (template builds: room for the packages a step installs).
 	DiskMiB int64
@@ -314,11 +316,28 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		sb.TrafficAccessToken = token()
 	}
 	if snap != nil {
+		if len(req.Volumes) > 0 {
+			return nil, errdefs.FieldErrorf("volumeMounts", "a sandbox from snapshot %s resumes its disk as it was; volumes are mounted into sandboxes created from a template", snap.ID)
+		}
 		return s.createFromSnapshot(ctx, sb, snap, req.Env)
 	}
 	if err := s.cat.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
+	vols, pin, err := s.claimVolumes(ctx, sb.ID, req.Volumes)
+	if err != nil {
+		s.forgetFailed(sb.ID)
+		return nil, err
+	}
+	placed := false
+	if len(vols) > 0 {
+		defer func() {
+			if !placed {
+				s.releaseVolumes(sb.ID)
+			}
+		}()
+	}
+	nodesOf := func() []*scheduler.Node { return pinnedNodes(s.schedNodes(), pin) }
 	s.creating.Store(sb.ID, true)
 	defer s.creating.Delete(sb.ID)
 	// The create runs to its end even if the client goes away: a half-made
@@ -332,7 +351,11 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	start := time.Now()
 	var created *cubeletpb.Sandbox
 	var tr createTrace
-	nodes := s.schedNodes()
+	nodes := nodesOf()
+	if pin != "" && len(nodes) == 0 {
+		s.forgetFailed(sb.ID)
+		return nil, fmt.Errorf("its volumes live on node %s, which is not registered now (volumes are node-local): %w", pin, errdefs.ErrUnavailable)
+	}
 	sreq := scheduler.Request{TemplateID: tmpl, Runtime: req.Runtime, MilliCPU: sb.MilliCPU, MemoryMiB: sb.MemoryMiB}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		cands, rejs := s.sched.Rank(nodes, sreq)
@@ -357,20 +380,23 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		}
 		var err error
 		called := time.Now()
-		created, tr.actions, err = s.createOn(ctx, n.ID, sb, req.Env, growMiB)
+		created, tr.actions, err = s.createOn(ctx, n.ID, sb, req.Env, vols, growMiB)
 		tr.placed, tr.node = called.Sub(start), time.Since(called)
 		if err != nil && maybeCreated(err) {
 			undos[n.ID] = s.undoCreate(n.ID, sb.ID)
 		}
 		return err
 	}
-	node, waited, err := s.placeWaiting(ctx, cctx, start, nodes, sreq, try)
+	node, waited, err := s.placeWaiting(ctx, cctx, start, nodesOf, sreq, try)
 	if waited > 0 {
 		s.log.Info("create waited for a node", "sandbox_id", sb.ID, "waited", waited.Round(time.Millisecond), "placed", err == nil)
 	}
 	if err != nil {
 		s.forgetAfter(ctx, sb.ID, undos)
 		err = runtimePlacementErr(err, tmpl, req.Runtime)
+		if pin != "" {
+			err = fmt.Errorf("its volumes live on node %s (volumes are node-local): %w", pin, err)
+		}
 		var nn *scheduler.NoNodeError
 		if errors.As(err, &nn) && errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("template %q not found on any node: %w", req.Template, errdefs.ErrNotFound)
@@ -381,7 +407,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if sb.Runtime == "" {
 		sb.Runtime = created.GetRuntime()
 	}
-	err = fpCreatePlaced.Eval(cctx)
+	err = s.placeVolumes(cctx, vols, node.ID)
+	if err == nil {
+		err = fpCreatePlaced.Eval(cctx)
+	}
 	if err == nil {
 		initStart := time.Now()
 		err = s.initAgent(cctx, sb, created, req.Env)
@@ -405,6 +434,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if err != nil {
 		return nil, err
 	}
+	placed = true
 	if err := fpCreateDone.Eval(cctx); err != nil {
 		return nil, err
 	}
@@ -419,7 +449,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 
 // createOn asks one node to create the sandbox; it returns the node's
 // record and how long each action of its create flow took.
-func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string, growMiB int64) (*cubeletpb.Sandbox, []*cubeletpb.ActionTiming, error) {
+func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string, vols []claimedVolume, growMiB int64) (*cubeletpb.Sandbox, []*cubeletpb.ActionTiming, error) {
 	c, err := s.client(nodeID)
 	if err != nil {
 		return nil, nil, err
@@ -451,6 +481,7 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 		// The agent requires it from its first request: there is no
 		// moment between create and /init when it answers without.
 		AccessToken: sb.EnvdAccessToken,
+		Volumes:     volumesPB(vols),
 	})
 	err = fromGRPC(nodeID, err)
 	var created time.Time
@@ -482,8 +513,9 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 // places again with backoff until nodes.restart_wait has passed since
 // start. A client that goes away (ctx) ends the wait; cctx bounds the
 // whole create. It returns how long it waited.
-func (s *Service) placeWaiting(ctx, cctx context.Context, start time.Time, nodes []*scheduler.Node, sreq scheduler.Request,
+func (s *Service) placeWaiting(ctx, cctx context.Context, start time.Time, nodesOf func() []*scheduler.Node, sreq scheduler.Request,
 	try func(context.Context, *scheduler.Node) error) (*scheduler.Node, time.Duration, error) {
+	nodes := nodesOf()
 	deadline := start.Add(s.cfg.Nodes.RestartWait.Duration)
 	var waitedFrom time.Time
 	waited := func() time.Duration {
@@ -504,7 +536,7 @@ func (s *Service) placeWaiting(ctx, cctx context.Context, start time.Time, nodes
 			// again.
 			refreshed = true
 			s.refreshAllTemplates(ctx)
-			nodes = s.schedNodes()
+			nodes = nodesOf()
 			continue
 		}
 		if err == nil || !errors.As(err, &nn) || !nn.Transient() {
@@ -525,7 +557,7 @@ func (s *Service) placeWaiting(ctx, cctx context.Context, start time.Time, nodes
 			return nil, waited(), err
 		case <-time.After(pause):
 		}
-		nodes = s.schedNodes()
+		nodes = nodesOf()
 	}
 }
 

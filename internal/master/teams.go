@@ -94,13 +94,14 @@ type TeamDeleted struct {
 	Keys      []*catalog.APIKey // revoked
 	Sandboxes []string          // killed (force)
 	Snapshots []string          // deleted (force)
+	Volumes   []string          // deleted (force)
 }
 
 // DeleteTeam removes a team and revokes its API keys. While the team holds
-// sandboxes or snapshots it is refused (catalog.TeamInUseError,
+// sandboxes, snapshots or volumes it is refused (catalog.TeamInUseError,
 // FailedPrecondition) unless force: then its keys are revoked first (no
 // new create can start with them), its sandboxes killed and its snapshots
-// deleted, and the team removed once none is left. by names the caller for
+// deleted, then its volumes, and the team removed once none is left. by names the caller for
 // the audit line. The team "default" holds the keys made without a team
 // and cannot be deleted.
 func (s *Service) DeleteTeam(ctx context.Context, name string, force bool, by string) (*TeamDeleted, error) {
@@ -162,6 +163,16 @@ func (s *Service) DeleteTeam(ctx context.Context, name string, force bool, by st
 				return out, fmt.Errorf("delete snapshot %s of team %q: %w", sn.ID, name, err)
 			}
 			out.Snapshots = append(out.Snapshots, sn.ID)
+		}
+		vols, err := s.ListVolumes(ctx)
+		if err != nil {
+			return out, err
+		}
+		for _, v := range vols {
+			if err := s.DeleteVolume(ctx, v.ID); err != nil && !errdefs.IsNotFound(err) {
+				return out, fmt.Errorf("delete volume %s of team %q: %w", v.ID, name, err)
+			}
+			out.Volumes = append(out.Volumes, v.ID)
 		}
 	}
 }

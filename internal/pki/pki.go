@@ -34,6 +34,10 @@ const (
 	RoleNode   Role = "node"
 	RoleProxy  Role = "proxy"
 	RoleAdmin  Role = "admin"
+	// RoleRoute is the route's server certificate in domain mode
+	// (*.<domain>, which SDK clients are told to trust): no listener of
+	// the cluster accepts it as a caller.
+	RoleRoute Role = "route"
 )
 
 // Validity of what NewCA and Issue make.

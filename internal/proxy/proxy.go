@@ -343,6 +343,22 @@ func ParseHost(host, domain string) (id string, port int, ok bool) {
 	return id, port, true
 }
 
+// IsAPIHost reports whether host (a port after it is ignored) is
+// api.<domain>, where the E2B SDKs configured by E2B_DOMAIN alone send
+// their API calls. domain "" matches nothing.
+func IsAPIHost(host, domain string) bool {
+	if domain == "" {
+		return false
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if d, _, err := net.SplitHostPort(domain); err == nil {
+		domain = d
+	}
+	return strings.EqualFold(host, "api."+domain)
+}
+
 // Route says which sandbox and port a request is for, as ServeHTTP routes
 // it (cubeproxy labels its metrics and access log with it).
 func (h *Handler) Route(r *http.Request) (sandboxID string, port int, err error) { return h.route(r) }

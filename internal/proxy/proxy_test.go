@@ -340,3 +340,23 @@ func TestParseHost(t *testing.T) {
 		}
 	}
 }
+
+func TestIsAPIHost(t *testing.T) {
+	for _, tc := range []struct {
+		host, domain string
+		ok           bool
+	}{
+		{"api.cube.test", "cube.test", true},
+		{"api.cube.test:8443", "cube.test:8443", true},
+		{"API.Cube.Test", "cube.test", true},
+		{"api.cube.test", "", false},
+		{"api.evil.test", "cube.test", false},
+		{"49983-abc.cube.test", "cube.test", false},
+		{"api.x.cube.test", "cube.test", false},
+		{"cube.test", "cube.test", false},
+	} {
+		if got := proxy.IsAPIHost(tc.host, tc.domain); got != tc.ok {
+			t.Errorf("IsAPIHost(%q, %q) = %v, want %v", tc.host, tc.domain, got, tc.ok)
+		}
+	}
+}

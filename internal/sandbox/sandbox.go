@@ -48,6 +48,8 @@ type Record struct {
 	PrevState lifecycle.State `json:"prev_state,omitempty"`
 	// HostMounts are bound into the container (allow-listed at create).
 	HostMounts []HostMount `json:"host_mounts,omitempty"`
+	// Volumes are mounted into the container (actions.MountVolumes).
+	Volumes []Volume `json:"volumes,omitempty"`
 	// PauseMode is how a Paused sandbox is paused: PauseMemory (frozen,
 	// resident) or PauseDisk (memory image under its pool directory, no
 	// runtime container: Container names what to restore). Empty otherwise.
@@ -118,6 +120,7 @@ func (r *Record) Clone() *Record {
 	c.Annotations = cloneMap(r.Annotations)
 	c.Env = cloneMap(r.Env)
 	c.HostMounts = slices.Clone(r.HostMounts)
+	c.Volumes = slices.Clone(r.Volumes)
 	if r.Disk != nil {
 		d := *r.Disk
 		c.Disk = &d

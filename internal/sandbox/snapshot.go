@@ -79,3 +79,11 @@ type HostMount struct {
 	Destination string `json:"destination"`
 	ReadOnly    bool   `json:"read_only"`
 }
+
+// Volume is a volume of the node's storage pool mounted into a sandbox
+// at Path; SizeMiB is the capacity its image is made with on first mount.
+type Volume struct {
+	ID      string `json:"id"`
+	Path    string `json:"path"`
+	SizeMiB int64  `json:"size_mib"`
+}

@@ -768,7 +768,11 @@ type CreateSandboxRequest struct {
 	// The token the sandbox's agent requires on every request from its
 	// first (envd's X-Access-Token); empty = none. Printable ASCII without
 	// spaces, at most 512 bytes. Never returned.
-	AccessToken   string `protobuf:"bytes,11,opt,name=access_token,json=accessToken,proto3" json:"access_token,omitempty"`
+	AccessToken string `protobuf:"bytes,11,opt,name=access_token,json=accessToken,proto3" json:"access_token,omitempty"`
+	// Volumes mounted into the sandbox: each an ext4 image in the node's
+	// storage pool, made on first mount with size_mib, loop-mounted and
+	// bound at path. One sandbox at a time may mount a volume.
+	Volumes       []*VolumeMount `protobuf:"bytes,12,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -880,6 +884,166 @@ func (x *CreateSandboxRequest) GetAccessToken() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+type VolumeMount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Lowercase letters, digits and '-', 1-63 chars.
+	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Clean absolute path in the sandbox.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Capacity of the image made on first mount (an existing image keeps
+	// its size).
+	SizeMib       int64 `protobuf:"varint,3,opt,name=size_mib,json=sizeMib,proto3" json:"size_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMount) Reset() {
+	*x = VolumeMount{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMount) ProtoMessage() {}
+
+func (x *VolumeMount) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
+func (*VolumeMount) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *VolumeMount) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetSizeMib() int64 {
+	if x != nil {
+		return x.SizeMib
+	}
+	return 0
+}
+
+type DeleteVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeRequest) Reset() {
+	*x = DeleteVolumeRequest{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeRequest) ProtoMessage() {}
+
+func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeleteVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the node held the volume's image.
+	Existed       bool `protobuf:"varint,1,opt,name=existed,proto3" json:"existed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeleteVolumeResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
 type CreateSandboxResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -898,7 +1062,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1074,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1087,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{8}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -970,7 +1134,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1146,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1159,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{9}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -1014,7 +1178,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1026,7 +1190,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1039,7 +1203,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1061,7 +1225,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1237,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1250,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SandboxMetricsRequest) GetSandboxId() string {
@@ -1121,7 +1285,7 @@ type SandboxMetricsResponse struct {
 
 func (x *SandboxMetricsResponse) Reset() {
 	*x = SandboxMetricsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1297,7 @@ func (x *SandboxMetricsResponse) String() string {
 func (*SandboxMetricsResponse) ProtoMessage() {}
 
 func (x *SandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1310,7 @@ func (x *SandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SandboxMetricsResponse) GetSamples() []*SandboxSample {
@@ -1190,7 +1354,7 @@ type SandboxSample struct {
 
 func (x *SandboxSample) Reset() {
 	*x = SandboxSample{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1366,7 @@ func (x *SandboxSample) String() string {
 func (*SandboxSample) ProtoMessage() {}
 
 func (x *SandboxSample) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1379,7 @@ func (x *SandboxSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSample.ProtoReflect.Descriptor instead.
 func (*SandboxSample) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SandboxSample) GetAt() *timestamppb.Timestamp {
@@ -1321,7 +1485,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1497,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1510,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSandboxesRequest) GetStates() []SandboxState {
@@ -1372,7 +1536,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1548,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1561,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1417,7 +1581,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1593,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1606,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteSandboxRequest) GetRequestId() string {
@@ -1468,7 +1632,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1644,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1657,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteSandboxResponse) GetTimings() []*ActionTiming {
@@ -1514,7 +1678,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1690,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1703,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PauseSandboxRequest) GetRequestId() string {
@@ -1573,7 +1737,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1749,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1762,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1625,7 +1789,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1801,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1814,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResumeSandboxRequest) GetRequestId() string {
@@ -1677,7 +1841,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1853,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1866,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1744,7 +1908,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1920,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1933,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Template) GetId() string {
@@ -1894,7 +2058,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2070,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2083,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -1990,7 +2154,7 @@ type WarmTemplateRequest struct {
 
 func (x *WarmTemplateRequest) Reset() {
 	*x = WarmTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2166,7 @@ func (x *WarmTemplateRequest) String() string {
 func (*WarmTemplateRequest) ProtoMessage() {}
 
 func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2179,7 @@ func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTemplateRequest.ProtoReflect.Descriptor instead.
 func (*WarmTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WarmTemplateRequest) GetTemplateId() string {
@@ -2042,7 +2206,7 @@ type WarmTemplateResponse struct {
 
 func (x *WarmTemplateResponse) Reset() {
 	*x = WarmTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2218,7 @@ func (x *WarmTemplateResponse) String() string {
 func (*WarmTemplateResponse) ProtoMessage() {}
 
 func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2231,7 @@ func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTemplateResponse.ProtoReflect.Descriptor instead.
 func (*WarmTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WarmTemplateResponse) GetTemplate() *Template {
@@ -2095,7 +2259,7 @@ type RegistryAuth struct {
 
 func (x *RegistryAuth) Reset() {
 	*x = RegistryAuth{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2107,7 +2271,7 @@ func (x *RegistryAuth) String() string {
 func (*RegistryAuth) ProtoMessage() {}
 
 func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2120,7 +2284,7 @@ func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryAuth.ProtoReflect.Descriptor instead.
 func (*RegistryAuth) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegistryAuth) GetUsername() string {
@@ -2157,7 +2321,7 @@ type ImportProgress struct {
 
 func (x *ImportProgress) Reset() {
 	*x = ImportProgress{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2333,7 @@ func (x *ImportProgress) String() string {
 func (*ImportProgress) ProtoMessage() {}
 
 func (x *ImportProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2346,7 @@ func (x *ImportProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportProgress.ProtoReflect.Descriptor instead.
 func (*ImportProgress) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ImportProgress) GetPhase() string {
@@ -2233,7 +2397,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2409,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2422,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ImportTemplateResponse) GetEvent() isImportTemplateResponse_Event {
@@ -2310,7 +2474,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2486,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2499,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
 }
 
 type ListTemplatesResponse struct {
@@ -2351,7 +2515,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2527,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2540,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -2402,7 +2566,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +2578,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +2591,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetTemplateRequest) GetTemplateId() string {
@@ -2446,7 +2610,7 @@ type GetTemplateResponse struct {
 
 func (x *GetTemplateResponse) Reset() {
 	*x = GetTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2622,7 @@ func (x *GetTemplateResponse) String() string {
 func (*GetTemplateResponse) ProtoMessage() {}
 
 func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2635,7 @@ func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateResponse.ProtoReflect.Descriptor instead.
 func (*GetTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetTemplateResponse) GetTemplate() *Template {
@@ -2490,7 +2654,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2666,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2679,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2533,7 +2697,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2545,7 +2709,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2558,7 +2722,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
 }
 
 type RuntimeInfo struct {
@@ -2577,7 +2741,7 @@ type RuntimeInfo struct {
 
 func (x *RuntimeInfo) Reset() {
 	*x = RuntimeInfo{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2753,7 @@ func (x *RuntimeInfo) String() string {
 func (*RuntimeInfo) ProtoMessage() {}
 
 func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2766,7 @@ func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeInfo.ProtoReflect.Descriptor instead.
 func (*RuntimeInfo) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RuntimeInfo) GetName() string {
@@ -2655,7 +2819,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2667,7 +2831,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2680,7 +2844,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
 }
 
 type InfoResponse struct {
@@ -2703,7 +2867,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2715,7 +2879,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2728,7 +2892,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -2826,7 +2990,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2838,7 +3002,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2851,7 +3015,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Condition) GetType() string {
@@ -2883,7 +3047,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +3059,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +3072,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
 }
 
 type HealthResponse struct {
@@ -2921,7 +3085,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3097,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3110,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -2975,7 +3139,7 @@ type Flow struct {
 
 func (x *Flow) Reset() {
 	*x = Flow{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +3151,7 @@ func (x *Flow) String() string {
 func (*Flow) ProtoMessage() {}
 
 func (x *Flow) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +3164,7 @@ func (x *Flow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Flow.ProtoReflect.Descriptor instead.
 func (*Flow) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Flow) GetName() string {
@@ -3040,7 +3204,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3216,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3229,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Step) GetActions() []string {
@@ -3083,7 +3247,7 @@ type ListFlowsRequest struct {
 
 func (x *ListFlowsRequest) Reset() {
 	*x = ListFlowsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3259,7 @@ func (x *ListFlowsRequest) String() string {
 func (*ListFlowsRequest) ProtoMessage() {}
 
 func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3272,7 @@ func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsRequest.ProtoReflect.Descriptor instead.
 func (*ListFlowsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
 }
 
 type ListFlowsResponse struct {
@@ -3120,7 +3284,7 @@ type ListFlowsResponse struct {
 
 func (x *ListFlowsResponse) Reset() {
 	*x = ListFlowsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3296,7 @@ func (x *ListFlowsResponse) String() string {
 func (*ListFlowsResponse) ProtoMessage() {}
 
 func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3309,7 @@ func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsResponse.ProtoReflect.Descriptor instead.
 func (*ListFlowsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListFlowsResponse) GetFlows() []*Flow {
@@ -3166,7 +3330,7 @@ type SetFlowLimitRequest struct {
 
 func (x *SetFlowLimitRequest) Reset() {
 	*x = SetFlowLimitRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3342,7 @@ func (x *SetFlowLimitRequest) String() string {
 func (*SetFlowLimitRequest) ProtoMessage() {}
 
 func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3355,7 @@ func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitRequest.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SetFlowLimitRequest) GetFlow() string {
@@ -3217,7 +3381,7 @@ type SetFlowLimitResponse struct {
 
 func (x *SetFlowLimitResponse) Reset() {
 	*x = SetFlowLimitResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3393,7 @@ func (x *SetFlowLimitResponse) String() string {
 func (*SetFlowLimitResponse) ProtoMessage() {}
 
 func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3406,7 @@ func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitResponse.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SetFlowLimitResponse) GetFlow() *Flow {
@@ -3268,7 +3432,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3280,7 +3444,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3293,7 +3457,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ErrorDetail) GetReason() string {
@@ -3334,7 +3498,7 @@ type UpdateSandboxNetworkRequest struct {
 
 func (x *UpdateSandboxNetworkRequest) Reset() {
 	*x = UpdateSandboxNetworkRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3346,7 +3510,7 @@ func (x *UpdateSandboxNetworkRequest) String() string {
 func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3359,7 +3523,7 @@ func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UpdateSandboxNetworkRequest) GetSandboxId() string {
@@ -3385,7 +3549,7 @@ type UpdateSandboxNetworkResponse struct {
 
 func (x *UpdateSandboxNetworkResponse) Reset() {
 	*x = UpdateSandboxNetworkResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3397,7 +3561,7 @@ func (x *UpdateSandboxNetworkResponse) String() string {
 func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3410,7 +3574,7 @@ func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
@@ -3441,7 +3605,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3453,7 +3617,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3466,7 +3630,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Snapshot) GetId() string {
@@ -3555,7 +3719,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3567,7 +3731,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3580,7 +3744,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SnapshotSandboxRequest) GetRequestId() string {
@@ -3635,7 +3799,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3647,7 +3811,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3660,7 +3824,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -3688,7 +3852,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3864,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3877,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -3739,7 +3903,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3751,7 +3915,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3764,7 +3928,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -3783,7 +3947,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +3959,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +3972,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GetSnapshotRequest) GetSnapshotId() string {
@@ -3827,7 +3991,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3839,7 +4003,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3852,7 +4016,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
@@ -3875,7 +4039,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +4051,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +4064,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -3925,7 +4089,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3937,7 +4101,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3950,7 +4114,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
 }
 
 type ExportSnapshotRequest struct {
@@ -3962,7 +4126,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4138,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4151,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -4013,7 +4177,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4189,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4202,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Transfer) GetLogicalBytes() int64 {
@@ -4079,7 +4243,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4091,7 +4255,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4104,7 +4268,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ExportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -4134,7 +4298,7 @@ type ImportSnapshotRequest struct {
 
 func (x *ImportSnapshotRequest) Reset() {
 	*x = ImportSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4146,7 +4310,7 @@ func (x *ImportSnapshotRequest) String() string {
 func (*ImportSnapshotRequest) ProtoMessage() {}
 
 func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4159,7 +4323,7 @@ func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ImportSnapshotRequest) GetSnapshotId() string {
@@ -4188,7 +4352,7 @@ type ImportSnapshotResponse struct {
 
 func (x *ImportSnapshotResponse) Reset() {
 	*x = ImportSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4364,7 @@ func (x *ImportSnapshotResponse) String() string {
 func (*ImportSnapshotResponse) ProtoMessage() {}
 
 func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4377,7 @@ func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ImportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -4259,7 +4423,7 @@ type CloneSandboxRequest struct {
 
 func (x *CloneSandboxRequest) Reset() {
 	*x = CloneSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4271,7 +4435,7 @@ func (x *CloneSandboxRequest) String() string {
 func (*CloneSandboxRequest) ProtoMessage() {}
 
 func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4284,7 +4448,7 @@ func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CloneSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{64}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CloneSandboxRequest) GetRequestId() string {
@@ -4360,7 +4524,7 @@ type CloneSandboxResponse struct {
 
 func (x *CloneSandboxResponse) Reset() {
 	*x = CloneSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4372,7 +4536,7 @@ func (x *CloneSandboxResponse) String() string {
 func (*CloneSandboxResponse) ProtoMessage() {}
 
 func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4385,7 +4549,7 @@ func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CloneSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{65}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CloneSandboxResponse) GetSandboxes() []*Sandbox {
@@ -4413,7 +4577,7 @@ type RollbackSandboxRequest struct {
 
 func (x *RollbackSandboxRequest) Reset() {
 	*x = RollbackSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4425,7 +4589,7 @@ func (x *RollbackSandboxRequest) String() string {
 func (*RollbackSandboxRequest) ProtoMessage() {}
 
 func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4438,7 +4602,7 @@ func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxRequest.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{66}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RollbackSandboxRequest) GetRequestId() string {
@@ -4472,7 +4636,7 @@ type RollbackSandboxResponse struct {
 
 func (x *RollbackSandboxResponse) Reset() {
 	*x = RollbackSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4484,7 +4648,7 @@ func (x *RollbackSandboxResponse) String() string {
 func (*RollbackSandboxResponse) ProtoMessage() {}
 
 func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4497,7 +4661,7 @@ func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxResponse.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{67}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RollbackSandboxResponse) GetSandbox() *Sandbox {
@@ -4588,7 +4752,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x06action\x18\x03 \x01(\tR\x06action\x12\x14\n" +
 	"\x05phase\x18\x04 \x01(\tR\x05phase\x125\n" +
 	"\bduration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xdf\x05\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x92\x06\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -4605,7 +4769,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\vhost_mounts\x18\n" +
 	" \x03(\v2\x15.cubelet.v1.HostMountR\n" +
 	"hostMounts\x12!\n" +
-	"\faccess_token\x18\v \x01(\tR\vaccessToken\x1a9\n" +
+	"\faccess_token\x18\v \x01(\tR\vaccessToken\x121\n" +
+	"\avolumes\x18\f \x03(\v2\x17.cubelet.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -4614,7 +4779,15 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc2\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Y\n" +
+	"\vVolumeMount\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x19\n" +
+	"\bsize_mib\x18\x03 \x01(\x03R\asizeMib\"2\n" +
+	"\x13DeleteVolumeRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"0\n" +
+	"\x14DeleteVolumeResponse\x12\x18\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"\xc2\x01\n" +
 	"\x15CreateSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.cubelet.v1.SandboxR\asandbox\x122\n" +
 	"\atimings\x18\x02 \x03(\v2\x18.cubelet.v1.ActionTimingR\atimings\x12\x12\n" +
@@ -4940,7 +5113,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\tPauseMode\x12\x1a\n" +
 	"\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PAUSE_MODE_MEMORY\x10\x01\x12\x13\n" +
-	"\x0fPAUSE_MODE_DISK\x10\x022\xce\x10\n" +
+	"\x0fPAUSE_MODE_DISK\x10\x022\xa1\x11\n" +
 	"\x0eCubeletService\x12T\n" +
 	"\rCreateSandbox\x12 .cubelet.v1.CreateSandboxRequest\x1a!.cubelet.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -4967,7 +5140,8 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x04Info\x12\x17.cubelet.v1.InfoRequest\x1a\x18.cubelet.v1.InfoResponse\x12?\n" +
 	"\x06Health\x12\x19.cubelet.v1.HealthRequest\x1a\x1a.cubelet.v1.HealthResponse\x12H\n" +
 	"\tListFlows\x12\x1c.cubelet.v1.ListFlowsRequest\x1a\x1d.cubelet.v1.ListFlowsResponse\x12Q\n" +
-	"\fSetFlowLimit\x12\x1f.cubelet.v1.SetFlowLimitRequest\x1a .cubelet.v1.SetFlowLimitResponseB6Z4github.com/cubesandbox/cube/api/cubelet/v1;cubeletv1b\x06proto3"
+	"\fSetFlowLimit\x12\x1f.cubelet.v1.SetFlowLimitRequest\x1a .cubelet.v1.SetFlowLimitResponse\x12Q\n" +
+	"\fDeleteVolume\x12\x1f.cubelet.v1.DeleteVolumeRequest\x1a .cubelet.v1.DeleteVolumeResponseB6Z4github.com/cubesandbox/cube/api/cubelet/v1;cubeletv1b\x06proto3"
 
 var (
 	file_cubelet_v1_cubelet_proto_rawDescOnce sync.Once
@@ -4982,7 +5156,7 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 }
 
 var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
 	(PauseMode)(0),                       // 1: cubelet.v1.PauseMode
@@ -4994,213 +5168,219 @@ var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(*HostMount)(nil),                    // 7: cubelet.v1.HostMount
 	(*ActionTiming)(nil),                 // 8: cubelet.v1.ActionTiming
 	(*CreateSandboxRequest)(nil),         // 9: cubelet.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),        // 10: cubelet.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),            // 11: cubelet.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 12: cubelet.v1.GetSandboxResponse
-	(*SandboxMetricsRequest)(nil),        // 13: cubelet.v1.SandboxMetricsRequest
-	(*SandboxMetricsResponse)(nil),       // 14: cubelet.v1.SandboxMetricsResponse
-	(*SandboxSample)(nil),                // 15: cubelet.v1.SandboxSample
-	(*ListSandboxesRequest)(nil),         // 16: cubelet.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 17: cubelet.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),         // 18: cubelet.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),        // 19: cubelet.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),          // 20: cubelet.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),         // 21: cubelet.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 22: cubelet.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 23: cubelet.v1.ResumeSandboxResponse
-	(*Template)(nil),                     // 24: cubelet.v1.Template
-	(*ImportTemplateRequest)(nil),        // 25: cubelet.v1.ImportTemplateRequest
-	(*WarmTemplateRequest)(nil),          // 26: cubelet.v1.WarmTemplateRequest
-	(*WarmTemplateResponse)(nil),         // 27: cubelet.v1.WarmTemplateResponse
-	(*RegistryAuth)(nil),                 // 28: cubelet.v1.RegistryAuth
-	(*ImportProgress)(nil),               // 29: cubelet.v1.ImportProgress
-	(*ImportTemplateResponse)(nil),       // 30: cubelet.v1.ImportTemplateResponse
-	(*ListTemplatesRequest)(nil),         // 31: cubelet.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),        // 32: cubelet.v1.ListTemplatesResponse
-	(*GetTemplateRequest)(nil),           // 33: cubelet.v1.GetTemplateRequest
-	(*GetTemplateResponse)(nil),          // 34: cubelet.v1.GetTemplateResponse
-	(*DeleteTemplateRequest)(nil),        // 35: cubelet.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),       // 36: cubelet.v1.DeleteTemplateResponse
-	(*RuntimeInfo)(nil),                  // 37: cubelet.v1.RuntimeInfo
-	(*InfoRequest)(nil),                  // 38: cubelet.v1.InfoRequest
-	(*InfoResponse)(nil),                 // 39: cubelet.v1.InfoResponse
-	(*Condition)(nil),                    // 40: cubelet.v1.Condition
-	(*HealthRequest)(nil),                // 41: cubelet.v1.HealthRequest
-	(*HealthResponse)(nil),               // 42: cubelet.v1.HealthResponse
-	(*Flow)(nil),                         // 43: cubelet.v1.Flow
-	(*Step)(nil),                         // 44: cubelet.v1.Step
-	(*ListFlowsRequest)(nil),             // 45: cubelet.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),            // 46: cubelet.v1.ListFlowsResponse
-	(*SetFlowLimitRequest)(nil),          // 47: cubelet.v1.SetFlowLimitRequest
-	(*SetFlowLimitResponse)(nil),         // 48: cubelet.v1.SetFlowLimitResponse
-	(*ErrorDetail)(nil),                  // 49: cubelet.v1.ErrorDetail
-	(*UpdateSandboxNetworkRequest)(nil),  // 50: cubelet.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 51: cubelet.v1.UpdateSandboxNetworkResponse
-	(*Snapshot)(nil),                     // 52: cubelet.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),       // 53: cubelet.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),      // 54: cubelet.v1.SnapshotSandboxResponse
-	(*ListSnapshotsRequest)(nil),         // 55: cubelet.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 56: cubelet.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 57: cubelet.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 58: cubelet.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),        // 59: cubelet.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),       // 60: cubelet.v1.DeleteSnapshotResponse
-	(*ExportSnapshotRequest)(nil),        // 61: cubelet.v1.ExportSnapshotRequest
-	(*Transfer)(nil),                     // 62: cubelet.v1.Transfer
-	(*ExportSnapshotResponse)(nil),       // 63: cubelet.v1.ExportSnapshotResponse
-	(*ImportSnapshotRequest)(nil),        // 64: cubelet.v1.ImportSnapshotRequest
-	(*ImportSnapshotResponse)(nil),       // 65: cubelet.v1.ImportSnapshotResponse
-	(*CloneSandboxRequest)(nil),          // 66: cubelet.v1.CloneSandboxRequest
-	(*CloneSandboxResponse)(nil),         // 67: cubelet.v1.CloneSandboxResponse
-	(*RollbackSandboxRequest)(nil),       // 68: cubelet.v1.RollbackSandboxRequest
-	(*RollbackSandboxResponse)(nil),      // 69: cubelet.v1.RollbackSandboxResponse
-	nil,                                  // 70: cubelet.v1.Sandbox.LabelsEntry
-	nil,                                  // 71: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                                  // 72: cubelet.v1.Sandbox.EnvEntry
-	nil,                                  // 73: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 74: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                  // 75: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 76: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 77: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	nil,                                  // 78: cubelet.v1.Snapshot.LabelsEntry
-	nil,                                  // 79: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	nil,                                  // 80: cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	nil,                                  // 81: cubelet.v1.CloneSandboxRequest.LabelsEntry
-	nil,                                  // 82: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	nil,                                  // 83: cubelet.v1.CloneSandboxRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 84: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 85: google.protobuf.Duration
+	(*VolumeMount)(nil),                  // 10: cubelet.v1.VolumeMount
+	(*DeleteVolumeRequest)(nil),          // 11: cubelet.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),         // 12: cubelet.v1.DeleteVolumeResponse
+	(*CreateSandboxResponse)(nil),        // 13: cubelet.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 14: cubelet.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 15: cubelet.v1.GetSandboxResponse
+	(*SandboxMetricsRequest)(nil),        // 16: cubelet.v1.SandboxMetricsRequest
+	(*SandboxMetricsResponse)(nil),       // 17: cubelet.v1.SandboxMetricsResponse
+	(*SandboxSample)(nil),                // 18: cubelet.v1.SandboxSample
+	(*ListSandboxesRequest)(nil),         // 19: cubelet.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 20: cubelet.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 21: cubelet.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 22: cubelet.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 23: cubelet.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 24: cubelet.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 25: cubelet.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 26: cubelet.v1.ResumeSandboxResponse
+	(*Template)(nil),                     // 27: cubelet.v1.Template
+	(*ImportTemplateRequest)(nil),        // 28: cubelet.v1.ImportTemplateRequest
+	(*WarmTemplateRequest)(nil),          // 29: cubelet.v1.WarmTemplateRequest
+	(*WarmTemplateResponse)(nil),         // 30: cubelet.v1.WarmTemplateResponse
+	(*RegistryAuth)(nil),                 // 31: cubelet.v1.RegistryAuth
+	(*ImportProgress)(nil),               // 32: cubelet.v1.ImportProgress
+	(*ImportTemplateResponse)(nil),       // 33: cubelet.v1.ImportTemplateResponse
+	(*ListTemplatesRequest)(nil),         // 34: cubelet.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),        // 35: cubelet.v1.ListTemplatesResponse
+	(*GetTemplateRequest)(nil),           // 36: cubelet.v1.GetTemplateRequest
+	(*GetTemplateResponse)(nil),          // 37: cubelet.v1.GetTemplateResponse
+	(*DeleteTemplateRequest)(nil),        // 38: cubelet.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),       // 39: cubelet.v1.DeleteTemplateResponse
+	(*RuntimeInfo)(nil),                  // 40: cubelet.v1.RuntimeInfo
+	(*InfoRequest)(nil),                  // 41: cubelet.v1.InfoRequest
+	(*InfoResponse)(nil),                 // 42: cubelet.v1.InfoResponse
+	(*Condition)(nil),                    // 43: cubelet.v1.Condition
+	(*HealthRequest)(nil),                // 44: cubelet.v1.HealthRequest
+	(*HealthResponse)(nil),               // 45: cubelet.v1.HealthResponse
+	(*Flow)(nil),                         // 46: cubelet.v1.Flow
+	(*Step)(nil),                         // 47: cubelet.v1.Step
+	(*ListFlowsRequest)(nil),             // 48: cubelet.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),            // 49: cubelet.v1.ListFlowsResponse
+	(*SetFlowLimitRequest)(nil),          // 50: cubelet.v1.SetFlowLimitRequest
+	(*SetFlowLimitResponse)(nil),         // 51: cubelet.v1.SetFlowLimitResponse
+	(*ErrorDetail)(nil),                  // 52: cubelet.v1.ErrorDetail
+	(*UpdateSandboxNetworkRequest)(nil),  // 53: cubelet.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 54: cubelet.v1.UpdateSandboxNetworkResponse
+	(*Snapshot)(nil),                     // 55: cubelet.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),       // 56: cubelet.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),      // 57: cubelet.v1.SnapshotSandboxResponse
+	(*ListSnapshotsRequest)(nil),         // 58: cubelet.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 59: cubelet.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 60: cubelet.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 61: cubelet.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),        // 62: cubelet.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 63: cubelet.v1.DeleteSnapshotResponse
+	(*ExportSnapshotRequest)(nil),        // 64: cubelet.v1.ExportSnapshotRequest
+	(*Transfer)(nil),                     // 65: cubelet.v1.Transfer
+	(*ExportSnapshotResponse)(nil),       // 66: cubelet.v1.ExportSnapshotResponse
+	(*ImportSnapshotRequest)(nil),        // 67: cubelet.v1.ImportSnapshotRequest
+	(*ImportSnapshotResponse)(nil),       // 68: cubelet.v1.ImportSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 69: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 70: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 71: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 72: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 73: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 74: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 75: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 76: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 77: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 78: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 79: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 80: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 81: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 82: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 83: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 84: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 85: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 86: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 87: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 88: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
-	0,  // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	70, // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	71, // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
-	2,  // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	72, // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	84, // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	84, // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
-	6,  // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
-	7,  // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
-	5,  // 9: cubelet.v1.NetworkPolicy.credentials:type_name -> cubelet.v1.Credential
-	4,  // 10: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
-	85, // 11: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	73, // 12: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	74, // 13: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	2,  // 14: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	75, // 15: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
-	4,  // 16: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	7,  // 17: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
-	3,  // 18: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,  // 19: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,  // 20: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	84, // 21: cubelet.v1.SandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	84, // 22: cubelet.v1.SandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	15, // 23: cubelet.v1.SandboxMetricsResponse.samples:type_name -> cubelet.v1.SandboxSample
-	85, // 24: cubelet.v1.SandboxMetricsResponse.interval:type_name -> google.protobuf.Duration
-	84, // 25: cubelet.v1.SandboxSample.at:type_name -> google.protobuf.Timestamp
-	85, // 26: cubelet.v1.SandboxSample.cpu_time:type_name -> google.protobuf.Duration
-	0,  // 27: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	76, // 28: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
-	3,  // 29: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	8,  // 30: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	1,  // 31: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
-	3,  // 32: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,  // 33: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,  // 34: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,  // 35: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	84, // 36: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	28, // 37: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	24, // 38: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
-	8,  // 39: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
-	29, // 40: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
-	24, // 41: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
-	24, // 42: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	84, // 43: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
-	24, // 44: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
-	37, // 45: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	77, // 46: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
-	40, // 47: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
-	44, // 48: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
-	43, // 49: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
-	43, // 50: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
-	0,  // 51: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
-	4,  // 52: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
-	3,  // 53: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	78, // 54: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
-	84, // 55: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	79, // 56: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	52, // 57: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	8,  // 58: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	80, // 59: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	52, // 60: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
-	52, // 61: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	52, // 62: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	62, // 63: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
-	52, // 64: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	62, // 65: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
-	81, // 66: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
-	82, // 67: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	83, // 68: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
-	4,  // 69: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	3,  // 70: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	8,  // 71: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,  // 72: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,  // 73: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	9,  // 74: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	11, // 75: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	13, // 76: cubelet.v1.CubeletService.SandboxMetrics:input_type -> cubelet.v1.SandboxMetricsRequest
-	16, // 77: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	18, // 78: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	20, // 79: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	22, // 80: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	50, // 81: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
-	53, // 82: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
-	55, // 83: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
-	57, // 84: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
-	59, // 85: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
-	66, // 86: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
-	68, // 87: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
-	61, // 88: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
-	64, // 89: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
-	25, // 90: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	31, // 91: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	33, // 92: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	35, // 93: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	26, // 94: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
-	38, // 95: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	41, // 96: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	45, // 97: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	47, // 98: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	10, // 99: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	12, // 100: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	14, // 101: cubelet.v1.CubeletService.SandboxMetrics:output_type -> cubelet.v1.SandboxMetricsResponse
-	17, // 102: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	19, // 103: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	21, // 104: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	23, // 105: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	51, // 106: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
-	54, // 107: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
-	56, // 108: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
-	58, // 109: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
-	60, // 110: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
-	67, // 111: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
-	69, // 112: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
-	63, // 113: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
-	65, // 114: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
-	30, // 115: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	32, // 116: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	34, // 117: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	36, // 118: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	27, // 119: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
-	39, // 120: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	42, // 121: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	46, // 122: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	48, // 123: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	99, // [99:124] is the sub-list for method output_type
-	74, // [74:99] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	0,   // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
+	73,  // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	74,  // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	2,   // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
+	75,  // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	87,  // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	87,  // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	6,   // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
+	7,   // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
+	5,   // 9: cubelet.v1.NetworkPolicy.credentials:type_name -> cubelet.v1.Credential
+	4,   // 10: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
+	88,  // 11: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	76,  // 12: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	77,  // 13: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	2,   // 14: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
+	78,  // 15: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	4,   // 16: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	7,   // 17: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
+	10,  // 18: cubelet.v1.CreateSandboxRequest.volumes:type_name -> cubelet.v1.VolumeMount
+	3,   // 19: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	8,   // 20: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,   // 21: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	87,  // 22: cubelet.v1.SandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	87,  // 23: cubelet.v1.SandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	18,  // 24: cubelet.v1.SandboxMetricsResponse.samples:type_name -> cubelet.v1.SandboxSample
+	88,  // 25: cubelet.v1.SandboxMetricsResponse.interval:type_name -> google.protobuf.Duration
+	87,  // 26: cubelet.v1.SandboxSample.at:type_name -> google.protobuf.Timestamp
+	88,  // 27: cubelet.v1.SandboxSample.cpu_time:type_name -> google.protobuf.Duration
+	0,   // 28: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
+	79,  // 29: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	3,   // 30: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	8,   // 31: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	1,   // 32: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
+	3,   // 33: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	8,   // 34: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,   // 35: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	8,   // 36: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	87,  // 37: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	31,  // 38: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	27,  // 39: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
+	8,   // 40: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
+	32,  // 41: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
+	27,  // 42: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
+	27,  // 43: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
+	87,  // 44: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
+	27,  // 45: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
+	40,  // 46: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	80,  // 47: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	43,  // 48: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
+	47,  // 49: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
+	46,  // 50: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
+	46,  // 51: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
+	0,   // 52: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
+	4,   // 53: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
+	3,   // 54: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	81,  // 55: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	87,  // 56: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	82,  // 57: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	55,  // 58: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	8,   // 59: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	83,  // 60: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	55,  // 61: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
+	55,  // 62: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	55,  // 63: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	65,  // 64: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	55,  // 65: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	65,  // 66: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	84,  // 67: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	85,  // 68: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	86,  // 69: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	4,   // 70: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	3,   // 71: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	8,   // 72: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,   // 73: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	8,   // 74: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	9,   // 75: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	14,  // 76: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	16,  // 77: cubelet.v1.CubeletService.SandboxMetrics:input_type -> cubelet.v1.SandboxMetricsRequest
+	19,  // 78: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	21,  // 79: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	23,  // 80: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	25,  // 81: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	53,  // 82: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	56,  // 83: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	58,  // 84: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	60,  // 85: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	62,  // 86: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	69,  // 87: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	71,  // 88: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	64,  // 89: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
+	67,  // 90: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
+	28,  // 91: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	34,  // 92: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	36,  // 93: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	38,  // 94: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	29,  // 95: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
+	41,  // 96: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	44,  // 97: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	48,  // 98: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	50,  // 99: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	11,  // 100: cubelet.v1.CubeletService.DeleteVolume:input_type -> cubelet.v1.DeleteVolumeRequest
+	13,  // 101: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	15,  // 102: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	17,  // 103: cubelet.v1.CubeletService.SandboxMetrics:output_type -> cubelet.v1.SandboxMetricsResponse
+	20,  // 104: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	22,  // 105: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	24,  // 106: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	26,  // 107: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	54,  // 108: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	57,  // 109: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	59,  // 110: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	61,  // 111: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	63,  // 112: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	70,  // 113: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	72,  // 114: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	66,  // 115: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
+	68,  // 116: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
+	33,  // 117: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	35,  // 118: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	37,  // 119: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	39,  // 120: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	30,  // 121: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
+	42,  // 122: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	45,  // 123: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	49,  // 124: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	51,  // 125: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	12,  // 126: cubelet.v1.CubeletService.DeleteVolume:output_type -> cubelet.v1.DeleteVolumeResponse
+	101, // [101:127] is the sub-list for method output_type
+	75,  // [75:101] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -5209,7 +5389,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 		return
 	}
 	file_cubelet_v1_cubelet_proto_msgTypes[2].OneofWrappers = []any{}
-	file_cubelet_v1_cubelet_proto_msgTypes[28].OneofWrappers = []any{
+	file_cubelet_v1_cubelet_proto_msgTypes[31].OneofWrappers = []any{
 		(*ImportTemplateResponse_Progress)(nil),
 		(*ImportTemplateResponse_Template)(nil),
 	}
@@ -5219,7 +5399,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   82,
+			NumMessages:   85,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

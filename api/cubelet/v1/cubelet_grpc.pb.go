@@ -44,6 +44,7 @@ const (
 	CubeletService_Health_FullMethodName               = "/cubelet.v1.CubeletService/Health"
 	CubeletService_ListFlows_FullMethodName            = "/cubelet.v1.CubeletService/ListFlows"
 	CubeletService_SetFlowLimit_FullMethodName         = "/cubelet.v1.CubeletService/SetFlowLimit"
+	CubeletService_DeleteVolume_FullMethodName         = "/cubelet.v1.CubeletService/DeleteVolume"
 )
 
 // CubeletServiceClient is the client API for CubeletService service.
@@ -93,6 +94,9 @@ type CubeletServiceClient interface {
 	// Admin: workflow flows and their concurrency limits, changeable live.
 	ListFlows(ctx context.Context, in *ListFlowsRequest, opts ...grpc.CallOption) (*ListFlowsResponse, error)
 	SetFlowLimit(ctx context.Context, in *SetFlowLimitRequest, opts ...grpc.CallOption) (*SetFlowLimitResponse, error)
+	// Removes a volume's image from the node; FailedPrecondition while a
+	// sandbox has it mounted, OK when the node has no such volume.
+	DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, opts ...grpc.CallOption) (*DeleteVolumeResponse, error)
 }
 
 type cubeletServiceClient struct {
@@ -362,6 +366,16 @@ func (c *cubeletServiceClient) SetFlowLimit(ctx context.Context, in *SetFlowLimi
 	return out, nil
 }
 
+func (c *cubeletServiceClient) DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, opts ...grpc.CallOption) (*DeleteVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteVolumeResponse)
+	err := c.cc.Invoke(ctx, CubeletService_DeleteVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CubeletServiceServer is the server API for CubeletService service.
 // All implementations must embed UnimplementedCubeletServiceServer
 // for forward compatibility.
@@ -409,6 +423,9 @@ type CubeletServiceServer interface {
 	// Admin: workflow flows and their concurrency limits, changeable live.
 	ListFlows(context.Context, *ListFlowsRequest) (*ListFlowsResponse, error)
 	SetFlowLimit(context.Context, *SetFlowLimitRequest) (*SetFlowLimitResponse, error)
+	// Removes a volume's image from the node; FailedPrecondition while a
+	// sandbox has it mounted, OK when the node has no such volume.
+	DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error)
 	mustEmbedUnimplementedCubeletServiceServer()
 }
 
@@ -493,6 +510,9 @@ func (UnimplementedCubeletServiceServer) ListFlows(context.Context, *ListFlowsRe
 }
 func (UnimplementedCubeletServiceServer) SetFlowLimit(context.Context, *SetFlowLimitRequest) (*SetFlowLimitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetFlowLimit not implemented")
+}
+func (UnimplementedCubeletServiceServer) DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteVolume not implemented")
 }
 func (UnimplementedCubeletServiceServer) mustEmbedUnimplementedCubeletServiceServer() {}
 func (UnimplementedCubeletServiceServer) testEmbeddedByValue()                        {}
@@ -958,6 +978,24 @@ func _CubeletService_SetFlowLimit_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _CubeletService_DeleteVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CubeletServiceServer).DeleteVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CubeletService_DeleteVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CubeletServiceServer).DeleteVolume(ctx, req.(*DeleteVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // CubeletService_ServiceDesc is the grpc.ServiceDesc for CubeletService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1060,6 +1098,10 @@ var CubeletService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetFlowLimit",
 			Handler:    _CubeletService_SetFlowLimit_Handler,
+		},
+		{
+			MethodName: "DeleteVolume",
+			Handler:    _CubeletService_DeleteVolume_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

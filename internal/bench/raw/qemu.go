@@ -26,6 +26,9 @@ import (
 // reported the migration completed and the VM was continued. What it
 // leaves out of a create: cgroup, network slot, state store, reinit.
 
+// incomingTimeout bounds a raw restore's migration.
+const incomingTimeout = 2 * time.Minute
+
 // QemuBinary is the QEMU the raw restore runs.
 const QemuBinary = "qemu-system-x86_64"
 
@@ -56,7 +59,11 @@ func Incoming(ctx context.Context, mem, disk, work string, cid uint32) (took tim
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
 	}
-	if err := vm.WaitIncoming(ctx, f.QMP, true); err != nil {
+	// A stream cut short inside the device state can leave QEMU 7.2
+	// waiting for the rest for ever (docs/vm.md).
+	wctx, cancel := context.WithTimeout(ctx, incomingTimeout)
+	defer cancel()
+	if err := vm.WaitIncoming(wctx, f, true); err != nil {
 		return 0, fmt.Errorf("%w: %s", err, Tail(f.Log))
 	}
 	c := agentchan.SerialClient(f.Agent)
@@ -159,4 +166,70 @@ func ficlone(src, dst string) error {
 		return fmt.Errorf("FICLONE %s: %w", src, err)
 	}
 	return nil
+}
+
+// CloneMem is the host memory of one VM clone's QEMU, from its smaps: Pss
+// and how it splits. Template is its share of the warm template's pages
+// (Pss_Shmem: the sealed RAM copy every clone maps); Own is the rest (Pss
+// minus Template), of which CoW is guest RAM the clone wrote since its
+// restore and the remainder QEMU itself (heap, TCG's translation cache).
+type CloneMem struct {
+	Pss, Template, Own, CoW int64 // bytes
+}
+
+// VMCloneMem measures the QEMU with this pid.
+func VMCloneMem(pid int) (CloneMem, error) {
+	m, err := vm.SmapsRollup(pid)
+	if err != nil {
+		return CloneMem{}, err
+	}
+	g, err := vm.TemplateMapping(pid)
+	if err != nil {
+		return CloneMem{}, err
+	}
+	c := CloneMem{Pss: m["Pss"] << 10, Template: m["Pss_Shmem"] << 10, CoW: g["Anonymous"] << 10}
+	c.Own = c.Pss - c.Template
+	return c, nil
+}
+
+// FullImage writes into out a full memory image of the shared-memory VM
+// template snapshot in mem (vm.RawSaveFull: every RAM page in the
+// stream, as snapshots were before templates shared memory), restoring it
+// once by hand in work (removed at the end) and migrating it out: the
+// qemu-incoming-full baseline restores that, the same guest state, the
+// way a create did before.
+func FullImage(ctx context.Context, mem, disk, work, out string) (err error) {
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, os.RemoveAll(work)) }()
+	clone := filepath.Join(work, "disk.img")
+	if err := ficlone(disk, clone); err != nil {
+		return err
+	}
+	args, f, err := vm.RawIncoming(mem, clone, work, 999)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, killQemu(f.PIDFile)) }()
+	cmd := exec.CommandContext(ctx, "unshare", append([]string{"--net", "--", QemuBinary}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu -incoming: %w: %s %s", err, out, Tail(f.Log))
+	}
+	wctx, cancel := context.WithTimeout(ctx, incomingTimeout)
+	defer cancel()
+	if err := vm.WaitIncoming(wctx, f, false); err != nil {
+		return fmt.Errorf("%w: %s", err, Tail(f.Log))
+	}
+	if err := vm.RawSaveFull(ctx, f, mem, out); err != nil {
+		return fmt.Errorf("%w: %s", err, Tail(f.Log))
+	}
+	return nil
+}
+
+// SharedMemory reports whether the VM snapshot in mem is a template with
+// shared memory (its RAM a file beside a device-state stream).
+func SharedMemory(mem string) bool {
+	_, err := os.Stat(filepath.Join(mem, vm.RAMFile))
+	return err == nil
 }

@@ -95,5 +95,8 @@ func Evaluate(rep *Report) []Target {
 	default:
 		out = append(out, Target{Name: warm, Want: "<= 1.20x (p50)", Got: "not measured: run with --runtime gvisor or vm"})
 	}
+	if find("qemu-incoming-full") != nil {
+		ratio("VM create from a shared-memory warm template vs bare qemu -incoming of a full image of it", "<= 0.20x (p50)", 0.2, "create-warm", "qemu-incoming-full", p50, false)
+	}
 	return out
 }

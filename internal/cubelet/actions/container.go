@@ -124,6 +124,18 @@ func (n *Node) launchSpec(ctx context.Context, rec *sandbox.Record, tmpl *sandbo
 	if spec.Mounts, unstage, err = n.StageHostMounts(ctx, rec.HostKey(), rec.HostMounts, !boots); err != nil {
 		return spec, unstage, err
 	}
+	if len(rec.Volumes) > 0 {
+		if boots {
+			unstage()
+			return spec, func() {}, fmt.Errorf("volumes: runtime %q boots its own disk and binds no host directory; volumes are mounted on runc and gvisor only: %w", rec.Runtime, errdefs.ErrNotImplemented)
+		}
+		vols, err := n.MountVolumes(ctx, rec)
+		if err != nil {
+			unstage()
+			return spec, func() {}, err
+		}
+		spec.Mounts = append(spec.Mounts, vols...)
+	}
 	if m, ok := n.sharedAgent(); ok && !boots {
 		spec.Mounts = append(spec.Mounts, m)
 	}
@@ -173,13 +185,17 @@ func memoryImage(d runtime.Driver, t *Task) string {
 func (a *containerAction) Destroy(ctx context.Context, t *Task) error {
 	rec := t.Record()
 	if rec.Container == nil {
-		return nil
+		// A sandbox paused to disk has no container but keeps its volumes.
+		return a.n.UnmountVolumes(ctx, rec)
 	}
 	d, err := a.n.Driver(rec.Runtime)
 	if err != nil {
 		return err
 	}
 	if err := d.Stop(ctx, rec.Container.ID); err != nil {
+		return err
+	}
+	if err := a.n.UnmountVolumes(ctx, rec); err != nil {
 		return err
 	}
 	// Normally gone once the sandbox started; left by a cubelet that died

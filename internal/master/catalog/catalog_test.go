@@ -56,6 +56,7 @@ func TestCatalog(t *testing.T) {
 		{"Events", testEvents},
 		{"Leases", testLeases},
 		{"Secrets", testSecrets},
+		{"Volumes", testVolumes},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

@@ -189,9 +189,15 @@ func checkQuota(ctx context.Context, tx *sql.Tx, s *Sandbox) error {
 type TeamInUseError struct {
 	Team                 string
 	Sandboxes, Snapshots int64
+	// Volumes are never removed by a forced delete (their data would go
+	// with them): the team's owner deletes them.
+	Volumes int64
 }
 
 func (e *TeamInUseError) Error() string {
+	if e.Volumes > 0 && e.Sandboxes == 0 && e.Snapshots == 0 {
+		return fmt.Sprintf("team %q holds %d volumes: delete them first (DELETE /volumes/{volumeID} with a key of the team)", e.Team, e.Volumes)
+	}
 	return fmt.Sprintf("team %q holds %d sandboxes and %d snapshots: delete them first, or force the delete to kill them", e.Team, e.Sandboxes, e.Snapshots)
 }
 
@@ -221,7 +227,10 @@ func (c *Catalog) DeleteTeam(ctx context.Context, name string) ([]*APIKey, error
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE team = ?`, name).Scan(&inUse.Snapshots); err != nil {
 			return err
 		}
-		if inUse.Sandboxes > 0 || inUse.Snapshots > 0 {
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM volumes WHERE team = ?`, name).Scan(&inUse.Volumes); err != nil {
+			return err
+		}
+		if inUse.Sandboxes > 0 || inUse.Snapshots > 0 || inUse.Volumes > 0 {
 			return inUse
 		}
 		if keys, err = teamKeys(ctx, tx, name); err != nil {

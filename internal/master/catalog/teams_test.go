@@ -13,9 +13,10 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
-// rollbackTeams undoes migrations 0012 to 0005 on SQLite, the way the
+// rollbackTeams undoes migrations 0013 to 0005 on SQLite, the way the
 // migration tests take a catalog back to an older schema.
 var rollbackTeams = []string{
+	`DROP TABLE volumes`, // 0013
 	`ALTER TABLE sandboxes DROP COLUMN pause_snapshot`, // 0012
 	`DROP TABLE secrets`,           // 0011
 	`DROP TABLE cluster_templates`, // 0010

@@ -252,6 +252,11 @@ func TestE2BAPI(t *testing.T) {
 			t.Fatalf("resume running: %d %s", r.StatusCode, r.Body)
 		}
 		c.Do(t, "POST", "/sandboxes/"+id+"/pause", nil, nil)
+		// A paused sandbox has no timeout to set (E2B: 404; SDK 2.0's
+		// connect resumes on it); a running one takes it ("deadlines").
+		if r := c.Do(t, "POST", "/sandboxes/"+id+"/timeout", map[string]any{"timeout": 60}, nil); r.StatusCode != 404 {
+			t.Fatalf("timeout of a paused sandbox: %d %s", r.StatusCode, r.Body)
+		}
 		if r := c.Do(t, "POST", "/sandboxes/"+id+"/resume", map[string]any{"timeout": 30}, &sb); r.StatusCode != 201 {
 			t.Fatalf("resume paused: %d %s", r.StatusCode, r.Body)
 		}
@@ -290,7 +295,9 @@ func TestE2BAPI(t *testing.T) {
 			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": -5}, 400},
 			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "timeout": 999999}, 400},
 			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "envVars": map[string]string{"1BAD": "x"}}, 400},
-			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "volumeMounts": []map[string]string{{"name": "v", "path": "/v"}}}, 400},
+			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "volumeMounts": []map[string]string{{"name": "v", "path": "/v"}}}, 404},
+			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "volumeMounts": []map[string]string{{"name": "v", "path": "v"}}}, 400},
+			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "volumeMounts": []map[string]string{{"name": "v", "path": "/proc/v"}}}, 400},
 			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "network": map[string]any{"allowOut": []string{"not-a-cidr"}}}, 400},
 			{"POST", "/v2/sandboxes", map[string]any{"templateID": "busybox", "autoResume": map[string]bool{"enabled": true}}, 400},
 			{"GET", "/sandboxes/nosuchsandbox", nil, 404},
@@ -303,7 +310,8 @@ func TestE2BAPI(t *testing.T) {
 			{"POST", "/sandboxes/" + id + "/connect", map[string]any{}, 400},
 			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"denyOut": []string{"example.com"}}, 400},
 			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"allowOut": []string{"api.*.example.com"}}, 400},
-			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"rules": map[string]any{"a.com": []any{map[string]any{}}}}, 400},
+			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"rules": "a.com"}, 400},
+			{"PUT", "/sandboxes/" + id + "/network", map[string]any{"rules": map[string]any{"a.com": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"Host": "b.com"}}}}}}, 400},
 			{"GET", "/sandboxes/metrics", nil, 400},
 			{"GET", "/templates/ghost", nil, 404},
 			{"GET", "/no/such/route", nil, 404},

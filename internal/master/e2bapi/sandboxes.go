@@ -1,9 +1,12 @@
 package e2bapi
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -112,9 +115,10 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		}
 		req.AutoResume = true
 	}
+	for _, m := range body.VolumeMounts {
+		req.Volumes = append(req.Volumes, master.VolumeMount{Name: m.Name, Path: m.Path})
+	}
 	switch {
-	case len(body.VolumeMounts) > 0:
-		return req, unsupported("volumeMounts")
 	case isSet(body.MCP):
 		return req, unsupported("mcp")
 	case isSet(body.IAM):
@@ -125,8 +129,6 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		switch {
 		case isSet(n.EgressProxy):
 			return req, unsupported("network.egressProxy")
-		case isSet(n.Rules):
-			return req, unsupported("network.rules")
 		case n.MaskRequestHost != nil && *n.MaskRequestHost != "":
 			return req, unsupported("network.maskRequestHost")
 		case len(n.HTTPSPorts) > 0:
@@ -134,8 +136,48 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		}
 		req.Network.AllowOut, req.Network.DenyOut, req.Network.AllowPublicTraffic = n.AllowOut, n.DenyOut, n.AllowPublicTraffic
 		req.Network.Credentials = credentialsFromJSON(n.Credentials)
+		fromRules, err := credentialsFromRules("network.rules", n.Rules)
+		if err != nil {
+			return req, err
+		}
+		req.Network.Credentials = append(req.Network.Credentials, fromRules...)
 	}
 	return req, nil
+}
+
+// networkRule is components.schemas.SandboxNetworkRule: E2B's per-host
+// header transforms, which are cube's credential rules (the node's egress
+// proxy sets each header on the host's HTTPS requests; docs/network.md).
+type networkRule struct {
+	Transform *struct {
+		Headers map[string]string `json:"headers"`
+	} `json:"transform"`
+}
+
+// credentialsFromRules turns E2B's network.rules ({host: [{transform:
+// {headers}}]}) into credential rules, in a stable order; nil when raw
+// is absent or null. A rule without a transform injects nothing, as in
+// E2B.
+func credentialsFromRules(field string, raw json.RawMessage) ([]catalog.Credential, error) {
+	if s := strings.TrimSpace(string(raw)); s == "" || s == "null" {
+		return nil, nil
+	}
+	var rules map[string][]networkRule
+	if err := json.Unmarshal(raw, &rules); err != nil {
+		return nil, fmt.Errorf("%s: %v: %w", field, err, errdefs.ErrInvalidArgument)
+	}
+	out := []catalog.Credential{}
+	for _, host := range slices.Sorted(maps.Keys(rules)) {
+		for _, r := range rules[host] {
+			if r.Transform == nil {
+				continue
+			}
+			for _, h := range slices.Sorted(maps.Keys(r.Transform.Headers)) {
+				out = append(out, catalog.Credential{Host: host, Header: h, Value: r.Transform.Headers[h]})
+			}
+		}
+	}
+	return out, nil
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) {
@@ -278,7 +320,15 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, h.detail(sb))
+		d := h.detail(sb)
+		vols, err := h.b.SandboxVolumes(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		for _, v := range vols {
+			d.VolumeMounts = append(d.VolumeMounts, volumeMount{Name: v.Name, Path: v.Path})
+		}
+		writeJSON(w, http.StatusOK, d)
 		return nil
 	})
 }
@@ -370,6 +420,13 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		// E2B sets the timeout of running sandboxes only: a paused one is
+		// 404, which SDKs before /connect existed (2.0–2.x) read as "paused:
+		// resume it" in Sandbox.connect. Accepting it left them talking to
+		// a paused sandbox.
+		if sb, err := h.b.Get(r.Context(), id); err == nil && sb.State == catalog.StatePaused {
+			return fmt.Errorf("sandbox %s is paused, not running: resume or connect to it first: %w", id, errdefs.ErrNotFound)
+		}
 		if err := h.b.SetTimeout(r.Context(), id, d); err != nil {
 			return err
 		}
@@ -405,11 +462,17 @@ func (h *Handler) network(w http.ResponseWriter, r *http.Request) {
 		if isSet(body.EgressProxy) {
 			return unsupported("egressProxy")
 		}
-		if isSet(body.Rules) {
-			return unsupported("rules")
-		}
 		n := catalog.Network{AllowInternet: body.AllowInternetAccess, AllowOut: body.AllowOut, DenyOut: body.DenyOut,
 			Credentials: credentialsFromJSON(body.Credentials)}
+		// rules, when present, replace the credential rules with cube's
+		// own (absent keeps them).
+		fromRules, err := credentialsFromRules("rules", body.Rules)
+		if err != nil {
+			return err
+		}
+		if fromRules != nil {
+			n.Credentials = append(append([]catalog.Credential{}, n.Credentials...), fromRules...)
+		}
 		if err := h.b.UpdateNetwork(r.Context(), id, n); err != nil {
 			return err
 		}

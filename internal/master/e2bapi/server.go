@@ -63,6 +63,11 @@ type Backend interface {
 	PutSecret(ctx context.Context, name, value string, replace bool) (*master.SecretMeta, error)
 	ListSecrets(ctx context.Context) ([]master.SecretMeta, error)
 	DeleteSecret(ctx context.Context, name string) error
+	CreateVolume(ctx context.Context, name string, sizeMiB int64) (*catalog.Volume, error)
+	ListVolumes(ctx context.Context) ([]*catalog.Volume, error)
+	GetVolume(ctx context.Context, id string) (*catalog.Volume, error)
+	DeleteVolume(ctx context.Context, id string) error
+	SandboxVolumes(ctx context.Context, id string) ([]master.VolumeMount, error)
 }
 
 var _ Backend = (*master.Service)(nil)
@@ -142,9 +147,16 @@ func (h *Handler) routes() {
 	auth("GET /secrets", h.listSecrets)
 	auth("PUT /secrets/{name}", h.replaceSecret)
 	auth("DELETE /secrets/{name}", h.deleteSecret)
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
-	})
+	auth("POST /volumes", h.createVolume)
+	auth("GET /volumes", h.listVolumes)
+	auth("GET /volumes/{volumeID}", h.getVolume)
+	auth("DELETE /volumes/{volumeID}", h.deleteVolume)
+	// What the routes above lack of the SDKs' spec (fallback.go), else
+	// 404. DELETE /templates/tags is named here: DELETE
+	// /templates/{templateID} would take it otherwise.
+	fallback := h.fallbackMux()
+	m.Handle("DELETE /templates/tags", fallback)
+	m.HandleFunc("/", h.notFound(fallback))
 }
 
 // Routes are the API's routes ("METHOD /path/{param}") in the order they

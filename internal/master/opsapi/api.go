@@ -55,7 +55,9 @@ func (h *Handler) nodes(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) cordon(on bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if _, err := h.b.SetSchedulable(r.Context(), r.PathValue("nodeID"), on); err != nil {
+		_, err := h.b.SetSchedulable(r.Context(), r.PathValue("nodeID"), on)
+		h.record(r, map[bool]string{true: "uncordon", false: "cordon"}[on], r.PathValue("nodeID"), "", err)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
@@ -127,16 +129,21 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 	}
 	sb, err := h.b.Create(r.Context(), req)
 	if err != nil {
+		h.record(r, "create", body.Template, "", err)
 		writeError(w, err)
 		return
 	}
-	h.audit(r, sb.ID, "create")
+	h.audit(r, sb.ID, sb.Team, "create")
 	writeJSON(w, http.StatusCreated, sandboxOf(sb))
 }
 
 // audit records who did what: an API key as on the E2B API, the admin by
 // name in the master's log.
-func (h *Handler) audit(r *http.Request, id, action string) {
+// It also goes to the console's audit log (audit.go), with the
+// sandbox's team so that team sees what the admin did to it.
+func (h *Handler) audit(r *http.Request, id, team, action string) {
+	h.trail.add(auditEntry{T: time.Now().UnixMilli(), By: callerOf(r).user, Admin: callerOf(r).admin, Team: team, Action: action,
+		Target: id, OK: true, Remote: r.RemoteAddr})
 	c := callerOf(r)
 	if c.key != nil {
 		h.b.Audit(r.Context(), id, action+" (console)", c.key)
@@ -185,10 +192,14 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]metricJSON, 0, len(ms))
 	for _, m := range ms {
-		out = append(out, metricJSON{T: m.Timestamp.UnixMilli(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed,
-			MemCache: m.MemCache, MemTotal: m.MemTotal, Tasks: m.Tasks, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal, NetRx: m.NetRx, NetTx: m.NetTx})
+		out = append(out, metricOf(m))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func metricOf(m master.Metric) metricJSON {
+	return metricJSON{T: m.Timestamp.UnixMilli(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct, MemUsed: m.MemUsed,
+		MemCache: m.MemCache, MemTotal: m.MemTotal, Tasks: m.Tasks, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal, NetRx: m.NetRx, NetTx: m.NetTx}
 }
 
 type logJSON struct {
@@ -225,6 +236,10 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) verb(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("sandboxID")
+		team := ""
+		if sb, err := h.b.Get(r.Context(), id); err == nil {
+			team = sb.Team
+		}
 		var err error
 		switch name {
 		case "pause":
@@ -235,14 +250,11 @@ func (h *Handler) verb(name string) http.HandlerFunc {
 			err = h.b.Kill(r.Context(), id)
 		}
 		if err != nil {
+			h.record(r, name, id, team, err)
 			writeError(w, err)
 			return
 		}
-		if name != "kill" { // a kill's audit line would go with the row
-			h.audit(r, id, name)
-		} else {
-			h.log.Info("audit", "sandbox_id", id, "action", "kill (console)", "by", callerOf(r).user)
-		}
+		h.audit(r, id, team, name) // a kill's goes to the master's log: the row and its events are gone
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
@@ -266,11 +278,56 @@ func (h *Handler) snapshot(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("sandboxID")
 	snap, err := h.b.Snapshot(r.Context(), id, body.Name)
 	if err != nil {
+		h.record(r, "snapshot", id, "", err)
 		writeError(w, err)
 		return
 	}
-	h.audit(r, id, "snapshot")
+	h.audit(r, id, snap.Team, "snapshot")
 	writeJSON(w, http.StatusCreated, snapshotOf(snap))
+}
+
+// fork starts count (1 by default, at most 10) copies of a running
+// sandbox from a snapshot of it; each succeeds or fails on its own.
+func (h *Handler) fork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Count int `json:"count"`
+	}
+	if r.ContentLength != 0 {
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&body); err != nil {
+			writeError(w, fmt.Errorf("fork body: %v: %w", err, errdefs.ErrInvalidArgument))
+			return
+		}
+	}
+	if body.Count == 0 {
+		body.Count = 1
+	}
+	if body.Count < 0 || body.Count > 10 {
+		writeError(w, fmt.Errorf("count %d: 1 to 10 from the console: %w", body.Count, errdefs.ErrInvalidArgument))
+		return
+	}
+	id := r.PathValue("sandboxID")
+	res, err := h.b.Fork(r.Context(), id, body.Count, 0)
+	if err != nil {
+		h.record(r, "fork", id, "", err)
+		writeError(w, err)
+		return
+	}
+	out := struct {
+		Sandboxes []sandboxJSON `json:"sandboxes"`
+		Errors    []string      `json:"errors"`
+	}{Sandboxes: []sandboxJSON{}, Errors: []string{}}
+	for _, f := range res {
+		if f.Err != nil {
+			out.Errors = append(out.Errors, f.Err.Error())
+			continue
+		}
+		out.Sandboxes = append(out.Sandboxes, sandboxOf(f.Sandbox))
+		h.audit(r, f.Sandbox.ID, f.Sandbox.Team, "fork of "+id)
+	}
+	if len(out.Errors) > 0 {
+		h.record(r, "fork", id, "", fmt.Errorf("%d of %d forks failed: %s", len(out.Errors), len(res), out.Errors[0]))
+	}
+	writeJSON(w, http.StatusCreated, out)
 }
 
 func snapshotOf(s *catalog.Snapshot) snapshotJSON {
@@ -280,16 +337,9 @@ func snapshotOf(s *catalog.Snapshot) snapshotJSON {
 
 func (h *Handler) templates(w http.ResponseWriter, _ *http.Request) {
 	ts := h.b.Templates()
-	type tj struct {
-		ID        string    `json:"id"`
-		Aliases   []string  `json:"aliases"`
-		Nodes     []string  `json:"nodes"`
-		SizeBytes int64     `json:"sizeBytes"`
-		CreatedAt time.Time `json:"createdAt"`
-	}
-	out := make([]tj, 0, len(ts))
+	out := make([]templateJSON, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, tj{ID: t.ID, Aliases: t.Aliases, Nodes: t.Nodes, SizeBytes: t.SizeBytes, CreatedAt: t.CreatedAt})
+		out = append(out, templateOf(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

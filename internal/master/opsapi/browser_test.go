@@ -71,7 +71,7 @@ func TestConsoleBrowser(t *testing.T) {
 	cmd := exec.CommandContext(cctx, node, filepath.Join(dir, "run.mjs"))
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CUBE_OPS_URL=http://"+m.Server.OpsAddr, "CUBE_OPS_PASSWORD="+pw,
-		"CUBE_KEY_A="+keyA, "CUBE_KEY_B="+keyB, "CUBE_SANDBOX_B="+sbB.SandboxID, "CUBE_SCREENS="+screens, "CHROMIUM="+chromium)
+		"CUBE_KEY_A="+keyA, "CUBE_KEY_B="+keyB, "CUBE_SANDBOX_B="+sbB.SandboxID, "CUBE_TEMPLATE_SOURCE="+n.Env.Image, "CUBE_TEMPLATE_ARCHIVE="+tarDir(t, n.Env.Image), "CUBE_SCREENS="+screens, "CHROMIUM="+chromium)
 	out, err := cmd.CombinedOutput()
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		t.Log(l)

@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -33,6 +34,7 @@ import (
 	"github.com/cubesandbox/cube/internal/clientlimit"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/apikey"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
@@ -48,11 +50,25 @@ type Backend interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string, timeout time.Duration) (*catalog.Sandbox, error)
 	Snapshot(ctx context.Context, id, name string) (*catalog.Snapshot, error)
+	Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]master.ForkResult, error)
 	ListSnapshots(ctx context.Context, q catalog.SnapshotQuery) ([]*catalog.Snapshot, string, error)
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]master.Metric, error)
 	SandboxLog(ctx context.Context, q catalog.EventQuery) ([]catalog.Event, error)
 	Templates() []master.Template
 	Audit(ctx context.Context, sandboxID, action string, key *catalog.APIKey)
+
+	// Admin only, in the console.
+	Drain(ctx context.Context, nodeID string, o master.DrainOptions, progress func(master.DrainEvent)) error
+	ImportTemplate(ctx context.Context, req master.TemplateImport) (master.Template, error)
+	ImportUpload(ctx context.Context, req master.TemplateImport, body io.Reader) (master.Template, error)
+	WarmTemplate(ctx context.Context, name, runtime string, progress func(node string, err error)) (master.Template, error)
+	DeleteTemplate(ctx context.Context, name string) ([]string, error)
+	GetTemplate(ctx context.Context, name string) (master.Template, error)
+	Keys() *apikey.Keys
+	CreateTeam(ctx context.Context, name string, q catalog.Quota) (*catalog.Team, error)
+	ListTeams(ctx context.Context) ([]*catalog.Team, map[string]catalog.TeamUsage, error)
+	SetTeamQuota(ctx context.Context, name string, q catalog.Quota) error
+	DeleteTeam(ctx context.Context, name string, force bool, by string) (*master.TeamDeleted, error)
 }
 
 var (
@@ -72,6 +88,9 @@ type Config struct {
 	// LiveInterval is how often the live stream looks for changes; 1 s
 	// when 0.
 	LiveInterval time.Duration
+	// Done, when set, cancels the running jobs (drains, imports, warms)
+	// once it is closed: the master is shutting down.
+	Done <-chan struct{}
 }
 
 //go:embed console
@@ -87,6 +106,9 @@ type Handler struct {
 	mu       sync.Mutex
 	sessions map[string]*session // by cookie value
 	logins   *clientlimit.Limiter
+
+	jobs  *jobs
+	trail *auditLog
 }
 
 type session struct {
@@ -120,7 +142,8 @@ func New(b Backend, cfg Config, log *slog.Logger) *Handler {
 	if cfg.LiveInterval <= 0 {
 		cfg.LiveInterval = time.Second
 	}
-	h := &Handler{b: b, cfg: cfg, log: log, mux: http.NewServeMux(), sessions: map[string]*session{}, logins: clientlimit.New(0.2, 10)}
+	h := &Handler{b: b, cfg: cfg, log: log, mux: http.NewServeMux(), sessions: map[string]*session{}, logins: clientlimit.New(0.2, 10),
+		jobs: newJobs(), trail: newAuditLog(auditKeep)}
 	h.routes()
 	return h
 }
@@ -157,10 +180,31 @@ func (h *Handler) routes() {
 	api("POST /ops/api/sandboxes/{sandboxID}/resume", false, h.verb("resume"))
 	api("POST /ops/api/sandboxes/{sandboxID}/kill", false, h.verb("kill"))
 	api("POST /ops/api/sandboxes/{sandboxID}/snapshot", false, h.snapshot)
+	api("POST /ops/api/sandboxes/{sandboxID}/fork", false, h.fork)
 	api("GET /ops/api/templates", false, h.templates)
 	api("GET /ops/api/lineage", false, h.lineage)
 	api("GET /ops/api/live", false, h.live)
+	api("GET /ops/api/sandboxes/{sandboxID}/live", false, h.sandboxLive)
 	api("GET /ops/api/sandboxes/{sandboxID}/terminal", false, h.terminal)
+	api("GET /ops/api/sandboxes/{sandboxID}/files", false, h.listFiles)
+	api("GET /ops/api/sandboxes/{sandboxID}/file", false, h.readFile)
+	api("PUT /ops/api/sandboxes/{sandboxID}/file", false, h.writeFile)
+	api("POST /ops/api/nodes/{nodeID}/drain", true, h.drain)
+	api("POST /ops/api/templates", true, h.importTemplate)
+	api("POST /ops/api/templates/{templateID}/warm", true, h.warmTemplate)
+	api("PUT /ops/api/templates/{templateID}/upload", true, h.uploadTemplate)
+	api("DELETE /ops/api/templates/{templateID}", true, h.deleteTemplate)
+	api("GET /ops/api/keys", true, h.listKeys)
+	api("POST /ops/api/keys", true, h.createKey)
+	api("DELETE /ops/api/keys/{keyID}", true, h.deleteKey)
+	api("GET /ops/api/teams", true, h.listTeams)
+	api("POST /ops/api/teams", true, h.createTeam)
+	api("PUT /ops/api/teams/{team}/quota", true, h.setQuota)
+	api("DELETE /ops/api/teams/{team}", true, h.deleteTeam)
+	api("GET /ops/api/jobs", false, h.listJobs)
+	api("GET /ops/api/jobs/{jobID}", false, h.getJob)
+	api("POST /ops/api/jobs/{jobID}/cancel", false, h.cancelJob)
+	api("GET /ops/api/events", false, h.events)
 }
 
 func newToken() string {
@@ -203,11 +247,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		key, err := h.b.VerifyAPIKey(r.Context(), body.Key)
 		if err != nil {
 			h.log.Warn("ops: failed key login", "remote", r.RemoteAddr)
+			h.trail.add(auditEntry{T: time.Now().UnixMilli(), By: "(API key)", Action: "login", Error: "unknown key", Remote: r.RemoteAddr})
 			writeError(w, fmt.Errorf("%v: %w", err, errUnauthenticated))
 			return
 		}
 		h.logins.Refund(client)
 		s := h.startSession(w, &session{user: key.Name, key: key, secret: body.Key})
+		h.trail.add(auditEntry{T: time.Now().UnixMilli(), By: key.Name, Team: key.Team, Action: "login", OK: true, Remote: r.RemoteAddr})
 		writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": false, "team": key.Team, "csrf": s.csrf})
 		return
 	}
@@ -224,11 +270,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok {
 		h.log.Warn("ops: failed login", "user", body.User, "remote", r.RemoteAddr)
+		h.trail.add(auditEntry{T: time.Now().UnixMilli(), By: body.User, Action: "login", Error: "wrong user or password", Remote: r.RemoteAddr})
 		writeError(w, fmt.Errorf("wrong user or password: %w", errUnauthenticated))
 		return
 	}
 	h.logins.Refund(client)
 	s := h.startSession(w, &session{user: body.User})
+	h.trail.add(auditEntry{T: time.Now().UnixMilli(), By: body.User, Admin: true, Action: "login", OK: true, Remote: r.RemoteAddr})
 	h.log.Info("ops: admin logged in", "user", body.User, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, map[string]any{"user": s.user, "admin": true, "csrf": s.csrf})
 }

@@ -7,11 +7,14 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 
 	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/e2bapi"
 	"github.com/cubesandbox/cube/internal/master/joinapi"
@@ -84,6 +87,13 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 			return nil, err
 		}
 	}
+	if cfg.Proxy.API && (cfg.API.E2B == "" || cfg.API.Socket == "" || cfg.Proxy.Listen == "" || cfg.Proxy.Domain == "") {
+		svc.Close()
+		for _, l := range lis {
+			l.Close()
+		}
+		return nil, fmt.Errorf("proxy.api serves the E2B API at api.<proxy.domain> on proxy.listen through the in-process cubeproxy: it needs api.e2b, api.socket, proxy.listen and proxy.domain: %w", errdefs.ErrInvalidArgument)
+	}
 	// With an admin socket, the route is cubeproxy in-process: it listens
 	// itself, below, once the socket is served.
 	inProcessProxy := cfg.Proxy.Listen != "" && cfg.API.Socket != ""
@@ -124,9 +134,10 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		log.Info("join listener listening", "addr", s.JoinAddr)
 		s.run(func() error { return joinapi.Serve(rctx, svc, joinLn, log) })
 	}
+	var api *e2bapi.Handler
 	if e2bLn != nil {
 		s.E2BAddr = e2bLn.Addr().String()
-		api := e2bapi.New(svc, e2bapi.Config{
+		api = e2bapi.New(svc, e2bapi.Config{
 			Domain: cfg.Proxy.Domain, EnvdVersion: cfg.Sandbox.EnvdVersion, V1DefaultTimeout: cfg.Sandbox.V1DefaultTimeout.Duration,
 			MilliCPU: cfg.Sandbox.MilliCPU, MemoryMiB: cfg.Sandbox.MemoryMiB,
 		}, log)
@@ -137,13 +148,19 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 		s.OpsAddr = opsLn.Addr().String()
 		ops := opsapi.New(svc, opsapi.Config{
 			AdminUser: cfg.Console.AdminUser, AdminPasswordHash: cfg.Console.AdminPasswordHash,
-			SessionTTL: cfg.Console.SessionTTL.Duration, Secure: e2bTLS != nil,
+			SessionTTL: cfg.Console.SessionTTL.Duration, Secure: e2bTLS != nil, Done: rctx.Done(),
 		}, log)
 		log.Info("CubeOps listening", "addr", s.OpsAddr)
 		s.run(func() error { return e2bapi.Serve(rctx, ops, opsLn) })
 	}
 	if inProcessProxy {
-		if err := s.startProxy(rctx, cfg, log); err != nil {
+		// Domain mode: the route serves api.<domain> with the same handler
+		// as api.e2b (no second hop).
+		var apiHandler http.Handler
+		if cfg.Proxy.API && api != nil {
+			apiHandler = api
+		}
+		if err := s.startProxy(rctx, cfg, apiHandler, log); err != nil {
 			s.cancel()
 			_ = s.Wait()
 			return nil, err

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -96,6 +97,24 @@ func (w *webConn) get(host string, hdr map[string]string) (string, error) {
 }
 
 func (w *webConn) Close() { w.c.Close() }
+
+// getLate sends GET / for host with "Connection: close" and reads the
+// response only after a pause, by which time the proxy has ended the
+// relay: a close with an RST would have discarded the response.
+func (w *webConn) getLate(host string) (string, error) {
+	_ = w.c.SetDeadline(time.Now().Add(webWait))
+	if _, err := fmt.Fprintf(w.c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host); err != nil {
+		return "", err
+	}
+	time.Sleep(300 * time.Millisecond)
+	resp, err := http.ReadResponse(w.br, nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
 
 // fetch opens a connection, does one GET and closes it.
 func fetch(ns string, dst netip.Addr, o webOpts, host string, hdr map[string]string) (string, error) {
@@ -351,6 +370,19 @@ func TestEgressProxy(t *testing.T) {
 			t.Fatalf("upstream saw %+v", last)
 		}
 		t.Logf("upstream saw Authorization for %s (SNI %s), the sandbox's own value replaced", last.Host, last.SNI)
+		// "Connection: close" ends the relay at the response; a client
+		// reading it late still gets it (terminated TLS and plain HTTP).
+		for _, o := range []webOpts{{useTLS: true, sni: "secret.test", roots: egressRoots}, {}} {
+			w, err := openWeb(ew.sb.NetNS, ew.api, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := w.getLate("secret.test")
+			w.Close()
+			if err != nil || !strings.Contains(body, "host=secret.test") {
+				t.Fatalf("Connection: close, read late (tls %v): %q %v", o.useTLS, body, err)
+			}
+		}
 		// Control: a proxied host without a credential rule gets the
 		// sandbox's header unchanged, over the sandbox's own TLS (the
 		// world's CA verifies it: not terminated).

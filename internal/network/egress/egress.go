@@ -170,6 +170,15 @@ func (c *conn) close() {
 	}
 }
 
+// closeGracefully half-closes c, waits up to a second for the client to
+// close its side (reading what it still sends), then closes it.
+func closeGracefully(c *net.TCPConn) {
+	_ = c.CloseWrite()
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+	c.Close()
+}
+
 // reset closes c with a TCP RST, so the sandbox sees a refusal at once.
 func reset(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
@@ -446,6 +455,13 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 			err = relayHTTP(br, cc, up, req, ev.Name, nil)
 		}
 	}
+	if err == nil && !c.cut.Load() && (hello == nil || len(creds) > 0) {
+		// A finished HTTP exchange ends with a FIN, not the RST of a
+		// refusal: the client may not have read the last response yet
+		// (a request with "Connection: close" ends the relay as soon as
+		// the response is written), and an RST would discard it.
+		closeGracefully(client)
+	}
 	var ref *refusal
 	switch {
 	case err == nil || c.cut.Load():
@@ -597,7 +613,12 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 		return fmt.Errorf("TLS with %s: %w", name, err)
 	}
 	defer up.Close()
-	return relayHTTP(br, ts, up, req, name, creds)
+	if err := relayHTTP(br, ts, up, req, name, creds); err != nil {
+		return err
+	}
+	// TLS's own end (close_notify) before the TCP one.
+	_ = ts.CloseWrite()
+	return nil
 }
 
 // refusal is a request the proxy refused by policy (not a failure).

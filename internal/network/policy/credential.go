@@ -93,16 +93,37 @@ func validToken(s string) bool {
 	return true
 }
 
-// CredentialsFor returns the credentials to inject for a request to name
-// (every rule whose host covers it).
+// CredentialsFor returns the credentials to inject for a request to name:
+// the rules of the most specific host that covers it, as E2B's network
+// rules (an exact host first, then the longest wildcard; the rule sets of
+// two hosts are never merged).
 func (p Policy) CredentialsFor(name string) []Credential {
+	best := ""
+	for _, c := range p.Credentials {
+		if _, ok := MatchDomain([]string{c.Host}, name); ok && moreSpecific(c.Host, best) {
+			best = c.Host
+		}
+	}
 	var out []Credential
 	for _, c := range p.Credentials {
-		if _, ok := MatchDomain([]string{c.Host}, name); ok {
+		if best != "" && c.Host == best {
 			out = append(out, c)
 		}
 	}
 	return out
+}
+
+// moreSpecific reports whether host a (covering some name) beats host b
+// ("" for none): an exact host beats a wildcard, a longer wildcard a
+// shorter one.
+func moreSpecific(a, b string) bool {
+	switch {
+	case b == "":
+		return true
+	case strings.HasPrefix(a, "*") != strings.HasPrefix(b, "*"):
+		return !strings.HasPrefix(a, "*")
+	}
+	return len(a) > len(b)
 }
 
 // Proxied reports whether the sandbox's outbound TCP 80 and 443 go

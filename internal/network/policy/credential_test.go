@@ -26,6 +26,28 @@ func TestCredentials(t *testing.T) {
 	if got := p.CredentialsFor("example.com"); len(got) != 0 {
 		t.Errorf("a wildcard does not cover its apex: %+v", got)
 	}
+	// E2B's precedence: the most specific host's rules only, never merged.
+	q, err := Parse("n", Spec{Credentials: []Credential{
+		{Host: "*.example.com", Header: "X-Wide", Value: "w"},
+		{Host: "*.b.example.com", Header: "X-Narrow", Value: "n"},
+		{Host: "a.b.example.com", Header: "X-Exact", Value: "e"},
+		{Host: "a.b.example.com", Header: "X-Exact-2", Value: "e2"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]string{
+		"a.b.example.com": {"X-Exact", "X-Exact-2"}, "c.b.example.com": {"X-Narrow"},
+		"x.a.b.example.com": {"X-Narrow"}, "c.example.com": {"X-Wide"}, "b.example.com": {"X-Wide"},
+	} {
+		var got []string
+		for _, c := range q.CredentialsFor(name) {
+			got = append(got, c.Header)
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("CredentialsFor(%s) = %v, want %v", name, got, want)
+		}
+	}
 	if s := p.String(); strings.Contains(s, "sk-secret") || !strings.Contains(s, "api.openai.com:Authorization") {
 		t.Errorf("String: %s", s)
 	}

@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -78,6 +79,9 @@ type Driver struct {
 	bin, root, platform string
 	debug, checkpoint   bool
 	log                 *slog.Logger
+	// stateFormatOnce: the warning that readState fell back to runsc is
+	// said once per driver.
+	stateFormatOnce sync.Once
 }
 
 var (
@@ -329,7 +333,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	}
 	d.log.DebugContext(ctx, "checkpointed", "id", id, "dir", dir, "took", time.Since(begin))
 	if !leaveRunning {
-		return d.waitStopped(ctx, id)
+		return d.waitStopped(ctx, id, c.Bundle)
 	}
 	if _, err := d.RestoreInPlace(ctx, id, dir); err != nil {
 		return err
@@ -342,16 +346,20 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 
 // waitStopped returns once runsc reports the checkpointed sandbox
 // stopped: `runsc checkpoint` returns when the image is written, and the
-// sandbox process exits just after, so a caller that reads the state at
-// once (or restores in place) could still see it running. The image is
-// written and is what the sandbox now is, so this never fails: one that
-// has not stopped within 10 s (or when ctx ends) is killed.
-func (d *Driver) waitStopped(ctx context.Context, id string) error {
+// sandbox stops just after, so a caller that reads the state at once (or
+// restores in place) could still see it running. runsc says stopped once
+// the container is gone, asking the sandbox over its control socket; the
+// sandbox process itself then takes up to a second more to exit, so it and
+// the gofer are killed through the cgroup (the image is written: nothing
+// of theirs is needed), after which the state file agrees. The image is
+// what the sandbox now is, so this never fails: one that has not stopped
+// within 10 s (or when ctx ends) is killed.
+func (d *Driver) waitStopped(ctx context.Context, id, bundle string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		c, err := d.container(ctx, id)
-		if errdefs.IsNotFound(err) || (err == nil && c.Status == "stopped") {
-			return nil // gone or stopped: either way not running
+		c, err := d.rsc("none", "").State(ctx, runscID(id))
+		if err != nil || c.Status == "stopped" {
+			break // gone or stopped: either way not running
 		}
 		select {
 		case <-ctx.Done():
@@ -360,10 +368,15 @@ func (d *Driver) waitStopped(ctx context.Context, id string) error {
 		}
 	}
 	kctx := context.WithoutCancel(ctx)
-	if c, err := d.container(kctx, id); err == nil && c.Status != "stopped" {
+	if c, err := d.rsc("none", "").State(kctx, runscID(id)); err == nil && c.Status != "stopped" {
 		d.log.WarnContext(kctx, "checkpointed sandbox did not stop by itself; killing it", "id", id, "status", c.Status)
 		if err := d.rsc("none", "").Kill(kctx, runscID(id), int(syscall.SIGKILL), &gorunc.KillOpts{All: true}); err != nil {
 			d.log.WarnContext(kctx, "kill checkpointed sandbox", "id", id, "error", err)
+		}
+	}
+	if sp, err := readSpec(bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" {
+		if _, err := cgroups.Kill(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
+			d.log.WarnContext(kctx, "kill the checkpointed sandbox's processes", "id", id, "error", err)
 		}
 	}
 	return nil
@@ -542,7 +555,14 @@ func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, e
 	if id == "" {
 		return nil, fmt.Errorf("gvisor: empty sandbox ID: %w", errdefs.ErrInvalidArgument)
 	}
-	c, err := d.rsc("none", "").State(ctx, runscID(id))
+	c, err := d.readState(ctx, id)
+	if !errors.Is(err, errStateFormat) {
+		return c, err
+	}
+	d.stateFormatOnce.Do(func() {
+		d.log.WarnContext(ctx, "runsc's state file is not in the known layout; asking runsc state instead (slower)", "id", id)
+	})
+	c, err = d.rsc("none", "").State(ctx, runscID(id))
 	if err != nil {
 		return nil, d.classify(ctx, "state", id, err, "")
 	}

@@ -41,6 +41,15 @@ type Shape struct {
 	// "virtio-net", "vhost-vsock".
 	Devices []string `json:"devices"`
 	MAC     string   `json:"mac,omitempty"`
+	// RAMObject: guest RAM is the memory backend object ramObject
+	// (-machine memory-backend=ram0), which names the RAM block in the
+	// migration stream; false: QEMU's default RAM (every snapshot taken
+	// before templates had shared memory). A restore must match it.
+	RAMObject bool `json:"ram_object,omitempty"`
+	// SharedRAM: the RAM is a file mapped shared (a template VM, see
+	// template.go); its snapshots hold RAMFile and a stream of device
+	// state only, and restore as private mappings of that file.
+	SharedRAM bool `json:"shared_ram,omitempty"`
 }
 
 func (s Shape) has(dev string) bool {
@@ -61,6 +70,12 @@ type paths struct {
 	// and it runs under QEMU's own seccomp sandbox. Unset, QEMU opens
 	// the paths above itself and daemonizes (RawIncoming).
 	FDs *qemuFDs
+	// RAM is the file backing guest RAM when the shape has RAMObject:
+	// "" for anonymous memory (memory-backend-ram); with FDs it is
+	// ignored for FDs.RAM. ShareRAM maps it shared (a template VM), else
+	// privately (a clone: copy on write).
+	RAM      string
+	ShareRAM bool
 }
 
 // qemuFDs are the descriptor numbers a jailed QEMU inherits; 0 = none.
@@ -68,6 +83,9 @@ type qemuFDs struct {
 	Name                      string // -name: nameMarker(bundle)
 	QMP, Agent, Disk, Console int
 	Tap, VhostNet, Vsock      int
+	// RAM is the guest RAM's file (a template's RAM file or a clone's
+	// sealed memfd), opened by QEMU as /proc/self/fd/RAM.
+	RAM int
 }
 
 // sandboxOpts is QEMU's seccomp filter: besides its default deny list
@@ -143,13 +161,20 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 		name = fds.Name
 		s.Kernel, s.Initrd = jailKernel, jailInitrd
 	}
+	machine := s.Machine
+	if s.RAMObject {
+		machine += ",memory-backend=" + ramObject
+	}
 	a := []string{
 		"-name", name,
-		"-M", s.Machine,
+		"-M", machine,
 		"-accel", accel,
 		"-cpu", s.CPU,
 		"-smp", strconv.Itoa(s.VCPUs),
 		"-m", strconv.FormatInt(s.MemoryMiB, 10) + "M",
+	}
+	if s.RAMObject {
+		a = append(a, "-object", ramBackend(s, p))
 	}
 	if s.Accel == "tcg" {
 		// The guest kernel calibrates its TSC against the PIT in a few
@@ -180,11 +205,14 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 			// would let the guest grow a host file at will.
 			"-D", p.Log)
 	}
-	a = append(a, "-kernel", s.Kernel)
-	if s.Initrd != "" {
-		a = append(a, "-initrd", s.Initrd)
+	if loadsKernel(s, incoming) {
+		a = append(a, "-kernel", s.Kernel)
+		if s.Initrd != "" {
+			a = append(a, "-initrd", s.Initrd)
+		}
+		a = append(a, "-append", s.Cmdline)
 	}
-	a = append(a, "-append", s.Cmdline,
+	a = append(a,
 		// The console is a file while the guest boots (what a failed
 		// boot says), switched to a ring buffer once the agent answers
 		// (SealConsole): guest root must not be able to fill the host's
@@ -252,6 +280,33 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 	}
 	return a
 }
+
+// ramBackend is the -object of a shape with RAMObject: a file mapped
+// shared (template) or private (clone), or anonymous memory (a restore of
+// a clone's own snapshot, whose stream carries all of its RAM).
+func ramBackend(s Shape, p paths) string {
+	size := ",size=" + strconv.FormatInt(s.MemoryMiB, 10) + "M"
+	path := p.RAM
+	if p.FDs != nil {
+		path = ""
+		if p.FDs.RAM > 0 {
+			path = "/proc/self/fd/" + strconv.Itoa(p.FDs.RAM)
+		}
+	}
+	if path == "" {
+		return "memory-backend-ram,id=" + ramObject + size
+	}
+	return "memory-backend-file,id=" + ramObject + size + ",mem-path=" + escapeOpt(path) + ",share=" + onOff(p.ShareRAM)
+}
+
+// loadsKernel: QEMU keeps a copy of -kernel and -initrd in its own memory
+// for the life of the VM (fw_cfg data for a reboot: 14 MiB with the Debian
+// cloud kernel), though only a boot reads it and -no-reboot ends QEMU
+// instead of rebooting. A clone restored from a template (a shape with
+// RAMObject: the guest runs from its memory image, and fw_cfg contents are
+// not part of the migration stream) leaves them out. Restores of
+// snapshots from before keep the command line they were taken with.
+func loadsKernel(s Shape, incoming bool) bool { return !incoming || !s.RAMObject }
 
 func onOff(b bool) string {
 	if b {

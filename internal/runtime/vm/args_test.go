@@ -18,19 +18,29 @@ func TestQEMUArgsGolden(t *testing.T) {
 	p := paths{Disk: "/pool/s1.ext4", QMP: "/run/b/qmp.sock", Agent: "/run/b/agent.sock", Console: "/run/b/console.log", PIDFile: "/run/b/qemu.pid", Log: "/run/b/qemu.log", VsockCID: 1234}
 	fds := &qemuFDs{Name: nameMarker("/run/b"), QMP: 3, Agent: 4, Disk: 5, Console: 6, Tap: 8, VhostNet: 9, Vsock: 10}
 	tcg := Shape{MemoryMiB: 256, VCPUs: 1, Accel: "tcg", Machine: Machine, CPU: cpuModel("tcg"), Kernel: "/g/vmlinuz", Initrd: "/g/initrd.img", Cmdline: "console=ttyS0 root=/dev/vda", Devices: []string{"virtio-blk", "virtio-serial"}}
+	tmpl := tcg
+	tmpl.RAMObject, tmpl.SharedRAM = true, true
+	clone := tmpl
+	clone.SharedRAM = false
+	ramFDs := *fds
+	ramFDs.RAM = 7
 	cases := map[string]struct {
 		s        Shape
 		incoming bool
 		fds      *qemuFDs
+		share    bool
 	}{
-		"tcg-boot":              {tcg, false, fds},
-		"kvm-restore-net-vsock": {Shape{MemoryMiB: 512, VCPUs: 2, Accel: "kvm", Machine: Machine, CPU: cpuModel("kvm"), Kernel: "/g/vmlinuz", Initrd: "/g/initrd.img", Cmdline: "console=ttyS0", Devices: []string{"virtio-blk", "virtio-serial", "vhost-vsock", "virtio-net", "vhost-net"}, MAC: macFor("s1")}, true, fds},
-		"tcg-raw":               {tcg, false, nil},
+		"tcg-template-boot":     {tmpl, false, &ramFDs, true},
+		"tcg-template-clone":    {clone, true, &ramFDs, false},
+		"tcg-clone-of-a-clone":  {clone, true, fds, false},
+		"tcg-boot":              {tcg, false, fds, false},
+		"kvm-restore-net-vsock": {Shape{MemoryMiB: 512, VCPUs: 2, Accel: "kvm", Machine: Machine, CPU: cpuModel("kvm"), Kernel: "/g/vmlinuz", Initrd: "/g/initrd.img", Cmdline: "console=ttyS0", Devices: []string{"virtio-blk", "virtio-serial", "vhost-vsock", "virtio-net", "vhost-net"}, MAC: macFor("s1")}, true, fds, false},
+		"tcg-raw":               {tcg, false, nil, false},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			p := p
-			p.FDs = c.fds
+			p.FDs, p.ShareRAM = c.fds, c.share
 			got := strings.Join(qemuArgs(c.s, p, c.incoming), "\n") + "\n"
 			file := filepath.Join("testdata", name+".args")
 			if *update {

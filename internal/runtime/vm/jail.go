@@ -63,6 +63,10 @@ type jailSpec struct {
 	Exec   string     `json:"exec"`  // QEMU's path inside the jail
 	Argv   []string   `json:"argv"`
 	Groups []uint32   `json:"groups,omitempty"`
+	// Proc mounts a procfs at /proc that shows QEMU's own uid's processes
+	// only (hidepid=invisible, subset=pid: no sysctls, no host-wide
+	// files): how QEMU opens the RAM file it inherited (template.go).
+	Proc bool `json:"proc,omitempty"`
 }
 
 // jailBind is a read-only bind of host path From at To inside the jail.
@@ -219,6 +223,15 @@ func (s *jailSpec) build() error {
 			if err := unix.Chown(dst, int(s.UID), int(s.GID)); err != nil {
 				return fmt.Errorf("chown %s: %w", n.Path, err)
 			}
+		}
+	}
+	if s.Proc {
+		dst := filepath.Join(s.Dir, "proc")
+		if err := unix.Mkdir(dst, 0o555); err != nil {
+			return fmt.Errorf("jail proc: %w", err)
+		}
+		if err := unix.Mount("proc", dst, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible,subset=pid"); err != nil {
+			return fmt.Errorf("mount jail proc: %w", err)
 		}
 	}
 	// The whole tree, binds included, read-only and nosuid in one call.

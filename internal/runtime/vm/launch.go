@@ -88,13 +88,23 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 	}
 	opts.EgressCA = s.EgressCA
 	shape.Cmdline = vmguest.Cmdline(opts)
-	return d.launch(ctx, s, shape, "", "")
+	if s.Labels[TemplateLabel] != "" {
+		// Booted to become a warm template: RAM in a shared file, so
+		// its snapshot is that file plus the device state (template.go).
+		shape.RAMObject, shape.SharedRAM = true, true
+	}
+	return d.launch(ctx, s, shape, "", "", nil)
 }
 
 // launch starts QEMU for s with shape; with image set it restores the
-// memory image at that path instead of booting. On failure nothing of
-// s.ID is left, unless the failure is that s.ID exists already.
-func (d *Driver) launch(ctx context.Context, s runtime.Spec, shape Shape, image, note string) (runtime.State, error) {
+// memory image at that path instead of booting. ram, when set, is a
+// template's sealed RAM (template.go) the restore maps privately, the
+// image then holding device state only; launch closes it. On failure
+// nothing of s.ID is left, unless the failure is that s.ID exists already.
+func (d *Driver) launch(ctx context.Context, s runtime.Spec, shape Shape, image, note string, ram *os.File) (runtime.State, error) {
+	if ram != nil {
+		defer ram.Close()
+	}
 	begin := time.Now()
 	verb := "start"
 	if image != "" {
@@ -140,7 +150,7 @@ func (d *Driver) launch(ctx context.Context, s runtime.Spec, shape Shape, image,
 		ID: s.ID, Bundle: s.BundleDir, QMP: p.QMP, Agent: p.Agent, Console: p.Console, Cgroup: s.CgroupPath,
 		Accel: shape.Accel, CID: p.VsockCID, Started: time.Now().UTC(), Shape: shape, ShapeNote: note,
 	}
-	st0, err := d.boot(ctx, s, st, p, image)
+	st0, err := d.boot(ctx, s, st, p, image, ram)
 	if err != nil {
 		if cerr := d.destroy(ctx, st); cerr != nil {
 			d.log.WarnContext(ctx, "rollback of failed "+verb, "id", s.ID, "error", cerr)
@@ -152,7 +162,7 @@ func (d *Driver) launch(ctx context.Context, s runtime.Spec, shape Shape, image,
 	return st0, nil
 }
 
-func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths, image string) (_ runtime.State, bootErr error) {
+func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths, image string, ram *os.File) (_ runtime.State, bootErr error) {
 	if err := d.save(st); err != nil {
 		return runtime.State{}, err
 	}
@@ -172,7 +182,9 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	if err := d.save(st); err != nil {
 		return runtime.State{}, err
 	}
-	q, err := d.spawn(ctx, st, s, p, image)
+	t0 := time.Now()
+	q, err := d.spawn(ctx, st, s, p, image, ram)
+	tSpawn := time.Since(t0)
 	if q != nil {
 		defer q.release()
 		defer func() {
@@ -197,11 +209,20 @@ func (d *Driver) boot(ctx context.Context, s runtime.Spec, st *vmState, p paths,
 	if err := ctx.Err(); err != nil {
 		return runtime.State{}, err
 	}
+	t1 := time.Now()
 	if image != "" {
-		if err := d.incoming(ctx, st, q, p.Log); err != nil {
+		if err := d.incoming(ctx, st, q, p.Log, ram != nil); err != nil {
 			return runtime.State{}, err
 		}
 	}
+	t2 := time.Now()
+	// Where a start's or restore's time goes (docs/vm.md, Figures):
+	// jail and QEMU up to its QMP answering, cgroup join, loading the
+	// stream, cont.
+	defer func() {
+		d.log.DebugContext(ctx, "boot phases", "id", st.ID, "spawn", tSpawn, "cgroup", t1.Sub(t0)-tSpawn,
+			"incoming", t2.Sub(t1), "cont", time.Since(t2), "shared_ram", ram != nil)
+	}()
 	if err := d.execute(ctx, st, "cont", nil, nil); err != nil {
 		return runtime.State{}, fmt.Errorf("cont: %w%s", err, logTail(p.Log))
 	}
@@ -261,7 +282,7 @@ func (q *started) release() {
 // devices set up, vCPUs stopped by -S). QEMU is the driver's child, in a
 // session of its own and holding no pipe of ours, so it outlives cubelet;
 // a goroutine reaps it while this process lives (afterwards init does).
-func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths, image string) (*started, error) {
+func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths, image string, ram *os.File) (*started, error) {
 	_ = os.Remove(p.Log)
 	logf, err := os.OpenFile(p.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -306,14 +327,34 @@ func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths
 		}
 		q.inFD = add(r)
 	}
+	switch {
+	case ram != nil:
+		// A clone: the template's sealed memfd, mapped privately.
+		dup, err := dupFile(ram)
+		if err != nil {
+			return nil, err
+		}
+		fds.RAM = add(dup)
+	case st.Shape.SharedRAM:
+		// A template VM: its own RAM file, mapped shared.
+		f, err := createRAMFile(sharedRAMPath(st.Bundle), st.Shape.MemoryMiB<<20, st.UID)
+		if err != nil {
+			return nil, err
+		}
+		fds.RAM = add(f)
+		p.ShareRAM = true
+	}
 	spec := jailSpec{
 		Dir: filepath.Join(d.stateDir(st.ID), "jail"), UID: st.UID, GID: st.UID, NetNS: -1,
 		Binds: append(append([]jailBind{}, d.jailBinds...), d.jailExtra...),
 		Nodes: []jailNode{{Path: "/dev/null", Major: 1, Minor: 3, Mode: 0o666}, {Path: "/dev/urandom", Major: 1, Minor: 9, Mode: 0o666}},
+		Proc:  fds.RAM > 0,
 	}
-	spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Kernel, To: jailKernel})
-	if st.Shape.Initrd != "" {
-		spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Initrd, To: jailInitrd})
+	if loadsKernel(st.Shape, image != "") {
+		spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Kernel, To: jailKernel})
+		if st.Shape.Initrd != "" {
+			spec.Binds = append(spec.Binds, jailBind{From: st.Shape.Initrd, To: jailInitrd})
+		}
 	}
 	if st.Shape.Accel == "kvm" {
 		major, minor, err := charDev("/dev/kvm")

@@ -148,3 +148,115 @@ func median(ds []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// TestMeasureTemplate prints, in one run, a clone's restore from a
+// shared-memory template against a restore of a full memory image of the
+// same guest (booted the same way, without the template label) and
+// against bare QEMU loading each image, plus each kind's host memory
+// (Pss) when idle. It only runs with CUBE_VM_MEASURE=<iterations>.
+func TestMeasureTemplate(t *testing.T) {
+	n := 0
+	if _, err := fmt.Sscan(os.Getenv("CUBE_VM_MEASURE"), &n); err != nil || n <= 0 {
+		t.Skip("set CUBE_VM_MEASURE=<iterations> to measure")
+	}
+	e := newEnv(t)
+	d, ctx := e.d, t.Context()
+	images := map[string]string{}
+	var disk string
+	for _, kind := range []string{"full", "template"} {
+		s := e.spec(t, "src-"+kind)
+		if kind == "template" {
+			s.Labels = map[string]string{TemplateLabel: "m"}
+		}
+		stopAtEnd(t, d, s.ID)
+		if _, err := d.Start(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		agentClient(ctx, t, d, s.ID, bootLimit)
+		time.Sleep(2 * time.Second)
+		images[kind] = filepath.Join(t.TempDir(), kind)
+		if err := d.Checkpoint(ctx, s.ID, images[kind], false); err != nil {
+			t.Fatal(err)
+		}
+		disk = s.Disk
+	}
+	times := map[string][]time.Duration{}
+	pss := map[string][]int64{}
+	timed := func(name string, fn func() error) {
+		t.Helper()
+		begin := time.Now()
+		if err := fn(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		times[name] = append(times[name], time.Since(begin))
+	}
+	for i := range n {
+		for _, kind := range []string{"full", "template"} {
+			img := images[kind]
+			r := e.spec(t, fmt.Sprintf("%s%d", kind, i))
+			copyFile(t, disk, r.Disk)
+			stopAtEnd(t, d, r.ID)
+			begin := time.Now()
+			timed(kind+": Restore (running)", func() error { _, err := d.Restore(ctx, r, img); return err })
+			agentClient(ctx, t, d, r.ID, 30*time.Second)
+			times[kind+": Restore to agent ready"] = append(times[kind+": Restore to agent ready"], time.Since(begin))
+			time.Sleep(time.Second)
+			st, _ := d.State(ctx, r.ID)
+			m, err := SmapsRollup(st.PID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pss[kind+": Pss idle"] = append(pss[kind+": Pss idle"], m["Pss"])
+			pss[kind+": Pss beyond shared template pages"] = append(pss[kind+": Pss beyond shared template pages"], m["Pss"]-m["Pss_Shmem"])
+			if err := d.Stop(ctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+			x := e.spec(t, fmt.Sprintf("raw%s%d", kind, i))
+			copyFile(t, disk, x.Disk)
+			timed("bare qemu -incoming, "+kind+" image (loaded)", func() error { return rawIncomingAny(ctx, d, x.BundleDir, x.Disk, img) })
+		}
+	}
+	t.Logf("accel %s, %d iterations, medians:", d.Accel(), n)
+	names := make([]string, 0, len(times))
+	for k := range times {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		t.Logf("  %-50s %v", k, median(times[k]).Round(time.Millisecond))
+	}
+	for _, k := range []string{"full: Pss idle", "template: Pss idle", "template: Pss beyond shared template pages"} {
+		v := slices.Clone(pss[k])
+		slices.Sort(v)
+		t.Logf("  %-50s %d MiB", k, v[len(v)/2]>>10)
+	}
+	base := median(times["bare qemu -incoming, full image (loaded)"])
+	for _, k := range []string{"template: Restore (running)", "template: Restore to agent ready", "full: Restore (running)"} {
+		t.Logf("  %s / bare qemu -incoming of the full image: %.2fx", k, float64(median(times[k]))/float64(base))
+	}
+}
+
+// rawIncomingAny is rawIncoming for any image, a template's included
+// (RawIncoming's command line, cube-bench's qemu-incoming baseline).
+func rawIncomingAny(ctx context.Context, d *Driver, bundle, disk, dir string) error {
+	args, f, err := RawIncoming(dir, disk, bundle, 0)
+	if err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, d.qemu, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	pid, err := ReadPIDFile(f.PIDFile)
+	if err != nil {
+		return err
+	}
+	st := &vmState{PID: pid, QMP: f.QMP}
+	defer func() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = waitGone(st, killTimeout)
+		for _, p := range []string{f.QMP, f.Agent, f.PIDFile} {
+			_ = os.Remove(p)
+		}
+	}()
+	return WaitIncoming(ctx, f, false)
+}

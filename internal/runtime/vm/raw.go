@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -24,6 +25,10 @@ type RawFiles struct {
 	// VsockCID is the guest CID when the snapshot has a vsock device
 	// (0 otherwise): the agent is then reached over vsock, not Agent.
 	VsockCID uint32
+	// Deferred is the incoming URI of a template snapshot with shared
+	// memory: QEMU starts with "-incoming defer" and WaitIncoming sets
+	// x-ignore-shared, then starts the migration from it.
+	Deferred string
 }
 
 // RawIncoming returns QEMU's argv (without the binary) to restore the
@@ -56,8 +61,20 @@ func RawIncoming(dir, disk, workDir string, cid uint32) ([]string, RawFiles, err
 		f.VsockCID = cid
 	}
 	p := paths{Disk: disk, QMP: f.QMP, Agent: f.Agent, Console: f.Console, Log: f.Log, PIDFile: f.PIDFile, VsockCID: f.VsockCID}
+	uri := "exec:zstd -dc " + shellQuote(img)
+	if shape.SharedRAM {
+		// The template's RAM file itself, mapped privately (QEMU runs as
+		// root here), and only the device state from the stream.
+		p.RAM = filepath.Join(dir, RAMFile)
+		if _, err := os.Stat(p.RAM); err != nil {
+			return nil, RawFiles{}, fmt.Errorf("raw restore of %s: %w: %w", dir, err, errdefs.ErrNotFound)
+		}
+		args := qemuArgs(shape, p, true)
+		f.Deferred = uri
+		return args, f, nil
+	}
 	args := qemuArgs(shape, p, false)
-	args = append(args, "-incoming", "exec:zstd -dc "+shellQuote(img))
+	args = append(args, "-incoming", uri)
 	return args, f, nil
 }
 
@@ -66,13 +83,22 @@ const TapName = tapName
 
 // WaitIncoming waits, over the QMP socket of a raw restore, until the
 // incoming migration completed (the VM is loaded, still stopped), then
-// resumes it when cont is set. It fails when the migration does.
-func WaitIncoming(ctx context.Context, qmpSock string, cont bool) error {
-	c, err := qmp.Dial(ctx, qmpSock)
+// resumes it when cont is set. It fails when the migration does. A
+// template snapshot's migration (f.Deferred) is started here first.
+func WaitIncoming(ctx context.Context, f RawFiles, cont bool) error {
+	c, err := qmp.Dial(ctx, f.QMP)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	if f.Deferred != "" {
+		if err := setIgnoreShared(ctx, c.Execute, true); err != nil {
+			return err
+		}
+		if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": f.Deferred}, nil); err != nil {
+			return fmt.Errorf("qmp migrate-incoming: %w", err)
+		}
+	}
 	d := &Driver{}
 	if err := d.waitMigrate(ctx, c.Execute, ""); err != nil {
 		return err
@@ -96,4 +122,67 @@ func ReadPIDFile(path string) (int, error) {
 		return 0, fmt.Errorf("pid file %s: %q: %w", path, b, errdefs.ErrInvalidArgument)
 	}
 	return pid, nil
+}
+
+// RawSaveFull writes, from the raw restore f of the template snapshot in
+// dir (loaded, still stopped: WaitIncoming without cont), a full memory
+// image of the same VM into out: every RAM page in the stream, the RAM an
+// anonymous object, as a VM's snapshot was before templates had shared
+// memory. cube-bench restores it as the full-copy baseline of the same
+// snapshot.
+func RawSaveFull(ctx context.Context, f RawFiles, dir, out string) error {
+	shape, err := ReadShape(dir)
+	if err != nil {
+		return err
+	}
+	if !shape.SharedRAM {
+		return fmt.Errorf("%s is not a shared-memory template: %w", dir, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(out, 0o700); err != nil {
+		return err
+	}
+	c, err := qmp.Dial(ctx, f.QMP)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// The restored RAM is a private mapping, which x-ignore-shared never
+	// skips; off, so the stream does not ask its restore for it either.
+	if err := setIgnoreShared(ctx, c.Execute, false); err != nil {
+		return err
+	}
+	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(migrateBandwidth)}, nil); err != nil {
+		return err
+	}
+	// As Checkpoint: zstd is our child, so its exit says the file is whole.
+	mem := filepath.Join(out, MemoryFile)
+	zw, err := startCompress(mem+".tmp", f.Log)
+	if err != nil {
+		return err
+	}
+	defer zw.kill()
+	err = c.ExecuteFD(ctx, "getfd", map[string]any{"fdname": migrateFDName}, nil, zw.w)
+	zw.w.Close()
+	if err != nil {
+		return err
+	}
+	if err := c.Execute(ctx, "migrate", map[string]any{"uri": "fd:" + migrateFDName}, nil); err != nil {
+		return fmt.Errorf("qmp migrate: %w", err)
+	}
+	d := &Driver{}
+	if err := d.waitMigrate(ctx, c.Execute, "migrate_cancel"); err != nil {
+		return err
+	}
+	if err := zw.wait(ctx); err != nil {
+		return err
+	}
+	if err := os.Rename(mem+".tmp", mem); err != nil {
+		return err
+	}
+	shape.SharedRAM = false
+	b, err := json.MarshalIndent(shape, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(out, ShapeFile), b, 0o600)
 }

@@ -21,7 +21,7 @@ import (
 
 // Files of a checkpoint dir.
 const (
-	MemoryFile = "memory.zst" // QEMU's migration stream, zstd-compressed
+	MemoryFile = "memory.zst" // QEMU's migration stream, zstd-compressed (device state only with RAMFile)
 	ShapeFile  = "vm.json"    // Shape
 )
 
@@ -69,11 +69,14 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	}
 	defer c.Close()
 	mem, tmp := filepath.Join(dir, MemoryFile), filepath.Join(dir, MemoryFile+".tmp")
+	ram, ramTmp := filepath.Join(dir, RAMFile), filepath.Join(dir, RAMFile+".tmp")
 	written := false
 	defer func() {
 		if err != nil && !written {
 			_ = os.Remove(tmp)
 			_ = os.Remove(mem)
+			_ = os.Remove(ramTmp)
+			_ = os.Remove(ram)
 			_ = os.Remove(filepath.Join(dir, ShapeFile))
 			// Leave the VM as it was: a failed checkpoint must not
 			// freeze a running sandbox.
@@ -89,6 +92,16 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	}
 	if err := c.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(migrateBandwidth)}, nil); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
+	}
+	if st.Shape.RAMObject {
+		// A template VM: its RAM is copied as a file below, the stream
+		// carries the device state only. A clone: its QEMU still has
+		// the capability on from its own restore, and a stream that
+		// says so would not load into a QEMU that has it off; its RAM
+		// is private, so the stream carries all of it either way.
+		if err := setIgnoreShared(ctx, c.Execute, st.Shape.SharedRAM); err != nil {
+			return fmt.Errorf("vm checkpoint %s: %w", id, err)
+		}
 	}
 	// The stream goes through a pipe the driver hands QEMU over QMP
 	// (getfd) into "zstd -1", run by the driver: QEMU's sandbox lets it
@@ -117,6 +130,19 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := zw.wait(ctx); err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
 	}
+	if st.Shape.SharedRAM {
+		// Still stopped: the file is the RAM the device state goes with.
+		if err := copyRAM(sharedRAMPath(st.Bundle), ramTmp, st.Shape.MemoryMiB<<20); err != nil {
+			return fmt.Errorf("vm checkpoint %s: copy RAM: %w", id, err)
+		}
+		if err := os.Rename(ramTmp, ram); err != nil {
+			return fmt.Errorf("vm checkpoint %s: %w", id, err)
+		}
+	} else {
+		// A directory reused for a full image must not keep an older
+		// template's RAM file beside it.
+		_ = os.Remove(ram)
+	}
 	b, err := json.MarshalIndent(st.Shape, "", "  ")
 	if err != nil {
 		return fmt.Errorf("vm checkpoint %s: %w", id, err)
@@ -144,6 +170,18 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 }
 
 type executeFunc func(ctx context.Context, cmd string, args, out any) error
+
+// setIgnoreShared sets x-ignore-shared: on, RAM blocks mapped shared are
+// left out of the stream. The stream records the capability and the
+// incoming side must have the same (each block's header then carries its
+// guest address, which it reads).
+func setIgnoreShared(ctx context.Context, exec executeFunc, on bool) error {
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
+	if err := exec(ctx, "migrate-set-capabilities", caps, nil); err != nil {
+		return fmt.Errorf("migrate-set-capabilities x-ignore-shared: %w", err)
+	}
+	return nil
+}
 
 // waitMigrate polls query-migrate (or query-migrate on the incoming side)
 // until the stream completed or failed. When ctx ends first it cancels
@@ -315,7 +353,17 @@ func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runti
 	if !shape.has("virtio-net") && s.NetNSPath != "" {
 		d.log.WarnContext(ctx, "snapshot has no network device; the restored VM has no network", "id", s.ID)
 	}
-	return d.launch(ctx, s, shape, image, note)
+	var ram *os.File
+	if shape.SharedRAM {
+		// A template's snapshot: the clone maps its RAM privately and
+		// owns no shared file of its own.
+		ram, err = d.tmpl.get(filepath.Join(dir, RAMFile), shape.MemoryMiB<<20)
+		if err != nil {
+			return fail(err)
+		}
+		shape.SharedRAM = false
+	}
+	return d.launch(ctx, s, shape, image, note, ram)
 }
 
 // shapeNote describes how l differs from the snapshot's shape.
@@ -335,19 +383,41 @@ func shapeNote(s Shape, l runtime.Limits, defMem int64) string {
 
 // incoming loads the memory image QEMU inherited as q.inFD (a pipe
 // from "zstd -dc") into the freshly started (-incoming defer) QEMU.
-func (d *Driver) incoming(ctx context.Context, st *vmState, q *started, log string) error {
+func (d *Driver) incoming(ctx context.Context, st *vmState, q *started, log string, ignoreShared bool) error {
 	c, err := d.client(ctx, st)
 	if err != nil {
 		return fmt.Errorf("qmp: %w%s", err, logTail(log))
 	}
 	defer c.Close()
+	if ignoreShared {
+		if err := setIgnoreShared(ctx, c.Execute, true); err != nil {
+			return fmt.Errorf("%w%s", err, logTail(log))
+		}
+	}
 	uri := "fd:" + strconv.Itoa(q.inFD)
 	if err := c.Execute(ctx, "migrate-incoming", map[string]any{"uri": uri}, nil); err != nil {
 		return fmt.Errorf("migrate-incoming: %w%s", err, logTail(log))
 	}
 	// A stream that fails to load makes QEMU exit: the QMP connection
-	// then breaks, and the log says why.
-	if err := d.waitMigrate(ctx, c.Execute, ""); err != nil {
+	// then breaks, and the log says why. A stream cut short inside the
+	// device state does not always: QEMU 7.2 may wait on it for ever.
+	// zstd failing (a truncated or corrupt image) fails the restore.
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case err := <-q.unzstdCh:
+			q.unzstdCh <- err
+			if err != nil {
+				cancel(fmt.Errorf("zstd -d: %w: %w", err, errdefs.ErrInvalidArgument))
+			}
+		case <-wctx.Done():
+		}
+	}()
+	if err := d.waitMigrate(wctx, c.Execute, ""); err != nil {
+		if cause := context.Cause(wctx); ctx.Err() == nil && cause != nil {
+			err = cause
+		}
 		return fmt.Errorf("load memory image: %w%s", err, logTail(log))
 	}
 	// QEMU read the whole stream; zstd ends with it.

@@ -83,8 +83,9 @@ type Config struct {
 	Logger            *slog.Logger
 }
 
-// Driver runs VMs. It keeps no state in memory: Root and the bundles hold
-// everything.
+// Driver runs VMs. It keeps no state in memory but a cache: Root and the
+// bundles hold everything, and the sealed copies of template RAM files
+// clones map (template.go) are made again after a restart.
 type Driver struct {
 	qemu, guestDir, accel, root string
 	qemuReal                    string // qemu with symlinks resolved: its path in the jail
@@ -94,6 +95,7 @@ type Driver struct {
 	uids                        uidAlloc
 	jailBinds                   []jailBind // QEMU, its libraries and firmware (qemuFiles)
 	jailExtra                   []jailBind // tests only: a probe binary in the jail
+	tmpl                        templateCache
 	log                         *slog.Logger
 }
 
@@ -474,7 +476,11 @@ func (d *Driver) destroy(ctx context.Context, st *vmState) error {
 		}
 	}
 	if len(errs) == 0 {
-		for _, p := range []string{st.QMP, st.Agent, filepath.Join(st.Bundle, "qemu.pid")} {
+		files := []string{st.QMP, st.Agent, filepath.Join(st.Bundle, "qemu.pid")}
+		if st.Shape.SharedRAM {
+			files = append(files, sharedRAMPath(st.Bundle))
+		}
+		for _, p := range files {
 			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}

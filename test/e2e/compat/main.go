@@ -12,12 +12,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	_ "embed" // notes.md
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -83,6 +85,24 @@ func parse(r io.Reader, rows []*row, runtimes map[string]bool) []*row {
 	return rows
 }
 
+// compareVersions orders release versions (1.13.2 < 2.7.0 < 2.51.0):
+// numerically by dot-separated part, a part that is not a number by its
+// text.
+func compareVersions(a, b string) int {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(pa) && i < len(pb); i++ {
+		na, ea := strconv.Atoi(pa[i])
+		nb, eb := strconv.Atoi(pb[i])
+		switch {
+		case ea == nil && eb == nil && na != nb:
+			return cmp.Compare(na, nb)
+		case (ea != nil || eb != nil) && pa[i] != pb[i]:
+			return strings.Compare(pa[i], pb[i])
+		}
+	}
+	return cmp.Compare(len(pa), len(pb))
+}
+
 func ordered(runtimes map[string]bool) []string {
 	var rts []string
 	for _, rt := range runtimeOrder {
@@ -126,7 +146,12 @@ func render(w io.Writer, rows []*row, runtimes map[string]bool) {
 		}
 	}
 	// One SDK version's suites together, in the order they first ran.
-	slices.SortStableFunc(keys, func(a, b key) int { return strings.Compare(a.sdk+"\x00"+a.version, b.sdk+"\x00"+b.version) })
+	slices.SortStableFunc(keys, func(a, b key) int {
+		if c := strings.Compare(a.sdk, b.sdk); c != 0 {
+			return c
+		}
+		return compareVersions(a.version, b.version)
+	})
 	fmt.Fprintf(w, "## Summary\n\n| SDK | version | suite | %s |\n|---|---|---|%s\n", strings.Join(rts, " | "), strings.Repeat("---|", len(rts)))
 	for _, k := range keys {
 		fmt.Fprintf(w, "| %s | %s | %s |", k.sdk, k.version, k.suite)

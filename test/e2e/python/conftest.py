@@ -31,6 +31,7 @@ def until(what, cond, seconds=10.0):
 _SUITES = {
     "test_sync.py": ("e2b (Python)", "e2b", "sync"),
     "test_async.py": ("e2b (Python)", "e2b", "async"),
+    "test_volumes.py": ("e2b (Python)", "e2b", "volumes"),
     "test_code_interpreter.py": ("e2b-code-interpreter (Python)", "e2b-code-interpreter", "code interpreter"),
 }
 

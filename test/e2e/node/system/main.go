@@ -26,6 +26,19 @@
 // $CUBE_BASE_CACHE for builds from it; CUBE_E2E_TEMPLATE_BUILDS=1 tells
 // the suite.
 //
+// With -domain the system runs in domain mode (cube up --domain-mode): the
+// route serves the E2B API at api.<domain> and the sandboxes at
+// <port>-<id>.<domain> over TLS with a certificate from the cluster CA, the
+// domain is unique to the run (<id>.cube.test:<route port>), and the
+// command gets E2B_DOMAIN, E2B_API_KEY and the CA variables
+// (NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, REQUESTS_CA_BUNDLE) but no URL: it
+// runs in a private mount namespace whose /etc/resolv.conf names a test
+// resolver answering the domain and every name under it (domain.go).
+//
+// With -domain -standalone-proxy the domain is a separate cubeproxy's
+// (--tls-cert with the route's certificate, --api passing api.<domain> on
+// to the master's E2B API).
+//
 // With -code-interpreter it also imports the code-interpreter template
 // (built once into $CUBE_BASE_CACHE, then cached) as code-interpreter-v1,
 // the SDKs' default, and names it in CUBE_E2E_CODE_INTERPRETER.
@@ -33,6 +46,7 @@
 //	go run ./test/e2e/node/system -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -standalone-proxy -- npm --prefix test/e2e/node run test:controlplane
 //	go run ./test/e2e/node/system -runtime gvisor -- npm --prefix test/e2e/node run test:snapshots
+//	go run ./test/e2e/node/system -egress -- npm --prefix test/e2e/node run test:egress
 package main
 
 import (
@@ -51,6 +65,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -70,7 +85,9 @@ func main() {
 	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
 	flag.StringVar(&runtimeName, "runtime", "runc", "the node's default runtime: runc, gvisor or vm")
 	flag.BoolVar(&templateBuilds, "template-builds", false, "run a network-agent with the host's DNS and build the Debian base, for template builds through the API")
+	flag.BoolVar(&domainMode, "domain", false, "domain mode: E2B_DOMAIN alone over TLS, names from a test resolver")
 	flag.BoolVar(&codeInterpreter, "code-interpreter", false, "also import the code-interpreter template (built from Debian, cached in $CUBE_BASE_CACHE)")
+	flag.BoolVar(&egress, "egress", false, "run network-agent against a fake internet (the egress spec; CUBE_E2E_EGRESS)")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: system [-v] -- command [args...]")
 		flag.PrintDefaults()
@@ -103,11 +120,14 @@ var (
 	runtimeName     string
 	codeInterpreter bool
 	templateBuilds  bool
+	egress          bool
+	domainMode      bool
 )
 
-// withNetworkAgent: gVisor and VM sandboxes are reached only through a
-// slot; template builds need one for their egress allow list.
-func withNetworkAgent() bool { return runtimeName != "runc" || templateBuilds }
+// withNetworkAgent reports whether the node runs network-agent: gVisor
+// and VM sandboxes are reached only through a slot; the egress spec and
+// template builds (their egress allow list) need its policies.
+func withNetworkAgent() bool { return runtimeName != "runc" || egress || templateBuilds }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -176,8 +196,19 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		// A TCG VM boots in seconds when it gets a core; a fork restores
 		// two of them at once.
 		cfg.ExtraMasterTOML += "[sandbox]\ncreate_timeout = \"5m\"\n"
+	}
+	if withNetworkAgent() {
 		prefix := "sy" + id[:6]
-		cfg.ExtraNetworkTOML = networkTOML(prefix)
+		// The sandboxes' DNS goes nowhere but to the egress world: the
+		// host's resolvers are off the machine, which tests never reach
+		// (loopback's discard port answers at once with a refusal).
+		// Template builds are the exception: their sandboxes resolve the
+		// package mirrors with the host's resolvers.
+		dns := "127.0.0.1:9"
+		if templateBuilds {
+			dns = ""
+		}
+		cfg.ExtraNetworkTOML = networkTOML(prefix, dns)
 		scope.NetPrefix, scope.NetnsDir = prefix, filepath.Join(cfg.RunDir, "network", "netns")
 		scope.RunscRoot, scope.VMRoot = filepath.Join(cfg.RunDir, "runsc"), filepath.Join(cfg.RunDir, "vm")
 	}
@@ -198,6 +229,19 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 			return fail(err)
 		}
 	}
+	var world *egressWorld
+	if egress {
+		var err error
+		if world, err = startEgressWorld(bin, cfg.StateDir); err != nil {
+			return fail(fmt.Errorf("egress world: %w", err))
+		}
+		defer func() {
+			if err := world.stop(); err != nil {
+				fmt.Fprintln(os.Stdout, "system: egress world:", err)
+			}
+		}()
+		cfg.ExtraNetworkTOML = networkTOML(scope.NetPrefix, world.dns) + world.network
+	}
 	if codeInterpreter {
 		res, err := buildCodeInterpreter(ctx, log)
 		if err != nil {
@@ -211,6 +255,24 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	}
 	if cfg.ProxyAddr, err = freeAddr(); err != nil {
 		return fail(err)
+	}
+	var res *resolver
+	standaloneAddr := ""
+	if domainMode {
+		_, port, _ := net.SplitHostPort(cfg.ProxyAddr)
+		if standaloneProxy {
+			// The domain is the standalone replica's: its port in
+			// E2B_DOMAIN and in the API's create answers.
+			if standaloneAddr, err = freeAddr(); err != nil {
+				return fail(err)
+			}
+			_, port, _ = net.SplitHostPort(standaloneAddr)
+		}
+		cfg.DomainMode, cfg.Domain = true, id+".cube.test:"+port
+		if res, err = startResolver(root, cfg.Domain); err != nil {
+			return fail(err)
+		}
+		defer res.stop()
 	}
 	if !verbose {
 		// The daemons' output goes to their log files only.
@@ -233,11 +295,15 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 			return fail(fmt.Errorf("cube up: %v (logs in %s)", err, cfg.LogDir))
 		case <-time.After(200 * time.Millisecond):
 		}
-		if vars, err := launcher.Env(cfg); err == nil && healthy(vars) {
+		if vars, err := launcher.Env(cfg); err == nil && healthy(cfg, vars) {
 			env = map[string]string{}
 			for _, v := range vars {
 				env[v.Name] = v.Value
 			}
+		}
+		if env != nil && domainMode {
+			// The harness's own calls (cleanup) use the API listener.
+			fmt.Fprintln(os.Stdout, "system: domain mode: E2B_DOMAIN="+env["E2B_DOMAIN"]+", names from the resolver at "+res.addr)
 		}
 		if time.Now().After(deadline) {
 			cancelUp()
@@ -245,7 +311,35 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 	}
 
-	if standaloneProxy {
+	if standaloneProxy && domainMode {
+		// Domain mode through a separate replica: the route's
+		// certificate, and api.<domain> passed on to the master's API.
+		pctx, stopProxy := context.WithCancel(ctx)
+		defer stopProxy()
+		pkiDir := filepath.Join(cfg.StateDir, "pki")
+		p := exec.CommandContext(pctx, filepath.Join(bin, "cubeproxy"), "--master", filepath.Join(cfg.RunDir, "cubemaster.sock"),
+			"--listen", standaloneAddr, "--domain", cfg.Domain, "--tls-cert", filepath.Join(pkiDir, "route.crt"),
+			"--tls-key", filepath.Join(pkiDir, "route.key"), "--api", "http://"+cfg.APIAddr)
+		p.Cancel = func() error { return p.Process.Signal(syscall.SIGTERM) }
+		if verbose {
+			p.Stderr = os.Stderr
+		}
+		if err := p.Start(); err != nil {
+			return fail(err)
+		}
+		defer func() { stopProxy(); _ = p.Wait() }()
+		for i := 0; ; i++ {
+			if c, err := net.Dial("tcp", standaloneAddr); err == nil {
+				c.Close()
+				break
+			}
+			if i > 100 {
+				return fail(fmt.Errorf("cubeproxy did not come up"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		fmt.Fprintln(os.Stdout, "system: E2B_DOMAIN is a standalone cubeproxy (--api) at", standaloneAddr)
+	} else if standaloneProxy {
 		addr, err := freeAddr()
 		if err != nil {
 			return fail(err)
@@ -283,16 +377,37 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 		return fail(err)
 	}
+	apiURL := "http://" + cfg.APIAddr
+	if res != nil {
+		command = res.wrap(command)
+	}
 	cmd := exec.CommandContext(ctx, command[0], command[1:]...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],
-		"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template,
-		"CUBE_E2E_RUNTIME="+runtimeName)
+	if domainMode {
+		// E2B_DOMAIN alone: a URL variable left in the environment would
+		// take over from it.
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "E2B_API_URL=") && !strings.HasPrefix(kv, "E2B_SANDBOX_URL=") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		cmd.Env = append(cmd.Env, "CUBE_E2E_TEMPLATE="+cfg.Template, "CUBE_E2E_RUNTIME="+runtimeName, "CUBE_E2E_DOMAIN_MODE=1")
+	} else {
+		cmd.Env = append(os.Environ(), "E2B_API_URL="+env["E2B_API_URL"], "E2B_SANDBOX_URL="+env["E2B_SANDBOX_URL"],
+			"E2B_API_KEY="+env["E2B_API_KEY"], "E2B_DOMAIN="+env["E2B_DOMAIN"], "CUBE_E2E_TEMPLATE="+cfg.Template,
+			"CUBE_E2E_RUNTIME="+runtimeName)
+	}
 	if codeInterpreter {
 		cmd.Env = append(cmd.Env, "CUBE_E2E_CODE_INTERPRETER="+baseimage.CodeInterpreterTemplate)
 	}
 	if templateBuilds {
 		cmd.Env = append(cmd.Env, "CUBE_E2E_TEMPLATE_BUILDS=1")
+	}
+	if world != nil {
+		cmd.Env = append(cmd.Env, world.env())
 	}
 	for name, key := range teamKeys {
 		cmd.Env = append(cmd.Env, name+"="+key)
@@ -306,9 +421,9 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		}
 		fmt.Fprintf(os.Stdout, "system: command failed: %v (daemon logs in %s)\n", err, cfg.LogDir)
 	}
-	left := killAll(env["E2B_API_URL"], env["E2B_API_KEY"])
+	left := killAll(apiURL, env["E2B_API_KEY"])
 	for _, key := range teamKeys {
-		left += killAll(env["E2B_API_URL"], key)
+		left += killAll(apiURL, key)
 	}
 	if left > 0 {
 		fmt.Fprintf(os.Stdout, "system: the command left %d sandbox(es); killed\n", left)
@@ -376,18 +491,18 @@ func buildCodeInterpreter(ctx context.Context, log *slog.Logger) (string, error)
 	return res.Layout, nil
 }
 
-func healthy(vars []launcher.Var) bool {
-	for _, v := range vars {
-		if v.Name == "E2B_API_URL" {
-			resp, err := http.Get(v.Value + "/health")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == 200
-		}
+// healthy reports whether the E2B API answers: cube up has written its
+// environment (vars) and the API listener is serving.
+func healthy(cfg launcher.Config, vars []launcher.Var) bool {
+	if len(vars) == 0 {
+		return false
 	}
-	return false
+	resp, err := http.Get("http://" + cfg.APIAddr + "/health")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
 }
 
 // makeTeams creates the tenancy spec's teams and a key of each, and

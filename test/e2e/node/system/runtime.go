@@ -45,8 +45,8 @@ func runtimeTOML() (node, tables string, err error) {
 // networkTOML is the run's network-agent config: a private link prefix
 // and a random /24 in 10.192.0.0/10 (as the harness and the package
 // tests pick theirs), so that it meets no other node on this host; the
-// agent refuses an overlap.
-func networkTOML(prefix string) string {
+// agent refuses an overlap. dns is the forwarder's upstream.
+func networkTOML(prefix, dns string) string {
 	v, _ := rand.Int(rand.Reader, big.NewInt(1<<14))
 	a := uint32(10)<<24 | uint32(192)<<16 | uint32(v.Int64()<<8)
 	cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), 24)
@@ -54,20 +54,17 @@ func networkTOML(prefix string) string {
 	if runtimeName == "vm" {
 		size, vmSize = 0, 4
 	}
-	// The sandboxes' DNS goes nowhere: the host's resolvers are off the
-	// machine, which tests never reach (loopback's discard port answers
-	// at once with a refusal). Template builds are the exception: their
-	// sandboxes resolve the package mirrors with the host's resolvers
-	// (/etc/resolv.conf), and their allow list admits only those.
-	dns := "[dns]\nupstreams = [\"127.0.0.1:9\"]\n"
-	if templateBuilds {
-		dns = ""
-	}
 	// Its health listener on a free port: another network-agent on this
-	// host (a cube up, another run) may hold the default one.
+	// host (a cube up, another run) may hold the default one. dns "": the
+	// host's resolvers (/etc/resolv.conf; template builds resolve the
+	// package mirrors with them, and their allow list admits only those).
 	health, err := freeAddr()
 	if err != nil {
 		health = "127.0.0.1:0"
 	}
-	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = %q\n[pool]\nsize = %d\nvm_size = %d\n%s", cidr, prefix, health, size, vmSize, dns)
+	upstreams := ""
+	if dns != "" {
+		upstreams = fmt.Sprintf("[dns]\nupstreams = [%q]\n", dns)
+	}
+	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = %q\n[pool]\nsize = %d\nvm_size = %d\n%s", cidr, prefix, health, size, vmSize, upstreams)
 }

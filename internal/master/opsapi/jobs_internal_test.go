@@ -1,0 +1,42 @@
+package opsapi
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+// TestJobsEndAtShutdown: a running job (a drain waiting on its node) is
+// cancelled when the master shuts down, and says so. The control is a
+// job of a handler whose master keeps running: it is still running when
+// the first one has ended.
+func TestJobsEndAtShutdown(t *testing.T) {
+	done := make(chan struct{})
+	h := New(nil, Config{Done: done}, nil)
+	control := New(nil, Config{Done: make(chan struct{})}, nil)
+	wait := func(ctx context.Context, _ *job) error { <-ctx.Done(); return ctx.Err() }
+	r := httptest.NewRequest("POST", "/nodes/n1/drain", nil)
+	jb := h.start(r, "drain", "n1", wait)
+	cj := control.start(r, "drain", "n1", wait)
+	t.Cleanup(func() { cj.cancel() })
+	close(done)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		jb.mu.Lock()
+		st := jb.j.State
+		jb.mu.Unlock()
+		if st == jobCancelled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job is %q 5 s after the shutdown, want %q", st, jobCancelled)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cj.mu.Lock()
+	defer cj.mu.Unlock()
+	if cj.j.State != jobRunning {
+		t.Fatalf("control: the other master's job is %q, want %q", cj.j.State, jobRunning)
+	}
+}
