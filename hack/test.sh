@@ -125,6 +125,14 @@ if [ "${CUBE_TEST_PYTHON:-1}" != 0 ]; then
     go run ./test/e2e/node/system -runtime gvisor -code-interpreter -- bash test/e2e/sdk-suites.sh
   fi
 fi
+# Template builds through the E2B API with the unmodified JS SDK's Template
+# builder: a Debian base, apt-get and pip steps over the node's egress allow
+# list (the package mirrors the host reaches), a start command, the cached
+# rebuild (docs/templates.md). CUBE_TEST_TEMPLATE_BUILDS=0 skips it.
+if [ "${CUBE_TEST_TEMPLATE_BUILDS:-1}" != 0 ]; then
+  echo "== node e2e: template builds (e2b Template builder)"
+  go run ./test/e2e/node/system -template-builds -- npm --prefix test/e2e/node run test:templatebuild
+fi
 # Domain mode (docs/proxy.md): `cube up --domain-mode`, the SDKs configured
 # by E2B_DOMAIN alone and the cluster CA, names from a test resolver; the
 # domain suite against each SDK version of the matrix (JS 1.13.2, 2.0.1,

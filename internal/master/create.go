@@ -48,6 +48,9 @@ type CreateRequest struct {
 	APIKeyID string
 	// Volumes are the team's volumes mounted into the sandbox (volumes.go).
 	Volumes []VolumeMount
+	// DiskMiB grows the sandbox's disk to this size when larger than the
+	// template's (template builds: room for the packages a step installs).
+	DiskMiB int64
 }
 
 // Limits on what clients store in the catalog.
@@ -302,6 +305,10 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 	if req.Template != tmpl || snap != nil {
 		sb.Alias = req.Template
 	}
+	var growMiB int64 // 0: the template's size, nothing to grow
+	if req.DiskMiB > sb.DiskMiB && snap == nil {
+		sb.DiskMiB, growMiB = req.DiskMiB, req.DiskMiB
+	}
 	if req.Secure {
 		sb.EnvdAccessToken = token()
 	}
@@ -373,7 +380,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 		}
 		var err error
 		called := time.Now()
-		created, tr.actions, err = s.createOn(ctx, n.ID, sb, req.Env, vols)
+		created, tr.actions, err = s.createOn(ctx, n.ID, sb, req.Env, vols, growMiB)
 		tr.placed, tr.node = called.Sub(start), time.Since(called)
 		if err != nil && maybeCreated(err) {
 			undos[n.ID] = s.undoCreate(n.ID, sb.ID)
@@ -442,7 +449,7 @@ func (s *Service) Create(ctx context.Context, req CreateRequest) (*catalog.Sandb
 
 // createOn asks one node to create the sandbox; it returns the node's
 // record and how long each action of its create flow took.
-func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string, vols []claimedVolume) (*cubeletpb.Sandbox, []*cubeletpb.ActionTiming, error) {
+func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandbox, env map[string]string, vols []claimedVolume, growMiB int64) (*cubeletpb.Sandbox, []*cubeletpb.ActionTiming, error) {
 	c, err := s.client(nodeID)
 	if err != nil {
 		return nil, nil, err
@@ -468,7 +475,7 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
 		Labels:    managedLabels(sb),
 		Env:       env,
-		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB},
+		Resources: &cubeletpb.Resources{MilliCpu: sb.MilliCPU, MemoryMib: sb.MemoryMiB, DiskMib: growMiB},
 		Network:   netPolicy,
 		Runtime:   sb.Runtime,
 		// The agent requires it from its first request: there is no

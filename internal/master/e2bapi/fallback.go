@@ -25,7 +25,7 @@ type fallbackRoute struct {
 }
 
 const (
-	msgBuilds = "template builds through the API are not served by this server; import templates with cubecli template import (docs/templates.md)"
+	msgBuilds = "this build flow (a Dockerfile pushed to a registry) is not served by this server; build with the SDK's Template builder (POST /v3/templates), or import templates with cubecli template import (docs/templates.md)"
 	msgTags   = "template tags are not served by this server; a template is named by its ID or an alias (templates.aliases in the master's configuration)"
 	msgVolume = "the volume content API is not served by this server; mount the volume into a sandbox (Sandbox.create volumeMounts) and use the sandbox's filesystem API"
 	msgTeamM  = "team metrics are not recorded by this server; GET /sandboxes/metrics gives the team's running sandboxes' metrics"
@@ -44,13 +44,8 @@ func (h *Handler) fallbackRoutes() []fallbackRoute {
 		{pattern: "POST /secrets/{secretID}", msg: msgSecret},
 		{pattern: "PATCH /templates/{templateID}", msg: "templates are shared by every team of this server; there is nothing to update (public/private)"},
 		{pattern: "PATCH /v2/templates/{templateID}", msg: "templates are shared by every team of this server; there is nothing to update (public/private)"},
-		{pattern: "POST /v3/templates", msg: msgBuilds},
 		{pattern: "POST /v2/templates", msg: msgBuilds},
 		{pattern: "POST /templates", msg: msgBuilds},
-		{pattern: "POST /v2/templates/{templateID}/builds/{buildID}", msg: msgBuilds},
-		{pattern: "GET /templates/{templateID}/builds/{buildID}/status", msg: msgBuilds},
-		{pattern: "GET /templates/{templateID}/builds/{buildID}/logs", msg: msgBuilds},
-		{pattern: "GET /templates/{templateID}/files/{hash}", msg: msgBuilds},
 		{pattern: "GET /templates/{templateID}/tags", msg: msgTags},
 		{pattern: "GET /templates/{templateID}/tags/count", msg: msgTags},
 		{pattern: "GET /templates/{templateID}/tags/exists", msg: msgTags},

@@ -31,6 +31,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master/apikey"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
+	"github.com/cubesandbox/cube/internal/master/templatebuild"
 	"github.com/cubesandbox/cube/internal/sandboxid"
 )
 
@@ -92,6 +93,8 @@ type Handler struct {
 	mux *http.ServeMux
 	// patterns are the routes as registered ("METHOD /path"), for Routes.
 	patterns []string
+	// builds runs template builds (builds.go); nil without a master.
+	builds *templatebuild.Engine
 }
 
 // New returns the API handler.
@@ -99,7 +102,7 @@ func New(b Backend, cfg Config, log *slog.Logger) *Handler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &Handler{b: b, cfg: cfg, log: log, mux: http.NewServeMux()}
+	h := &Handler{b: b, cfg: cfg, log: log, mux: http.NewServeMux(), builds: newBuilds(b, log)}
 	h.routes()
 	return h
 }
@@ -139,6 +142,7 @@ func (h *Handler) routes() {
 	auth("GET /templates/{templateID}", h.getTemplate)
 	auth("DELETE /templates/{templateID}", h.deleteTemplate)
 	auth("GET /templates/aliases/{alias}", h.templateAlias)
+	h.buildRoutes(auth)
 	auth("POST /secrets", h.createSecret)
 	auth("GET /secrets", h.listSecrets)
 	auth("PUT /secrets/{name}", h.replaceSecret)

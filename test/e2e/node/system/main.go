@@ -19,6 +19,13 @@
 // the sandboxes' slots; vm builds the guest kernel and initramfs once
 // (CUBE_VM_ACCEL: tcg by default). CUBE_E2E_RUNTIME tells the suite.
 //
+// With -template-builds the node runs a network-agent (on runc too) whose
+// DNS forwards to the host's resolvers, so that a template build's
+// sandbox reaches the package mirrors the host reaches (its allow list;
+// docs/templates.md), and the Debian base image is built (or found) in
+// $CUBE_BASE_CACHE for builds from it; CUBE_E2E_TEMPLATE_BUILDS=1 tells
+// the suite.
+//
 // With -domain the system runs in domain mode (cube up --domain-mode): the
 // route serves the E2B API at api.<domain> and the sandboxes at
 // <port>-<id>.<domain> over TLS with a certificate from the cluster CA, the
@@ -77,6 +84,7 @@ func main() {
 	verbose := flag.Bool("v", false, "show the daemons' logs")
 	flag.BoolVar(&standaloneProxy, "standalone-proxy", false, "point E2B_SANDBOX_URL at a separate cubeproxy process")
 	flag.StringVar(&runtimeName, "runtime", "runc", "the node's default runtime: runc, gvisor or vm")
+	flag.BoolVar(&templateBuilds, "template-builds", false, "run a network-agent with the host's DNS and build the Debian base, for template builds through the API")
 	flag.BoolVar(&domainMode, "domain", false, "domain mode: E2B_DOMAIN alone over TLS, names from a test resolver")
 	flag.BoolVar(&codeInterpreter, "code-interpreter", false, "also import the code-interpreter template (built from Debian, cached in $CUBE_BASE_CACHE)")
 	flag.BoolVar(&egress, "egress", false, "run network-agent against a fake internet (the egress spec; CUBE_E2E_EGRESS)")
@@ -111,12 +119,15 @@ var (
 	standaloneProxy bool
 	runtimeName     string
 	codeInterpreter bool
+	templateBuilds  bool
 	egress          bool
 	domainMode      bool
 )
 
-// withNetworkAgent reports whether the node runs network-agent.
-func withNetworkAgent() bool { return runtimeName != "runc" || egress }
+// withNetworkAgent reports whether the node runs network-agent: gVisor
+// and VM sandboxes are reached only through a slot; the egress spec and
+// template builds (their egress allow list) need its policies.
+func withNetworkAgent() bool { return runtimeName != "runc" || egress || templateBuilds }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -181,7 +192,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		DataDir: cfg.StateDir, RunDir: cfg.RunDir, RuncRoot: filepath.Join(cfg.RunDir, "runc"), CgroupName: "cube-e2e-" + id,
 		AllowMounts: []string{filepath.Join(cfg.StateDir, "pool")}, AllowLoopBacking: []string{filepath.Join(cfg.StateDir, "pool.img")},
 	}
-	if runtimeName != "runc" {
+	if withNetworkAgent() {
 		// A TCG VM boots in seconds when it gets a core; a fork restores
 		// two of them at once.
 		cfg.ExtraMasterTOML += "[sandbox]\ncreate_timeout = \"5m\"\n"
@@ -191,7 +202,13 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		// The sandboxes' DNS goes nowhere but to the egress world: the
 		// host's resolvers are off the machine, which tests never reach
 		// (loopback's discard port answers at once with a refusal).
-		cfg.ExtraNetworkTOML = networkTOML(prefix, "127.0.0.1:9")
+		// Template builds are the exception: their sandboxes resolve the
+		// package mirrors with the host's resolvers.
+		dns := "127.0.0.1:9"
+		if templateBuilds {
+			dns = ""
+		}
+		cfg.ExtraNetworkTOML = networkTOML(prefix, dns)
 		scope.NetPrefix, scope.NetnsDir = prefix, filepath.Join(cfg.RunDir, "network", "netns")
 		scope.RunscRoot, scope.VMRoot = filepath.Join(cfg.RunDir, "runsc"), filepath.Join(cfg.RunDir, "vm")
 	}
@@ -206,6 +223,11 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	}
 	if err := testimage.WriteE2BBusybox(cfg.TemplateSource); err != nil {
 		return fail(err)
+	}
+	if templateBuilds {
+		if err := buildBase(ctx); err != nil {
+			return fail(err)
+		}
 	}
 	var world *egressWorld
 	if egress {
@@ -381,6 +403,9 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 	if codeInterpreter {
 		cmd.Env = append(cmd.Env, "CUBE_E2E_CODE_INTERPRETER="+baseimage.CodeInterpreterTemplate)
 	}
+	if templateBuilds {
+		cmd.Env = append(cmd.Env, "CUBE_E2E_TEMPLATE_BUILDS=1")
+	}
 	if world != nil {
 		cmd.Env = append(cmd.Env, world.env())
 	}
@@ -430,6 +455,23 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		code = max(code, 1)
 	}
 	return code
+}
+
+// buildBase builds (or finds) the Debian base image in $CUBE_BASE_CACHE,
+// where cubemaster's template builds find it (debian:stable, e2bdev/base).
+func buildBase(ctx context.Context) error {
+	dir := os.Getenv("CUBE_BASE_CACHE")
+	if dir == "" {
+		dir = "/var/cache/cube/base"
+		os.Setenv("CUBE_BASE_CACHE", dir)
+	}
+	start := time.Now()
+	res, err := baseimage.Build(ctx, baseimage.Options{Dir: dir})
+	if err != nil {
+		return fmt.Errorf("base image: %w", err)
+	}
+	fmt.Fprintf(os.Stdout, "system: base image %s (built: %v, %s)\n", res.Layout, res.Built, time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // buildCodeInterpreter returns the code-interpreter image's layout,

@@ -54,5 +54,17 @@ func networkTOML(prefix, dns string) string {
 	if runtimeName == "vm" {
 		size, vmSize = 0, 4
 	}
-	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[pool]\nsize = %d\nvm_size = %d\n[dns]\nupstreams = [%q]\n", cidr, prefix, size, vmSize, dns)
+	// Its health listener on a free port: another network-agent on this
+	// host (a cube up, another run) may hold the default one. dns "": the
+	// host's resolvers (/etc/resolv.conf; template builds resolve the
+	// package mirrors with them, and their allow list admits only those).
+	health, err := freeAddr()
+	if err != nil {
+		health = "127.0.0.1:0"
+	}
+	upstreams := ""
+	if dns != "" {
+		upstreams = fmt.Sprintf("[dns]\nupstreams = [%q]\n", dns)
+	}
+	return fmt.Sprintf("node_cidr = %q\nprefix = %q\n[api]\nhttp = %q\n[pool]\nsize = %d\nvm_size = %d\n%s", cidr, prefix, health, size, vmSize, upstreams)
 }
