@@ -3,9 +3,9 @@ package master
 import (
 	"context"
 	"fmt"
-	"strings"
 	"path"
 	"regexp"
+	"strings"
 	"time"
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
