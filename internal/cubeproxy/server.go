@@ -102,6 +102,11 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 	if names == (Settings{}) {
 		names = Settings{Listen: "--listen", Metrics: "--metrics", TLS: "--tls-cert and --tls-key (or --tls-self-signed)"}
 	}
+	if cfg.API != nil && s.TLS == nil {
+		// SDKs configured by E2B_DOMAIN only ever call https://api.<domain>;
+		// a cleartext API here would carry API keys in the clear.
+		return nil, fmt.Errorf("domain mode serves the E2B API on the route: it needs %s: %w", names.TLS, errdefs.ErrInvalidArgument)
+	}
 	ln, err := serve.ListenTCP(names.Listen, names.TLS, cfg.Listen, s.TLS != nil)
 	if err != nil {
 		return nil, err

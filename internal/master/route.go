@@ -81,8 +81,9 @@ func (c *routeCache) dropLocal(id string) {
 var _ proxy.Resolver = (*Service)(nil)
 
 // Resolve implements proxy.Resolver: where a running sandbox can be
-// reached. A paused one is FailedPrecondition (the route answers 409; the
-// cubeproxy of the next issue resumes it instead).
+// reached. One that is not running (paused, failed) is Unavailable: the
+// route answers 502, the status E2B's SDKs read as "not running"
+// (cubeproxy's ResolveRoute resumes an autoResume sandbox instead).
 func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error) {
 	if t := s.routes.get(id); t != nil {
 		return t, nil
@@ -99,9 +100,9 @@ func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error)
 	switch sb.State {
 	case catalog.StateRunning:
 	case catalog.StatePaused:
-		return nil, fmt.Errorf("sandbox %s is paused; connect to it to resume it: %w", id, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("sandbox %s is paused; connect to it to resume it: %w", id, errdefs.ErrUnavailable)
 	default:
-		return nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.State, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.State, errdefs.ErrUnavailable)
 	}
 	t, err := s.targetFor(ctx, sb)
 	if err != nil {

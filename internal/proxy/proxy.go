@@ -72,8 +72,8 @@ type Target struct {
 }
 
 // Resolver finds where a sandbox is. Its errors use errdefs: NotFound (no
-// such sandbox), FailedPrecondition (paused or not running), Unavailable
-// (its node cannot be reached from here).
+// such sandbox), Unavailable (not running: paused, failed; or its node
+// cannot be reached from here), each answered 502 as E2B's proxy does.
 type Resolver interface {
 	Resolve(ctx context.Context, sandboxID string) (*Target, error)
 }
