@@ -111,15 +111,14 @@ for d in /var/lib/cube-kube /run/cube-kube; do
 done
 
 log "images"
+guest=/var/lib/cube/vm; [ -f "$guest/vmlinuz" ] || guest=/var/cache/cube/vm/guest-cubelet
 if [ -n "${CUBE_KUBE_IMAGES:-}" ]; then
   # Images built before (go run ./hack/images --out DIR/layout --values DIR/values.yaml).
   cp -r "$CUBE_KUBE_IMAGES/layout" "$W/images"
   cp "$CUBE_KUBE_IMAGES/values.yaml" "$W/images.yaml"
 else
-  guest=/var/lib/cube/vm; [ -f "$guest/vmlinuz" ] || guest=/var/cache/cube/vm/guest-cubelet
   go run ./hack/images --out "$W/images" --values "$W/images.yaml" --guest-dir "$guest" 2>"$W/images.log"
 fi
-tar -C "$W/images" -cf "$W/images.tar" .
 log "images built ($(elapsed)): $(du -sh "$W/images" | cut -f1) layout"
 
 log "certificates"
@@ -135,6 +134,9 @@ mkdir -p "$W/pki"
   issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:$CLUSTER_IP,DNS:kubernetes,DNS:kubernetes.default.svc"
   issue admin "/O=system:masters/CN=admin" "DNS:admin"
   issue kubelet "/O=system:nodes/CN=system:node:$(hostname)" "IP:127.0.0.1,IP:$NODE_IP,DNS:$(hostname)"
+  # The sandbox route's certificate (proxy.tls.mode secret): the SDK suite
+  # reaches cubeproxy through a port-forward on 127.0.0.1.
+  issue route "/CN=cube-route" "DNS:*.sandbox.cube.local,DNS:sandbox.cube.local,IP:127.0.0.1"
   openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
   openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
 )
@@ -214,16 +216,22 @@ cat > "$W/cni/net.d/10-cube-kube.conflist" <<EOF
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$W/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
+# import_images LAYOUT: every image of an OCI layout into containerd, named
+# by tag and, as the chart pins digests, by digest too (the kubelet asks
+# containerd for repository@digest).
+import_images() {
+  tar -C "$1" -cf "$1.tar" .
+  ctr -a "$W/containerd.sock" -n k8s.io images import --all-platforms "$1.tar" >>"$W/import.log"
+  rm -f "$1.tar"
+  for n in $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep '^docker.io/cube/.*:'); do
+    d=$(ctr -a "$W/containerd.sock" -n k8s.io images ls | awk -v n="$n" '$1==n{print $3}')
+    ctr -a "$W/containerd.sock" -n k8s.io images tag --force "$n" "${n%:*}@$d" >/dev/null
+  done
+}
 containerd --config "$W/containerd.toml" >"$W/containerd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 30); do [ -S "$W/containerd.sock" ] && break; sleep 1; done
-ctr -a "$W/containerd.sock" -n k8s.io images import --all-platforms "$W/images.tar" >"$W/import.log"
-# The chart pins digests: name each image by its digest too (the kubelet
-# asks containerd for repository@digest).
-for n in $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep '^docker.io/cube/.*:'); do
-  d=$(ctr -a "$W/containerd.sock" -n k8s.io images ls | awk -v n="$n" '$1==n{print $3}')
-  ctr -a "$W/containerd.sock" -n k8s.io images tag "$n" "${n%:*}@$d" >/dev/null
-done
+import_images "$W/images"
 log "images imported: $(ctr -a "$W/containerd.sock" -n k8s.io images ls -q | grep -c cube/) ($(elapsed))"
 
 log "kubelet"
@@ -261,6 +269,7 @@ log "node $NODE Ready ($(elapsed))"
 
 log "helm install"
 "$K" create namespace "$NS" >/dev/null
+"$K" -n "$NS" create secret tls cube-route-tls --cert "$W/pki/route.crt" --key "$W/pki/route.key" >/dev/null
 t_install=$(date +%s)
 touch "$W/installed"
 "$KBIN/helm" install "$REL" deploy/helm/cube -n "$NS" -f deploy/helm/cube/ci/kube-up.yaml -f "$W/images.yaml" \
@@ -288,5 +297,83 @@ state=$("${CLI[@]}" -o json sandbox inspect kube-adopt | sed -n 's/.*"state": *"
 after=$(pid_of)
 log "node pod $old replaced in $(($(date +%s) - t_del))s; sandbox kube-adopt: $state, pid $before -> $after"
 [ "$state" = SANDBOX_STATE_RUNNING ] && [ -n "$before" ] && [ "$before" = "$after" ] || { log "sandbox not adopted"; exit 1; }
-"${CLI[@]}" sandbox rm kube-adopt >&2
+# helm upgrade to a new image digest: the cubelet and installer images
+# rebuilt with a changed input (a label), so their digests change and the
+# DaemonSet rolls; the sandbox stays, adopted by the upgraded cubelet, and
+# keeps the cube-agent of the version it started under.
+log "helm upgrade: cubelet and installer rebuilt with a changed label"
+t_up=$(date +%s)
+go run ./hack/images --only cubelet,installer --label "dev.cube.rebuild=$t_up" --out "$W/images2" \
+  --values "$W/images2.yaml" --guest-dir "$guest" 2>"$W/images2.log"
+import_images "$W/images2"
+img_of() { "$K" -n "$NS" get ds cube-node -o jsonpath='{.spec.template.spec.containers[?(@.name=="cubelet")].image}'; }
+img_before=$(img_of)
+t_up=$(date +%s)
+"$KBIN/helm" upgrade "$REL" deploy/helm/cube -n "$NS" -f deploy/helm/cube/ci/kube-up.yaml -f "$W/images.yaml" -f "$W/images2.yaml" \
+  --wait --timeout 5m >&2
+"$K" -n "$NS" rollout status ds/cube-node --timeout=5m >&2
+img_after=$(img_of)
+running=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[*].spec.containers[?(@.name=="cubelet")].image}')
+state=$("${CLI[@]}" -o json sandbox inspect kube-adopt | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1)
+upgraded=$(pid_of)
+log "helm upgrade in $(($(date +%s) - t_up))s: cubelet ${img_before##*@} -> ${img_after##*@}; sandbox kube-adopt: $state, pid $before -> $upgraded"
+[ "$img_before" != "$img_after" ] && [ "$running" = "$img_after" ] || { log "the node pod does not run the new digest ($running)"; exit 1; }
+[ "$state" = SANDBOX_STATE_RUNNING ] && [ "$before" = "$upgraded" ] || { log "sandbox not kept across the upgrade"; exit 1; }
+kill -0 "$before" 2>/dev/null || { log "the sandbox's process $before is gone"; exit 1; }
+
+# The unmodified E2B JS SDK suite (test:controlplane: the control-plane and
+# tenancy specs cube up's system runs) against the chart's Services,
+# reached through kubectl port-forward; the route's certificate is the
+# cube-route-tls Secret, the E2B API's one of the cluster CA.
+if [ "${CUBE_KUBE_SDK:-1}" != 0 ]; then
+  log "E2B SDK suite through the Services"
+  t_sdk=$(date +%s)
+  npm ci --prefix test/e2e/node --no-audit --no-fund --loglevel=error >&2
+  "$K" -n "$NS" get secret cube-pki -o jsonpath='{.data.ca\.crt}' | base64 -d > "$W/sdk-ca.pem"
+  cat "$W/pki/ca.crt" >> "$W/sdk-ca.pem"
+  forward() { # service port file: a port-forward on a free loopback port
+    "$K" -n "$NS" port-forward "svc/$1" ":$2" --address 127.0.0.1 >"$3" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 30); do grep -q '^Forwarding from' "$3" && break; sleep 1; done
+    sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\).*/\1/p' "$3" | head -1
+  }
+  api_port=$(forward cube-master 3000 "$W/pf-master.log")
+  route_port=$(forward cube-proxy 8081 "$W/pf-proxy.log")
+  [ -n "$api_port" ] && [ -n "$route_port" ] || { log "port-forward failed"; cat "$W"/pf-*.log >&2; exit 1; }
+  mc() { "$K" -n "$NS" exec deploy/cube-master -c cubemaster -- cubecli --master /run/cube/cubemaster.sock "$@"; }
+  key=$(mc apikey create "sdk-$t_sdk")
+  for t in e2e-a e2e-b; do mc team create "$t" >/dev/null; done
+  mc team create e2e-quota --max-sandboxes 1 >/dev/null
+  rc_sdk=0
+  E2B_API_URL="https://127.0.0.1:$api_port" E2B_SANDBOX_URL="https://127.0.0.1:$route_port" E2B_API_KEY="$key" \
+    E2B_DOMAIN=sandbox.cube.local CUBE_E2E_TEMPLATE=busybox CUBE_E2E_RUNTIME=runc NODE_EXTRA_CA_CERTS="$W/sdk-ca.pem" \
+    CUBE_E2E_TEAM_A_KEY="$(mc apikey create "a-$t_sdk" --team e2e-a)" \
+    CUBE_E2E_TEAM_B_KEY="$(mc apikey create "b-$t_sdk" --team e2e-b)" \
+    CUBE_E2E_QUOTA_KEY="$(mc apikey create "q-$t_sdk" --team e2e-quota)" \
+    npm --prefix test/e2e/node run test:controlplane >"$W/sdk.log" 2>&1 || rc_sdk=$?
+  grep -E '^# (tests|pass|fail|skipped)|LATENCY|SNAPSHOTS|^not ok|✖' "$W/sdk.log" >&2 || true
+  [ $rc_sdk = 0 ] || { log "E2B SDK suite failed:"; tail -n 80 "$W/sdk.log" >&2; exit 1; }
+  log "E2B SDK suite passed in $(($(date +%s) - t_sdk))s"
+fi
+
+# helm uninstall: its pre-delete hook destroys every sandbox (kube-adopt
+# still runs) and purges the node. Checked on the host before the
+# teardown's own sweep: no sandbox process, mount or loop device under the
+# node's paths, no link or nft table of network-agent's prefix, no cgroup.
+log "helm uninstall"
+t_un=$(date +%s)
+rm -f "$W/installed"
+"$KBIN/helm" uninstall "$REL" -n "$NS" --wait --timeout 5m >&2
+"$KBIN/helm" history "$REL" -n "$NS" >/dev/null 2>&1 && { log "release still there"; exit 1; }
+left=""
+kill -0 "$before" 2>/dev/null && left+=" sandbox-process:$before"
+left+=$(awk '$5 ~ "^/(var/lib|run)/cube-kube/" {printf " mount:%s", $5}' /proc/self/mountinfo)
+for f in /sys/block/loop*/loop/backing_file; do
+  [ -e "$f" ] && grep -q '^/var/lib/cube-kube/' "$f" && left+=" loop:$(cat "$f")"
+done
+left+=$(ip -o link show | awk -F': ' '$2 ~ /^ckube-/ {printf " link:%s", $2}')
+left+=$(nft list tables 2>/dev/null | awk '$3 == "ckube" {printf " nft:%s", $2}')
+left+=$(find /sys/fs/cgroup -maxdepth 2 -type d -name cube-kube -printf ' cgroup:%p' 2>/dev/null)
+log "helm uninstall in $(($(date +%s) - t_un))s; left on the host:${left:- nothing}"
+[ -z "$left" ] || exit 1
 log "done ($(elapsed))"
