@@ -30,6 +30,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "cube.masterHost" -}}{{ include "cube.fullname" . }}-master.{{ .Release.Namespace }}.svc{{- end -}}
 {{- define "cube.proxyHost" -}}{{ include "cube.fullname" . }}-proxy.{{ .Release.Namespace }}.svc{{- end -}}
 
+{{/* The object store's keys of a TOML table ([templates.object_store],
+[store]); the credentials are files of the credentialsSecret mount. */}}
+{{- define "cube.objectStore" -}}
+{{- $o := .Values.objectStore -}}
+endpoint = {{ $o.endpoint | quote }}
+bucket = {{ $o.bucket | quote }}
+prefix = {{ $o.prefix | quote }}
+region = {{ $o.region | quote }}
+secure = {{ $o.secure }}
+{{- if $o.credentialsSecret }}
+access_key_file = "/etc/cube/objstore/access-key"
+secret_key_file = "/etc/cube/objstore/secret-key"
+{{- end }}
+{{- end -}}
+
 {{/* Refusals the schema cannot express. */}}
 {{- define "cube.validate" -}}
 {{- if and (eq .Values.mode "full") (eq .Values.catalog.type "sqlite") (gt (int .Values.master.replicas) 1) -}}
@@ -40,6 +55,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- if and (eq .Values.mode "compute-only") (or (not .Values.join.masterAddr) (not .Values.join.joinAddr) (not .Values.join.tokenSecret)) -}}
 {{- fail "mode compute-only needs join.masterAddr, join.joinAddr and join.tokenSecret (a Secret with key token: cubecli node join-token on the master)" -}}
+{{- end -}}
+{{- if and .Values.objectStore.endpoint (not .Values.objectStore.bucket) -}}
+{{- fail "objectStore.endpoint needs objectStore.bucket" -}}
 {{- end -}}
 {{- if and (eq .Values.proxy.tls.mode "secret") (not .Values.proxy.tls.secretName) -}}
 {{- fail "proxy.tls.mode secret needs proxy.tls.secretName" -}}
