@@ -92,8 +92,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Loopback ports of their own, so as not to meet a system instance.
-ETCD=127.0.0.1:23790 API=127.0.0.1:16443
+# Ports of their own, so as not to meet a system instance. The API server
+# listens on the node's address on the pods' bridge (a host-local
+# address): pods reach it there (no kube-proxy for the kubernetes Service).
+ETCD=127.0.0.1:23790 API=172.30.0.1:16443
 SVC_CIDR=172.30.128.0/24 POD_CIDR=172.30.0.0/24 CLUSTER_IP=172.30.128.1
 # The node's address on the pods' bridge: the kubelet's node IP (so that
 # pods reach the host-network node pod), the cluster DNS.
@@ -126,17 +128,22 @@ mkdir -p "$W/pki"
 (
   cd "$W/pki"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -days 2 -subj "/CN=cube-kube-ca" 2>/dev/null
-  issue() { # name subject sans
+  issue() { # name subject sans [ca]
+    local ca=${4:-ca}
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
     printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" > "$1.ext"
-    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 2 -extfile "$1.ext" 2>/dev/null
+    openssl x509 -req -in "$1.csr" -CA "$ca.crt" -CAkey "$ca.key" -CAcreateserial -out "$1.crt" -days 2 -extfile "$1.ext" 2>/dev/null
   }
-  issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:$CLUSTER_IP,DNS:kubernetes,DNS:kubernetes.default.svc"
+  issue apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:${API%:*},IP:$CLUSTER_IP,DNS:kubernetes,DNS:kubernetes.default.svc"
   issue admin "/O=system:masters/CN=admin" "DNS:admin"
   issue kubelet "/O=system:nodes/CN=system:node:$(hostname)" "IP:127.0.0.1,IP:$NODE_IP,DNS:$(hostname)"
-  # The sandbox route's certificate (proxy.tls.mode secret): the SDK suite
-  # reaches cubeproxy through a port-forward on 127.0.0.1.
-  issue route "/CN=cube-route" "DNS:*.sandbox.cube.local,DNS:sandbox.cube.local,IP:127.0.0.1"
+  # cube's cluster CA (pki.existingSecret; ECDSA P-256, SEC1 key as cube's
+  # pki package reads it), and the sandbox route's certificate from it
+  # (proxy.tls.mode secret): helm test reaches cubeproxy at its Service's
+  # name, the SDK suite through a port-forward on 127.0.0.1.
+  openssl ecparam -name prime256v1 -genkey -noout -out cube-ca.key 2>/dev/null
+  openssl req -x509 -new -key cube-ca.key -out cube-ca.crt -days 2 -subj "/CN=cube-kube cluster CA" 2>/dev/null
+  issue route "/CN=cube-route" "DNS:*.sandbox.cube.local,DNS:sandbox.cube.local,DNS:cube-proxy.cube-system.svc,DNS:cube-proxy,IP:127.0.0.1" cube-ca
   openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
   openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
 )
@@ -162,8 +169,8 @@ etcd --name cube --data-dir "$W/etcd" --listen-client-urls "http://$ETCD" --adve
 pids+=($!)
 
 log "kube-apiserver"
-"$KBIN/kube-apiserver" --etcd-servers "http://$ETCD" --bind-address 127.0.0.1 --secure-port "${API#*:}" \
-  --advertise-address 127.0.0.1 --service-cluster-ip-range "$SVC_CIDR" \
+"$KBIN/kube-apiserver" --etcd-servers "http://$ETCD" --bind-address "${API%:*}" --secure-port "${API#*:}" \
+  --advertise-address "${API%:*}" --service-cluster-ip-range "$SVC_CIDR" \
   --tls-cert-file "$W/pki/apiserver.crt" --tls-private-key-file "$W/pki/apiserver.key" --client-ca-file "$W/pki/ca.crt" \
   --service-account-key-file "$W/pki/sa.pub" --service-account-signing-key-file "$W/pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc --authorization-mode Node,RBAC \
@@ -269,6 +276,8 @@ log "node $NODE Ready ($(elapsed))"
 
 log "helm install"
 "$K" create namespace "$NS" >/dev/null
+"$K" -n "$NS" create secret generic cube-cluster-pki --from-file=ca.crt="$W/pki/cube-ca.crt" --from-file=ca.key="$W/pki/cube-ca.key" \
+  --from-literal=admin-token="$(openssl rand -hex 20)" >/dev/null
 "$K" -n "$NS" create secret tls cube-route-tls --cert "$W/pki/route.crt" --key "$W/pki/route.key" >/dev/null
 t_install=$(date +%s)
 touch "$W/installed"
@@ -276,6 +285,25 @@ touch "$W/installed"
   --wait --timeout 8m >&2
 log "helm install: every pod ready in $(($(date +%s) - t_install))s"
 "$K" -n "$NS" get pods -o wide >&2
+
+# Nodes hold no CA key: each joined through the master's join issuer. It
+# refuses a token of another service account and the node pods' token
+# asking for another node; control: the node pods' own token for its node
+# gets a join token.
+log "join issuer"
+"$K" -n "$NS" get ds cube-node -o json | grep -q '"ca.key"' && { log "the node DaemonSet mounts the CA key"; exit 1; }
+npod=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}')
+mip=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=master -o jsonpath='{.items[0].status.podIP}')
+cp "$W/pki/cube-ca.crt" "$W/cube-ca.pem"
+issue_for() { # token node: the issuer's HTTP status
+  curl -s -o /dev/null -w '%{http_code}' --cacert "$W/cube-ca.pem" -H "Authorization: Bearer $1" \
+    -d "{\"node\": \"$2\"}" "https://$mip:8091/v1/join-token"
+}
+other=$("$K" -n "$NS" create token default --audience cube-join)
+own=$("$K" -n "$NS" create token cube-node --audience cube-join --bound-object-kind Pod --bound-object-name "$npod")
+a1=$(issue_for "$other" "$NODE") a2=$(issue_for "$own" not-this-node) c1=$(issue_for "$own" "$NODE")
+log "join issuer: another service account's token $a1, the node token for another node $a2; control: the node token for its node $c1"
+[ "$a1" = 403 ] && [ "$a2" = 403 ] && [ "$c1" = 200 ] || exit 1
 
 log "helm test"
 t_test=$(date +%s)
@@ -329,8 +357,7 @@ if [ "${CUBE_KUBE_SDK:-1}" != 0 ]; then
   log "E2B SDK suite through the Services"
   t_sdk=$(date +%s)
   npm ci --prefix test/e2e/node --no-audit --no-fund --loglevel=error >&2
-  "$K" -n "$NS" get secret cube-pki -o jsonpath='{.data.ca\.crt}' | base64 -d > "$W/sdk-ca.pem"
-  cat "$W/pki/ca.crt" >> "$W/sdk-ca.pem"
+  cp "$W/pki/cube-ca.crt" "$W/sdk-ca.pem"
   forward() { # service port file: a port-forward on a free loopback port
     "$K" -n "$NS" port-forward "svc/$1" ":$2" --address 127.0.0.1 >"$3" 2>&1 &
     pids+=($!)

@@ -726,3 +726,29 @@ func TestObjectStore(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeHoldsNoCAKey: in every overlay the node DaemonSet's pods get
+// the cluster CA's certificate but never its key (full-mode nodes join
+// through the master's join issuer); control: the master's pods do get
+// the key (they sign the joins), so the search finds one where it is.
+func TestNodeHoldsNoCAKey(t *testing.T) {
+	c := load(t)
+	for name, vals := range overlays(t) {
+		objs, err := render(c, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			meta, _ := o["metadata"].(map[string]any)
+			n := fmt.Sprint(meta["name"])
+			b, _ := json.Marshal(o)
+			holds := strings.Contains(string(b), `"key":"ca.key"`)
+			switch {
+			case o["kind"] == "DaemonSet" && strings.HasSuffix(n, "-node") && holds:
+				t.Errorf("%s: DaemonSet %s mounts the CA key", name, n)
+			case o["kind"] == "Deployment" && strings.HasSuffix(n, "-master") && !holds:
+				t.Errorf("%s: control: the master Deployment %s has no CA key: the search is wrong", name, n)
+			}
+		}
+	}
+}
