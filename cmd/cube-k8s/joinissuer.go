@@ -230,15 +230,15 @@ func joinToken(ctx context.Context, args []string) error {
 		if err == nil {
 			data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 			resp.Body.Close()
-			switch {
-			case resp.StatusCode == http.StatusOK:
+			switch resp.StatusCode {
+			case http.StatusOK:
 				var out struct{ Token string }
 				if err := json.Unmarshal(data, &out); err != nil || out.Token == "" {
 					return fmt.Errorf("join-token: a bad answer: %q", data)
 				}
 				fmt.Println(out.Token)
 				return nil
-			case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+			case http.StatusUnauthorized, http.StatusForbidden:
 				return fmt.Errorf("join-token: refused (%d): the issuer's log says why", resp.StatusCode)
 			}
 			err = fmt.Errorf("%d %s", resp.StatusCode, strings.TrimSpace(string(data)))
