@@ -5,6 +5,8 @@
 #   bash hack/kube-up.sh            build, start, install, test, tear down
 #   CUBE_KUBE_KEEP=1 bash hack/kube-up.sh   leave the cluster running (KUBECONFIG printed)
 #   CUBE_KUBE_IMAGES=DIR bash hack/kube-up.sh   use images built before (DIR/layout, DIR/values.yaml)
+#   CUBE_KUBE_NODES=2 bash hack/kube-up.sh  add a second kubelet node in a network namespace
+#   CUBE_KUBE_SDK=0 bash hack/kube-up.sh    skip the E2B SDK suite
 #
 # Kubernetes v1.34 is built from the Go module proxy (hack/kube/build.sh,
 # cached in /var/cache/cube/kube), etcd and containerd are Debian's, the
@@ -35,6 +37,10 @@ log "binaries in $KBIN ($(elapsed))"
 W=$(mktemp -d /tmp/cube-kube.XXXXXX)
 NS=cube-system
 REL=cube
+# The optional second node (CUBE_KUBE_NODES=2): a kubelet and containerd in
+# a network namespace, on the same bridge at .254 (node 1's pods take
+# addresses up to .200), its pods in a /24 of their own routed through it.
+N2_NETNS=cube-kube-n2 N2_IP=172.30.0.254 N2_POD_CIDR=172.30.1.0/24
 pids=()
 cleanup() {
   local rc=$?
@@ -54,12 +60,15 @@ cleanup() {
       [ -z "$("$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" get pods -A -o name 2>/dev/null)" ] && break
       sleep 1
     done
-    for c in $(ctr -a "$W/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
-      ctr -a "$W/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
-    done
-    sleep 1
-    for c in $(ctr -a "$W/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
-      ctr -a "$W/containerd.sock" -n k8s.io tasks rm -f "$c" >/dev/null 2>&1 || true
+    for sock in "$W/containerd.sock" "$W/n2/containerd.sock"; do
+      [ -S "$sock" ] || continue
+      for c in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+        ctr -a "$sock" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
+      done
+      sleep 1
+      for c in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+        ctr -a "$sock" -n k8s.io tasks rm -f "$c" >/dev/null 2>&1 || true
+      done
     done
   fi
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
@@ -80,7 +89,11 @@ cleanup() {
   losetup -a 2>/dev/null | grep /var/lib/cube-kube | cut -d: -f1 | while read -r d; do losetup -d "$d" 2>/dev/null || true; done
   rm -rf /var/lib/cube-kube /run/cube-kube
   find /sys/fs/cgroup -depth -type d -name cube-kube -exec rmdir {} \; 2>/dev/null || true
+  find /sys/fs/cgroup -depth -type d -path '*/cube-kube-n2*' -exec rmdir {} \; 2>/dev/null || true
   ip link del cube-kube0 2>/dev/null || true
+  # The second node: its network namespace (its veth and bridge with it).
+  ip route del "$N2_POD_CIDR" 2>/dev/null || true
+  ip netns del "$N2_NETNS" 2>/dev/null || true
   # Network namespaces and CNI results a pod left (those made since start).
   for n in $(ls /run/netns 2>/dev/null | grep '^cni-'); do
     grep -qx "$n" "$W/netns-before" 2>/dev/null || ip netns del "$n" 2>/dev/null
@@ -220,7 +233,7 @@ EOF
 cat > "$W/cni/net.d/10-cube-kube.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "cube-kube", "plugins": [
   {"type": "bridge", "bridge": "cube-kube0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$W/cni/ipam"}},
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "rangeEnd": "172.30.0.200"}]], "dataDir": "$W/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
 # import_images LAYOUT: every image of an OCI layout into containerd, named
@@ -274,6 +287,59 @@ for _ in $(seq 120); do "$K" get node "$NODE" >/dev/null 2>&1 && break; sleep 1;
 log "node $NODE Ready ($(elapsed))"
 "$K" label node "$NODE" cube.dev/node=true --overwrite >/dev/null
 
+if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
+  # A second node: kubelet and containerd in a network namespace of their
+  # own (nsenter --net: the host's mounts and cgroups, under a cgroup root
+  # of its own), the pause image copied from the first node's containerd.
+  # It is not labelled cube.dev/node: both nodes share this host's paths
+  # (node.dataDir, /run/netns, cgroups), so a second cube-node pod here
+  # would share the first one's state. A pod on it reaches the E2B API on
+  # the first node across the two nodes' pod networks.
+  NODE2="$(hostname)-n2"
+  log "second node $NODE2 in network namespace $N2_NETNS"
+  mkdir -p "$W/n2/cni/net.d"
+  ip netns add "$N2_NETNS"
+  ip link add ckn2-h type veth peer name ckn2-n
+  ip link set ckn2-h master cube-kube0 up
+  ip link set ckn2-n netns "$N2_NETNS"
+  ip -n "$N2_NETNS" addr add "$N2_IP/24" dev ckn2-n
+  ip -n "$N2_NETNS" link set lo up
+  ip -n "$N2_NETNS" link set ckn2-n up
+  ip -n "$N2_NETNS" route add default via "$NODE_IP"
+  ip netns exec "$N2_NETNS" sysctl -qw net.ipv4.ip_forward=1
+  sysctl -qw net.ipv4.ip_forward=1
+  ip route add "$N2_POD_CIDR" via "$N2_IP"
+  (
+    cd "$W/pki"
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout kubelet2.key -out kubelet2.csr -subj "/O=system:nodes/CN=system:node:$NODE2" 2>/dev/null
+    printf 'subjectAltName=IP:%s,DNS:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$N2_IP" "$NODE2" > kubelet2.ext
+    openssl x509 -req -in kubelet2.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out kubelet2.crt -days 2 -extfile kubelet2.ext 2>/dev/null
+  )
+  kcfg "$W/kubelet2.kubeconfig" kubelet2
+  sed -e "s#$W/containerd/#$W/n2/containerd/#; s#$W/containerd.sock#$W/n2/containerd.sock#; s#$W/cni/net.d#$W/n2/cni/net.d#" \
+    "$W/containerd.toml" > "$W/n2/containerd.toml"
+  printf '%s\n' '{"cniVersion": "1.0.0", "name": "cube-kube", "plugins": [' \
+    '  {"type": "bridge", "bridge": "cube-kn2", "isGateway": true, "ipMasq": false,' \
+    "   \"ipam\": {\"type\": \"host-local\", \"ranges\": [[{\"subnet\": \"$N2_POD_CIDR\"}]], \"dataDir\": \"$W/n2/cni/ipam\"}}," \
+    '  {"type": "portmap", "capabilities": {"portMappings": true}}]}' > "$W/n2/cni/net.d/10-cube-kube.conflist"
+  nsenter --net="/run/netns/$N2_NETNS" containerd --config "$W/n2/containerd.toml" >"$W/containerd2.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 30); do [ -S "$W/n2/containerd.sock" ] && break; sleep 1; done
+  ctr -a "$W/containerd.sock" -n k8s.io images export "$W/n2/pause.tar" docker.io/cube/pause:0.1.0
+  ctr -a "$W/n2/containerd.sock" -n k8s.io images import "$W/n2/pause.tar" >/dev/null
+  sed -e "s#^address: .*#address: \"$N2_IP\"#; s#^port: .*#port: 10351#; s#$W/pki/kubelet\.#$W/pki/kubelet2.#g" \
+    -e "s#$W/containerd.sock#$W/n2/containerd.sock#; s#$W/pod-logs#$W/n2/pod-logs#" "$W/kubelet.yaml" > "$W/n2/kubelet.yaml"
+  # Its pods' cgroups under a root of their own (the kubelet wants it made).
+  echo "cgroupRoot: /cube-kube-n2" >> "$W/n2/kubelet.yaml"
+  for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do [ -f "$d/cgroup.procs" ] && mkdir -p "$d/cube-kube-n2"; done
+  nsenter --net="/run/netns/$N2_NETNS" "$KBIN/kubelet" --config "$W/n2/kubelet.yaml" --kubeconfig "$W/kubelet2.kubeconfig" \
+    --root-dir "$W/n2/kubelet" --hostname-override "$NODE2" --node-ip "$N2_IP" >"$W/kubelet2.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 120); do "$K" get node "$NODE2" >/dev/null 2>&1 && break; sleep 1; done
+  "$K" wait --for=condition=Ready "node/$NODE2" --timeout=180s >&2
+  log "node $NODE2 Ready ($(elapsed))"
+fi
+
 log "helm install"
 "$K" create namespace "$NS" >/dev/null
 "$K" -n "$NS" create secret generic cube-cluster-pki --from-file=ca.crt="$W/pki/cube-ca.crt" --from-file=ca.key="$W/pki/cube-ca.key" \
@@ -285,6 +351,18 @@ touch "$W/installed"
   --wait --timeout 8m >&2
 log "helm install: every pod ready in $(($(date +%s) - t_install))s"
 "$K" -n "$NS" get pods -o wide >&2
+
+if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
+  # Across the nodes: a pod on the second node reaches the E2B API of a
+  # master pod on the first (by the Service's name), and the node
+  # DaemonSet stays on the nodes labelled for it.
+  "$K" run n2-probe --image=docker.io/cube/pause:0.1.0 --image-pull-policy=Never --restart=Never \
+    --overrides="{\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE2\"}}" --command -- \
+    /bin/busybox sh -c "nc -z -w 5 cube-master.$NS.svc.cluster.local 3000 && echo reached cube-master:3000 from \$(hostname -i)" >/dev/null
+  "$K" wait --for=jsonpath='{.status.phase}'=Succeeded pod/n2-probe --timeout=120s >&2 || { "$K" logs n2-probe >&2; exit 1; }
+  log "second node: $("$K" logs n2-probe); cube-node pods on: $("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[*].spec.nodeName}')"
+  "$K" delete pod n2-probe --wait=false >/dev/null
+fi
 
 # Nodes hold no CA key: each joined through the master's join issuer. It
 # refuses a token of another service account and the node pods' token
@@ -378,7 +456,7 @@ if [ "${CUBE_KUBE_SDK:-1}" != 0 ]; then
     CUBE_E2E_TEAM_B_KEY="$(mc apikey create "b-$t_sdk" --team e2e-b)" \
     CUBE_E2E_QUOTA_KEY="$(mc apikey create "q-$t_sdk" --team e2e-quota)" \
     npm --prefix test/e2e/node run test:controlplane >"$W/sdk.log" 2>&1 || rc_sdk=$?
-  grep -E '^# (tests|pass|fail|skipped)|LATENCY|SNAPSHOTS|^not ok|✖' "$W/sdk.log" >&2 || true
+  grep -E '^(✔|✖)|ℹ (tests|pass|fail|skipped)|LATENCY|SNAPSHOTS' "$W/sdk.log" >&2 || true
   [ $rc_sdk = 0 ] || { log "E2B SDK suite failed:"; tail -n 80 "$W/sdk.log" >&2; exit 1; }
   log "E2B SDK suite passed in $(($(date +%s) - t_sdk))s"
 fi
@@ -390,7 +468,12 @@ fi
 log "helm uninstall"
 t_un=$(date +%s)
 rm -f "$W/installed"
+# The hook Job's log (deleted with the Job when it succeeds), as it runs.
+( for _ in $(seq 60); do "$K" -n "$NS" logs -f job/cube-uninstall 2>/dev/null && break; sleep 1; done ) >"$W/uninstall-hook.log" &
+hooklog=$!
 "$KBIN/helm" uninstall "$REL" -n "$NS" --wait --timeout 5m >&2
+wait "$hooklog" || true
+sed 's/^/   hook: /' "$W/uninstall-hook.log" >&2
 "$KBIN/helm" history "$REL" -n "$NS" >/dev/null 2>&1 && { log "release still there"; exit 1; }
 left=""
 kill -0 "$before" 2>/dev/null && left+=" sandbox-process:$before"
