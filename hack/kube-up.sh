@@ -42,6 +42,7 @@ REL=cube
 # addresses up to .200), its pods in a /24 of their own routed through it.
 N2_NETNS=cube-kube-n2 N2_IP=172.30.0.254 N2_POD_CIDR=172.30.1.0/24
 pids=()
+ctl=() kubelets=() # controllers and kubelets: stopped first in the teardown
 cleanup() {
   local rc=$?
   set +e # every step of the teardown runs, whatever one of them says
@@ -53,13 +54,18 @@ cleanup() {
   if [ -S "$W/containerd.sock" ]; then
     # The chart's uninstall (no sandbox may outlive it), then every pod.
     [ -f "$W/installed" ] && "$KBIN/helm" --kubeconfig "$W/admin.kubeconfig" uninstall "$REL" -n "$NS" --wait --timeout 2m >&2 || true
-    # Pods deleted through the kubelet, so that their sandboxes and
-    # network namespaces are released (CNI DEL) before it stops.
+    # No controller recreates a pod from here on (a Job's, a failed
+    # install's), then pods deleted through the kubelets, so that their
+    # sandboxes and network namespaces are released (CNI DEL), then the
+    # kubelets stopped before what is left is killed (none starts another).
+    for p in "${ctl[@]}"; do kill "$p" 2>/dev/null; done
     "$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" delete pods --all -A --grace-period=0 --force --wait=false >/dev/null 2>&1
     for _ in $(seq 30); do
       [ -z "$("$KBIN/kubectl" --kubeconfig "$W/admin.kubeconfig" get pods -A -o name 2>/dev/null)" ] && break
       sleep 1
     done
+    for p in "${kubelets[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${kubelets[@]}"; do for _ in $(seq 10); do kill -0 "$p" 2>/dev/null || break; sleep 1; done; done
     for sock in "$W/containerd.sock" "$W/n2/containerd.sock"; do
       [ -S "$sock" ] || continue
       for c in $(ctr -a "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
@@ -94,6 +100,7 @@ cleanup() {
   # The second node: its network namespace (its veth and bridge with it).
   ip route del "$N2_POD_CIDR" 2>/dev/null || true
   ip netns del "$N2_NETNS" 2>/dev/null || true
+  ip link del ckn2-h 2>/dev/null || true
   # Network namespaces and CNI results a pod left (those made since start).
   for n in $(ls /run/netns 2>/dev/null | grep '^cni-'); do
     grep -qx "$n" "$W/netns-before" 2>/dev/null || ip netns del "$n" 2>/dev/null
@@ -199,6 +206,7 @@ log "apiserver ready ($(elapsed))"
   --cluster-signing-cert-file "$W/pki/ca.crt" --cluster-signing-key-file "$W/pki/ca.key" \
   --controllers '*,-nodeipam,-cloud-node-lifecycle' >"$W/controller-manager.log" 2>&1 &
 pids+=($!)
+ctl+=($!)
 # Cluster DNS: Services' ready endpoints (hack/kube/dns; no CoreDNS, no
 # kube-proxy: names resolve to the pods, as headless Services do).
 go build -C hack/kube -o "$W/dns" ./dns
@@ -206,6 +214,7 @@ go build -C hack/kube -o "$W/dns" ./dns
 pids+=($!)
 "$KBIN/kube-scheduler" --kubeconfig "$W/admin.kubeconfig" --bind-address 127.0.0.1 --secure-port 0 >"$W/scheduler.log" 2>&1 &
 pids+=($!)
+ctl+=($!)
 
 log "containerd"
 mkdir -p "$W/containerd" "$W/cni/net.d"
@@ -281,6 +290,7 @@ EOF
 "$KBIN/kubelet" --config "$W/kubelet.yaml" --kubeconfig "$W/kubelet.kubeconfig" --root-dir "$W/kubelet" \
   --hostname-override "$(hostname)" --node-ip "$NODE_IP" >"$W/kubelet.log" 2>&1 &
 pids+=($!)
+kubelets+=($!)
 NODE=$(hostname)
 for _ in $(seq 120); do "$K" get node "$NODE" >/dev/null 2>&1 && break; sleep 1; done
 "$K" wait --for=condition=Ready "node/$NODE" --timeout=180s >&2
@@ -335,8 +345,12 @@ if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
   nsenter --net="/run/netns/$N2_NETNS" "$KBIN/kubelet" --config "$W/n2/kubelet.yaml" --kubeconfig "$W/kubelet2.kubeconfig" \
     --root-dir "$W/n2/kubelet" --hostname-override "$NODE2" --node-ip "$N2_IP" >"$W/kubelet2.log" 2>&1 &
   pids+=($!)
+  kubelets+=($!)
   for _ in $(seq 120); do "$K" get node "$NODE2" >/dev/null 2>&1 && break; sleep 1; done
   "$K" wait --for=condition=Ready "node/$NODE2" --timeout=180s >&2
+  # Its containerd holds only the pause image: the scheduler places
+  # nothing there (the probe below names the node).
+  "$K" taint node "$NODE2" cube.dev/second-node=true:NoSchedule >/dev/null
   log "node $NODE2 Ready ($(elapsed))"
 fi
 
