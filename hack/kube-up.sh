@@ -140,6 +140,7 @@ if [ -n "${CUBE_KUBE_IMAGES:-}" ]; then
   cp "$CUBE_KUBE_IMAGES/values.yaml" "$W/images.yaml"
 else
   go run ./hack/images --out "$W/images" --values "$W/images.yaml" --guest-dir "$guest" 2>"$W/images.log"
+  sed -n 's/.*msg=image name=\([^ ]*\) .*compressed_mib=\([0-9.]*\).*/   \1 \2 MiB compressed/p' "$W/images.log" >&2
 fi
 log "images built ($(elapsed)): $(du -sh "$W/images" | cut -f1) layout"
 
