@@ -96,6 +96,10 @@ cleanup() {
   rm -rf /var/lib/cube-kube /run/cube-kube
   find /sys/fs/cgroup -depth -type d -name cube-kube -exec rmdir {} \; 2>/dev/null || true
   find /sys/fs/cgroup -depth -type d -path '*/cube-kube-n2*' -exec rmdir {} \; 2>/dev/null || true
+  # The first kubelet's pod cgroups (its cgroup root is the hierarchies' own).
+  for d in $(find /sys/fs/cgroup -maxdepth 2 -type d -name kubepods 2>/dev/null); do
+    find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
   ip link del cube-kube0 2>/dev/null || true
   # The second node: its network namespace (its veth and bridge with it).
   ip route del "$N2_POD_CIDR" 2>/dev/null || true
@@ -373,7 +377,7 @@ if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
   # DaemonSet stays on the nodes labelled for it.
   "$K" run n2-probe --image=docker.io/cube/pause:0.1.0 --image-pull-policy=Never --restart=Never \
     --overrides="{\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE2\"}}" --command -- \
-    /bin/busybox sh -c "nc -z -w 5 cube-master.$NS.svc.cluster.local 3000 && echo reached cube-master:3000 from \$(hostname -i)" >/dev/null
+    /bin/busybox sh -c "wget -q -O- -T 10 --no-check-certificate https://cube-master.$NS.svc.cluster.local:3000/health >/dev/null && echo reached cube-master:3000/health from \$(hostname -i)" >/dev/null
   "$K" wait --for=jsonpath='{.status.phase}'=Succeeded pod/n2-probe --timeout=120s >&2 || { "$K" logs n2-probe >&2; exit 1; }
   log "second node: $("$K" logs n2-probe); cube-node pods on: $("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[*].spec.nodeName}')"
   "$K" delete pod n2-probe --wait=false >/dev/null
