@@ -378,7 +378,7 @@ if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
   # nc, no TLS client), and the node DaemonSet stays on the nodes labelled for it.
   "$K" run n2-probe --image=docker.io/cube/pause:0.1.0 --image-pull-policy=Never --restart=Never \
     --overrides="{\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE2\"}}" --command -- \
-    /bin/busybox sh -c "out=\$(printf 'GET /health HTTP/1.0\\r\\n\\r\\n' | nc -w 10 cube-master.$NS.svc.cluster.local 3000 2>&1); case \"\$out\" in *'400 Bad Request'*) echo cube-master:3000 answered from \$(hostname -i);; *) echo \"\$out\"; exit 1;; esac" >/dev/null
+    /bin/busybox sh -c "out=\$(printf 'GET /health HTTP/1.0\\r\\n\\r\\n' | nc -w 10 cube-master.$NS.svc 3000 2>&1); case \"\$out\" in *'400 Bad Request'*) echo cube-master:3000 answered from \$(hostname -i);; *) echo \"\$out\"; exit 1;; esac" >/dev/null
   "$K" wait --for=jsonpath='{.status.phase}'=Succeeded pod/n2-probe --timeout=120s >&2 || { "$K" logs n2-probe >&2; exit 1; }
   log "second node: $("$K" logs n2-probe); cube-node pods on: $("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[*].spec.nodeName}')"
   "$K" delete pod n2-probe --wait=false >/dev/null
