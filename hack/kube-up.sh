@@ -373,12 +373,14 @@ log "helm install: every pod ready in $(($(date +%s) - t_install))s"
 
 if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
   # Across the nodes: a pod on the second node reaches the E2B API of a
-  # master pod on the first (by the Service's name: plain HTTP to its TLS
-  # port, answered 400 by the API's server: the pause image has busybox's
-  # nc, no TLS client), and the node DaemonSet stays on the nodes labelled for it.
+  # master pod on the first, at its pod IP (busybox-static resolves no
+  # names: glibc without NSS), plain HTTP to its TLS port answered 400 by
+  # the API's server (busybox has no TLS client that speaks to it); the
+  # node DaemonSet stays on the nodes labelled for it.
+  mip2=$("$K" -n "$NS" get pod -l app.kubernetes.io/component=master -o jsonpath='{.items[0].status.podIP}')
   "$K" run n2-probe --image=docker.io/cube/pause:0.1.0 --image-pull-policy=Never --restart=Never \
     --overrides="{\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE2\"}}" --command -- \
-    /bin/busybox sh -c "out=\$(printf 'GET /health HTTP/1.0\\r\\n\\r\\n' | nc -w 10 cube-master.$NS.svc 3000 2>&1); case \"\$out\" in *'400 Bad Request'*) echo cube-master:3000 answered from \$(hostname -i);; *) echo \"\$out\"; exit 1;; esac" >/dev/null
+    /bin/busybox sh -c "out=\$(printf 'GET /health HTTP/1.0\\r\\n\\r\\n' | nc -w 10 $mip2 3000 2>&1); case \"\$out\" in *'400 Bad Request'*) echo a cube-master pod at $mip2:3000 answered from \$(hostname -i);; *) echo \"\$out\"; exit 1;; esac" >/dev/null
   "$K" wait --for=jsonpath='{.status.phase}'=Succeeded pod/n2-probe --timeout=120s >&2 || { "$K" logs n2-probe >&2; exit 1; }
   log "second node: $("$K" logs n2-probe); cube-node pods on: $("$K" -n "$NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[*].spec.nodeName}')"
   "$K" delete pod n2-probe --wait=false >/dev/null
