@@ -244,9 +244,11 @@ state = "$W/containerd/state"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
     SystemdCgroup = false
 EOF
+# A default route through the bridge in every pod: the second node's pods
+# are off-link (172.30.1.0/24, routed by the host).
 cat > "$W/cni/net.d/10-cube-kube.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "cube-kube", "plugins": [
-  {"type": "bridge", "bridge": "cube-kube0", "isGateway": true, "ipMasq": false,
+  {"type": "bridge", "bridge": "cube-kube0", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "rangeEnd": "172.30.0.200"}]], "dataDir": "$W/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
@@ -334,7 +336,7 @@ if [ "${CUBE_KUBE_NODES:-1}" = 2 ]; then
   sed -e "s#$W/containerd/#$W/n2/containerd/#; s#$W/containerd.sock#$W/n2/containerd.sock#; s#$W/cni/net.d#$W/n2/cni/net.d#" \
     "$W/containerd.toml" > "$W/n2/containerd.toml"
   printf '%s\n' '{"cniVersion": "1.0.0", "name": "cube-kube", "plugins": [' \
-    '  {"type": "bridge", "bridge": "cube-kn2", "isGateway": true, "ipMasq": false,' \
+    '  {"type": "bridge", "bridge": "cube-kn2", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,' \
     "   \"ipam\": {\"type\": \"host-local\", \"ranges\": [[{\"subnet\": \"$N2_POD_CIDR\"}]], \"dataDir\": \"$W/n2/cni/ipam\"}}," \
     '  {"type": "portmap", "capabilities": {"portMappings": true}}]}' > "$W/n2/cni/net.d/10-cube-kube.conflist"
   nsenter --net="/run/netns/$N2_NETNS" containerd --config "$W/n2/containerd.toml" >"$W/containerd2.log" 2>&1 &
