@@ -151,10 +151,13 @@ fi
 # rendered and validated against Kubernetes' OpenAPI, probes, refusals.
 echo "== helm chart"
 (cd hack/kube && go test -count=1 ./...)
-# The chart on a real single-node cluster built from source (hack/kube-up.sh:
-# Kubernetes cached in /var/cache/cube/kube after a cold build of about
-# 10 minutes), helm install and helm test. CUBE_TEST_KUBE=0 skips it.
+# The chart on a real cluster built from source (hack/kube-up.sh: Kubernetes
+# cached in /var/cache/cube/kube after a cold build of about 10 minutes):
+# helm install, the join issuer's refusals, helm test, a sandbox kept across
+# a node pod's replacement and a helm upgrade to new digests, the E2B SDK
+# suite through the Services, helm uninstall leaving nothing on the host, a
+# second kubelet node in a network namespace. CUBE_TEST_KUBE=0 skips it.
 if [ "${CUBE_TEST_KUBE:-1}" != 0 ]; then
   echo "== kubernetes (hack/kube-up.sh)"
-  bash hack/kube-up.sh
+  CUBE_KUBE_NODES=2 bash hack/kube-up.sh
 fi

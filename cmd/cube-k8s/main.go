@@ -13,6 +13,14 @@
 //	cube-k8s smoke --api URL --proxy URL --admin HOST:PORT --ca-dir DIR ...
 //	    the chart's helm test: a sandbox through the E2B API, a command,
 //	    a file, pause and resume, a port through the proxy, kill
+//	cube-k8s join-issuer --service-account NS:NAME [--listen ADDR]
+//	    beside cubemaster: a one-time join token for a node pod's own node,
+//	    on its projected service account token (TokenReview)
+//	cube-k8s join-token --issuer URL --node NAME
+//	    the node side: ask the issuer for a join token, print it
+//	cube-k8s uninstall --specs DIR --namespace NS --selector SEL --daemonset NAME
+//	    the chart's pre-delete hook: destroy every sandbox on every node,
+//	    delete the node DaemonSet, purge the nodes' host rules and mounts
 package main
 
 import (
@@ -42,6 +50,12 @@ func main() {
 		err = template(ctx, args)
 	case "smoke":
 		err = smoke(ctx, args)
+	case "uninstall":
+		err = uninstall(ctx, args)
+	case "join-issuer":
+		err = joinIssuer(ctx, args)
+	case "join-token":
+		err = joinToken(ctx, args)
 	default:
 		usage()
 	}
@@ -52,6 +66,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: cube-k8s install|config|cert|template|smoke [flags]")
+	fmt.Fprintln(os.Stderr, "usage: cube-k8s install|config|cert|template|smoke|uninstall|join-issuer|join-token [flags]")
 	os.Exit(2)
 }

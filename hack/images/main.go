@@ -60,6 +60,8 @@ func main() {
 	debCache := flag.String("deb-cache", "/var/cache/cube/debs", "where downloaded .deb files are kept")
 	guestDir := flag.String("guest-dir", "/var/lib/cube/vm", "VM guest artifacts (go run ./hack/vm-guest); missing = images without them")
 	only := flag.String("only", "", "comma-separated image names to build (default all)")
+	var extraLabels labelFlags
+	flag.Var(&extraLabels, "label", "KEY=VALUE added to every image's labels (repeatable): a changed input, a new digest")
 	flag.Parse()
 	if *out == "" {
 		flag.Usage()
@@ -68,7 +70,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	b := &builder{log: log, debCache: *debCache, guestDir: *guestDir}
+	b := &builder{log: log, debCache: *debCache, guestDir: *guestDir, labels: extraLabels}
 	if err := b.run(ctx, *out, *tag, *push, *values, *repo, *only); err != nil {
 		log.Error("images", "error", err)
 		os.Exit(1)
@@ -81,6 +83,24 @@ type builder struct {
 	guestDir string
 	tmp      string
 	bins     string
+	labels   labelFlags
+}
+
+// labelFlags is --label KEY=VALUE, repeated.
+type labelFlags map[string]string
+
+func (l *labelFlags) String() string { return fmt.Sprint(map[string]string(*l)) }
+
+func (l *labelFlags) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("--label %q: want KEY=VALUE", v)
+	}
+	if *l == nil {
+		*l = labelFlags{}
+	}
+	(*l)[k] = val
+	return nil
 }
 
 func (b *builder) run(ctx context.Context, out, tag, push, valuesFile, repo, only string) error {
@@ -310,6 +330,9 @@ func (b *builder) specs(ctx context.Context) ([]imagebuild.Spec, error) {
 		return nil, err
 	}
 	labels := map[string]string{"org.opencontainers.image.source": "github.com/cubesandbox/cube"}
+	for k, v := range b.labels {
+		labels[k] = v
+	}
 	return []imagebuild.Spec{
 		{Name: "cube/cubelet", Layers: []v1.Layer{nodeDeb, cubelet}, Entrypoint: []string{"/usr/local/bin/cubelet"}, Labels: labels},
 		{Name: "cube/network-agent", Layers: []v1.Layer{netagent}, Entrypoint: []string{"/usr/local/bin/network-agent"}, Labels: labels},

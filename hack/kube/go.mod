@@ -3,6 +3,7 @@ module github.com/cubesandbox/cube/hack/kube
 go 1.26.8
 
 require (
+	github.com/BurntSushi/toml v1.5.0
 	github.com/miekg/dns v1.1.57
 	helm.sh/helm/v3 v3.19.5
 	k8s.io/api v0.34.4
@@ -16,7 +17,6 @@ require (
 	cel.dev/expr v0.24.0 // indirect
 	dario.cat/mergo v1.0.1 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect
-	github.com/BurntSushi/toml v1.5.0 // indirect
 	github.com/JeffAshton/win_pdh v0.0.0-20161109143554-76bb4ee9f0ab // indirect
 	github.com/MakeNowJust/heredoc v1.0.0 // indirect
 	github.com/Masterminds/goutils v1.1.1 // indirect

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/BurntSushi/toml"
+
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
@@ -232,9 +234,45 @@ func TestRender(t *testing.T) {
 					t.Errorf("%s: %v", id, err)
 				}
 				checkImages(t, id, o)
+				checkConfigMap(t, sw, idx, id, o)
 			}
 			t.Logf("%d objects valid against Kubernetes %s: %v", len(objs), kubeVersion, kinds)
 		})
+	}
+}
+
+// checkConfigMap checks what a ConfigMap carries for the pods: each
+// daemon config (*.toml) parses, each pod spec (*.json: the uninstall
+// hook's drain and purge pods) is a valid Pod.
+func checkConfigMap(t *testing.T, sw *spec.Swagger, idx map[string]string, id string, o map[string]any) {
+	t.Helper()
+	if o["kind"] != "ConfigMap" {
+		return
+	}
+	data, _ := o["data"].(map[string]any)
+	for k, v := range data {
+		text, _ := v.(string)
+		switch {
+		case strings.HasSuffix(k, ".toml"):
+			var m map[string]any
+			if _, err := toml.Decode(text, &m); err != nil {
+				t.Errorf("%s: %s: %v", id, k, err)
+			}
+		case strings.HasSuffix(k, ".json"):
+			var pod map[string]any
+			if err := json.Unmarshal([]byte(text), &pod); err != nil {
+				t.Errorf("%s: %s: %v", id, k, err)
+				continue
+			}
+			if pod["kind"] != "Pod" {
+				t.Errorf("%s: %s: not a Pod", id, k)
+				continue
+			}
+			if err := validateObject(sw, idx["v1/Pod"], pod); err != nil {
+				t.Errorf("%s: %s: %v", id, k, err)
+			}
+			checkImages(t, id+" "+k, pod)
+		}
 	}
 }
 
@@ -615,4 +653,102 @@ func decode(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestObjectStore: objectStore's values reach cubemaster's
+// [templates.object_store] and [store] and cubelet's [store] (the keys
+// their config structs read), with the credentials' files mounted where
+// the configs name them; without an endpoint neither config has them.
+func TestObjectStore(t *testing.T) {
+	c := load(t)
+	all := overlays(t)
+	for _, name := range []string{"object-store", "defaults"} {
+		objs, err := render(c, all[name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := map[string]map[string]any{}
+		mounts := map[string]bool{}
+		for _, o := range objs {
+			if o["kind"] == "ConfigMap" {
+				data, _ := o["data"].(map[string]any)
+				for _, k := range []string{"cubemaster.toml", "cubelet.toml"} {
+					if text, ok := data[k].(string); ok {
+						m := map[string]any{}
+						if _, err := toml.Decode(text, &m); err != nil {
+							t.Fatalf("%s: %v", k, err)
+						}
+						cfg[k] = m
+					}
+				}
+			}
+			_, cs := containers(o)
+			for _, ct := range cs {
+				vms, _ := ct["volumeMounts"].([]any)
+				for _, vm := range vms {
+					m, _ := vm.(map[string]any)
+					if m["mountPath"] == "/etc/cube/objstore" {
+						mounts[fmt.Sprint(ct["name"])] = true
+					}
+				}
+			}
+		}
+		get := func(file string, path ...string) any {
+			var v any = cfg[file]
+			for _, p := range path {
+				m, _ := v.(map[string]any)
+				v = m[p]
+			}
+			return v
+		}
+		tmpl := get("cubemaster.toml", "templates", "object_store")
+		mstore := get("cubemaster.toml", "store")
+		nstore := get("cubelet.toml", "store")
+		t.Logf("%s: cubemaster [templates.object_store] %v [store] %v; cubelet [store] %v; credentials mounted in %v", name, tmpl, mstore, nstore, mounts)
+		if name == "defaults" {
+			if tmpl != nil || mstore != nil || nstore != nil || len(mounts) > 0 {
+				t.Errorf("no objectStore.endpoint, yet an object store is configured")
+			}
+			continue
+		}
+		for _, got := range []any{tmpl, nstore} {
+			m, _ := got.(map[string]any)
+			if m["endpoint"] != "s3.storage.svc:9000" || m["bucket"] != "cube" || m["prefix"] != "prod/" || m["region"] != "us-east-1" ||
+				m["access_key_file"] != "/etc/cube/objstore/access-key" || m["secret_key_file"] != "/etc/cube/objstore/secret-key" {
+				t.Errorf("object store config %v: not the overlay's values", got)
+			}
+		}
+		if m, _ := mstore.(map[string]any); m["export_snapshots"] != true || m["export_on_pause"] != true {
+			t.Errorf("cubemaster [store] %v: exports not set", mstore)
+		}
+		if !mounts["cubemaster"] || !mounts["cubelet"] {
+			t.Errorf("the credentials are not mounted into cubemaster and cubelet: %v", mounts)
+		}
+	}
+}
+
+// TestNodeHoldsNoCAKey: in every overlay the node DaemonSet's pods get
+// the cluster CA's certificate but never its key (full-mode nodes join
+// through the master's join issuer); control: the master's pods do get
+// the key (they sign the joins), so the search finds one where it is.
+func TestNodeHoldsNoCAKey(t *testing.T) {
+	c := load(t)
+	for name, vals := range overlays(t) {
+		objs, err := render(c, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			meta, _ := o["metadata"].(map[string]any)
+			n := fmt.Sprint(meta["name"])
+			b, _ := json.Marshal(o)
+			holds := strings.Contains(string(b), `"key":"ca.key"`)
+			switch {
+			case o["kind"] == "DaemonSet" && strings.HasSuffix(n, "-node") && holds:
+				t.Errorf("%s: DaemonSet %s mounts the CA key", name, n)
+			case o["kind"] == "Deployment" && strings.HasSuffix(n, "-master") && !holds:
+				t.Errorf("%s: control: the master Deployment %s has no CA key: the search is wrong", name, n)
+			}
+		}
+	}
 }
