@@ -3,6 +3,7 @@ package opsapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -180,12 +181,15 @@ func (h *Handler) uploadTemplate(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	id := r.PathValue("templateID")
 	if r.ContentLength > maxTemplateUpload {
-		writeError(w, fmt.Errorf("an archive of %d bytes: at most %d through the console: %w", r.ContentLength, int64(maxTemplateUpload), errdefs.ErrInvalidArgument))
+		writeError(w, fmt.Errorf("an archive of %d bytes: at most %d through the console: %w", r.ContentLength, int64(maxTemplateUpload), errTooLarge))
 		return
 	}
 	start := time.Now()
 	t, err := h.b.ImportUpload(r.Context(), master.TemplateImport{ID: id, NodeID: q.Get("nodeID"), Runtime: q.Get("runtime"), Warm: q.Get("warm") == "1"},
 		http.MaxBytesReader(w, r.Body, maxTemplateUpload))
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		err = fmt.Errorf("an archive over %d bytes: at most %d through the console: %w", mbe.Limit, int64(maxTemplateUpload), errTooLarge)
+	}
 	h.record(r, "template upload", id, "", err)
 	if err != nil {
 		writeError(w, err)

@@ -1,6 +1,8 @@
 package opsapi
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,7 +28,14 @@ import (
 const (
 	maxReadBytes   = 8 << 20
 	maxUploadBytes = 256 << 20
+	// maxListBytes bounds one directory listing from the agent (about
+	// 100,000 entries); listTimeout how long the console waits for it.
+	maxListBytes = 16 << 20
+	listTimeout  = 30 * time.Second
 )
+
+// errTooLarge marks a read or upload over its cap (413).
+var errTooLarge = errors.New("too large")
 
 type fileJSON struct {
 	Name     string    `json:"name"`
@@ -66,7 +75,11 @@ func (h *Handler) listFiles(w http.ResponseWriter, r *http.Request) {
 	if token != "" {
 		req.Header().Set("X-Access-Token", token)
 	}
-	resp, err := filesystemconnect.NewFilesystemClient(hc, base).ListDir(r.Context(), req)
+	// The agent is inside the sandbox, so its answer is bounded like any
+	// other untrusted input: in size and in time.
+	ctx, cancel := context.WithTimeout(r.Context(), listTimeout)
+	defer cancel()
+	resp, err := filesystemconnect.NewFilesystemClient(hc, base, connect.WithReadMaxBytes(maxListBytes)).ListDir(ctx, req)
 	if err != nil {
 		writeError(w, fromConnect(err))
 		return
@@ -110,7 +123,7 @@ func (h *Handler) readFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	if resp.ContentLength > maxReadBytes {
-		writeError(w, fmt.Errorf("%s is %d bytes; the console reads at most %d: %w", p, resp.ContentLength, maxReadBytes, errdefs.ErrResourceExhausted))
+		writeError(w, fmt.Errorf("%s is %d bytes; the console reads at most %d: %w", p, resp.ContentLength, maxReadBytes, errTooLarge))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -118,6 +131,23 @@ func (h *Handler) readFile(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	if resp.ContentLength >= 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	if resp.ContentLength < 0 {
+		// No length announced: read up to the limit and one byte more,
+		// so a file over it is refused rather than cut short with a 200.
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxReadBytes+1))
+		if err != nil {
+			writeError(w, fmt.Errorf("read %s: %w: %w", p, errdefs.ErrUnavailable, err))
+			return
+		}
+		if len(b) > maxReadBytes {
+			writeError(w, fmt.Errorf("%s is over %d bytes; the console reads at most %d: %w", p, maxReadBytes, maxReadBytes, errTooLarge))
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(b)
+		return
 	}
 	w.WriteHeader(http.StatusOK)
 	_, _ = io.Copy(w, io.LimitReader(resp.Body, maxReadBytes))
@@ -132,12 +162,15 @@ func (h *Handler) writeFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > maxUploadBytes {
-		writeError(w, fmt.Errorf("an upload of %d bytes; at most %d through the console: %w", r.ContentLength, maxUploadBytes, errdefs.ErrInvalidArgument))
+		writeError(w, fmt.Errorf("an upload of %d bytes; at most %d through the console: %w", r.ContentLength, maxUploadBytes, errTooLarge))
 		return
 	}
 	resp, err := h.agentFiles(r, http.MethodPost, p, http.MaxBytesReader(w, r.Body, maxUploadBytes))
 	if err == nil {
 		resp.Body.Close()
+	}
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		err = fmt.Errorf("an upload over %d bytes; at most %d through the console: %w", mbe.Limit, maxUploadBytes, errTooLarge)
 	}
 	team := "" // the sandbox's, so its team sees what the admin wrote there
 	if sb, gerr := h.b.Get(r.Context(), r.PathValue("sandboxID")); gerr == nil {

@@ -401,6 +401,8 @@ func writeError(w http.ResponseWriter, err error) {
 		code = http.StatusUnauthorized
 	case errdefs.IsPermissionDenied(err):
 		code = http.StatusForbidden
+	case errors.Is(err, errTooLarge):
+		code = http.StatusRequestEntityTooLarge
 	case errdefs.IsInvalidArgument(err):
 		code = http.StatusBadRequest
 	case errdefs.IsNotFound(err):
