@@ -114,6 +114,9 @@ func (s *Service) deleteVolumeOn(ctx context.Context, nodeID, id string) error {
 	return fromGRPC(nodeID, err)
 }
 
+// maxSandboxVolumes bounds one sandbox's volumes (the node's bound too).
+const maxSandboxVolumes = 8
+
 // deletingVolume prefixes the holder a delete writes into a volume's
 // row while it removes the volume's image from its node.
 const deletingVolume = "deleting-"
@@ -145,6 +148,11 @@ type claimedVolume struct {
 // volumes on two nodes cannot be mounted together. On error, nothing is
 // held.
 func (s *Service) claimVolumes(ctx context.Context, id string, ms []VolumeMount) (vols []claimedVolume, pin string, err error) {
+	if len(ms) > maxSandboxVolumes {
+		// Before any catalog work: the node would refuse it after
+		// placement anyway.
+		return nil, "", errdefs.FieldErrorf("volumeMounts", "%d volumes, at most %d", len(ms), maxSandboxVolumes)
+	}
 	defer func() {
 		if err != nil {
 			s.releaseVolumes(id)
