@@ -86,7 +86,13 @@ func (jb *job) view() jobJSON {
 type jobs struct {
 	mu sync.Mutex
 	m  map[string]*job
+	// running counts the jobs' goroutines, for Wait.
+	running sync.WaitGroup
 }
+
+// Wait returns once every job started so far has ended: after Done is
+// closed, so that the master's service outlives the work of its jobs.
+func (h *Handler) Wait() { h.jobs.running.Wait() }
 
 func newJobs() *jobs { return &jobs{m: map[string]*job{}} }
 
@@ -106,7 +112,9 @@ func (h *Handler) start(r *http.Request, kind, target string, fn func(ctx contex
 	h.jobs.mu.Unlock()
 	h.record(r, kind+" started", target, "", nil)
 	by, remote := c, r.RemoteAddr
+	h.jobs.running.Add(1)
 	go func() {
+		defer h.jobs.running.Done()
 		defer cancel()
 		if h.cfg.Done != nil {
 			stop := make(chan struct{})

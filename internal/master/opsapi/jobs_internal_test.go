@@ -34,6 +34,7 @@ func TestJobsEndAtShutdown(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	h.Wait() // returns: the shut-down master's job has ended
 	cj.mu.Lock()
 	defer cj.mu.Unlock()
 	if cj.j.State != jobRunning {

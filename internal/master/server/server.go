@@ -151,7 +151,11 @@ func Start(ctx context.Context, cfg *master.Config, log *slog.Logger, opts ...ma
 			SessionTTL: cfg.Console.SessionTTL.Duration, Secure: e2bTLS != nil, Done: rctx.Done(),
 		}, log)
 		log.Info("CubeOps listening", "addr", s.OpsAddr)
-		s.run(func() error { return e2bapi.Serve(rctx, ops, opsLn) })
+		s.run(func() error {
+			err := e2bapi.Serve(rctx, ops, opsLn)
+			ops.Wait() // its jobs end with rctx; the service closes after them
+			return err
+		})
 	}
 	if inProcessProxy {
 		// Domain mode: the route serves api.<domain> with the same handler
