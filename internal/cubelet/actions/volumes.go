@@ -95,6 +95,13 @@ func (n *Node) mountVolume(ctx context.Context, id string, v sandbox.Volume, tar
 	if err := os.MkdirAll(filepath.Dir(target), 0o700); err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
+	// The owner before the mount: a cubelet that dies between the two
+	// leaves an owned, unmounted volume (the next mount takes it over),
+	// never a mounted one that names no owner and that nothing releases.
+	if err := os.WriteFile(target+".owner", []byte(id), 0o600); err != nil {
+		return fmt.Errorf("volume %s: %w", v.ID, err)
+	}
+	*undo = append(*undo, func() { _ = os.Remove(target + ".owner") })
 	if _, err := storage.MountDisk(ctx, img, target, false); err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
@@ -102,7 +109,6 @@ func (n *Node) mountVolume(ctx context.Context, id string, v sandbox.Volume, tar
 		if err := storage.UnmountDisk(context.WithoutCancel(ctx), target, img); err != nil {
 			slog.WarnContext(ctx, "volume: undo mount", "volume", v.ID, "err", err)
 		}
-		_ = os.Remove(target + ".owner")
 	})
 	if created {
 		// The sandbox's user is not root: the volume's root is shared
@@ -111,9 +117,6 @@ func (n *Node) mountVolume(ctx context.Context, id string, v sandbox.Volume, tar
 			return fmt.Errorf("volume %s: %w", v.ID, err)
 		}
 		_ = os.Remove(filepath.Join(target, "lost+found"))
-	}
-	if err := os.WriteFile(target+".owner", []byte(id), 0o600); err != nil {
-		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	return nil
 }
