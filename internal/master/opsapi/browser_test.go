@@ -12,6 +12,8 @@ import (
 	"time"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/master/opsapi"
 	"github.com/cubesandbox/cube/internal/testbin"
@@ -46,6 +48,20 @@ func TestConsoleBrowser(t *testing.T) {
 	n := mastertest.StartNodeConfig(t, m, "[usage]\ninterval = \"1s\"\n", "busybox")
 	m.WaitHealthy(t, n)
 	ctx := context.Background()
+	// Whatever the page made (its fork) goes before the node's leak
+	// check, even when the browser test stopped half-way.
+	t.Cleanup(func() {
+		sbs, _, err := m.Server.Service.List(ctx, catalog.Query{})
+		if err != nil {
+			t.Errorf("list sandboxes at cleanup: %v", err)
+			return
+		}
+		for _, sb := range sbs {
+			if err := m.Server.Service.Kill(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+				t.Errorf("kill %s at cleanup: %v", sb.ID, err)
+			}
+		}
+	})
 	key := func(team string) string {
 		if _, err := m.Admin.CreateTeam(ctx, &masterpb.CreateTeamRequest{Name: team}); err != nil {
 			t.Fatal(err)
