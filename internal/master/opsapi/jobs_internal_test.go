@@ -2,6 +2,7 @@ package opsapi
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -39,5 +40,37 @@ func TestJobsEndAtShutdown(t *testing.T) {
 	defer cj.mu.Unlock()
 	if cj.j.State != jobRunning {
 		t.Fatalf("control: the other master's job is %q, want %q", cj.j.State, jobRunning)
+	}
+}
+
+// TestStreamsPerCaller: a caller gets maxStreamsPerCaller live streams and
+// a 429 for the next one, while another caller still gets one (the
+// control); a closed stream frees its place.
+func TestStreamsPerCaller(t *testing.T) {
+	h := New(nil, Config{}, nil)
+	as := func(user string) *http.Request {
+		r := httptest.NewRequest("GET", "/live", nil)
+		return r.WithContext(context.WithValue(r.Context(), callerKey{}, &caller{user: user}))
+	}
+	var closers []func()
+	for range maxStreamsPerCaller {
+		done, ok := h.openStream(httptest.NewRecorder(), as("alice"))
+		if !ok {
+			t.Fatal("a stream under the bound refused")
+		}
+		closers = append(closers, done)
+	}
+	w := httptest.NewRecorder()
+	if _, ok := h.openStream(w, as("alice")); ok || w.Code != http.StatusTooManyRequests {
+		t.Fatalf("stream %d: ok=%v code=%d, want 429", maxStreamsPerCaller+1, ok, w.Code)
+	}
+	done, ok := h.openStream(httptest.NewRecorder(), as("bob"))
+	if !ok {
+		t.Fatal("control: another caller's first stream refused")
+	}
+	done()
+	closers[0]()
+	if _, ok := h.openStream(httptest.NewRecorder(), as("alice")); !ok {
+		t.Fatal("a stream after one closed refused")
 	}
 }

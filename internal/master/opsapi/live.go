@@ -4,10 +4,49 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
+
+// maxStreamsPerCaller bounds one caller's open live streams: each polls
+// the catalog every LiveInterval, so they are not free (a few tabs need
+// a handful).
+const maxStreamsPerCaller = 16
+
+// streams counts open live streams per caller.
+type streams struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// openStream takes a stream for the caller of r, or answers 429 and false.
+func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (func(), bool) {
+	c := callerOf(r)
+	who := c.user
+	if c.key != nil {
+		who = "key:" + c.key.ID
+	}
+	h.streams.mu.Lock()
+	defer h.streams.mu.Unlock()
+	if h.streams.n == nil {
+		h.streams.n = map[string]int{}
+	}
+	if h.streams.n[who] >= maxStreamsPerCaller {
+		writeJSON(w, http.StatusTooManyRequests, map[string]any{"code": http.StatusTooManyRequests,
+			"message": fmt.Sprintf("%d live streams open already; close one (at most %d per caller)", h.streams.n[who], maxStreamsPerCaller)})
+		return nil, false
+	}
+	h.streams.n[who]++
+	return func() {
+		h.streams.mu.Lock()
+		defer h.streams.mu.Unlock()
+		if h.streams.n[who]--; h.streams.n[who] <= 0 {
+			delete(h.streams.n, who)
+		}
+	}, true
+}
 
 // live streams the sandbox list as server-sent events: an event "sandboxes"
 // with the whole list at once and whenever it changes (state, node, new
@@ -19,6 +58,11 @@ func (h *Handler) live(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("streaming unsupported"))
 		return
 	}
+	done, ok := h.openStream(w, r)
+	if !ok {
+		return
+	}
+	defer done()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
@@ -72,6 +116,11 @@ func (h *Handler) sandboxLive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	done, ok := h.openStream(w, r)
+	if !ok {
+		return
+	}
+	defer done()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)

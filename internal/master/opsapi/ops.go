@@ -107,8 +107,9 @@ type Handler struct {
 	sessions map[string]*session // by cookie value
 	logins   *clientlimit.Limiter
 
-	jobs  *jobs
-	trail *auditLog
+	jobs    *jobs
+	trail   *auditLog
+	streams streams
 }
 
 type session struct {
