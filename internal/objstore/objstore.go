@@ -206,7 +206,10 @@ type Stats struct {
 	// Sent is the bytes of chunks actually uploaded (the others were
 	// already in the store); Received the bytes downloaded.
 	Sent, Received int64
-	Duration       time.Duration
+	// Reused is the bytes of chunks an import took from a local seed
+	// file (ImportOptions.Seed) instead of the store.
+	Reused   int64
+	Duration time.Duration
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
@@ -514,6 +517,27 @@ func (s *Store) Import(ctx context.Context, id, dir string) (*Manifest, Stats, e
 // ImportManifest is Import of a manifest already read (Manifest), leaving
 // out the files and directories skip returns true for (nil: none).
 func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, skip func(path string) bool) (*Manifest, Stats, error) {
+	return s.ImportWith(ctx, m, dir, ImportOptions{Skip: skip})
+}
+
+// ImportOptions shape ImportWith.
+type ImportOptions struct {
+	// Skip leaves out the files and directories it returns true for.
+	Skip func(path string) bool
+	// Seed names a local file that may hold some of the file at path's
+	// chunks at the same offsets ("" for none): a snapshot's disk image
+	// and the template image it was cloned from. A chunk whose bytes at
+	// that offset in the seed have its digest is copied from the seed
+	// instead of downloaded; any other is downloaded. The seed is only
+	// read, and every chunk taken from it is checked like a downloaded
+	// one, so a seed that changes meanwhile costs downloads, never
+	// correctness.
+	Seed func(path string) string
+}
+
+// ImportWith is ImportManifest with options.
+func (s *Store) ImportWith(ctx context.Context, m *Manifest, dir string, o ImportOptions) (*Manifest, Stats, error) {
+	skip := o.Skip
 	start := time.Now()
 	var st Stats
 	id := m.ID
@@ -558,7 +582,11 @@ func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, ski
 		}
 		st.Files++
 		st.LogicalBytes += f.Size
-		imf, err := s.importFile(gctx, g, stage, f)
+		seed := ""
+		if o.Seed != nil {
+			seed = o.Seed(f.Path)
+		}
+		imf, err := s.importFile(gctx, g, stage, f, seed)
 		if err != nil {
 			err2 = fmt.Errorf("objstore: import %s: %s: %w", id, f.Path, err)
 			break
@@ -567,8 +595,15 @@ func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, ski
 	}
 	werr := g.Wait()
 	for _, f := range files {
-		for _, r := range f.recv {
-			st.Received += r
+		for i, r := range f.recv {
+			if f.reused[i] {
+				st.Reused += r
+			} else {
+				st.Received += r
+			}
+		}
+		if f.seed != nil {
+			f.seed.Close()
 		}
 		if werr == nil && err2 == nil {
 			if err := f.fh.Sync(); err != nil {
@@ -597,13 +632,16 @@ func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, ski
 // importingFile is a file whose chunks are being downloaded.
 type importingFile struct {
 	File
-	fh   *os.File
-	recv []int64
+	fh     *os.File
+	seed   *os.File // nil: none
+	recv   []int64
+	reused []bool
 }
 
-// importFile creates f under stage and queues its chunks on g; the caller
-// syncs and closes fh once g is done.
-func (s *Store) importFile(ctx context.Context, g *errgroup.Group, stage string, f File) (*importingFile, error) {
+// importFile creates f under stage and queues its chunks on g, each taken
+// from seedPath ("" for none) where it holds it, else downloaded; the
+// caller syncs and closes fh, and closes seed, once g is done.
+func (s *Store) importFile(ctx context.Context, g *errgroup.Group, stage string, f File, seedPath string) (*importingFile, error) {
 	p := filepath.Join(stage, filepath.FromSlash(f.Path))
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return nil, err
@@ -617,15 +655,27 @@ func (s *Store) importFile(ctx context.Context, g *errgroup.Group, stage string,
 		fh.Close()
 		return nil, err
 	}
-	imf := &importingFile{File: f, fh: fh, recv: make([]int64, len(f.Chunks))}
+	imf := &importingFile{File: f, fh: fh, recv: make([]int64, len(f.Chunks)), reused: make([]bool, len(f.Chunks))}
+	if seedPath != "" {
+		// A seed that cannot be opened is no seed: every chunk is
+		// downloaded.
+		if sf, err := os.Open(seedPath); err == nil {
+			imf.seed = sf
+		}
+	}
 	for i, c := range f.Chunks {
 		g.Go(func() error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			buf, err := s.getChunk(ctx, c)
-			if err != nil {
-				return fmt.Errorf("%s: %w", f.Path, err)
+			buf := seedChunk(imf.seed, c)
+			if buf != nil {
+				imf.reused[i] = true
+			} else {
+				var err error
+				if buf, err = s.getChunk(ctx, c); err != nil {
+					return fmt.Errorf("%s: %w", f.Path, err)
+				}
 			}
 			imf.recv[i] = c.Size
 			_, err = fh.WriteAt(buf, c.Offset)
@@ -633,6 +683,22 @@ func (s *Store) importFile(ctx context.Context, g *errgroup.Group, stage string,
 		})
 	}
 	return imf, nil
+}
+
+// seedChunk returns chunk c's bytes read from seed at its offset when
+// they have its digest, else nil.
+func seedChunk(seed *os.File, c Chunk) []byte {
+	if seed == nil {
+		return nil
+	}
+	buf := make([]byte, c.Size)
+	if n, err := seed.ReadAt(buf, c.Offset); int64(n) != c.Size || (err != nil && !errors.Is(err, io.EOF)) {
+		return nil
+	}
+	if sum := sha256.Sum256(buf); hex.EncodeToString(sum[:]) != c.SHA256 {
+		return nil
+	}
+	return buf
 }
 
 // getChunk downloads one chunk and checks its size and digest.
