@@ -221,7 +221,11 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 
 	var out bytes.Buffer
 	root := cli.NewRoot(&out)
-	root.SetArgs([]string{"--master", c.Masters[0].Socket, "node", "drain", n1.ID})
+	args := []string{"--master", c.Masters[0].Socket, "node", "drain", n1.ID}
+	if p := os.Getenv("CUBE_CLUSTER_DRAIN_PARALLEL"); p != "" {
+		args = append(args, "--parallel", p)
+	}
+	root.SetArgs(args)
 	began = time.Now()
 	err := root.Execute()
 	took := time.Since(began)
@@ -232,9 +236,11 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		countOf(sbs, func(d *drained) bool { return d.runtime == "runc" }), countOf(sbs, func(d *drained) bool { return d.runtime == "gvisor" }),
 		countOf(sbs, func(d *drained) bool { return d.state == "paused" }), took.Round(time.Millisecond), out.String())
 	if err != nil {
-		t.Fatalf("cubecli node drain: %v", err)
+		// The clients' view and every sandbox's fate are still worth
+		// reporting: the checks below name the ones left.
+		t.Errorf("cubecli node drain: %v", err)
 	}
-	if !strings.Contains(out.String(), "moved") || !strings.Contains(out.String(), "drained") {
+	if !strings.Contains(out.String(), "moved") || (err == nil && !strings.Contains(out.String(), "drained")) {
 		t.Errorf("drain output shows no move or no end")
 	}
 	var worst time.Duration
