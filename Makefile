@@ -43,4 +43,4 @@ bench: build
 # bench/RESULTS-cluster.md; see docs/bench.md, "Cluster".
 BENCH_CLUSTER_FLAGS ?= --n 50 --n-c50 250 --quiet
 bench-cluster: build
-	$(BIN)/cube-bench --scenarios cluster-create-c1,cluster-create-c50,cluster-template,cluster-template-32m,cluster-resume-move --markdown bench/RESULTS-cluster.md --json-out bench/results-cluster.json $(BENCH_CLUSTER_FLAGS)
+	$(BIN)/cube-bench --scenarios cluster-create-c1,cluster-create-c50,cluster-template,cluster-template-32m,cluster-resume-move,cluster-resume-move-exported --markdown bench/RESULTS-cluster.md --json-out bench/results-cluster.json $(BENCH_CLUSTER_FLAGS)

@@ -104,6 +104,9 @@ type benchCluster struct {
 	ownSystem
 	c   *clusterenv.Cluster
 	api *mastertest.Client
+	// api2 is master m2's E2B API: m2 exports a sandbox's snapshot as it
+	// pauses (store.export_on_pause), m1 does not.
+	api2 *mastertest.Client
 
 	mu   sync.Mutex
 	aggs map[string]*clusterAgg // by scenario, over its chunks
@@ -157,8 +160,10 @@ func (e *Env) cluster(ctx context.Context) (*benchCluster, error) {
 		// With weed at hand, an object store host too: paused sandboxes
 		// can move between nodes (cluster-resume-move).
 		_, store := objstoretest.Lookup()
-		bc.c = clusterenv.Start(tb, clusterenv.Options{ObjectStore: store})
-		bc.api = bc.c.Masters[0].API(bc.c.APIKey(tb))
+		bc.c = clusterenv.Start(tb, clusterenv.Options{ObjectStore: store,
+			ReplicaTOML: []string{"", "[store]\nexport_on_pause = true\n"}})
+		key := bc.c.APIKey(tb)
+		bc.api, bc.api2 = bc.c.Masters[0].API(key), bc.c.Masters[1].API(key)
 	})
 	return bc, err
 }

@@ -22,8 +22,12 @@ import (
 // the master move it on resume), then POST /sandboxes/{id}/connect plus
 // the first envd request through a proxy host is timed: the node
 // snapshots and exports it, another node imports it and starts it under
-// the same ID. Its baseline, cluster-resume-local, is the same sequence
-// without the cordon: the resume in place, run interleaved with it.
+// the same ID. cluster-resume-move-exported is the same with the pause
+// through master m2, which exports the sandbox's snapshot as it pauses
+// (store.export_on_pause): the move imports that export and starts it,
+// nothing is taken or uploaded on the connect's path. Their baseline,
+// cluster-resume-local, is the same sequence without the cordon: the
+// resume in place, run interleaved with them.
 
 func init() {
 	probe := func(ctx context.Context, e *Env) error {
@@ -49,6 +53,15 @@ func init() {
 		Run:       runClusterResume("cluster-resume-move", true),
 		Finish:    finishClusterResume(true),
 	})
+	Register(Scenario{
+		Name: "cluster-resume-move-exported", Kind: report.KindCube, Explicit: true,
+		Help:      "cluster: cluster-resume-move with the sandbox paused through master m2, which exports its snapshot as it pauses (store.export_on_pause): the move imports that export and starts it; vs cluster-resume-local",
+		Baselines: []string{"cluster-resume-local"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: min(o.N1, 20), Concurrency: 1} },
+		Probe:     probe,
+		Run:       runClusterResume("cluster-resume-move-exported", true),
+		Finish:    finishClusterResume(true),
+	})
 }
 
 func runClusterResume(name string, move bool) func(context.Context, *Env, report.Params) (*report.Result, error) {
@@ -67,7 +80,7 @@ func runClusterResume(name string, move bool) func(context.Context, *Env, report
 		defer e.Progress.Finish()
 		begin := time.Now()
 		for i := 0; i < p.N && ctx.Err() == nil; i++ {
-			connect, first, moved, err := bc.resumeOnce(ctx, hc, bc.c.Proxies[i%len(bc.c.Proxies)].URL, move)
+			connect, first, moved, err := bc.resumeOnce(ctx, hc, bc.c.Proxies[i%len(bc.c.Proxies)].URL, move, strings.HasSuffix(name, "-exported"))
 			if err == nil && move && !moved {
 				err = errors.New("the sandbox resumed on its cordoned node")
 			}
@@ -95,25 +108,34 @@ func finishClusterResume(move bool) func(*Env, *report.Result) {
 		if move {
 			what = "on another node (its own cordoned)"
 		}
+		paused := "paused through master m1's E2B API (no export at pause)"
+		if strings.HasSuffix(r.Scenario, "-exported") {
+			paused = "paused through master m2's E2B API, which exports its snapshot as it pauses (untimed)"
+		}
 		r.Notes = append(r.Notes,
-			"a busybox runc sandbox of the E2B test image, paused through the E2B API; latency: POST /sandboxes/{id}/connect (resume "+what+") + the first envd /health through a proxy host",
+			"a busybox runc sandbox of the E2B test image, "+paused+"; latency: POST /sandboxes/{id}/connect through m1 (resume "+what+") + the first envd /health through a proxy host",
 			summary("E2B connect alone", a.creates),
 			summary("first envd /health through a proxy host after it", a.firsts))
 	}
 }
 
-// resumeOnce creates a sandbox, pauses it, cordons its node when move,
-// and times the E2B connect that resumes it and the first envd request
-// through the proxy at base; moved says whether it ended on another node.
-// The sandbox is killed and the node uncordoned before it returns.
-func (bc *benchCluster) resumeOnce(ctx context.Context, hc *http.Client, base string, move bool) (connect, first time.Duration, moved bool, err error) {
+// resumeOnce creates a sandbox, pauses it (through m2, which exports it
+// as it pauses, when exported), cordons its node when move, and times the
+// E2B connect that resumes it and the first envd request through the
+// proxy at base; moved says whether it ended on another node. The sandbox
+// is killed and the node uncordoned before it returns.
+func (bc *benchCluster) resumeOnce(ctx context.Context, hc *http.Client, base string, move, exported bool) (connect, first time.Duration, moved bool, err error) {
 	call := func(method, path, body string) error {
-		req, err := http.NewRequestWithContext(ctx, method, bc.api.Base+path, strings.NewReader(body))
+		api := bc.api
+		if exported && strings.HasSuffix(path, "/pause") {
+			api = bc.api2
+		}
+		req, err := http.NewRequestWithContext(ctx, method, api.Base+path, strings.NewReader(body))
 		if err != nil {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		r, err := bc.api.Try(req, nil)
+		r, err := api.Try(req, nil)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", method, path, err)
 		}

@@ -149,7 +149,8 @@ func (s *Service) ImportSnapshot(ctx context.Context, id string, allowDiskOnly b
 	if _, err := s.node.Driver(sn.Runtime); err != nil {
 		return nil, fmt.Errorf("snapshot %s needs runtime %q: %w", id, sn.Runtime, errdefs.ErrFailedPrecondition)
 	}
-	if _, err := s.store.GetTemplate(sn.TemplateID); err != nil {
+	tmpl, err := s.store.GetTemplate(sn.TemplateID)
+	if err != nil {
 		return nil, fmt.Errorf("snapshot %s needs template %s on this node: %w", id, sn.TemplateID, errdefs.ErrFailedPrecondition)
 	}
 	res := &ImportResult{}
@@ -186,7 +187,16 @@ func (s *Service) ImportSnapshot(ctx context.Context, id string, allowDiskOnly b
 	if !keepMemory {
 		skip = func(p string) bool { return p == memoryDirName || strings.HasPrefix(p, memoryDirName+"/") }
 	}
-	_, tr, err := st.ImportManifest(ctx, m, sn.Dir, skip)
+	// The disk image was cloned from the template's, which this node
+	// holds: its unchanged chunks are copied from there rather than
+	// downloaded (each checked against its digest all the same).
+	seed := func(p string) string {
+		if p == "disk.img" {
+			return tmpl.ImagePath
+		}
+		return ""
+	}
+	_, tr, err := st.ImportWith(ctx, m, sn.Dir, objstore.ImportOptions{Skip: skip, Seed: seed})
 	res.Transfer = tr
 	if err == nil {
 		err = s.sealSnapshot(sn)
@@ -195,7 +205,7 @@ func (s *Service) ImportSnapshot(ctx context.Context, id string, allowDiskOnly b
 		s.discardSnapshot(sn, log)
 		return res, err
 	}
-	log.Info("snapshot imported", "logical_bytes", tr.LogicalBytes, "received_bytes", tr.Received, "duration", tr.Duration,
+	log.Info("snapshot imported", "logical_bytes", tr.LogicalBytes, "received_bytes", tr.Received, "reused_bytes", tr.Reused, "duration", tr.Duration,
 		"has_memory", sn.HasMemory, "memory_dropped", res.MemoryDropped)
 	res.Snapshot = sn.Clone()
 	return res, nil

@@ -34,7 +34,8 @@ import (
 // error naming the ones left. Sandboxes that appear on the node while it
 // drains (creates already under way when it was cordoned) are taken up
 // too. A drain runs as long as its caller's context; running it again
-// continues where it stopped.
+// continues where it stopped. It ends once the moved sandboxes' originals
+// are destroyed (a move answers before that).
 
 // DrainOptions shape a drain.
 type DrainOptions struct {
@@ -199,6 +200,15 @@ func (s *Service) Drain(ctx context.Context, nodeID string, o DrainOptions, prog
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
+	// A move answers before its original is destroyed (tidyAfterMove):
+	// the node is empty once those are done.
+	for id, st := range seen {
+		if st == DrainMoved {
+			if err := s.waitLeft(ctx, id); err != nil {
+				return fmt.Errorf("drain of node %s: %w", nodeID, err)
+			}
+		}
+	}
 	if len(failed) > 0 {
 		var errs []error
 		for id, err := range failed {

@@ -149,11 +149,11 @@ func (s *Service) restoreElsewhere(ctx context.Context, sb *catalog.Sandbox, tim
 	begin := time.Now()
 	snap := &catalog.Snapshot{ID: sb.PauseSnapshot, SandboxID: sb.ID, NodeID: sb.NodeID, TemplateID: sb.TemplateID,
 		Runtime: sb.Runtime, Team: sb.Team, EnvdAccessToken: sb.EnvdAccessToken}
-	up, err := s.startElsewhere(ctx, sb, snap, time.Now().UTC().Add(timeout))
+	up, tidy, err := s.startElsewhere(ctx, sb, snap, time.Now().UTC().Add(timeout))
 	if err != nil {
 		return nil, fmt.Errorf("node %s of sandbox %s is lost, and resuming it on another node from the snapshot exported as it paused failed: %w", sb.NodeID, sb.ID, err)
 	}
-	s.dropExported(ctx, snap.ID, up.NodeID)
+	s.tidyAfterMove(sb.ID, tidy, func() { s.dropExported(context.Background(), snap.ID, up.NodeID) })
 	s.log.Info("sandbox restored on another node after its node was lost", "sandbox_id", sb.ID, "lost", sb.NodeID, "to", up.NodeID,
 		"snapshot_id", snap.ID, "duration", time.Since(begin))
 	s.event(sb.ID, "info", "sandbox resumed on another node: its node was lost", map[string]string{"from": sb.NodeID, "to": up.NodeID, "snapshot": snap.ID})

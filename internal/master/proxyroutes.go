@@ -70,14 +70,12 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	if err != nil {
 		return nil, err
 	}
-	if sb.State == catalog.StatePaused {
-		if _, moving := s.moving.Load(id); moving {
-			// Paused for a move to another node (a drain): wait for the
-			// move, which holds the sandbox's lock, and route to where
-			// it runs now.
-			if sb, err = s.afterMove(ctx, id); err != nil {
-				return nil, err
-			}
+	if _, moving := s.moving.Load(id); moving {
+		// Moving to another node (a drain, a resume elsewhere; paused
+		// for it or still being paused): wait for the move, which holds
+		// the sandbox's lock, and route to where it runs now.
+		if sb, err = s.afterMove(ctx, id); err != nil {
+			return nil, err
 		}
 	}
 	resumed := false

@@ -92,7 +92,11 @@ func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error)
 	if err != nil {
 		return nil, err
 	}
-	if _, moving := s.moving.Load(id); moving && sb.State == catalog.StatePaused {
+	if _, moving := s.moving.Load(id); moving {
+		// Moving to another node (paused for it, or still being paused
+		// for a drain): wait for the move, which holds the sandbox's
+		// lock, rather than send a new connection to the copy about to
+		// be frozen and destroyed.
 		if sb, err = s.afterMove(ctx, id); err != nil {
 			return nil, err
 		}

@@ -86,6 +86,10 @@ type Service struct {
 	// this process (moveElsewhere): the route waits for the move rather
 	// than call them paused.
 	moving sync.Map
+	// leaving holds, per sandbox moved off a node, a channel closed once
+	// the move's cleanup (the original destroyed, the move's snapshot
+	// deleted), run after the move answered, is done (shipping.go).
+	leaving sync.Map
 	// lostNoted holds the paused sandboxes of lost nodes already told
 	// that they will resume elsewhere (one event per loss).
 	lostNoted sync.Map

@@ -158,71 +158,172 @@ func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, time
 // moveElsewhere starts a paused sandbox on another node under its own ID
 // (and so its URL through the route), running with deadline endAt, and,
 // where the runtime has memory snapshots and the nodes share a memory
-// fingerprint, its memory: its node snapshots it (the fork-labelled kind,
-// so reconcile removes one a crash leaves) and exports the snapshot,
-// another node imports it and clones it under the sandbox's own ID and
-// token, then the catalog moves the sandbox and the original is
-// destroyed. Until the catalog moves it, any failure leaves the sandbox
-// paused where it was. The caller holds the sandbox's lock, and marks
+// fingerprint, its memory. The state it ships:
+//
+//   - the snapshot exported as it paused (PauseSnapshot, with
+//     store.export_on_pause), when it has one: it has not run since, so
+//     the store already holds its state and nothing is uploaded;
+//   - otherwise its node snapshots it (the fork-labelled kind, so
+//     reconcile removes one a crash leaves) and exports the snapshot.
+//
+// Another node imports the snapshot and clones it under the sandbox's own
+// ID and token, then the catalog moves the sandbox. Until the catalog
+// moves it, any failure leaves the sandbox paused where it was. What only
+// tidies up (the original destroyed, the move's snapshot deleted from its
+// node, the store and the catalog, the imported copy deleted) runs after
+// the answer, in the background (tidyAfterMove); a later move of the same
+// sandbox waits for it. The caller holds the sandbox's lock, and marks
 // the move (markMoving) so that the route waits for it instead of calling
 // the sandbox paused.
 func (s *Service) moveElsewhere(ctx context.Context, sb *catalog.Sandbox, endAt time.Time) (*catalog.Sandbox, error) {
+	if err := s.waitLeft(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	if sb.State == catalog.StatePaused && sb.PauseSnapshot != "" {
+		up, err := s.moveExported(ctx, sb, endAt)
+		if err == nil {
+			return up, nil
+		}
+		// The store lost it, or no node could import it: a snapshot of
+		// its own (the sandbox is still paused where it was).
+		s.log.Warn("move from the snapshot exported at pause failed; taking a new one", "sandbox_id", sb.ID, "snapshot_id", sb.PauseSnapshot, "err", err)
+	}
 	from := sb.NodeID
+	begin := time.Now()
 	snap, err := s.snapshot(ctx, sb, "", true)
 	if err != nil {
 		return nil, fmt.Errorf("move sandbox %s off node %s: snapshot: %w", sb.ID, from, err)
 	}
-	defer s.forking.Delete(snap.ID)
-	defer s.dropForkSnapshot(ctx, snap)
+	snapped := time.Since(begin)
+	// The move's snapshot goes from the store (and the node's copy with
+	// it), then from the catalog, whatever happens next.
+	dropSnap := func() {
+		if c, err := s.client(from); err == nil {
+			if _, err := c.DeleteSnapshot(context.Background(), &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID, DeleteExported: true}); err != nil {
+				s.log.Warn("delete a move's snapshot from the store", "snapshot_id", snap.ID, "node", from, "err", err)
+			}
+		}
+		s.dropForkSnapshot(context.Background(), snap)
+		s.forking.Delete(snap.ID)
+	}
 	c, err := s.client(from)
 	if err != nil {
+		s.tidyAfterMove(sb.ID, dropSnap)
 		return nil, err
 	}
-	begin := time.Now()
-	if _, err := c.ExportSnapshot(ctx, &cubeletpb.ExportSnapshotRequest{SnapshotId: snap.ID}); err != nil {
+	resp, err := c.ExportSnapshot(ctx, &cubeletpb.ExportSnapshotRequest{SnapshotId: snap.ID})
+	if err != nil {
+		s.tidyAfterMove(sb.ID, dropSnap)
 		return nil, fmt.Errorf("move sandbox %s off node %s: export: %w", sb.ID, from, fromGRPC(from, err))
 	}
-	exported := time.Since(begin)
-	// The move's snapshot goes from the store whatever happens next (the
-	// node's copy with it; dropForkSnapshot then finds it gone).
-	defer func() {
-		if _, err := c.DeleteSnapshot(context.WithoutCancel(ctx), &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID, DeleteExported: true}); err != nil {
-			s.log.Warn("delete a move's snapshot from the store", "snapshot_id", snap.ID, "node", from, "err", err)
-		}
-	}()
-	up, err := s.startElsewhere(ctx, sb, snap, endAt)
+	exported := time.Since(begin) - snapped
+	up, tidy, err := s.startElsewhere(ctx, sb, snap, endAt)
 	if err != nil {
+		s.tidyAfterMove(sb.ID, dropSnap)
 		return nil, fmt.Errorf("move sandbox %s off node %s: %w", sb.ID, from, err)
 	}
-	s.destroyOn(from, sb.ID)
+	s.tidyAfterMove(sb.ID, func() { s.destroyOn(from, sb.ID) }, tidy, dropSnap)
 	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", up.NodeID,
-		"export", exported, "total", time.Since(begin))
+		"snapshot", snapped, "export", exported, "sent_bytes", resp.GetTransfer().GetMovedBytes(),
+		"start_elsewhere", time.Since(begin)-snapped-exported, "total", time.Since(begin))
 	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": up.NodeID, "end_at": endAt.Format(time.RFC3339)})
 	return up, nil
 }
 
+// moveExported is moveElsewhere from the snapshot sb's node exported as it
+// paused: import and clone on another node, nothing taken or uploaded.
+// The store's copy is deleted once the sandbox runs elsewhere.
+func (s *Service) moveExported(ctx context.Context, sb *catalog.Sandbox, endAt time.Time) (*catalog.Sandbox, error) {
+	from := sb.NodeID
+	begin := time.Now()
+	snap := &catalog.Snapshot{ID: sb.PauseSnapshot, SandboxID: sb.ID, NodeID: from, TemplateID: sb.TemplateID,
+		Runtime: sb.Runtime, Team: sb.Team, EnvdAccessToken: sb.EnvdAccessToken}
+	up, tidy, err := s.startElsewhere(ctx, sb, snap, endAt)
+	if err != nil {
+		return nil, fmt.Errorf("move sandbox %s off node %s from its pause's export %s: %w", sb.ID, from, snap.ID, err)
+	}
+	s.tidyAfterMove(sb.ID, func() { s.destroyOn(from, sb.ID) }, tidy, func() { s.dropExported(context.Background(), snap.ID, up.NodeID) })
+	s.log.Info("sandbox resumed on another node", "sandbox_id", sb.ID, "from", from, "to", up.NodeID,
+		"from_pause_export", snap.ID, "total", time.Since(begin))
+	s.event(sb.ID, "info", "sandbox resumed on another node", map[string]string{"from": from, "to": up.NodeID,
+		"snapshot": snap.ID, "end_at": endAt.Format(time.RFC3339)})
+	return up, nil
+}
+
+// tidyAfterMove runs steps, in order, in the background, after a move of
+// sandbox id answered: nothing the moved sandbox needs, only tidying up.
+// Until they are done a new move of id waits (waitLeft), so that the
+// original is gone from its node before the sandbox could come back there.
+func (s *Service) tidyAfterMove(id string, steps ...func()) {
+	done := make(chan struct{})
+	if prev, loaded := s.leaving.Swap(id, done); loaded {
+		// A move's own cleanup after its failure, then another's: the
+		// later one waits for the earlier.
+		steps = append([]func(){func() { <-prev.(chan struct{}) }}, steps...)
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.leaving.CompareAndDelete(id, done)
+			close(done)
+		}()
+		for _, f := range steps {
+			if f != nil {
+				f()
+			}
+		}
+	}()
+}
+
+// waitLeft waits for the cleanup of an earlier move of sandbox id
+// (tidyAfterMove), if one is still running.
+func (s *Service) waitLeft(ctx context.Context, id string) error {
+	v, ok := s.leaving.Load(id)
+	if !ok {
+		return nil
+	}
+	select {
+	case <-v.(chan struct{}):
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox %s: waiting for its last move's cleanup: %w", id, ctx.Err())
+	}
+}
+
 // startElsewhere starts sb, paused on its node, from snap (exported to
 // the store) on another node under sb's ID and token, running until
-// endAt, and moves its row there. The imported copy is deleted from the
-// new node; the store's copy and the original sandbox are the caller's.
+// endAt, and moves its row there. It returns tidy, for the caller to run
+// (tidyAfterMove): it deletes the imported copy from the new node and, when
+// the row named a pause export other than snap, that one from the store.
+// The store's copy of snap and the original sandbox are the caller's.
 // Until the row moves, a failure leaves the row as it was and nothing on
 // the new node.
-func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, endAt time.Time) (*catalog.Sandbox, error) {
+func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, endAt time.Time) (up *catalog.Sandbox, tidy func(), err error) {
 	to, done, err := s.importElsewhere(ctx, snap, sb)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var created time.Time
 	defer func() { done(created) }()
-	tc, err := s.client(to)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if _, err := tc.DeleteSnapshot(context.WithoutCancel(ctx), &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID}); err != nil {
+	dropCopy := func() {
+		tc, err := s.client(to)
+		if err == nil {
+			_, err = tc.DeleteSnapshot(context.Background(), &cubeletpb.DeleteSnapshotRequest{SnapshotId: snap.ID})
+		}
+		if err != nil {
 			s.log.Warn("delete imported snapshot copy", "snapshot_id", snap.ID, "node", to, "err", err)
 		}
+	}
+	defer func() {
+		if err != nil {
+			dropCopy()
+		}
 	}()
+	tc, err := s.client(to)
+	if err != nil {
+		return nil, nil, err
+	}
 	s.creating.Store(sb.ID, true) // reconcile leaves the new copy alone
 	defer s.creating.Delete(sb.ID)
 	var tokens []string
@@ -231,7 +332,7 @@ func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap 
 	}
 	netPolicy, err := s.nodeNetwork(ctx, sb.Team, sb.Network)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	resp, err := tc.CloneSandbox(ctx, &cubeletpb.CloneSandboxRequest{
 		RequestId: sb.ID, SnapshotId: snap.ID, Count: 1, SandboxIds: []string{sb.ID},
@@ -245,32 +346,35 @@ func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap 
 		if maybeCreated(err) {
 			s.destroyOn(to, sb.ID)
 		}
-		return nil, fmt.Errorf("start sandbox %s on node %s: %w", sb.ID, to, err)
+		return nil, nil, fmt.Errorf("start sandbox %s on node %s: %w", sb.ID, to, err)
 	}
 	created = resp.Sandboxes[0].GetCreatedAt().AsTime()
 	moved := *sb
 	moved.NodeID = to
-	if err := s.initAgent(ctx, &moved, resp.Sandboxes[0], nil); err != nil {
+	if err = s.initAgent(ctx, &moved, resp.Sandboxes[0], nil); err != nil {
 		s.destroyOn(to, sb.ID)
-		return nil, fmt.Errorf("start sandbox %s on node %s: agent: %w", sb.ID, to, err)
+		return nil, nil, fmt.Errorf("start sandbox %s on node %s: agent: %w", sb.ID, to, err)
 	}
 	pauseSnap := ""
-	up, err := s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
+	up, err = s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
 		pauseSnap = r.PauseSnapshot
 		r.NodeID, r.State, r.EndAt, r.PauseSnapshot = to, catalog.StateRunning, endAt, ""
 		return nil
 	})
 	if err != nil {
 		s.destroyOn(to, sb.ID)
-		return nil, err
-	}
-	if pauseSnap != "" && pauseSnap != snap.ID {
-		// Running again: the snapshot exported at its pause is stale.
-		s.dropExported(ctx, pauseSnap, to)
+		return nil, nil, err
 	}
 	s.routes.drop(sb.ID)
 	s.activity.touch(sb.ID, time.Now())
-	return up, nil
+	tidy = func() {
+		dropCopy()
+		if pauseSnap != "" && pauseSnap != snap.ID {
+			// Running again: the snapshot exported at its pause is stale.
+			s.dropExported(context.Background(), pauseSnap, to)
+		}
+	}
+	return up, tidy, nil
 }
 
 // dropExported deletes an exported snapshot from the object store

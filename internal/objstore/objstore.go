@@ -33,6 +33,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 )
@@ -205,7 +206,10 @@ type Stats struct {
 	// Sent is the bytes of chunks actually uploaded (the others were
 	// already in the store); Received the bytes downloaded.
 	Sent, Received int64
-	Duration       time.Duration
+	// Reused is the bytes of chunks an import took from a local seed
+	// file (ImportOptions.Seed) instead of the store.
+	Reused   int64
+	Duration time.Duration
 }
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
@@ -240,6 +244,12 @@ func (s *Store) Export(ctx context.Context, id, dir string, meta any) (*Manifest
 		}
 		m.Meta = b
 	}
+	// Every file's chunks go through one group: a snapshot's small files
+	// (a memory image's metadata) do not wait for its disk's chunks, and
+	// parallel chunks move at once in all.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallel)
+	var files []*exportingFile
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -256,18 +266,35 @@ func (s *Store) Export(ctx context.Context, id, dir string, meta any) (*Manifest
 		case d.IsDir():
 			m.Dirs = append(m.Dirs, rel)
 		case d.Type().IsRegular():
-			f, err := s.exportFile(ctx, p, rel, &st)
+			f, err := s.exportFile(gctx, g, p, rel)
 			if err != nil {
 				return err
 			}
-			m.Files = append(m.Files, f)
+			files = append(files, f)
 		default:
 			return fmt.Errorf("objstore: %s is neither a regular file nor a directory: %w", p, errdefs.ErrInvalidArgument)
 		}
 		return nil
 	})
+	werr := g.Wait()
+	for _, f := range files {
+		f.fh.Close()
+	}
+	if err == nil {
+		err = werr
+	}
 	if err != nil {
 		return nil, st, fmt.Errorf("objstore: export %s: %w", id, err)
+	}
+	for _, f := range files {
+		st.LogicalBytes += f.Size
+		for i, c := range f.chunks {
+			st.Sent += f.sent[i]
+			if c != nil {
+				f.Chunks = append(f.Chunks, *c)
+			}
+		}
+		m.Files = append(m.Files, f.File)
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -284,28 +311,46 @@ func (s *Store) Export(ctx context.Context, id, dir string, meta any) (*Manifest
 	return m, st, nil
 }
 
-// exportFile uploads one file's non-zero chunks, parallel chunks at a time.
-func (s *Store) exportFile(ctx context.Context, p, rel string, st *Stats) (File, error) {
+// exportingFile is a file whose chunks are being uploaded.
+type exportingFile struct {
+	File
+	fh     *os.File
+	chunks []*Chunk // nil: all zeros
+	sent   []int64
+}
+
+// exportFile queues one file's chunks on g. A chunk that lies wholly in a
+// hole of a sparse file (SEEK_DATA finds no data in it) is zeros without
+// being read. The caller closes f.fh once g is done.
+func (s *Store) exportFile(ctx context.Context, g *errgroup.Group, p, rel string) (*exportingFile, error) {
 	fh, err := os.Open(p)
 	if err != nil {
-		return File{}, err
+		return nil, err
 	}
-	defer fh.Close()
 	fi, err := fh.Stat()
 	if err != nil {
-		return File{}, err
+		fh.Close()
+		return nil, err
 	}
-	f := File{Path: rel, Size: fi.Size(), Mode: uint32(fi.Mode().Perm())}
-	st.LogicalBytes += f.Size
+	f := &exportingFile{File: File{Path: rel, Size: fi.Size(), Mode: uint32(fi.Mode().Perm())}, fh: fh}
 	n := (f.Size + ChunkSize - 1) / ChunkSize
-	chunks := make([]*Chunk, n)
-	sent := make([]int64, n)
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(parallel)
+	f.chunks, f.sent = make([]*Chunk, n), make([]int64, n)
+	ext, e := dataExtents(fh, f.Size), 0
 	for i := int64(0); i < n; i++ {
+		off := i * ChunkSize
+		size := min(int64(ChunkSize), f.Size-off)
+		if ext != nil {
+			for e < len(ext) && ext[e][1] <= off {
+				e++
+			}
+			if e == len(ext) || ext[e][0] >= off+size {
+				continue // a hole: zeros
+			}
+		}
 		g.Go(func() error {
-			off := i * ChunkSize
-			size := min(int64(ChunkSize), f.Size-off)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			buf := make([]byte, size)
 			if _, err := fh.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
 				return err
@@ -315,24 +360,39 @@ func (s *Store) exportFile(ctx context.Context, p, rel string, st *Stats) (File,
 			}
 			sum := sha256.Sum256(buf)
 			c := &Chunk{Offset: off, Size: size, SHA256: hex.EncodeToString(sum[:])}
-			chunks[i] = c
-			up, err := s.putChunk(gctx, c.SHA256, buf)
+			f.chunks[i] = c
+			up, err := s.putChunk(ctx, c.SHA256, buf)
 			if up {
-				sent[i] = size
+				f.sent[i] = size
 			}
 			return err
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return File{}, err
-	}
-	for i, c := range chunks {
-		st.Sent += sent[i]
-		if c != nil {
-			f.Chunks = append(f.Chunks, *c)
-		}
-	}
 	return f, nil
+}
+
+// dataExtents lists fh's data ranges with SEEK_DATA and SEEK_HOLE.
+// They are in order; nil when the file system cannot tell (then every
+// range may hold data).
+func dataExtents(fh *os.File, size int64) [][2]int64 {
+	fd := int(fh.Fd())
+	ext := [][2]int64{}
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // no data after off
+		}
+		if err != nil {
+			return nil
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil {
+			return nil
+		}
+		ext = append(ext, [2]int64{start, end})
+		off = end
+	}
+	return ext
 }
 
 // putChunk stores one chunk unless an object of its digest and size is
@@ -342,8 +402,12 @@ func (s *Store) putChunk(ctx context.Context, sum string, buf []byte) (bool, err
 	if oi, err := s.c.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{}); err == nil && oi.Size == int64(len(buf)) {
 		return false, nil
 	}
+	// The body is not hashed again for the request's signature
+	// (UNSIGNED-PAYLOAD): its Content-MD5, which is signed, lets the
+	// store refuse a body damaged or altered on the way, and the content
+	// is checked against its digest on every import anyway.
 	if _, err := s.c.PutObject(ctx, s.bucket, key, bytes.NewReader(buf), int64(len(buf)),
-		minio.PutObjectOptions{ContentType: "application/octet-stream", SendContentMd5: true, DisableMultipart: true}); err != nil {
+		minio.PutObjectOptions{ContentType: "application/octet-stream", SendContentMd5: true, DisableMultipart: true, DisableContentSha256: true}); err != nil {
 		return false, fmt.Errorf("put chunk %s: %w", sum, wrapNet(err))
 	}
 	return true, nil
@@ -453,6 +517,27 @@ func (s *Store) Import(ctx context.Context, id, dir string) (*Manifest, Stats, e
 // ImportManifest is Import of a manifest already read (Manifest), leaving
 // out the files and directories skip returns true for (nil: none).
 func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, skip func(path string) bool) (*Manifest, Stats, error) {
+	return s.ImportWith(ctx, m, dir, ImportOptions{Skip: skip})
+}
+
+// ImportOptions shape ImportWith.
+type ImportOptions struct {
+	// Skip leaves out the files and directories it returns true for.
+	Skip func(path string) bool
+	// Seed names a local file that may hold some of the file at path's
+	// chunks at the same offsets ("" for none): a snapshot's disk image
+	// and the template image it was cloned from. A chunk whose bytes at
+	// that offset in the seed have its digest is copied from the seed
+	// instead of downloaded; any other is downloaded. The seed is only
+	// read, and every chunk taken from it is checked like a downloaded
+	// one, so a seed that changes meanwhile costs downloads, never
+	// correctness.
+	Seed func(path string) string
+}
+
+// ImportWith is ImportManifest with options.
+func (s *Store) ImportWith(ctx context.Context, m *Manifest, dir string, o ImportOptions) (*Manifest, Stats, error) {
+	skip := o.Skip
 	start := time.Now()
 	var st Stats
 	id := m.ID
@@ -486,17 +571,54 @@ func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, ski
 			return nil, st, fmt.Errorf("objstore: import %s: %w", id, err)
 		}
 	}
+	// Every file's chunks go through one group (parallel at once in all).
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallel)
+	var files []*importingFile
+	var err2 error
 	for _, f := range m.Files {
 		if skip(f.Path) {
 			continue
 		}
 		st.Files++
-		n, err := s.importFile(ctx, stage, f)
-		st.Received += n
-		if err != nil {
-			return nil, st, fmt.Errorf("objstore: import %s: %s: %w", id, f.Path, err)
-		}
 		st.LogicalBytes += f.Size
+		seed := ""
+		if o.Seed != nil {
+			seed = o.Seed(f.Path)
+		}
+		imf, err := s.importFile(gctx, g, stage, f, seed)
+		if err != nil {
+			err2 = fmt.Errorf("objstore: import %s: %s: %w", id, f.Path, err)
+			break
+		}
+		files = append(files, imf)
+	}
+	werr := g.Wait()
+	for _, f := range files {
+		for i, r := range f.recv {
+			if f.reused[i] {
+				st.Reused += r
+			} else {
+				st.Received += r
+			}
+		}
+		if f.seed != nil {
+			f.seed.Close()
+		}
+		if werr == nil && err2 == nil {
+			if err := f.fh.Sync(); err != nil {
+				err2 = fmt.Errorf("objstore: import %s: %s: %w", id, f.Path, err)
+			}
+		}
+		if err := f.fh.Close(); err != nil && err2 == nil {
+			err2 = fmt.Errorf("objstore: import %s: %s: %w", id, f.Path, err)
+		}
+	}
+	if err2 == nil && werr != nil {
+		err2 = fmt.Errorf("objstore: import %s: %w", id, werr)
+	}
+	if err2 != nil {
+		return nil, st, err2
 	}
 	if err := os.Rename(stage, dir); err != nil {
 		return nil, st, fmt.Errorf("objstore: import %s: %w", id, err)
@@ -507,46 +629,76 @@ func (s *Store) ImportManifest(ctx context.Context, m *Manifest, dir string, ski
 	return m, st, nil
 }
 
-func (s *Store) importFile(ctx context.Context, stage string, f File) (int64, error) {
+// importingFile is a file whose chunks are being downloaded.
+type importingFile struct {
+	File
+	fh     *os.File
+	seed   *os.File // nil: none
+	recv   []int64
+	reused []bool
+}
+
+// importFile creates f under stage and queues its chunks on g, each taken
+// from seedPath ("" for none) where it holds it, else downloaded; the
+// caller syncs and closes fh, and closes seed, once g is done.
+func (s *Store) importFile(ctx context.Context, g *errgroup.Group, stage string, f File, seedPath string) (*importingFile, error) {
 	p := filepath.Join(stage, filepath.FromSlash(f.Path))
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return 0, err
+		return nil, err
 	}
 	fh, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, os.FileMode(f.Mode))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	defer fh.Close()
 	// Truncate first: ranges no chunk covers are holes, read as zeros.
 	if err := fh.Truncate(f.Size); err != nil {
-		return 0, err
+		fh.Close()
+		return nil, err
 	}
-	recv := make([]int64, len(f.Chunks))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(parallel)
+	imf := &importingFile{File: f, fh: fh, recv: make([]int64, len(f.Chunks)), reused: make([]bool, len(f.Chunks))}
+	if seedPath != "" {
+		// A seed that cannot be opened is no seed: every chunk is
+		// downloaded.
+		if sf, err := os.Open(seedPath); err == nil {
+			imf.seed = sf
+		}
+	}
 	for i, c := range f.Chunks {
 		g.Go(func() error {
-			buf, err := s.getChunk(gctx, c)
-			if err != nil {
-				return err
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			recv[i] = c.Size
+			buf := seedChunk(imf.seed, c)
+			if buf != nil {
+				imf.reused[i] = true
+			} else {
+				var err error
+				if buf, err = s.getChunk(ctx, c); err != nil {
+					return fmt.Errorf("%s: %w", f.Path, err)
+				}
+			}
+			imf.recv[i] = c.Size
 			_, err = fh.WriteAt(buf, c.Offset)
 			return err
 		})
 	}
-	err = g.Wait()
-	var n int64
-	for _, r := range recv {
-		n += r
+	return imf, nil
+}
+
+// seedChunk returns chunk c's bytes read from seed at its offset when
+// they have its digest, else nil.
+func seedChunk(seed *os.File, c Chunk) []byte {
+	if seed == nil {
+		return nil
 	}
-	if err != nil {
-		return n, err
+	buf := make([]byte, c.Size)
+	if n, err := seed.ReadAt(buf, c.Offset); int64(n) != c.Size || (err != nil && !errors.Is(err, io.EOF)) {
+		return nil
 	}
-	if err := fh.Sync(); err != nil {
-		return n, err
+	if sum := sha256.Sum256(buf); hex.EncodeToString(sum[:]) != c.SHA256 {
+		return nil
 	}
-	return n, fh.Close()
+	return buf
 }
 
 // getChunk downloads one chunk and checks its size and digest.

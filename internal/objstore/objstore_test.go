@@ -483,3 +483,67 @@ func TestMeasureTransfer(t *testing.T) {
 		}
 	}
 }
+
+// TestImportSeeded: chunks a seed file holds at the same offsets are
+// copied from it, the others downloaded, and the result is the exported
+// file. A seed whose bytes differ (the control) is never used, so the
+// import cannot pass by taking what the seed has.
+func TestImportSeeded(t *testing.T) {
+	srv := objstoretest.Start(t)
+	s := open(t, srv)
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "snap")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The template: 4 chunks of data. The disk: the template with its
+	// second chunk changed.
+	tmpl := randBytes(t, 4*ChunkSize)
+	seed := filepath.Join(t.TempDir(), "template.img")
+	if err := os.WriteFile(seed, tmpl, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	disk := bytes.Clone(tmpl)
+	copy(disk[ChunkSize:], randBytes(t, 4096))
+	if err := os.WriteFile(filepath.Join(dir, "disk.img"), disk, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Export(ctx, "seeded", dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Manifest(ctx, "seeded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "other.img")
+	if err := os.WriteFile(other, randBytes(t, 4*ChunkSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, seed   string
+		reused, recv int64
+	}{
+		{"template seed", seed, 3 * ChunkSize, ChunkSize},
+		{"unrelated seed (control)", other, 0, 4 * ChunkSize},
+		{"missing seed", filepath.Join(t.TempDir(), "none"), 0, 4 * ChunkSize},
+	} {
+		dst := filepath.Join(t.TempDir(), "pool", "seeded")
+		_, st, err := s.ImportWith(ctx, m, dst, ImportOptions{Seed: func(p string) string {
+			if p == "disk.img" {
+				return tc.seed
+			}
+			return ""
+		}})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		t.Logf("%s: %d MiB from the seed, %d MiB downloaded in %v", tc.name, st.Reused>>20, st.Received>>20, st.Duration)
+		if st.Reused != tc.reused || st.Received != tc.recv {
+			t.Errorf("%s: reused %d received %d, want %d and %d", tc.name, st.Reused, st.Received, tc.reused, tc.recv)
+		}
+		got, err := os.ReadFile(filepath.Join(dst, "disk.img"))
+		if err != nil || !bytes.Equal(got, disk) {
+			t.Errorf("%s: imported disk differs from the exported one (%v)", tc.name, err)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -77,140 +78,253 @@ func sh(ctx context.Context, pc processconnect.ProcessClient, script string) (st
 	return out.String(), nil
 }
 
-// drain makes five sandboxes on node 1 (two of them paused) and writes a
-// file in the first through proxy p1, then drains node 1 with `cubecli node drain` (in-process, against a
-// replica's admin socket) while a client reads the file through p1 every
-// 100 ms. The sandbox must end on another node under the same ID, with its
-// file, reached through proxy p2 at the same URL, the others on other
-// nodes in the state they had; node 1 must hold no sandbox, in the catalog
-// or on its cubelet. The client's failed reads
-// and its longest gap are logged: what its users saw of the move.
+// drainN is how many sandboxes the drain case puts on the node it drains:
+// CUBE_CLUSTER_DRAIN_N (the long form: 20), else 6.
+func drainN(t *testing.T) int {
+	if v := os.Getenv("CUBE_CLUSTER_DRAIN_N"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 2 {
+			t.Fatalf("CUBE_CLUSTER_DRAIN_N=%q: want a number of sandboxes >= 2", v)
+		}
+		return n
+	}
+	return 6
+}
+
+// drained is one sandbox of the drain case and what its client saw.
+type drained struct {
+	id, token, runtime, state string
+	// pid is a process started before the drain: it runs after the move
+	// where the runtime moves memory (gVisor), not where only the disk
+	// moves (runc).
+	pid string
+
+	ok, failed atomic.Int64
+	mu         sync.Mutex
+	gap        time.Duration
+	lastErr    string
+}
+
+// drain fills node 1 with drainN sandboxes, half runc and half gVisor
+// (gVisor with memory snapshots: [gvisor] checkpoint on the nodes; runc
+// only where runsc is missing), a third of them paused, each with a file
+// written and a process started through proxy p1. Then node 1 is drained
+// with `cubecli node drain` (in-process, against a replica's admin
+// socket) while a client per running sandbox reads its file through p1
+// every 250 ms. Every sandbox must end on another node under the same ID,
+// in the state it had, its file read through proxy p2 at the same URL
+// (a paused one after an E2B connect resumes it there); a gVisor one's
+// process still runs (its memory moved), a runc one's does not (the disk
+// alone moves: the control that shows the process probe can fail). Node
+// 1 must hold no sandbox, in the catalog or on its cubelet. Each client's
+// failed reads and longest gap between good reads are logged: what its
+// users saw of the move.
 func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	n1 := c.Nodes[0]
-	// The client's sandbox, two more running and two paused.
-	ids, tokens := onNodeN(t, c, apis[0], n1, cluster.Template, "", 5)
-	for _, id := range ids {
-		t.Cleanup(func() { kill(t, apis[0], id) })
+	n := drainN(t)
+	runtimes := []string{"runc"}
+	if _, err := exec.LookPath("runsc"); err == nil {
+		runtimes = append(runtimes, "gvisor")
+	} else {
+		t.Logf("runsc not found: the drain moves runc sandboxes only")
 	}
-	id, token := ids[0], tokens[0]
-	want := map[string]string{ids[1]: "running", ids[2]: "running", ids[3]: "paused", ids[4]: "paused"}
-	for _, other := range ids[3:] {
-		if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+other+"/pause", nil, nil); r.StatusCode/100 != 2 {
-			t.Fatalf("pause %s: %s %s", other, r.Status, r.Body)
+	var sbs []*drained
+	began := time.Now()
+	for i, rt := range runtimes {
+		count := n / len(runtimes)
+		if i == 0 {
+			count += n % len(runtimes)
+		}
+		ids, tokens := onNodeN(t, c, apis[0], n1, cluster.Template, `,"runtime":"`+rt+`"`, count)
+		for j, id := range ids {
+			t.Cleanup(func() { kill(t, apis[0], id) })
+			sbs = append(sbs, &drained{id: id, token: tokens[j], runtime: rt, state: "running"})
 		}
 	}
+	for i, d := range sbs {
+		if i%3 == 2 {
+			d.state = "paused"
+		}
+	}
+	t.Logf("%d sandboxes on %s in %s", len(sbs), n1.ID, time.Since(began).Round(time.Millisecond))
 	ctx := context.Background()
 	t.Cleanup(func() {
 		if _, err := c.AdminOf(t).SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: n1.ID, Schedulable: true}); err != nil {
 			t.Errorf("uncordon %s: %v", n1.ID, err)
 		}
 	})
-	const note = "written before the drain"
-	if _, err := sh(ctx, envdClient(c, c.Proxies[0], id, token), "echo '"+note+"' > $HOME/note && sync"); err != nil {
-		t.Fatalf("write the file through %s: %v", c.Proxies[0].Host.Name, err)
+	note := func(d *drained) string { return "written before the drain in " + d.id }
+	// probe says whether d's process runs: its whole command line must be
+	// the sleep's (the probe's own processes, which may reuse the PID
+	// after a cold start, differ).
+	probe := func(pc processconnect.ProcessClient, d *drained) (string, error) {
+		out, err := sh(ctx, pc, `case "$(cat /proc/`+d.pid+`/cmdline 2>/dev/null | tr '\0' ' ')" in "sleep 864""00 ") echo alive;; *) echo gone;; esac`)
+		return strings.TrimSpace(out), err
+	}
+	for _, d := range sbs {
+		out, err := sh(ctx, envdClient(c, c.Proxies[0], d.id, d.token),
+			"echo '"+note(d)+"' > $HOME/note && sync && (sleep 86400 >/dev/null 2>&1 & echo $!)")
+		if err != nil {
+			t.Fatalf("%s sandbox %s: write the file and start a process through %s: %v", d.runtime, d.id, c.Proxies[0].Host.Name, err)
+		}
+		d.pid = strings.TrimSpace(out)
+		if alive, err := probe(envdClient(c, c.Proxies[0], d.id, d.token), d); err != nil || alive != "alive" {
+			t.Fatalf("%s sandbox %s: the probe does not see process %s before the drain: %q %v", d.runtime, d.id, d.pid, alive, err)
+		}
+		if d.state == "paused" {
+			if r := apis[0].Do(t, http.MethodPost, "/sandboxes/"+d.id+"/pause", nil, nil); r.StatusCode/100 != 2 {
+				t.Fatalf("pause %s: %s %s", d.id, r.Status, r.Body)
+			}
+		}
 	}
 
-	// A client reading the file through the route all along.
-	var ok, failed atomic.Int64
-	var mu sync.Mutex
-	var gap time.Duration
-	var lastErr string
+	// A client per running sandbox reads its file through the route all
+	// along.
 	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		pc := envdClient(c, c.Proxies[0], id, token)
-		last := time.Now()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			out, err := sh(rctx, pc, "cat $HOME/note")
-			cancel()
-			if err == nil && strings.TrimSpace(out) == note {
-				ok.Add(1)
-				mu.Lock()
-				gap = max(gap, time.Since(last))
-				mu.Unlock()
-				last = time.Now()
-				continue
-			}
-			failed.Add(1)
-			mu.Lock()
-			if err != nil {
-				lastErr = err.Error()
-			} else {
-				lastErr = "read " + out
-			}
-			mu.Unlock()
+	var clients sync.WaitGroup
+	for _, d := range sbs {
+		if d.state != "running" {
+			continue
 		}
-	}()
-	time.Sleep(500 * time.Millisecond)
+		clients.Add(1)
+		go func() {
+			defer clients.Done()
+			pc := envdClient(c, c.Proxies[0], d.id, d.token)
+			last := time.Now()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(250 * time.Millisecond):
+				}
+				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				out, err := sh(rctx, pc, "cat $HOME/note")
+				cancel()
+				d.mu.Lock()
+				if err == nil && strings.TrimSpace(out) == note(d) {
+					d.ok.Add(1)
+					d.gap = max(d.gap, time.Since(last))
+					last = time.Now()
+				} else {
+					d.failed.Add(1)
+					if err != nil {
+						d.lastErr = err.Error()
+					} else {
+						d.lastErr = "read " + out
+					}
+				}
+				d.mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(time.Second)
 
 	var out bytes.Buffer
 	root := cli.NewRoot(&out)
-	root.SetArgs([]string{"--master", c.Masters[0].Socket, "node", "drain", n1.ID})
-	began := time.Now()
+	args := []string{"--master", c.Masters[0].Socket, "node", "drain", n1.ID}
+	if p := os.Getenv("CUBE_CLUSTER_DRAIN_PARALLEL"); p != "" {
+		args = append(args, "--parallel", p)
+	}
+	root.SetArgs(args)
+	began = time.Now()
 	err := root.Execute()
 	took := time.Since(began)
-	time.Sleep(time.Second) // the client reads from the new node a few times
+	time.Sleep(time.Second) // the clients read from the new nodes a few times
 	close(stop)
-	<-done
-	t.Logf("cubecli node drain %s (%s):\n%s", n1.ID, took.Round(time.Millisecond), out.String())
+	clients.Wait()
+	t.Logf("cubecli node drain %s of %d sandboxes (%d runc, %d gVisor; %d paused): %s:\n%s", n1.ID, len(sbs),
+		countOf(sbs, func(d *drained) bool { return d.runtime == "runc" }), countOf(sbs, func(d *drained) bool { return d.runtime == "gvisor" }),
+		countOf(sbs, func(d *drained) bool { return d.state == "paused" }), took.Round(time.Millisecond), out.String())
 	if err != nil {
-		t.Fatalf("cubecli node drain: %v", err)
+		// The clients' view and every sandbox's fate are still worth
+		// reporting: the checks below name the ones left.
+		t.Errorf("cubecli node drain: %v", err)
 	}
-	mu.Lock()
-	t.Logf("client reading through %s during the drain: %d reads ok, %d failed (last: %s), longest gap between good reads %s",
-		c.Proxies[0].Host.Name, ok.Load(), failed.Load(), lastErr, gap.Round(time.Millisecond))
-	mu.Unlock()
-	if !strings.Contains(out.String(), "moved") || !strings.Contains(out.String(), "drained") {
+	if !strings.Contains(out.String(), "moved") || (err == nil && !strings.Contains(out.String(), "drained")) {
 		t.Errorf("drain output shows no move or no end")
 	}
+	var worst time.Duration
+	for _, d := range sbs {
+		if d.state != "running" {
+			continue
+		}
+		d.mu.Lock()
+		t.Logf("client of %s sandbox %s through %s: %d reads ok, %d failed (last: %s), longest gap between good reads %s",
+			d.runtime, d.id, c.Proxies[0].Host.Name, d.ok.Load(), d.failed.Load(), d.lastErr, d.gap.Round(time.Millisecond))
+		worst = max(worst, d.gap)
+		if d.ok.Load() == 0 {
+			t.Errorf("the client of sandbox %s never read its file during the drain", d.id)
+		}
+		d.mu.Unlock()
+	}
+	t.Logf("longest gap any client saw: %s", worst.Round(time.Millisecond))
 
-	var now *masterpb.Sandbox
+	rows := map[string]*masterpb.Sandbox{}
 	per := map[string]int{}
 	for _, sb := range c.Sandboxes(t) {
+		rows[sb.SandboxId] = sb
 		if sb.NodeId == n1.ID {
 			t.Errorf("catalog: sandbox %s (%s) still on drained node %s", sb.SandboxId, sb.State, n1.ID)
 		}
-		if sb.SandboxId == id {
-			now = sb
+	}
+	for _, d := range sbs {
+		sb := rows[d.id]
+		if sb == nil {
+			t.Errorf("sandbox %s gone after the drain", d.id)
+			continue
 		}
-		if st, ok := want[sb.SandboxId]; ok {
-			per[sb.NodeId]++
-			if sb.State != st {
-				t.Errorf("sandbox %s is %s after the drain, want %s as before", sb.SandboxId, sb.State, st)
-			}
-			delete(want, sb.SandboxId)
+		per[sb.NodeId]++
+		if sb.State != d.state || sb.NodeId == n1.ID {
+			t.Errorf("%s sandbox %s is %s on %s after the drain, want %s on another node", d.runtime, d.id, sb.State, sb.NodeId, d.state)
 		}
 	}
-	if len(want) != 0 {
-		t.Errorf("sandboxes gone after the drain: %v", want)
-	}
-	t.Logf("the other four went to %v", per)
-	// The masters export at pause: the store holds the two paused
-	// sandboxes' exports from their new nodes, nothing of the moves.
-	if ids := storeList(t, c); len(ids) != 2 {
-		t.Errorf("store after the drain: %v, want the two paused sandboxes' exports", ids)
-	}
-	if now == nil || now.State != "running" || now.NodeId == n1.ID {
-		t.Fatalf("after the drain, sandbox %s: %v", id, now)
-	}
+	t.Logf("the sandboxes went to %v", per)
 	if left := n1.SandboxIDs(t); len(left) != 0 {
 		t.Errorf("drained node %s's cubelet holds %v", n1.ID, left)
 	}
-	got, err := sh(ctx, envdClient(c, c.Proxies[1], id, token), "cat $HOME/note")
-	if err != nil || strings.TrimSpace(got) != note {
-		t.Fatalf("the file through %s after the move: %q %v", c.Proxies[1].Host.Name, got, err)
+	// The masters export at pause: the store ends with the paused
+	// sandboxes' exports from their new nodes, nothing of the moves (their
+	// snapshots go once each move answered).
+	paused := countOf(sbs, func(d *drained) bool { return d.state == "paused" })
+	mastertest.WaitFor(t, 30*time.Second, "the store to hold the paused sandboxes' exports only", func() bool { return len(storeList(t, c)) == paused })
+
+	for _, d := range sbs {
+		if d.state == "paused" {
+			began := time.Now()
+			if r := apis[1].Do(t, http.MethodPost, "/sandboxes/"+d.id+"/connect", `{"timeout":600}`, nil); r.StatusCode/100 != 2 {
+				t.Errorf("connect to paused %s sandbox %s after the drain: %s %s", d.runtime, d.id, r.Status, r.Body)
+				continue
+			}
+			t.Logf("paused %s sandbox %s resumed on its new node by an E2B connect in %s", d.runtime, d.id, time.Since(began).Round(time.Millisecond))
+		}
+		pc := envdClient(c, c.Proxies[1], d.id, d.token)
+		got, err := sh(ctx, pc, "cat $HOME/note")
+		if err != nil || strings.TrimSpace(got) != note(d) {
+			t.Errorf("%s sandbox %s: the file through %s after the move: %q %v", d.runtime, d.id, c.Proxies[1].Host.Name, got, err)
+			continue
+		}
+		alive, err := probe(pc, d)
+		switch {
+		case err != nil:
+			t.Errorf("%s sandbox %s: probe process %s: %v", d.runtime, d.id, d.pid, err)
+		case d.runtime == "gvisor" && alive != "alive":
+			t.Errorf("gVisor sandbox %s: process %s started before the move is %s after it: its memory did not move", d.id, d.pid, alive)
+		case d.runtime == "runc" && alive != "gone":
+			t.Errorf("runc sandbox %s: process %s started before the move is %s after it; a runc move carries the disk only", d.id, d.pid, alive)
+		default:
+			t.Logf("%s sandbox %s (%s before the drain) on %s: file read through %s, process %s %s", d.runtime, d.id, d.state, rows[d.id].NodeId, c.Proxies[1].Host.Name, d.pid, alive)
+		}
 	}
-	t.Logf("sandbox %s moved %s -> %s; its file read through %s at the same URL", id, n1.ID, now.NodeId, c.Proxies[1].Host.Name)
-	if ok.Load() == 0 {
-		t.Errorf("the client never read the file during the drain")
+}
+
+func countOf(sbs []*drained, f func(*drained) bool) int {
+	n := 0
+	for _, d := range sbs {
+		if f(d) {
+			n++
+		}
 	}
+	return n
 }
 
 // sdkDrain: the unmodified E2B JS SDK (test/e2e/node/move.test.mjs) makes

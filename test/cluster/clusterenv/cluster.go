@@ -79,6 +79,10 @@ type Options struct {
 	ObjectStore bool
 	// MasterTOML is added to every replica's configuration.
 	MasterTOML string
+	// ReplicaTOML[i] is added to replica i's (m<i+1>) after MasterTOML.
+	ReplicaTOML []string
+	// NodeTOML is added to every node's cubelet configuration.
+	NodeTOML string
 }
 
 // Cluster is a running cluster.
@@ -383,6 +387,14 @@ func (c *Cluster) MasterAddrs() string {
 	return strings.Join(a, ",")
 }
 
+// replicaTOML is Options.ReplicaTOML of replica i ("" when none).
+func (c *Cluster) replicaTOML(i int) string {
+	if i < len(c.opts.ReplicaTOML) {
+		return "\n" + c.opts.ReplicaTOML[i]
+	}
+	return ""
+}
+
 func (c *Cluster) startMaster(t testing.TB, i int) {
 	t.Helper()
 	name := fmt.Sprintf("m%d", i+1)
@@ -433,7 +445,7 @@ store_dir = %[14]q
 locality = 0.0
 %[15]s
 `, h.IP, E2BPort, f.Cert, f.Key, f.CA, NodeAPI, m.Socket, c.AdminToken, Domain, c.DB.DSN, name,
-		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"), c.opts.MasterTOML)
+		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"), c.opts.MasterTOML+c.replicaTOML(i))
 	m.Config = filepath.Join(m.Dir, "cubemaster.toml")
 	if err := os.WriteFile(m.Config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -629,9 +641,10 @@ template_headroom_mib = %d
 [gc]
 interval = "200ms"
 max_backoff = "2s"
+%s
 %s`, n.ID, ec.Node.DataDir, ec.Node.RunDir, ec.Node.CgroupParent, ec.API.Socket, h.IP, CubeletAPI, h.IP, DataPort,
 		f.Cert, f.Key, f.CA, c.MasterAddrs(), h.IP, CubeletAPI, n.agentSock,
-		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB, c.storeTOML())
+		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB, c.storeTOML(), c.opts.NodeTOML)
 	n.cubeletCf = filepath.Join(env.Dir, "cubelet.toml")
 	if err := os.WriteFile(n.cubeletCf, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
