@@ -91,6 +91,10 @@ func (s *Service) Drain(ctx context.Context, nodeID string, o DrainOptions, prog
 		if o.Wait && sb.State != catalog.StatePaused {
 			continue
 		}
+		if err := s.pinnedByVolumes(ctx, sb); err != nil {
+			refused = append(refused, err)
+			continue
+		}
 		if cands, rejs := s.moveTargets(nodeID, sb); len(cands) == 0 {
 			refused = append(refused, noTarget(sb, rejs))
 		}

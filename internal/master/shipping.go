@@ -179,6 +179,9 @@ func (s *Service) moveElsewhere(ctx context.Context, sb *catalog.Sandbox, endAt 
 	if err := s.waitLeft(ctx, sb.ID); err != nil {
 		return nil, err
 	}
+	if err := s.pinnedByVolumes(ctx, sb); err != nil {
+		return nil, err
+	}
 	if sb.State == catalog.StatePaused && sb.PauseSnapshot != "" {
 		up, err := s.moveExported(ctx, sb, endAt)
 		if err == nil {

@@ -282,3 +282,22 @@ func checkVolumePath(p string) error {
 	}
 	return nil
 }
+
+// pinnedByVolumes refuses to move sb to another node while it holds
+// volumes: a volume is an image on its node's pool that nothing copies,
+// so the sandbox would come back without it (and the volume stay held).
+func (s *Service) pinnedByVolumes(ctx context.Context, sb *catalog.Sandbox) error {
+	vs, err := s.cat.SandboxVolumes(ctx, sb.Team, sb.ID)
+	if err != nil {
+		return err
+	}
+	if len(vs) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(vs))
+	for _, v := range vs {
+		names = append(names, v.Name)
+	}
+	return fmt.Errorf("sandbox %s mounts volumes %s, which live on node %s only (volumes are node-local): it cannot move; kill it, or wait for it to end: %w",
+		sb.ID, strings.Join(names, ", "), sb.NodeID, errdefs.ErrFailedPrecondition)
+}

@@ -101,6 +101,29 @@ func TestVolumesNodeLocal(t *testing.T) {
 		kill(sb)
 	}
 
+	// A sandbox holding a volume cannot move (the volume stays on its
+	// node): a drain of that node is refused, nothing changed; the
+	// control is the same drain once the sandbox is gone.
+	held, err := create(mount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = svc.Drain(ctx, home, master.DrainOptions{}, nil)
+	t.Logf("drain of the node of a sandbox holding a volume: %v", err)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "node-local") || !strings.Contains(err.Error(), held.ID) {
+		t.Fatalf("drain with a volume holder: %v, want FailedPrecondition naming %s and the volume", err, held.ID)
+	}
+	if got, _ := svc.Get(ctx, held.ID); got == nil || got.NodeID != home || got.State != catalog.StateRunning {
+		t.Fatalf("after the refused drain the holder is %+v, want running on %s", got, home)
+	}
+	kill(held)
+	if err := svc.Drain(ctx, home, master.DrainOptions{}, nil); err != nil {
+		t.Fatalf("control: the drain once the holder is gone: %v", err)
+	}
+	if _, err := m.Admin.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: home, Schedulable: true}); err != nil {
+		t.Fatal(err)
+	}
+
 	// A delete in progress holds the volume: a create meanwhile is
 	// refused instead of claiming it and mounting an image the delete is
 	// removing. The mark is what DeleteVolume writes, set here through a
