@@ -58,6 +58,10 @@ const ramPage = 4096
 type templateCache struct {
 	mu      sync.Mutex
 	entries map[string]*templateEntry // by RAM file path
+	// loading holds a channel per path whose copy is in progress, closed
+	// when it ends: a template's first copy (seconds for a large guest)
+	// holds up the restores of that template only, not of every other.
+	loading map[string]chan struct{}
 }
 
 type templateEntry struct {
@@ -86,16 +90,35 @@ func (c *templateCache) get(path string, size int64) (*os.File, error) {
 		return nil, fmt.Errorf("%s: no stat: %w", path, errdefs.ErrInternal)
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sweepLocked()
-	if e, ok := c.entries[path]; ok {
-		if e.dev == st.Dev && e.ino == st.Ino && e.size == fi.Size() && e.mtime == fi.ModTime().UnixNano() {
-			return dupFile(e.mem)
+	for {
+		c.sweepLocked()
+		if e, ok := c.entries[path]; ok {
+			if e.dev == st.Dev && e.ino == st.Ino && e.size == fi.Size() && e.mtime == fi.ModTime().UnixNano() {
+				defer c.mu.Unlock()
+				return dupFile(e.mem)
+			}
+			e.mem.Close()
+			delete(c.entries, path)
 		}
-		e.mem.Close()
-		delete(c.entries, path)
+		ch, busy := c.loading[path]
+		if !busy {
+			break
+		}
+		c.mu.Unlock()
+		<-ch // another restore is copying it: use its copy
+		c.mu.Lock()
 	}
+	ch := make(chan struct{})
+	if c.loading == nil {
+		c.loading = map[string]chan struct{}{}
+	}
+	c.loading[path] = ch
+	c.mu.Unlock()
 	mem, err := sealedCopy(path, size)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.loading, path)
+	close(ch)
 	if err != nil {
 		return nil, err
 	}

@@ -447,3 +447,44 @@ func TestJailProcTemplate(t *testing.T) {
 		t.Errorf("a plain VM's jail has a /proc: %q", out)
 	}
 }
+
+// TestTemplateCacheConcurrent: restores of one template at once share one
+// sealed copy (the first makes it, the others wait for it), and a second
+// template gets its own.
+func TestTemplateCacheConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	const size = 4 << 20
+	paths := []string{filepath.Join(dir, "a-"+RAMFile), filepath.Join(dir, "b-"+RAMFile)}
+	for i, p := range paths {
+		b := make([]byte, size)
+		copy(b[4096:], fmt.Sprintf("template %d", i))
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var c templateCache
+	var wg sync.WaitGroup
+	errs := make([]error, 16)
+	for i := range errs {
+		wg.Go(func() {
+			f, err := c.get(paths[i%2], size)
+			if err == nil {
+				buf := make([]byte, 10)
+				if _, err = f.ReadAt(buf, 4096); err == nil && string(buf) != fmt.Sprintf("template %d", i%2) {
+					err = fmt.Errorf("restore %d read %q from its template's copy", i, buf)
+				}
+				f.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("restore %d: %v", i, err)
+		}
+	}
+	if n := c.len(); n != 2 {
+		t.Fatalf("%d cached copies after restores of 2 templates, want 2", n)
+	}
+}
