@@ -94,8 +94,9 @@ func (c *templateCache) get(path string, size int64) (*os.File, error) {
 		c.sweepLocked()
 		if e, ok := c.entries[path]; ok {
 			if e.dev == st.Dev && e.ino == st.Ino && e.size == fi.Size() && e.mtime == fi.ModTime().UnixNano() {
-				defer c.mu.Unlock()
-				return dupFile(e.mem)
+				f, err := dupFile(e.mem)
+				c.mu.Unlock()
+				return f, err
 			}
 			e.mem.Close()
 			delete(c.entries, path)
