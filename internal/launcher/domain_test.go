@@ -61,7 +61,7 @@ func TestDomainModeConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(filepath.Join(cfg.pkiDir(), pki.CACertFile))
+	caPEM, err := os.ReadFile(cfg.routeCACert())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +75,34 @@ func TestDomainModeConfig(t *testing.T) {
 	// The control: the same certificate and CA for a name outside the domain.
 	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "api.evil.test", Roots: roots}); err == nil {
 		t.Error("verified for api.evil.test")
+	}
+	// The route CA signs for its domain only: a certificate it issues for
+	// another site does not verify with it (its name constraints), while
+	// one for a name under the domain does (the control). And the cluster
+	// CA, which signs the components' identities, is not what clients
+	// are told to trust.
+	rca, err := pki.LoadOrCreateRouteCA(cfg.routeCADir(), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"www.bank.test": false, "x.cube.localhost": true} {
+		f, err := rca.Issue(t.TempDir(), "site", name, pki.RoleRoute, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kp, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, _ := x509.ParseCertificate(kp.Certificate[0])
+		_, err = c.Verify(x509.VerifyOptions{DNSName: name, Roots: roots})
+		t.Logf("route CA's certificate for %s: %v", name, err)
+		if (err == nil) != want {
+			t.Errorf("a route CA certificate for %s verifies: %v, want %v", name, err == nil, want)
+		}
+	}
+	if cluster, err := os.ReadFile(filepath.Join(cfg.pkiDir(), pki.CACertFile)); err == nil && string(cluster) == string(caPEM) {
+		t.Error("clients are told to trust the cluster CA")
 	}
 	if err := pki.CheckPeer(leaf, "", pki.RoleMaster, pki.RoleNode, pki.RoleProxy, pki.RoleAdmin); err == nil {
 		t.Error("the route's certificate passes as a cluster component")

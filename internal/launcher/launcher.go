@@ -45,7 +45,6 @@ import (
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/cubeletclient"
-	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/testimage"
 )
 
@@ -492,12 +491,12 @@ func (cfg *Config) environment(key string) []Var {
 		// https://<port>-<id>.<domain>; a URL variable would take over.
 		env := []Var{{"E2B_DOMAIN", cfg.domain()}, {"E2B_API_KEY", key}}
 		if cfg.TLSCert == "" {
-			// The certificate is the cluster CA's: Node adds
+			// The certificate is the route CA's: Node adds
 			// NODE_EXTRA_CA_CERTS to its roots; Python (httpx, requests)
 			// and OpenSSL replace theirs with SSL_CERT_FILE /
 			// REQUESTS_CA_BUNDLE, hence a bundle of the system's roots
-			// and the cluster CA.
-			env = append(env, Var{"NODE_EXTRA_CA_CERTS", filepath.Join(cfg.pkiDir(), pki.CACertFile)},
+			// and the route CA.
+			env = append(env, Var{"NODE_EXTRA_CA_CERTS", cfg.routeCACert()},
 				Var{"SSL_CERT_FILE", cfg.caBundle()}, Var{"REQUESTS_CA_BUNDLE", cfg.caBundle()})
 		}
 		return env

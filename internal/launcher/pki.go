@@ -86,11 +86,27 @@ var systemRoots = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/c
 
 func (cfg *Config) caBundle() string { return filepath.Join(cfg.pkiDir(), "ca-bundle.pem") }
 
+// routeCADir holds the route CA of domain mode, one per domain (its
+// name constraints name the domain).
+func (cfg *Config) routeCADir() string {
+	host := cfg.domain()
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return filepath.Join(cfg.pkiDir(), "route-ca", host)
+}
+
+// routeCACert is the route CA's certificate: what clients trust.
+func (cfg *Config) routeCACert() string { return filepath.Join(cfg.routeCADir(), pki.CACertFile) }
+
 // routeCertificate returns the route's certificate in domain mode: the
-// operator's files, else one issued from the cluster CA for <domain>,
-// *.<domain> and loopback (role route, server use only in practice: no
-// listener accepts the role as a caller), with the trust bundle clients
-// point SSL_CERT_FILE at: the system's roots and the cluster CA.
+// operator's files, else one issued for <domain>, *.<domain> and loopback
+// (role route, server authentication only) from a route CA of its own —
+// not the cluster CA, which signs the components' mTLS identities: the
+// route CA is name-constrained to the domain and loopback, so a shell
+// that trusts it to reach the route trusts nothing else. With it comes
+// the trust bundle clients point SSL_CERT_FILE at: the system's roots and
+// the route CA.
 func (cfg *Config) routeCertificate() (serve.TLSFiles, error) {
 	if cfg.TLSCert != "" || cfg.TLSKey != "" {
 		if cfg.TLSCert == "" || cfg.TLSKey == "" {
@@ -98,15 +114,15 @@ func (cfg *Config) routeCertificate() (serve.TLSFiles, error) {
 		}
 		return serve.TLSFiles{Cert: cfg.TLSCert, Key: cfg.TLSKey}, nil
 	}
-	ca, err := pki.LoadOrCreateCA(cfg.pkiDir(), "cube up cluster CA")
-	if err != nil {
-		return serve.TLSFiles{}, fmt.Errorf("cluster CA: %w", err)
-	}
 	host := cfg.domain()
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	f, err := ca.Issue(cfg.pkiDir(), "route", host, pki.RoleRoute, append([]string{host, "*." + host}, loopbackHosts...)...)
+	ca, err := pki.LoadOrCreateRouteCA(cfg.routeCADir(), "cube up route CA for "+host, host)
+	if err != nil {
+		return serve.TLSFiles{}, fmt.Errorf("route CA: %w", err)
+	}
+	f, err := ca.Issue(cfg.routeCADir(), "route", host, pki.RoleRoute, append([]string{host, "*." + host}, loopbackHosts...)...)
 	if err != nil {
 		return serve.TLSFiles{}, fmt.Errorf("domain mode certificate: %w", err)
 	}

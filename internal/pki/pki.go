@@ -60,7 +60,31 @@ type CA struct {
 }
 
 // NewCA makes a self-signed CA named name.
-func NewCA(name string) (*CA, error) {
+func NewCA(name string) (*CA, error) { return newCA(name, nil) }
+
+// NewRouteCA makes a self-signed CA for a route's certificates only: name
+// constrained to domain (and its subdomains), localhost and loopback
+// addresses, for
+// server authentication only. Clients that trust it to reach the route
+// (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS) trust nothing else it could sign,
+// and it signs no cluster identity.
+func NewRouteCA(name, domain string) (*CA, error) {
+	if domain == "" {
+		return nil, fmt.Errorf("route CA without a domain: %w", errdefs.ErrInvalidArgument)
+	}
+	return newCA(name, func(t *x509.Certificate) {
+		t.PermittedDNSDomainsCritical = true
+		// localhost: names that resolve to loopback only (RFC 6761).
+		t.PermittedDNSDomains = []string{domain, "localhost"}
+		t.PermittedIPRanges = []*net.IPNet{
+			{IP: net.IPv4(127, 0, 0, 0).To4(), Mask: net.CIDRMask(8, 32)},
+			{IP: net.IPv6loopback, Mask: net.CIDRMask(128, 128)},
+		}
+		t.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	})
+}
+
+func newCA(name string, shape func(*x509.Certificate)) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -75,6 +99,9 @@ func NewCA(name string) (*CA, error) {
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 		MaxPathLenZero:        true,
+	}
+	if shape != nil {
+		shape(tmpl)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -91,6 +118,15 @@ func NewCA(name string) (*CA, error) {
 // name first when neither file exists. dir is created mode 0700 and the
 // key written 0600: whoever reads it can mint any component's identity.
 func LoadOrCreateCA(dir, name string) (*CA, error) {
+	return loadOrCreate(dir, func() (*CA, error) { return NewCA(name) })
+}
+
+// LoadOrCreateRouteCA is LoadOrCreateCA for NewRouteCA(name, domain).
+func LoadOrCreateRouteCA(dir, name, domain string) (*CA, error) {
+	return loadOrCreate(dir, func() (*CA, error) { return NewRouteCA(name, domain) })
+}
+
+func loadOrCreate(dir string, mk func() (*CA, error)) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
 	certPEM, cerr := os.ReadFile(certPath)
 	keyPEM, kerr := os.ReadFile(keyPath)
@@ -107,7 +143,7 @@ func LoadOrCreateCA(dir, name string) (*CA, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	ca, err := NewCA(name)
+	ca, err := mk()
 	if err != nil {
 		return nil, err
 	}
@@ -139,6 +175,10 @@ func (ca *CA) Sign(pub crypto.PublicKey, name string, role Role, hosts ...string
 		NotAfter:     now.Add(CertValidity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if role == RoleRoute {
+		// A route serves; it is nobody's client.
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
