@@ -28,7 +28,7 @@ const make = async (opts) => {
 }
 
 // The names resolve (the harness's test resolver), the certificate is
-// verified: with the cluster CA (NODE_EXTRA_CA_CERTS) the handshake is
+// verified: with the route CA (NODE_EXTRA_CA_CERTS) the handshake is
 // authorized; the control, the same handshake against the public roots
 // alone, is refused, so trust comes from the CA and nothing else.
 const handshake = (servername, ca) => new Promise((resolve) => {
