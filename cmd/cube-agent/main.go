@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/cubesandbox/cube/internal/agent"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
@@ -107,6 +108,13 @@ func main() {
 		os.Unsetenv(agentproto.DropSysAdminEnv)
 	}
 
+	workdir := os.Getenv(agentproto.WorkdirEnv)
+	os.Unsetenv(agentproto.WorkdirEnv)
+	if workdir != "" && !filepath.IsAbs(workdir) {
+		log.Warn("ignoring a relative template working directory", "workdir", workdir)
+		workdir = ""
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The Reaper is the only waiter in this process: the processes the
@@ -123,7 +131,7 @@ func main() {
 	}
 	reaper := initproc.NewReaper(log)
 	srv := agent.New(agent.Config{
-		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, Version: version,
+		Addr: *addr, Logger: log, Starter: reaper, DefaultUser: *user, DefaultWorkdir: workdir, Version: version,
 		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening, TokenHash: verifier, Logs: logs,
 	})
 

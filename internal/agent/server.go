@@ -99,6 +99,9 @@ type Config struct {
 	// DefaultUser acts for requests that name none, until /init sets
 	// another; "user" (E2B's) when empty, root when the sandbox lacks it.
 	DefaultUser string
+	// DefaultWorkdir is where commands and relative paths start until
+	// /init sets another; the user's home when empty.
+	DefaultWorkdir string
 	// FreezePath is the mount /_cube/fsfreeze freezes; "/" when empty.
 	FreezePath string
 	// SetClock sets the real-time clock; clock_settime when nil.
@@ -163,7 +166,7 @@ func New(cfg Config) *Server {
 		cfg:     cfg,
 		log:     log,
 		users:   cfg.Users,
-		state:   &state{user: cfg.DefaultUser, env: maps.Clone(cfg.Env)},
+		state:   &state{user: cfg.DefaultUser, workdir: cfg.DefaultWorkdir, env: maps.Clone(cfg.Env)},
 		freezer: &fsfreeze.Freezer{Path: cfg.FreezePath, Log: log},
 		sampler: &sysinfo.Sampler{},
 		life:    newLifecycle(),

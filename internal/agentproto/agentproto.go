@@ -168,6 +168,12 @@ func DecodeCA(s string) ([]byte, error) { return base64.RawStdEncoding.DecodeStr
 // the gVisor spec grants PID 1 the capability for the hostname only.
 const DropSysAdminEnv = "CUBE_AGENT_DROP_SYS_ADMIN"
 
+// WorkdirEnv gives the agent the template's working directory (its
+// image's WORKDIR, a template build's setWorkdir): where commands and
+// relative paths start until /init names another, as in E2B. The agent
+// removes it from its environment before anything starts.
+const WorkdirEnv = "CUBE_AGENT_WORKDIR"
+
 // DetachConsoleEnv, set to 1 in PID 1's environment, makes cube-agent
 // point its stdout and stderr at /dev/null once it listens. gVisor's
 // sentry lets root in the sandbox open a non-dumpable process's

@@ -155,7 +155,7 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	}
 	t := &sandbox.Template{
 		ID: id, Digest: meta.Digest, Source: img.Source, ImagePath: out, SizeBytes: meta.SizeBytes,
-		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir,
+		Entrypoint: meta.Entrypoint, Cmd: meta.Cmd, Env: meta.Env, WorkingDir: meta.WorkingDir, DefaultWorkdir: meta.DefaultWorkdir,
 		User: meta.User, CreatedAt: time.Now().UTC(), AgentDigest: agentDigest, Runtime: req.Runtime,
 		StartCmd: meta.StartCmd, ReadyCmd: meta.ReadyCmd,
 	}

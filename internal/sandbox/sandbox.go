@@ -168,9 +168,12 @@ type Template struct {
 	// in every sandbox booted from this template; ReadyCmd exits 0 once it
 	// serves, and the create waits for that. From the image's labels
 	// (template.LabelStartCmd, LabelReadyCmd).
-	StartCmd  string    `json:"start_cmd,omitempty"`
-	ReadyCmd  string    `json:"ready_cmd,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// DefaultWorkdir is where commands start (template.LabelWorkdir);
+	// the user's home when empty.
+	DefaultWorkdir string    `json:"default_workdir,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
 	// AgentDigest is the sha256 of the cube-agent injected into the
 	// image: a later import of the same Digest reuses this image only
 	// while the node's agent is the same.

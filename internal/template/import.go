@@ -72,6 +72,8 @@ type Meta struct {
 	// LabelReadyCmd: a service the template runs in every sandbox it
 	// starts, and the shell command that exits 0 once it serves.
 	StartCmd, ReadyCmd string
+	// DefaultWorkdir comes from the image label LabelWorkdir.
+	DefaultWorkdir string
 }
 
 // Image labels a template's service is declared by (E2B's start and
@@ -80,6 +82,10 @@ type Meta struct {
 const (
 	LabelStartCmd = "dev.cube.start-cmd"
 	LabelReadyCmd = "dev.cube.ready-cmd"
+	// LabelWorkdir is where commands start in a sandbox of the template
+	// (E2B's template workdir: a template build's setWorkdir). Without it
+	// they start in the user's home, whatever the image's WORKDIR.
+	LabelWorkdir = "dev.cube.workdir"
 )
 
 // Progress reports where an import is. Phases are resolve, extract,
@@ -204,14 +210,15 @@ func Resolve(ctx context.Context, req ImportRequest) (_ *Resolved, err error) {
 		}
 	}
 	r.Meta = Meta{
-		Digest:     digest.String(),
-		Entrypoint: cf.Config.Entrypoint,
-		Cmd:        cf.Config.Cmd,
-		Env:        cf.Config.Env,
-		WorkingDir: cf.Config.WorkingDir,
-		User:       cf.Config.User,
-		StartCmd:   cf.Config.Labels[LabelStartCmd],
-		ReadyCmd:   cf.Config.Labels[LabelReadyCmd],
+		Digest:         digest.String(),
+		Entrypoint:     cf.Config.Entrypoint,
+		Cmd:            cf.Config.Cmd,
+		Env:            cf.Config.Env,
+		WorkingDir:     cf.Config.WorkingDir,
+		User:           cf.Config.User,
+		StartCmd:       cf.Config.Labels[LabelStartCmd],
+		ReadyCmd:       cf.Config.Labels[LabelReadyCmd],
+		DefaultWorkdir: cf.Config.Labels[LabelWorkdir],
 	}
 	return r, nil
 }

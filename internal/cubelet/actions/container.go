@@ -66,6 +66,11 @@ func specOf(rec *sandbox.Record, c *sandbox.Container, tmpl *sandbox.Template) r
 		env = append(env, k+"="+v)
 	}
 	env = append(env, agentproto.EnvSandboxID+"="+rec.ID, agentproto.EnvTemplateID+"="+rec.TemplateID)
+	if wd := tmpl.DefaultWorkdir; wd != "" {
+		// Commands start in the template's workdir (a template build's
+		// setWorkdir), as in E2B.
+		env = append(env, agentproto.WorkdirEnv+"="+wd)
+	}
 	var rootfs, disk string
 	if rec.Mount != nil {
 		rootfs = rec.Mount.Target

@@ -47,6 +47,7 @@ var _ Backend = (*master.Service)(nil)
 const (
 	LabelStartCmd = "dev.cube.start-cmd"
 	LabelReadyCmd = "dev.cube.ready-cmd"
+	LabelWorkdir  = "dev.cube.workdir"
 )
 
 // Options configure the engine.
@@ -916,6 +917,7 @@ func (e *Engine) compose(ctx context.Context, b *Build, spec Spec, bs base, keys
 		k, _, _ := strings.Cut(kv, "=")
 		cf.Config.Env = append(removeEnv(cf.Config.Env, k), kv)
 	}
+	delete(cf.Config.Labels, LabelWorkdir)
 	if st.Workdir != "" {
 		cf.Config.WorkingDir = st.Workdir
 	}
@@ -932,6 +934,10 @@ func (e *Engine) compose(ctx context.Context, b *Build, spec Spec, bs base, keys
 	}
 	if spec.ReadyCmd != "" {
 		cf.Config.Labels[LabelReadyCmd] = spec.ReadyCmd
+	}
+	if st.Workdir != "" {
+		// Commands in its sandboxes start here (E2B's template workdir).
+		cf.Config.Labels[LabelWorkdir] = st.Workdir
 	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err

@@ -71,10 +71,11 @@ test('a sandbox from the built template runs what the steps installed', { timeou
     // before the create returned).
     const got = await sbx.commands.run('curl -s http://127.0.0.1:8080/greeting.txt')
     assert.equal(got.stdout, 'hello from the template\n')
-    // setWorkdir made the directory the later steps ran in; commands in
-    // the sandbox start in the user's home (docs/templates.md).
-    const ls = await sbx.commands.run('ls -ld /srv/site && cat /srv/site/greeting.txt')
-    assert.match(ls.stdout, /hello from the template/)
+    // setWorkdir made the directory the later steps ran in, and the
+    // sandbox's commands start there (E2B's template workdir), as root too.
+    const ls = await sbx.commands.run('pwd && cat greeting.txt')
+    assert.equal(ls.stdout, '/srv/site\nhello from the template\n')
+    assert.equal((await sbx.commands.run('pwd', { user: 'root' })).stdout, '/srv/site\n')
     const url = `http://${sbx.getHost(8080)}/greeting.txt`
     console.log(`  served at ${url}`)
   } finally {
