@@ -228,7 +228,7 @@ func TestE2BAPI(t *testing.T) {
 			t.Fatalf("route to a paused sandbox: %v", err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusConflict {
+		if resp.StatusCode != http.StatusBadGateway { // what the SDKs read as not running
 			t.Fatalf("route to a paused sandbox: %v", resp)
 		}
 		var sb sandboxResp
