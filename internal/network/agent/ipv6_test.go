@@ -96,6 +96,10 @@ func TestNoIPv6(t *testing.T) {
 		// The slot's ip6 table is gone (above): the slot namespace itself
 		// sends, as a compromised slot would, to the host end of its link.
 		host := linkLocal(t, "", hostLink)
+		// The slot's own end needs its link-local address up too, or the
+		// send fails before any table sees it ("cannot assign requested
+		// address"): under load it comes a moment after the host's.
+		linkLocal(t, sb.SlotNetNS, slot.Uplink)
 		if from, err := ping6(sb.SlotNetNS, slot.Uplink, host, blockedWait); !errors.Is(err, errNoAnswer) {
 			t.Fatalf("slot → host %s over IPv6: want a dropped echo, got answer %v, error %v", host, from, err)
 		}
