@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
@@ -430,6 +431,25 @@ func TestReplicas(t *testing.T) {
 			}
 			if r := cb.Do(t, "DELETE", "/sandboxes/"+id, nil, nil); r.StatusCode != http.StatusNoContent {
 				t.Errorf("kill %s: %d", id, r.StatusCode)
+			}
+		}
+		// A create in flight on a when it died can have finished on the
+		// node without an answer (b adopts or destroys it at the node's
+		// next reconcile, which this test does not wait for): what the
+		// node still holds and b does not know goes now, through b if it
+		// adopted it meanwhile, else on the node.
+		held, err := n.Client.ListSandboxes(ctx, &cubeletpb.ListSandboxesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range held.Sandboxes {
+			if st := state(t, cb, sb.Id); st != "" {
+				cb.Do(t, "DELETE", "/sandboxes/"+sb.Id, nil, nil)
+				continue
+			}
+			t.Logf("sandbox %s on the node, unknown to b (a create a died in): deleted on the node", sb.Id)
+			if _, err := n.Client.DeleteSandbox(ctx, &cubeletpb.DeleteSandboxRequest{RequestId: sb.Id, SandboxId: sb.Id}); err != nil {
+				t.Errorf("delete %s on the node: %v", sb.Id, err)
 			}
 		}
 	})
