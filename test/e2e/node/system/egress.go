@@ -127,7 +127,9 @@ func startEgressWorld(bin, stateDir string) (w *egressWorld, err error) {
 		panic(progFatal(fmt.Sprintf("build egressprobe: %v\n%s", err, out)))
 	}
 	w.dns = dnsAddr.String()
-	w.network = fmt.Sprintf("[egress]\nupstream_ca = %q\n[api]\nhttp = %q\n", ca.File, w.AgentHTTP)
+	// network-agent's health listener is w.AgentHTTP (networkTOML's
+	// [api] http): the spec asks it and kills the agent by it.
+	w.network = fmt.Sprintf("[egress]\nupstream_ca = %q\n", ca.File)
 	return w, nil
 }
 

@@ -208,7 +208,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 		if templateBuilds {
 			dns = ""
 		}
-		cfg.ExtraNetworkTOML = networkTOML(prefix, dns)
+		cfg.ExtraNetworkTOML = networkTOML(prefix, dns, "")
 		scope.NetPrefix, scope.NetnsDir = prefix, filepath.Join(cfg.RunDir, "network", "netns")
 		scope.RunscRoot, scope.VMRoot = filepath.Join(cfg.RunDir, "runsc"), filepath.Join(cfg.RunDir, "vm")
 	}
@@ -240,7 +240,7 @@ func run(command []string, verbose bool, log *slog.Logger) int {
 				fmt.Fprintln(os.Stdout, "system: egress world:", err)
 			}
 		}()
-		cfg.ExtraNetworkTOML = networkTOML(scope.NetPrefix, world.dns) + world.network
+		cfg.ExtraNetworkTOML = networkTOML(scope.NetPrefix, world.dns, world.AgentHTTP) + world.network
 	}
 	if codeInterpreter {
 		res, err := buildCodeInterpreter(ctx, log)

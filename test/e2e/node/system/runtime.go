@@ -46,7 +46,7 @@ func runtimeTOML() (node, tables string, err error) {
 // and a random /24 in 10.192.0.0/10 (as the harness and the package
 // tests pick theirs), so that it meets no other node on this host; the
 // agent refuses an overlap. dns is the forwarder's upstream.
-func networkTOML(prefix, dns string) string {
+func networkTOML(prefix, dns, health string) string {
 	v, _ := rand.Int(rand.Reader, big.NewInt(1<<14))
 	a := uint32(10)<<24 | uint32(192)<<16 | uint32(v.Int64()<<8)
 	cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), 24)
@@ -58,9 +58,11 @@ func networkTOML(prefix, dns string) string {
 	// host (a cube up, another run) may hold the default one. dns "": the
 	// host's resolvers (/etc/resolv.conf; template builds resolve the
 	// package mirrors with them, and their allow list admits only those).
-	health, err := freeAddr()
-	if err != nil {
-		health = "127.0.0.1:0"
+	if health == "" {
+		var err error
+		if health, err = freeAddr(); err != nil {
+			health = "127.0.0.1:0"
+		}
 	}
 	upstreams := ""
 	if dns != "" {
