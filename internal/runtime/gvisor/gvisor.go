@@ -580,7 +580,7 @@ func runscID(id string) string { return id + "." }
 // id (runsc skips the kill of a zero PID). A missing state file is no
 // error: runsc's delete then has nothing to kill either.
 func (d *Driver) forgetPIDs(id string) error {
-	path := filepath.Join(d.root, runscID(id)+"_sandbox:"+runscID(id)+".state")
+	path := d.statePath(id)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
