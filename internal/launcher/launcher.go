@@ -548,14 +548,11 @@ Operate it with cubecli (node ls, sandbox ls --all-nodes, apikey create NAME, te
 
 // printDomainEnv is PrintEnv in domain mode.
 func printDomainEnv(out io.Writer, env []Var, vals map[string]string, envFile string) {
-	host := vals["E2B_DOMAIN"]
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
+	host := domainHost(vals["E2B_DOMAIN"])
 	fmt.Fprintf(out, `
 cube is up in domain mode: the E2B API at https://api.%[1]s and sandboxes at
 https://<port>-<sandboxID>.%[1]s, on one TLS listener. Point an unmodified E2B
-SDK at it with E2B_DOMAIN alone (and the CA, when the cluster CA issued the
+SDK at it with E2B_DOMAIN alone (and the CA, when the route CA issued the
 certificate):
 
 %[2]s

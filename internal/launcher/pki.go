@@ -86,14 +86,19 @@ var systemRoots = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/c
 
 func (cfg *Config) caBundle() string { return filepath.Join(cfg.pkiDir(), "ca-bundle.pem") }
 
+// domainHost is the domain without its port (cube.localhost:8081 ->
+// cube.localhost): what certificates name.
+func domainHost(domain string) string {
+	if h, _, err := net.SplitHostPort(domain); err == nil {
+		return h
+	}
+	return domain
+}
+
 // routeCADir holds the route CA of domain mode, one per domain (its
 // name constraints name the domain).
 func (cfg *Config) routeCADir() string {
-	host := cfg.domain()
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	return filepath.Join(cfg.pkiDir(), "route-ca", host)
+	return filepath.Join(cfg.pkiDir(), "route-ca", domainHost(cfg.domain()))
 }
 
 // routeCACert is the route CA's certificate: what clients trust.
@@ -114,10 +119,7 @@ func (cfg *Config) routeCertificate() (serve.TLSFiles, error) {
 		}
 		return serve.TLSFiles{Cert: cfg.TLSCert, Key: cfg.TLSKey}, nil
 	}
-	host := cfg.domain()
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
+	host := domainHost(cfg.domain())
 	ca, err := pki.LoadOrCreateRouteCA(cfg.routeCADir(), "cube up route CA for "+host, host)
 	if err != nil {
 		return serve.TLSFiles{}, fmt.Errorf("route CA: %w", err)
