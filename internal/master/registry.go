@@ -60,6 +60,19 @@ type nodeState struct {
 	templatesAt time.Time
 }
 
+// newerTemplates returns r, or a copy of it with the templates of n's
+// report when r was generated before the master's own listing of the
+// node's templates (after an import or delete): r's set is older. Reports
+// are shared read-only. Caller holds mu.
+func (n *nodeState) newerTemplates(r *masterpb.NodeReport) *masterpb.NodeReport {
+	if n.report == nil || r.GeneratedAt == nil || !r.GeneratedAt.AsTime().Before(n.templatesAt) {
+		return r
+	}
+	r = proto.Clone(r).(*masterpb.NodeReport)
+	r.Templates = n.report.Templates
+	return r
+}
+
 type reservation struct {
 	cpu, mem int64
 	template string
@@ -226,12 +239,8 @@ func (s *Service) secondRegistrant(r *masterpb.NodeReport) error {
 
 func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.Time, registered bool) error {
 	s.reg.mu.Lock()
-	if ns := s.reg.nodes[r.NodeId]; ns != nil && !registered && r.GeneratedAt != nil && r.GeneratedAt.AsTime().Before(ns.templatesAt) {
-		// The report was generated before the master's own listing of
-		// the node's templates (after an import or delete): its set is
-		// older. Reports are shared read-only.
-		r = proto.Clone(r).(*masterpb.NodeReport)
-		r.Templates = ns.report.Templates
+	if ns := s.reg.nodes[r.NodeId]; ns != nil && !registered {
+		r = ns.newerTemplates(r)
 	}
 	s.reg.mu.Unlock()
 	raw, err := protojson.Marshal(r)
@@ -323,47 +332,54 @@ func (s *Service) refreshNodes(ctx context.Context) {
 			}
 			continue
 		}
-		now := time.Now()
-		var registered []string
-		s.reg.mu.Lock()
-		for _, n := range nodes {
-			ns := s.reg.nodes[n.ID]
-			if ns != nil {
-				ns.schedulable = n.Schedulable
-			}
-			if ns != nil && !n.LastHeartbeat.After(ns.lastSeen) {
-				continue
-			}
-			var rep masterpb.NodeReport
-			if err := protojson.Unmarshal(n.Report, &rep); err != nil {
-				continue
-			}
-			if ns == nil {
-				ns = &nodeState{registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
-			}
-			if err := ns.setAddress(n.ID, n.Address, s.reg.tls); err != nil {
-				s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
-				continue
-			}
-			if n.RegisteredAt.After(ns.registered) || s.reg.nodes[n.ID] == nil {
-				registered = append(registered, n.ID)
-				ns.registered = n.RegisteredAt
-			}
-			ns.report, ns.lastSeen = &rep, n.LastHeartbeat
-			gen := rep.GetGeneratedAt().AsTime()
-			for id, p := range ns.pending {
-				if !p.created.IsZero() && (rep.GeneratedAt == nil || !gen.Before(p.created)) {
-					delete(ns.pending, id)
-				}
-			}
-			s.reg.nodes[n.ID] = ns
-			s.noteHealth(n.ID, ns, now)
-		}
-		s.reg.mu.Unlock()
-		for _, id := range registered {
+		for _, id := range s.followNodeRows(nodes, time.Now()) {
 			s.reconcileRegistered(id)
 		}
 	}
+}
+
+// followNodeRows brings the registry up to the catalog's node rows (other
+// replicas record the heartbeats of the nodes registered with them). It
+// returns the nodes that registered since the last look.
+func (s *Service) followNodeRows(nodes []*catalog.Node, now time.Time) (registered []string) {
+	s.reg.mu.Lock()
+	for _, n := range nodes {
+		ns := s.reg.nodes[n.ID]
+		if ns != nil {
+			ns.schedulable = n.Schedulable
+		}
+		if ns != nil && !n.LastHeartbeat.After(ns.lastSeen) {
+			continue
+		}
+		var rep masterpb.NodeReport
+		if err := protojson.Unmarshal(n.Report, &rep); err != nil {
+			continue
+		}
+		if ns == nil {
+			ns = &nodeState{registered: n.RegisteredAt, schedulable: n.Schedulable, pending: map[string]reservation{}}
+		}
+		if err := ns.setAddress(n.ID, n.Address, s.reg.tls); err != nil {
+			s.log.Warn("node address unusable", "node_id", n.ID, "err", err)
+			continue
+		}
+		if n.RegisteredAt.After(ns.registered) || s.reg.nodes[n.ID] == nil {
+			registered = append(registered, n.ID)
+			ns.registered = n.RegisteredAt
+		}
+		// Another replica may have recorded a heartbeat generated
+		// before this one's own listing after an import or delete.
+		ns.report, ns.lastSeen = ns.newerTemplates(&rep), n.LastHeartbeat
+		gen := rep.GetGeneratedAt().AsTime()
+		for id, p := range ns.pending {
+			if !p.created.IsZero() && (rep.GeneratedAt == nil || !gen.Before(p.created)) {
+				delete(ns.pending, id)
+			}
+		}
+		s.reg.nodes[n.ID] = ns
+		s.noteHealth(n.ID, ns, now)
+	}
+	s.reg.mu.Unlock()
+	return registered
 }
 
 // refreshInterval is how often a replica re-reads the node rows: a
