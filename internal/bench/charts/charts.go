@@ -324,7 +324,7 @@ func cdf(rep *report.Report, i int) (*plot.Plot, string, bool, error) {
 			return nil, "", false, err
 		}
 	}
-	caption := fmt.Sprintf("`%s` (solid)", r.Scenario)
+	caption := fmt.Sprintf("%#q (solid)", r.Scenario)
 	if len(baseNames) > 0 {
 		caption += " against " + strings.Join(quote(baseNames), ", ")
 	} else {
