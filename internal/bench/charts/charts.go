@@ -28,6 +28,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/cubesandbox/cube/internal/bench/report"
 )
@@ -202,12 +203,12 @@ func Prefix(path string) string {
 }
 
 func render(p *plot.Plot) ([]byte, error) {
-	w, err := p.WriterTo(width, height, "svg")
-	if err != nil {
-		return nil, err
-	}
+	c := vgsvg.New(width, height)
+	// gonum/plot draws to the canvas' edge; the margin keeps the last
+	// tick label and the legend's lines from being cut off.
+	p.Draw(draw.Crop(draw.New(c), vg.Points(4), -vg.Points(14), vg.Points(2), -vg.Points(4)))
 	var b bytes.Buffer
-	if _, err := w.WriteTo(&b); err != nil {
+	if _, err := c.WriteTo(&b); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -527,6 +528,12 @@ func density(name string, g []report.DensityPoint) (*plot.Plot, *plot.Plot, erro
 	c := mk("cubelet RSS", "MiB")
 	if err := addLinePoints(c, 0, "cubelet RSS", cub); err != nil {
 		return nil, nil, err
+	}
+	// Headroom above the highest point holds the legend.
+	for _, p := range []*plot.Plot{mem, c} {
+		if p.Y.Max > 0 {
+			p.Y.Max *= 1.3
+		}
 	}
 	return mem, c, nil
 }

@@ -222,7 +222,11 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	fmt.Fprintf(&b, "- **Date**: %s (took %s)\n", rep.Started.Format(time.RFC3339), rep.Finished.Sub(rep.Started).Round(time.Second))
 	fmt.Fprintf(&b, "- **Machine**: %d CPUs (%s), %s memory, kernel %s, %s, cgroups %s, KVM %v\n",
 		m.CPUs, m.CPUModel, m.MemoryBytes.MiB(), m.Kernel, m.OS, m.Cgroups, m.KVM)
-	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s; runtime: %s\n", m.Runc, orNone(m.Podman), m.Go, m.Storage, m.Runtime)
+	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s", m.Runc, orNone(m.Podman), m.Go, m.Storage)
+	if m.Runtime != "" { // reports from before it was recorded
+		fmt.Fprintf(&b, "; runtime: %s", m.Runtime)
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "- **Load average** (shared machine): %s at start, %s at end\n\n", m.LoadStart, m.LoadEnd)
 	b.WriteString("## Targets\n\n")
 	table(targetRows(rep))
