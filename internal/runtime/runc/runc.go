@@ -117,7 +117,7 @@ func (d *Driver) Name() string { return "runc" }
 // Capabilities implements runtime.Driver. Checkpoint and restore need CRIU,
 // which cannot run on the kernels this project targets.
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true}
+	return runtime.Capabilities{Pause: true, PauseFreezes: true}
 }
 
 // Start implements runtime.Driver. On any failure it removes what runc
