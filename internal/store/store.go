@@ -5,7 +5,9 @@
 // Writes go through bolt's Batch so concurrent creates coalesce their
 // fsyncs instead of queueing one per write. Every write is one bolt
 // transaction: on a full filesystem it fails whole (errdefs.ErrNoSpace,
-// naming the filesystem) and the previous version stays.
+// naming the filesystem) and the previous version stays. The exception is
+// PutSandboxLazy (lazy.go): a background writer commits those records after
+// the call returns, for state changes the runtime can tell again.
 //
 // Open quarantines records that no longer decode (quarantine.go), so one
 // damaged record costs that record, not the daemon.
