@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/lifecycle"
@@ -148,4 +151,44 @@ func TestPauseResumeAnsweredBeforeRecord(t *testing.T) {
 	}
 	d.kill()
 	env.AssertNoLeaks(t)
+}
+
+// TestResumeInitKilledWhileFrozen: a runc resume does not ask the agent
+// again after the thaw (the thawed agent is the init that answered before
+// the pause), so what it must still catch is an init that died while
+// frozen: the resume fails, or the sandbox is Failed moments later (the
+// runtime watch), never left Running. The control resumes the same way
+// without the kill: Running, and the agent answers at once.
+func TestResumeInitKilledWhileFrozen(t *testing.T) {
+	env := cubelettest.New(t, "")
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	ctx := context.Background()
+
+	ctl := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "frozen-ctl", Runtime: "runc"})
+	cleanupDelete(t, svc, ctl.ID)
+	if _, err := svc.Pause(ctx, ctl.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Resume(ctx, ctl.ID); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := agentclient.WaitAgent(wctx, ctl.Container.PID); err != nil {
+		t.Fatalf("control: agent after resume: %v", err)
+	}
+	stays(t, svc, ctl.ID, lifecycle.Running, 500*time.Millisecond)
+
+	sb := mustCreate(t, svc, cubelet.CreateRequest{SandboxID: "frozen-kill", Runtime: "runc"})
+	cleanupDelete(t, svc, sb.ID)
+	if _, err := svc.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(sb.Container.PID, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, rerr := svc.Resume(ctx, sb.ID)
+	r := waitFailed(t, svc, sb.ID, 5*time.Second)
+	t.Logf("resume after the init was killed while frozen: %v; then %s (%s)", rerr, r.State, r.Error)
 }
