@@ -88,18 +88,12 @@ func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error)
 	if t := s.routes.get(id); t != nil {
 		return t, nil
 	}
-	sb, err := s.cat.GetSandbox(ctx, id)
+	// Moving to another node (paused for it, or still being paused for
+	// a drain): routeRead waits for the move rather than send a new
+	// connection to the copy about to be frozen and destroyed.
+	sb, err := s.routeRead(ctx, id, s.cat.GetSandbox)
 	if err != nil {
 		return nil, err
-	}
-	if _, moving := s.moving.Load(id); moving {
-		// Moving to another node (paused for it, or still being paused
-		// for a drain): wait for the move, which holds the sandbox's
-		// lock, rather than send a new connection to the copy about to
-		// be frozen and destroyed.
-		if sb, err = s.afterMove(ctx, id); err != nil {
-			return nil, err
-		}
 	}
 	switch sb.State {
 	case catalog.StateRunning:
