@@ -83,7 +83,19 @@ const (
 	maxNegative = 10000
 )
 
-var _ proxy.Resolver = (*Routes)(nil)
+var (
+	_ proxy.Resolver  = (*Routes)(nil)
+	_ proxy.Forgetter = (*Routes)(nil)
+)
+
+// Forget implements proxy.Forgetter: a request to id failed on its way,
+// and the route asks the master afresh (the sandbox may have moved
+// before the master's change reached this replica).
+func (r *Routes) Forget(id string) {
+	if id != "" {
+		r.invalidate(id)
+	}
+}
 
 // NewRoutes returns a Routes; Watch must run for it to cache.
 func NewRoutes(client masterpb.RouteServiceClient, ttl time.Duration, m *Metrics, log *slog.Logger) *Routes {

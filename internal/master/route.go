@@ -78,7 +78,18 @@ func (c *routeCache) dropLocal(id string) {
 	c.hub.publish(id)
 }
 
-var _ proxy.Resolver = (*Service)(nil)
+var (
+	_ proxy.Resolver  = (*Service)(nil)
+	_ proxy.Forgetter = (*Service)(nil)
+)
+
+// Forget implements proxy.Forgetter: this replica's route cache drops
+// id (only here: the change, if any, is another's to publish).
+func (s *Service) Forget(id string) {
+	s.routes.mu.Lock()
+	delete(s.routes.m, id)
+	s.routes.mu.Unlock()
+}
 
 // Resolve implements proxy.Resolver: where a running sandbox can be
 // reached. One that is not running (paused, failed) is Unavailable: the

@@ -125,7 +125,22 @@ type Config struct {
 	// Domain is the suffix of <port>-<sandboxID>.<domain> hosts.
 	Domain string
 	Log    *slog.Logger
+	// NoRetry turns off the one retry of a failed request on the
+	// sandbox's new location (retryTransport): its failure is answered
+	// 502 at once, as a route without moves would.
+	NoRetry bool
 }
+
+// Forgetter is a Resolver that caches: Forget drops what it holds for a
+// sandbox, so that the next Resolve asks afresh. A request that failed
+// on its way to a sandbox forgets its route before resolving it again.
+type Forgetter interface {
+	Forget(sandboxID string)
+}
+
+// RetryAfter is the Retry-After (seconds) of a 503 answered for a sandbox
+// that is moving to another node and was not there in time.
+const RetryAfter = "2"
 
 // Handler is the route, an http.Handler.
 type Handler struct {
@@ -239,8 +254,9 @@ func WithAdmitted(ctx context.Context, fn func(*Target)) context.Context {
 // routed is what ServeHTTP learned about a request, handed to the
 // transport's dialer through the request context.
 type routed struct {
-	target *Target
-	port   int
+	target    *Target
+	port      int
+	presented Presented
 }
 
 // New returns a Handler.
@@ -253,14 +269,17 @@ func New(cfg Config) *Handler {
 	}
 	h := &Handler{cfg: cfg, log: cfg.Log}
 	dial := func(ctx context.Context, _, addr string) (net.Conn, error) {
-		// The URL host is "<sandboxID>:<port>", so pooled connections are
-		// never shared between sandboxes or ports. The target resolved for
-		// the request rides in its context; a dial without it (which the
-		// transport does not do today) resolves again.
-		id, portStr, err := net.SplitHostPort(addr)
+		// The URL host is "<sandboxID>.<location>:<port>" (upstreamHost),
+		// so pooled connections are never shared between sandboxes, ports,
+		// or places a sandbox has been: after a move, a connection to
+		// where it was is never reused for where it is. The target
+		// resolved for the request rides in its context; a dial without
+		// it (which the transport does not do today) resolves again.
+		host, portStr, err := net.SplitHostPort(addr)
 		if err != nil {
 			return nil, err
 		}
+		id, _, _ := strings.Cut(host, ".")
 		port, _ := strconv.Atoi(portStr)
 		if r, ok := ctx.Value(ctxKey{}).(routed); ok && r.target.SandboxID == id && r.port == port {
 			return cfg.Dialer.DialSandbox(ctx, r.target, port)
@@ -278,9 +297,13 @@ func New(cfg Config) *Handler {
 	h.h2 = &http.Transport{Proxy: nil, DialContext: dial, IdleConnTimeout: 90 * time.Second}
 	h.h2.Protocols = new(http.Protocols)
 	h.h2.Protocols.SetUnencryptedHTTP2(true)
+	var tr http.RoundTripper = transportFor{h1: h.h1, h2: h.h2}
+	if !cfg.NoRetry {
+		tr = retryTransport{h: h, next: tr}
+	}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:       rewrite,
-		Transport:     transportFor{h1: h.h1, h2: h.h2},
+		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler:  h.proxyError,
 		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
@@ -301,7 +324,7 @@ func (t transportFor) RoundTrip(r *http.Request) (*http.Response, error) {
 func rewrite(pr *httputil.ProxyRequest) {
 	r := pr.In.Context().Value(ctxKey{}).(routed)
 	pr.Out.URL.Scheme = "http"
-	pr.Out.URL.Host = net.JoinHostPort(r.target.SandboxID, strconv.Itoa(r.port))
+	pr.Out.URL.Host = upstreamHost(r.target, r.port)
 	// The service in the sandbox sees the host the client used.
 	pr.Out.Host = pr.In.Host
 	pr.Out.Header.Del(HeaderTrafficToken)
@@ -394,9 +417,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentproto.InternalPrefix, errdefs.ErrNotFound))
 		return
 	}
-	t, err := h.cfg.Resolver.Resolve(context.WithValue(r.Context(), presentedKey{}, Presented{
-		Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken),
-	}), id)
+	presented := Presented{Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken)}
+	t, err := h.cfg.Resolver.Resolve(context.WithValue(r.Context(), presentedKey{}, presented), id)
 	if err != nil {
 		if fn, ok := r.Context().Value(unresolvedKey{}).(func(error)); ok {
 			fn(err)
@@ -425,15 +447,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NewResponseController(w).EnableFullDuplex() == nil
 	ctx, untrack := h.track(r.Context(), id)
 	defer untrack()
-	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port})
-	h.rp.ServeHTTP(w, r.WithContext(ctx))
+	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port, presented: presented})
+	body := r.Body
+	out := r.WithContext(ctx)
+	if body != nil && body != http.NoBody {
+		// Whether any of the body was taken decides whether a failed
+		// request may be sent again (retryTransport).
+		out.Body = &watchedBody{rc: body}
+	}
+	h.rp.ServeHTTP(w, out)
 	if duplex {
 		// The answer is complete; read what is left of the body (as the
 		// server would, up to the same bound) before returning. Left to
 		// the server, its end-of-body background read can start after the
 		// server stopped waiting for one, and the server then panics
 		// reading the next request ("invalid concurrent Body.Read call").
-		_, _ = io.CopyN(io.Discard, r.Body, maxDrain)
+		_, _ = io.CopyN(io.Discard, body, maxDrain)
 	}
 }
 
@@ -457,6 +486,14 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		// The client went away; nobody reads the answer.
 		return
 	}
+	var re *reresolveError
+	if errors.As(err, &re) {
+		// The retry's resolve failed (the sandbox gone, or still moving):
+		// answered as any routing failure.
+		h.log.Debug("proxy: resolve for a retry failed", "sandbox_id", id, "err", re.err)
+		writeError(w, id, re.err)
+		return
+	}
 	h.log.Debug("proxy upstream error", "sandbox_id", id, "err", err)
 	// Whatever failed between us and the sandbox (refused, reset, gone),
 	// the client sees 502, which the E2B SDKs read as "the sandbox is gone
@@ -475,6 +512,11 @@ func writeError(w http.ResponseWriter, id string, err error) {
 		code = http.StatusBadRequest
 	case errdefs.IsFailedPrecondition(err):
 		code = http.StatusConflict
+	case errdefs.IsAborted(err):
+		// The sandbox is moving to another node and was not there within
+		// the master's bound: try again shortly.
+		code = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", RetryAfter)
 	case errdefs.IsNotFound(err), errdefs.IsUnavailable(err):
 		// E2B answers 502 for a sandbox that is not there, and the SDKs
 		// map 502 to "sandbox not found or timed out".
