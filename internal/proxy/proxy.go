@@ -257,6 +257,7 @@ type routed struct {
 	target    *Target
 	port      int
 	presented Presented
+	body      *watchedBody // the request's body; nil without one
 }
 
 // New returns a Handler.
@@ -447,13 +448,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NewResponseController(w).EnableFullDuplex() == nil
 	ctx, untrack := h.track(r.Context(), id)
 	defer untrack()
-	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port, presented: presented})
 	body := r.Body
-	out := r.WithContext(ctx)
+	var watched *watchedBody
 	if body != nil && body != http.NoBody {
 		// Whether any of the body was taken decides whether a failed
 		// request may be sent again (retryTransport).
-		out.Body = &watchedBody{rc: body}
+		watched = &watchedBody{rc: body}
+	}
+	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port, presented: presented, body: watched})
+	out := r.WithContext(ctx)
+	if watched != nil {
+		out.Body = watched
 	}
 	h.rp.ServeHTTP(w, out)
 	if duplex {

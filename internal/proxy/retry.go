@@ -49,7 +49,7 @@ func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !ok {
 		return nil, err
 	}
-	body, ok := replay(r)
+	body, ok := replay(r, rt.body)
 	if !ok {
 		return nil, err
 	}
@@ -90,10 +90,11 @@ func (e *reresolveError) Unwrap() error { return e.err }
 
 // replay returns the body to send r again with, and whether r may be
 // sent again at all: a safe method without a body, or a body nobody took
-// a byte of nor is reading (the outgoing request shares the incoming
-// body, a watchedBody). The failed attempt's hold on the body ends here:
-// its reads fail from now on, so the two attempts never share a byte.
-func replay(r *http.Request) (io.ReadCloser, bool) {
+// a byte of nor is reading (body, the incoming request's, which the
+// outgoing one reads through ReverseProxy's wrapper). The failed
+// attempt's hold on the body ends here: its reads fail from now on, so
+// the two attempts never share a byte.
+func replay(r *http.Request, body *watchedBody) (io.ReadCloser, bool) {
 	if r.Body == nil || r.Body == http.NoBody {
 		switch r.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions:
@@ -101,11 +102,10 @@ func replay(r *http.Request) (io.ReadCloser, bool) {
 		}
 		return nil, false
 	}
-	w, ok := r.Body.(*watchedBody)
-	if !ok {
+	if body == nil {
 		return nil, false
 	}
-	return w.handOver()
+	return body.handOver()
 }
 
 // watchedBody is a request body that records whether any of it was read,
