@@ -59,6 +59,10 @@ type Config struct {
 	// Settings names Listen, MetricsListen and TLS in errors (cubeproxy's
 	// flags when empty): a listener beyond loopback without TLS is refused.
 	Settings Settings
+	// NoRetry answers 502 at once for a request that failed on its way
+	// to a sandbox that moved, instead of sending it again where the
+	// sandbox is now (proxy.Config.NoRetry).
+	NoRetry bool
 }
 
 // Settings are the names of a Config's fields where they are configured.
@@ -129,7 +133,7 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 		}
 		cfg.Dialer = d
 	}
-	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
+	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log, NoRetry: cfg.NoRetry})
 	// A sandbox destroyed while requests to it are under way: they end
 	// now with 502 instead of waiting on connections a vanished network
 	// stack never closes.

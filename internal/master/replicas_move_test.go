@@ -188,22 +188,29 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 
 	t.Run("route through b during a's drain", func(t *testing.T) {
 		id, home := create(t, map[string]any{"templateID": "busybox", "timeout": 300, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
-		pconn, err := cubeproxy.DialMaster("unix://"+b.Socket, "", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pconn.Close() })
-		px, err := cubeproxy.Start(ctx, cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: "px-b"}, masterpb.NewRouteServiceClient(pconn), mastertest.Log(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := px.Stop(); err != nil {
-				t.Error(err)
+		startProxy := func(name string, noRetry bool) *cubeproxy.Server {
+			pconn, err := cubeproxy.DialMaster("unix://"+b.Socket, "", nil)
+			if err != nil {
+				t.Fatal(err)
 			}
-		})
+			t.Cleanup(func() { pconn.Close() })
+			px, err := cubeproxy.Start(ctx, cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: name, NoRetry: noRetry},
+				masterpb.NewRouteServiceClient(pconn), mastertest.Log(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := px.Stop(); err != nil {
+					t.Error(err)
+				}
+			})
+			return px
+		}
+		// The proxy under test, and the control: the same proxy without
+		// the retry, under the same traffic through the same move.
+		px, bare := startProxy("px-b", false), startProxy("px-b-noretry", true)
 		hc := &http.Client{Timeout: 90 * time.Second}
-		read := func() (int, string) {
+		readVia := func(px *cubeproxy.Server) (int, string) {
 			req, _ := http.NewRequest("GET", "http://"+px.Addr+"/health", nil)
 			req.Header.Set(proxy.HeaderSandboxID, id)
 			req.Header.Set(proxy.HeaderSandboxPort, strconv.Itoa(agentproto.Port))
@@ -215,6 +222,7 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 			body, _ := io.ReadAll(resp.Body)
 			return resp.StatusCode, strings.TrimSpace(string(body))
 		}
+		read := func() (int, string) { return readVia(px) }
 		mastertest.WaitFor(t, 10*time.Second, "envd through the proxy on b", func() bool { c, _ := read(); return c/100 == 2 })
 
 		type tally struct {
@@ -224,7 +232,7 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 			bad   []string
 			gap   time.Duration
 		}
-		traffic := func(stop <-chan struct{}) *tally {
+		traffic := func(px *cubeproxy.Server, stop <-chan struct{}) *tally {
 			tl := &tally{codes: map[int]int{}}
 			for range 4 {
 				tl.wg.Add(1)
@@ -237,7 +245,7 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 						default:
 						}
 						began := time.Now()
-						code, body := read()
+						code, body := readVia(px)
 						took := time.Since(began)
 						tl.mu.Lock()
 						tl.codes[code]++
@@ -251,26 +259,29 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 			}
 			return tl
 		}
-		check := func(what string, tl *tally) {
+		check := func(what string, tl *tally) int {
 			t.Helper()
 			tl.wg.Wait() // every client stopped
 			tl.mu.Lock()
 			defer tl.mu.Unlock()
 			t.Logf("%s: answers %v, longest %s", what, tl.codes, tl.gap.Round(time.Millisecond))
-			if len(tl.bad) > 0 {
-				t.Errorf("%s: %d reads failed: %v", what, len(tl.bad), tl.bad)
+			for _, b := range tl.bad {
+				t.Logf("  %s: %s", what, b)
 			}
+			return len(tl.bad)
 		}
 
 		// Control: the same reads without a move.
 		stop := make(chan struct{})
-		tl := traffic(stop)
+		tl, tlBare := traffic(px, stop), traffic(bare, stop)
 		time.Sleep(time.Second)
 		close(stop)
-		check("reads through b's proxy, no move", tl)
+		if check("reads through b's proxy, no move", tl)+check("reads through b's proxy without the retry, no move", tlBare) > 0 {
+			t.Fatal("reads failed without a move")
+		}
 
 		stop = make(chan struct{})
-		tl = traffic(stop)
+		tl, tlBare = traffic(px, stop), traffic(bare, stop)
 		time.Sleep(300 * time.Millisecond)
 		began := time.Now()
 		stream, err := a.Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: home.ID})
@@ -291,7 +302,14 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		drained := time.Since(began)
 		time.Sleep(time.Second) // reads go on where it is now
 		close(stop)
-		check(fmt.Sprintf("reads through b's proxy while a drained %s (%s)", home.ID, drained.Round(time.Millisecond)), tl)
+		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s (%s)", home.ID, drained.Round(time.Millisecond)), tl); n > 0 {
+			t.Errorf("%d reads failed through the route during the move", n)
+		}
+		// The control: without the retry, reads in flight when the
+		// sandbox froze fail (502) once its original is destroyed.
+		if n := check("control: the same reads through b's proxy without the retry", tlBare); n == 0 {
+			t.Errorf("control: no read failed without the retry; the probe shows nothing")
+		}
 		row := where(t, id)
 		if row.NodeID == home.ID || row.State != catalog.StateRunning {
 			t.Fatalf("after the drain: %s on %s, want running off %s", row.State, row.NodeID, home.ID)
