@@ -110,7 +110,7 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		return c.Try(req, nil)
 	}
 	moves := func(logs, id string) int {
-		return len(regexp.MustCompile(`sandbox resumed on another node.*sandbox_id=` + id).FindAllString(logs, -1))
+		return len(regexp.MustCompile(`sandbox resumed on another node.*sandbox_id=`+id).FindAllString(logs, -1))
 	}
 
 	t.Run("connect through b during a's move", func(t *testing.T) {

@@ -338,5 +338,3 @@ func TestRequestsAcrossAMove(t *testing.T) {
 		}
 	})
 }
-
-
