@@ -366,6 +366,10 @@ func (s *Service) pauseIdle(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	// Moving (by another replica): not idle, whatever its traffic says.
+	if waited, err := s.awaitMove(ctx, id, 0, errdefs.ErrUnavailable); waited || err != nil {
+		return nil
+	}
 	sb, err := s.Get(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
