@@ -291,7 +291,21 @@ func (r *Routes) Gone(ctx context.Context, id string) bool {
 	return err != nil && errdefs.IsNotFound(fromGRPC(err))
 }
 
-// goneTimeout bounds the check Gone makes.
+// where asks the master where sandbox id is now, resuming nothing: its
+// target, or gone when the master does not know it. Neither (nil, false)
+// when the master answered otherwise (paused, moving past goneTimeout,
+// unreachable).
+func (r *Routes) where(ctx context.Context, id string) (t *proxy.Target, gone bool) {
+	cctx, cancel := context.WithTimeout(ctx, goneTimeout)
+	defer cancel()
+	resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id})
+	if err != nil {
+		return nil, errdefs.IsNotFound(fromGRPC(err))
+	}
+	return r.target(resp), false
+}
+
+// goneTimeout bounds the check Gone and where make.
 const goneTimeout = 5 * time.Second
 
 // fromGRPC classifies a master error for proxy.writeError: a status in

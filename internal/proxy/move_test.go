@@ -158,6 +158,12 @@ func (m *moveResolver) end(to *proxy.Target) {
 
 func routeWith(t *testing.T, cfg proxy.Config) string {
 	t.Helper()
+	addr, _ := routeHandler(t, cfg)
+	return addr
+}
+
+func routeHandler(t *testing.T, cfg proxy.Config) (string, *proxy.Handler) {
+	t.Helper()
 	cfg.Domain = "cube.test"
 	h := proxy.New(cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -168,7 +174,7 @@ func routeWith(t *testing.T, cfg proxy.Config) string {
 	done := make(chan struct{})
 	go func() { _ = h.Serve(ctx, ln); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return ln.Addr().String()
+	return ln.Addr().String(), h
 }
 
 type answer struct {
@@ -337,4 +343,55 @@ func TestRequestsAcrossAMove(t *testing.T) {
 			t.Fatalf("%+v after %d resolves, want 502 after 2", a, res.resolves.Load())
 		}
 	})
+}
+
+// TestMovedEndsAttemptsWhereTheSandboxWas: the original never closes its
+// connections when it goes (a gVisor sandbox's network stack goes with
+// its process), so a request in flight at the freeze would hang. Moved,
+// called with where the sandbox is now, ends the attempts still going to
+// where it was: a GET is then answered by the new node, a POST whose body
+// the original read 502 at once. Moved naming the place the attempts go
+// to ends none. Control: before Moved the GET is still waiting.
+func TestMovedEndsAttemptsWhereTheSandboxWas(t *testing.T) {
+	probe, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := probe.Addr().(*net.TCPAddr).Port
+	probe.Close()
+	oldT := &proxy.Target{SandboxID: "sbmove", NodeID: "n1", HostIP: "127.0.0.2"}
+	newT := &proxy.Target{SandboxID: "sbmove", NodeID: "n2", HostIP: "127.0.0.3"}
+	old := startFrozen(t, net.JoinHostPort("127.0.0.2", strconv.Itoa(port)), true)
+	_, served := startLive(t, net.JoinHostPort("127.0.0.3", strconv.Itoa(port)))
+	res := &moveResolver{cur: oldT}
+	route, h := routeHandler(t, proxy.Config{Resolver: res})
+
+	get, post := sendTo(route, port, http.MethodGet, ""), sendTo(route, port, http.MethodPost, "once")
+	for deadline := time.Now().Add(5 * time.Second); old.requests.Load() < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the requests never reached the frozen original")
+		}
+	}
+	select {
+	case a := <-get:
+		t.Fatalf("control: the GET ended before Moved: %+v", a)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := h.Moved("sbmove", oldT); n != 0 {
+		t.Fatalf("Moved to where the attempts go ended %d", n)
+	}
+	res.begin()
+	res.end(newT)
+	began := time.Now()
+	if n := h.Moved("sbmove", newT); n != 2 {
+		t.Fatalf("Moved ended %d attempts, want 2", n)
+	}
+	ag, ap := wait(t, get), wait(t, post)
+	t.Logf("after Moved (%s): GET %d %q; POST %d %q; the new node served %d", time.Since(began).Round(time.Millisecond), ag.code, ag.body, ap.code, ap.body, served.Load())
+	if ag.code != http.StatusOK || ag.body != "new node: GET /work" {
+		t.Errorf("GET: %+v, want 200 from the new node", ag)
+	}
+	if ap.code != http.StatusBadGateway || !strings.Contains(ap.body, "moved") || served.Load() != 1 {
+		t.Errorf("POST: %+v (new node served %d), want 502 saying it moved, never sent there", ap, served.Load())
+	}
 }

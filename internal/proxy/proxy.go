@@ -154,8 +154,58 @@ type Handler struct {
 }
 
 // inflightReq is one request on its way to a sandbox, to be ended by
-// Abort.
-type inflightReq struct{ cancel context.CancelCauseFunc }
+// Abort, and its current attempt (retryTransport), to be ended by Moved.
+type inflightReq struct {
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	at      *Target                 // where the current attempt goes
+	attempt context.CancelCauseFunc // ends the current attempt only
+}
+
+// setAttempt records the attempt under way.
+func (r *inflightReq) setAttempt(at *Target, cancel context.CancelCauseFunc) {
+	r.mu.Lock()
+	r.at, r.attempt = at, cancel
+	r.mu.Unlock()
+}
+
+// movedTo ends the current attempt when it goes elsewhere than to.
+func (r *inflightReq) movedTo(to *Target) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.attempt == nil || r.at == nil || sameLocation(r.at, to) {
+		return false
+	}
+	r.attempt(errMoved)
+	r.attempt = nil
+	return true
+}
+
+// errMoved ends an attempt to reach a sandbox where it no longer is.
+var errMoved = fmt.Errorf("the sandbox moved to another node: %w", errdefs.ErrUnavailable)
+
+// Moved ends the attempts under way to sandboxID that go elsewhere than
+// to, where the sandbox is now, and returns how many it ended. Each such
+// request is then sent to to when it may be sent again (retryTransport),
+// else answered 502. A sandbox frozen for a move, then destroyed, may
+// never close the connections it had (gVisor's network stack goes with
+// it): without Moved such a request hung until its client gave up.
+func (h *Handler) Moved(sandboxID string, to *Target) int {
+	h.mu.Lock()
+	var reqs []*inflightReq
+	for r := range h.inflight[sandboxID] {
+		reqs = append(reqs, r)
+	}
+	h.mu.Unlock()
+	n := 0
+	for _, r := range reqs {
+		if r.movedTo(to) {
+			n++
+		}
+	}
+	return n
+}
 
 // InFlight reports whether a request to sandboxID is under way.
 func (h *Handler) InFlight(sandboxID string) bool {
@@ -182,8 +232,8 @@ func (h *Handler) Abort(sandboxID string, cause error) int {
 }
 
 // track registers a request to sandboxID and returns its context (ended
-// by Abort) and the function that unregisters it.
-func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context, func()) {
+// by Abort), its entry, and the function that unregisters it.
+func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context, *inflightReq, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	r := &inflightReq{cancel: cancel}
 	h.mu.Lock()
@@ -195,7 +245,7 @@ func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context,
 	}
 	h.inflight[sandboxID][r] = struct{}{}
 	h.mu.Unlock()
-	return ctx, func() {
+	return ctx, r, func() {
 		h.mu.Lock()
 		if m := h.inflight[sandboxID]; m != nil {
 			delete(m, r)
@@ -258,6 +308,7 @@ type routed struct {
 	port      int
 	presented Presented
 	body      *watchedBody // the request's body; nil without one
+	req       *inflightReq
 }
 
 // New returns a Handler.
@@ -446,7 +497,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// upstream connection, killing a stream that had begun.
 	duplex := r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.Header.Get("Upgrade") == "" &&
 		http.NewResponseController(w).EnableFullDuplex() == nil
-	ctx, untrack := h.track(r.Context(), id)
+	ctx, req, untrack := h.track(r.Context(), id)
 	defer untrack()
 	body := r.Body
 	var watched *watchedBody
@@ -455,7 +506,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// request may be sent again (retryTransport).
 		watched = &watchedBody{rc: body}
 	}
-	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port, presented: presented, body: watched})
+	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port, presented: presented, body: watched, req: req})
 	out := r.WithContext(ctx)
 	if watched != nil {
 		out.Body = watched

@@ -27,7 +27,8 @@ import (
 //   - no answer began (a failure after the answer's headers reaches the
 //     client as a cut-off answer, as before);
 //   - its client is still there and it was not aborted (Abort: a sandbox
-//     gone is gone);
+//     gone is gone); an attempt ended by Moved (the sandbox is elsewhere
+//     now) counts as failed;
 //   - the route, asked afresh (the Resolver's cache forgotten, Forgetter),
 //     names another place than the one that failed. While the sandbox
 //     moves the master holds that resolve until the move is done, so
@@ -41,13 +42,13 @@ type retryTransport struct {
 }
 
 func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := t.next.RoundTrip(r)
-	if err == nil || r.Context().Err() != nil {
-		return resp, err
-	}
 	rt, ok := r.Context().Value(ctxKey{}).(routed)
 	if !ok {
-		return nil, err
+		return t.next.RoundTrip(r)
+	}
+	resp, err := t.attempt(r, rt)
+	if err == nil || r.Context().Err() != nil {
+		return resp, err
 	}
 	body, ok := replay(r, rt.body)
 	if !ok {
@@ -75,7 +76,25 @@ func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r2 := r.Clone(context.WithValue(r.Context(), ctxKey{}, routed{target: nt, port: rt.port, presented: rt.presented}))
 	r2.URL.Host = upstreamHost(nt, rt.port)
 	r2.Body = body
-	return t.next.RoundTrip(r2)
+	return t.attempt(r2, routed{target: nt, port: rt.port, presented: rt.presented, req: rt.req})
+}
+
+// attempt sends r to rt.target under a context of its own, which Moved
+// ends (the request's context, which Abort ends, stays): the response
+// body is read under it, so it is never cancelled here.
+func (t retryTransport) attempt(r *http.Request, rt routed) (*http.Response, error) {
+	if rt.req == nil {
+		return t.next.RoundTrip(r)
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	rt.req.setAttempt(rt.target, cancel)
+	resp, err := t.next.RoundTrip(r.WithContext(ctx))
+	if err != nil && errors.Is(context.Cause(ctx), errMoved) && r.Context().Err() == nil {
+		// Ended by Moved, not by the client: say so (a bare
+		// cancellation would be taken for the client leaving).
+		err = errMoved
+	}
+	return resp, err
 }
 
 // reresolveError is a retry's resolve that failed: the client gets what
