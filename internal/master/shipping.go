@@ -2,6 +2,8 @@ package master
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -448,7 +450,15 @@ const (
 	verbMoveWait  = 2 * time.Minute
 )
 
-func moveLeaseName(id string) string { return "move/" + id }
+// moveLeaseName names the lease of a move of sandbox id; a lease name
+// holds 64 characters, so a long ID (up to 63) is named by its digest.
+func moveLeaseName(id string) string {
+	if n := "move/" + id; len(n) <= 64 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "move#" + hex.EncodeToString(sum[:])[:59]
+}
 
 // markMoving records that sandbox id is being moved, until the returned
 // func is called. On a shared catalog it takes the move's lease, waiting
