@@ -342,6 +342,18 @@ func TestRequestsAcrossAMove(t *testing.T) {
 		if a.code != http.StatusBadGateway || res.resolves.Load() != 2 {
 			t.Fatalf("%+v after %d resolves, want 502 after 2", a, res.resolves.Load())
 		}
+		// Polled again at once: its own failure, not asked about again.
+		a = wait(t, sendTo(route, port, http.MethodGet, ""))
+		if a.code != http.StatusBadGateway || res.resolves.Load() != 3 {
+			t.Fatalf("again: %+v after %d resolves, want 502 after 3", a, res.resolves.Load())
+		}
+		// A second later it may have moved: asked again.
+		time.Sleep(1100 * time.Millisecond)
+		a = wait(t, sendTo(route, port, http.MethodGet, ""))
+		t.Logf("polled at once, then a second later: resolves %d", res.resolves.Load())
+		if a.code != http.StatusBadGateway || res.resolves.Load() != 5 {
+			t.Fatalf("a second later: %+v after %d resolves, want 502 after 5", a, res.resolves.Load())
+		}
 	})
 }
 

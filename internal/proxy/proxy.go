@@ -151,6 +151,9 @@ type Handler struct {
 
 	mu       sync.Mutex
 	inflight map[string]map[*inflightReq]struct{} // by sandbox ID
+	// samePlace: sandboxes a failed request's resolve found where they
+	// were, and when (retryTransport).
+	samePlace map[string]time.Time
 }
 
 // inflightReq is one request on its way to a sandbox, to be ended by

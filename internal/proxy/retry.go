@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/cubesandbox/cube/internal/agentproto"
 )
@@ -35,7 +36,10 @@ import (
 //     the retry goes to the new node; past the master's bound the
 //     resolve fails and the client gets 503 with Retry-After.
 //
-// Any other failure is answered 502 as before, after one more resolve.
+// Any other failure is answered 502 as before, after one more resolve;
+// for a second after a resolve found the sandbox where it was, a failed
+// request to it is answered 502 without one (a client polling a port
+// that does not listen yet does not cost the master a resolve each).
 type retryTransport struct {
 	h    *Handler
 	next http.RoundTripper
@@ -55,6 +59,12 @@ func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	id := rt.target.SandboxID
+	if !errors.Is(err, errMoved) && t.h.stillThere(id) {
+		// A resolve a moment ago found it where it was: its own
+		// failure (a port not listening yet, polled), not a move. The
+		// master is not asked again for every such request.
+		return nil, err
+	}
 	if f, ok := t.h.cfg.Resolver.(Forgetter); ok {
 		f.Forget(id)
 	}
@@ -66,6 +76,7 @@ func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, &reresolveError{err: rerr, first: err}
 	}
 	if sameLocation(nt, rt.target) {
+		t.h.notMoved(id)
 		return nil, err // not a move: the sandbox's own failure
 	}
 	if nt.TrafficAccessToken != "" && rt.port != agentproto.Port && !tokenEqual(rt.presented.TrafficToken, nt.TrafficAccessToken) {
@@ -95,6 +106,41 @@ func (t retryTransport) attempt(r *http.Request, rt routed) (*http.Response, err
 		err = errMoved
 	}
 	return resp, err
+}
+
+// samePlaceFor is how long a failed request's resolve that found its
+// sandbox where it was spares the sandbox's next failed requests theirs.
+const samePlaceFor = time.Second
+
+// notMoved records that a failed request's sandbox was found where it was.
+func (h *Handler) notMoved(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	if h.samePlace == nil {
+		h.samePlace = map[string]time.Time{}
+	}
+	if len(h.samePlace) >= 1024 {
+		for k, at := range h.samePlace {
+			if now.Sub(at) >= samePlaceFor {
+				delete(h.samePlace, k)
+			}
+		}
+	}
+	h.samePlace[id] = now
+}
+
+// stillThere reports whether a failed request's resolve found sandbox id
+// where it was within samePlaceFor.
+func (h *Handler) stillThere(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.samePlace[id]
+	if ok && time.Since(at) >= samePlaceFor {
+		delete(h.samePlace, id)
+		return false
+	}
+	return ok
 }
 
 // reresolveError is a retry's resolve that failed: the client gets what
