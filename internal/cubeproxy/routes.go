@@ -281,16 +281,6 @@ func (r *Routes) watchOnce(ctx context.Context) error {
 	}
 }
 
-// Gone reports whether the master no longer knows sandbox id (a resolve
-// that resumes nothing answers NotFound). Any other answer, an error
-// included, is not gone.
-func (r *Routes) Gone(ctx context.Context, id string) bool {
-	cctx, cancel := context.WithTimeout(ctx, goneTimeout)
-	defer cancel()
-	_, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id})
-	return err != nil && errdefs.IsNotFound(fromGRPC(err))
-}
-
 // where asks the master where sandbox id is now, resuming nothing: its
 // target, or gone when the master does not know it. Neither (nil, false)
 // when the master answered otherwise (paused, moving past goneTimeout,
@@ -305,7 +295,7 @@ func (r *Routes) where(ctx context.Context, id string) (t *proxy.Target, gone bo
 	return r.target(resp), false
 }
 
-// goneTimeout bounds the check Gone and where make.
+// goneTimeout bounds the check where makes.
 const goneTimeout = 5 * time.Second
 
 // fromGRPC classifies a master error for proxy.writeError: a status in
