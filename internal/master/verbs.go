@@ -58,6 +58,11 @@ func (s *Service) lockSandbox(ctx context.Context, id string) (*catalog.Sandbox,
 		return nil, nil, err
 	}
 	s.activity.touch(id, time.Now()) // API traffic keeps a sandbox awake
+	// Another replica moving it: wait, then act on where it is now.
+	if _, err := s.awaitMove(ctx, id, verbMoveWait, errdefs.ErrUnavailable); err != nil {
+		unlock()
+		return nil, nil, err
+	}
 	sb, err := s.Get(ctx, id)
 	if err != nil {
 		unlock()
