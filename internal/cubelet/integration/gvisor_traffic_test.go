@@ -50,12 +50,12 @@ func tryShell(ctx context.Context, pc processconnect.ProcessClient, script strin
 // agent in a loop while cubelet takes memory snapshots of it (quiesce,
 // checkpoint, restore in place, wake) again and again. Every snapshot
 // must succeed and the sandbox keep its memory
-// (CUBE_GVISOR_TRAFFIC_ROUNDS snapshots, default 6).
+// (CUBE_GVISOR_TRAFFIC_ROUNDS snapshots, default 4).
 func TestGvisorSnapshotUnderTraffic(t *testing.T) {
 	cubelettest.RequireRoot(t)
 	requireRunsc(t)
 	ctx := context.Background()
-	rounds := 6
+	rounds := 4
 	if v, err := strconv.Atoi(os.Getenv("CUBE_GVISOR_TRAFFIC_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}
