@@ -23,7 +23,7 @@ import (
 // meets it every time.
 func lostReplyRunsc(t *testing.T) string {
 	t.Helper()
-	real, err := exec.LookPath("runsc")
+	runsc, err := exec.LookPath("runsc")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,12 +31,12 @@ func lostReplyRunsc(t *testing.T) string {
 	script := `#!/bin/sh
 for a in "$@"; do
 	if [ "$a" = checkpoint ]; then
-		"` + real + `" "$@" || exit $?
+		"` + runsc + `" "$@" || exit $?
 		echo 'checkpoint failed: checkpointing container "x": urpc method "containerManager.Checkpoint" failed: EOF' >&2
 		exit 128
 	fi
 done
-exec "` + real + `" "$@"
+exec "` + runsc + `" "$@"
 `
 	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
