@@ -329,7 +329,26 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 			return d.classify(ctx, "resume before checkpoint", id, err, "")
 		}
 	}
+	// The save needs memory of its own, charged to the sandbox's cgroup
+	// with the guest's and the sentry's: room above the limit for it
+	// (saveHeadroom), so a sandbox near its limit is not OOM-killed
+	// mid-save.
+	var lower func() error
+	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" {
+		if lower, err = liftMemoryLimit(sp.Linux.CgroupsPath, saveHeadroom); err != nil {
+			d.log.WarnContext(ctx, "could not give the save room above the sandbox's memory limit; checkpointing within it", "id", id, "error", err)
+			lower = nil
+		}
+	}
 	if err := d.runCheckpoint(ctx, id, dir, network, c.Bundle); err != nil {
+		// A checkpoint that failed without stopping the sandbox leaves
+		// it running: its limit goes back. (A stopped one's cgroup holds
+		// nothing any more and goes with it.)
+		if now, serr := d.container(context.WithoutCancel(ctx), id); lower != nil && serr == nil && (now.Status == "running" || now.Status == "paused") {
+			if lerr := lower(); lerr != nil {
+				d.log.WarnContext(ctx, "could not put the memory limit back after a failed checkpoint", "id", id, "error", lerr)
+			}
+		}
 		if paused {
 			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), runscID(id))
 		}
