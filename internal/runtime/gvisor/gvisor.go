@@ -81,6 +81,9 @@ type Driver struct {
 	bin, root, platform string
 	debug, checkpoint   bool
 	log                 *slog.Logger
+	// headroom is how far above its memory limit a sandbox may go while
+	// it is saved or restored (saveHeadroom; tests set 0 for a control).
+	headroom int64
 	// stateFormatOnce: the warning that readState fell back to runsc is
 	// said once per driver.
 	stateFormatOnce sync.Once
@@ -122,7 +125,7 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, log: log.With("runtime", "gvisor")}, nil
+	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, headroom: saveHeadroom, log: log.With("runtime", "gvisor")}, nil
 }
 
 // Name implements runtime.Driver.
@@ -231,7 +234,21 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	// of a checkpoint is read from its last save (runCheckpoint).
 	_ = os.Remove(filepath.Join(bundle, sentryLogName))
 
+	lower := func() error { return nil }
+	if image != "" && spec.Linux != nil && spec.Linux.Resources != nil && spec.Linux.Resources.Memory != nil && d.headroom > 0 {
+		m := spec.Linux.Resources.Memory
+		if lower, err = restoreRoom(spec.Linux.CgroupsPath, m.Limit, m.Swap, d.headroom); err != nil {
+			d.log.WarnContext(ctx, "could not give the restore room above the sandbox's memory limit; restoring within it", "id", id, "error", err)
+		}
+	}
 	err = d.runDetached(ctx, id, bundle, networkFor(spec), logFile, image, console)
+	if err == nil {
+		if lerr := lower(); lerr != nil {
+			// The restored sandbox holds more than its limit: forcing
+			// the limit would have the kernel kill it.
+			d.log.WarnContext(ctx, "restored sandbox holds more memory than its limit; its cgroup keeps the restore's headroom", "id", id, "headroom_bytes", d.headroom, "error", lerr)
+		}
+	}
 	var st runtime.State
 	if err == nil {
 		st, err = d.State(ctx, id)
@@ -334,8 +351,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	// (saveHeadroom), so a sandbox near its limit is not OOM-killed
 	// mid-save.
 	var lower func() error
-	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" {
-		if lower, err = liftMemoryLimit(sp.Linux.CgroupsPath, saveHeadroom); err != nil {
+	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" && d.headroom > 0 {
+		if lower, err = liftMemoryLimit(sp.Linux.CgroupsPath, d.headroom); err != nil {
 			d.log.WarnContext(ctx, "could not give the save room above the sandbox's memory limit; checkpointing within it", "id", id, "error", err)
 			lower = nil
 		}
