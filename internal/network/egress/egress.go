@@ -578,7 +578,7 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 // gets a certificate for name from the egress CA, the upstream gets a TLS
 // connection verified for name, and every request gets the credentials.
 func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, creds []policy.Credential) error {
-	leaf, err := p.cfg.CA.leaf(name)
+	leaf, err := p.cfg.CA.Leaf(name)
 	if err != nil {
 		return err
 	}
