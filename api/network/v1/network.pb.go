@@ -90,7 +90,11 @@ type Policy struct {
 	// Headers the node's egress proxy injects into HTTPS requests to a host
 	// (it terminates TLS for it with the node's egress CA). The sandbox
 	// never sees the values. Needs the agent's egress proxy.
-	Credentials   []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	Credentials []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	// Method and path rules for hosts whose TLS the egress proxy
+	// terminates: a request to a host with rules must match one of its
+	// host's rules or is answered 403. Needs the agent's egress proxy.
+	Requests      []*RequestRule `protobuf:"bytes,7,rep,name=requests,proto3" json:"requests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -167,6 +171,77 @@ func (x *Policy) GetCredentials() []*Credential {
 	return nil
 }
 
+func (x *Policy) GetRequests() []*RequestRule {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// RequestRule lets through requests to host ("api.github.com" or
+// "*.example.com") whose method is one of methods (none: any) and whose
+// path matches one of paths (none: any; "/repos/*" is a prefix, "/user"
+// that path alone).
+type RequestRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Methods       []string               `protobuf:"bytes,2,rep,name=methods,proto3" json:"methods,omitempty"`
+	Paths         []string               `protobuf:"bytes,3,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRule) Reset() {
+	*x = RequestRule{}
+	mi := &file_network_v1_network_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRule) ProtoMessage() {}
+
+func (x *RequestRule) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRule.ProtoReflect.Descriptor instead.
+func (*RequestRule) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RequestRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *RequestRule) GetMethods() []string {
+	if x != nil {
+		return x.Methods
+	}
+	return nil
+}
+
+func (x *RequestRule) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
 // Credential: set header to value on every HTTPS request to host
 // ("api.openai.com" or "*.example.com").
 type Credential struct {
@@ -180,7 +255,7 @@ type Credential struct {
 
 func (x *Credential) Reset() {
 	*x = Credential{}
-	mi := &file_network_v1_network_proto_msgTypes[1]
+	mi := &file_network_v1_network_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +267,7 @@ func (x *Credential) String() string {
 func (*Credential) ProtoMessage() {}
 
 func (x *Credential) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[1]
+	mi := &file_network_v1_network_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +280,7 @@ func (x *Credential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credential.ProtoReflect.Descriptor instead.
 func (*Credential) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{1}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Credential) GetHost() string {
@@ -267,7 +342,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_network_v1_network_proto_msgTypes[2]
+	mi := &file_network_v1_network_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +354,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[2]
+	mi := &file_network_v1_network_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +367,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{2}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Network) GetSandboxId() string {
@@ -412,7 +487,7 @@ type EnsureNetworkRequest struct {
 
 func (x *EnsureNetworkRequest) Reset() {
 	*x = EnsureNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[3]
+	mi := &file_network_v1_network_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +499,7 @@ func (x *EnsureNetworkRequest) String() string {
 func (*EnsureNetworkRequest) ProtoMessage() {}
 
 func (x *EnsureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[3]
+	mi := &file_network_v1_network_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +512,7 @@ func (x *EnsureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*EnsureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{3}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EnsureNetworkRequest) GetSandboxId() string {
@@ -472,7 +547,7 @@ type EnsureNetworkResponse struct {
 
 func (x *EnsureNetworkResponse) Reset() {
 	*x = EnsureNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[4]
+	mi := &file_network_v1_network_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +559,7 @@ func (x *EnsureNetworkResponse) String() string {
 func (*EnsureNetworkResponse) ProtoMessage() {}
 
 func (x *EnsureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[4]
+	mi := &file_network_v1_network_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +572,7 @@ func (x *EnsureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*EnsureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EnsureNetworkResponse) GetNetwork() *Network {
@@ -523,7 +598,7 @@ type ReleaseNetworkRequest struct {
 
 func (x *ReleaseNetworkRequest) Reset() {
 	*x = ReleaseNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[5]
+	mi := &file_network_v1_network_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +610,7 @@ func (x *ReleaseNetworkRequest) String() string {
 func (*ReleaseNetworkRequest) ProtoMessage() {}
 
 func (x *ReleaseNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[5]
+	mi := &file_network_v1_network_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +623,7 @@ func (x *ReleaseNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseNetworkRequest) GetSandboxId() string {
@@ -567,7 +642,7 @@ type ReleaseNetworkResponse struct {
 
 func (x *ReleaseNetworkResponse) Reset() {
 	*x = ReleaseNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[6]
+	mi := &file_network_v1_network_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +654,7 @@ func (x *ReleaseNetworkResponse) String() string {
 func (*ReleaseNetworkResponse) ProtoMessage() {}
 
 func (x *ReleaseNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[6]
+	mi := &file_network_v1_network_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +667,7 @@ func (x *ReleaseNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseNetworkResponse) GetReleased() bool {
@@ -611,7 +686,7 @@ type GetNetworkRequest struct {
 
 func (x *GetNetworkRequest) Reset() {
 	*x = GetNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[7]
+	mi := &file_network_v1_network_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +698,7 @@ func (x *GetNetworkRequest) String() string {
 func (*GetNetworkRequest) ProtoMessage() {}
 
 func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[7]
+	mi := &file_network_v1_network_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +711,7 @@ func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*GetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetNetworkRequest) GetSandboxId() string {
@@ -655,7 +730,7 @@ type GetNetworkResponse struct {
 
 func (x *GetNetworkResponse) Reset() {
 	*x = GetNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +742,7 @@ func (x *GetNetworkResponse) String() string {
 func (*GetNetworkResponse) ProtoMessage() {}
 
 func (x *GetNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +755,7 @@ func (x *GetNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkResponse.ProtoReflect.Descriptor instead.
 func (*GetNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetNetworkResponse) GetNetwork() *Network {
@@ -698,7 +773,7 @@ type ListNetworksRequest struct {
 
 func (x *ListNetworksRequest) Reset() {
 	*x = ListNetworksRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[9]
+	mi := &file_network_v1_network_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +785,7 @@ func (x *ListNetworksRequest) String() string {
 func (*ListNetworksRequest) ProtoMessage() {}
 
 func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[9]
+	mi := &file_network_v1_network_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +798,7 @@ func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksRequest.ProtoReflect.Descriptor instead.
 func (*ListNetworksRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{9}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{10}
 }
 
 type ListNetworksResponse struct {
@@ -735,7 +810,7 @@ type ListNetworksResponse struct {
 
 func (x *ListNetworksResponse) Reset() {
 	*x = ListNetworksResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[10]
+	mi := &file_network_v1_network_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +822,7 @@ func (x *ListNetworksResponse) String() string {
 func (*ListNetworksResponse) ProtoMessage() {}
 
 func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[10]
+	mi := &file_network_v1_network_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +835,7 @@ func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksResponse.ProtoReflect.Descriptor instead.
 func (*ListNetworksResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{10}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListNetworksResponse) GetNetworks() []*Network {
@@ -781,7 +856,7 @@ type UpdatePolicyRequest struct {
 
 func (x *UpdatePolicyRequest) Reset() {
 	*x = UpdatePolicyRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[11]
+	mi := &file_network_v1_network_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +868,7 @@ func (x *UpdatePolicyRequest) String() string {
 func (*UpdatePolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[11]
+	mi := &file_network_v1_network_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +881,7 @@ func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{11}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdatePolicyRequest) GetSandboxId() string {
@@ -832,7 +907,7 @@ type UpdatePolicyResponse struct {
 
 func (x *UpdatePolicyResponse) Reset() {
 	*x = UpdatePolicyResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[12]
+	mi := &file_network_v1_network_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +919,7 @@ func (x *UpdatePolicyResponse) String() string {
 func (*UpdatePolicyResponse) ProtoMessage() {}
 
 func (x *UpdatePolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[12]
+	mi := &file_network_v1_network_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +932,7 @@ func (x *UpdatePolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{12}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdatePolicyResponse) GetNetwork() *Network {
@@ -875,7 +950,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[13]
+	mi := &file_network_v1_network_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +962,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[13]
+	mi := &file_network_v1_network_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +975,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{13}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{14}
 }
 
 type ReconcileResponse struct {
@@ -916,7 +991,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[14]
+	mi := &file_network_v1_network_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1003,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[14]
+	mi := &file_network_v1_network_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1016,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{14}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReconcileResponse) GetAdopted() int32 {
@@ -987,7 +1062,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[15]
+	mi := &file_network_v1_network_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1074,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[15]
+	mi := &file_network_v1_network_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1087,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{15}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{16}
 }
 
 type Condition struct {
@@ -1026,7 +1101,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_network_v1_network_proto_msgTypes[16]
+	mi := &file_network_v1_network_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1113,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[16]
+	mi := &file_network_v1_network_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1126,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{16}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Condition) GetType() string {
@@ -1089,7 +1164,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[17]
+	mi := &file_network_v1_network_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1176,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[17]
+	mi := &file_network_v1_network_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1189,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{17}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -1164,7 +1239,7 @@ var File_network_v1_network_proto protoreflect.FileDescriptor
 const file_network_v1_network_proto_rawDesc = "" +
 	"\n" +
 	"\x18network/v1/network.proto\x12\n" +
-	"network.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x02\n" +
+	"network.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n" +
 	"\x06Policy\x127\n" +
 	"\x15allow_internet_access\x18\x01 \x01(\bH\x00R\x13allowInternetAccess\x88\x01\x01\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
@@ -1172,8 +1247,13 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\x0fmax_connections\x18\x04 \x01(\x05R\x0emaxConnections\x12\x1f\n" +
 	"\vegress_kbps\x18\x05 \x01(\x03R\n" +
 	"egressKbps\x128\n" +
-	"\vcredentials\x18\x06 \x03(\v2\x16.network.v1.CredentialR\vcredentialsB\x18\n" +
-	"\x16_allow_internet_access\"N\n" +
+	"\vcredentials\x18\x06 \x03(\v2\x16.network.v1.CredentialR\vcredentials\x123\n" +
+	"\brequests\x18\a \x03(\v2\x17.network.v1.RequestRuleR\brequestsB\x18\n" +
+	"\x16_allow_internet_access\"Q\n" +
+	"\vRequestRule\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
+	"\amethods\x18\x02 \x03(\tR\amethods\x12\x14\n" +
+	"\x05paths\x18\x03 \x03(\tR\x05paths\"N\n" +
 	"\n" +
 	"Credential\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
@@ -1280,61 +1360,63 @@ func file_network_v1_network_proto_rawDescGZIP() []byte {
 }
 
 var file_network_v1_network_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_network_v1_network_proto_goTypes = []any{
 	(SlotKind)(0),                  // 0: network.v1.SlotKind
 	(*Policy)(nil),                 // 1: network.v1.Policy
-	(*Credential)(nil),             // 2: network.v1.Credential
-	(*Network)(nil),                // 3: network.v1.Network
-	(*EnsureNetworkRequest)(nil),   // 4: network.v1.EnsureNetworkRequest
-	(*EnsureNetworkResponse)(nil),  // 5: network.v1.EnsureNetworkResponse
-	(*ReleaseNetworkRequest)(nil),  // 6: network.v1.ReleaseNetworkRequest
-	(*ReleaseNetworkResponse)(nil), // 7: network.v1.ReleaseNetworkResponse
-	(*GetNetworkRequest)(nil),      // 8: network.v1.GetNetworkRequest
-	(*GetNetworkResponse)(nil),     // 9: network.v1.GetNetworkResponse
-	(*ListNetworksRequest)(nil),    // 10: network.v1.ListNetworksRequest
-	(*ListNetworksResponse)(nil),   // 11: network.v1.ListNetworksResponse
-	(*UpdatePolicyRequest)(nil),    // 12: network.v1.UpdatePolicyRequest
-	(*UpdatePolicyResponse)(nil),   // 13: network.v1.UpdatePolicyResponse
-	(*ReconcileRequest)(nil),       // 14: network.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 15: network.v1.ReconcileResponse
-	(*HealthRequest)(nil),          // 16: network.v1.HealthRequest
-	(*Condition)(nil),              // 17: network.v1.Condition
-	(*HealthResponse)(nil),         // 18: network.v1.HealthResponse
-	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
+	(*RequestRule)(nil),            // 2: network.v1.RequestRule
+	(*Credential)(nil),             // 3: network.v1.Credential
+	(*Network)(nil),                // 4: network.v1.Network
+	(*EnsureNetworkRequest)(nil),   // 5: network.v1.EnsureNetworkRequest
+	(*EnsureNetworkResponse)(nil),  // 6: network.v1.EnsureNetworkResponse
+	(*ReleaseNetworkRequest)(nil),  // 7: network.v1.ReleaseNetworkRequest
+	(*ReleaseNetworkResponse)(nil), // 8: network.v1.ReleaseNetworkResponse
+	(*GetNetworkRequest)(nil),      // 9: network.v1.GetNetworkRequest
+	(*GetNetworkResponse)(nil),     // 10: network.v1.GetNetworkResponse
+	(*ListNetworksRequest)(nil),    // 11: network.v1.ListNetworksRequest
+	(*ListNetworksResponse)(nil),   // 12: network.v1.ListNetworksResponse
+	(*UpdatePolicyRequest)(nil),    // 13: network.v1.UpdatePolicyRequest
+	(*UpdatePolicyResponse)(nil),   // 14: network.v1.UpdatePolicyResponse
+	(*ReconcileRequest)(nil),       // 15: network.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 16: network.v1.ReconcileResponse
+	(*HealthRequest)(nil),          // 17: network.v1.HealthRequest
+	(*Condition)(nil),              // 18: network.v1.Condition
+	(*HealthResponse)(nil),         // 19: network.v1.HealthResponse
+	(*timestamppb.Timestamp)(nil),  // 20: google.protobuf.Timestamp
 }
 var file_network_v1_network_proto_depIdxs = []int32{
-	2,  // 0: network.v1.Policy.credentials:type_name -> network.v1.Credential
-	0,  // 1: network.v1.Network.kind:type_name -> network.v1.SlotKind
-	1,  // 2: network.v1.Network.policy:type_name -> network.v1.Policy
-	19, // 3: network.v1.Network.assigned_at:type_name -> google.protobuf.Timestamp
-	0,  // 4: network.v1.EnsureNetworkRequest.kind:type_name -> network.v1.SlotKind
-	1,  // 5: network.v1.EnsureNetworkRequest.policy:type_name -> network.v1.Policy
-	3,  // 6: network.v1.EnsureNetworkResponse.network:type_name -> network.v1.Network
-	3,  // 7: network.v1.GetNetworkResponse.network:type_name -> network.v1.Network
-	3,  // 8: network.v1.ListNetworksResponse.networks:type_name -> network.v1.Network
-	1,  // 9: network.v1.UpdatePolicyRequest.policy:type_name -> network.v1.Policy
-	3,  // 10: network.v1.UpdatePolicyResponse.network:type_name -> network.v1.Network
-	17, // 11: network.v1.HealthResponse.conditions:type_name -> network.v1.Condition
-	4,  // 12: network.v1.NetworkAgent.EnsureNetwork:input_type -> network.v1.EnsureNetworkRequest
-	6,  // 13: network.v1.NetworkAgent.ReleaseNetwork:input_type -> network.v1.ReleaseNetworkRequest
-	8,  // 14: network.v1.NetworkAgent.GetNetwork:input_type -> network.v1.GetNetworkRequest
-	10, // 15: network.v1.NetworkAgent.ListNetworks:input_type -> network.v1.ListNetworksRequest
-	12, // 16: network.v1.NetworkAgent.UpdatePolicy:input_type -> network.v1.UpdatePolicyRequest
-	14, // 17: network.v1.NetworkAgent.Reconcile:input_type -> network.v1.ReconcileRequest
-	16, // 18: network.v1.NetworkAgent.Health:input_type -> network.v1.HealthRequest
-	5,  // 19: network.v1.NetworkAgent.EnsureNetwork:output_type -> network.v1.EnsureNetworkResponse
-	7,  // 20: network.v1.NetworkAgent.ReleaseNetwork:output_type -> network.v1.ReleaseNetworkResponse
-	9,  // 21: network.v1.NetworkAgent.GetNetwork:output_type -> network.v1.GetNetworkResponse
-	11, // 22: network.v1.NetworkAgent.ListNetworks:output_type -> network.v1.ListNetworksResponse
-	13, // 23: network.v1.NetworkAgent.UpdatePolicy:output_type -> network.v1.UpdatePolicyResponse
-	15, // 24: network.v1.NetworkAgent.Reconcile:output_type -> network.v1.ReconcileResponse
-	18, // 25: network.v1.NetworkAgent.Health:output_type -> network.v1.HealthResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	3,  // 0: network.v1.Policy.credentials:type_name -> network.v1.Credential
+	2,  // 1: network.v1.Policy.requests:type_name -> network.v1.RequestRule
+	0,  // 2: network.v1.Network.kind:type_name -> network.v1.SlotKind
+	1,  // 3: network.v1.Network.policy:type_name -> network.v1.Policy
+	20, // 4: network.v1.Network.assigned_at:type_name -> google.protobuf.Timestamp
+	0,  // 5: network.v1.EnsureNetworkRequest.kind:type_name -> network.v1.SlotKind
+	1,  // 6: network.v1.EnsureNetworkRequest.policy:type_name -> network.v1.Policy
+	4,  // 7: network.v1.EnsureNetworkResponse.network:type_name -> network.v1.Network
+	4,  // 8: network.v1.GetNetworkResponse.network:type_name -> network.v1.Network
+	4,  // 9: network.v1.ListNetworksResponse.networks:type_name -> network.v1.Network
+	1,  // 10: network.v1.UpdatePolicyRequest.policy:type_name -> network.v1.Policy
+	4,  // 11: network.v1.UpdatePolicyResponse.network:type_name -> network.v1.Network
+	18, // 12: network.v1.HealthResponse.conditions:type_name -> network.v1.Condition
+	5,  // 13: network.v1.NetworkAgent.EnsureNetwork:input_type -> network.v1.EnsureNetworkRequest
+	7,  // 14: network.v1.NetworkAgent.ReleaseNetwork:input_type -> network.v1.ReleaseNetworkRequest
+	9,  // 15: network.v1.NetworkAgent.GetNetwork:input_type -> network.v1.GetNetworkRequest
+	11, // 16: network.v1.NetworkAgent.ListNetworks:input_type -> network.v1.ListNetworksRequest
+	13, // 17: network.v1.NetworkAgent.UpdatePolicy:input_type -> network.v1.UpdatePolicyRequest
+	15, // 18: network.v1.NetworkAgent.Reconcile:input_type -> network.v1.ReconcileRequest
+	17, // 19: network.v1.NetworkAgent.Health:input_type -> network.v1.HealthRequest
+	6,  // 20: network.v1.NetworkAgent.EnsureNetwork:output_type -> network.v1.EnsureNetworkResponse
+	8,  // 21: network.v1.NetworkAgent.ReleaseNetwork:output_type -> network.v1.ReleaseNetworkResponse
+	10, // 22: network.v1.NetworkAgent.GetNetwork:output_type -> network.v1.GetNetworkResponse
+	12, // 23: network.v1.NetworkAgent.ListNetworks:output_type -> network.v1.ListNetworksResponse
+	14, // 24: network.v1.NetworkAgent.UpdatePolicy:output_type -> network.v1.UpdatePolicyResponse
+	16, // 25: network.v1.NetworkAgent.Reconcile:output_type -> network.v1.ReconcileResponse
+	19, // 26: network.v1.NetworkAgent.Health:output_type -> network.v1.HealthResponse
+	20, // [20:27] is the sub-list for method output_type
+	13, // [13:20] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_network_v1_network_proto_init() }
@@ -1349,7 +1431,7 @@ func file_network_v1_network_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_network_v1_network_proto_rawDesc), len(file_network_v1_network_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
