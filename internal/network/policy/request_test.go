@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -46,8 +47,8 @@ func TestParseRequestRules(t *testing.T) {
 		{RequestRule{Host: "api.github.com", Paths: []string{"/a%2fb"}}, "network.requests[0].paths[0]"},
 	} {
 		_, err := Parse("network", Spec{Requests: []RequestRule{bad.r}})
-		fe, ok := err.(*FieldError)
-		if !ok || fe.Field != bad.field {
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != bad.field {
 			t.Errorf("%+v: %v, want a FieldError on %s", bad.r, err, bad.field)
 		}
 	}
