@@ -28,6 +28,7 @@ import (
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
 	"github.com/cubesandbox/cube/internal/network/egress"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/nodejoin"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
@@ -261,7 +262,9 @@ func TestJoinEgressCA(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	admin := masterpb.NewAdminServiceClient(conn)
 	// joined is the egress CA a node that joined loads, as its
-	// network-agent does from [egress] ca_dir = <dir>/egress.
+	// network-agent does from [egress] ca_dir = <dir>/egress; the
+	// directory is the second result.
+	joinedDir := map[string]string{}
 	joined := func(nodeID string) *egress.CA {
 		t.Helper()
 		tok, err := admin.CreateJoinToken(ctx, &masterpb.CreateJoinTokenRequest{Ttl: durationpb.New(time.Hour)})
@@ -286,6 +289,7 @@ func TestJoinEgressCA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		joinedDir[nodeID] = ed
 		return ca
 	}
 	// crossVerifies: a leaf a's proxy makes for a name verifies against
@@ -324,6 +328,28 @@ func TestJoinEgressCA(t *testing.T) {
 		t.Fatal("a node joined after the master restarted holds another egress CA")
 	}
 	t.Log("after a master restart node-3 joins with the same egress CA")
+
+	// Two network-agents configured as cube join printed ([egress]
+	// ca_dir = <dir>/egress) hand their sandboxes the same CA; two with
+	// the default ca_dir (the control) hand different ones.
+	t.Run("network-agents", func(t *testing.T) {
+		agentCA := func(dir string) []byte {
+			t.Helper()
+			e := nettest.Start(t, nettest.Options{EgressCADir: dir})
+			return e.Agent.EgressCA()
+		}
+		a1, a2 := agentCA(joinedDir["node-1"]), agentCA(joinedDir["node-2"])
+		if len(a1) == 0 || !bytes.Equal(a1, a2) {
+			t.Fatal("the network-agents of node-1 and node-2 hand sandboxes different egress CAs")
+		}
+		if !bytes.Equal(a1, n1.PEM) {
+			t.Fatal("node-1's network-agent hands sandboxes another CA than the cluster's")
+		}
+		if bytes.Equal(agentCA(""), agentCA("")) {
+			t.Fatal("control: two network-agents with their own egress CA hand the same one")
+		}
+		t.Log("network-agents of node-1 and node-2 hand sandboxes the cluster's egress CA; control: two with the default ca_dir differ")
+	})
 
 	// The control: each network-agent makes its own.
 	own1, err := egress.LoadOrCreateCA(t.TempDir())
