@@ -3,7 +3,8 @@
 // that sandbox's slot namespace at the sandbox's gateway
 // (169.254.0.22:<port>); the slot table redirects the sandbox's new TCP
 // connections to ports 80 and 443 there when its policy is Proxied
-// (domain entries without default internet, or credential rules). So:
+// (domain entries without default internet, or credential or request
+// rules). So:
 //
 //   - a connection's sandbox is known from the listener it arrived on, and
 //     its original destination from the redirect (SO_ORIGINAL_DST);
@@ -15,7 +16,9 @@
 //     certificate from the node's egress CA, opens its own TLS connection
 //     to the upstream (verified against the node's roots), and adds the
 //     rules' headers to every request: the secret never enters the
-//     sandbox;
+//     sandbox; a host with request rules is terminated the same way and
+//     each request must match one of them (method, path), or the proxy
+//     answers it 403 and ends the connection;
 //   - upstream connections leave from the agent's own (host) namespace;
 //   - a policy update re-decides every open connection and cuts those the
 //     new policy denies;
