@@ -6,7 +6,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,14 +61,24 @@ type egressCA struct {
 }
 
 // loadEgressCA reads (or makes) the egress CA in dir; nil when dir is ""
-// (joins are off).
-func loadEgressCA(dir string) (*egressCA, error) {
+// (joins are off), or when dir has neither file and cannot take them (a
+// read-only mount of the cluster CA): joins then hand no egress CA and
+// each node keeps its own, as the warning says.
+func loadEgressCA(dir string, log *slog.Logger) (*egressCA, error) {
 	if dir == "" {
 		return nil, nil
 	}
+	_, cerr := os.Stat(filepath.Join(dir, egress.CACertFile))
+	_, kerr := os.Stat(filepath.Join(dir, egress.CAKeyFile))
+	absent := errors.Is(cerr, os.ErrNotExist) && errors.Is(kerr, os.ErrNotExist)
 	// egress.LoadOrCreateCA makes the pair only when neither file
 	// exists, and checks that the two belong together.
 	if _, err := egress.LoadOrCreateCA(dir); err != nil {
+		if absent {
+			log.Warn("join.ca_dir holds no egress CA and cannot take one: joined nodes keep their own (docs/network.md, \"The egress CA\")",
+				"dir", dir, "err", err)
+			return nil, nil
+		}
 		return nil, fmt.Errorf("join.ca_dir: %w", err)
 	}
 	certPEM, err := os.ReadFile(filepath.Join(dir, egress.CACertFile))

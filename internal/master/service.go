@@ -153,7 +153,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
-	egressCA, err := loadEgressCA(cfg.Join.CADir)
+	egressCA, err := loadEgressCA(cfg.Join.CADir, log)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -32,6 +34,7 @@ import (
 	"github.com/cubesandbox/cube/internal/nodejoin"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestJoin: a node spends a one-time join token for a node certificate
@@ -368,4 +371,55 @@ func TestJoinEgressCA(t *testing.T) {
 		t.Fatal("control: a leaf of one agent's own CA verified against another's")
 	}
 	t.Logf("control: agents with their own egress CA: a leaf of one against the other: %v", err)
+}
+
+// TestJoinReadOnlyCADir: a join.ca_dir the master cannot write (the Helm
+// chart mounts the cluster CA's secret read-only) and that holds no
+// egress CA does not stop the master: joins work and hand no egress CA,
+// so the node's network-agent keeps making its own. The control: the same
+// directory writable gets one made, and the join hands it.
+func TestJoinReadOnlyCADir(t *testing.T) {
+	testenv.RequireRoot(t, "a read-only bind mount")
+	for _, readOnly := range []bool{true, false} {
+		caDir := t.TempDir()
+		if _, err := pki.LoadOrCreateCA(caDir, "join test CA"); err != nil {
+			t.Fatal(err)
+		}
+		if readOnly {
+			if err := unix.Mount(caDir, caDir, "", unix.MS_BIND, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Unmount(caDir, unix.MNT_DETACH) })
+			if err := unix.Mount("", caDir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := config(t, func(c *master.Config) {
+			c.Join.Listen, c.Join.CADir = "127.0.0.1:0", caDir
+		})
+		s, err := server.Start(context.Background(), cfg, nil)
+		if err != nil {
+			t.Fatalf("read-only %v: the master did not start: %v", readOnly, err)
+		}
+		conn, err := grpc.NewClient("unix://"+cfg.API.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := masterpb.NewAdminServiceClient(conn).CreateJoinToken(context.Background(), &masterpb.CreateJoinTokenRequest{Ttl: durationpb.New(time.Hour)})
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		_, _, _, err = nodejoin.Join(context.Background(), s.JoinAddr, tok.Token, "node-ro", []string{"10.1.2.3"}, dir)
+		_ = s.Stop()
+		if err != nil {
+			t.Fatalf("read-only %v: join: %v", readOnly, err)
+		}
+		_, statErr := os.Stat(filepath.Join(dir, nodejoin.EgressDir, nodejoin.EgressCAFile))
+		if readOnly != errors.Is(statErr, os.ErrNotExist) {
+			t.Fatalf("read-only %v: the joined node's egress CA: %v", readOnly, statErr)
+		}
+		t.Logf("join.ca_dir read-only %v: the master started, the join worked, egress CA handed: %v", readOnly, statErr == nil)
+	}
 }
