@@ -367,8 +367,8 @@ func (s *Service) extend(ctx context.Context, id string, d time.Duration, allowS
 	})
 }
 
-// UpdateNetwork replaces a sandbox's egress rules. Credential rules given
-// at create stay unless n names its own (nil keeps them).
+// UpdateNetwork replaces a sandbox's egress rules. Credential and request
+// rules given at create stay unless n names its own (nil keeps them).
 func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Network) error {
 	if err := ValidateNetwork(n); err != nil {
 		return err
@@ -380,6 +380,9 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Networ
 	defer unlock()
 	if n.Credentials == nil {
 		n.Credentials = sb.Network.Credentials
+	}
+	if n.Requests == nil {
+		n.Requests = sb.Network.Requests
 	}
 	netPolicy, err := s.nodeNetwork(ctx, sb.Team, n)
 	if err != nil {
