@@ -10,6 +10,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/procstate"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
@@ -41,12 +42,19 @@ func (a *agentAction) Create(ctx context.Context, t *Task) error {
 // and the thaw gave it back as it was, listening socket included. Asking
 // it again would only add a round-trip (about 1 ms) to every resume;
 // what the freezer cannot guarantee, that the init still exists, is
-// checked instead (an init gone since is what the runtime watch reports).
+// checked instead, in the sandbox's cgroup (an init gone since is what
+// the runtime watch reports).
 func (a *agentAction) Resume(ctx context.Context, t *Task) error {
 	rec := t.Record()
 	if d, err := a.n.Driver(rec.Runtime); err == nil && d.Capabilities().PauseFreezes &&
 		rec.PauseMode != sandbox.PauseDisk && rec.Container != nil && rec.Container.PID > 0 {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", rec.Container.PID)); err != nil {
+		// In the sandbox's cgroup: a PID freed by a dead init and reused
+		// by another process does not pass.
+		live, err := procstate.Alive(rec.Container.PID, rec.Container.CgroupPath)
+		if err != nil {
+			return a.wait(ctx, t)
+		}
+		if !live {
 			return a.n.withConsole(rec, fmt.Errorf("agent: sandbox init (pid %d) is gone: %w", rec.Container.PID, errdefs.ErrUnavailable))
 		}
 		return nil
