@@ -13,6 +13,7 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -30,6 +31,10 @@ import (
 // the container the sandbox's hostname, limits and network policy, thaws
 // it and re-initialises its agent with the sandbox's env, token, clock
 // and entropy, the reinit a clone restored from memory gets.
+
+// FailpointClaimRecord is evaluated by a claim before it writes the
+// sandbox's record over the entry's.
+const FailpointClaimRecord = "pool/claim.record/before"
 
 // LabelPool marks a warm pool's entry; its value is the template ID.
 const LabelPool = "cube.pool"
@@ -560,24 +565,24 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	s.mu.Unlock()
 	defer e.release()
 	s.disarm(poolID)
+	// The record is replaced while the claim runs: once thawed (ApplyClaim
+	// thaws first), the entry is never taken back as ready (reconcile finds
+	// it running, the refiller destroys it), so nothing the claim does to
+	// it needs the new record durable first. Only the running record
+	// below waits for both.
 	claimed := time.Now()
-	if err := s.store.ReplaceSandbox(poolID, rec); err != nil {
-		s.mu.Lock()
-		delete(s.boxes, rec.ID)
-		s.boxes[poolID] = old
-		s.mu.Unlock()
-		old.release()
-		s.watchRecord(prev)
-		return nil, false, nil
-	}
-	old.release() // nobody finds it any more
+	recorded := make(chan error, 1)
+	go func() {
+		if err := failpoint.Eval(ctx, FailpointClaimRecord); err != nil {
+			recorded <- err
+			return
+		}
+		recorded <- s.store.ReplaceSandbox(poolID, rec)
+	}()
 
 	log := s.log.With("sandbox_id", rec.ID, "request_id", req.RequestID, "pool_entry", poolID)
 	t := newTask(s.store, e, rec, tmpl)
-	timings := []workflow.Timing{
-		{Step: 1, Action: "claim", Phase: workflow.PhaseDo, Duration: claimed.Sub(begin)},
-		{Step: 2, Action: "record", Phase: workflow.PhaseDo, Duration: time.Since(claimed)},
-	}
+	timings := []workflow.Timing{{Step: 1, Action: "claim", Phase: workflow.PhaseDo, Duration: claimed.Sub(begin)}}
 	step := func(name string, fn func() error) error {
 		b := time.Now()
 		err := fn()
@@ -588,9 +593,26 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		timings = append(timings, tm)
 		return err
 	}
-	if err := s.node.ApplyClaim(ctx, t, prev, step); err != nil {
-		log.Warn("warm pool: claim failed; destroying the entry and creating cold", "err", err)
-		s.undoClaim(ctx, t, log, err)
+	applyErr := s.node.ApplyClaim(ctx, t, prev, step)
+	// "record" is what the claim still waited for the write, not the
+	// write's own time.
+	if err := step("record", func() error { return <-recorded }); err != nil {
+		// The entry's record stands and names the resources: the entry,
+		// perhaps thawed already, is destroyed under it, never returned
+		// to the pool.
+		s.mu.Lock()
+		delete(s.boxes, rec.ID)
+		s.boxes[poolID] = old
+		s.mu.Unlock()
+		old.release()
+		log.Warn("warm pool: claim's record write failed; destroying the entry and creating cold", "err", err)
+		go func() { _ = s.destroyPoolEntry(s.life, poolID) }()
+		return nil, false, nil
+	}
+	old.release() // nobody finds it any more
+	if applyErr != nil {
+		log.Warn("warm pool: claim failed; destroying the entry and creating cold", "err", applyErr)
+		s.undoClaim(ctx, t, log, applyErr)
 		return nil, false, nil
 	}
 	if err := step("running", func() error {

@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
@@ -458,4 +460,88 @@ func TestWarmPoolDeadEntry(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestWarmPoolClaimCrash: a cubelet killed in the middle of a claim, after
+// the entry's thaw and the sandbox's limits and hostname but before the
+// sandbox's record replaced the entry's (a claim writes it alongside),
+// leaves the entry's record naming a thawed container that carries the
+// crashed claim's limits and hostname. The next cubelet destroys that
+// entry, never serves it, and refills; the other entry, still frozen, is
+// adopted (the control: an untouched entry survives the same restart).
+func TestWarmPoolClaimCrash(t *testing.T) {
+	env := cubelettest.New(t, poolTOML)
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, env, env.WriteConfig(t, poolTOML),
+		cubelet.FailpointClaimRecord+"=sleep(60s);"+actions.FailpointClaimReinit+"=kill")
+	waitFrozenEntries(t, env, 2)
+	entries := poolContainers(t, env)
+	ctx := context.Background()
+	if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+		SandboxId: "crashed", TemplateId: "busybox", Resources: &pb.Resources{MemoryMib: 96},
+	}); err == nil {
+		t.Fatal("the claim survived its kill failpoint")
+	}
+	d.waitDead(t)
+	var thawed, frozen string
+	for _, id := range entries {
+		if freezerState(t, env, id) == "FROZEN" {
+			frozen = id
+		} else {
+			thawed = id
+		}
+	}
+	if thawed == "" || frozen == "" {
+		t.Fatalf("entries %v after the crash: want one thawed by the claim, one frozen", entries)
+	}
+	t.Logf("claim crashed with entry %s thawed; %s still frozen", thawed, frozen)
+
+	svc = env.Start(t)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left := map[string]bool{}
+		for _, id := range poolContainers(t, env) {
+			left[id] = true
+		}
+		if !left[thawed] && svc.PoolReady("busybox") == 2 {
+			if !left[frozen] {
+				t.Fatalf("the frozen entry %s was not adopted (entries now %v)", frozen, left)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("thawed entry %s still there or pool not refilled: entries %v, pool %+v", thawed, left, svc.Pools())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := svc.Pools(); st[0].Refills < 1 {
+		t.Fatalf("pool %+v: the destroyed entry was not replaced by a refill", st)
+	}
+	for _, id := range []string{"first", "second"} {
+		res, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", SandboxID: id})
+		if err != nil || !res.Pooled {
+			t.Fatalf("create %s after the restart: pooled %v, %v", id, res != nil && res.Pooled, err)
+		}
+		if res.Sandbox.HostKey() == thawed {
+			t.Fatalf("create %s was served by the crashed claim's entry %s", id, thawed)
+		}
+		want := strconv.FormatInt(env.Config.Sandbox.DefaultMemoryMiB<<20, 10)
+		if v := cgroupValue(t, res.Sandbox, "memory.limit_in_bytes", "memory.max"); v != want {
+			t.Fatalf("create %s: memory limit %s, want the default %s", id, v, want)
+		}
+		if _, err := svc.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := poolContainers(t, env); len(left) != 0 {
+		t.Fatalf("pool entries after Close: %v", left)
+	}
+	env.AssertNoLeaks(t)
 }
