@@ -36,6 +36,10 @@ import (
 // sandbox's record over the entry's.
 const FailpointClaimRecord = "pool/claim.record/before"
 
+// FailpointClaimRunning is evaluated by a claim once its record is
+// written and the sandbox re-initialised, before it is recorded running.
+const FailpointClaimRunning = "pool/claim.running/before"
+
 // LabelPool marks a warm pool's entry; its value is the template ID.
 const LabelPool = "cube.pool"
 
@@ -541,7 +545,7 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
 		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
-		NetworkPolicy: req.Network, AccessToken: req.AccessToken,
+		NetworkPolicy: req.Network, AccessToken: req.AccessToken, PoolToken: prev.AccessToken,
 		HostID: prev.HostKey(), Disk: prev.Disk, Mount: prev.Mount, Container: prev.Container, Network: prev.Network,
 	}
 	rec = rec.Clone()
@@ -563,13 +567,17 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	s.boxes[rec.ID] = e
 	delete(s.boxes, poolID)
 	s.mu.Unlock()
-	defer e.release()
+	writer := false // the running record's writer releases e
+	defer func() {
+		if !writer {
+			e.release()
+		}
+	}()
 	s.disarm(poolID)
 	// The record is replaced while the claim runs: once thawed (ApplyClaim
 	// thaws first), the entry is never taken back as ready (reconcile finds
 	// it running, the refiller destroys it), so nothing the claim does to
-	// it needs the new record durable first. Only the running record
-	// below waits for both.
+	// it needs the new record durable first. The answer waits for both.
 	claimed := time.Now()
 	recorded := make(chan error, 1)
 	go func() {
@@ -615,13 +623,59 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		s.undoClaim(ctx, t, log, applyErr)
 		return nil, false, nil
 	}
-	if err := step("running", func() error {
-		return t.Update(func(r *sandbox.Record) { r.State = lifecycle.Running })
-	}); err != nil {
-		return nil, true, err
+	if err := failpoint.Eval(ctx, FailpointClaimRunning); err != nil {
+		s.undoClaim(ctx, t, log, err)
+		return nil, false, nil
 	}
+	// The record written above (creating, with the entry's token) already
+	// stands for this sandbox: a restart finishes the claim it names
+	// (finishClaim). So the running record is written after the answer,
+	// off the create's path; the sandbox stays locked until it is, so no
+	// later change of the sandbox is overtaken by it.
+	snap := t.Set(func(r *sandbox.Record) { r.State, r.PoolToken = lifecycle.Running, "" })
+	writer = true
+	go func() {
+		defer e.release()
+		if err := s.store.PutSandbox(snap); err != nil {
+			log.Warn("warm pool: write the claimed sandbox's running record (a restart finishes the claim)", "err", err)
+		}
+	}()
 	log.Info("sandbox created from warm pool", "duration", time.Since(begin))
-	return &Result{Sandbox: t.Record(), Timings: timings, Pooled: true}, true, nil
+	return &Result{Sandbox: snap, Timings: timings, Pooled: true}, true, nil
+}
+
+// finishClaim completes a claim a restart cut short after its record was
+// written (state creating, PoolToken set): the claim's steps are run
+// again, each setting what it sets (limits always, where the runtime can
+// change them: whether the first run got to them is unknown), and the
+// sandbox is recorded running. The reinit is first tried with the entry's
+// token; an agent that refuses it was re-initialised already (the token is
+// the last thing a reinit changes), and gets it again with its own. An
+// error leaves the record for reconcile to undo as a create cut short.
+func (s *Service) finishClaim(ctx context.Context, t *actions.Task) error {
+	rec := t.Record()
+	tmpl, err := s.store.GetTemplate(rec.TemplateID)
+	if err != nil {
+		return err
+	}
+	t.Template = tmpl
+	d, err := s.node.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	prev := rec.Clone()
+	if _, ok := d.(runtime.LimitUpdater); ok {
+		prev.Resources = sandbox.Resources{DiskMiB: rec.Resources.DiskMiB}
+	}
+	run := func(_ string, fn func() error) error { return fn() }
+	prev.AccessToken = rec.PoolToken
+	if err := s.node.ApplyClaim(ctx, t, prev, run); err != nil {
+		prev.AccessToken = rec.AccessToken
+		if err2 := s.node.ApplyClaim(ctx, t, prev, run); err2 != nil {
+			return fmt.Errorf("finish claim: %w (with the sandbox's own token: %w)", err, err2)
+		}
+	}
+	return t.Update(func(r *sandbox.Record) { r.State, r.PoolToken = lifecycle.Running, "" })
 }
 
 // undoClaim destroys a claimed entry whose claim failed, like a failed

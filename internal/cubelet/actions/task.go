@@ -75,6 +75,22 @@ func (t *Task) Update(fn func(r *sandbox.Record)) error {
 	return nil
 }
 
+// Set mutates the record and publishes it without persisting it; the
+// caller persists the copy it returns. For a record whose durable
+// predecessor already stands for it (a warm pool claim's, which a restart
+// finishes), so the write may follow the answer.
+func (t *Task) Set(fn func(r *sandbox.Record)) *sandbox.Record {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fn(t.rec)
+	t.rec.UpdatedAt = time.Now().UTC()
+	snap := t.rec.Clone()
+	if t.publish != nil {
+		t.publish(snap)
+	}
+	return snap.Clone()
+}
+
 // source is the snapshot the sandbox's disk is cloned from in this flow
 // (clone, rollback), nil otherwise.
 func (t *Task) source() *sandbox.Snapshot {

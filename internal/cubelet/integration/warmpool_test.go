@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
@@ -20,6 +24,7 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -544,4 +549,107 @@ func TestWarmPoolClaimCrash(t *testing.T) {
 		t.Fatalf("pool entries after Close: %v", left)
 	}
 	env.AssertNoLeaks(t)
+}
+
+// TestWarmPoolClaimFinished: a cubelet killed in a claim after the
+// sandbox's record replaced the entry's (state creating, with the entry's
+// token) finishes the claim at its next start: the sandbox is running with
+// its own hostname, env, limits and token, whether the kill came before
+// the agent's reinit or after it (the reinit then sees its own token).
+// The control is the same create in a cubelet without the failpoint
+// (TestWarmPool checks a finished claim the same way).
+func TestWarmPoolClaimFinished(t *testing.T) {
+	for _, tc := range []struct {
+		name, failpoints string
+		killAfter        time.Duration // 0: the failpoint kills
+	}{
+		// The record write runs alongside the claim: the hang holds the
+		// claim before its reinit until the write is surely done.
+		{"before reinit", actions.FailpointClaimReinit + "=hang", 3 * time.Second},
+		{"after reinit", cubelet.FailpointClaimRunning + "=kill", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := cubelettest.New(t, poolTOML)
+			svc := env.Start(t)
+			env.ImportBusybox(t, svc, "busybox")
+			if err := svc.Close(); err != nil {
+				t.Fatal(err)
+			}
+			d := startDaemon(t, env, env.WriteConfig(t, poolTOML), tc.failpoints)
+			waitFrozenEntries(t, env, 2)
+			ctx := context.Background()
+			errc := make(chan error, 1)
+			go func() {
+				_, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+					SandboxId: "claimed", TemplateId: "busybox", AccessToken: "tok-claimed",
+					Env: map[string]string{"FOO": "bar"}, Resources: &pb.Resources{MemoryMib: 96, Pids: 77},
+				})
+				errc <- err
+			}()
+			if tc.killAfter > 0 {
+				time.Sleep(tc.killAfter)
+				d.kill()
+			} else {
+				d.waitDead(t)
+			}
+			if err := <-errc; err == nil {
+				t.Fatal("the claim was answered despite its failpoint")
+			}
+
+			svc = env.Start(t)
+			sb, err := svc.Get(ctx, "claimed")
+			if err != nil {
+				t.Fatalf("claimed sandbox after the restart: %v", err)
+			}
+			if sb.State != "running" || sb.PoolToken != "" || sb.HostKey() == sb.ID {
+				t.Fatalf("claimed sandbox after the restart: state %s, pool token set %v, host key %s", sb.State, sb.PoolToken != "", sb.HostKey())
+			}
+			out, err := exec.Command("nsenter", "-t", strconv.Itoa(sb.Container.PID), "-u", "hostname").Output()
+			if err != nil || string(out) != "claimed\n" {
+				t.Fatalf("hostname %q, %v", out, err)
+			}
+			if v := cgroupValue(t, sb, "memory.limit_in_bytes", "memory.max"); v != "100663296" {
+				t.Fatalf("memory limit %q, want 96 MiB", v)
+			}
+			if v := cgroupValue(t, sb, "pids.max"); v != "77" {
+				t.Fatalf("pids.max %q, want 77", v)
+			}
+			// The agent's env, and its token: refused without it, served with it.
+			if code, _ := agentGet(t, sb, "", "/envs"); code != http.StatusUnauthorized {
+				t.Fatalf("GET /envs without a token: %d, want 401", code)
+			}
+			code, body := agentGet(t, sb, "tok-claimed", "/envs")
+			if code != http.StatusOK || !strings.Contains(body, `"FOO":"bar"`) || !strings.Contains(body, `"CUBE_SANDBOX_ID":"claimed"`) {
+				t.Fatalf("GET /envs with the sandbox's token: %d %s", code, body)
+			}
+			if _, err := svc.Delete(ctx, "claimed"); err != nil {
+				t.Fatal(err)
+			}
+			if err := svc.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if left := poolContainers(t, env); len(left) != 0 {
+				t.Fatalf("pool entries after Close: %v", left)
+			}
+			env.AssertNoLeaks(t)
+		})
+	}
+}
+
+// agentGet calls path on the agent of sb, which has no network slot,
+// from inside its network namespace, with token ("" = none).
+func agentGet(t *testing.T, sb *sandbox.Record, token, path string) (int, string) {
+	t.Helper()
+	c := nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", sb.Container.PID))
+	defer c.CloseIdleConnections()
+	if token != "" {
+		c.Transport = tokenTransport{token: token, base: c.Transport}
+	}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", agentproto.Port, path))
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
