@@ -90,8 +90,8 @@ func TestMeasurePoolBurst(t *testing.T) {
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		t.Logf("burst of %d: wall %v, p50 %v, max %v; cubelet CPU %v (%v per claim); claimed sandboxes' CPU %v (%v per claim)",
 			n, wall.Round(time.Millisecond), lat[n/2].Round(100*time.Microsecond), lat[n-1].Round(100*time.Microsecond),
-			(cpu(after) - cpu(before)).Round(time.Millisecond), ((cpu(after)-cpu(before))/time.Duration(n)).Round(10*time.Microsecond),
-			agents.Round(time.Millisecond), (agents/time.Duration(n)).Round(10*time.Microsecond))
+			(cpu(after) - cpu(before)).Round(time.Millisecond), ((cpu(after) - cpu(before)) / time.Duration(n)).Round(10*time.Microsecond),
+			agents.Round(time.Millisecond), (agents / time.Duration(n)).Round(10*time.Microsecond))
 		for _, r := range res {
 			if r != nil {
 				if _, err := svc.Delete(ctx, r.Sandbox.ID); err != nil {
