@@ -2,11 +2,15 @@
 // destroy, density, and snapshot/clone/E2B where the node has them) side
 // by side with the raw building blocks (bare runc, podman, the cgroup
 // freezer) in the same run. It only wires flags to package bench and
-// writes the report package bench/report renders.
+// writes the report package bench/report renders, with the charts package
+// bench/charts draws next to the Markdown report. `cube-bench charts
+// --from FILE` redraws the charts (and the Markdown) of a JSON report
+// without running anything.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -18,10 +22,17 @@ import (
 	"syscall"
 
 	"github.com/cubesandbox/cube/internal/bench"
+	"github.com/cubesandbox/cube/internal/bench/charts"
 	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "charts" {
+		if err := chartsCmd(os.Args[2:]); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	o := report.DefaultOptions()
 	var s bench.Setup
 	flag.StringVar(&s.Addr, "addr", "", "drive this running cubelet (socket path or host:port) instead of starting a private one")
@@ -54,7 +65,12 @@ func main() {
 	output := flag.String("o", "table", "stdout format: table or json")
 	jsonOut := flag.String("json-out", "", "also write the JSON report to this file")
 	mdOut := flag.String("markdown", "", "also write the report as Markdown (bench/RESULTS.md) to this file")
+	noCharts := flag.Bool("no-charts", false, "with --markdown: draw no SVG charts next to it")
 	quiet := flag.Bool("quiet", false, "no progress bar")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: cube-bench [flags]\n       cube-bench charts --from results.json [--markdown RESULTS.md] [--dir DIR]\n")
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 
 	if *list {
@@ -91,12 +107,12 @@ func main() {
 	// default logger; their info lines would break the progress bar.
 	s.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	slog.SetDefault(s.Log)
-	if err := run(s, scenarios, *output, *jsonOut, *mdOut); err != nil {
+	if err := run(s, scenarios, *output, *jsonOut, *mdOut, !*noCharts); err != nil {
 		fatal(err)
 	}
 }
 
-func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut string) (err error) {
+func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut string, draw bool) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	env, cleanup, err := bench.Prepare(ctx, s)
@@ -109,20 +125,6 @@ func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut stri
 		rep.Notes = append(rep.Notes, "cleanup: "+cerr.Error())
 		err = fmt.Errorf("cleanup: %w", cerr)
 	}
-	write := func(path string, f func(io.Writer, *report.Report) error) error {
-		if path == "" {
-			return nil
-		}
-		out, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		if err := f(out, rep); err != nil {
-			out.Close()
-			return err
-		}
-		return out.Close()
-	}
 	if output == "json" {
 		if err := report.WriteJSON(os.Stdout, rep); err != nil {
 			return err
@@ -130,16 +132,95 @@ func run(s bench.Setup, scenarios []*bench.Scenario, output, jsonOut, mdOut stri
 	} else if err := report.WriteTable(os.Stdout, rep); err != nil {
 		return err
 	}
-	if err := write(jsonOut, report.WriteJSON); err != nil {
+	if err := write(jsonOut, rep, report.WriteJSON); err != nil {
 		return err
 	}
-	if err := write(mdOut, report.WriteMarkdown); err != nil {
+	if mdOut != "" && draw {
+		// The charts sit next to the Markdown that links them.
+		if err := charts.Write(filepath.Dir(mdOut), charts.Prefix(mdOut), rep); err != nil {
+			return err
+		}
+	}
+	if err := write(mdOut, rep, report.WriteMarkdown); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("interrupted")
 	}
 	return err
+}
+
+// write renders rep into the file at path with f; nothing when path is "".
+func write(path string, rep *report.Report, f func(io.Writer, *report.Report) error) error {
+	if path == "" {
+		return nil
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f(out, rep); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// chartsCmd is `cube-bench charts`: the charts of a JSON report, drawn
+// again without running anything (and its Markdown, when asked, so the
+// charts are embedded).
+func chartsCmd(args []string) error {
+	fs := flag.NewFlagSet("cube-bench charts", flag.ExitOnError)
+	from := fs.String("from", "bench/results.json", "JSON report to draw (--json-out of a run)")
+	md := fs.String("markdown", "", "also rewrite this Markdown report from the JSON, with the charts embedded")
+	dir := fs.String("dir", "", "where the SVG files go (default: next to --markdown, else next to --from)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("charts: unexpected arguments %q", fs.Args())
+	}
+	b, err := os.ReadFile(*from)
+	if err != nil {
+		return err
+	}
+	var rep report.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", *from, err)
+	}
+	out, prefix := *dir, charts.Prefix(*from)
+	if *md != "" {
+		prefix = charts.Prefix(*md)
+	}
+	if out == "" {
+		out = filepath.Dir(*from)
+		if *md != "" {
+			out = filepath.Dir(*md)
+		}
+	}
+	if err := charts.Write(out, prefix, &rep); err != nil {
+		return err
+	}
+	for _, c := range rep.Charts {
+		fmt.Println(filepath.Join(out, c.File))
+	}
+	for _, n := range rep.ChartNotes {
+		fmt.Fprintln(os.Stderr, "cube-bench charts:", n)
+	}
+	if *md == "" {
+		return nil
+	}
+	if *dir != "" {
+		// The Markdown links the charts relative to itself.
+		for i := range rep.Charts {
+			rel, err := filepath.Rel(filepath.Dir(*md), filepath.Join(out, rep.Charts[i].File))
+			if err != nil {
+				return err
+			}
+			rep.Charts[i].File = filepath.ToSlash(rel)
+		}
+	}
+	return write(*md, &rep, report.WriteMarkdown)
 }
 
 func fatal(err error) {

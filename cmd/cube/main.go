@@ -143,7 +143,7 @@ func join(args []string) {
 	token := fs.String("token", os.Getenv("CUBE_JOIN_TOKEN"), "the join token (cubecli node join-token; env CUBE_JOIN_TOKEN)")
 	nodeID := fs.String("node-id", "", "this node's ID (cubelet's node.id); default the host name")
 	hosts := fs.String("hosts", "", "comma-separated addresses this node is dialled at (its api.tcp and api.data hosts)")
-	dir := fs.String("dir", "/var/lib/cube/pki", "where to write node.key (0600), node.crt and ca.crt")
+	dir := fs.String("dir", "/var/lib/cube/pki", "where to write node.key (0600), node.crt, ca.crt and egress/ (the cluster's egress CA, for network-agent)")
 	_ = fs.Parse(args)
 	if *addr == "" || *token == "" || *hosts == "" {
 		fail("usage: cube join --master HOST:PORT --token TOKEN --hosts ADDR[,ADDR] [--node-id ID] [--dir DIR]")
@@ -162,6 +162,14 @@ func join(args []string) {
 		fail(err.Error())
 	}
 	fmt.Printf("# node %s joined; in cubelet's config:\n[node]\nid = %q\n[tls]\ncert = %q\nkey = %q\nca = %q\n", *nodeID, *nodeID, cert, key, ca)
+	if ed := filepath.Join(*dir, nodejoin.EgressDir); fileExists(filepath.Join(ed, nodejoin.EgressCAFile)) {
+		fmt.Printf("# in network-agent's config (the cluster's egress CA):\n[egress]\nca_dir = %q\n", ed)
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func usage() {

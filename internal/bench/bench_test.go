@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -144,6 +145,18 @@ func TestScenariosTiny(t *testing.T) {
 	d := byName["density"].Density
 	if d == nil || d.Sandboxes != 3 || d.Processes < 3 || d.Total.Min <= 0 || d.PSS.Min <= 0 || d.Charged.Min <= 0 || d.CubeletRSS <= 0 {
 		t.Errorf("density: %+v", d)
+	}
+	// Three sandboxes fill in three parts: two unsettled growth points
+	// and the settled one, which repeats the report's figures.
+	if d != nil && (len(d.Growth) != 3 || d.Growth[0].Sandboxes != 1 || d.Growth[1].Sandboxes != 2 || d.Growth[0].Total <= 0 ||
+		d.Growth[0].CubeletRSS <= 0 || !d.Growth[2].Settled || d.Growth[2].Total != d.Total.Avg || d.Growth[2].Measured != 3) {
+		t.Errorf("density growth: %+v", d.Growth)
+	}
+	// Every timed result keeps its samples (sorted) for the charts.
+	for _, name := range []string{"create-c1", "runc-run", "pause"} {
+		if r := byName[name]; len(r.Dist) != r.Latency.N || !slices.IsSorted(r.Dist) || r.Dist[0] != r.Latency.Min {
+			t.Errorf("%s: kept distribution %v for %+v", name, r.Dist, r.Latency)
+		}
 	}
 	// Snapshots, clones and the E2B round trip run where the node has
 	// them and are skipped with a reason otherwise: never a silent gap.

@@ -66,15 +66,79 @@ func measureSandbox(pid int) (sandboxMem, error) {
 	return m, nil
 }
 
+// densitySteps is how many parts density fills the node in, a growth
+// point after each but the last; densitySpread how many of the sandboxes
+// up a growth point measures (spread over them, oldest to newest), so the
+// points cost the fill little at 10,000 sandboxes.
+const (
+	densitySteps  = 10
+	densitySpread = 20
+)
+
+// densityPoint measures the node with ids up, unsettled: the average
+// total of a spread of them, MemAvailable's drop since before, cubelet's
+// RSS.
+func (e *Env) densityPoint(ctx context.Context, ids []string, before report.Bytes) (report.DensityPoint, error) {
+	pt := report.DensityPoint{Sandboxes: len(ids)}
+	k := min(len(ids), densitySpread)
+	var sum report.Bytes
+	for i := range k {
+		id := ids[report.ThinRank(i, len(ids), k)]
+		sb, err := e.Client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			return pt, err
+		}
+		m, err := measureSandbox(int(sb.Sandbox.Pid))
+		if err != nil {
+			return pt, fmt.Errorf("measure sandbox %s: %w", id, err)
+		}
+		sum += m.cg.charged + m.diskCache
+	}
+	if k > 0 {
+		pt.Measured, pt.Total = k, sum/report.Bytes(k)
+	}
+	after, err := memAvailable()
+	if err != nil {
+		return pt, err
+	}
+	if len(ids) > 0 {
+		pt.NodePerSandbox = (before - after) / report.Bytes(len(ids))
+	}
+	if pt.CubeletRSS, _, err = e.cubeletRSS(ctx); err != nil {
+		return pt, err
+	}
+	return pt, nil
+}
+
 func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	before, err := memAvailable()
 	if err != nil {
 		return nil, err
 	}
-	var fill []time.Duration
-	ids, err := e.fillTimed(ctx, "density: start", p.N, p.Concurrency, &fill)
-	if err != nil {
-		return nil, err
+	// The node fills in tenths, with a growth point after each: what
+	// the host pays as sandboxes add up, for the memory chart.
+	var (
+		fill   []time.Duration
+		ids    []string
+		growth []report.DensityPoint
+	)
+	steps := split(p.N, densitySteps)
+	for i, n := range steps {
+		var lat []time.Duration
+		part, err := e.fillTimed(ctx, fmt.Sprintf("density: start %d/%d", i+1, len(steps)), n, p.Concurrency, &lat)
+		fill = append(fill, lat...)
+		if err != nil {
+			return nil, errors.Join(err, e.deleteAll(ctx, "density: cleanup", ids, p.Concurrency))
+		}
+		ids = append(ids, part...)
+		if i == len(steps)-1 {
+			break
+		}
+		pt, err := e.densityPoint(ctx, ids, before)
+		if err != nil {
+			return nil, errors.Join(err, e.deleteAll(ctx, "density: cleanup", ids, p.Concurrency))
+		}
+		growth = append(growth, pt)
 	}
 	rep, err := func() (*report.DensityReport, error) {
 		e.Progress.Note("density: %d sandboxes up; settling %s", len(ids), e.Opts.DensitySettle)
@@ -119,6 +183,9 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		if rep.CubeletRSS, rep.CubeletPSS, err = e.cubeletRSS(ctx); err != nil {
 			return nil, err
 		}
+		growth = append(growth, report.DensityPoint{Sandboxes: len(ids), Measured: len(ids), Total: rep.Total.Avg,
+			NodePerSandbox: rep.NodePerSandbox, CubeletRSS: rep.CubeletRSS, Settled: true})
+		rep.Growth = growth
 		return rep, nil
 	}()
 	if derr := e.deleteAll(ctx, "density: cleanup", ids, p.Concurrency); derr != nil {

@@ -40,7 +40,10 @@ func (e *entry) acquire(ctx context.Context) error {
 func (e *entry) release() { <-e.lock }
 
 // The store is what tasks persist records to.
-var _ actions.RecordWriter = (*store.Store)(nil)
+var (
+	_ actions.RecordWriter     = (*store.Store)(nil)
+	_ actions.LazyRecordWriter = (*store.Store)(nil)
+)
 
 // newTask starts a flow's task on rec; every record it persists becomes
 // e's (when e is set).

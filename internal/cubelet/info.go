@@ -158,5 +158,40 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 	for _, c := range conds {
 		r.Conditions = append(r.Conditions, &cubeletpb.Condition{Type: c.Type, Ok: c.OK, Message: c.Message})
 	}
+	s.egressVerdicts(ctx, r, recs)
 	return r
+}
+
+// egressVerdicts adds network-agent's notable egress verdicts since the
+// last report to r, under the sandboxes' IDs (the agent knows their slots
+// by host key). Best effort: a report that does not reach the master
+// loses them; the node's audit files keep every event.
+func (s *Service) egressVerdicts(ctx context.Context, r *masterpb.NodeReport, recs []*sandbox.Record) {
+	resp, err := s.node.Net.TakeEgressVerdicts(ctx)
+	if err != nil || resp == nil {
+		if err != nil {
+			s.log.Debug("egress verdicts", "err", err)
+		}
+		return
+	}
+	ids := make(map[string]string, len(recs))
+	for _, rec := range recs {
+		ids[rec.HostKey()] = rec.ID
+	}
+	for _, v := range resp.Verdicts {
+		id, ok := ids[v.SandboxId]
+		if !ok {
+			continue // a pooled slot's or a released sandbox's
+		}
+		r.EgressVerdicts = append(r.EgressVerdicts, &masterpb.EgressVerdict{SandboxId: id, Time: v.Time, Kind: v.Kind,
+			Verdict: v.Verdict, Name: v.Name, Addr: v.Addr, Rule: v.Rule, Reason: v.Reason})
+	}
+	for key, n := range resp.Suppressed {
+		if id, ok := ids[key]; ok {
+			if r.EgressSuppressed == nil {
+				r.EgressSuppressed = map[string]int32{}
+			}
+			r.EgressSuppressed[id] += n
+		}
+	}
 }

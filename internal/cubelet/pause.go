@@ -73,7 +73,16 @@ func (s *Service) pauseModeVerb(ctx context.Context, id, flow string, to lifecyc
 	if err != nil {
 		return &Result{Sandbox: t.Record(), Timings: res.Timings, Flow: flow}, err
 	}
-	if err := t.Update(func(r *sandbox.Record) { r.State, r.PauseMode = to, mode }); err != nil {
+	update := t.Update
+	if flow == FlowPause || flow == FlowResume {
+		// A memory pause or resume is the runtime's own state (the
+		// cgroup freezer, a stopped VM): a cubelet killed before this
+		// record reaches the disk reads it back at restart (reconcile
+		// adopts Running or Paused as the runtime reports it), so the
+		// caller does not wait for the fsync.
+		update = t.UpdateLazy
+	}
+	if err := update(func(r *sandbox.Record) { r.State, r.PauseMode = to, mode }); err != nil {
 		return nil, err
 	}
 	if flow == FlowResumeDisk {

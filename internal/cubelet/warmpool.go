@@ -567,12 +567,7 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	s.boxes[rec.ID] = e
 	delete(s.boxes, poolID)
 	s.mu.Unlock()
-	writer := false // the running record's writer releases e
-	defer func() {
-		if !writer {
-			e.release()
-		}
-	}()
+	defer e.release()
 	s.disarm(poolID)
 	// The record is replaced while the claim runs: once thawed (ApplyClaim
 	// thaws first), the entry is never taken back as ready (reconcile finds
@@ -629,17 +624,12 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	}
 	// The record written above (creating, with the entry's token) already
 	// stands for this sandbox: a restart finishes the claim it names
-	// (finishClaim). So the running record is written after the answer,
-	// off the create's path; the sandbox stays locked until it is, so no
-	// later change of the sandbox is overtaken by it.
-	snap := t.Set(func(r *sandbox.Record) { r.State, r.PoolToken = lifecycle.Running, "" })
-	writer = true
-	go func() {
-		defer e.release()
-		if err := s.store.PutSandbox(snap); err != nil {
-			log.Warn("warm pool: write the claimed sandbox's running record (a restart finishes the claim)", "err", err)
-		}
-	}()
+	// (finishClaim). So the running record is written in the background,
+	// off the create's path (a later synchronous write supersedes it).
+	if err := t.UpdateLazy(func(r *sandbox.Record) { r.State, r.PoolToken = lifecycle.Running, "" }); err != nil {
+		return nil, true, err
+	}
+	snap := t.Record()
 	log.Info("sandbox created from warm pool", "duration", time.Since(begin))
 	return &Result{Sandbox: snap, Timings: timings, Pooled: true}, true, nil
 }

@@ -37,6 +37,9 @@ func networkPolicyFromPB(field string, p *pb.NetworkPolicy) (*policy.Policy, err
 	for _, c := range p.Credentials {
 		spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
 	}
+	for _, r := range p.Requests {
+		spec.Requests = append(spec.Requests, policy.RequestRule{Host: r.Host, Methods: r.Methods, Paths: r.Paths})
+	}
 	v, err := policy.Parse(field, spec)
 	if err != nil {
 		return nil, err
@@ -52,6 +55,9 @@ func networkPolicyToPB(p policy.Policy) *pb.NetworkPolicy {
 		MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
 	for _, c := range s.Credentials {
 		out.Credentials = append(out.Credentials, &pb.Credential{Host: c.Host, Header: c.Header})
+	}
+	for _, r := range s.Requests {
+		out.Requests = append(out.Requests, &pb.RequestRule{Host: r.Host, Methods: r.Methods, Paths: r.Paths})
 	}
 	return out
 }

@@ -83,7 +83,19 @@ const (
 	maxNegative = 10000
 )
 
-var _ proxy.Resolver = (*Routes)(nil)
+var (
+	_ proxy.Resolver  = (*Routes)(nil)
+	_ proxy.Forgetter = (*Routes)(nil)
+)
+
+// Forget implements proxy.Forgetter: a request to id failed on its way,
+// and the route asks the master afresh (the sandbox may have moved
+// before the master's change reached this replica).
+func (r *Routes) Forget(id string) {
+	if id != "" {
+		r.invalidate(id)
+	}
+}
 
 // NewRoutes returns a Routes; Watch must run for it to cache.
 func NewRoutes(client masterpb.RouteServiceClient, ttl time.Duration, m *Metrics, log *slog.Logger) *Routes {
@@ -269,17 +281,21 @@ func (r *Routes) watchOnce(ctx context.Context) error {
 	}
 }
 
-// Gone reports whether the master no longer knows sandbox id (a resolve
-// that resumes nothing answers NotFound). Any other answer, an error
-// included, is not gone.
-func (r *Routes) Gone(ctx context.Context, id string) bool {
+// where asks the master where sandbox id is now, resuming nothing: its
+// target, or gone when the master does not know it. Neither (nil, false)
+// when the master answered otherwise (paused, moving past goneTimeout,
+// unreachable).
+func (r *Routes) where(ctx context.Context, id string) (t *proxy.Target, gone bool) {
 	cctx, cancel := context.WithTimeout(ctx, goneTimeout)
 	defer cancel()
-	_, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id})
-	return err != nil && errdefs.IsNotFound(fromGRPC(err))
+	resp, err := r.client.ResolveRoute(cctx, &masterpb.ResolveRouteRequest{SandboxId: id})
+	if err != nil {
+		return nil, errdefs.IsNotFound(fromGRPC(err))
+	}
+	return r.target(resp), false
 }
 
-// goneTimeout bounds the check Gone makes.
+// goneTimeout bounds the check where makes.
 const goneTimeout = 5 * time.Second
 
 // fromGRPC classifies a master error for proxy.writeError: a status in

@@ -59,6 +59,10 @@ type Config struct {
 	// Settings names Listen, MetricsListen and TLS in errors (cubeproxy's
 	// flags when empty): a listener beyond loopback without TLS is refused.
 	Settings Settings
+	// NoRetry answers 502 at once for a request that failed on its way
+	// to a sandbox that moved, instead of sending it again where the
+	// sandbox is now (proxy.Config.NoRetry).
+	NoRetry bool
 }
 
 // Settings are the names of a Config's fields where they are configured.
@@ -129,14 +133,24 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 		}
 		cfg.Dialer = d
 	}
-	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log})
+	route := proxy.New(proxy.Config{Resolver: s.Routes, Dialer: cfg.Dialer, Domain: cfg.Domain, Log: log, NoRetry: cfg.NoRetry})
 	// A sandbox destroyed while requests to it are under way: they end
 	// now with 502 instead of waiting on connections a vanished network
-	// stack never closes.
+	// stack never closes. A sandbox that moved: the attempts still on
+	// their way to where it was end, and those that may be sent again go
+	// where it is now (proxy.Handler.Moved).
 	s.Routes.onChange = func(id string) {
-		if route.InFlight(id) && s.Routes.Gone(context.WithoutCancel(ctx), id) {
+		if !route.InFlight(id) {
+			return
+		}
+		switch t, gone := s.Routes.where(context.WithoutCancel(ctx), id); {
+		case gone:
 			n := route.Abort(id, fmt.Errorf("sandbox %s is gone: %w", id, errdefs.ErrNotFound))
 			log.Info("requests to a sandbox that went away ended", "sandbox_id", id, "requests", n)
+		case t != nil:
+			if n := route.Moved(id, t); n > 0 {
+				log.Info("requests to a sandbox that moved ended where it was", "sandbox_id", id, "node_id", t.NodeID, "requests", n)
+			}
 		}
 	}
 	act := newActivity()

@@ -156,6 +156,15 @@ func ValidateNetwork(n catalog.Network) error {
 			return err
 		}
 	}
+	if len(n.Requests) > 0 {
+		spec := policy.Spec{}
+		for _, r := range n.Requests {
+			spec.Requests = append(spec.Requests, policy.RequestRule(r))
+		}
+		if _, err := policy.Parse("network", spec); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

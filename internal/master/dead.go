@@ -4,6 +4,7 @@ import (
 	"context"
 
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
@@ -33,6 +34,11 @@ func (s *Service) markFailed(ctx context.Context, nodeID string, d *masterpb.Dea
 		return
 	}
 	defer unlock()
+	// A move by another replica: the copy that died may be the original
+	// it leaves; the row read after the move says.
+	if _, err := s.awaitMove(ctx, d.SandboxId, verbMoveWait, errdefs.ErrUnavailable); err != nil {
+		return
+	}
 	sb, err := s.cat.GetSandbox(ctx, d.SandboxId)
 	if err != nil || !live(sb) {
 		return

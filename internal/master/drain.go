@@ -240,6 +240,13 @@ func (s *Service) drainOne(ctx context.Context, nodeID, id string) (string, erro
 		return "", err
 	}
 	defer unlock()
+	// Marked before the row is read: another replica's move of it is
+	// waited for first.
+	unmark, err := s.markMoving(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	defer unmark()
 	sb, err := s.cat.GetSandbox(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return "", nil
@@ -250,8 +257,6 @@ func (s *Service) drainOne(ctx context.Context, nodeID, id string) (string, erro
 	if sb.NodeID != nodeID || (sb.State != catalog.StateRunning && sb.State != catalog.StatePaused) {
 		return "", nil
 	}
-	unmark := s.markMoving(id)
-	defer unmark()
 	wasRunning := sb.State == catalog.StateRunning
 	if wasRunning {
 		// Not exported at this pause (store.export_on_pause): the move

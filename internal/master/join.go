@@ -6,11 +6,16 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/network/egress"
 	"github.com/cubesandbox/cube/internal/pki"
 )
 
@@ -41,6 +46,62 @@ func loadJoinCA(dir string) (*pki.CA, error) {
 		return nil, fmt.Errorf("join.ca_dir: %w", err)
 	}
 	return ca, nil
+}
+
+// egressCA is the cluster's egress CA: the CA every node's egress proxy
+// signs the certificates of the hosts whose TLS it terminates with, and
+// that every sandbox trusts. One per cluster, so a sandbox moved, cloned
+// or restored onto another node still trusts the proxy there. It lives
+// beside the cluster CA in join.ca_dir (egress-ca.pem, egress-ca-key.pem
+// 0600, the files network-agent's [egress] ca_dir holds), made at the
+// master's first start when absent, and a join hands it to the node with
+// its certificate.
+type egressCA struct {
+	certPEM, keyPEM []byte
+}
+
+// loadEgressCA reads (or makes) the egress CA in dir; nil when dir is ""
+// (joins are off), or when dir has neither file and cannot take them (a
+// read-only mount of the cluster CA): joins then hand no egress CA and
+// each node keeps its own, as the warning says.
+func loadEgressCA(dir string, log *slog.Logger) (*egressCA, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	_, cerr := os.Stat(filepath.Join(dir, egress.CACertFile))
+	_, kerr := os.Stat(filepath.Join(dir, egress.CAKeyFile))
+	absent := errors.Is(cerr, os.ErrNotExist) && errors.Is(kerr, os.ErrNotExist)
+	// egress.LoadOrCreateCA makes the pair only when neither file
+	// exists, and checks that the two belong together.
+	if _, err := egress.LoadOrCreateCA(dir); err != nil {
+		if absent {
+			log.Warn("join.ca_dir holds no egress CA and cannot take one: joined nodes keep their own (docs/network.md, \"The egress CA\")",
+				"dir", dir, "err", err)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("join.ca_dir: %w", err)
+	}
+	certPEM, err := os.ReadFile(filepath.Join(dir, egress.CACertFile))
+	if err != nil {
+		return nil, fmt.Errorf("join.ca_dir: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, egress.CAKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("join.ca_dir: %w", err)
+	}
+	if _, err := egress.ParseCA(certPEM, keyPEM); err != nil {
+		return nil, fmt.Errorf("join.ca_dir: %w", err)
+	}
+	return &egressCA{certPEM: certPEM, keyPEM: keyPEM}, nil
+}
+
+// EgressCA is the cluster's egress CA, certificate and key (PEM), that a
+// join hands the node for its network-agent; nil when joins are off.
+func (s *Service) EgressCA() (certPEM, keyPEM []byte) {
+	if s.egressCA == nil {
+		return nil, nil
+	}
+	return s.egressCA.certPEM, s.egressCA.keyPEM
 }
 
 // JoinCA is the CA joining nodes' certificates are signed with; nil when

@@ -9,6 +9,7 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
@@ -144,8 +145,20 @@ func (s *Service) exportPaused(ctx context.Context, sb *catalog.Sandbox) {
 // pause's. The lost node's copy is destroyed when the node reports again
 // (reconcile: movedAway). The caller holds the sandbox's lock.
 func (s *Service) restoreElsewhere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
-	unmark := s.markMoving(sb.ID)
+	unmark, err := s.markMoving(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
 	defer unmark()
+	if cur, err := s.cat.GetSandbox(ctx, sb.ID); err != nil {
+		return nil, err
+	} else if cur.NodeID != sb.NodeID || cur.State != catalog.StatePaused {
+		// Another replica restored (or moved) it meanwhile.
+		if cur.State == catalog.StateRunning {
+			return cur, nil
+		}
+		return nil, fmt.Errorf("sandbox %s is %s on node %s now: %w", sb.ID, cur.State, cur.NodeID, errdefs.ErrFailedPrecondition)
+	}
 	begin := time.Now()
 	snap := &catalog.Snapshot{ID: sb.PauseSnapshot, SandboxID: sb.ID, NodeID: sb.NodeID, TemplateID: sb.TemplateID,
 		Runtime: sb.Runtime, Team: sb.Team, EnvdAccessToken: sb.EnvdAccessToken}

@@ -66,17 +66,12 @@ func (p Presented) mayResume(sb *catalog.Sandbox) error {
 // would check it once the sandbox runs: a wrong or missing token is
 // Unauthenticated and the sandbox stays paused.
 func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Presented) (*RouteInfo, error) {
-	sb, err := s.Get(ctx, id)
+	// Moving to another node (a drain, a resume elsewhere; paused for it
+	// or still being paused), by this replica or another: routeRead
+	// waits for the move and routes to where it runs now.
+	sb, err := s.routeRead(ctx, id, s.Get)
 	if err != nil {
 		return nil, err
-	}
-	if _, moving := s.moving.Load(id); moving {
-		// Moving to another node (a drain, a resume elsewhere; paused
-		// for it or still being paused): wait for the move, which holds
-		// the sandbox's lock, and route to where it runs now.
-		if sb, err = s.afterMove(ctx, id); err != nil {
-			return nil, err
-		}
 	}
 	resumed := false
 	if sb.State == catalog.StatePaused {
@@ -123,15 +118,37 @@ func (s *Service) ResolveRoute(ctx context.Context, id string, resume bool, p Pr
 	return ri, nil
 }
 
-// afterMove waits until no verb holds sandbox id's lock (a move in
-// flight) and reads its row again.
-func (s *Service) afterMove(ctx context.Context, id string) (*catalog.Sandbox, error) {
-	unlock, err := s.locks.lock(ctx, id)
+// routeRead reads sandbox id's row (get) for a route once no move of it
+// is under way: a move by this replica holds the sandbox's verb lock,
+// one by another replica its move's lease in the catalog (awaitMove).
+// The wait is bounded by routeMoveWait; past it the error is Aborted,
+// which the route answers 503 with Retry-After.
+func (s *Service) routeRead(ctx context.Context, id string, get func(context.Context, string) (*catalog.Sandbox, error)) (*catalog.Sandbox, error) {
+	sb, err := get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	unlock()
-	return s.Get(ctx, id)
+	if _, moving := s.moving.Load(id); moving {
+		lctx, cancel := context.WithTimeout(ctx, routeMoveWait)
+		unlock, err := s.locks.lock(lctx, id)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				return nil, fmt.Errorf("sandbox %s is being moved to another node and still was after %s; try again: %w", id, routeMoveWait, errdefs.ErrAborted)
+			}
+			return nil, err
+		}
+		unlock()
+		return get(ctx, id)
+	}
+	waited, err := s.awaitMove(ctx, id, routeMoveWait, errdefs.ErrAborted)
+	if err != nil {
+		return nil, err
+	}
+	if waited {
+		return get(ctx, id)
+	}
+	return sb, nil
 }
 
 // routeHub fans route invalidations out to watchers (proxy replicas).
@@ -349,6 +366,10 @@ func (s *Service) pauseIdle(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	// Moving (by another replica): not idle, whatever its traffic says.
+	if waited, err := s.awaitMove(ctx, id, 0, errdefs.ErrUnavailable); waited || err != nil {
+		return nil
+	}
 	sb, err := s.Get(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil

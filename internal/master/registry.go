@@ -238,6 +238,10 @@ func (s *Service) secondRegistrant(r *masterpb.NodeReport) error {
 }
 
 func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.Time, registered bool) error {
+	// Egress verdicts are sent once, for the events: not part of the
+	// node's stored report.
+	verdicts, suppressed := r.EgressVerdicts, r.EgressSuppressed
+	r.EgressVerdicts, r.EgressSuppressed = nil, nil
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[r.NodeId]; ns != nil && !registered {
 		r = ns.newerTemplates(r)
@@ -305,6 +309,9 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 	}
 	if len(r.Dead) > 0 {
 		s.noteDead(r.NodeId, r.Dead)
+	}
+	if len(verdicts) > 0 || len(suppressed) > 0 {
+		s.noteEgress(r.NodeId, verdicts, suppressed)
 	}
 	return nil
 }

@@ -78,7 +78,18 @@ func (c *routeCache) dropLocal(id string) {
 	c.hub.publish(id)
 }
 
-var _ proxy.Resolver = (*Service)(nil)
+var (
+	_ proxy.Resolver  = (*Service)(nil)
+	_ proxy.Forgetter = (*Service)(nil)
+)
+
+// Forget implements proxy.Forgetter: this replica's route cache drops
+// id (only here: the change, if any, is another's to publish).
+func (s *Service) Forget(id string) {
+	s.routes.mu.Lock()
+	delete(s.routes.m, id)
+	s.routes.mu.Unlock()
+}
 
 // Resolve implements proxy.Resolver: where a running sandbox can be
 // reached. One that is not running (paused, failed) is Unavailable: the
@@ -88,18 +99,12 @@ func (s *Service) Resolve(ctx context.Context, id string) (*proxy.Target, error)
 	if t := s.routes.get(id); t != nil {
 		return t, nil
 	}
-	sb, err := s.cat.GetSandbox(ctx, id)
+	// Moving to another node (paused for it, or still being paused for
+	// a drain): routeRead waits for the move rather than send a new
+	// connection to the copy about to be frozen and destroyed.
+	sb, err := s.routeRead(ctx, id, s.cat.GetSandbox)
 	if err != nil {
 		return nil, err
-	}
-	if _, moving := s.moving.Load(id); moving {
-		// Moving to another node (paused for it, or still being paused
-		// for a drain): wait for the move, which holds the sandbox's
-		// lock, rather than send a new connection to the copy about to
-		// be frozen and destroyed.
-		if sb, err = s.afterMove(ctx, id); err != nil {
-			return nil, err
-		}
 	}
 	switch sb.State {
 	case catalog.StateRunning:

@@ -189,7 +189,7 @@ func (s *Service) checkSecrets(ctx context.Context, team string, n catalog.Netwo
 // keeps the node default (nodes refuse policies they cannot apply, e.g.
 // without a network-agent, so none is sent unless asked for).
 func (s *Service) nodeNetwork(ctx context.Context, team string, n catalog.Network) (*cubeletpb.NetworkPolicy, error) {
-	if n.AllowInternet == nil && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && len(n.Credentials) == 0 {
+	if n.AllowInternet == nil && len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && len(n.Credentials) == 0 && len(n.Requests) == 0 {
 		return nil, nil
 	}
 	if team == "" {
@@ -205,6 +205,9 @@ func (s *Service) nodeNetwork(ctx context.Context, team string, n catalog.Networ
 			}
 		}
 		p.Credentials = append(p.Credentials, &cubeletpb.Credential{Host: c.Host, Header: c.Header, Value: v})
+	}
+	for _, r := range n.Requests {
+		p.Requests = append(p.Requests, &cubeletpb.RequestRule{Host: r.Host, Methods: r.Methods, Paths: r.Paths})
 	}
 	return p, nil
 }

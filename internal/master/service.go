@@ -61,8 +61,11 @@ type Service struct {
 	dialer proxy.Dialer
 	// joinCA signs joining nodes' certificates (join.ca_dir); nil: no joins.
 	joinCA *pki.CA
-	agents *agentClient
-	routes *routeCache
+	// egressCA is the cluster's egress CA handed to joining nodes
+	// (join.ca_dir); nil when joins are off.
+	egressCA *egressCA
+	agents   *agentClient
+	routes   *routeCache
 	// stored is the template store (distribute.go).
 	stored *storedTemplates
 	// activity feeds the idle policy (proxyroutes.go).
@@ -150,6 +153,10 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 	if err != nil {
 		return nil, err
 	}
+	egressCA, err := loadEgressCA(cfg.Join.CADir, log)
+	if err != nil {
+		return nil, err
+	}
 	stored, err := newStoredTemplates(cfg.Templates.StoreDir)
 	if err != nil {
 		return nil, err
@@ -175,6 +182,7 @@ func New(ctx context.Context, cfg *Config, log *slog.Logger, opts ...Option) (*S
 		routes:   newRouteCache(),
 		stored:   stored,
 		joinCA:   joinCA,
+		egressCA: egressCA,
 		activity: newActivity(),
 		box:      box, noBox: noBox,
 		ctx: bg, cancel: cancel,

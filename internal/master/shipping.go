@@ -2,6 +2,8 @@ package master
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -150,9 +152,24 @@ func (s *Service) createFromSnapshotElsewhere(ctx context.Context, sb *catalog.S
 // taking nothing new) on another node, keeping its ID (and so its URL
 // through the route), with deadline now+timeout: moveElsewhere.
 func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, timeout time.Duration) (*catalog.Sandbox, error) {
-	unmark := s.markMoving(sb.ID)
+	unmark, err := s.markMoving(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
 	defer unmark()
-	return s.moveElsewhere(ctx, sb, time.Now().UTC().Add(timeout))
+	// Read again under the mark: another replica may have moved it
+	// (or resumed it) meanwhile.
+	cur, err := s.cat.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	if cur.State == catalog.StateRunning && cur.NodeID != sb.NodeID {
+		return cur, nil
+	}
+	if cur.State != catalog.StatePaused || cur.NodeID != sb.NodeID {
+		return nil, fmt.Errorf("sandbox %s is %s on node %s now: %w", sb.ID, cur.State, cur.NodeID, errdefs.ErrFailedPrecondition)
+	}
+	return s.moveElsewhere(ctx, cur, time.Now().UTC().Add(timeout))
 }
 
 // moveElsewhere starts a paused sandbox on another node under its own ID
@@ -413,11 +430,123 @@ func (s *Service) dropExported(ctx context.Context, snapID, node string) {
 	s.log.Warn("delete an exported pause snapshot from the store; it stays there", "snapshot_id", snapID, "err", errors.Join(errs...))
 }
 
+// How a move is known beyond the replica making it. This replica's verb
+// lock and its moving set make its own verbs and route resolves wait for
+// the move; on a shared catalog the move also holds the lease
+// "move/<sandbox ID>" in the catalog, which the other replicas' verbs and
+// route resolves wait on (awaitMove), so that none of them answers that
+// the sandbox is paused (409, or a resume of its frozen original) while
+// it moves, and none starts a second move of it.
+const (
+	// moveLeaseTTL is how long a move's lease outlives the last renewal
+	// of its replica (renewed every third of it): a replica that died
+	// mid-move holds the others up no longer than this.
+	moveLeaseTTL = 10 * time.Second
+	movePoll     = 100 * time.Millisecond
+	// routeMoveWait bounds how long a route resolve waits for a move
+	// (within cubeproxy's own bound on a resolve): then the route answers
+	// 503 with Retry-After. verbMoveWait bounds a verb's wait (then 503).
+	routeMoveWait = 30 * time.Second
+	verbMoveWait  = 2 * time.Minute
+)
+
+// moveLeaseName names the lease of a move of sandbox id; a lease name
+// holds 64 characters, so a long ID (up to 63) is named by its digest.
+func moveLeaseName(id string) string {
+	if n := "move/" + id; len(n) <= 64 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "move#" + hex.EncodeToString(sum[:])[:59]
+}
+
 // markMoving records that sandbox id is being moved, until the returned
-// func is called.
-func (s *Service) markMoving(id string) func() {
+// func is called. On a shared catalog it takes the move's lease, waiting
+// while another replica's move of the sandbox holds it, and renews it
+// until then.
+func (s *Service) markMoving(ctx context.Context, id string) (func(), error) {
 	s.moving.Store(id, true)
-	return func() { s.moving.Delete(id) }
+	if !s.shared() {
+		return func() { s.moving.Delete(id) }, nil
+	}
+	name, holder := moveLeaseName(id), s.lead.holder
+	for {
+		_, ok, err := s.cat.AcquireLease(ctx, name, holder, s.lead.replica, moveLeaseTTL, false)
+		if err != nil {
+			s.moving.Delete(id)
+			return nil, fmt.Errorf("sandbox %s: take its move's lease: %w", id, err)
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			s.moving.Delete(id)
+			return nil, fmt.Errorf("sandbox %s: another replica is moving it: %w", id, ctx.Err())
+		case <-time.After(movePoll):
+		}
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(moveLeaseTTL / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if _, ok, err := s.cat.AcquireLease(context.WithoutCancel(ctx), name, holder, s.lead.replica, moveLeaseTTL, false); err != nil || !ok {
+				s.log.Warn("move: renew its lease (other replicas may stop waiting for the move)", "sandbox_id", id, "err", err)
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-stopped
+		if err := s.cat.DropLease(context.WithoutCancel(ctx), name, holder); err != nil {
+			s.log.Warn("move: drop its lease (the other replicas wait until it expires)", "sandbox_id", id, "err", err)
+		}
+		s.moving.Delete(id)
+	}, nil
+}
+
+// awaitMove waits, on a shared catalog, while another replica moves
+// sandbox id (its move's lease is held), up to bound; then the error
+// carries kind (what the caller's client should read: try again). A move
+// of this replica's is not waited for here: the verb lock and the moving
+// set do that.
+func (s *Service) awaitMove(ctx context.Context, id string, bound time.Duration, kind error) (waited bool, err error) {
+	if !s.shared() {
+		return false, nil
+	}
+	name := moveLeaseName(id)
+	var began time.Time
+	for {
+		l, held, err := s.cat.LeaseHeld(ctx, name)
+		if err != nil {
+			return !began.IsZero(), err
+		}
+		if !held || l.Holder == s.lead.holder {
+			if !began.IsZero() {
+				s.log.Info("waited for another replica's move of the sandbox", "sandbox_id", id, "waited", time.Since(began))
+			}
+			return !began.IsZero(), nil
+		}
+		if began.IsZero() {
+			began = time.Now()
+		}
+		if time.Since(began) >= bound {
+			return true, fmt.Errorf("sandbox %s is being moved to another node (by master replica %s) and still was after %s; try again: %w",
+				id, l.Replica, bound, kind)
+		}
+		select {
+		case <-ctx.Done():
+			return true, fmt.Errorf("sandbox %s: waiting for its move to another node: %w", id, ctx.Err())
+		case <-time.After(movePoll):
+		}
+	}
 }
 
 // nodeCordoned reports whether nodeID is healthy but takes nothing new: a

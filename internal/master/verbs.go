@@ -58,6 +58,11 @@ func (s *Service) lockSandbox(ctx context.Context, id string) (*catalog.Sandbox,
 		return nil, nil, err
 	}
 	s.activity.touch(id, time.Now()) // API traffic keeps a sandbox awake
+	// Another replica moving it: wait, then act on where it is now.
+	if _, err := s.awaitMove(ctx, id, verbMoveWait, errdefs.ErrUnavailable); err != nil {
+		unlock()
+		return nil, nil, err
+	}
 	sb, err := s.Get(ctx, id)
 	if err != nil {
 		unlock()
@@ -362,8 +367,8 @@ func (s *Service) extend(ctx context.Context, id string, d time.Duration, allowS
 	})
 }
 
-// UpdateNetwork replaces a sandbox's egress rules. Credential rules given
-// at create stay unless n names its own (nil keeps them).
+// UpdateNetwork replaces a sandbox's egress rules. Credential and request
+// rules given at create stay unless n names its own (nil keeps them).
 func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Network) error {
 	if err := ValidateNetwork(n); err != nil {
 		return err
@@ -375,6 +380,9 @@ func (s *Service) UpdateNetwork(ctx context.Context, id string, n catalog.Networ
 	defer unlock()
 	if n.Credentials == nil {
 		n.Credentials = sb.Network.Credentials
+	}
+	if n.Requests == nil {
+		n.Requests = sb.Network.Requests
 	}
 	netPolicy, err := s.nodeNetwork(ctx, sb.Team, n)
 	if err != nil {

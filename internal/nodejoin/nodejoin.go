@@ -47,10 +47,14 @@ type Request struct {
 	Hosts []string `json:"hosts"`
 }
 
-// Response is the master's answer: the node's certificate and the CA, PEM.
+// Response is the master's answer: the node's certificate and the CA, PEM,
+// and the cluster's egress CA (certificate and key, PEM) for the node's
+// network-agent.
 type Response struct {
 	Certificate string `json:"certificate"`
 	CA          string `json:"ca"`
+	EgressCA    string `json:"egressCA,omitempty"`
+	EgressCAKey string `json:"egressCAKey,omitempty"`
 }
 
 // Files are what Join writes into a directory.
@@ -58,11 +62,19 @@ const (
 	CertFile = "node.crt"
 	KeyFile  = "node.key"
 	CAFile   = "ca.crt"
+	// EgressDir is the subdirectory (0700) with the cluster's egress CA,
+	// what network-agent's [egress] ca_dir names: the file names are
+	// the ones network-agent reads there (package egress).
+	EgressDir     = "egress"
+	EgressCAFile  = "egress-ca.pem"
+	EgressKeyFile = "egress-ca-key.pem"
 )
 
 // Join obtains a node certificate for nodeID from the join listener at
 // addr (host:port) with token, valid for hosts, and writes it, its key
 // (made here, 0600) and the CA into dir. It returns the three paths.
+// When the master hands the cluster's egress CA too, Join writes it into
+// dir/egress (the key 0600) for network-agent's [egress] ca_dir.
 func Join(ctx context.Context, addr, token, nodeID string, hosts []string, dir string) (cert, key, ca string, err error) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 4 || len(parts[3]) != 64 {
@@ -141,12 +153,29 @@ func Join(ctx context.Context, addr, token, nodeID string, hosts []string, dir s
 	if !k.PublicKey.Equal(leaf.PublicKey) {
 		return "", "", "", fmt.Errorf("join %s: the certificate is for another key: %w", addr, errdefs.ErrPermissionDenied)
 	}
+	if out.EgressCA != "" || out.EgressCAKey != "" {
+		if err := checkEgressCA(out.EgressCA, out.EgressCAKey); err != nil {
+			return "", "", "", fmt.Errorf("join %s: egress CA: %w", addr, err)
+		}
+	}
 	kder, err := x509.MarshalECPrivateKey(k)
 	if err != nil {
 		return "", "", "", err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", "", "", err
+	}
+	if out.EgressCA != "" {
+		ed := filepath.Join(dir, EgressDir)
+		if err := os.MkdirAll(ed, 0o700); err != nil {
+			return "", "", "", err
+		}
+		if err := writeFile(filepath.Join(ed, EgressKeyFile), []byte(out.EgressCAKey), 0o600); err != nil {
+			return "", "", "", err
+		}
+		if err := writeFile(filepath.Join(ed, EgressCAFile), []byte(out.EgressCA), 0o644); err != nil {
+			return "", "", "", err
+		}
 	}
 	cert, key, ca = filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile), filepath.Join(dir, CAFile)
 	for _, f := range []struct {
@@ -163,6 +192,22 @@ func Join(ctx context.Context, addr, token, nodeID string, hosts []string, dir s
 		}
 	}
 	return cert, key, ca, nil
+}
+
+// checkEgressCA: the pair must be a CA certificate and its key.
+func checkEgressCA(certPEM, keyPEM string) error {
+	pair, err := tls.X509KeyPair([]byte(certPEM), []byte(keyPEM))
+	if err != nil {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	c, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if !c.IsCA {
+		return fmt.Errorf("not a CA certificate: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // PinnedConfig is a client TLS config that accepts only a server whose

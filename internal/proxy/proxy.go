@@ -125,7 +125,22 @@ type Config struct {
 	// Domain is the suffix of <port>-<sandboxID>.<domain> hosts.
 	Domain string
 	Log    *slog.Logger
+	// NoRetry turns off the one retry of a failed request on the
+	// sandbox's new location (retryTransport): its failure is answered
+	// 502 at once, as a route without moves would.
+	NoRetry bool
 }
+
+// Forgetter is a Resolver that caches: Forget drops what it holds for a
+// sandbox, so that the next Resolve asks afresh. A request that failed
+// on its way to a sandbox forgets its route before resolving it again.
+type Forgetter interface {
+	Forget(sandboxID string)
+}
+
+// RetryAfter is the Retry-After (seconds) of a 503 answered for a sandbox
+// that is moving to another node and was not there in time.
+const RetryAfter = "2"
 
 // Handler is the route, an http.Handler.
 type Handler struct {
@@ -136,11 +151,64 @@ type Handler struct {
 
 	mu       sync.Mutex
 	inflight map[string]map[*inflightReq]struct{} // by sandbox ID
+	// samePlace: sandboxes a failed request's resolve found where they
+	// were, and when (retryTransport).
+	samePlace map[string]time.Time
 }
 
 // inflightReq is one request on its way to a sandbox, to be ended by
-// Abort.
-type inflightReq struct{ cancel context.CancelCauseFunc }
+// Abort, and its current attempt (retryTransport), to be ended by Moved.
+type inflightReq struct {
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	at      *Target                 // where the current attempt goes
+	attempt context.CancelCauseFunc // ends the current attempt only
+}
+
+// setAttempt records the attempt under way.
+func (r *inflightReq) setAttempt(at *Target, cancel context.CancelCauseFunc) {
+	r.mu.Lock()
+	r.at, r.attempt = at, cancel
+	r.mu.Unlock()
+}
+
+// movedTo ends the current attempt when it goes elsewhere than to.
+func (r *inflightReq) movedTo(to *Target) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.attempt == nil || r.at == nil || sameLocation(r.at, to) {
+		return false
+	}
+	r.attempt(errMoved)
+	r.attempt = nil
+	return true
+}
+
+// errMoved ends an attempt to reach a sandbox where it no longer is.
+var errMoved = fmt.Errorf("the sandbox moved to another node: %w", errdefs.ErrUnavailable)
+
+// Moved ends the attempts under way to sandboxID that go elsewhere than
+// to, where the sandbox is now, and returns how many it ended. Each such
+// request is then sent to to when it may be sent again (retryTransport),
+// else answered 502. A sandbox frozen for a move, then destroyed, may
+// never close the connections it had (gVisor's network stack goes with
+// it): without Moved such a request hung until its client gave up.
+func (h *Handler) Moved(sandboxID string, to *Target) int {
+	h.mu.Lock()
+	var reqs []*inflightReq
+	for r := range h.inflight[sandboxID] {
+		reqs = append(reqs, r)
+	}
+	h.mu.Unlock()
+	n := 0
+	for _, r := range reqs {
+		if r.movedTo(to) {
+			n++
+		}
+	}
+	return n
+}
 
 // InFlight reports whether a request to sandboxID is under way.
 func (h *Handler) InFlight(sandboxID string) bool {
@@ -167,8 +235,8 @@ func (h *Handler) Abort(sandboxID string, cause error) int {
 }
 
 // track registers a request to sandboxID and returns its context (ended
-// by Abort) and the function that unregisters it.
-func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context, func()) {
+// by Abort), its entry, and the function that unregisters it.
+func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context, *inflightReq, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	r := &inflightReq{cancel: cancel}
 	h.mu.Lock()
@@ -180,7 +248,7 @@ func (h *Handler) track(ctx context.Context, sandboxID string) (context.Context,
 	}
 	h.inflight[sandboxID][r] = struct{}{}
 	h.mu.Unlock()
-	return ctx, func() {
+	return ctx, r, func() {
 		h.mu.Lock()
 		if m := h.inflight[sandboxID]; m != nil {
 			delete(m, r)
@@ -239,8 +307,11 @@ func WithAdmitted(ctx context.Context, fn func(*Target)) context.Context {
 // routed is what ServeHTTP learned about a request, handed to the
 // transport's dialer through the request context.
 type routed struct {
-	target *Target
-	port   int
+	target    *Target
+	port      int
+	presented Presented
+	body      *watchedBody // the request's body; nil without one
+	req       *inflightReq
 }
 
 // New returns a Handler.
@@ -253,14 +324,17 @@ func New(cfg Config) *Handler {
 	}
 	h := &Handler{cfg: cfg, log: cfg.Log}
 	dial := func(ctx context.Context, _, addr string) (net.Conn, error) {
-		// The URL host is "<sandboxID>:<port>", so pooled connections are
-		// never shared between sandboxes or ports. The target resolved for
-		// the request rides in its context; a dial without it (which the
-		// transport does not do today) resolves again.
-		id, portStr, err := net.SplitHostPort(addr)
+		// The URL host is "<sandboxID>.<location>:<port>" (upstreamHost),
+		// so pooled connections are never shared between sandboxes, ports,
+		// or places a sandbox has been: after a move, a connection to
+		// where it was is never reused for where it is. The target
+		// resolved for the request rides in its context; a dial without
+		// it (which the transport does not do today) resolves again.
+		host, portStr, err := net.SplitHostPort(addr)
 		if err != nil {
 			return nil, err
 		}
+		id, _, _ := strings.Cut(host, ".")
 		port, _ := strconv.Atoi(portStr)
 		if r, ok := ctx.Value(ctxKey{}).(routed); ok && r.target.SandboxID == id && r.port == port {
 			return cfg.Dialer.DialSandbox(ctx, r.target, port)
@@ -278,9 +352,13 @@ func New(cfg Config) *Handler {
 	h.h2 = &http.Transport{Proxy: nil, DialContext: dial, IdleConnTimeout: 90 * time.Second}
 	h.h2.Protocols = new(http.Protocols)
 	h.h2.Protocols.SetUnencryptedHTTP2(true)
+	var tr http.RoundTripper = transportFor{h1: h.h1, h2: h.h2}
+	if !cfg.NoRetry {
+		tr = retryTransport{h: h, next: tr}
+	}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:       rewrite,
-		Transport:     transportFor{h1: h.h1, h2: h.h2},
+		Transport:     tr,
 		FlushInterval: -1,
 		ErrorHandler:  h.proxyError,
 		ErrorLog:      slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
@@ -301,7 +379,7 @@ func (t transportFor) RoundTrip(r *http.Request) (*http.Response, error) {
 func rewrite(pr *httputil.ProxyRequest) {
 	r := pr.In.Context().Value(ctxKey{}).(routed)
 	pr.Out.URL.Scheme = "http"
-	pr.Out.URL.Host = net.JoinHostPort(r.target.SandboxID, strconv.Itoa(r.port))
+	pr.Out.URL.Host = upstreamHost(r.target, r.port)
 	// The service in the sandbox sees the host the client used.
 	pr.Out.Host = pr.In.Host
 	pr.Out.Header.Del(HeaderTrafficToken)
@@ -394,9 +472,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, id, fmt.Errorf("%s is internal to the node: %w", agentproto.InternalPrefix, errdefs.ErrNotFound))
 		return
 	}
-	t, err := h.cfg.Resolver.Resolve(context.WithValue(r.Context(), presentedKey{}, Presented{
-		Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken),
-	}), id)
+	presented := Presented{Port: port, TrafficToken: r.Header.Get(HeaderTrafficToken), EnvdToken: r.Header.Get(HeaderEnvdToken)}
+	t, err := h.cfg.Resolver.Resolve(context.WithValue(r.Context(), presentedKey{}, presented), id)
 	if err != nil {
 		if fn, ok := r.Context().Value(unresolvedKey{}).(func(error)); ok {
 			fn(err)
@@ -423,17 +500,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// upstream connection, killing a stream that had begun.
 	duplex := r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.Header.Get("Upgrade") == "" &&
 		http.NewResponseController(w).EnableFullDuplex() == nil
-	ctx, untrack := h.track(r.Context(), id)
+	ctx, req, untrack := h.track(r.Context(), id)
 	defer untrack()
-	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port})
-	h.rp.ServeHTTP(w, r.WithContext(ctx))
+	body := r.Body
+	var watched *watchedBody
+	if body != nil && body != http.NoBody {
+		// Whether any of the body was taken decides whether a failed
+		// request may be sent again (retryTransport).
+		watched = &watchedBody{rc: body}
+	}
+	ctx = context.WithValue(ctx, ctxKey{}, routed{target: t, port: port, presented: presented, body: watched, req: req})
+	out := r.WithContext(ctx)
+	if watched != nil {
+		out.Body = watched
+	}
+	h.rp.ServeHTTP(w, out)
 	if duplex {
 		// The answer is complete; read what is left of the body (as the
 		// server would, up to the same bound) before returning. Left to
 		// the server, its end-of-body background read can start after the
 		// server stopped waiting for one, and the server then panics
 		// reading the next request ("invalid concurrent Body.Read call").
-		_, _ = io.CopyN(io.Discard, r.Body, maxDrain)
+		_, _ = io.CopyN(io.Discard, body, maxDrain)
 	}
 }
 
@@ -457,6 +545,14 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		// The client went away; nobody reads the answer.
 		return
 	}
+	var re *reresolveError
+	if errors.As(err, &re) {
+		// The retry's resolve failed (the sandbox gone, or still moving):
+		// answered as any routing failure.
+		h.log.Debug("proxy: resolve for a retry failed", "sandbox_id", id, "err", re.err)
+		writeError(w, id, re.err)
+		return
+	}
 	h.log.Debug("proxy upstream error", "sandbox_id", id, "err", err)
 	// Whatever failed between us and the sandbox (refused, reset, gone),
 	// the client sees 502, which the E2B SDKs read as "the sandbox is gone
@@ -475,6 +571,11 @@ func writeError(w http.ResponseWriter, id string, err error) {
 		code = http.StatusBadRequest
 	case errdefs.IsFailedPrecondition(err):
 		code = http.StatusConflict
+	case errdefs.IsAborted(err):
+		// The sandbox is moving to another node and was not there within
+		// the master's bound: try again shortly.
+		code = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", RetryAfter)
 	case errdefs.IsNotFound(err), errdefs.IsUnavailable(err):
 		// E2B answers 502 for a sandbox that is not there, and the SDKs
 		// map 502 to "sandbox not found or timed out".

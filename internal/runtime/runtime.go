@@ -55,6 +55,11 @@ type Capabilities struct {
 	// reachable only at a network slot's address (gVisor), never by
 	// entering a bare namespace as a runc sandbox's is.
 	NeedsSlot bool `json:"needs_slot"`
+	// PauseFreezes: Pause freezes the sandbox's processes in place (the
+	// cgroup freezer) and Resume returns once the kernel reports them
+	// thawed: they run on as they were, their sockets open, so an agent
+	// that answered before the pause answers again without being asked.
+	PauseFreezes bool `json:"pause_freezes"`
 }
 
 // Limits are the resource limits applied to the sandbox's cgroup.

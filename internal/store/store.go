@@ -5,13 +5,16 @@
 // Writes go through a group commit (commit.go) so concurrent creates
 // coalesce their fsyncs instead of queueing one per write. Every write is one bolt
 // transaction: on a full filesystem it fails whole (errdefs.ErrNoSpace,
-// naming the filesystem) and the previous version stays.
+// naming the filesystem) and the previous version stays. The exception is
+// PutSandboxLazy (lazy.go): a background writer commits those records after
+// the call returns, for state changes the runtime can tell again.
 //
 // Open quarantines records that no longer decode (quarantine.go), so one
 // damaged record costs that record, not the daemon.
 package store
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +42,7 @@ type Store struct {
 	db    *bolt.DB
 	dir   string // holds the file: the filesystem a full-disk error names
 	group committer
+	lazy  *lazyWriter
 }
 
 // Option configures Open.
@@ -74,11 +78,14 @@ func Open(path string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init state store: %w", nospace.Wrap(err, dir))
 	}
-	s := &Store{db: db, dir: dir}
+	s := &Store{db: db, dir: dir, lazy: newLazyWriter(o.log)}
 	if err := s.quarantine(o.log); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("state store %s: quarantine: %w", path, err)
 	}
+	ctx, stop := context.WithCancel(context.Background())
+	s.lazy.stop = stop
+	go s.lazy.run(ctx, s)
 	return s, nil
 }
 
@@ -88,8 +95,13 @@ func (s *Store) batch(fn func(*bolt.Tx) error) error {
 	return nospace.Wrap(s.write(fn), s.dir)
 }
 
-// Close closes the database file.
-func (s *Store) Close() error { return s.db.Close() }
+// Close commits the records PutSandboxLazy queued and closes the
+// database file.
+func (s *Store) Close() error {
+	s.lazy.stop()
+	<-s.lazy.done
+	return s.db.Close()
+}
 
 func put(s *Store, bucket []byte, key string, v any) error {
 	data, err := json.Marshal(v)
@@ -143,13 +155,13 @@ func (s *Store) CreateSandbox(r *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	return s.batch(func(tx *bolt.Tx) error {
+	return s.syncSandboxes(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSandboxes)
 		if b.Get([]byte(r.ID)) != nil {
 			return fmt.Errorf("sandbox %q: %w", r.ID, errdefs.ErrAlreadyExists)
 		}
 		return b.Put([]byte(r.ID), data)
-	})
+	}, r.ID)
 }
 
 // ReplaceSandbox inserts r and deletes the record old in one transaction
@@ -161,7 +173,7 @@ func (s *Store) ReplaceSandbox(old string, r *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
-	return s.batch(func(tx *bolt.Tx) error {
+	return s.syncSandboxes(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSandboxes)
 		if b.Get([]byte(r.ID)) != nil {
 			return fmt.Errorf("sandbox %q: %w", r.ID, errdefs.ErrAlreadyExists)
@@ -173,26 +185,68 @@ func (s *Store) ReplaceSandbox(old string, r *sandbox.Record) error {
 			return err
 		}
 		return b.Put([]byte(r.ID), data)
-	})
+	}, old, r.ID)
 }
 
 // PutSandbox writes a record, replacing any previous version.
-func (s *Store) PutSandbox(r *sandbox.Record) error { return put(s, bucketSandboxes, r.ID, r) }
+func (s *Store) PutSandbox(r *sandbox.Record) error {
+	data, err := json.Marshal(r) //nolint:gosec // G117: as CreateSandbox
+	if err != nil {
+		return err
+	}
+	return s.syncSandboxes(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), data)
+	}, r.ID)
+}
 
-// GetSandbox reads one record; absent is ErrNotFound.
+// GetSandbox reads one record (a queued PutSandboxLazy one first); absent
+// is ErrNotFound.
 func (s *Store) GetSandbox(id string) (*sandbox.Record, error) {
+	if data, ok := s.lazy.queued(id); ok {
+		var r sandbox.Record
+		if err := json.Unmarshal(data, &r); err != nil {
+			return nil, err
+		}
+		return &r, nil
+	}
 	return get[sandbox.Record](s, bucketSandboxes, "sandbox", id)
 }
 
-// ListSandboxes returns every record, ordered by creation time.
+// ListSandboxes returns every record (queued PutSandboxLazy ones instead
+// of what they replace), ordered by creation time.
 func (s *Store) ListSandboxes() ([]*sandbox.Record, error) {
+	queued := s.lazy.queuedAll()
 	out, err := list[sandbox.Record](s, bucketSandboxes)
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range out {
+		if data, ok := queued[r.ID]; ok {
+			var q sandbox.Record
+			if err := json.Unmarshal(data, &q); err != nil {
+				return nil, err
+			}
+			out[i] = &q
+			delete(queued, r.ID)
+		}
+	}
+	for _, data := range queued {
+		var q sandbox.Record
+		if err := json.Unmarshal(data, &q); err != nil {
+			return nil, err
+		}
+		out = append(out, &q)
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
-	return out, err
+	return out, nil
 }
 
 // DeleteSandbox removes a record; absent is not an error.
-func (s *Store) DeleteSandbox(id string) error { return del(s, bucketSandboxes, id) }
+func (s *Store) DeleteSandbox(id string) error {
+	return s.syncSandboxes(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+	}, id)
+}
 
 // CreateTemplate inserts a template; an existing ID is ErrAlreadyExists.
 func (s *Store) CreateTemplate(t *sandbox.Template) error {
@@ -243,12 +297,12 @@ func (s *Store) DeleteJournal(id string) error { return del(s, bucketJournal, id
 // FinishDestroy deletes the sandbox record and its journal entry in one
 // transaction, so a crash never leaves one without the other.
 func (s *Store) FinishDestroy(id string) error {
-	return s.batch(func(tx *bolt.Tx) error {
+	return s.syncSandboxes(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketSandboxes).Delete([]byte(id)); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketJournal).Delete([]byte(id))
-	})
+	}, id)
 }
 
 // Meta reads a small string value (node ID and the like); absent is "".

@@ -394,7 +394,10 @@ type NetworkPolicy struct {
 	EgressKbps          int64    `protobuf:"varint,5,opt,name=egress_kbps,json=egressKbps,proto3" json:"egress_kbps,omitempty"`             // 0 = unlimited
 	// Headers the node's egress proxy injects into HTTPS requests to a host
 	// (docs/network.md "Credential injection"); never shown to the sandbox.
-	Credentials   []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	Credentials []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	// Method and path rules for hosts whose TLS the node's egress proxy
+	// terminates (docs/network.md "Request rules").
+	Requests      []*RequestRule `protobuf:"bytes,7,rep,name=requests,proto3" json:"requests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +474,76 @@ func (x *NetworkPolicy) GetCredentials() []*Credential {
 	return nil
 }
 
+func (x *NetworkPolicy) GetRequests() []*RequestRule {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// RequestRule lets through requests to host whose method is one of
+// methods (none: any) and whose path matches one of paths (none: any;
+// "/repos/*" a prefix, "/user" that path alone).
+type RequestRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Methods       []string               `protobuf:"bytes,2,rep,name=methods,proto3" json:"methods,omitempty"`
+	Paths         []string               `protobuf:"bytes,3,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRule) Reset() {
+	*x = RequestRule{}
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRule) ProtoMessage() {}
+
+func (x *RequestRule) ProtoReflect() protoreflect.Message {
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRule.ProtoReflect.Descriptor instead.
+func (*RequestRule) Descriptor() ([]byte, []int) {
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RequestRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *RequestRule) GetMethods() []string {
+	if x != nil {
+		return x.Methods
+	}
+	return nil
+}
+
+func (x *RequestRule) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
 // Credential: set header to value on every HTTPS request to host.
 type Credential struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -483,7 +556,7 @@ type Credential struct {
 
 func (x *Credential) Reset() {
 	*x = Credential{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +568,7 @@ func (x *Credential) String() string {
 func (*Credential) ProtoMessage() {}
 
 func (x *Credential) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[3]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +581,7 @@ func (x *Credential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credential.ProtoReflect.Descriptor instead.
 func (*Credential) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{3}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Credential) GetHost() string {
@@ -547,7 +620,7 @@ type NetworkInfo struct {
 
 func (x *NetworkInfo) Reset() {
 	*x = NetworkInfo{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +632,7 @@ func (x *NetworkInfo) String() string {
 func (*NetworkInfo) ProtoMessage() {}
 
 func (x *NetworkInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[4]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +645,7 @@ func (x *NetworkInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkInfo.ProtoReflect.Descriptor instead.
 func (*NetworkInfo) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{4}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NetworkInfo) GetHostIp() string {
@@ -616,7 +689,7 @@ type HostMount struct {
 
 func (x *HostMount) Reset() {
 	*x = HostMount{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +701,7 @@ func (x *HostMount) String() string {
 func (*HostMount) ProtoMessage() {}
 
 func (x *HostMount) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[5]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +714,7 @@ func (x *HostMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostMount.ProtoReflect.Descriptor instead.
 func (*HostMount) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{5}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HostMount) GetSource() string {
@@ -680,7 +753,7 @@ type ActionTiming struct {
 
 func (x *ActionTiming) Reset() {
 	*x = ActionTiming{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +765,7 @@ func (x *ActionTiming) String() string {
 func (*ActionTiming) ProtoMessage() {}
 
 func (x *ActionTiming) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[6]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +778,7 @@ func (x *ActionTiming) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActionTiming.ProtoReflect.Descriptor instead.
 func (*ActionTiming) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{6}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ActionTiming) GetFlow() string {
@@ -779,7 +852,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +864,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[7]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +877,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{7}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateSandboxRequest) GetRequestId() string {
@@ -906,7 +979,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +991,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[8]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1004,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{8}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VolumeMount) GetVolumeId() string {
@@ -964,7 +1037,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1049,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[9]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1062,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{9}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -1009,7 +1082,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1094,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[10]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1107,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{10}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteVolumeResponse) GetExisted() bool {
@@ -1062,7 +1135,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1147,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[11]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1160,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{11}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -1134,7 +1207,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1219,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[12]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1232,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{12}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -1178,7 +1251,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1263,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[13]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1276,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{13}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1225,7 +1298,7 @@ type SandboxMetricsRequest struct {
 
 func (x *SandboxMetricsRequest) Reset() {
 	*x = SandboxMetricsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1310,7 @@ func (x *SandboxMetricsRequest) String() string {
 func (*SandboxMetricsRequest) ProtoMessage() {}
 
 func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[14]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1323,7 @@ func (x *SandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{14}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SandboxMetricsRequest) GetSandboxId() string {
@@ -1285,7 +1358,7 @@ type SandboxMetricsResponse struct {
 
 func (x *SandboxMetricsResponse) Reset() {
 	*x = SandboxMetricsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1370,7 @@ func (x *SandboxMetricsResponse) String() string {
 func (*SandboxMetricsResponse) ProtoMessage() {}
 
 func (x *SandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[15]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1383,7 @@ func (x *SandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*SandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{15}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SandboxMetricsResponse) GetSamples() []*SandboxSample {
@@ -1354,7 +1427,7 @@ type SandboxSample struct {
 
 func (x *SandboxSample) Reset() {
 	*x = SandboxSample{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1439,7 @@ func (x *SandboxSample) String() string {
 func (*SandboxSample) ProtoMessage() {}
 
 func (x *SandboxSample) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[16]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1452,7 @@ func (x *SandboxSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSample.ProtoReflect.Descriptor instead.
 func (*SandboxSample) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{16}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SandboxSample) GetAt() *timestamppb.Timestamp {
@@ -1485,7 +1558,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1570,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[17]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1583,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{17}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSandboxesRequest) GetStates() []SandboxState {
@@ -1536,7 +1609,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1621,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[18]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1634,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{18}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1581,7 +1654,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1666,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[19]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1679,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{19}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteSandboxRequest) GetRequestId() string {
@@ -1632,7 +1705,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1717,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[20]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1730,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{20}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteSandboxResponse) GetTimings() []*ActionTiming {
@@ -1678,7 +1751,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1763,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[21]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1776,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{21}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PauseSandboxRequest) GetRequestId() string {
@@ -1737,7 +1810,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1822,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[22]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1835,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{22}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1789,7 +1862,7 @@ type ResumeSandboxRequest struct {
 
 func (x *ResumeSandboxRequest) Reset() {
 	*x = ResumeSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1874,7 @@ func (x *ResumeSandboxRequest) String() string {
 func (*ResumeSandboxRequest) ProtoMessage() {}
 
 func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[23]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1887,7 @@ func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{23}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeSandboxRequest) GetRequestId() string {
@@ -1841,7 +1914,7 @@ type ResumeSandboxResponse struct {
 
 func (x *ResumeSandboxResponse) Reset() {
 	*x = ResumeSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +1926,7 @@ func (x *ResumeSandboxResponse) String() string {
 func (*ResumeSandboxResponse) ProtoMessage() {}
 
 func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[24]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +1939,7 @@ func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{24}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
@@ -1908,7 +1981,7 @@ type Template struct {
 
 func (x *Template) Reset() {
 	*x = Template{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +1993,7 @@ func (x *Template) String() string {
 func (*Template) ProtoMessage() {}
 
 func (x *Template) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[25]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2006,7 @@ func (x *Template) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Template.ProtoReflect.Descriptor instead.
 func (*Template) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{25}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Template) GetId() string {
@@ -2058,7 +2131,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2143,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[26]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2156,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{26}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2154,7 +2227,7 @@ type WarmTemplateRequest struct {
 
 func (x *WarmTemplateRequest) Reset() {
 	*x = WarmTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2239,7 @@ func (x *WarmTemplateRequest) String() string {
 func (*WarmTemplateRequest) ProtoMessage() {}
 
 func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[27]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2252,7 @@ func (x *WarmTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTemplateRequest.ProtoReflect.Descriptor instead.
 func (*WarmTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{27}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WarmTemplateRequest) GetTemplateId() string {
@@ -2206,7 +2279,7 @@ type WarmTemplateResponse struct {
 
 func (x *WarmTemplateResponse) Reset() {
 	*x = WarmTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2291,7 @@ func (x *WarmTemplateResponse) String() string {
 func (*WarmTemplateResponse) ProtoMessage() {}
 
 func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[28]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2304,7 @@ func (x *WarmTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WarmTemplateResponse.ProtoReflect.Descriptor instead.
 func (*WarmTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{28}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WarmTemplateResponse) GetTemplate() *Template {
@@ -2259,7 +2332,7 @@ type RegistryAuth struct {
 
 func (x *RegistryAuth) Reset() {
 	*x = RegistryAuth{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2344,7 @@ func (x *RegistryAuth) String() string {
 func (*RegistryAuth) ProtoMessage() {}
 
 func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[29]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2357,7 @@ func (x *RegistryAuth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistryAuth.ProtoReflect.Descriptor instead.
 func (*RegistryAuth) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{29}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegistryAuth) GetUsername() string {
@@ -2321,7 +2394,7 @@ type ImportProgress struct {
 
 func (x *ImportProgress) Reset() {
 	*x = ImportProgress{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2406,7 @@ func (x *ImportProgress) String() string {
 func (*ImportProgress) ProtoMessage() {}
 
 func (x *ImportProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[30]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2419,7 @@ func (x *ImportProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportProgress.ProtoReflect.Descriptor instead.
 func (*ImportProgress) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{30}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ImportProgress) GetPhase() string {
@@ -2397,7 +2470,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2482,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[31]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2495,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{31}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ImportTemplateResponse) GetEvent() isImportTemplateResponse_Event {
@@ -2474,7 +2547,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +2559,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[32]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +2572,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{32}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
 }
 
 type ListTemplatesResponse struct {
@@ -2515,7 +2588,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +2600,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[33]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +2613,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{33}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*Template {
@@ -2566,7 +2639,7 @@ type GetTemplateRequest struct {
 
 func (x *GetTemplateRequest) Reset() {
 	*x = GetTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2578,7 +2651,7 @@ func (x *GetTemplateRequest) String() string {
 func (*GetTemplateRequest) ProtoMessage() {}
 
 func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[34]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2591,7 +2664,7 @@ func (x *GetTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateRequest.ProtoReflect.Descriptor instead.
 func (*GetTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{34}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetTemplateRequest) GetTemplateId() string {
@@ -2610,7 +2683,7 @@ type GetTemplateResponse struct {
 
 func (x *GetTemplateResponse) Reset() {
 	*x = GetTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2695,7 @@ func (x *GetTemplateResponse) String() string {
 func (*GetTemplateResponse) ProtoMessage() {}
 
 func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[35]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2708,7 @@ func (x *GetTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTemplateResponse.ProtoReflect.Descriptor instead.
 func (*GetTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{35}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetTemplateResponse) GetTemplate() *Template {
@@ -2654,7 +2727,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2666,7 +2739,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[36]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2679,7 +2752,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{36}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2697,7 +2770,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +2782,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[37]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +2795,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{37}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
 }
 
 type RuntimeInfo struct {
@@ -2741,7 +2814,7 @@ type RuntimeInfo struct {
 
 func (x *RuntimeInfo) Reset() {
 	*x = RuntimeInfo{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2826,7 @@ func (x *RuntimeInfo) String() string {
 func (*RuntimeInfo) ProtoMessage() {}
 
 func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[38]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2839,7 @@ func (x *RuntimeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeInfo.ProtoReflect.Descriptor instead.
 func (*RuntimeInfo) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{38}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RuntimeInfo) GetName() string {
@@ -2819,7 +2892,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2831,7 +2904,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[39]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2844,7 +2917,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{39}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
 }
 
 type InfoResponse struct {
@@ -2867,7 +2940,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +2952,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[40]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +2965,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{40}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *InfoResponse) GetNodeId() string {
@@ -2990,7 +3063,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3075,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[41]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3088,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{41}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Condition) GetType() string {
@@ -3047,7 +3120,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3059,7 +3132,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[42]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3072,7 +3145,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{42}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
 }
 
 type HealthResponse struct {
@@ -3085,7 +3158,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3097,7 +3170,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[43]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3110,7 +3183,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{43}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -3139,7 +3212,7 @@ type Flow struct {
 
 func (x *Flow) Reset() {
 	*x = Flow{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3224,7 @@ func (x *Flow) String() string {
 func (*Flow) ProtoMessage() {}
 
 func (x *Flow) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[44]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3237,7 @@ func (x *Flow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Flow.ProtoReflect.Descriptor instead.
 func (*Flow) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{44}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Flow) GetName() string {
@@ -3204,7 +3277,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3289,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[45]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3302,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{45}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Step) GetActions() []string {
@@ -3247,7 +3320,7 @@ type ListFlowsRequest struct {
 
 func (x *ListFlowsRequest) Reset() {
 	*x = ListFlowsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3259,7 +3332,7 @@ func (x *ListFlowsRequest) String() string {
 func (*ListFlowsRequest) ProtoMessage() {}
 
 func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[46]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3272,7 +3345,7 @@ func (x *ListFlowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsRequest.ProtoReflect.Descriptor instead.
 func (*ListFlowsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{46}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
 }
 
 type ListFlowsResponse struct {
@@ -3284,7 +3357,7 @@ type ListFlowsResponse struct {
 
 func (x *ListFlowsResponse) Reset() {
 	*x = ListFlowsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3369,7 @@ func (x *ListFlowsResponse) String() string {
 func (*ListFlowsResponse) ProtoMessage() {}
 
 func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[47]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3382,7 @@ func (x *ListFlowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFlowsResponse.ProtoReflect.Descriptor instead.
 func (*ListFlowsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{47}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListFlowsResponse) GetFlows() []*Flow {
@@ -3330,7 +3403,7 @@ type SetFlowLimitRequest struct {
 
 func (x *SetFlowLimitRequest) Reset() {
 	*x = SetFlowLimitRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3342,7 +3415,7 @@ func (x *SetFlowLimitRequest) String() string {
 func (*SetFlowLimitRequest) ProtoMessage() {}
 
 func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[48]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3355,7 +3428,7 @@ func (x *SetFlowLimitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitRequest.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{48}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SetFlowLimitRequest) GetFlow() string {
@@ -3381,7 +3454,7 @@ type SetFlowLimitResponse struct {
 
 func (x *SetFlowLimitResponse) Reset() {
 	*x = SetFlowLimitResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3393,7 +3466,7 @@ func (x *SetFlowLimitResponse) String() string {
 func (*SetFlowLimitResponse) ProtoMessage() {}
 
 func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[49]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3406,7 +3479,7 @@ func (x *SetFlowLimitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFlowLimitResponse.ProtoReflect.Descriptor instead.
 func (*SetFlowLimitResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{49}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SetFlowLimitResponse) GetFlow() *Flow {
@@ -3432,7 +3505,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3444,7 +3517,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[50]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3457,7 +3530,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{50}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ErrorDetail) GetReason() string {
@@ -3498,7 +3571,7 @@ type UpdateSandboxNetworkRequest struct {
 
 func (x *UpdateSandboxNetworkRequest) Reset() {
 	*x = UpdateSandboxNetworkRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3510,7 +3583,7 @@ func (x *UpdateSandboxNetworkRequest) String() string {
 func (*UpdateSandboxNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[51]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3523,7 +3596,7 @@ func (x *UpdateSandboxNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{51}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UpdateSandboxNetworkRequest) GetSandboxId() string {
@@ -3549,7 +3622,7 @@ type UpdateSandboxNetworkResponse struct {
 
 func (x *UpdateSandboxNetworkResponse) Reset() {
 	*x = UpdateSandboxNetworkResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3561,7 +3634,7 @@ func (x *UpdateSandboxNetworkResponse) String() string {
 func (*UpdateSandboxNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[52]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3574,7 +3647,7 @@ func (x *UpdateSandboxNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{52}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *UpdateSandboxNetworkResponse) GetSandbox() *Sandbox {
@@ -3605,7 +3678,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3690,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[53]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3703,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{53}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Snapshot) GetId() string {
@@ -3719,7 +3792,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +3804,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[54]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +3817,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{54}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SnapshotSandboxRequest) GetRequestId() string {
@@ -3799,7 +3872,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3811,7 +3884,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[55]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3824,7 +3897,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{55}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
@@ -3852,7 +3925,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3864,7 +3937,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[56]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3877,7 +3950,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{56}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListSnapshotsRequest) GetSandboxId() string {
@@ -3903,7 +3976,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3915,7 +3988,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[57]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3928,7 +4001,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{57}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -3947,7 +4020,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3959,7 +4032,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[58]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3972,7 +4045,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{58}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetSnapshotRequest) GetSnapshotId() string {
@@ -3991,7 +4064,7 @@ type GetSnapshotResponse struct {
 
 func (x *GetSnapshotResponse) Reset() {
 	*x = GetSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4003,7 +4076,7 @@ func (x *GetSnapshotResponse) String() string {
 func (*GetSnapshotResponse) ProtoMessage() {}
 
 func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[59]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4016,7 +4089,7 @@ func (x *GetSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*GetSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{59}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetSnapshotResponse) GetSnapshot() *Snapshot {
@@ -4039,7 +4112,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4051,7 +4124,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[60]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4064,7 +4137,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{60}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -4089,7 +4162,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4101,7 +4174,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[61]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4114,7 +4187,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{61}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
 }
 
 type ExportSnapshotRequest struct {
@@ -4126,7 +4199,7 @@ type ExportSnapshotRequest struct {
 
 func (x *ExportSnapshotRequest) Reset() {
 	*x = ExportSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4138,7 +4211,7 @@ func (x *ExportSnapshotRequest) String() string {
 func (*ExportSnapshotRequest) ProtoMessage() {}
 
 func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[62]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4151,7 +4224,7 @@ func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{62}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ExportSnapshotRequest) GetSnapshotId() string {
@@ -4177,7 +4250,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4189,7 +4262,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[63]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4202,7 +4275,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{63}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Transfer) GetLogicalBytes() int64 {
@@ -4243,7 +4316,7 @@ type ExportSnapshotResponse struct {
 
 func (x *ExportSnapshotResponse) Reset() {
 	*x = ExportSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4328,7 @@ func (x *ExportSnapshotResponse) String() string {
 func (*ExportSnapshotResponse) ProtoMessage() {}
 
 func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[64]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4341,7 @@ func (x *ExportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ExportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{64}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ExportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -4298,7 +4371,7 @@ type ImportSnapshotRequest struct {
 
 func (x *ImportSnapshotRequest) Reset() {
 	*x = ImportSnapshotRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +4383,7 @@ func (x *ImportSnapshotRequest) String() string {
 func (*ImportSnapshotRequest) ProtoMessage() {}
 
 func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[65]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +4396,7 @@ func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{65}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ImportSnapshotRequest) GetSnapshotId() string {
@@ -4352,7 +4425,7 @@ type ImportSnapshotResponse struct {
 
 func (x *ImportSnapshotResponse) Reset() {
 	*x = ImportSnapshotResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4364,7 +4437,7 @@ func (x *ImportSnapshotResponse) String() string {
 func (*ImportSnapshotResponse) ProtoMessage() {}
 
 func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[66]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4377,7 +4450,7 @@ func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*ImportSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{66}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ImportSnapshotResponse) GetSnapshot() *Snapshot {
@@ -4423,7 +4496,7 @@ type CloneSandboxRequest struct {
 
 func (x *CloneSandboxRequest) Reset() {
 	*x = CloneSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4435,7 +4508,7 @@ func (x *CloneSandboxRequest) String() string {
 func (*CloneSandboxRequest) ProtoMessage() {}
 
 func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[67]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4448,7 +4521,7 @@ func (x *CloneSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CloneSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{67}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CloneSandboxRequest) GetRequestId() string {
@@ -4524,7 +4597,7 @@ type CloneSandboxResponse struct {
 
 func (x *CloneSandboxResponse) Reset() {
 	*x = CloneSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[68]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4536,7 +4609,7 @@ func (x *CloneSandboxResponse) String() string {
 func (*CloneSandboxResponse) ProtoMessage() {}
 
 func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[68]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4549,7 +4622,7 @@ func (x *CloneSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloneSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CloneSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{68}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CloneSandboxResponse) GetSandboxes() []*Sandbox {
@@ -4577,7 +4650,7 @@ type RollbackSandboxRequest struct {
 
 func (x *RollbackSandboxRequest) Reset() {
 	*x = RollbackSandboxRequest{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[69]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4589,7 +4662,7 @@ func (x *RollbackSandboxRequest) String() string {
 func (*RollbackSandboxRequest) ProtoMessage() {}
 
 func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[69]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4602,7 +4675,7 @@ func (x *RollbackSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxRequest.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{69}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RollbackSandboxRequest) GetRequestId() string {
@@ -4636,7 +4709,7 @@ type RollbackSandboxResponse struct {
 
 func (x *RollbackSandboxResponse) Reset() {
 	*x = RollbackSandboxResponse{}
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[70]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4648,7 +4721,7 @@ func (x *RollbackSandboxResponse) String() string {
 func (*RollbackSandboxResponse) ProtoMessage() {}
 
 func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cubelet_v1_cubelet_proto_msgTypes[70]
+	mi := &file_cubelet_v1_cubelet_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4661,7 +4734,7 @@ func (x *RollbackSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackSandboxResponse.ProtoReflect.Descriptor instead.
 func (*RollbackSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{70}
+	return file_cubelet_v1_cubelet_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RollbackSandboxResponse) GetSandbox() *Sandbox {
@@ -4721,7 +4794,7 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
 	"\rNetworkPolicy\x127\n" +
 	"\x15allow_internet_access\x18\x01 \x01(\bH\x00R\x13allowInternetAccess\x88\x01\x01\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
@@ -4729,8 +4802,13 @@ const file_cubelet_v1_cubelet_proto_rawDesc = "" +
 	"\x0fmax_connections\x18\x04 \x01(\x05R\x0emaxConnections\x12\x1f\n" +
 	"\vegress_kbps\x18\x05 \x01(\x03R\n" +
 	"egressKbps\x128\n" +
-	"\vcredentials\x18\x06 \x03(\v2\x16.cubelet.v1.CredentialR\vcredentialsB\x18\n" +
-	"\x16_allow_internet_access\"N\n" +
+	"\vcredentials\x18\x06 \x03(\v2\x16.cubelet.v1.CredentialR\vcredentials\x123\n" +
+	"\brequests\x18\a \x03(\v2\x17.cubelet.v1.RequestRuleR\brequestsB\x18\n" +
+	"\x16_allow_internet_access\"Q\n" +
+	"\vRequestRule\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
+	"\amethods\x18\x02 \x03(\tR\amethods\x12\x14\n" +
+	"\x05paths\x18\x03 \x03(\tR\x05paths\"N\n" +
 	"\n" +
 	"Credential\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
@@ -5156,231 +5234,233 @@ func file_cubelet_v1_cubelet_proto_rawDescGZIP() []byte {
 }
 
 var file_cubelet_v1_cubelet_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
+var file_cubelet_v1_cubelet_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_cubelet_v1_cubelet_proto_goTypes = []any{
 	(SandboxState)(0),                    // 0: cubelet.v1.SandboxState
 	(PauseMode)(0),                       // 1: cubelet.v1.PauseMode
 	(*Resources)(nil),                    // 2: cubelet.v1.Resources
 	(*Sandbox)(nil),                      // 3: cubelet.v1.Sandbox
 	(*NetworkPolicy)(nil),                // 4: cubelet.v1.NetworkPolicy
-	(*Credential)(nil),                   // 5: cubelet.v1.Credential
-	(*NetworkInfo)(nil),                  // 6: cubelet.v1.NetworkInfo
-	(*HostMount)(nil),                    // 7: cubelet.v1.HostMount
-	(*ActionTiming)(nil),                 // 8: cubelet.v1.ActionTiming
-	(*CreateSandboxRequest)(nil),         // 9: cubelet.v1.CreateSandboxRequest
-	(*VolumeMount)(nil),                  // 10: cubelet.v1.VolumeMount
-	(*DeleteVolumeRequest)(nil),          // 11: cubelet.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),         // 12: cubelet.v1.DeleteVolumeResponse
-	(*CreateSandboxResponse)(nil),        // 13: cubelet.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),            // 14: cubelet.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),           // 15: cubelet.v1.GetSandboxResponse
-	(*SandboxMetricsRequest)(nil),        // 16: cubelet.v1.SandboxMetricsRequest
-	(*SandboxMetricsResponse)(nil),       // 17: cubelet.v1.SandboxMetricsResponse
-	(*SandboxSample)(nil),                // 18: cubelet.v1.SandboxSample
-	(*ListSandboxesRequest)(nil),         // 19: cubelet.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),        // 20: cubelet.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),         // 21: cubelet.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),        // 22: cubelet.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),          // 23: cubelet.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),         // 24: cubelet.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),         // 25: cubelet.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),        // 26: cubelet.v1.ResumeSandboxResponse
-	(*Template)(nil),                     // 27: cubelet.v1.Template
-	(*ImportTemplateRequest)(nil),        // 28: cubelet.v1.ImportTemplateRequest
-	(*WarmTemplateRequest)(nil),          // 29: cubelet.v1.WarmTemplateRequest
-	(*WarmTemplateResponse)(nil),         // 30: cubelet.v1.WarmTemplateResponse
-	(*RegistryAuth)(nil),                 // 31: cubelet.v1.RegistryAuth
-	(*ImportProgress)(nil),               // 32: cubelet.v1.ImportProgress
-	(*ImportTemplateResponse)(nil),       // 33: cubelet.v1.ImportTemplateResponse
-	(*ListTemplatesRequest)(nil),         // 34: cubelet.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),        // 35: cubelet.v1.ListTemplatesResponse
-	(*GetTemplateRequest)(nil),           // 36: cubelet.v1.GetTemplateRequest
-	(*GetTemplateResponse)(nil),          // 37: cubelet.v1.GetTemplateResponse
-	(*DeleteTemplateRequest)(nil),        // 38: cubelet.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),       // 39: cubelet.v1.DeleteTemplateResponse
-	(*RuntimeInfo)(nil),                  // 40: cubelet.v1.RuntimeInfo
-	(*InfoRequest)(nil),                  // 41: cubelet.v1.InfoRequest
-	(*InfoResponse)(nil),                 // 42: cubelet.v1.InfoResponse
-	(*Condition)(nil),                    // 43: cubelet.v1.Condition
-	(*HealthRequest)(nil),                // 44: cubelet.v1.HealthRequest
-	(*HealthResponse)(nil),               // 45: cubelet.v1.HealthResponse
-	(*Flow)(nil),                         // 46: cubelet.v1.Flow
-	(*Step)(nil),                         // 47: cubelet.v1.Step
-	(*ListFlowsRequest)(nil),             // 48: cubelet.v1.ListFlowsRequest
-	(*ListFlowsResponse)(nil),            // 49: cubelet.v1.ListFlowsResponse
-	(*SetFlowLimitRequest)(nil),          // 50: cubelet.v1.SetFlowLimitRequest
-	(*SetFlowLimitResponse)(nil),         // 51: cubelet.v1.SetFlowLimitResponse
-	(*ErrorDetail)(nil),                  // 52: cubelet.v1.ErrorDetail
-	(*UpdateSandboxNetworkRequest)(nil),  // 53: cubelet.v1.UpdateSandboxNetworkRequest
-	(*UpdateSandboxNetworkResponse)(nil), // 54: cubelet.v1.UpdateSandboxNetworkResponse
-	(*Snapshot)(nil),                     // 55: cubelet.v1.Snapshot
-	(*SnapshotSandboxRequest)(nil),       // 56: cubelet.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),      // 57: cubelet.v1.SnapshotSandboxResponse
-	(*ListSnapshotsRequest)(nil),         // 58: cubelet.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),        // 59: cubelet.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),           // 60: cubelet.v1.GetSnapshotRequest
-	(*GetSnapshotResponse)(nil),          // 61: cubelet.v1.GetSnapshotResponse
-	(*DeleteSnapshotRequest)(nil),        // 62: cubelet.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),       // 63: cubelet.v1.DeleteSnapshotResponse
-	(*ExportSnapshotRequest)(nil),        // 64: cubelet.v1.ExportSnapshotRequest
-	(*Transfer)(nil),                     // 65: cubelet.v1.Transfer
-	(*ExportSnapshotResponse)(nil),       // 66: cubelet.v1.ExportSnapshotResponse
-	(*ImportSnapshotRequest)(nil),        // 67: cubelet.v1.ImportSnapshotRequest
-	(*ImportSnapshotResponse)(nil),       // 68: cubelet.v1.ImportSnapshotResponse
-	(*CloneSandboxRequest)(nil),          // 69: cubelet.v1.CloneSandboxRequest
-	(*CloneSandboxResponse)(nil),         // 70: cubelet.v1.CloneSandboxResponse
-	(*RollbackSandboxRequest)(nil),       // 71: cubelet.v1.RollbackSandboxRequest
-	(*RollbackSandboxResponse)(nil),      // 72: cubelet.v1.RollbackSandboxResponse
-	nil,                                  // 73: cubelet.v1.Sandbox.LabelsEntry
-	nil,                                  // 74: cubelet.v1.Sandbox.AnnotationsEntry
-	nil,                                  // 75: cubelet.v1.Sandbox.EnvEntry
-	nil,                                  // 76: cubelet.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                  // 77: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                  // 78: cubelet.v1.CreateSandboxRequest.EnvEntry
-	nil,                                  // 79: cubelet.v1.ListSandboxesRequest.LabelsEntry
-	nil,                                  // 80: cubelet.v1.InfoResponse.SandboxesByStateEntry
-	nil,                                  // 81: cubelet.v1.Snapshot.LabelsEntry
-	nil,                                  // 82: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	nil,                                  // 83: cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	nil,                                  // 84: cubelet.v1.CloneSandboxRequest.LabelsEntry
-	nil,                                  // 85: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	nil,                                  // 86: cubelet.v1.CloneSandboxRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),        // 87: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 88: google.protobuf.Duration
+	(*RequestRule)(nil),                  // 5: cubelet.v1.RequestRule
+	(*Credential)(nil),                   // 6: cubelet.v1.Credential
+	(*NetworkInfo)(nil),                  // 7: cubelet.v1.NetworkInfo
+	(*HostMount)(nil),                    // 8: cubelet.v1.HostMount
+	(*ActionTiming)(nil),                 // 9: cubelet.v1.ActionTiming
+	(*CreateSandboxRequest)(nil),         // 10: cubelet.v1.CreateSandboxRequest
+	(*VolumeMount)(nil),                  // 11: cubelet.v1.VolumeMount
+	(*DeleteVolumeRequest)(nil),          // 12: cubelet.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),         // 13: cubelet.v1.DeleteVolumeResponse
+	(*CreateSandboxResponse)(nil),        // 14: cubelet.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 15: cubelet.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 16: cubelet.v1.GetSandboxResponse
+	(*SandboxMetricsRequest)(nil),        // 17: cubelet.v1.SandboxMetricsRequest
+	(*SandboxMetricsResponse)(nil),       // 18: cubelet.v1.SandboxMetricsResponse
+	(*SandboxSample)(nil),                // 19: cubelet.v1.SandboxSample
+	(*ListSandboxesRequest)(nil),         // 20: cubelet.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 21: cubelet.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 22: cubelet.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 23: cubelet.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 24: cubelet.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 25: cubelet.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 26: cubelet.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 27: cubelet.v1.ResumeSandboxResponse
+	(*Template)(nil),                     // 28: cubelet.v1.Template
+	(*ImportTemplateRequest)(nil),        // 29: cubelet.v1.ImportTemplateRequest
+	(*WarmTemplateRequest)(nil),          // 30: cubelet.v1.WarmTemplateRequest
+	(*WarmTemplateResponse)(nil),         // 31: cubelet.v1.WarmTemplateResponse
+	(*RegistryAuth)(nil),                 // 32: cubelet.v1.RegistryAuth
+	(*ImportProgress)(nil),               // 33: cubelet.v1.ImportProgress
+	(*ImportTemplateResponse)(nil),       // 34: cubelet.v1.ImportTemplateResponse
+	(*ListTemplatesRequest)(nil),         // 35: cubelet.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),        // 36: cubelet.v1.ListTemplatesResponse
+	(*GetTemplateRequest)(nil),           // 37: cubelet.v1.GetTemplateRequest
+	(*GetTemplateResponse)(nil),          // 38: cubelet.v1.GetTemplateResponse
+	(*DeleteTemplateRequest)(nil),        // 39: cubelet.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),       // 40: cubelet.v1.DeleteTemplateResponse
+	(*RuntimeInfo)(nil),                  // 41: cubelet.v1.RuntimeInfo
+	(*InfoRequest)(nil),                  // 42: cubelet.v1.InfoRequest
+	(*InfoResponse)(nil),                 // 43: cubelet.v1.InfoResponse
+	(*Condition)(nil),                    // 44: cubelet.v1.Condition
+	(*HealthRequest)(nil),                // 45: cubelet.v1.HealthRequest
+	(*HealthResponse)(nil),               // 46: cubelet.v1.HealthResponse
+	(*Flow)(nil),                         // 47: cubelet.v1.Flow
+	(*Step)(nil),                         // 48: cubelet.v1.Step
+	(*ListFlowsRequest)(nil),             // 49: cubelet.v1.ListFlowsRequest
+	(*ListFlowsResponse)(nil),            // 50: cubelet.v1.ListFlowsResponse
+	(*SetFlowLimitRequest)(nil),          // 51: cubelet.v1.SetFlowLimitRequest
+	(*SetFlowLimitResponse)(nil),         // 52: cubelet.v1.SetFlowLimitResponse
+	(*ErrorDetail)(nil),                  // 53: cubelet.v1.ErrorDetail
+	(*UpdateSandboxNetworkRequest)(nil),  // 54: cubelet.v1.UpdateSandboxNetworkRequest
+	(*UpdateSandboxNetworkResponse)(nil), // 55: cubelet.v1.UpdateSandboxNetworkResponse
+	(*Snapshot)(nil),                     // 56: cubelet.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),       // 57: cubelet.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),      // 58: cubelet.v1.SnapshotSandboxResponse
+	(*ListSnapshotsRequest)(nil),         // 59: cubelet.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 60: cubelet.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),           // 61: cubelet.v1.GetSnapshotRequest
+	(*GetSnapshotResponse)(nil),          // 62: cubelet.v1.GetSnapshotResponse
+	(*DeleteSnapshotRequest)(nil),        // 63: cubelet.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 64: cubelet.v1.DeleteSnapshotResponse
+	(*ExportSnapshotRequest)(nil),        // 65: cubelet.v1.ExportSnapshotRequest
+	(*Transfer)(nil),                     // 66: cubelet.v1.Transfer
+	(*ExportSnapshotResponse)(nil),       // 67: cubelet.v1.ExportSnapshotResponse
+	(*ImportSnapshotRequest)(nil),        // 68: cubelet.v1.ImportSnapshotRequest
+	(*ImportSnapshotResponse)(nil),       // 69: cubelet.v1.ImportSnapshotResponse
+	(*CloneSandboxRequest)(nil),          // 70: cubelet.v1.CloneSandboxRequest
+	(*CloneSandboxResponse)(nil),         // 71: cubelet.v1.CloneSandboxResponse
+	(*RollbackSandboxRequest)(nil),       // 72: cubelet.v1.RollbackSandboxRequest
+	(*RollbackSandboxResponse)(nil),      // 73: cubelet.v1.RollbackSandboxResponse
+	nil,                                  // 74: cubelet.v1.Sandbox.LabelsEntry
+	nil,                                  // 75: cubelet.v1.Sandbox.AnnotationsEntry
+	nil,                                  // 76: cubelet.v1.Sandbox.EnvEntry
+	nil,                                  // 77: cubelet.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 78: cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                  // 79: cubelet.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 80: cubelet.v1.ListSandboxesRequest.LabelsEntry
+	nil,                                  // 81: cubelet.v1.InfoResponse.SandboxesByStateEntry
+	nil,                                  // 82: cubelet.v1.Snapshot.LabelsEntry
+	nil,                                  // 83: cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	nil,                                  // 84: cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	nil,                                  // 85: cubelet.v1.CloneSandboxRequest.LabelsEntry
+	nil,                                  // 86: cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	nil,                                  // 87: cubelet.v1.CloneSandboxRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),        // 88: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 89: google.protobuf.Duration
 }
 var file_cubelet_v1_cubelet_proto_depIdxs = []int32{
 	0,   // 0: cubelet.v1.Sandbox.state:type_name -> cubelet.v1.SandboxState
-	73,  // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
-	74,  // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
+	74,  // 1: cubelet.v1.Sandbox.labels:type_name -> cubelet.v1.Sandbox.LabelsEntry
+	75,  // 2: cubelet.v1.Sandbox.annotations:type_name -> cubelet.v1.Sandbox.AnnotationsEntry
 	2,   // 3: cubelet.v1.Sandbox.resources:type_name -> cubelet.v1.Resources
-	75,  // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
-	87,  // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	87,  // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
-	6,   // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
-	7,   // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
-	5,   // 9: cubelet.v1.NetworkPolicy.credentials:type_name -> cubelet.v1.Credential
-	4,   // 10: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
-	88,  // 11: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
-	76,  // 12: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
-	77,  // 13: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
-	2,   // 14: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
-	78,  // 15: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
-	4,   // 16: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	7,   // 17: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
-	10,  // 18: cubelet.v1.CreateSandboxRequest.volumes:type_name -> cubelet.v1.VolumeMount
-	3,   // 19: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,   // 20: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,   // 21: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	87,  // 22: cubelet.v1.SandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
-	87,  // 23: cubelet.v1.SandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
-	18,  // 24: cubelet.v1.SandboxMetricsResponse.samples:type_name -> cubelet.v1.SandboxSample
-	88,  // 25: cubelet.v1.SandboxMetricsResponse.interval:type_name -> google.protobuf.Duration
-	87,  // 26: cubelet.v1.SandboxSample.at:type_name -> google.protobuf.Timestamp
-	88,  // 27: cubelet.v1.SandboxSample.cpu_time:type_name -> google.protobuf.Duration
-	0,   // 28: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
-	79,  // 29: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
-	3,   // 30: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	8,   // 31: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	1,   // 32: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
-	3,   // 33: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,   // 34: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,   // 35: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,   // 36: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	87,  // 37: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
-	31,  // 38: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	27,  // 39: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
-	8,   // 40: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
-	32,  // 41: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
-	27,  // 42: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
-	27,  // 43: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
-	87,  // 44: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
-	27,  // 45: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
-	40,  // 46: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	80,  // 47: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
-	43,  // 48: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
-	47,  // 49: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
-	46,  // 50: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
-	46,  // 51: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
-	0,   // 52: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
-	4,   // 53: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
-	3,   // 54: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	81,  // 55: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
-	87,  // 56: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	82,  // 57: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
-	55,  // 58: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	8,   // 59: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	83,  // 60: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
-	55,  // 61: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
-	55,  // 62: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	55,  // 63: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	65,  // 64: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
-	55,  // 65: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
-	65,  // 66: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
-	84,  // 67: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
-	85,  // 68: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
-	86,  // 69: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
-	4,   // 70: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
-	3,   // 71: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
-	8,   // 72: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	3,   // 73: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
-	8,   // 74: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
-	9,   // 75: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
-	14,  // 76: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
-	16,  // 77: cubelet.v1.CubeletService.SandboxMetrics:input_type -> cubelet.v1.SandboxMetricsRequest
-	19,  // 78: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
-	21,  // 79: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
-	23,  // 80: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
-	25,  // 81: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
-	53,  // 82: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
-	56,  // 83: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
-	58,  // 84: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
-	60,  // 85: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
-	62,  // 86: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
-	69,  // 87: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
-	71,  // 88: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
-	64,  // 89: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
-	67,  // 90: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
-	28,  // 91: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
-	34,  // 92: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
-	36,  // 93: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
-	38,  // 94: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
-	29,  // 95: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
-	41,  // 96: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
-	44,  // 97: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
-	48,  // 98: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
-	50,  // 99: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
-	11,  // 100: cubelet.v1.CubeletService.DeleteVolume:input_type -> cubelet.v1.DeleteVolumeRequest
-	13,  // 101: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
-	15,  // 102: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
-	17,  // 103: cubelet.v1.CubeletService.SandboxMetrics:output_type -> cubelet.v1.SandboxMetricsResponse
-	20,  // 104: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
-	22,  // 105: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
-	24,  // 106: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
-	26,  // 107: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
-	54,  // 108: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
-	57,  // 109: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
-	59,  // 110: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
-	61,  // 111: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
-	63,  // 112: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
-	70,  // 113: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
-	72,  // 114: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
-	66,  // 115: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
-	68,  // 116: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
-	33,  // 117: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
-	35,  // 118: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
-	37,  // 119: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
-	39,  // 120: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
-	30,  // 121: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
-	42,  // 122: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
-	45,  // 123: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
-	49,  // 124: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
-	51,  // 125: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
-	12,  // 126: cubelet.v1.CubeletService.DeleteVolume:output_type -> cubelet.v1.DeleteVolumeResponse
-	101, // [101:127] is the sub-list for method output_type
-	75,  // [75:101] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	76,  // 4: cubelet.v1.Sandbox.env:type_name -> cubelet.v1.Sandbox.EnvEntry
+	88,  // 5: cubelet.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	88,  // 6: cubelet.v1.Sandbox.updated_at:type_name -> google.protobuf.Timestamp
+	7,   // 7: cubelet.v1.Sandbox.network:type_name -> cubelet.v1.NetworkInfo
+	8,   // 8: cubelet.v1.Sandbox.host_mounts:type_name -> cubelet.v1.HostMount
+	6,   // 9: cubelet.v1.NetworkPolicy.credentials:type_name -> cubelet.v1.Credential
+	5,   // 10: cubelet.v1.NetworkPolicy.requests:type_name -> cubelet.v1.RequestRule
+	4,   // 11: cubelet.v1.NetworkInfo.policy:type_name -> cubelet.v1.NetworkPolicy
+	89,  // 12: cubelet.v1.ActionTiming.duration:type_name -> google.protobuf.Duration
+	77,  // 13: cubelet.v1.CreateSandboxRequest.labels:type_name -> cubelet.v1.CreateSandboxRequest.LabelsEntry
+	78,  // 14: cubelet.v1.CreateSandboxRequest.annotations:type_name -> cubelet.v1.CreateSandboxRequest.AnnotationsEntry
+	2,   // 15: cubelet.v1.CreateSandboxRequest.resources:type_name -> cubelet.v1.Resources
+	79,  // 16: cubelet.v1.CreateSandboxRequest.env:type_name -> cubelet.v1.CreateSandboxRequest.EnvEntry
+	4,   // 17: cubelet.v1.CreateSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	8,   // 18: cubelet.v1.CreateSandboxRequest.host_mounts:type_name -> cubelet.v1.HostMount
+	11,  // 19: cubelet.v1.CreateSandboxRequest.volumes:type_name -> cubelet.v1.VolumeMount
+	3,   // 20: cubelet.v1.CreateSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	9,   // 21: cubelet.v1.CreateSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,   // 22: cubelet.v1.GetSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	88,  // 23: cubelet.v1.SandboxMetricsRequest.start:type_name -> google.protobuf.Timestamp
+	88,  // 24: cubelet.v1.SandboxMetricsRequest.end:type_name -> google.protobuf.Timestamp
+	19,  // 25: cubelet.v1.SandboxMetricsResponse.samples:type_name -> cubelet.v1.SandboxSample
+	89,  // 26: cubelet.v1.SandboxMetricsResponse.interval:type_name -> google.protobuf.Duration
+	88,  // 27: cubelet.v1.SandboxSample.at:type_name -> google.protobuf.Timestamp
+	89,  // 28: cubelet.v1.SandboxSample.cpu_time:type_name -> google.protobuf.Duration
+	0,   // 29: cubelet.v1.ListSandboxesRequest.states:type_name -> cubelet.v1.SandboxState
+	80,  // 30: cubelet.v1.ListSandboxesRequest.labels:type_name -> cubelet.v1.ListSandboxesRequest.LabelsEntry
+	3,   // 31: cubelet.v1.ListSandboxesResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	9,   // 32: cubelet.v1.DeleteSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	1,   // 33: cubelet.v1.PauseSandboxRequest.mode:type_name -> cubelet.v1.PauseMode
+	3,   // 34: cubelet.v1.PauseSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	9,   // 35: cubelet.v1.PauseSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,   // 36: cubelet.v1.ResumeSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	9,   // 37: cubelet.v1.ResumeSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	88,  // 38: cubelet.v1.Template.created_at:type_name -> google.protobuf.Timestamp
+	32,  // 39: cubelet.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	28,  // 40: cubelet.v1.WarmTemplateResponse.template:type_name -> cubelet.v1.Template
+	9,   // 41: cubelet.v1.WarmTemplateResponse.timings:type_name -> cubelet.v1.ActionTiming
+	33,  // 42: cubelet.v1.ImportTemplateResponse.progress:type_name -> cubelet.v1.ImportProgress
+	28,  // 43: cubelet.v1.ImportTemplateResponse.template:type_name -> cubelet.v1.Template
+	28,  // 44: cubelet.v1.ListTemplatesResponse.templates:type_name -> cubelet.v1.Template
+	88,  // 45: cubelet.v1.ListTemplatesResponse.listed_at:type_name -> google.protobuf.Timestamp
+	28,  // 46: cubelet.v1.GetTemplateResponse.template:type_name -> cubelet.v1.Template
+	41,  // 47: cubelet.v1.InfoResponse.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	81,  // 48: cubelet.v1.InfoResponse.sandboxes_by_state:type_name -> cubelet.v1.InfoResponse.SandboxesByStateEntry
+	44,  // 49: cubelet.v1.HealthResponse.conditions:type_name -> cubelet.v1.Condition
+	48,  // 50: cubelet.v1.Flow.steps:type_name -> cubelet.v1.Step
+	47,  // 51: cubelet.v1.ListFlowsResponse.flows:type_name -> cubelet.v1.Flow
+	47,  // 52: cubelet.v1.SetFlowLimitResponse.flow:type_name -> cubelet.v1.Flow
+	0,   // 53: cubelet.v1.ErrorDetail.current_state:type_name -> cubelet.v1.SandboxState
+	4,   // 54: cubelet.v1.UpdateSandboxNetworkRequest.policy:type_name -> cubelet.v1.NetworkPolicy
+	3,   // 55: cubelet.v1.UpdateSandboxNetworkResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	82,  // 56: cubelet.v1.Snapshot.labels:type_name -> cubelet.v1.Snapshot.LabelsEntry
+	88,  // 57: cubelet.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	83,  // 58: cubelet.v1.SnapshotSandboxRequest.labels:type_name -> cubelet.v1.SnapshotSandboxRequest.LabelsEntry
+	56,  // 59: cubelet.v1.SnapshotSandboxResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	9,   // 60: cubelet.v1.SnapshotSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	84,  // 61: cubelet.v1.ListSnapshotsRequest.labels:type_name -> cubelet.v1.ListSnapshotsRequest.LabelsEntry
+	56,  // 62: cubelet.v1.ListSnapshotsResponse.snapshots:type_name -> cubelet.v1.Snapshot
+	56,  // 63: cubelet.v1.GetSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	56,  // 64: cubelet.v1.ExportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	66,  // 65: cubelet.v1.ExportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	56,  // 66: cubelet.v1.ImportSnapshotResponse.snapshot:type_name -> cubelet.v1.Snapshot
+	66,  // 67: cubelet.v1.ImportSnapshotResponse.transfer:type_name -> cubelet.v1.Transfer
+	85,  // 68: cubelet.v1.CloneSandboxRequest.labels:type_name -> cubelet.v1.CloneSandboxRequest.LabelsEntry
+	86,  // 69: cubelet.v1.CloneSandboxRequest.annotations:type_name -> cubelet.v1.CloneSandboxRequest.AnnotationsEntry
+	87,  // 70: cubelet.v1.CloneSandboxRequest.env:type_name -> cubelet.v1.CloneSandboxRequest.EnvEntry
+	4,   // 71: cubelet.v1.CloneSandboxRequest.network:type_name -> cubelet.v1.NetworkPolicy
+	3,   // 72: cubelet.v1.CloneSandboxResponse.sandboxes:type_name -> cubelet.v1.Sandbox
+	9,   // 73: cubelet.v1.CloneSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	3,   // 74: cubelet.v1.RollbackSandboxResponse.sandbox:type_name -> cubelet.v1.Sandbox
+	9,   // 75: cubelet.v1.RollbackSandboxResponse.timings:type_name -> cubelet.v1.ActionTiming
+	10,  // 76: cubelet.v1.CubeletService.CreateSandbox:input_type -> cubelet.v1.CreateSandboxRequest
+	15,  // 77: cubelet.v1.CubeletService.GetSandbox:input_type -> cubelet.v1.GetSandboxRequest
+	17,  // 78: cubelet.v1.CubeletService.SandboxMetrics:input_type -> cubelet.v1.SandboxMetricsRequest
+	20,  // 79: cubelet.v1.CubeletService.ListSandboxes:input_type -> cubelet.v1.ListSandboxesRequest
+	22,  // 80: cubelet.v1.CubeletService.DeleteSandbox:input_type -> cubelet.v1.DeleteSandboxRequest
+	24,  // 81: cubelet.v1.CubeletService.PauseSandbox:input_type -> cubelet.v1.PauseSandboxRequest
+	26,  // 82: cubelet.v1.CubeletService.ResumeSandbox:input_type -> cubelet.v1.ResumeSandboxRequest
+	54,  // 83: cubelet.v1.CubeletService.UpdateSandboxNetwork:input_type -> cubelet.v1.UpdateSandboxNetworkRequest
+	57,  // 84: cubelet.v1.CubeletService.SnapshotSandbox:input_type -> cubelet.v1.SnapshotSandboxRequest
+	59,  // 85: cubelet.v1.CubeletService.ListSnapshots:input_type -> cubelet.v1.ListSnapshotsRequest
+	61,  // 86: cubelet.v1.CubeletService.GetSnapshot:input_type -> cubelet.v1.GetSnapshotRequest
+	63,  // 87: cubelet.v1.CubeletService.DeleteSnapshot:input_type -> cubelet.v1.DeleteSnapshotRequest
+	70,  // 88: cubelet.v1.CubeletService.CloneSandbox:input_type -> cubelet.v1.CloneSandboxRequest
+	72,  // 89: cubelet.v1.CubeletService.RollbackSandbox:input_type -> cubelet.v1.RollbackSandboxRequest
+	65,  // 90: cubelet.v1.CubeletService.ExportSnapshot:input_type -> cubelet.v1.ExportSnapshotRequest
+	68,  // 91: cubelet.v1.CubeletService.ImportSnapshot:input_type -> cubelet.v1.ImportSnapshotRequest
+	29,  // 92: cubelet.v1.CubeletService.ImportTemplate:input_type -> cubelet.v1.ImportTemplateRequest
+	35,  // 93: cubelet.v1.CubeletService.ListTemplates:input_type -> cubelet.v1.ListTemplatesRequest
+	37,  // 94: cubelet.v1.CubeletService.GetTemplate:input_type -> cubelet.v1.GetTemplateRequest
+	39,  // 95: cubelet.v1.CubeletService.DeleteTemplate:input_type -> cubelet.v1.DeleteTemplateRequest
+	30,  // 96: cubelet.v1.CubeletService.WarmTemplate:input_type -> cubelet.v1.WarmTemplateRequest
+	42,  // 97: cubelet.v1.CubeletService.Info:input_type -> cubelet.v1.InfoRequest
+	45,  // 98: cubelet.v1.CubeletService.Health:input_type -> cubelet.v1.HealthRequest
+	49,  // 99: cubelet.v1.CubeletService.ListFlows:input_type -> cubelet.v1.ListFlowsRequest
+	51,  // 100: cubelet.v1.CubeletService.SetFlowLimit:input_type -> cubelet.v1.SetFlowLimitRequest
+	12,  // 101: cubelet.v1.CubeletService.DeleteVolume:input_type -> cubelet.v1.DeleteVolumeRequest
+	14,  // 102: cubelet.v1.CubeletService.CreateSandbox:output_type -> cubelet.v1.CreateSandboxResponse
+	16,  // 103: cubelet.v1.CubeletService.GetSandbox:output_type -> cubelet.v1.GetSandboxResponse
+	18,  // 104: cubelet.v1.CubeletService.SandboxMetrics:output_type -> cubelet.v1.SandboxMetricsResponse
+	21,  // 105: cubelet.v1.CubeletService.ListSandboxes:output_type -> cubelet.v1.ListSandboxesResponse
+	23,  // 106: cubelet.v1.CubeletService.DeleteSandbox:output_type -> cubelet.v1.DeleteSandboxResponse
+	25,  // 107: cubelet.v1.CubeletService.PauseSandbox:output_type -> cubelet.v1.PauseSandboxResponse
+	27,  // 108: cubelet.v1.CubeletService.ResumeSandbox:output_type -> cubelet.v1.ResumeSandboxResponse
+	55,  // 109: cubelet.v1.CubeletService.UpdateSandboxNetwork:output_type -> cubelet.v1.UpdateSandboxNetworkResponse
+	58,  // 110: cubelet.v1.CubeletService.SnapshotSandbox:output_type -> cubelet.v1.SnapshotSandboxResponse
+	60,  // 111: cubelet.v1.CubeletService.ListSnapshots:output_type -> cubelet.v1.ListSnapshotsResponse
+	62,  // 112: cubelet.v1.CubeletService.GetSnapshot:output_type -> cubelet.v1.GetSnapshotResponse
+	64,  // 113: cubelet.v1.CubeletService.DeleteSnapshot:output_type -> cubelet.v1.DeleteSnapshotResponse
+	71,  // 114: cubelet.v1.CubeletService.CloneSandbox:output_type -> cubelet.v1.CloneSandboxResponse
+	73,  // 115: cubelet.v1.CubeletService.RollbackSandbox:output_type -> cubelet.v1.RollbackSandboxResponse
+	67,  // 116: cubelet.v1.CubeletService.ExportSnapshot:output_type -> cubelet.v1.ExportSnapshotResponse
+	69,  // 117: cubelet.v1.CubeletService.ImportSnapshot:output_type -> cubelet.v1.ImportSnapshotResponse
+	34,  // 118: cubelet.v1.CubeletService.ImportTemplate:output_type -> cubelet.v1.ImportTemplateResponse
+	36,  // 119: cubelet.v1.CubeletService.ListTemplates:output_type -> cubelet.v1.ListTemplatesResponse
+	38,  // 120: cubelet.v1.CubeletService.GetTemplate:output_type -> cubelet.v1.GetTemplateResponse
+	40,  // 121: cubelet.v1.CubeletService.DeleteTemplate:output_type -> cubelet.v1.DeleteTemplateResponse
+	31,  // 122: cubelet.v1.CubeletService.WarmTemplate:output_type -> cubelet.v1.WarmTemplateResponse
+	43,  // 123: cubelet.v1.CubeletService.Info:output_type -> cubelet.v1.InfoResponse
+	46,  // 124: cubelet.v1.CubeletService.Health:output_type -> cubelet.v1.HealthResponse
+	50,  // 125: cubelet.v1.CubeletService.ListFlows:output_type -> cubelet.v1.ListFlowsResponse
+	52,  // 126: cubelet.v1.CubeletService.SetFlowLimit:output_type -> cubelet.v1.SetFlowLimitResponse
+	13,  // 127: cubelet.v1.CubeletService.DeleteVolume:output_type -> cubelet.v1.DeleteVolumeResponse
+	102, // [102:128] is the sub-list for method output_type
+	76,  // [76:102] is the sub-list for method input_type
+	76,  // [76:76] is the sub-list for extension type_name
+	76,  // [76:76] is the sub-list for extension extendee
+	0,   // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_cubelet_v1_cubelet_proto_init() }
@@ -5389,7 +5469,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 		return
 	}
 	file_cubelet_v1_cubelet_proto_msgTypes[2].OneofWrappers = []any{}
-	file_cubelet_v1_cubelet_proto_msgTypes[31].OneofWrappers = []any{
+	file_cubelet_v1_cubelet_proto_msgTypes[32].OneofWrappers = []any{
 		(*ImportTemplateResponse_Progress)(nil),
 		(*ImportTemplateResponse_Template)(nil),
 	}
@@ -5399,7 +5479,7 @@ func file_cubelet_v1_cubelet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cubelet_v1_cubelet_proto_rawDesc), len(file_cubelet_v1_cubelet_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   85,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -514,9 +514,15 @@ type NodeReport struct {
 	// The node data listener (host:port, mutual TLS): where proxies and
 	// masters reach the ports of this node's sandboxes. Empty when the node
 	// serves none; its sandboxes are then reachable only from its machine.
-	DataAddress   string `protobuf:"bytes,26,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DataAddress string `protobuf:"bytes,26,opt,name=data_address,json=dataAddress,proto3" json:"data_address,omitempty"`
+	// Notable egress verdicts of the node's sandboxes (denied, failed, cut)
+	// since the last report, rate-limited per sandbox by network-agent, and
+	// per sandbox how many the limit left out: the master records them as
+	// the sandboxes' events. Sent once (not repeated by later reports).
+	EgressVerdicts   []*EgressVerdict `protobuf:"bytes,27,rep,name=egress_verdicts,json=egressVerdicts,proto3" json:"egress_verdicts,omitempty"`
+	EgressSuppressed map[string]int32 `protobuf:"bytes,28,rep,name=egress_suppressed,json=egressSuppressed,proto3" json:"egress_suppressed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeReport) Reset() {
@@ -731,6 +737,122 @@ func (x *NodeReport) GetDataAddress() string {
 	return ""
 }
 
+func (x *NodeReport) GetEgressVerdicts() []*EgressVerdict {
+	if x != nil {
+		return x.EgressVerdicts
+	}
+	return nil
+}
+
+func (x *NodeReport) GetEgressSuppressed() map[string]int32 {
+	if x != nil {
+		return x.EgressSuppressed
+	}
+	return nil
+}
+
+// EgressVerdict is one egress audit event of a sandbox (docs/network.md
+// "Audit").
+type EgressVerdict struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	Name          string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Addr          string                 `protobuf:"bytes,6,opt,name=addr,proto3" json:"addr,omitempty"`
+	Rule          string                 `protobuf:"bytes,7,opt,name=rule,proto3" json:"rule,omitempty"`
+	Reason        string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressVerdict) Reset() {
+	*x = EgressVerdict{}
+	mi := &file_master_v1_master_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressVerdict) ProtoMessage() {}
+
+func (x *EgressVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_master_v1_master_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressVerdict.ProtoReflect.Descriptor instead.
+func (*EgressVerdict) Descriptor() ([]byte, []int) {
+	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *EgressVerdict) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *EgressVerdict) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // DeadSandbox is a sandbox the node saw die.
 type DeadSandbox struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -744,7 +866,7 @@ type DeadSandbox struct {
 
 func (x *DeadSandbox) Reset() {
 	*x = DeadSandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +878,7 @@ func (x *DeadSandbox) String() string {
 func (*DeadSandbox) ProtoMessage() {}
 
 func (x *DeadSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[8]
+	mi := &file_master_v1_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +891,7 @@ func (x *DeadSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadSandbox.ProtoReflect.Descriptor instead.
 func (*DeadSandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{8}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeadSandbox) GetSandboxId() string {
@@ -814,7 +936,7 @@ type TemplateRef struct {
 
 func (x *TemplateRef) Reset() {
 	*x = TemplateRef{}
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +948,7 @@ func (x *TemplateRef) String() string {
 func (*TemplateRef) ProtoMessage() {}
 
 func (x *TemplateRef) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[9]
+	mi := &file_master_v1_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +961,7 @@ func (x *TemplateRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateRef.ProtoReflect.Descriptor instead.
 func (*TemplateRef) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{9}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TemplateRef) GetId() string {
@@ -900,7 +1022,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1034,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[10]
+	mi := &file_master_v1_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1047,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{10}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterRequest) GetNode() *NodeReport {
@@ -945,7 +1067,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1079,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[11]
+	mi := &file_master_v1_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1092,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{11}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterResponse) GetHeartbeatInterval() *durationpb.Duration {
@@ -993,7 +1115,7 @@ type ReadBlobRequest struct {
 
 func (x *ReadBlobRequest) Reset() {
 	*x = ReadBlobRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1005,7 +1127,7 @@ func (x *ReadBlobRequest) String() string {
 func (*ReadBlobRequest) ProtoMessage() {}
 
 func (x *ReadBlobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[12]
+	mi := &file_master_v1_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1018,7 +1140,7 @@ func (x *ReadBlobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlobRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlobRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{12}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadBlobRequest) GetNodeId() string {
@@ -1054,7 +1176,7 @@ type ReadBlobResponse struct {
 
 func (x *ReadBlobResponse) Reset() {
 	*x = ReadBlobResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1188,7 @@ func (x *ReadBlobResponse) String() string {
 func (*ReadBlobResponse) ProtoMessage() {}
 
 func (x *ReadBlobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[13]
+	mi := &file_master_v1_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1201,7 @@ func (x *ReadBlobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlobResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlobResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{13}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadBlobResponse) GetData() []byte {
@@ -1105,7 +1227,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1239,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[14]
+	mi := &file_master_v1_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1252,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{14}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HeartbeatRequest) GetNode() *NodeReport {
@@ -1150,7 +1272,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1162,7 +1284,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[15]
+	mi := &file_master_v1_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1175,7 +1297,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{15}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeartbeatResponse) GetRegistered() bool {
@@ -1210,7 +1332,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1344,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[16]
+	mi := &file_master_v1_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1357,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{16}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Node) GetReport() *NodeReport {
@@ -1295,7 +1417,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1429,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[17]
+	mi := &file_master_v1_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1442,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{17}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
 }
 
 type ListNodesResponse struct {
@@ -1332,7 +1454,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1466,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[18]
+	mi := &file_master_v1_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1479,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{18}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1377,7 +1499,7 @@ type SetNodeSchedulableRequest struct {
 
 func (x *SetNodeSchedulableRequest) Reset() {
 	*x = SetNodeSchedulableRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1511,7 @@ func (x *SetNodeSchedulableRequest) String() string {
 func (*SetNodeSchedulableRequest) ProtoMessage() {}
 
 func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[19]
+	mi := &file_master_v1_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1524,7 @@ func (x *SetNodeSchedulableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{19}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetNodeSchedulableRequest) GetNodeId() string {
@@ -1428,7 +1550,7 @@ type SetNodeSchedulableResponse struct {
 
 func (x *SetNodeSchedulableResponse) Reset() {
 	*x = SetNodeSchedulableResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1562,7 @@ func (x *SetNodeSchedulableResponse) String() string {
 func (*SetNodeSchedulableResponse) ProtoMessage() {}
 
 func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[20]
+	mi := &file_master_v1_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1575,7 @@ func (x *SetNodeSchedulableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeSchedulableResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeSchedulableResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{20}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetNodeSchedulableResponse) GetNode() *Node {
@@ -1477,7 +1599,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1611,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[21]
+	mi := &file_master_v1_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1624,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{21}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -1549,7 +1671,7 @@ type DrainNodeProgress struct {
 
 func (x *DrainNodeProgress) Reset() {
 	*x = DrainNodeProgress{}
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1683,7 @@ func (x *DrainNodeProgress) String() string {
 func (*DrainNodeProgress) ProtoMessage() {}
 
 func (x *DrainNodeProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[22]
+	mi := &file_master_v1_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1696,7 @@ func (x *DrainNodeProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeProgress.ProtoReflect.Descriptor instead.
 func (*DrainNodeProgress) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{22}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DrainNodeProgress) GetNodeId() string {
@@ -1653,7 +1775,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1787,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[23]
+	mi := &file_master_v1_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1800,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{23}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateJoinTokenRequest) GetNodeId() string {
@@ -1707,7 +1829,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1841,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[24]
+	mi := &file_master_v1_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1854,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{24}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateJoinTokenResponse) GetToken() string {
@@ -1768,7 +1890,7 @@ type APIKey struct {
 
 func (x *APIKey) Reset() {
 	*x = APIKey{}
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1902,7 @@ func (x *APIKey) String() string {
 func (*APIKey) ProtoMessage() {}
 
 func (x *APIKey) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[25]
+	mi := &file_master_v1_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1915,7 @@ func (x *APIKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIKey.ProtoReflect.Descriptor instead.
 func (*APIKey) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{25}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *APIKey) GetId() string {
@@ -1857,7 +1979,7 @@ type CreateAPIKeyRequest struct {
 
 func (x *CreateAPIKeyRequest) Reset() {
 	*x = CreateAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +1991,7 @@ func (x *CreateAPIKeyRequest) String() string {
 func (*CreateAPIKeyRequest) ProtoMessage() {}
 
 func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[26]
+	mi := &file_master_v1_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +2004,7 @@ func (x *CreateAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{26}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateAPIKeyRequest) GetName() string {
@@ -1917,7 +2039,7 @@ type CreateAPIKeyResponse struct {
 
 func (x *CreateAPIKeyResponse) Reset() {
 	*x = CreateAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2051,7 @@ func (x *CreateAPIKeyResponse) String() string {
 func (*CreateAPIKeyResponse) ProtoMessage() {}
 
 func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[27]
+	mi := &file_master_v1_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2064,7 @@ func (x *CreateAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{27}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateAPIKeyResponse) GetKey() *APIKey {
@@ -1967,7 +2089,7 @@ type ListAPIKeysRequest struct {
 
 func (x *ListAPIKeysRequest) Reset() {
 	*x = ListAPIKeysRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1979,7 +2101,7 @@ func (x *ListAPIKeysRequest) String() string {
 func (*ListAPIKeysRequest) ProtoMessage() {}
 
 func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[28]
+	mi := &file_master_v1_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1992,7 +2114,7 @@ func (x *ListAPIKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{28}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
 }
 
 type ListAPIKeysResponse struct {
@@ -2004,7 +2126,7 @@ type ListAPIKeysResponse struct {
 
 func (x *ListAPIKeysResponse) Reset() {
 	*x = ListAPIKeysResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2138,7 @@ func (x *ListAPIKeysResponse) String() string {
 func (*ListAPIKeysResponse) ProtoMessage() {}
 
 func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[29]
+	mi := &file_master_v1_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2151,7 @@ func (x *ListAPIKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPIKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListAPIKeysResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{29}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListAPIKeysResponse) GetKeys() []*APIKey {
@@ -2049,7 +2171,7 @@ type DeleteAPIKeyRequest struct {
 
 func (x *DeleteAPIKeyRequest) Reset() {
 	*x = DeleteAPIKeyRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +2183,7 @@ func (x *DeleteAPIKeyRequest) String() string {
 func (*DeleteAPIKeyRequest) ProtoMessage() {}
 
 func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[30]
+	mi := &file_master_v1_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +2196,7 @@ func (x *DeleteAPIKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{30}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteAPIKeyRequest) GetKey() string {
@@ -2092,7 +2214,7 @@ type DeleteAPIKeyResponse struct {
 
 func (x *DeleteAPIKeyResponse) Reset() {
 	*x = DeleteAPIKeyResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2226,7 @@ func (x *DeleteAPIKeyResponse) String() string {
 func (*DeleteAPIKeyResponse) ProtoMessage() {}
 
 func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[31]
+	mi := &file_master_v1_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2239,7 @@ func (x *DeleteAPIKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAPIKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAPIKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{31}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
 }
 
 // Sandbox is one catalog entry.
@@ -2148,7 +2270,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2282,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[32]
+	mi := &file_master_v1_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2295,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{32}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -2294,7 +2416,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2428,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[33]
+	mi := &file_master_v1_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2441,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{33}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListSandboxesRequest) GetStates() []string {
@@ -2352,7 +2474,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2486,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[34]
+	mi := &file_master_v1_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2499,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{34}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -2408,7 +2530,7 @@ type ClusterTemplate struct {
 
 func (x *ClusterTemplate) Reset() {
 	*x = ClusterTemplate{}
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2542,7 @@ func (x *ClusterTemplate) String() string {
 func (*ClusterTemplate) ProtoMessage() {}
 
 func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[35]
+	mi := &file_master_v1_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2555,7 @@ func (x *ClusterTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterTemplate.ProtoReflect.Descriptor instead.
 func (*ClusterTemplate) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{35}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ClusterTemplate) GetTemplateId() string {
@@ -2500,7 +2622,7 @@ type ListTemplatesRequest struct {
 
 func (x *ListTemplatesRequest) Reset() {
 	*x = ListTemplatesRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2634,7 @@ func (x *ListTemplatesRequest) String() string {
 func (*ListTemplatesRequest) ProtoMessage() {}
 
 func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[36]
+	mi := &file_master_v1_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2647,7 @@ func (x *ListTemplatesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesRequest.ProtoReflect.Descriptor instead.
 func (*ListTemplatesRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{36}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
 }
 
 type ListTemplatesResponse struct {
@@ -2537,7 +2659,7 @@ type ListTemplatesResponse struct {
 
 func (x *ListTemplatesResponse) Reset() {
 	*x = ListTemplatesResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2671,7 @@ func (x *ListTemplatesResponse) String() string {
 func (*ListTemplatesResponse) ProtoMessage() {}
 
 func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[37]
+	mi := &file_master_v1_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2684,7 @@ func (x *ListTemplatesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTemplatesResponse.ProtoReflect.Descriptor instead.
 func (*ListTemplatesResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{37}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListTemplatesResponse) GetTemplates() []*ClusterTemplate {
@@ -2598,7 +2720,7 @@ type ImportTemplateRequest struct {
 
 func (x *ImportTemplateRequest) Reset() {
 	*x = ImportTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2732,7 @@ func (x *ImportTemplateRequest) String() string {
 func (*ImportTemplateRequest) ProtoMessage() {}
 
 func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[38]
+	mi := &file_master_v1_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2745,7 @@ func (x *ImportTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateRequest.ProtoReflect.Descriptor instead.
 func (*ImportTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{38}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ImportTemplateRequest) GetTemplateId() string {
@@ -2698,7 +2820,7 @@ type ImportTemplateResponse struct {
 
 func (x *ImportTemplateResponse) Reset() {
 	*x = ImportTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2832,7 @@ func (x *ImportTemplateResponse) String() string {
 func (*ImportTemplateResponse) ProtoMessage() {}
 
 func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[39]
+	mi := &file_master_v1_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2845,7 @@ func (x *ImportTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTemplateResponse.ProtoReflect.Descriptor instead.
 func (*ImportTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{39}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ImportTemplateResponse) GetTemplate() *ClusterTemplate {
@@ -2746,7 +2868,7 @@ type UploadTemplateRequest struct {
 
 func (x *UploadTemplateRequest) Reset() {
 	*x = UploadTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2758,7 +2880,7 @@ func (x *UploadTemplateRequest) String() string {
 func (*UploadTemplateRequest) ProtoMessage() {}
 
 func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[40]
+	mi := &file_master_v1_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2771,7 +2893,7 @@ func (x *UploadTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTemplateRequest.ProtoReflect.Descriptor instead.
 func (*UploadTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{40}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UploadTemplateRequest) GetPart() isUploadTemplateRequest_Part {
@@ -2826,7 +2948,7 @@ type DeleteTemplateRequest struct {
 
 func (x *DeleteTemplateRequest) Reset() {
 	*x = DeleteTemplateRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2838,7 +2960,7 @@ func (x *DeleteTemplateRequest) String() string {
 func (*DeleteTemplateRequest) ProtoMessage() {}
 
 func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[41]
+	mi := &file_master_v1_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2851,7 +2973,7 @@ func (x *DeleteTemplateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{41}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteTemplateRequest) GetTemplateId() string {
@@ -2871,7 +2993,7 @@ type DeleteTemplateResponse struct {
 
 func (x *DeleteTemplateResponse) Reset() {
 	*x = DeleteTemplateResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2883,7 +3005,7 @@ func (x *DeleteTemplateResponse) String() string {
 func (*DeleteTemplateResponse) ProtoMessage() {}
 
 func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[42]
+	mi := &file_master_v1_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2896,7 +3018,7 @@ func (x *DeleteTemplateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTemplateResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTemplateResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{42}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteTemplateResponse) GetNodes() []string {
@@ -2919,7 +3041,7 @@ type TeamQuota struct {
 
 func (x *TeamQuota) Reset() {
 	*x = TeamQuota{}
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2931,7 +3053,7 @@ func (x *TeamQuota) String() string {
 func (*TeamQuota) ProtoMessage() {}
 
 func (x *TeamQuota) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[43]
+	mi := &file_master_v1_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2944,7 +3066,7 @@ func (x *TeamQuota) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeamQuota.ProtoReflect.Descriptor instead.
 func (*TeamQuota) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{43}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TeamQuota) GetMaxSandboxes() int64 {
@@ -2983,7 +3105,7 @@ type Team struct {
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3117,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[44]
+	mi := &file_master_v1_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3130,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{44}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Team) GetName() string {
@@ -3063,7 +3185,7 @@ type CreateTeamRequest struct {
 
 func (x *CreateTeamRequest) Reset() {
 	*x = CreateTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3075,7 +3197,7 @@ func (x *CreateTeamRequest) String() string {
 func (*CreateTeamRequest) ProtoMessage() {}
 
 func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[45]
+	mi := &file_master_v1_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3088,7 +3210,7 @@ func (x *CreateTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamRequest.ProtoReflect.Descriptor instead.
 func (*CreateTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{45}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateTeamRequest) GetName() string {
@@ -3114,7 +3236,7 @@ type CreateTeamResponse struct {
 
 func (x *CreateTeamResponse) Reset() {
 	*x = CreateTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3248,7 @@ func (x *CreateTeamResponse) String() string {
 func (*CreateTeamResponse) ProtoMessage() {}
 
 func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[46]
+	mi := &file_master_v1_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3261,7 @@ func (x *CreateTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTeamResponse.ProtoReflect.Descriptor instead.
 func (*CreateTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{46}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateTeamResponse) GetTeam() *Team {
@@ -3157,7 +3279,7 @@ type ListTeamsRequest struct {
 
 func (x *ListTeamsRequest) Reset() {
 	*x = ListTeamsRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3291,7 @@ func (x *ListTeamsRequest) String() string {
 func (*ListTeamsRequest) ProtoMessage() {}
 
 func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[47]
+	mi := &file_master_v1_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3304,7 @@ func (x *ListTeamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsRequest.ProtoReflect.Descriptor instead.
 func (*ListTeamsRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{47}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
 }
 
 type ListTeamsResponse struct {
@@ -3194,7 +3316,7 @@ type ListTeamsResponse struct {
 
 func (x *ListTeamsResponse) Reset() {
 	*x = ListTeamsResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[48]
+	mi := &file_master_v1_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3206,7 +3328,7 @@ func (x *ListTeamsResponse) String() string {
 func (*ListTeamsResponse) ProtoMessage() {}
 
 func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[48]
+	mi := &file_master_v1_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3219,7 +3341,7 @@ func (x *ListTeamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTeamsResponse.ProtoReflect.Descriptor instead.
 func (*ListTeamsResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{48}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListTeamsResponse) GetTeams() []*Team {
@@ -3239,7 +3361,7 @@ type SetTeamQuotaRequest struct {
 
 func (x *SetTeamQuotaRequest) Reset() {
 	*x = SetTeamQuotaRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[49]
+	mi := &file_master_v1_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3251,7 +3373,7 @@ func (x *SetTeamQuotaRequest) String() string {
 func (*SetTeamQuotaRequest) ProtoMessage() {}
 
 func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[49]
+	mi := &file_master_v1_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3264,7 +3386,7 @@ func (x *SetTeamQuotaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaRequest.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{49}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SetTeamQuotaRequest) GetName() string {
@@ -3289,7 +3411,7 @@ type SetTeamQuotaResponse struct {
 
 func (x *SetTeamQuotaResponse) Reset() {
 	*x = SetTeamQuotaResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[50]
+	mi := &file_master_v1_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3301,7 +3423,7 @@ func (x *SetTeamQuotaResponse) String() string {
 func (*SetTeamQuotaResponse) ProtoMessage() {}
 
 func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[50]
+	mi := &file_master_v1_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3314,7 +3436,7 @@ func (x *SetTeamQuotaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTeamQuotaResponse.ProtoReflect.Descriptor instead.
 func (*SetTeamQuotaResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{50}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{51}
 }
 
 type DeleteTeamRequest struct {
@@ -3328,7 +3450,7 @@ type DeleteTeamRequest struct {
 
 func (x *DeleteTeamRequest) Reset() {
 	*x = DeleteTeamRequest{}
-	mi := &file_master_v1_master_proto_msgTypes[51]
+	mi := &file_master_v1_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +3462,7 @@ func (x *DeleteTeamRequest) String() string {
 func (*DeleteTeamRequest) ProtoMessage() {}
 
 func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[51]
+	mi := &file_master_v1_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +3475,7 @@ func (x *DeleteTeamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTeamRequest) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{51}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteTeamRequest) GetName() string {
@@ -3383,7 +3505,7 @@ type DeleteTeamResponse struct {
 
 func (x *DeleteTeamResponse) Reset() {
 	*x = DeleteTeamResponse{}
-	mi := &file_master_v1_master_proto_msgTypes[52]
+	mi := &file_master_v1_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +3517,7 @@ func (x *DeleteTeamResponse) String() string {
 func (*DeleteTeamResponse) ProtoMessage() {}
 
 func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_v1_master_proto_msgTypes[52]
+	mi := &file_master_v1_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3408,7 +3530,7 @@ func (x *DeleteTeamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTeamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTeamResponse) Descriptor() ([]byte, []int) {
-	return file_master_v1_master_proto_rawDescGZIP(), []int{52}
+	return file_master_v1_master_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteTeamResponse) GetRevokedKeys() []string {
@@ -3471,7 +3593,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x15ReportActivityRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
-	"\x16ReportActivityResponse\"\xde\t\n" +
+	"\x16ReportActivityResponse\"\xc0\v\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3503,13 +3625,28 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\vbusy_reason\x18\x18 \x01(\tR\n" +
 	"busyReason\x12*\n" +
 	"\x04dead\x18\x19 \x03(\v2\x16.master.v1.DeadSandboxR\x04dead\x12!\n" +
-	"\fdata_address\x18\x1a \x01(\tR\vdataAddress\x1aC\n" +
+	"\fdata_address\x18\x1a \x01(\tR\vdataAddress\x12A\n" +
+	"\x0fegress_verdicts\x18\x1b \x03(\v2\x18.master.v1.EgressVerdictR\x0eegressVerdicts\x12X\n" +
+	"\x11egress_suppressed\x18\x1c \x03(\v2+.master.v1.NodeReport.EgressSuppressedEntryR\x10egressSuppressed\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +
 	"\x18SandboxesByTemplateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"y\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aC\n" +
+	"\x15EgressSuppressedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xe0\x01\n" +
+	"\rEgressVerdict\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x18\n" +
+	"\averdict\x18\x04 \x01(\tR\averdict\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x06 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04rule\x18\a \x01(\tR\x04rule\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"y\n" +
 	"\vDeadSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
@@ -3753,7 +3890,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3763,156 +3900,161 @@ var file_master_v1_master_proto_goTypes = []any{
 	(*ReportActivityRequest)(nil),      // 5: master.v1.ReportActivityRequest
 	(*ReportActivityResponse)(nil),     // 6: master.v1.ReportActivityResponse
 	(*NodeReport)(nil),                 // 7: master.v1.NodeReport
-	(*DeadSandbox)(nil),                // 8: master.v1.DeadSandbox
-	(*TemplateRef)(nil),                // 9: master.v1.TemplateRef
-	(*RegisterRequest)(nil),            // 10: master.v1.RegisterRequest
-	(*RegisterResponse)(nil),           // 11: master.v1.RegisterResponse
-	(*ReadBlobRequest)(nil),            // 12: master.v1.ReadBlobRequest
-	(*ReadBlobResponse)(nil),           // 13: master.v1.ReadBlobResponse
-	(*HeartbeatRequest)(nil),           // 14: master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 15: master.v1.HeartbeatResponse
-	(*Node)(nil),                       // 16: master.v1.Node
-	(*ListNodesRequest)(nil),           // 17: master.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),          // 18: master.v1.ListNodesResponse
-	(*SetNodeSchedulableRequest)(nil),  // 19: master.v1.SetNodeSchedulableRequest
-	(*SetNodeSchedulableResponse)(nil), // 20: master.v1.SetNodeSchedulableResponse
-	(*DrainNodeRequest)(nil),           // 21: master.v1.DrainNodeRequest
-	(*DrainNodeProgress)(nil),          // 22: master.v1.DrainNodeProgress
-	(*CreateJoinTokenRequest)(nil),     // 23: master.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),    // 24: master.v1.CreateJoinTokenResponse
-	(*APIKey)(nil),                     // 25: master.v1.APIKey
-	(*CreateAPIKeyRequest)(nil),        // 26: master.v1.CreateAPIKeyRequest
-	(*CreateAPIKeyResponse)(nil),       // 27: master.v1.CreateAPIKeyResponse
-	(*ListAPIKeysRequest)(nil),         // 28: master.v1.ListAPIKeysRequest
-	(*ListAPIKeysResponse)(nil),        // 29: master.v1.ListAPIKeysResponse
-	(*DeleteAPIKeyRequest)(nil),        // 30: master.v1.DeleteAPIKeyRequest
-	(*DeleteAPIKeyResponse)(nil),       // 31: master.v1.DeleteAPIKeyResponse
-	(*Sandbox)(nil),                    // 32: master.v1.Sandbox
-	(*ListSandboxesRequest)(nil),       // 33: master.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),      // 34: master.v1.ListSandboxesResponse
-	(*ClusterTemplate)(nil),            // 35: master.v1.ClusterTemplate
-	(*ListTemplatesRequest)(nil),       // 36: master.v1.ListTemplatesRequest
-	(*ListTemplatesResponse)(nil),      // 37: master.v1.ListTemplatesResponse
-	(*ImportTemplateRequest)(nil),      // 38: master.v1.ImportTemplateRequest
-	(*ImportTemplateResponse)(nil),     // 39: master.v1.ImportTemplateResponse
-	(*UploadTemplateRequest)(nil),      // 40: master.v1.UploadTemplateRequest
-	(*DeleteTemplateRequest)(nil),      // 41: master.v1.DeleteTemplateRequest
-	(*DeleteTemplateResponse)(nil),     // 42: master.v1.DeleteTemplateResponse
-	(*TeamQuota)(nil),                  // 43: master.v1.TeamQuota
-	(*Team)(nil),                       // 44: master.v1.Team
-	(*CreateTeamRequest)(nil),          // 45: master.v1.CreateTeamRequest
-	(*CreateTeamResponse)(nil),         // 46: master.v1.CreateTeamResponse
-	(*ListTeamsRequest)(nil),           // 47: master.v1.ListTeamsRequest
-	(*ListTeamsResponse)(nil),          // 48: master.v1.ListTeamsResponse
-	(*SetTeamQuotaRequest)(nil),        // 49: master.v1.SetTeamQuotaRequest
-	(*SetTeamQuotaResponse)(nil),       // 50: master.v1.SetTeamQuotaResponse
-	(*DeleteTeamRequest)(nil),          // 51: master.v1.DeleteTeamRequest
-	(*DeleteTeamResponse)(nil),         // 52: master.v1.DeleteTeamResponse
-	nil,                                // 53: master.v1.NodeReport.SandboxesByStateEntry
-	nil,                                // 54: master.v1.NodeReport.SandboxesByTemplateEntry
-	nil,                                // 55: master.v1.Sandbox.MetadataEntry
-	nil,                                // 56: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 57: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 58: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 59: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 60: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 61: google.protobuf.Duration
-	(*v1.RegistryAuth)(nil),            // 62: cubelet.v1.RegistryAuth
+	(*EgressVerdict)(nil),              // 8: master.v1.EgressVerdict
+	(*DeadSandbox)(nil),                // 9: master.v1.DeadSandbox
+	(*TemplateRef)(nil),                // 10: master.v1.TemplateRef
+	(*RegisterRequest)(nil),            // 11: master.v1.RegisterRequest
+	(*RegisterResponse)(nil),           // 12: master.v1.RegisterResponse
+	(*ReadBlobRequest)(nil),            // 13: master.v1.ReadBlobRequest
+	(*ReadBlobResponse)(nil),           // 14: master.v1.ReadBlobResponse
+	(*HeartbeatRequest)(nil),           // 15: master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 16: master.v1.HeartbeatResponse
+	(*Node)(nil),                       // 17: master.v1.Node
+	(*ListNodesRequest)(nil),           // 18: master.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 19: master.v1.ListNodesResponse
+	(*SetNodeSchedulableRequest)(nil),  // 20: master.v1.SetNodeSchedulableRequest
+	(*SetNodeSchedulableResponse)(nil), // 21: master.v1.SetNodeSchedulableResponse
+	(*DrainNodeRequest)(nil),           // 22: master.v1.DrainNodeRequest
+	(*DrainNodeProgress)(nil),          // 23: master.v1.DrainNodeProgress
+	(*CreateJoinTokenRequest)(nil),     // 24: master.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),    // 25: master.v1.CreateJoinTokenResponse
+	(*APIKey)(nil),                     // 26: master.v1.APIKey
+	(*CreateAPIKeyRequest)(nil),        // 27: master.v1.CreateAPIKeyRequest
+	(*CreateAPIKeyResponse)(nil),       // 28: master.v1.CreateAPIKeyResponse
+	(*ListAPIKeysRequest)(nil),         // 29: master.v1.ListAPIKeysRequest
+	(*ListAPIKeysResponse)(nil),        // 30: master.v1.ListAPIKeysResponse
+	(*DeleteAPIKeyRequest)(nil),        // 31: master.v1.DeleteAPIKeyRequest
+	(*DeleteAPIKeyResponse)(nil),       // 32: master.v1.DeleteAPIKeyResponse
+	(*Sandbox)(nil),                    // 33: master.v1.Sandbox
+	(*ListSandboxesRequest)(nil),       // 34: master.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 35: master.v1.ListSandboxesResponse
+	(*ClusterTemplate)(nil),            // 36: master.v1.ClusterTemplate
+	(*ListTemplatesRequest)(nil),       // 37: master.v1.ListTemplatesRequest
+	(*ListTemplatesResponse)(nil),      // 38: master.v1.ListTemplatesResponse
+	(*ImportTemplateRequest)(nil),      // 39: master.v1.ImportTemplateRequest
+	(*ImportTemplateResponse)(nil),     // 40: master.v1.ImportTemplateResponse
+	(*UploadTemplateRequest)(nil),      // 41: master.v1.UploadTemplateRequest
+	(*DeleteTemplateRequest)(nil),      // 42: master.v1.DeleteTemplateRequest
+	(*DeleteTemplateResponse)(nil),     // 43: master.v1.DeleteTemplateResponse
+	(*TeamQuota)(nil),                  // 44: master.v1.TeamQuota
+	(*Team)(nil),                       // 45: master.v1.Team
+	(*CreateTeamRequest)(nil),          // 46: master.v1.CreateTeamRequest
+	(*CreateTeamResponse)(nil),         // 47: master.v1.CreateTeamResponse
+	(*ListTeamsRequest)(nil),           // 48: master.v1.ListTeamsRequest
+	(*ListTeamsResponse)(nil),          // 49: master.v1.ListTeamsResponse
+	(*SetTeamQuotaRequest)(nil),        // 50: master.v1.SetTeamQuotaRequest
+	(*SetTeamQuotaResponse)(nil),       // 51: master.v1.SetTeamQuotaResponse
+	(*DeleteTeamRequest)(nil),          // 52: master.v1.DeleteTeamRequest
+	(*DeleteTeamResponse)(nil),         // 53: master.v1.DeleteTeamResponse
+	nil,                                // 54: master.v1.NodeReport.SandboxesByStateEntry
+	nil,                                // 55: master.v1.NodeReport.SandboxesByTemplateEntry
+	nil,                                // 56: master.v1.NodeReport.EgressSuppressedEntry
+	nil,                                // 57: master.v1.Sandbox.MetadataEntry
+	nil,                                // 58: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 59: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 60: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 61: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 62: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 63: google.protobuf.Duration
+	(*v1.RegistryAuth)(nil),            // 64: cubelet.v1.RegistryAuth
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	58, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
-	53, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
-	54, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
-	9,  // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	59, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	60, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
-	8,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
-	60, // 8: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	60, // 9: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 10: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	61, // 11: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 12: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	61, // 13: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 14: master.v1.Node.report:type_name -> master.v1.NodeReport
-	60, // 15: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	60, // 16: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	16, // 17: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	16, // 18: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	61, // 19: master.v1.DrainNodeProgress.took:type_name -> google.protobuf.Duration
-	61, // 20: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	60, // 21: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	60, // 22: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	60, // 23: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	25, // 24: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	25, // 25: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	55, // 26: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	60, // 27: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	60, // 28: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	61, // 29: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	56, // 30: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	32, // 31: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	60, // 32: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	57, // 33: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	35, // 34: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	62, // 35: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	35, // 36: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	38, // 37: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
-	60, // 38: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	43, // 39: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	43, // 40: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	44, // 41: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	44, // 42: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	43, // 43: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	10, // 44: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	14, // 45: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	12, // 46: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
-	17, // 47: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	19, // 48: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	21, // 49: master.v1.AdminService.DrainNode:input_type -> master.v1.DrainNodeRequest
-	23, // 50: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
-	26, // 51: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	28, // 52: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	30, // 53: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	45, // 54: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	47, // 55: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	49, // 56: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	51, // 57: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
-	33, // 58: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	36, // 59: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	38, // 60: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	41, // 61: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	40, // 62: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
-	0,  // 63: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 64: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 65: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	11, // 66: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	15, // 67: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	13, // 68: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
-	18, // 69: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	20, // 70: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	22, // 71: master.v1.AdminService.DrainNode:output_type -> master.v1.DrainNodeProgress
-	24, // 72: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
-	27, // 73: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	29, // 74: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	31, // 75: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	46, // 76: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	48, // 77: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	50, // 78: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	52, // 79: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
-	34, // 80: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	37, // 81: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	39, // 82: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	42, // 83: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	39, // 84: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
-	1,  // 85: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 86: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 87: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	66, // [66:88] is the sub-list for method output_type
-	44, // [44:66] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	60, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	54, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
+	55, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
+	10, // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
+	61, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	62, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	9,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
+	8,  // 8: master.v1.NodeReport.egress_verdicts:type_name -> master.v1.EgressVerdict
+	56, // 9: master.v1.NodeReport.egress_suppressed:type_name -> master.v1.NodeReport.EgressSuppressedEntry
+	62, // 10: master.v1.EgressVerdict.time:type_name -> google.protobuf.Timestamp
+	62, // 11: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	62, // 12: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 13: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
+	63, // 14: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 15: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
+	63, // 16: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 17: master.v1.Node.report:type_name -> master.v1.NodeReport
+	62, // 18: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	62, // 19: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	17, // 20: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	17, // 21: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	63, // 22: master.v1.DrainNodeProgress.took:type_name -> google.protobuf.Duration
+	63, // 23: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	62, // 24: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	62, // 25: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	62, // 26: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	26, // 27: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	26, // 28: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	57, // 29: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	62, // 30: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	62, // 31: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	63, // 32: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	58, // 33: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	33, // 34: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	62, // 35: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	59, // 36: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	36, // 37: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	64, // 38: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	36, // 39: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	39, // 40: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
+	62, // 41: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	44, // 42: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	44, // 43: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	45, // 44: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	45, // 45: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	44, // 46: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	11, // 47: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	15, // 48: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	13, // 49: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
+	18, // 50: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	20, // 51: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	22, // 52: master.v1.AdminService.DrainNode:input_type -> master.v1.DrainNodeRequest
+	24, // 53: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
+	27, // 54: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	29, // 55: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	31, // 56: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	46, // 57: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	48, // 58: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	50, // 59: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	52, // 60: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	34, // 61: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	37, // 62: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	39, // 63: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	42, // 64: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	41, // 65: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
+	0,  // 66: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 67: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 68: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	12, // 69: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	16, // 70: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	14, // 71: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
+	19, // 72: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	21, // 73: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	23, // 74: master.v1.AdminService.DrainNode:output_type -> master.v1.DrainNodeProgress
+	25, // 75: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
+	28, // 76: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	30, // 77: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	32, // 78: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	47, // 79: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	49, // 80: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	51, // 81: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	53, // 82: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	35, // 83: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	38, // 84: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	40, // 85: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	43, // 86: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	40, // 87: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
+	1,  // 88: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 89: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 90: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	69, // [69:91] is the sub-list for method output_type
+	47, // [47:69] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -3920,7 +4062,7 @@ func file_master_v1_master_proto_init() {
 	if File_master_v1_master_proto != nil {
 		return
 	}
-	file_master_v1_master_proto_msgTypes[40].OneofWrappers = []any{
+	file_master_v1_master_proto_msgTypes[41].OneofWrappers = []any{
 		(*UploadTemplateRequest_Request)(nil),
 		(*UploadTemplateRequest_Chunk)(nil),
 	}
@@ -3930,7 +4072,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   58,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -75,6 +75,196 @@ func (SlotKind) EnumDescriptor() ([]byte, []int) {
 	return file_network_v1_network_proto_rawDescGZIP(), []int{0}
 }
 
+type TakeEgressVerdictsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeEgressVerdictsRequest) Reset() {
+	*x = TakeEgressVerdictsRequest{}
+	mi := &file_network_v1_network_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeEgressVerdictsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeEgressVerdictsRequest) ProtoMessage() {}
+
+func (x *TakeEgressVerdictsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeEgressVerdictsRequest.ProtoReflect.Descriptor instead.
+func (*TakeEgressVerdictsRequest) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{0}
+}
+
+type TakeEgressVerdictsResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Verdicts []*EgressVerdict       `protobuf:"bytes,1,rep,name=verdicts,proto3" json:"verdicts,omitempty"`
+	// Per sandbox (slot) ID, the notable verdicts the rate limit left out.
+	Suppressed    map[string]int32 `protobuf:"bytes,2,rep,name=suppressed,proto3" json:"suppressed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeEgressVerdictsResponse) Reset() {
+	*x = TakeEgressVerdictsResponse{}
+	mi := &file_network_v1_network_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeEgressVerdictsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeEgressVerdictsResponse) ProtoMessage() {}
+
+func (x *TakeEgressVerdictsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeEgressVerdictsResponse.ProtoReflect.Descriptor instead.
+func (*TakeEgressVerdictsResponse) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TakeEgressVerdictsResponse) GetVerdicts() []*EgressVerdict {
+	if x != nil {
+		return x.Verdicts
+	}
+	return nil
+}
+
+func (x *TakeEgressVerdictsResponse) GetSuppressed() map[string]int32 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return nil
+}
+
+// EgressVerdict is one audit event (docs/network.md "Audit").
+type EgressVerdict struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`       // dns | connect | cut
+	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"` // denied | failed (cut: denied)
+	Name          string                 `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Addr          string                 `protobuf:"bytes,6,opt,name=addr,proto3" json:"addr,omitempty"`
+	Rule          string                 `protobuf:"bytes,7,opt,name=rule,proto3" json:"rule,omitempty"`
+	Reason        string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressVerdict) Reset() {
+	*x = EgressVerdict{}
+	mi := &file_network_v1_network_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressVerdict) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressVerdict) ProtoMessage() {}
+
+func (x *EgressVerdict) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressVerdict.ProtoReflect.Descriptor instead.
+func (*EgressVerdict) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EgressVerdict) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *EgressVerdict) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *EgressVerdict) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Policy is a sandbox's egress policy. allow_out wins over deny_out, as in
 // E2B. The host, the node's other sandboxes and link-local/metadata
 // addresses are unreachable whatever the policy; private ranges are
@@ -90,14 +280,18 @@ type Policy struct {
 	// Headers the node's egress proxy injects into HTTPS requests to a host
 	// (it terminates TLS for it with the node's egress CA). The sandbox
 	// never sees the values. Needs the agent's egress proxy.
-	Credentials   []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	Credentials []*Credential `protobuf:"bytes,6,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	// Method and path rules for hosts whose TLS the egress proxy
+	// terminates: a request to a host with rules must match one of its
+	// host's rules or is answered 403. Needs the agent's egress proxy.
+	Requests      []*RequestRule `protobuf:"bytes,7,rep,name=requests,proto3" json:"requests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_network_v1_network_proto_msgTypes[0]
+	mi := &file_network_v1_network_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -109,7 +303,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[0]
+	mi := &file_network_v1_network_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -122,7 +316,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{0}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Policy) GetAllowInternetAccess() bool {
@@ -167,6 +361,77 @@ func (x *Policy) GetCredentials() []*Credential {
 	return nil
 }
 
+func (x *Policy) GetRequests() []*RequestRule {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// RequestRule lets through requests to host ("api.github.com" or
+// "*.example.com") whose method is one of methods (none: any) and whose
+// path matches one of paths (none: any; "/repos/*" is a prefix, "/user"
+// that path alone).
+type RequestRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	Methods       []string               `protobuf:"bytes,2,rep,name=methods,proto3" json:"methods,omitempty"`
+	Paths         []string               `protobuf:"bytes,3,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRule) Reset() {
+	*x = RequestRule{}
+	mi := &file_network_v1_network_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRule) ProtoMessage() {}
+
+func (x *RequestRule) ProtoReflect() protoreflect.Message {
+	mi := &file_network_v1_network_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRule.ProtoReflect.Descriptor instead.
+func (*RequestRule) Descriptor() ([]byte, []int) {
+	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RequestRule) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *RequestRule) GetMethods() []string {
+	if x != nil {
+		return x.Methods
+	}
+	return nil
+}
+
+func (x *RequestRule) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
 // Credential: set header to value on every HTTPS request to host
 // ("api.openai.com" or "*.example.com").
 type Credential struct {
@@ -180,7 +445,7 @@ type Credential struct {
 
 func (x *Credential) Reset() {
 	*x = Credential{}
-	mi := &file_network_v1_network_proto_msgTypes[1]
+	mi := &file_network_v1_network_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +457,7 @@ func (x *Credential) String() string {
 func (*Credential) ProtoMessage() {}
 
 func (x *Credential) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[1]
+	mi := &file_network_v1_network_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +470,7 @@ func (x *Credential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credential.ProtoReflect.Descriptor instead.
 func (*Credential) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{1}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Credential) GetHost() string {
@@ -267,7 +532,7 @@ type Network struct {
 
 func (x *Network) Reset() {
 	*x = Network{}
-	mi := &file_network_v1_network_proto_msgTypes[2]
+	mi := &file_network_v1_network_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +544,7 @@ func (x *Network) String() string {
 func (*Network) ProtoMessage() {}
 
 func (x *Network) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[2]
+	mi := &file_network_v1_network_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +557,7 @@ func (x *Network) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Network.ProtoReflect.Descriptor instead.
 func (*Network) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{2}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Network) GetSandboxId() string {
@@ -412,7 +677,7 @@ type EnsureNetworkRequest struct {
 
 func (x *EnsureNetworkRequest) Reset() {
 	*x = EnsureNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[3]
+	mi := &file_network_v1_network_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +689,7 @@ func (x *EnsureNetworkRequest) String() string {
 func (*EnsureNetworkRequest) ProtoMessage() {}
 
 func (x *EnsureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[3]
+	mi := &file_network_v1_network_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +702,7 @@ func (x *EnsureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*EnsureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{3}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EnsureNetworkRequest) GetSandboxId() string {
@@ -472,7 +737,7 @@ type EnsureNetworkResponse struct {
 
 func (x *EnsureNetworkResponse) Reset() {
 	*x = EnsureNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[4]
+	mi := &file_network_v1_network_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +749,7 @@ func (x *EnsureNetworkResponse) String() string {
 func (*EnsureNetworkResponse) ProtoMessage() {}
 
 func (x *EnsureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[4]
+	mi := &file_network_v1_network_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +762,7 @@ func (x *EnsureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*EnsureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{4}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EnsureNetworkResponse) GetNetwork() *Network {
@@ -523,7 +788,7 @@ type ReleaseNetworkRequest struct {
 
 func (x *ReleaseNetworkRequest) Reset() {
 	*x = ReleaseNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[5]
+	mi := &file_network_v1_network_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +800,7 @@ func (x *ReleaseNetworkRequest) String() string {
 func (*ReleaseNetworkRequest) ProtoMessage() {}
 
 func (x *ReleaseNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[5]
+	mi := &file_network_v1_network_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +813,7 @@ func (x *ReleaseNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{5}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseNetworkRequest) GetSandboxId() string {
@@ -567,7 +832,7 @@ type ReleaseNetworkResponse struct {
 
 func (x *ReleaseNetworkResponse) Reset() {
 	*x = ReleaseNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[6]
+	mi := &file_network_v1_network_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +844,7 @@ func (x *ReleaseNetworkResponse) String() string {
 func (*ReleaseNetworkResponse) ProtoMessage() {}
 
 func (x *ReleaseNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[6]
+	mi := &file_network_v1_network_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +857,7 @@ func (x *ReleaseNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{6}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseNetworkResponse) GetReleased() bool {
@@ -611,7 +876,7 @@ type GetNetworkRequest struct {
 
 func (x *GetNetworkRequest) Reset() {
 	*x = GetNetworkRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[7]
+	mi := &file_network_v1_network_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +888,7 @@ func (x *GetNetworkRequest) String() string {
 func (*GetNetworkRequest) ProtoMessage() {}
 
 func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[7]
+	mi := &file_network_v1_network_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +901,7 @@ func (x *GetNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkRequest.ProtoReflect.Descriptor instead.
 func (*GetNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{7}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetNetworkRequest) GetSandboxId() string {
@@ -655,7 +920,7 @@ type GetNetworkResponse struct {
 
 func (x *GetNetworkResponse) Reset() {
 	*x = GetNetworkResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +932,7 @@ func (x *GetNetworkResponse) String() string {
 func (*GetNetworkResponse) ProtoMessage() {}
 
 func (x *GetNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[8]
+	mi := &file_network_v1_network_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +945,7 @@ func (x *GetNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNetworkResponse.ProtoReflect.Descriptor instead.
 func (*GetNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{8}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetNetworkResponse) GetNetwork() *Network {
@@ -698,7 +963,7 @@ type ListNetworksRequest struct {
 
 func (x *ListNetworksRequest) Reset() {
 	*x = ListNetworksRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[9]
+	mi := &file_network_v1_network_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +975,7 @@ func (x *ListNetworksRequest) String() string {
 func (*ListNetworksRequest) ProtoMessage() {}
 
 func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[9]
+	mi := &file_network_v1_network_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +988,7 @@ func (x *ListNetworksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksRequest.ProtoReflect.Descriptor instead.
 func (*ListNetworksRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{9}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{13}
 }
 
 type ListNetworksResponse struct {
@@ -735,7 +1000,7 @@ type ListNetworksResponse struct {
 
 func (x *ListNetworksResponse) Reset() {
 	*x = ListNetworksResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[10]
+	mi := &file_network_v1_network_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +1012,7 @@ func (x *ListNetworksResponse) String() string {
 func (*ListNetworksResponse) ProtoMessage() {}
 
 func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[10]
+	mi := &file_network_v1_network_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +1025,7 @@ func (x *ListNetworksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNetworksResponse.ProtoReflect.Descriptor instead.
 func (*ListNetworksResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{10}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListNetworksResponse) GetNetworks() []*Network {
@@ -781,7 +1046,7 @@ type UpdatePolicyRequest struct {
 
 func (x *UpdatePolicyRequest) Reset() {
 	*x = UpdatePolicyRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[11]
+	mi := &file_network_v1_network_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +1058,7 @@ func (x *UpdatePolicyRequest) String() string {
 func (*UpdatePolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[11]
+	mi := &file_network_v1_network_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +1071,7 @@ func (x *UpdatePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{11}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpdatePolicyRequest) GetSandboxId() string {
@@ -832,7 +1097,7 @@ type UpdatePolicyResponse struct {
 
 func (x *UpdatePolicyResponse) Reset() {
 	*x = UpdatePolicyResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[12]
+	mi := &file_network_v1_network_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +1109,7 @@ func (x *UpdatePolicyResponse) String() string {
 func (*UpdatePolicyResponse) ProtoMessage() {}
 
 func (x *UpdatePolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[12]
+	mi := &file_network_v1_network_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +1122,7 @@ func (x *UpdatePolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePolicyResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{12}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UpdatePolicyResponse) GetNetwork() *Network {
@@ -875,7 +1140,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[13]
+	mi := &file_network_v1_network_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1152,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[13]
+	mi := &file_network_v1_network_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +1165,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{13}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{17}
 }
 
 type ReconcileResponse struct {
@@ -916,7 +1181,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[14]
+	mi := &file_network_v1_network_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1193,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[14]
+	mi := &file_network_v1_network_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1206,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{14}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReconcileResponse) GetAdopted() int32 {
@@ -987,7 +1252,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_network_v1_network_proto_msgTypes[15]
+	mi := &file_network_v1_network_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1264,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[15]
+	mi := &file_network_v1_network_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1277,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{15}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{19}
 }
 
 type Condition struct {
@@ -1026,7 +1291,7 @@ type Condition struct {
 
 func (x *Condition) Reset() {
 	*x = Condition{}
-	mi := &file_network_v1_network_proto_msgTypes[16]
+	mi := &file_network_v1_network_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1303,7 @@ func (x *Condition) String() string {
 func (*Condition) ProtoMessage() {}
 
 func (x *Condition) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[16]
+	mi := &file_network_v1_network_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1316,7 @@ func (x *Condition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Condition.ProtoReflect.Descriptor instead.
 func (*Condition) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{16}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Condition) GetType() string {
@@ -1089,7 +1354,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_network_v1_network_proto_msgTypes[17]
+	mi := &file_network_v1_network_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1366,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_network_v1_network_proto_msgTypes[17]
+	mi := &file_network_v1_network_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1379,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_network_v1_network_proto_rawDescGZIP(), []int{17}
+	return file_network_v1_network_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HealthResponse) GetOk() bool {
@@ -1164,7 +1429,26 @@ var File_network_v1_network_proto protoreflect.FileDescriptor
 const file_network_v1_network_proto_rawDesc = "" +
 	"\n" +
 	"\x18network/v1/network.proto\x12\n" +
-	"network.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x02\n" +
+	"network.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x1b\n" +
+	"\x19TakeEgressVerdictsRequest\"\xea\x01\n" +
+	"\x1aTakeEgressVerdictsResponse\x125\n" +
+	"\bverdicts\x18\x01 \x03(\v2\x19.network.v1.EgressVerdictR\bverdicts\x12V\n" +
+	"\n" +
+	"suppressed\x18\x02 \x03(\v26.network.v1.TakeEgressVerdictsResponse.SuppressedEntryR\n" +
+	"suppressed\x1a=\n" +
+	"\x0fSuppressedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xe0\x01\n" +
+	"\rEgressVerdict\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x18\n" +
+	"\averdict\x18\x04 \x01(\tR\averdict\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x06 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04rule\x18\a \x01(\tR\x04rule\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xcc\x02\n" +
 	"\x06Policy\x127\n" +
 	"\x15allow_internet_access\x18\x01 \x01(\bH\x00R\x13allowInternetAccess\x88\x01\x01\x12\x1b\n" +
 	"\tallow_out\x18\x02 \x03(\tR\ballowOut\x12\x19\n" +
@@ -1172,8 +1456,13 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\x0fmax_connections\x18\x04 \x01(\x05R\x0emaxConnections\x12\x1f\n" +
 	"\vegress_kbps\x18\x05 \x01(\x03R\n" +
 	"egressKbps\x128\n" +
-	"\vcredentials\x18\x06 \x03(\v2\x16.network.v1.CredentialR\vcredentialsB\x18\n" +
-	"\x16_allow_internet_access\"N\n" +
+	"\vcredentials\x18\x06 \x03(\v2\x16.network.v1.CredentialR\vcredentials\x123\n" +
+	"\brequests\x18\a \x03(\v2\x17.network.v1.RequestRuleR\brequestsB\x18\n" +
+	"\x16_allow_internet_access\"Q\n" +
+	"\vRequestRule\x12\x12\n" +
+	"\x04host\x18\x01 \x01(\tR\x04host\x12\x18\n" +
+	"\amethods\x18\x02 \x03(\tR\amethods\x12\x14\n" +
+	"\x05paths\x18\x03 \x03(\tR\x05paths\"N\n" +
 	"\n" +
 	"Credential\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x16\n" +
@@ -1256,7 +1545,7 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\bSlotKind\x12\x19\n" +
 	"\x15SLOT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13SLOT_KIND_CONTAINER\x10\x01\x12\x10\n" +
-	"\fSLOT_KIND_VM\x10\x022\xbb\x04\n" +
+	"\fSLOT_KIND_VM\x10\x022\xa0\x05\n" +
 	"\fNetworkAgent\x12T\n" +
 	"\rEnsureNetwork\x12 .network.v1.EnsureNetworkRequest\x1a!.network.v1.EnsureNetworkResponse\x12W\n" +
 	"\x0eReleaseNetwork\x12!.network.v1.ReleaseNetworkRequest\x1a\".network.v1.ReleaseNetworkResponse\x12K\n" +
@@ -1265,7 +1554,8 @@ const file_network_v1_network_proto_rawDesc = "" +
 	"\fListNetworks\x12\x1f.network.v1.ListNetworksRequest\x1a .network.v1.ListNetworksResponse\x12Q\n" +
 	"\fUpdatePolicy\x12\x1f.network.v1.UpdatePolicyRequest\x1a .network.v1.UpdatePolicyResponse\x12H\n" +
 	"\tReconcile\x12\x1c.network.v1.ReconcileRequest\x1a\x1d.network.v1.ReconcileResponse\x12?\n" +
-	"\x06Health\x12\x19.network.v1.HealthRequest\x1a\x1a.network.v1.HealthResponseB6Z4github.com/cubesandbox/cube/api/network/v1;networkv1b\x06proto3"
+	"\x06Health\x12\x19.network.v1.HealthRequest\x1a\x1a.network.v1.HealthResponse\x12c\n" +
+	"\x12TakeEgressVerdicts\x12%.network.v1.TakeEgressVerdictsRequest\x1a&.network.v1.TakeEgressVerdictsResponseB6Z4github.com/cubesandbox/cube/api/network/v1;networkv1b\x06proto3"
 
 var (
 	file_network_v1_network_proto_rawDescOnce sync.Once
@@ -1280,61 +1570,72 @@ func file_network_v1_network_proto_rawDescGZIP() []byte {
 }
 
 var file_network_v1_network_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_network_v1_network_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_network_v1_network_proto_goTypes = []any{
-	(SlotKind)(0),                  // 0: network.v1.SlotKind
-	(*Policy)(nil),                 // 1: network.v1.Policy
-	(*Credential)(nil),             // 2: network.v1.Credential
-	(*Network)(nil),                // 3: network.v1.Network
-	(*EnsureNetworkRequest)(nil),   // 4: network.v1.EnsureNetworkRequest
-	(*EnsureNetworkResponse)(nil),  // 5: network.v1.EnsureNetworkResponse
-	(*ReleaseNetworkRequest)(nil),  // 6: network.v1.ReleaseNetworkRequest
-	(*ReleaseNetworkResponse)(nil), // 7: network.v1.ReleaseNetworkResponse
-	(*GetNetworkRequest)(nil),      // 8: network.v1.GetNetworkRequest
-	(*GetNetworkResponse)(nil),     // 9: network.v1.GetNetworkResponse
-	(*ListNetworksRequest)(nil),    // 10: network.v1.ListNetworksRequest
-	(*ListNetworksResponse)(nil),   // 11: network.v1.ListNetworksResponse
-	(*UpdatePolicyRequest)(nil),    // 12: network.v1.UpdatePolicyRequest
-	(*UpdatePolicyResponse)(nil),   // 13: network.v1.UpdatePolicyResponse
-	(*ReconcileRequest)(nil),       // 14: network.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 15: network.v1.ReconcileResponse
-	(*HealthRequest)(nil),          // 16: network.v1.HealthRequest
-	(*Condition)(nil),              // 17: network.v1.Condition
-	(*HealthResponse)(nil),         // 18: network.v1.HealthResponse
-	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
+	(SlotKind)(0),                      // 0: network.v1.SlotKind
+	(*TakeEgressVerdictsRequest)(nil),  // 1: network.v1.TakeEgressVerdictsRequest
+	(*TakeEgressVerdictsResponse)(nil), // 2: network.v1.TakeEgressVerdictsResponse
+	(*EgressVerdict)(nil),              // 3: network.v1.EgressVerdict
+	(*Policy)(nil),                     // 4: network.v1.Policy
+	(*RequestRule)(nil),                // 5: network.v1.RequestRule
+	(*Credential)(nil),                 // 6: network.v1.Credential
+	(*Network)(nil),                    // 7: network.v1.Network
+	(*EnsureNetworkRequest)(nil),       // 8: network.v1.EnsureNetworkRequest
+	(*EnsureNetworkResponse)(nil),      // 9: network.v1.EnsureNetworkResponse
+	(*ReleaseNetworkRequest)(nil),      // 10: network.v1.ReleaseNetworkRequest
+	(*ReleaseNetworkResponse)(nil),     // 11: network.v1.ReleaseNetworkResponse
+	(*GetNetworkRequest)(nil),          // 12: network.v1.GetNetworkRequest
+	(*GetNetworkResponse)(nil),         // 13: network.v1.GetNetworkResponse
+	(*ListNetworksRequest)(nil),        // 14: network.v1.ListNetworksRequest
+	(*ListNetworksResponse)(nil),       // 15: network.v1.ListNetworksResponse
+	(*UpdatePolicyRequest)(nil),        // 16: network.v1.UpdatePolicyRequest
+	(*UpdatePolicyResponse)(nil),       // 17: network.v1.UpdatePolicyResponse
+	(*ReconcileRequest)(nil),           // 18: network.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),          // 19: network.v1.ReconcileResponse
+	(*HealthRequest)(nil),              // 20: network.v1.HealthRequest
+	(*Condition)(nil),                  // 21: network.v1.Condition
+	(*HealthResponse)(nil),             // 22: network.v1.HealthResponse
+	nil,                                // 23: network.v1.TakeEgressVerdictsResponse.SuppressedEntry
+	(*timestamppb.Timestamp)(nil),      // 24: google.protobuf.Timestamp
 }
 var file_network_v1_network_proto_depIdxs = []int32{
-	2,  // 0: network.v1.Policy.credentials:type_name -> network.v1.Credential
-	0,  // 1: network.v1.Network.kind:type_name -> network.v1.SlotKind
-	1,  // 2: network.v1.Network.policy:type_name -> network.v1.Policy
-	19, // 3: network.v1.Network.assigned_at:type_name -> google.protobuf.Timestamp
-	0,  // 4: network.v1.EnsureNetworkRequest.kind:type_name -> network.v1.SlotKind
-	1,  // 5: network.v1.EnsureNetworkRequest.policy:type_name -> network.v1.Policy
-	3,  // 6: network.v1.EnsureNetworkResponse.network:type_name -> network.v1.Network
-	3,  // 7: network.v1.GetNetworkResponse.network:type_name -> network.v1.Network
-	3,  // 8: network.v1.ListNetworksResponse.networks:type_name -> network.v1.Network
-	1,  // 9: network.v1.UpdatePolicyRequest.policy:type_name -> network.v1.Policy
-	3,  // 10: network.v1.UpdatePolicyResponse.network:type_name -> network.v1.Network
-	17, // 11: network.v1.HealthResponse.conditions:type_name -> network.v1.Condition
-	4,  // 12: network.v1.NetworkAgent.EnsureNetwork:input_type -> network.v1.EnsureNetworkRequest
-	6,  // 13: network.v1.NetworkAgent.ReleaseNetwork:input_type -> network.v1.ReleaseNetworkRequest
-	8,  // 14: network.v1.NetworkAgent.GetNetwork:input_type -> network.v1.GetNetworkRequest
-	10, // 15: network.v1.NetworkAgent.ListNetworks:input_type -> network.v1.ListNetworksRequest
-	12, // 16: network.v1.NetworkAgent.UpdatePolicy:input_type -> network.v1.UpdatePolicyRequest
-	14, // 17: network.v1.NetworkAgent.Reconcile:input_type -> network.v1.ReconcileRequest
-	16, // 18: network.v1.NetworkAgent.Health:input_type -> network.v1.HealthRequest
-	5,  // 19: network.v1.NetworkAgent.EnsureNetwork:output_type -> network.v1.EnsureNetworkResponse
-	7,  // 20: network.v1.NetworkAgent.ReleaseNetwork:output_type -> network.v1.ReleaseNetworkResponse
-	9,  // 21: network.v1.NetworkAgent.GetNetwork:output_type -> network.v1.GetNetworkResponse
-	11, // 22: network.v1.NetworkAgent.ListNetworks:output_type -> network.v1.ListNetworksResponse
-	13, // 23: network.v1.NetworkAgent.UpdatePolicy:output_type -> network.v1.UpdatePolicyResponse
-	15, // 24: network.v1.NetworkAgent.Reconcile:output_type -> network.v1.ReconcileResponse
-	18, // 25: network.v1.NetworkAgent.Health:output_type -> network.v1.HealthResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	3,  // 0: network.v1.TakeEgressVerdictsResponse.verdicts:type_name -> network.v1.EgressVerdict
+	23, // 1: network.v1.TakeEgressVerdictsResponse.suppressed:type_name -> network.v1.TakeEgressVerdictsResponse.SuppressedEntry
+	24, // 2: network.v1.EgressVerdict.time:type_name -> google.protobuf.Timestamp
+	6,  // 3: network.v1.Policy.credentials:type_name -> network.v1.Credential
+	5,  // 4: network.v1.Policy.requests:type_name -> network.v1.RequestRule
+	0,  // 5: network.v1.Network.kind:type_name -> network.v1.SlotKind
+	4,  // 6: network.v1.Network.policy:type_name -> network.v1.Policy
+	24, // 7: network.v1.Network.assigned_at:type_name -> google.protobuf.Timestamp
+	0,  // 8: network.v1.EnsureNetworkRequest.kind:type_name -> network.v1.SlotKind
+	4,  // 9: network.v1.EnsureNetworkRequest.policy:type_name -> network.v1.Policy
+	7,  // 10: network.v1.EnsureNetworkResponse.network:type_name -> network.v1.Network
+	7,  // 11: network.v1.GetNetworkResponse.network:type_name -> network.v1.Network
+	7,  // 12: network.v1.ListNetworksResponse.networks:type_name -> network.v1.Network
+	4,  // 13: network.v1.UpdatePolicyRequest.policy:type_name -> network.v1.Policy
+	7,  // 14: network.v1.UpdatePolicyResponse.network:type_name -> network.v1.Network
+	21, // 15: network.v1.HealthResponse.conditions:type_name -> network.v1.Condition
+	8,  // 16: network.v1.NetworkAgent.EnsureNetwork:input_type -> network.v1.EnsureNetworkRequest
+	10, // 17: network.v1.NetworkAgent.ReleaseNetwork:input_type -> network.v1.ReleaseNetworkRequest
+	12, // 18: network.v1.NetworkAgent.GetNetwork:input_type -> network.v1.GetNetworkRequest
+	14, // 19: network.v1.NetworkAgent.ListNetworks:input_type -> network.v1.ListNetworksRequest
+	16, // 20: network.v1.NetworkAgent.UpdatePolicy:input_type -> network.v1.UpdatePolicyRequest
+	18, // 21: network.v1.NetworkAgent.Reconcile:input_type -> network.v1.ReconcileRequest
+	20, // 22: network.v1.NetworkAgent.Health:input_type -> network.v1.HealthRequest
+	1,  // 23: network.v1.NetworkAgent.TakeEgressVerdicts:input_type -> network.v1.TakeEgressVerdictsRequest
+	9,  // 24: network.v1.NetworkAgent.EnsureNetwork:output_type -> network.v1.EnsureNetworkResponse
+	11, // 25: network.v1.NetworkAgent.ReleaseNetwork:output_type -> network.v1.ReleaseNetworkResponse
+	13, // 26: network.v1.NetworkAgent.GetNetwork:output_type -> network.v1.GetNetworkResponse
+	15, // 27: network.v1.NetworkAgent.ListNetworks:output_type -> network.v1.ListNetworksResponse
+	17, // 28: network.v1.NetworkAgent.UpdatePolicy:output_type -> network.v1.UpdatePolicyResponse
+	19, // 29: network.v1.NetworkAgent.Reconcile:output_type -> network.v1.ReconcileResponse
+	22, // 30: network.v1.NetworkAgent.Health:output_type -> network.v1.HealthResponse
+	2,  // 31: network.v1.NetworkAgent.TakeEgressVerdicts:output_type -> network.v1.TakeEgressVerdictsResponse
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_network_v1_network_proto_init() }
@@ -1342,14 +1643,14 @@ func file_network_v1_network_proto_init() {
 	if File_network_v1_network_proto != nil {
 		return
 	}
-	file_network_v1_network_proto_msgTypes[0].OneofWrappers = []any{}
+	file_network_v1_network_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_network_v1_network_proto_rawDesc), len(file_network_v1_network_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

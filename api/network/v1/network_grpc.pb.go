@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NetworkAgent_EnsureNetwork_FullMethodName  = "/network.v1.NetworkAgent/EnsureNetwork"
-	NetworkAgent_ReleaseNetwork_FullMethodName = "/network.v1.NetworkAgent/ReleaseNetwork"
-	NetworkAgent_GetNetwork_FullMethodName     = "/network.v1.NetworkAgent/GetNetwork"
-	NetworkAgent_ListNetworks_FullMethodName   = "/network.v1.NetworkAgent/ListNetworks"
-	NetworkAgent_UpdatePolicy_FullMethodName   = "/network.v1.NetworkAgent/UpdatePolicy"
-	NetworkAgent_Reconcile_FullMethodName      = "/network.v1.NetworkAgent/Reconcile"
-	NetworkAgent_Health_FullMethodName         = "/network.v1.NetworkAgent/Health"
+	NetworkAgent_EnsureNetwork_FullMethodName      = "/network.v1.NetworkAgent/EnsureNetwork"
+	NetworkAgent_ReleaseNetwork_FullMethodName     = "/network.v1.NetworkAgent/ReleaseNetwork"
+	NetworkAgent_GetNetwork_FullMethodName         = "/network.v1.NetworkAgent/GetNetwork"
+	NetworkAgent_ListNetworks_FullMethodName       = "/network.v1.NetworkAgent/ListNetworks"
+	NetworkAgent_UpdatePolicy_FullMethodName       = "/network.v1.NetworkAgent/UpdatePolicy"
+	NetworkAgent_Reconcile_FullMethodName          = "/network.v1.NetworkAgent/Reconcile"
+	NetworkAgent_Health_FullMethodName             = "/network.v1.NetworkAgent/Health"
+	NetworkAgent_TakeEgressVerdicts_FullMethodName = "/network.v1.NetworkAgent/TakeEgressVerdicts"
 )
 
 // NetworkAgentClient is the client API for NetworkAgent service.
@@ -57,6 +58,10 @@ type NetworkAgentClient interface {
 	// or releases (it also runs once at start-up).
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
+	// TakeEgressVerdicts returns the notable egress verdicts (denied,
+	// failed, cut) since the last call, rate-limited per sandbox, and
+	// forgets them: cubelet forwards them to the master.
+	TakeEgressVerdicts(ctx context.Context, in *TakeEgressVerdictsRequest, opts ...grpc.CallOption) (*TakeEgressVerdictsResponse, error)
 }
 
 type networkAgentClient struct {
@@ -137,6 +142,16 @@ func (c *networkAgentClient) Health(ctx context.Context, in *HealthRequest, opts
 	return out, nil
 }
 
+func (c *networkAgentClient) TakeEgressVerdicts(ctx context.Context, in *TakeEgressVerdictsRequest, opts ...grpc.CallOption) (*TakeEgressVerdictsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TakeEgressVerdictsResponse)
+	err := c.cc.Invoke(ctx, NetworkAgent_TakeEgressVerdicts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NetworkAgentServer is the server API for NetworkAgent service.
 // All implementations must embed UnimplementedNetworkAgentServer
 // for forward compatibility.
@@ -166,6 +181,10 @@ type NetworkAgentServer interface {
 	// or releases (it also runs once at start-up).
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
+	// TakeEgressVerdicts returns the notable egress verdicts (denied,
+	// failed, cut) since the last call, rate-limited per sandbox, and
+	// forgets them: cubelet forwards them to the master.
+	TakeEgressVerdicts(context.Context, *TakeEgressVerdictsRequest) (*TakeEgressVerdictsResponse, error)
 	mustEmbedUnimplementedNetworkAgentServer()
 }
 
@@ -196,6 +215,9 @@ func (UnimplementedNetworkAgentServer) Reconcile(context.Context, *ReconcileRequ
 }
 func (UnimplementedNetworkAgentServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Health not implemented")
+}
+func (UnimplementedNetworkAgentServer) TakeEgressVerdicts(context.Context, *TakeEgressVerdictsRequest) (*TakeEgressVerdictsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TakeEgressVerdicts not implemented")
 }
 func (UnimplementedNetworkAgentServer) mustEmbedUnimplementedNetworkAgentServer() {}
 func (UnimplementedNetworkAgentServer) testEmbeddedByValue()                      {}
@@ -344,6 +366,24 @@ func _NetworkAgent_Health_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NetworkAgent_TakeEgressVerdicts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TakeEgressVerdictsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NetworkAgentServer).TakeEgressVerdicts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NetworkAgent_TakeEgressVerdicts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NetworkAgentServer).TakeEgressVerdicts(ctx, req.(*TakeEgressVerdictsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NetworkAgent_ServiceDesc is the grpc.ServiceDesc for NetworkAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -378,6 +418,10 @@ var NetworkAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Health",
 			Handler:    _NetworkAgent_Health_Handler,
+		},
+		{
+			MethodName: "TakeEgressVerdicts",
+			Handler:    _NetworkAgent_TakeEgressVerdicts_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -222,7 +222,11 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	fmt.Fprintf(&b, "- **Date**: %s (took %s)\n", rep.Started.Format(time.RFC3339), rep.Finished.Sub(rep.Started).Round(time.Second))
 	fmt.Fprintf(&b, "- **Machine**: %d CPUs (%s), %s memory, kernel %s, %s, cgroups %s, KVM %v\n",
 		m.CPUs, m.CPUModel, m.MemoryBytes.MiB(), m.Kernel, m.OS, m.Cgroups, m.KVM)
-	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s; runtime: %s\n", m.Runc, orNone(m.Podman), m.Go, m.Storage, m.Runtime)
+	fmt.Fprintf(&b, "- **Software**: %s; %s; %s; cubelet storage pool: %s", m.Runc, orNone(m.Podman), m.Go, m.Storage)
+	if m.Runtime != "" { // reports from before it was recorded
+		fmt.Fprintf(&b, "; runtime: %s", m.Runtime)
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "- **Load average** (shared machine): %s at start, %s at end\n\n", m.LoadStart, m.LoadEnd)
 	b.WriteString("## Targets\n\n")
 	table(targetRows(rep))
@@ -240,6 +244,7 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 				d.Processes, d.CubeletRSS.MiB(), d.CubeletPSS.MiB(), d.NodePerSandbox.MiB(), d.LoopDirectIO, fmtMS(d.Fill.Avg), fmtMS(d.Fill.P99))
 		}
 	}
+	writeCharts(&b, rep)
 	if s := skipRows(rep); len(s) > 0 {
 		b.WriteString("## Skipped, failed, notes\n\n")
 		for _, l := range s {
@@ -249,6 +254,32 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeCharts embeds the report's charts, a heading per section.
+func writeCharts(b *strings.Builder, rep *Report) {
+	if len(rep.Charts) == 0 && len(rep.ChartNotes) == 0 {
+		return
+	}
+	b.WriteString("## Charts\n\n")
+	b.WriteString("Drawn from the JSON report (`cube-bench charts --from` redraws them without running anything).\n\n")
+	section := ""
+	for _, c := range rep.Charts {
+		if c.Section != section {
+			section = c.Section
+			fmt.Fprintf(b, "### %s\n\n", section)
+		}
+		fmt.Fprintf(b, "![%s](%s)\n\n", c.Title, c.File)
+		if c.Caption != "" {
+			b.WriteString(c.Caption + "\n\n")
+		}
+	}
+	for _, n := range rep.ChartNotes {
+		b.WriteString("- " + n + "\n")
+	}
+	if len(rep.ChartNotes) > 0 {
+		b.WriteString("\n")
+	}
 }
 
 func orNone(s string) string {

@@ -22,6 +22,19 @@ type Report struct {
 	Results  []*Result `json:"results"`
 	Targets  []Target  `json:"targets"`
 	Notes    []string  `json:"notes,omitempty"`
+	// Charts are the chart files drawn from this report (package
+	// charts), relative to the Markdown file that embeds them.
+	Charts []Chart `json:"-"`
+	// ChartNotes say which charts could not be drawn, and why.
+	ChartNotes []string `json:"-"`
+}
+
+// Chart is one chart file to embed in the Markdown report.
+type Chart struct {
+	Section string // "Latency CDFs", ...: consecutive charts of one section share a heading
+	Title   string
+	File    string // path relative to the Markdown file
+	Caption string // what the chart shows, under it
 }
 
 // Machine describes where a run happened: absolute figures only mean
@@ -90,4 +103,26 @@ type DensityReport struct {
 	NodePerSandbox Bytes `json:"node_per_sandbox"`
 	// Fill is the create latency while the node filled up.
 	Fill Summary `json:"fill_latency"`
+	// Growth is what the host paid as the node filled: a point after
+	// each tenth of the sandboxes started (not settled: measured as
+	// soon as that tenth is up), the last one the settled figures
+	// above. Package charts draws memory against sandboxes from it.
+	Growth []DensityPoint `json:"growth,omitempty"`
+}
+
+// DensityPoint is the node with Sandboxes idle sandboxes up.
+type DensityPoint struct {
+	Sandboxes int `json:"sandboxes"`
+	// Measured is how many sandboxes Total averages over: a spread of
+	// at most 20 of those up at the checkpoints, all of them at the end.
+	Measured int `json:"measured"`
+	// Total is the average of charged + disk image page cache per
+	// sandbox (DensityReport.Total).
+	Total Bytes `json:"total"`
+	// NodePerSandbox is the drop of MemAvailable since the fill began,
+	// over Sandboxes.
+	NodePerSandbox Bytes `json:"node_per_sandbox"`
+	CubeletRSS     Bytes `json:"cubelet_rss"`
+	// Settled: taken after --density-settle (the final point).
+	Settled bool `json:"settled,omitempty"`
 }

@@ -2,6 +2,8 @@ package report
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"time"
 )
 
@@ -51,6 +53,12 @@ type Result struct {
 	Notes   []string `json:"notes,omitempty"`
 	// Profiles are the files written for this scenario.
 	Profiles []string `json:"profiles,omitempty"`
+	// Dist is the latency distribution kept for charts (package
+	// charts draws CDFs from it): the samples sorted, all of them when
+	// there are at most MaxDist, else MaxDist evenly spaced order
+	// statistics of them (the first is the minimum, the last the
+	// maximum), so the curve keeps its shape at a bounded size.
+	Dist []time.Duration `json:"samples_ns,omitempty"`
 
 	// Samples are the raw latencies behind Latency; Acts the raw action
 	// timings behind Actions. Neither is reported.
@@ -62,6 +70,9 @@ type Result struct {
 func (r *Result) Finish() {
 	if r.Acts != nil {
 		r.Actions = r.Acts.Stats()
+	}
+	if len(r.Samples) > 0 {
+		r.Dist = Thin(r.Samples, MaxDist)
 	}
 	if r.Error == "" && r.Latency != nil && r.Latency.N == 0 && r.Failed > 0 {
 		r.Error = fmt.Sprintf("all %d operations failed", r.Failed)
@@ -101,6 +112,38 @@ func Merge(name string, kind Kind, p Params, parts []*Result) *Result {
 		out.Notes = append(out.Notes, fmt.Sprintf("measured in %d chunks interleaved with its baselines (--chunks)", len(parts)))
 	}
 	return out
+}
+
+// MaxDist bounds Result.Dist: 200 points draw a CDF no eye tells from
+// the full one, and keep results.json small (a create-c50 of 1000
+// samples, a density fill of 10,000).
+const MaxDist = 200
+
+// Thin returns samples sorted (a copy), cut down to at most k evenly
+// spaced order statistics: the i-th of k is the sample of rank
+// round(i*(n-1)/(k-1)), so the minimum and maximum stay.
+func Thin[T ~int64](samples []T, k int) []T {
+	k = max(k, 2)
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	if len(s) <= k {
+		return s
+	}
+	out := make([]T, k)
+	for i := range out {
+		out[i] = s[ThinRank(i, len(s), k)]
+	}
+	return out
+}
+
+// ThinRank is the rank (0-based, in the sorted sample of n) of the i-th
+// of k order statistics Thin keeps; i when n <= k.
+func ThinRank(i, n, k int) int {
+	k = max(k, 2)
+	if n <= k {
+		return i
+	}
+	return int(math.Round(float64(i) * float64(n-1) / float64(k-1)))
 }
 
 // Comparison is a cube scenario against one baseline.

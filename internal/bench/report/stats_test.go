@@ -1,6 +1,7 @@
 package report
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -40,5 +41,37 @@ func TestSummarizeSmall(t *testing.T) {
 	two := Summarize([]time.Duration{10, 20})
 	if two.P50 != 15 || two.P90 != 19 {
 		t.Fatalf("two samples: %+v", two)
+	}
+}
+
+func TestThin(t *testing.T) {
+	var s []time.Duration
+	for i := 999; i >= 0; i-- {
+		s = append(s, time.Duration(i))
+	}
+	got := Thin(s, 200)
+	if len(got) != 200 || got[0] != 0 || got[199] != 999 || !slices.IsSorted(got) {
+		t.Fatalf("Thin(1000, 200): len %d, first %v, last %v", len(got), got[0], got[len(got)-1])
+	}
+	// The i-th kept value is the sample of rank ThinRank(i): here the
+	// samples are their ranks.
+	for i, d := range got {
+		if int(d) != ThinRank(i, 1000, 200) {
+			t.Fatalf("kept[%d] = %v, want rank %d", i, d, ThinRank(i, 1000, 200))
+		}
+	}
+	if s[0] != 999 {
+		t.Fatal("Thin sorted its input in place")
+	}
+	if small := Thin(s[:50], 200); len(small) != 50 || small[0] != 950 || ThinRank(7, 50, 200) != 7 {
+		t.Fatalf("Thin of fewer than k: %v", small)
+	}
+}
+
+func TestFinishKeepsDist(t *testing.T) {
+	r := Timed("x", KindCube, Params{N: 3, Concurrency: 1}, []time.Duration{3, 1, 2}, 0, 0)
+	r.Finish()
+	if !slices.Equal(r.Dist, []time.Duration{1, 2, 3}) {
+		t.Fatalf("Dist = %v", r.Dist)
 	}
 }

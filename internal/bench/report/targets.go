@@ -55,11 +55,11 @@ func Evaluate(rep *Report) []Target {
 	out = append(out, t)
 
 	delta := func(name, ours, base string) {
-		t := Target{Name: name, Want: "<= +2 ms (avg)", Got: "not measured"}
+		t := Target{Name: name, Want: "<= +1 ms (avg)", Got: "not measured"}
 		if o, b := find(ours), find(base); o != nil && b != nil {
 			d := o.Latency.Avg - b.Latency.Avg
 			t.Got = fmt.Sprintf("%+.2f ms (%s vs %s)", float64(d)/1e6, ms(o.Latency.Avg), ms(b.Latency.Avg))
-			t.Met = met(d <= 2*time.Millisecond)
+			t.Met = met(d <= time.Millisecond)
 		}
 		out = append(out, t)
 	}
@@ -69,14 +69,14 @@ func Evaluate(rep *Report) []Target {
 	delta("resume vs bare runc resume", "resume", "runc-resume")
 
 	d := find("density")
-	t = Target{Name: "host memory per idle runc sandbox", Want: "<= 8 MiB (avg, agent included)", Got: "not measured"}
-	c := Target{Name: "cubelet RSS with the density sandboxes up", Want: "< 200 MiB", Got: "not measured"}
+	t = Target{Name: "host memory per idle runc sandbox", Want: "<= 3 MiB (avg, agent included)", Got: "not measured"}
+	c := Target{Name: "cubelet RSS with the density sandboxes up", Want: "< 300 MiB", Got: "not measured"}
 	if d != nil && d.Density != nil {
 		dr := d.Density
 		t.Got = fmt.Sprintf("%s avg, %s P99 over %d sandboxes", dr.Total.Avg.MiB(), dr.Total.P99.MiB(), dr.Sandboxes)
-		t.Met = met(dr.Total.Avg <= 8<<20)
+		t.Met = met(dr.Total.Avg <= 3<<20)
 		c.Got = fmt.Sprintf("%s with %d sandboxes", dr.CubeletRSS.MiB(), dr.Sandboxes)
-		c.Met = met(dr.CubeletRSS < 200<<20)
+		c.Met = met(dr.CubeletRSS < 300<<20)
 		if dr.Sandboxes < 1000 {
 			t.Name += fmt.Sprintf(" (N=%d, target N=1000)", dr.Sandboxes)
 			c.Name += fmt.Sprintf(" (N=%d, target N=1000)", dr.Sandboxes)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -34,7 +35,24 @@ func (a *agentAction) Create(ctx context.Context, t *Task) error {
 	return a.n.startService(ctx, t)
 }
 
-func (a *agentAction) Resume(ctx context.Context, t *Task) error { return a.wait(ctx, t) }
+// Resume waits for the agent again, except after a memory resume on a
+// runtime whose pause is a freeze in place (Capabilities.PauseFreezes):
+// there the agent is the sandbox's init, it answered before the pause,
+// and the thaw gave it back as it was, listening socket included. Asking
+// it again would only add a round-trip (about 1 ms) to every resume;
+// what the freezer cannot guarantee, that the init still exists, is
+// checked instead (an init gone since is what the runtime watch reports).
+func (a *agentAction) Resume(ctx context.Context, t *Task) error {
+	rec := t.Record()
+	if d, err := a.n.Driver(rec.Runtime); err == nil && d.Capabilities().PauseFreezes &&
+		rec.PauseMode != sandbox.PauseDisk && rec.Container != nil && rec.Container.PID > 0 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", rec.Container.PID)); err != nil {
+			return a.n.withConsole(rec, fmt.Errorf("agent: sandbox init (pid %d) is gone: %w", rec.Container.PID, errdefs.ErrUnavailable))
+		}
+		return nil
+	}
+	return a.wait(ctx, t)
+}
 
 // Destroy has nothing to release: the agent dies with the container.
 func (a *agentAction) Destroy(context.Context, *Task) error { return nil }

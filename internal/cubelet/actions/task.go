@@ -46,6 +46,12 @@ type RecordWriter interface {
 	PutSandbox(*sandbox.Record) error
 }
 
+// LazyRecordWriter persists a sandbox record in the background
+// (store.PutSandboxLazy): the write returns before the record is on disk.
+type LazyRecordWriter interface {
+	PutSandboxLazy(*sandbox.Record) error
+}
+
 // NewTask starts a task on a copy of rec.
 func NewTask(w RecordWriter, publish func(*sandbox.Record), rec *sandbox.Record, tmpl *sandbox.Template) *Task {
 	return &Task{store: w, publish: publish, rec: rec.Clone(), Template: tmpl}
@@ -75,20 +81,28 @@ func (t *Task) Update(fn func(r *sandbox.Record)) error {
 	return nil
 }
 
-// Set mutates the record and publishes it without persisting it; the
-// caller persists the copy it returns. For a record whose durable
-// predecessor already stands for it (a warm pool claim's, which a restart
-// finishes), so the write may follow the answer.
-func (t *Task) Set(fn func(r *sandbox.Record)) *sandbox.Record {
+// UpdateLazy is Update for a change a restarted cubelet finds out again
+// from the runtime (a memory pause or resume: reconcile reads the
+// runtime's state), so the caller need not wait for it to reach the
+// disk: the record is published at once and written in the background
+// where the store can (LazyRecordWriter), synchronously otherwise.
+func (t *Task) UpdateLazy(fn func(r *sandbox.Record)) error {
+	lw, ok := t.store.(LazyRecordWriter)
+	if !ok {
+		return t.Update(fn)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	fn(t.rec)
 	t.rec.UpdatedAt = time.Now().UTC()
 	snap := t.rec.Clone()
+	if err := lw.PutSandboxLazy(snap); err != nil {
+		return err
+	}
 	if t.publish != nil {
 		t.publish(snap)
 	}
-	return snap.Clone()
+	return nil
 }
 
 // source is the snapshot the sandbox's disk is cloned from in this flow

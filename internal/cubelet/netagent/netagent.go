@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	networkpb "github.com/cubesandbox/cube/api/network/v1"
 	"github.com/cubesandbox/cube/internal/cubelet/config"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network"
@@ -104,6 +105,18 @@ func (a *Agent) UpdatePolicy(ctx context.Context, id string, p *policy.Policy) e
 	defer cancel()
 	_, err = c.UpdatePolicy(ctx, id, p)
 	return err
+}
+
+// TakeEgressVerdicts returns network-agent's notable egress verdicts
+// since the last call (nil without an agent).
+func (a *Agent) TakeEgressVerdicts(ctx context.Context) (*networkpb.TakeEgressVerdictsResponse, error) {
+	c, err := a.Client()
+	if c == nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return c.TakeEgressVerdicts(ctx)
 }
 
 // Health checks network-agent; on is false when none is configured.

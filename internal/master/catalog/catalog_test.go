@@ -55,6 +55,7 @@ func TestCatalog(t *testing.T) {
 		{"TeamDelete", testTeamDelete},
 		{"Events", testEvents},
 		{"Leases", testLeases},
+		{"LeaseHeld", testLeaseHeld},
 		{"Secrets", testSecrets},
 		{"Volumes", testVolumes},
 	}

@@ -117,3 +117,29 @@ func (c *Catalog) ReleaseLease(ctx context.Context, name, holder string) error {
 	_, err := c.db.ExecContext(ctx, `UPDATE leases SET holder = '', expires_at = 0 WHERE name = ? AND holder = ?`, name, holder)
 	return err
 }
+
+// LeaseHeld reads the lease row and says whether someone holds it now by
+// the database's clock (a holder that stopped renewing holds it no more
+// once it expired). A lease never taken is not held.
+func (c *Catalog) LeaseHeld(ctx context.Context, name string) (Lease, bool, error) {
+	l := Lease{Name: name}
+	var exp int64
+	var live int
+	err := c.db.QueryRowContext(ctx, `SELECT holder, replica, token, expires_at, CASE WHEN holder <> '' AND expires_at > `+c.nowMS()+` THEN 1 ELSE 0 END FROM leases WHERE name = ?`,
+		name).Scan(&l.Holder, &l.Replica, &l.Token, &exp, &live)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Lease{Name: name}, false, nil
+	}
+	if err != nil {
+		return Lease{}, false, err
+	}
+	l.ExpiresAt = fromMS(exp)
+	return l, live == 1, nil
+}
+
+// DropLease deletes the row of a lease holder holds: for leases named per
+// object (a sandbox's move), whose rows would otherwise pile up.
+func (c *Catalog) DropLease(ctx context.Context, name, holder string) error {
+	_, err := c.db.ExecContext(ctx, `DELETE FROM leases WHERE name = ? AND holder = ?`, name, holder)
+	return err
+}

@@ -74,3 +74,48 @@ func testLeases(t *testing.T, c *catalog.Catalog) {
 		t.Fatalf("empty holder: %v", err)
 	}
 }
+
+// testLeaseHeld: LeaseHeld says whether a lease is held now by the
+// database's clock (never taken, held, expired, dropped), and DropLease
+// deletes the row only for its holder.
+func testLeaseHeld(t *testing.T, c *catalog.Catalog) {
+	const name = "move/sb1"
+	ttl := 600 * time.Millisecond
+	held := func(want bool) {
+		t.Helper()
+		l, ok, err := c.LeaseHeld(ctx, name)
+		if err != nil || ok != want {
+			t.Fatalf("held: %v %+v %v, want %v", ok, l, err, want)
+		}
+	}
+	held(false) // never taken
+	// What a verb or route resolve on a shared catalog adds: one read.
+	began := time.Now()
+	const reads = 200
+	for range reads {
+		if _, _, err := c.LeaseHeld(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("LeaseHeld: %s a read (%d reads)", time.Since(began)/reads, reads)
+	if _, ok, err := c.AcquireLease(ctx, name, "a#1", "a", ttl, false); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	held(true)
+	time.Sleep(ttl + 200*time.Millisecond)
+	held(false) // expired
+	if _, ok, err := c.AcquireLease(ctx, name, "b#1", "b", ttl, false); err != nil || !ok {
+		t.Fatalf("acquire after expiry: %v %v", ok, err)
+	}
+	if err := c.DropLease(ctx, name, "a#1"); err != nil {
+		t.Fatal(err)
+	}
+	held(true) // not a's to drop
+	if err := c.DropLease(ctx, name, "b#1"); err != nil {
+		t.Fatal(err)
+	}
+	held(false)
+	if _, err := c.GetLease(ctx, name); !errdefs.IsNotFound(err) {
+		t.Fatalf("row after drop: %v, want NotFound", err)
+	}
+}

@@ -41,6 +41,17 @@ type Network struct {
 	// literal Value is stored as given (not encrypted); a rule naming a
 	// secret stores the name only. Never returned by the API.
 	Credentials []Credential `json:"credentials,omitempty"`
+	// Requests are method and path rules for hosts whose TLS the node's
+	// egress proxy terminates (docs/network.md "Request rules").
+	Requests []RequestRule `json:"requests,omitempty"`
+}
+
+// RequestRule lets through requests to Host whose method is one of
+// Methods (none: any) and whose path matches one of Paths (none: any).
+type RequestRule struct {
+	Host    string   `json:"host"`
+	Methods []string `json:"methods,omitempty"`
+	Paths   []string `json:"paths,omitempty"`
 }
 
 // Credential sets Header on every HTTPS request to Host to Value, or to

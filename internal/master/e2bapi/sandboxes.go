@@ -136,6 +136,7 @@ func createRequest(body *newSandbox, secure bool) (master.CreateRequest, error) 
 		}
 		req.Network.AllowOut, req.Network.DenyOut, req.Network.AllowPublicTraffic = n.AllowOut, n.DenyOut, n.AllowPublicTraffic
 		req.Network.Credentials = credentialsFromJSON(n.Credentials)
+		req.Network.Requests = requestRulesFromJSON(n.Requests)
 		fromRules, err := credentialsFromRules("network.rules", n.Rules)
 		if err != nil {
 			return req, err
@@ -463,7 +464,7 @@ func (h *Handler) network(w http.ResponseWriter, r *http.Request) {
 			return unsupported("egressProxy")
 		}
 		n := catalog.Network{AllowInternet: body.AllowInternetAccess, AllowOut: body.AllowOut, DenyOut: body.DenyOut,
-			Credentials: credentialsFromJSON(body.Credentials)}
+			Credentials: credentialsFromJSON(body.Credentials), Requests: requestRulesFromJSON(body.Requests)}
 		// rules, when present, replace the credential rules with cube's
 		// own (absent keeps them).
 		fromRules, err := credentialsFromRules("rules", body.Rules)
@@ -738,6 +739,18 @@ func msTime(v int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(v)
+}
+
+// requestRulesFromJSON keeps nil (absent) apart from empty ([]).
+func requestRulesFromJSON(in []requestRuleJSON) []catalog.RequestRule {
+	if in == nil {
+		return nil
+	}
+	out := make([]catalog.RequestRule, 0, len(in))
+	for _, r := range in {
+		out = append(out, catalog.RequestRule(r))
+	}
+	return out
 }
 
 // credentialsFromJSON keeps nil (absent) apart from empty ([]).

@@ -83,6 +83,16 @@ type networkConfig struct {
 	// Credentials is cube's extension: headers the node's egress proxy
 	// injects (docs/network.md). Accepted, never returned.
 	Credentials []credentialJSON `json:"credentials,omitempty"`
+	// Requests is cube's extension: method and path rules for hosts whose
+	// TLS the node's egress proxy terminates (docs/network.md).
+	Requests []requestRuleJSON `json:"requests,omitempty"`
+}
+
+// requestRuleJSON is one request rule in a request.
+type requestRuleJSON struct {
+	Host    string   `json:"host"`
+	Methods []string `json:"methods,omitempty"`
+	Paths   []string `json:"paths,omitempty"`
 }
 
 // credentialJSON is one credential rule in a request.
@@ -105,6 +115,9 @@ type networkUpdate struct {
 	// Credentials replaces the sandbox's credential rules; absent keeps
 	// them, [] removes them.
 	Credentials []credentialJSON `json:"credentials"`
+	// Requests replaces the sandbox's request rules; absent keeps them,
+	// [] removes them.
+	Requests []requestRuleJSON `json:"requests"`
 }
 
 // newSandbox is components.schemas.NewSandbox and NewSandboxV2.

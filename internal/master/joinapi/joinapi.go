@@ -114,7 +114,12 @@ func Handler(svc *master.Service, log *slog.Logger) http.Handler {
 		}
 		limit.Refund(client)
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(nodejoin.Response{Certificate: string(certPEM), CA: string(caPEM)})
+		// The cluster's egress CA rides the same answer: the caller has
+		// just proven the token, and the node's network-agent needs the
+		// key to sign for the hosts whose TLS it terminates.
+		egressCert, egressKey := svc.EgressCA()
+		_ = json.NewEncoder(w).Encode(nodejoin.Response{Certificate: string(certPEM), CA: string(caPEM),
+			EgressCA: string(egressCert), EgressCAKey: string(egressKey)})
 	})
 	return mux
 }

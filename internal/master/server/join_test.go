@@ -10,13 +10,17 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -25,9 +29,12 @@ import (
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
+	"github.com/cubesandbox/cube/internal/network/egress"
+	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/nodejoin"
 	"github.com/cubesandbox/cube/internal/pki"
 	"github.com/cubesandbox/cube/internal/serve"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // TestJoin: a node spends a one-time join token for a node certificate
@@ -227,5 +234,192 @@ func TestJoinRefusalsLimited(t *testing.T) {
 	t.Logf("30 concurrent guesses from 127.0.0.3: %v", burst)
 	if burst[http.StatusUnauthorized] > 10 || burst[http.StatusUnauthorized]+burst[http.StatusTooManyRequests] != 30 {
 		t.Fatalf("30 concurrent guesses answered %v; want at most 10 past the limit", burst)
+	}
+}
+
+// TestJoinEgressCA: nodes that join one cluster get its one egress CA
+// (certificate and key, the key 0600 in a 0700 directory), so a leaf the
+// egress proxy of one node shows a sandbox verifies against the CA another
+// node's sandboxes trust: a sandbox moved, cloned or restored across
+// nodes keeps working through TLS-terminating rules. The control: two
+// network-agents that each make their own (the [egress] ca_dir default,
+// what nodes do without a join) hold CAs whose leaves the other refuses.
+func TestJoinEgressCA(t *testing.T) {
+	caDir := t.TempDir()
+	if _, err := pki.LoadOrCreateCA(caDir, "join test CA"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(t, func(c *master.Config) {
+		c.Join.Listen, c.Join.CADir = "127.0.0.1:0", caDir
+	})
+	s, err := server.Start(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	ctx := context.Background()
+	conn, err := grpc.NewClient("unix://"+cfg.API.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	admin := masterpb.NewAdminServiceClient(conn)
+	// joined is the egress CA a node that joined loads, as its
+	// network-agent does from [egress] ca_dir = <dir>/egress; the
+	// directory is the second result.
+	joinedDir := map[string]string{}
+	joined := func(nodeID string) *egress.CA {
+		t.Helper()
+		tok, err := admin.CreateJoinToken(ctx, &masterpb.CreateJoinTokenRequest{Ttl: durationpb.New(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if _, _, _, err := nodejoin.Join(ctx, s.JoinAddr, tok.Token, nodeID, []string{"10.1.2.3"}, dir); err != nil {
+			t.Fatal(err)
+		}
+		ed := filepath.Join(dir, nodejoin.EgressDir)
+		for name, want := range map[string]os.FileMode{ed: 0o700 | os.ModeDir, filepath.Join(ed, nodejoin.EgressKeyFile): 0o600} {
+			fi, err := os.Stat(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode() != want {
+				t.Fatalf("%s: mode %v, want %v", name, fi.Mode(), want)
+			}
+		}
+		ca, err := egress.LoadOrCreateCA(ed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		joinedDir[nodeID] = ed
+		return ca
+	}
+	// crossVerifies: a leaf a's proxy makes for a name verifies against
+	// b's certificate, the one b's sandboxes trust.
+	crossVerifies := func(a, b *egress.CA) error {
+		leaf, err := a.Leaf("api.example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AddCert(b.Cert)
+		_, err = leaf.Leaf.Verify(x509.VerifyOptions{DNSName: "api.example.com", Roots: roots})
+		return err
+	}
+
+	n1, n2 := joined("node-1"), joined("node-2")
+	if !bytes.Equal(n1.Cert.Raw, n2.Cert.Raw) {
+		t.Fatalf("two joined nodes hold different egress CAs: %q, %q", n1.Cert.Subject, n2.Cert.Subject)
+	}
+	if err := crossVerifies(n1, n2); err != nil {
+		t.Fatalf("node-1's leaf against node-2's egress CA: %v", err)
+	}
+	if err := crossVerifies(n2, n1); err != nil {
+		t.Fatalf("node-2's leaf against node-1's egress CA: %v", err)
+	}
+	t.Logf("node-1 and node-2 joined: one egress CA %q (serial %x); each one's leaf verifies against the other's", n1.Cert.Subject, n1.Cert.SerialNumber)
+
+	// The master's restart keeps the cluster's CA (it is not made again).
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = server.Start(context.Background(), cfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n3 := joined("node-3"); !bytes.Equal(n3.Cert.Raw, n1.Cert.Raw) {
+		t.Fatal("a node joined after the master restarted holds another egress CA")
+	}
+	t.Log("after a master restart node-3 joins with the same egress CA")
+
+	// Two network-agents configured as cube join printed ([egress]
+	// ca_dir = <dir>/egress) hand their sandboxes the same CA; two with
+	// the default ca_dir (the control) hand different ones.
+	t.Run("network-agents", func(t *testing.T) {
+		agentCA := func(dir string) []byte {
+			t.Helper()
+			e := nettest.Start(t, nettest.Options{EgressCADir: dir})
+			return e.Agent.EgressCA()
+		}
+		a1, a2 := agentCA(joinedDir["node-1"]), agentCA(joinedDir["node-2"])
+		if len(a1) == 0 || !bytes.Equal(a1, a2) {
+			t.Fatal("the network-agents of node-1 and node-2 hand sandboxes different egress CAs")
+		}
+		if !bytes.Equal(a1, n1.PEM) {
+			t.Fatal("node-1's network-agent hands sandboxes another CA than the cluster's")
+		}
+		if bytes.Equal(agentCA(""), agentCA("")) {
+			t.Fatal("control: two network-agents with their own egress CA hand the same one")
+		}
+		t.Log("network-agents of node-1 and node-2 hand sandboxes the cluster's egress CA; control: two with the default ca_dir differ")
+	})
+
+	// The control: each network-agent makes its own.
+	own1, err := egress.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	own2, err := egress.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(own1.Cert.Raw, own2.Cert.Raw) {
+		t.Fatal("control: two agents' own egress CAs are the same")
+	}
+	err = crossVerifies(own1, own2)
+	if err == nil {
+		t.Fatal("control: a leaf of one agent's own CA verified against another's")
+	}
+	t.Logf("control: agents with their own egress CA: a leaf of one against the other: %v", err)
+}
+
+// TestJoinReadOnlyCADir: a join.ca_dir the master cannot write (the Helm
+// chart mounts the cluster CA's secret read-only) and that holds no
+// egress CA does not stop the master: joins work and hand no egress CA,
+// so the node's network-agent keeps making its own. The control: the same
+// directory writable gets one made, and the join hands it.
+func TestJoinReadOnlyCADir(t *testing.T) {
+	testenv.RequireRoot(t, "a read-only bind mount")
+	for _, readOnly := range []bool{true, false} {
+		caDir := t.TempDir()
+		if _, err := pki.LoadOrCreateCA(caDir, "join test CA"); err != nil {
+			t.Fatal(err)
+		}
+		if readOnly {
+			if err := unix.Mount(caDir, caDir, "", unix.MS_BIND, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Unmount(caDir, unix.MNT_DETACH) })
+			if err := unix.Mount("", caDir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := config(t, func(c *master.Config) {
+			c.Join.Listen, c.Join.CADir = "127.0.0.1:0", caDir
+		})
+		s, err := server.Start(context.Background(), cfg, nil)
+		if err != nil {
+			t.Fatalf("read-only %v: the master did not start: %v", readOnly, err)
+		}
+		conn, err := grpc.NewClient("unix://"+cfg.API.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := masterpb.NewAdminServiceClient(conn).CreateJoinToken(context.Background(), &masterpb.CreateJoinTokenRequest{Ttl: durationpb.New(time.Hour)})
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		_, _, _, err = nodejoin.Join(context.Background(), s.JoinAddr, tok.Token, "node-ro", []string{"10.1.2.3"}, dir)
+		_ = s.Stop()
+		if err != nil {
+			t.Fatalf("read-only %v: join: %v", readOnly, err)
+		}
+		_, statErr := os.Stat(filepath.Join(dir, nodejoin.EgressDir, nodejoin.EgressCAFile))
+		if readOnly != errors.Is(statErr, os.ErrNotExist) {
+			t.Fatalf("read-only %v: the joined node's egress CA: %v", readOnly, statErr)
+		}
+		t.Logf("join.ca_dir read-only %v: the master started, the join worked, egress CA handed: %v", readOnly, statErr == nil)
 	}
 }

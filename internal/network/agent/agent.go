@@ -407,6 +407,11 @@ func (a *Agent) EgressStats() *egress.Stats {
 	return &a.egress.Stats
 }
 
+// TakeNotable returns the notable egress verdicts (denied, failed, cut)
+// since the last call, within the audit log's rate limits, and forgets
+// them.
+func (a *Agent) TakeNotable() audit.Notable { return a.audit.TakeNotable() }
+
 // AuditPath is the file of a sandbox's audit events.
 func (a *Agent) AuditPath(id string) string { return a.audit.Path(id) }
 

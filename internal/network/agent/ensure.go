@@ -398,7 +398,7 @@ func (a *Agent) forgetConnections(r *slotstore.Record) error {
 }
 
 // checkPolicy refuses what this node cannot enforce: private ranges it
-// does not open, and credential rules without the egress proxy (a policy
+// does not open, and credential or request rules without the egress proxy (a policy
 // that cannot be enforced is refused, not dropped).
 func (a *Agent) checkPolicy(p policy.Policy) error {
 	if err := policy.CheckOpened("policy", p, a.cfg.Opened()); err != nil {
@@ -406,6 +406,9 @@ func (a *Agent) checkPolicy(p policy.Policy) error {
 	}
 	if len(p.Credentials) > 0 && a.egress == nil {
 		return fmt.Errorf("policy.credentials: this node runs no egress proxy ([egress] enabled = false): %w", errdefs.ErrFailedPrecondition)
+	}
+	if len(p.Requests) > 0 && a.egress == nil {
+		return fmt.Errorf("policy.requests: this node runs no egress proxy ([egress] enabled = false): %w", errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }

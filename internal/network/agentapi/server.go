@@ -6,6 +6,8 @@ package agentapi
 import (
 	"context"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	pb "github.com/cubesandbox/cube/api/network/v1"
 	"github.com/cubesandbox/cube/internal/errdefs/grpcerr"
 	"github.com/cubesandbox/cube/internal/network/agent"
@@ -74,6 +76,19 @@ func (s *Server) UpdatePolicy(ctx context.Context, req *pb.UpdatePolicyRequest) 
 		return nil, grpcerr.ToGRPC(err)
 	}
 	return &pb.UpdatePolicyResponse{Network: wire.NetworkToPB(n)}, nil
+}
+
+func (s *Server) TakeEgressVerdicts(context.Context, *pb.TakeEgressVerdictsRequest) (*pb.TakeEgressVerdictsResponse, error) {
+	n := s.a.TakeNotable()
+	out := &pb.TakeEgressVerdictsResponse{Suppressed: map[string]int32{}}
+	for _, e := range n.Events {
+		out.Verdicts = append(out.Verdicts, &pb.EgressVerdict{SandboxId: e.SandboxID, Time: timestamppb.New(e.Time),
+			Kind: e.Kind, Verdict: e.Verdict, Name: e.Name, Addr: e.Addr, Rule: e.Rule, Reason: e.Reason})
+	}
+	for id, c := range n.Suppressed {
+		out.Suppressed[id] = int32(c)
+	}
+	return out, nil
 }
 
 func (s *Server) Reconcile(ctx context.Context, _ *pb.ReconcileRequest) (*pb.ReconcileResponse, error) {

@@ -70,6 +70,7 @@ type Log struct {
 	files   map[string]*os.File
 	pruned  time.Time
 	pruning bool
+	notable notableState
 }
 
 // pruneEvery is how often Close looks for files past keep.
@@ -147,11 +148,15 @@ func (l *Log) Write(e Event) {
 		return
 	}
 	l.log.Info("egress audit", "event", json.RawMessage(b))
-	if l.dir == "" || sandboxid.Validate("sandbox", e.SandboxID) != nil {
+	if sandboxid.Validate("sandbox", e.SandboxID) != nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.queueNotable(e)
+	if l.dir == "" {
+		return
+	}
 	f := l.files[e.SandboxID]
 	if f == nil {
 		if f, err = os.OpenFile(l.Path(e.SandboxID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {

@@ -108,6 +108,13 @@ func (c *Client) UpdatePolicy(ctx context.Context, sandboxID string, p *policy.P
 	return wire.NetworkFromPB(resp.Network)
 }
 
+// TakeEgressVerdicts returns the agent's notable egress verdicts since the
+// last call (and the agent forgets them).
+func (c *Client) TakeEgressVerdicts(ctx context.Context) (*pb.TakeEgressVerdictsResponse, error) {
+	resp, err := c.api.TakeEgressVerdicts(ctx, &pb.TakeEgressVerdictsRequest{})
+	return resp, fromGRPC(err)
+}
+
 // Health returns the agent's health.
 func (c *Client) Health(ctx context.Context) (*pb.HealthResponse, error) {
 	resp, err := c.api.Health(ctx, &pb.HealthRequest{})

@@ -122,8 +122,9 @@ func serial() *big.Int {
 	return n
 }
 
-// leaf returns a certificate for name signed by the CA (cached).
-func (ca *CA) leaf(name string) (*tls.Certificate, error) {
+// Leaf returns a certificate for name signed by the CA (cached): what the
+// proxy shows a sandbox for a host whose TLS it terminates.
+func (ca *CA) Leaf(name string) (*tls.Certificate, error) {
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
 	if c := ca.leaves[name]; c != nil && time.Until(c.Leaf.NotAfter) > leafRenew {

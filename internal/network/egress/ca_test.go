@@ -22,11 +22,11 @@ func TestCA(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, CAKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("key file: %v %v", fi, err)
 	}
-	leaf, err := ca.leaf("api.openai.com")
+	leaf, err := ca.Leaf("api.openai.com")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cached, _ := ca.leaf("api.openai.com"); cached != leaf {
+	if cached, _ := ca.Leaf("api.openai.com"); cached != leaf {
 		t.Error("leaf not cached")
 	}
 	roots := x509.NewCertPool()

@@ -3,7 +3,8 @@
 // that sandbox's slot namespace at the sandbox's gateway
 // (169.254.0.22:<port>); the slot table redirects the sandbox's new TCP
 // connections to ports 80 and 443 there when its policy is Proxied
-// (domain entries without default internet, or credential rules). So:
+// (domain entries without default internet, or credential or request
+// rules). So:
 //
 //   - a connection's sandbox is known from the listener it arrived on, and
 //     its original destination from the redirect (SO_ORIGINAL_DST);
@@ -15,7 +16,9 @@
 //     certificate from the node's egress CA, opens its own TLS connection
 //     to the upstream (verified against the node's roots), and adds the
 //     rules' headers to every request: the secret never enters the
-//     sandbox;
+//     sandbox; a host with request rules is terminated the same way and
+//     each request must match one of them (method, path), or the proxy
+//     answers it 403 and ends the connection;
 //   - upstream connections leave from the agent's own (host) namespace;
 //   - a policy update re-decides every open connection and cuts those the
 //     new policy denies;
@@ -145,6 +148,7 @@ type conn struct {
 	// before decided): a policy update that changes them for its name
 	// cuts it, so a removed or rotated value is not injected on.
 	creds []policy.Credential
+	reqs  []policy.RequestRule
 	mu    sync.Mutex
 	up    net.Conn
 	cut   atomic.Bool
@@ -311,13 +315,14 @@ func (p *Proxy) SetPolicy(id string, pol policy.Policy) int {
 	for _, c := range open {
 		d := p.decide(s.ctx, id, pol, c.dst.Addr(), c.name)
 		if d.allow {
-			if slices.Equal(pol.CredentialsFor(c.name), c.creds) {
+			if slices.Equal(pol.CredentialsFor(c.name), c.creds) && policy.RequestRulesEqual(pol.RequestRulesFor(c.name), c.reqs) {
 				continue
 			}
-			// Still allowed, but served with credentials the policy
-			// no longer gives: a terminated keep-alive connection
-			// would inject them on.
-			d.allow, d.reason = false, "its credential rules changed"
+			// Still allowed, but served with credentials or request
+			// rules the policy no longer gives: a terminated
+			// keep-alive connection would inject them on, and one
+			// passed through unterminated cannot be filtered.
+			d.allow, d.reason = false, "its credential or request rules changed"
 		}
 		c.mu.Lock()
 		c.cut.Store(true)
@@ -399,9 +404,10 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 	pol := *pp
 	d := p.decide(s.ctx, s.id, pol, dst.Addr(), ev.Name)
 	ev.Rule = d.rule
-	creds := pol.CredentialsFor(ev.Name)
-	if d.allow && len(creds) > 0 && p.cfg.CA == nil {
-		d = decision{reason: "credential rules need the egress CA, which this node has not"}
+	creds, reqs := pol.CredentialsFor(ev.Name), pol.RequestRulesFor(ev.Name)
+	terminate := len(creds) > 0 || len(reqs) > 0
+	if d.allow && terminate && p.cfg.CA == nil {
+		d = decision{reason: "credential and request rules need the egress CA, which this node has not"}
 	}
 	if !d.allow {
 		reset(client)
@@ -411,14 +417,15 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 		p.cfg.Audit.Write(ev)
 		return
 	}
-	c.name, c.dst, c.creds = ev.Name, dst, creds
+	c.name, c.dst, c.creds, c.reqs = ev.Name, dst, creds, reqs
 	c.decided.Store(true)
 	if cur := s.policy.Load(); cur != pp {
 		// A policy update ran between the decision and now, and may
 		// have skipped this connection: decide again under it.
-		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow || !slices.Equal(cur.CredentialsFor(ev.Name), creds) {
+		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow || !slices.Equal(cur.CredentialsFor(ev.Name), creds) ||
+			!policy.RequestRulesEqual(cur.RequestRulesFor(ev.Name), reqs) {
 			if d2.allow {
-				d2.reason = "its credential rules changed"
+				d2.reason = "its credential or request rules changed"
 			}
 			reset(client)
 			p.Stats.Denied.Add(1)
@@ -430,14 +437,14 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 	p.Stats.Allowed.Add(1)
 	ev.Verdict = audit.Allowed
 	switch {
-	case hello != nil && len(creds) > 0:
+	case hello != nil && terminate:
 		ev.Mode = "terminated"
 		p.Stats.Terminated.Add(1)
 		for _, cr := range creds {
 			ev.Injected = append(ev.Injected, cr.Header)
 		}
 		// The ClientHello, then what br holds past it, then the socket.
-		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), br)}, ev.Name, creds)
+		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), br)}, ev.Name, creds, reqs)
 	case hello != nil:
 		var up net.Conn
 		if up, err = p.dial(s.ctx, c); err == nil {
@@ -450,23 +457,30 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 		// host the first one did (a second request for another virtual
 		// host of the same address is refused). Credentials are never
 		// sent in clear text.
+		// Request rules apply as over TLS; the first request is
+		// checked before anything is dialled.
+		if !policy.RequestAllowed(reqs, req.Method, req.URL) {
+			err = refuseRequest(cc, req, ev.Name)
+			break
+		}
 		var up net.Conn
 		if up, err = p.dial(s.ctx, c); err == nil {
-			err = relayHTTP(br, cc, up, req, ev.Name, nil)
+			err = relayHTTP(br, cc, up, req, ev.Name, nil, reqs)
 		}
 	}
-	if err == nil && !c.cut.Load() && (hello == nil || len(creds) > 0) {
+	var ref *refusal
+	if err == nil && !c.cut.Load() && (hello == nil || terminate) || errors.As(err, &ref) && ref.answered {
 		// A finished HTTP exchange ends with a FIN, not the RST of a
 		// refusal: the client may not have read the last response yet
 		// (a request with "Connection: close" ends the relay as soon as
 		// the response is written), and an RST would discard it.
 		closeGracefully(client)
 	}
-	var ref *refusal
 	switch {
 	case err == nil || c.cut.Load():
 	case errors.As(err, &ref):
-		// A later request on the connection named another host.
+		// A later request on the connection named another host, or
+		// a request the host's request rules refuse.
 		ev.Verdict, ev.Reason = audit.Denied, err.Error()
 		p.Stats.Denied.Add(1)
 	default:
@@ -520,7 +534,9 @@ func splice(client net.Conn, br *bufio.Reader, up net.Conn) {
 // a time, first (already read) then the rest, each of which must be for
 // host. inject headers are set on every request, replacing the client's.
 // A 101 (protocol switch) turns the connection into a plain splice.
-func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, host string, inject []policy.Credential) error {
+// Every request must pass rules (RequestAllowed); the first one refused is
+// answered 403 and ends the connection.
+func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, host string, inject []policy.Credential, rules []policy.RequestRule) error {
 	ubr := bufio.NewReader(up)
 	req := first
 	for {
@@ -533,8 +549,11 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 				return err
 			}
 			if h := hostOnly(req.Host); h != host {
-				return &refusal{fmt.Sprintf("request for host %q on a connection for %q refused", h, host)}
+				return &refusal{msg: fmt.Sprintf("request for host %q on a connection for %q refused", h, host)}
 			}
+		}
+		if !policy.RequestAllowed(rules, req.Method, req.URL) {
+			return refuseRequest(w, req, host)
 		}
 		for _, c := range inject {
 			req.Header.Set(c.Header, c.Value)
@@ -574,11 +593,12 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 	}
 }
 
-// terminate serves a TLS connection for a credential host: the sandbox
-// gets a certificate for name from the egress CA, the upstream gets a TLS
-// connection verified for name, and every request gets the credentials.
-func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, creds []policy.Credential) error {
-	leaf, err := p.cfg.CA.leaf(name)
+// terminate serves a TLS connection for a host with credential or request
+// rules: the sandbox gets a certificate for name from the egress CA, the
+// upstream gets a TLS connection verified for name, every request must
+// pass the request rules and gets the credentials.
+func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, creds []policy.Credential, rules []policy.RequestRule) error {
+	leaf, err := p.cfg.CA.Leaf(name)
 	if err != nil {
 		return err
 	}
@@ -598,7 +618,13 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 	}
 	_ = client.SetReadDeadline(time.Time{})
 	if h := hostOnly(req.Host); h != name {
-		return &refusal{fmt.Sprintf("request for host %q on a TLS connection for %q refused", h, name)}
+		return &refusal{msg: fmt.Sprintf("request for host %q on a TLS connection for %q refused", h, name)}
+	}
+	if !policy.RequestAllowed(rules, req.Method, req.URL) {
+		// Refused before the upstream is dialled: it never sees it.
+		err := refuseRequest(ts, req, name)
+		_ = ts.CloseWrite()
+		return err
 	}
 	raw, err := p.dial(s.ctx, c)
 	if err != nil {
@@ -613,7 +639,11 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 		return fmt.Errorf("TLS with %s: %w", name, err)
 	}
 	defer up.Close()
-	if err := relayHTTP(br, ts, up, req, name, creds); err != nil {
+	if err := relayHTTP(br, ts, up, req, name, creds, rules); err != nil {
+		var ref *refusal
+		if errors.As(err, &ref) && ref.answered {
+			_ = ts.CloseWrite()
+		}
 		return err
 	}
 	// TLS's own end (close_notify) before the TCP one.
@@ -622,7 +652,22 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 }
 
 // refusal is a request the proxy refused by policy (not a failure).
-type refusal struct{ msg string }
+// answered: the client got a 403 for it (a request rule), so the
+// connection ends with a FIN rather than a reset that could discard it.
+type refusal struct {
+	msg      string
+	answered bool
+}
+
+// refuseRequest answers req with 403 (the connection closes after it) and
+// returns the refusal for the audit event.
+func refuseRequest(w io.Writer, req *http.Request, host string) error {
+	msg := fmt.Sprintf("request %s %s refused by the request rules of %s", req.Method, req.URL.EscapedPath(), host)
+	body := "cube egress: " + msg + "\n"
+	_, _ = fmt.Fprintf(w, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		len(body), body)
+	return &refusal{msg: msg, answered: true}
+}
 
 func (r *refusal) Error() string { return r.msg }
 

@@ -62,6 +62,9 @@ type Options struct {
 	NoEgress bool
 	// UpstreamCA is the proxy's [egress] upstream_ca (TestCA.File).
 	UpstreamCA string
+	// EgressCADir is the proxy's [egress] ca_dir ("" = the default under
+	// the agent's data dir, where it makes its own).
+	EgressCADir string
 }
 
 // Env is one test agent's world: config, directories and the agent.
@@ -117,6 +120,7 @@ func NewConfig(t testing.TB, o Options) (*agent.Config, string) {
 	c.DNS.Enabled = !o.NoDNS
 	c.Egress.Enabled = !o.NoDNS && !o.NoEgress
 	c.Egress.UpstreamCA = o.UpstreamCA
+	c.Egress.CADir = o.EgressCADir
 	if o.DNSRate > 0 {
 		c.DNS.Rate, c.DNS.Burst = o.DNSRate, o.DNSBurst
 	}

@@ -79,8 +79,8 @@ func (ca *TestCA) Issue(t testing.TB, names ...string) tls.Certificate {
 
 // WebRequest is what a world web server received.
 type WebRequest struct {
-	Host, Path, SNI string
-	Header          http.Header
+	Method, Host, Path, SNI string
+	Header                  http.Header
 }
 
 // Web is the world's HTTP (port 80) and HTTPS (port 443) servers, on
@@ -121,7 +121,7 @@ func (w *World) ServeWeb(t testing.TB, certFor func(sni string) *tls.Certificate
 			sni = r.TLS.ServerName
 		}
 		web.mu.Lock()
-		web.reqs = append(web.reqs, WebRequest{Host: r.Host, Path: r.URL.Path, SNI: sni, Header: r.Header.Clone()})
+		web.reqs = append(web.reqs, WebRequest{Method: r.Method, Host: r.Host, Path: r.URL.Path, SNI: sni, Header: r.Header.Clone()})
 		web.mu.Unlock()
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 		fmt.Fprintf(rw, "host=%s addr=%s auth=%s\n", r.Host, local, AuthDigest(r.Header.Get("Authorization")))

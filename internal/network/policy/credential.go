@@ -129,7 +129,7 @@ func moreSpecific(a, b string) bool {
 // Proxied reports whether the sandbox's outbound TCP 80 and 443 go
 // through the node's egress proxy: when its policy filters by name (domain
 // entries and no default internet, so a name must be checked against the
-// address) or injects credentials.
+// address), injects credentials or has request rules.
 func (p Policy) Proxied() bool {
-	return len(p.Credentials) > 0 || len(p.AllowDomains) > 0 && !p.ResolvesAll()
+	return len(p.Credentials) > 0 || len(p.Requests) > 0 || len(p.AllowDomains) > 0 && !p.ResolvesAll()
 }

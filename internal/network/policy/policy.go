@@ -55,6 +55,9 @@ type Policy struct {
 	// Credentials are headers the egress proxy injects (credential.go),
 	// sorted by host and header.
 	Credentials []Credential `json:"credentials,omitempty"`
+	// Requests are method and path rules for hosts whose TLS the egress
+	// proxy terminates (request.go), sorted by host.
+	Requests []RequestRule `json:"requests,omitempty"`
 }
 
 // Spec is a policy as a request carries it (strings straight from the
@@ -65,6 +68,7 @@ type Spec struct {
 	MaxConnections int32
 	EgressKbps     int64
 	Credentials    []Credential
+	Requests       []RequestRule
 }
 
 // InternetAllowed resolves the unset default.
@@ -81,7 +85,7 @@ func (p Policy) Equal(o Policy) bool {
 		slices.Equal(p.Allow, o.Allow) && slices.Equal(p.Deny, o.Deny) &&
 		slices.Equal(p.AllowDomains, o.AllowDomains) &&
 		p.MaxConnections == o.MaxConnections && p.EgressKbps == o.EgressKbps &&
-		slices.Equal(p.Credentials, o.Credentials)
+		slices.Equal(p.Credentials, o.Credentials) && RequestRulesEqual(p.Requests, o.Requests)
 }
 
 // IsDefault reports whether p is the default policy (internet allowed, no
@@ -103,6 +107,7 @@ func (p Policy) Spec() Spec {
 		s.Deny = append(s.Deny, d.String())
 	}
 	s.Credentials = slices.Clone(p.Credentials)
+	s.Requests = cloneRequestRules(p.Requests)
 	return s
 }
 
@@ -117,6 +122,7 @@ func (p Policy) Clone() Policy {
 	c.AllowDomains = slices.Clone(p.AllowDomains)
 	c.Deny = slices.Clone(p.Deny)
 	c.Credentials = slices.Clone(p.Credentials)
+	c.Requests = cloneRequestRules(p.Requests)
 	return c
 }
 
@@ -161,6 +167,9 @@ func Parse(field string, s Spec) (Policy, error) {
 		return Policy{}, err
 	}
 	if p.Credentials, err = parseCredentials(join(field, "credentials"), s.Credentials); err != nil {
+		return Policy{}, err
+	}
+	if p.Requests, err = parseRequestRules(join(field, "requests"), s.Requests); err != nil {
 		return Policy{}, err
 	}
 	return p, nil
@@ -309,6 +318,14 @@ func (p Policy) String() string {
 			b.WriteByte(',')
 		}
 		b.WriteString(c.Host + ":" + c.Header)
+	}
+	for i, r := range p.Requests {
+		if i == 0 {
+			b.WriteString(" requests=")
+		} else {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s:%s:%s", r.Host, strings.Join(r.Methods, "|"), strings.Join(r.Paths, "|"))
 	}
 	return b.String()
 }

@@ -41,6 +41,9 @@ func PolicyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 	for _, c := range p.Credentials {
 		spec.Credentials = append(spec.Credentials, policy.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
 	}
+	for _, r := range p.Requests {
+		spec.Requests = append(spec.Requests, policy.RequestRule{Host: r.Host, Methods: r.Methods, Paths: r.Paths})
+	}
 	return policy.Parse(field, spec)
 }
 
@@ -51,6 +54,9 @@ func PolicyToPB(p policy.Policy) *pb.Policy {
 		MaxConnections: s.MaxConnections, EgressKbps: s.EgressKbps}
 	for _, c := range s.Credentials {
 		out.Credentials = append(out.Credentials, &pb.Credential{Host: c.Host, Header: c.Header, Value: c.Value})
+	}
+	for _, r := range s.Requests {
+		out.Requests = append(out.Requests, &pb.RequestRule{Host: r.Host, Methods: r.Methods, Paths: r.Paths})
 	}
 	return out
 }

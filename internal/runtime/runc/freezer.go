@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,11 +23,33 @@ var errNoFreezer = errors.New("runc: no freezer cgroup")
 //
 // The cgroup is found in runc's own state.json (no fork): on hybrid and
 // v1 hosts the v1 freezer hierarchy, on pure v2 hosts cgroup.freeze.
+//
+// The paths are cached per container (reading and decoding state.json was
+// most of what a thaw cost beyond the raw write); Start and Stop forget
+// an ID, and a cached path that is gone is looked up again once.
 func (d *Driver) freeze(ctx context.Context, id string, frozen bool) error {
+	if v, ok := d.freezers.Load(id); ok {
+		err := freezeAt(ctx, v.(map[string]string), frozen)
+		if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, errNoFreezer) {
+			return err
+		}
+		d.freezers.Delete(id)
+	}
 	paths, err := d.cgroupPaths(id)
 	if err != nil {
 		return err
 	}
+	if err := freezeAt(ctx, paths, frozen); err != nil {
+		return err
+	}
+	d.freezers.Store(id, paths)
+	return nil
+}
+
+// forgetFreezer drops id's cached cgroup paths.
+func (d *Driver) forgetFreezer(id string) { d.freezers.Delete(id) }
+
+func freezeAt(ctx context.Context, paths map[string]string, frozen bool) error {
 	if dir := paths["freezer"]; dir != "" {
 		want := "THAWED"
 		if frozen {

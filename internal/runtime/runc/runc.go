@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
@@ -68,6 +69,9 @@ type Driver struct {
 	// specHook, when set, changes the spec right before the bundle is
 	// written. Only tests set it: controls take one protection away.
 	specHook func(*specs.Spec)
+	// freezers caches each container's cgroup paths for freeze (id ->
+	// map[string]string).
+	freezers sync.Map
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -117,7 +121,7 @@ func (d *Driver) Name() string { return "runc" }
 // Capabilities implements runtime.Driver. Checkpoint and restore need CRIU,
 // which cannot run on the kernels this project targets.
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true}
+	return runtime.Capabilities{Pause: true, PauseFreezes: true}
 }
 
 // Start implements runtime.Driver. On any failure it removes what runc
@@ -125,6 +129,7 @@ func (d *Driver) Capabilities() runtime.Capabilities {
 // that sandbox belongs to someone else and is left untouched.
 func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, err error) {
 	begin := time.Now()
+	d.forgetFreezer(s.ID)
 	if err := ctx.Err(); err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}
@@ -284,6 +289,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 // Stopping an absent sandbox is a no-op.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	begin := time.Now()
+	d.forgetFreezer(id)
 	c, err := d.rc.State(ctx, id)
 	if err != nil {
 		err = d.classify(ctx, "state", id, err, "")

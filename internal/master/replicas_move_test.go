@@ -1,0 +1,321 @@
+package master_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	masterpb "github.com/cubesandbox/cube/api/master/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
+	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/master/catalog"
+	"github.com/cubesandbox/cube/internal/master/catalog/catalogtest"
+	"github.com/cubesandbox/cube/internal/master/mastertest"
+	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
+	"github.com/cubesandbox/cube/internal/proxy"
+)
+
+// TestMoveSeenByAnotherReplica: two cubemaster processes (a and b) on one
+// MariaDB catalog, two nodes with an object store. Replica a moves a
+// sandbox to the other node; requests for it through b during the move
+// wait for it and are served on the new node:
+//
+//   - connect: a paused sandbox whose node is cordoned is connected to
+//     through a (a moves it); a connect through b sent while a's move
+//     holds the sandbox's move lease answers 200 once the move is done,
+//     the sandbox running on the new node with its file, moved once (by
+//     a; b waited and logged it). Control: the same connect through b
+//     without a move resumes it where it is (201);
+//   - the route: clients read envd through a cubeproxy that asks b only
+//     while a drains the sandbox's node (an autoResume sandbox, as the
+//     cluster's); every answer is 200 (no 409 from b, no 502 from the
+//     route), and the sandbox ends on the other node. Control: the same
+//     reads before the drain, all 200.
+func TestMoveSeenByAnotherReplica(t *testing.T) {
+	db := catalogtest.StartMariaDB(t)
+	dsn := db.NewDatabase(t)
+	srv := objstoretest.Start(t)
+	store := fmt.Sprintf("[store]\nendpoint = %q\nbucket = %q\naccess_key_file = %q\nsecret_key_file = %q\n",
+		srv.Endpoint, srv.Bucket, srv.AccessKeyFile, srv.SecretKeyFile)
+	conf := func(id string) string {
+		return fmt.Sprintf("[catalog]\ndriver = \"mysql\"\ndsn = %q\n[ha]\nreplica_id = %q\nlease_ttl = \"2s\"\n[sandbox]\nmilli_cpu = 100\n", dsn, id)
+	}
+	ctx := context.Background()
+	cat, err := catalog.Open(ctx, catalog.MySQL, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+
+	a := mastertest.StartMasterProcess(t, conf("a"))
+	b := mastertest.StartMasterProcess(t, conf("b"))
+	ms := []*mastertest.Master{a, b}
+	n1 := mastertest.StartNodeReplicas(t, ms, noVM+store, "busybox")
+	n2 := mastertest.StartNodeReplicas(t, ms, noVM+store, "busybox")
+	a.WaitHealthy(t, n1, n2)
+	b.WaitHealthy(t, n1, n2)
+	nodes := map[string]*mastertest.Node{n1.ID: n1, n2.ID: n2}
+	key := a.APIKey(t)
+	ca, cb := a.API(key), b.API(key)
+	cordon := func(t *testing.T, id string, off bool) {
+		t.Helper()
+		if _, err := a.Admin.SetNodeSchedulable(ctx, &masterpb.SetNodeSchedulableRequest{NodeId: id, Schedulable: !off}); err != nil {
+			t.Fatal(err)
+		}
+		// b reads the node rows from the catalog.
+		mastertest.WaitFor(t, 10*time.Second, "b sees the node's schedulable flag", func() bool {
+			v := b.Node(t, id)
+			return v != nil && v.Schedulable == !off
+		})
+	}
+	t.Cleanup(func() {
+		for id := range nodes {
+			_, _ = a.Admin.SetNodeSchedulable(context.Background(), &masterpb.SetNodeSchedulableRequest{NodeId: id, Schedulable: true})
+		}
+	})
+	create := func(t *testing.T, body map[string]any) (id string, home *mastertest.Node) {
+		t.Helper()
+		var sb e2bSandbox
+		if r := ca.Do(t, "POST", "/v2/sandboxes", body, &sb); r.StatusCode != http.StatusCreated {
+			t.Fatalf("create: %d %s", r.StatusCode, r.Body)
+		}
+		t.Cleanup(func() { ca.Do(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil) })
+		row, err := cat.GetSandbox(ctx, sb.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.SandboxID, nodes[row.NodeID]
+	}
+	where := func(t *testing.T, id string) *catalog.Sandbox {
+		t.Helper()
+		row, err := cat.GetSandbox(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return row
+	}
+	connect := func(c *mastertest.Client, id string) (*mastertest.Response, error) {
+		req, _ := http.NewRequest("POST", c.Base+"/v2/sandboxes/"+id+"/connect", strings.NewReader(`{"timeout":300}`))
+		req.Header.Set("Content-Type", "application/json")
+		return c.Try(req, nil)
+	}
+	moves := func(logs, id string) int {
+		return len(regexp.MustCompile(`sandbox resumed on another node.*sandbox_id=`+id).FindAllString(logs, -1))
+	}
+
+	t.Run("connect through b during a's move", func(t *testing.T) {
+		id, home := create(t, map[string]any{"templateID": "busybox", "timeout": 300})
+		want := []byte("kept across the move\n")
+		p := filepath.Join(home.Env.Config.SandboxRunDir(id), "rootfs", "data", "note")
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pause := func() {
+			if r := ca.Do(t, "POST", "/sandboxes/"+id+"/pause", nil, nil); r.StatusCode != http.StatusNoContent {
+				t.Fatalf("pause: %d %s", r.StatusCode, r.Body)
+			}
+		}
+		// Control: no move, the connect through b resumes it in place.
+		pause()
+		r, err := connect(cb, id)
+		if err != nil || r.StatusCode != http.StatusCreated || where(t, id).NodeID != home.ID {
+			t.Fatalf("control, connect through b without a move: %v %v, on %s", r, err, where(t, id).NodeID)
+		}
+		t.Logf("control: connect through b without a move: %d, on %s", r.StatusCode, home.ID)
+		pause()
+
+		cordon(t, home.ID, true)
+		type res struct {
+			r   *mastertest.Response
+			err error
+			at  time.Time
+		}
+		viaA := make(chan res, 1)
+		began := time.Now()
+		go func() {
+			r, err := connect(ca, id)
+			viaA <- res{r, err, time.Now()}
+		}()
+		mastertest.WaitFor(t, 20*time.Second, "a's move holds the sandbox's move lease", func() bool {
+			_, held, err := cat.LeaseHeld(ctx, "move/"+id)
+			return err == nil && held
+		})
+		sent := time.Now()
+		rb, err := connect(cb, id)
+		answered := time.Now()
+		if err != nil {
+			t.Fatalf("connect through b during the move: %v", err)
+		}
+		ra := <-viaA
+		if ra.err != nil || ra.r.StatusCode != http.StatusCreated {
+			t.Fatalf("connect through a (the move): %v %v", ra.r, ra.err)
+		}
+		t.Logf("connect through a (moving it): %d after %s; through b, sent %s into the move: %d after %s (%s)",
+			ra.r.StatusCode, ra.at.Sub(began).Round(time.Millisecond), sent.Sub(began).Round(time.Millisecond),
+			rb.StatusCode, answered.Sub(sent).Round(time.Millisecond), strings.TrimSpace(string(rb.Body)))
+		if rb.StatusCode != http.StatusOK {
+			t.Fatalf("connect through b during a's move: %d %s, want 200 (running, on its new node)", rb.StatusCode, rb.Body)
+		}
+		row := where(t, id)
+		if row.State != catalog.StateRunning || row.NodeID == home.ID {
+			t.Fatalf("after the move: %s on %s, want running off %s", row.State, row.NodeID, home.ID)
+		}
+		got, err := os.ReadFile(filepath.Join(nodes[row.NodeID].Env.Config.SandboxRunDir(id), "rootfs", "data", "note"))
+		if err != nil || string(got) != string(want) {
+			t.Errorf("file on the new node: %q %v", got, err)
+		}
+		if na, nb := moves(a.Logs(), id), moves(b.Logs(), id); na != 1 || nb != 0 {
+			t.Errorf("moved %d times by a, %d by b; want once, by a", na, nb)
+		}
+		if !regexp.MustCompile(`waited for another replica's move of the sandbox.*sandbox_id=` + id).MatchString(b.Logs()) {
+			t.Errorf("b did not log waiting for the move")
+		}
+		cordon(t, home.ID, false)
+	})
+
+	t.Run("route through b during a's drain", func(t *testing.T) {
+		id, home := create(t, map[string]any{"templateID": "busybox", "timeout": 300, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
+		startProxy := func(name string, noRetry bool) *cubeproxy.Server {
+			pconn, err := cubeproxy.DialMaster("unix://"+b.Socket, "", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { pconn.Close() })
+			px, err := cubeproxy.Start(ctx, cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: name, NoRetry: noRetry},
+				masterpb.NewRouteServiceClient(pconn), mastertest.Log(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := px.Stop(); err != nil {
+					t.Error(err)
+				}
+			})
+			return px
+		}
+		// The proxy under test, and the control: the same proxy without
+		// the retry, under the same traffic through the same move.
+		px, bare := startProxy("px-b", false), startProxy("px-b-noretry", true)
+		hc := &http.Client{Timeout: 90 * time.Second}
+		readVia := func(px *cubeproxy.Server) (int, string) {
+			req, _ := http.NewRequest("GET", "http://"+px.Addr+"/health", nil)
+			req.Header.Set(proxy.HeaderSandboxID, id)
+			req.Header.Set(proxy.HeaderSandboxPort, strconv.Itoa(agentproto.Port))
+			resp, err := hc.Do(req)
+			if err != nil {
+				return 0, err.Error()
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, strings.TrimSpace(string(body))
+		}
+		read := func() (int, string) { return readVia(px) }
+		mastertest.WaitFor(t, 10*time.Second, "envd through the proxy on b", func() bool { c, _ := read(); return c/100 == 2 })
+
+		type tally struct {
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			codes map[int]int
+			bad   []string
+			gap   time.Duration
+		}
+		traffic := func(px *cubeproxy.Server, stop <-chan struct{}) *tally {
+			tl := &tally{codes: map[int]int{}}
+			for range 4 {
+				tl.wg.Add(1)
+				go func() {
+					defer tl.wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						began := time.Now()
+						code, body := readVia(px)
+						took := time.Since(began)
+						tl.mu.Lock()
+						tl.codes[code]++
+						if code/100 != 2 {
+							tl.bad = append(tl.bad, fmt.Sprintf("%d %s", code, body))
+						}
+						tl.gap = max(tl.gap, took)
+						tl.mu.Unlock()
+					}
+				}()
+			}
+			return tl
+		}
+		check := func(what string, tl *tally) int {
+			t.Helper()
+			tl.wg.Wait() // every client stopped
+			tl.mu.Lock()
+			defer tl.mu.Unlock()
+			t.Logf("%s: answers %v, longest %s", what, tl.codes, tl.gap.Round(time.Millisecond))
+			for _, b := range tl.bad {
+				t.Logf("  %s: %s", what, b)
+			}
+			return len(tl.bad)
+		}
+
+		// Control: the same reads without a move.
+		stop := make(chan struct{})
+		tl, tlBare := traffic(px, stop), traffic(bare, stop)
+		time.Sleep(time.Second)
+		close(stop)
+		if check("reads through b's proxy, no move", tl)+check("reads through b's proxy without the retry, no move", tlBare) > 0 {
+			t.Fatal("reads failed without a move")
+		}
+
+		stop = make(chan struct{})
+		tl, tlBare = traffic(px, stop), traffic(bare, stop)
+		time.Sleep(300 * time.Millisecond)
+		began := time.Now()
+		stream, err := a.Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: home.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			ev, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				close(stop)
+				t.Fatalf("drain: %v", err)
+			}
+			t.Logf("  drain: %s %s %s -> %s %s", ev.SandboxId, ev.State, ev.Phase, ev.ToNode, ev.Error)
+		}
+		drained := time.Since(began)
+		time.Sleep(time.Second) // reads go on where it is now
+		close(stop)
+		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s (%s)", home.ID, drained.Round(time.Millisecond)), tl); n > 0 {
+			t.Errorf("%d reads failed through the route during the move", n)
+		}
+		// The control: without the retry, reads in flight when the
+		// sandbox froze fail (502) once its original is destroyed.
+		if n := check("control: the same reads through b's proxy without the retry", tlBare); n == 0 {
+			t.Errorf("control: no read failed without the retry; the probe shows nothing")
+		}
+		row := where(t, id)
+		if row.NodeID == home.ID || row.State != catalog.StateRunning {
+			t.Fatalf("after the drain: %s on %s, want running off %s", row.State, row.NodeID, home.ID)
+		}
+		if code, body := read(); code/100 != 2 {
+			t.Fatalf("read after the drain: %d %s", code, body)
+		}
+	})
+}
