@@ -42,6 +42,7 @@ func TestMeasurePoolBurst(t *testing.T) {
 		for _, id := range poolContainers(t, env) {
 			frozenCPU[id] = cgroupCPU(t, &sandbox.Record{Container: &sandbox.Container{CgroupPath: env.Config.Node.CgroupParent + "/" + id}})
 		}
+		var prof *os.File
 		if path := os.Getenv("CUBE_POOL_MEASURE_PROFILE"); path != "" && round == 2 {
 			f, err := os.Create(path)
 			if err != nil {
@@ -51,7 +52,7 @@ func TestMeasurePoolBurst(t *testing.T) {
 			if err := pprof.StartCPUProfile(f); err != nil {
 				t.Fatal(err)
 			}
-			defer f.Close()
+			prof = f
 		}
 		var before syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
@@ -75,7 +76,10 @@ func TestMeasurePoolBurst(t *testing.T) {
 		}
 		wg.Wait()
 		wall := time.Since(begin)
-		pprof.StopCPUProfile()
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
 		var after syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
 		cpu := func(r syscall.Rusage) time.Duration {
