@@ -29,7 +29,8 @@ type reconcileSummary struct {
 
 // reconcile compares the store with what really exists on the node and
 // makes them agree:
-//   - Creating: the create never finished (cubelet died): undo it.
+//   - Creating: the create never finished (cubelet died): undo it; a warm
+//     pool claim whose record was written is finished instead.
 //   - Destroying: finish the destroy.
 //   - Running/Paused/Unknown: ask the runtime; adopt what is alive in the
 //     state the runtime reports, mark what died Failed and release what it
@@ -68,6 +69,16 @@ func (s *Service) reconcile(ctx context.Context) error {
 func (s *Service) reconcileOne(ctx context.Context, rec *sandbox.Record, sum *reconcileSummary) {
 	e := s.boxes[rec.ID]
 	t := newTask(s.store, e, rec, nil)
+	if rec.State == lifecycle.Creating && rec.PoolToken != "" {
+		// A warm pool claim whose record was written: finish it.
+		err := s.finishClaim(ctx, t)
+		if err == nil {
+			s.log.Info("reconcile: finished a warm pool claim cut short", "sandbox_id", rec.ID, "pool_entry", rec.HostKey())
+			sum.Adopted++
+			return
+		}
+		sum.Errors = append(sum.Errors, fmt.Sprintf("%s: %v (undone)", rec.ID, err))
+	}
 	switch rec.State {
 	case lifecycle.Creating, lifecycle.Destroying, lifecycle.Destroyed:
 		if _, err := s.engine.Run(ctx, FlowCleanup, t); err != nil {

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/lifecycle"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
@@ -29,6 +31,14 @@ import (
 // the container the sandbox's hostname, limits and network policy, thaws
 // it and re-initialises its agent with the sandbox's env, token, clock
 // and entropy, the reinit a clone restored from memory gets.
+
+// FailpointClaimRecord is evaluated by a claim before it writes the
+// sandbox's record over the entry's.
+const FailpointClaimRecord = "pool/claim.record/before"
+
+// FailpointClaimRunning is evaluated by a claim once its record is
+// written and the sandbox re-initialised, before it is recorded running.
+const FailpointClaimRunning = "pool/claim.running/before"
 
 // LabelPool marks a warm pool's entry; its value is the template ID.
 const LabelPool = "cube.pool"
@@ -53,6 +63,12 @@ type warmPool struct {
 	recent map[string][]time.Time
 	// Counters for /metrics.
 	hits, misses, refills, refillErrors map[string]uint64
+
+	// claiming: claims in flight. The refiller waits for them as it waits
+	// for create flows (a claim runs no flow, so the engine does not
+	// count it): a refill started under a claim takes the cores its
+	// thaw and reinit want.
+	claiming atomic.Int32
 
 	kick chan struct{}
 	done chan struct{}
@@ -198,7 +214,7 @@ func (p *warmPool) loop(ctx context.Context) {
 		}
 		p.reap(ctx)
 		for ctx.Err() == nil {
-			if l := p.s.engine.Limits()[FlowCreate]; l.InFlight > 0 {
+			if l := p.s.engine.Limits()[FlowCreate]; l.InFlight > 0 || p.claiming.Load() > 0 {
 				break // a user's create runs: refill after it
 			}
 			tmpl, ok := p.next()
@@ -491,7 +507,11 @@ func (s *Service) poolClaimable(req *CreateRequest, tmpl *sandbox.Template) bool
 // cold. An error with served true is the create's answer.
 func (s *Service) claimPooled(ctx context.Context, req CreateRequest, tmpl *sandbox.Template) (res *Result, served bool, err error) {
 	p := s.pool
-	defer p.wake()
+	p.claiming.Add(1)
+	defer func() {
+		p.claiming.Add(-1)
+		p.wake()
+	}()
 	for range 3 { // an entry that died since it was frozen is skipped
 		id := p.take(tmpl.ID)
 		if id == "" {
@@ -525,7 +545,7 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		ID: req.SandboxID, TemplateID: req.TemplateID, Runtime: req.Runtime,
 		State: lifecycle.Creating, Labels: req.Labels, Annotations: req.Annotations,
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
-		NetworkPolicy: req.Network, AccessToken: req.AccessToken,
+		NetworkPolicy: req.Network, AccessToken: req.AccessToken, PoolToken: prev.AccessToken,
 		HostID: prev.HostKey(), Disk: prev.Disk, Mount: prev.Mount, Container: prev.Container, Network: prev.Network,
 	}
 	rec = rec.Clone()
@@ -549,20 +569,23 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	s.mu.Unlock()
 	defer e.release()
 	s.disarm(poolID)
-	if err := s.store.ReplaceSandbox(poolID, rec); err != nil {
-		s.mu.Lock()
-		delete(s.boxes, rec.ID)
-		s.boxes[poolID] = old
-		s.mu.Unlock()
-		old.release()
-		s.watchRecord(prev)
-		return nil, false, nil
-	}
-	old.release() // nobody finds it any more
+	// The record is replaced while the claim runs: once thawed (ApplyClaim
+	// thaws first), the entry is never taken back as ready (reconcile finds
+	// it running, the refiller destroys it), so nothing the claim does to
+	// it needs the new record durable first. The answer waits for both.
+	claimed := time.Now()
+	recorded := make(chan error, 1)
+	go func() {
+		if err := failpoint.Eval(ctx, FailpointClaimRecord); err != nil {
+			recorded <- err
+			return
+		}
+		recorded <- s.store.ReplaceSandbox(poolID, rec)
+	}()
 
 	log := s.log.With("sandbox_id", rec.ID, "request_id", req.RequestID, "pool_entry", poolID)
 	t := newTask(s.store, e, rec, tmpl)
-	timings := []workflow.Timing{{Step: 1, Action: "claim", Phase: workflow.PhaseDo, Duration: time.Since(begin)}}
+	timings := []workflow.Timing{{Step: 1, Action: "claim", Phase: workflow.PhaseDo, Duration: claimed.Sub(begin)}}
 	step := func(name string, fn func() error) error {
 		b := time.Now()
 		err := fn()
@@ -573,16 +596,76 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		timings = append(timings, tm)
 		return err
 	}
-	if err := s.node.ApplyClaim(ctx, t, prev, step); err != nil {
-		log.Warn("warm pool: claim failed; destroying the entry and creating cold", "err", err)
+	applyErr := s.node.ApplyClaim(ctx, t, prev, step)
+	// "record" is what the claim still waited for the write, not the
+	// write's own time.
+	if err := step("record", func() error { return <-recorded }); err != nil {
+		// The entry's record stands and names the resources: the entry,
+		// perhaps thawed already, is destroyed under it, never returned
+		// to the pool.
+		s.mu.Lock()
+		delete(s.boxes, rec.ID)
+		s.boxes[poolID] = old
+		s.mu.Unlock()
+		old.release()
+		log.Warn("warm pool: claim's record write failed; destroying the entry and creating cold", "err", err)
+		go func() { _ = s.destroyPoolEntry(s.life, poolID) }()
+		return nil, false, nil
+	}
+	old.release() // nobody finds it any more
+	if applyErr != nil {
+		log.Warn("warm pool: claim failed; destroying the entry and creating cold", "err", applyErr)
+		s.undoClaim(ctx, t, log, applyErr)
+		return nil, false, nil
+	}
+	if err := failpoint.Eval(ctx, FailpointClaimRunning); err != nil {
 		s.undoClaim(ctx, t, log, err)
 		return nil, false, nil
 	}
-	if err := t.Update(func(r *sandbox.Record) { r.State = lifecycle.Running }); err != nil {
+	// The record written above (creating, with the entry's token) already
+	// stands for this sandbox: a restart finishes the claim it names
+	// (finishClaim). So the running record is written in the background,
+	// off the create's path (a later synchronous write supersedes it).
+	if err := t.UpdateLazy(func(r *sandbox.Record) { r.State, r.PoolToken = lifecycle.Running, "" }); err != nil {
 		return nil, true, err
 	}
+	snap := t.Record()
 	log.Info("sandbox created from warm pool", "duration", time.Since(begin))
-	return &Result{Sandbox: t.Record(), Timings: timings, Pooled: true}, true, nil
+	return &Result{Sandbox: snap, Timings: timings, Pooled: true}, true, nil
+}
+
+// finishClaim completes a claim a restart cut short after its record was
+// written (state creating, PoolToken set): the claim's steps are run
+// again, each setting what it sets (limits always, where the runtime can
+// change them: whether the first run got to them is unknown), and the
+// sandbox is recorded running. The reinit is first tried with the entry's
+// token; an agent that refuses it was re-initialised already (the token is
+// the last thing a reinit changes), and gets it again with its own. An
+// error leaves the record for reconcile to undo as a create cut short.
+func (s *Service) finishClaim(ctx context.Context, t *actions.Task) error {
+	rec := t.Record()
+	tmpl, err := s.store.GetTemplate(rec.TemplateID)
+	if err != nil {
+		return err
+	}
+	t.Template = tmpl
+	d, err := s.node.Driver(rec.Runtime)
+	if err != nil {
+		return err
+	}
+	prev := rec.Clone()
+	if _, ok := d.(runtime.LimitUpdater); ok {
+		prev.Resources = sandbox.Resources{DiskMiB: rec.Resources.DiskMiB}
+	}
+	run := func(_ string, fn func() error) error { return fn() }
+	prev.AccessToken = rec.PoolToken
+	if err := s.node.ApplyClaim(ctx, t, prev, run); err != nil {
+		prev.AccessToken = rec.AccessToken
+		if err2 := s.node.ApplyClaim(ctx, t, prev, run); err2 != nil {
+			return fmt.Errorf("finish claim: %w (with the sandbox's own token: %w)", err, err2)
+		}
+	}
+	return t.Update(func(r *sandbox.Record) { r.State, r.PoolToken = lifecycle.Running, "" })
 }
 
 // undoClaim destroys a claimed entry whose claim failed, like a failed

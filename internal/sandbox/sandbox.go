@@ -74,6 +74,11 @@ type Record struct {
 	// resources, which cannot be renamed (a running container's cgroup,
 	// runc's state). Empty = ID.
 	HostID string `json:"host_id,omitempty"`
+	// PoolToken is set while a claim of a warm pool entry is not recorded
+	// finished: the entry's agent token, which the agent holds until the
+	// claim's reinit replaces it by AccessToken. A restart finishes such a
+	// claim (docs/pools.md). Never returned by the API.
+	PoolToken string `json:"pool_token,omitempty"`
 }
 
 // HostKey is the ID the sandbox's node resources are held under.

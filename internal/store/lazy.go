@@ -53,7 +53,9 @@ func newLazyWriter(log *slog.Logger) *lazyWriter {
 // records whose difference from the previous one the node can find out
 // again on restart: a memory pause or resume, whose outcome is the
 // runtime's own state (the cgroup freezer, which restart reconcile
-// reads). Any synchronous write of the same sandbox made later replaces
+// reads), or a warm pool claim's running record (its synchronous
+// creating record with the entry's token makes reconcile finish the
+// claim). Any synchronous write of the same sandbox made later replaces
 // it, even when the background writer has not committed it yet.
 func (s *Store) PutSandboxLazy(r *sandbox.Record) error {
 	data, err := json.Marshal(r) //nolint:gosec // G117: as CreateSandbox

@@ -2,8 +2,8 @@
 // cleanup journal in one bbolt file. Values are JSON of the typed records
 // in package sandbox.
 //
-// Writes go through bolt's Batch so concurrent creates coalesce their
-// fsyncs instead of queueing one per write. Every write is one bolt
+// Writes go through a group commit (commit.go) so concurrent creates
+// coalesce their fsyncs instead of queueing one per write. Every write is one bolt
 // transaction: on a full filesystem it fails whole (errdefs.ErrNoSpace,
 // naming the filesystem) and the previous version stays. The exception is
 // PutSandboxLazy (lazy.go): a background writer commits those records after
@@ -39,9 +39,10 @@ var (
 
 // Store is the bbolt-backed state store. Safe for concurrent use.
 type Store struct {
-	db   *bolt.DB
-	dir  string // holds the file: the filesystem a full-disk error names
-	lazy *lazyWriter
+	db    *bolt.DB
+	dir   string // holds the file: the filesystem a full-disk error names
+	group committer
+	lazy  *lazyWriter
 }
 
 // Option configures Open.
@@ -65,11 +66,6 @@ func Open(path string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open state store %s: %w", path, nospace.Wrap(err, dir))
 	}
-	// A batch commits when this delay expires: a long delay is pure latency
-	// for a lone caller (every state write of a create waited for it).
-	// Coalescing under load does not need it: callers that arrive while a
-	// commit's fsync runs form the next batch anyway.
-	db.MaxBatchDelay = 100 * time.Microsecond
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketSandboxes, bucketTemplates, bucketJournal, bucketMeta, bucketSnapshots, bucketQuarantine} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -96,7 +92,7 @@ func Open(path string, opts ...Option) (*Store, error) {
 // batch runs fn in a coalesced write transaction; a full filesystem comes
 // back as ErrNoSpace naming it.
 func (s *Store) batch(fn func(*bolt.Tx) error) error {
-	return nospace.Wrap(s.db.Batch(fn), s.dir)
+	return nospace.Wrap(s.write(fn), s.dir)
 }
 
 // Close commits the records PutSandboxLazy queued and closes the

@@ -6,16 +6,21 @@ import (
 
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/runtime"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
 
+// FailpointClaimReinit is evaluated by a claim after the entry's thaw,
+// limits, hostname and policy, before the agent's reinit.
+const FailpointClaimReinit = "pool/claim.agent/before"
+
 // ApplyClaim turns a frozen warm pool entry (prev, its record before the
 // claim) into the sandbox t records, which holds the entry's container,
-// disk and network slot: the sandbox's limits, hostname and network
-// policy while it is still frozen, then thaw, then the agent's reinit
-// (env, access token, clock, entropy), after which it is what a cold
-// create of the same request would be. step times each part.
+// disk and network slot: thaw, the sandbox's limits, hostname and network
+// policy, then the agent's reinit (env, access token, clock, entropy),
+// after which it is what a cold create of the same request would be.
+// step times each part. It writes no record.
 func (n *Node) ApplyClaim(ctx context.Context, t *Task, prev *sandbox.Record, step func(string, func() error) error) error {
 	rec := t.Record()
 	d, err := n.Driver(rec.Runtime)
@@ -23,6 +28,16 @@ func (n *Node) ApplyClaim(ctx context.Context, t *Task, prev *sandbox.Record, st
 		return err
 	}
 	cid := rec.Container.ID
+	// Thawed first: a thawed entry is never taken back as ready, so the
+	// caller can write the sandbox's record meanwhile, and a crash
+	// between here and that write leaves nothing another create could
+	// claim with this sandbox's limits, hostname or policy. The agent is
+	// idle until the reinit, so nothing runs with the entry's settings.
+	if err := step("thaw", func() error {
+		return Settle(ctx, d, cid, runtime.StatusRunning, d.Resume(ctx, cid))
+	}); err != nil {
+		return err
+	}
 	if rec.Resources != prev.Resources {
 		u, ok := d.(runtime.LimitUpdater)
 		if !ok {
@@ -43,9 +58,7 @@ func (n *Node) ApplyClaim(ctx context.Context, t *Task, prev *sandbox.Record, st
 			return err
 		}
 	}
-	if err := step("thaw", func() error {
-		return Settle(ctx, d, cid, runtime.StatusRunning, d.Resume(ctx, cid))
-	}); err != nil {
+	if err := failpoint.Eval(ctx, FailpointClaimReinit); err != nil {
 		return err
 	}
 	return step("agent", func() error {

@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,12 +15,16 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/actions"
 	"github.com/cubesandbox/cube/internal/cubelet/agentclient"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
+	"github.com/cubesandbox/cube/internal/nsdial"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 	"github.com/cubesandbox/cube/internal/sandbox"
 )
@@ -458,4 +465,191 @@ func TestWarmPoolDeadEntry(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestWarmPoolClaimCrash: a cubelet killed in the middle of a claim, after
+// the entry's thaw and the sandbox's limits and hostname but before the
+// sandbox's record replaced the entry's (a claim writes it alongside),
+// leaves the entry's record naming a thawed container that carries the
+// crashed claim's limits and hostname. The next cubelet destroys that
+// entry, never serves it, and refills; the other entry, still frozen, is
+// adopted (the control: an untouched entry survives the same restart).
+func TestWarmPoolClaimCrash(t *testing.T) {
+	env := cubelettest.New(t, poolTOML)
+	svc := env.Start(t)
+	env.ImportBusybox(t, svc, "busybox")
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, env, env.WriteConfig(t, poolTOML),
+		cubelet.FailpointClaimRecord+"=sleep(60s);"+actions.FailpointClaimReinit+"=kill")
+	waitFrozenEntries(t, env, 2)
+	entries := poolContainers(t, env)
+	ctx := context.Background()
+	if _, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+		SandboxId: "crashed", TemplateId: "busybox", Resources: &pb.Resources{MemoryMib: 96},
+	}); err == nil {
+		t.Fatal("the claim survived its kill failpoint")
+	}
+	d.waitDead(t)
+	var thawed, frozen string
+	for _, id := range entries {
+		if freezerState(t, env, id) == "FROZEN" {
+			frozen = id
+		} else {
+			thawed = id
+		}
+	}
+	if thawed == "" || frozen == "" {
+		t.Fatalf("entries %v after the crash: want one thawed by the claim, one frozen", entries)
+	}
+	t.Logf("claim crashed with entry %s thawed; %s still frozen", thawed, frozen)
+
+	svc = env.Start(t)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		left := map[string]bool{}
+		for _, id := range poolContainers(t, env) {
+			left[id] = true
+		}
+		if !left[thawed] && svc.PoolReady("busybox") == 2 {
+			if !left[frozen] {
+				t.Fatalf("the frozen entry %s was not adopted (entries now %v)", frozen, left)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("thawed entry %s still there or pool not refilled: entries %v, pool %+v", thawed, left, svc.Pools())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := svc.Pools(); st[0].Refills < 1 {
+		t.Fatalf("pool %+v: the destroyed entry was not replaced by a refill", st)
+	}
+	for _, id := range []string{"first", "second"} {
+		res, err := svc.Create(ctx, cubelet.CreateRequest{TemplateID: "busybox", SandboxID: id})
+		if err != nil || !res.Pooled {
+			t.Fatalf("create %s after the restart: pooled %v, %v", id, res != nil && res.Pooled, err)
+		}
+		if res.Sandbox.HostKey() == thawed {
+			t.Fatalf("create %s was served by the crashed claim's entry %s", id, thawed)
+		}
+		want := strconv.FormatInt(env.Config.Sandbox.DefaultMemoryMiB<<20, 10)
+		if v := cgroupValue(t, res.Sandbox, "memory.limit_in_bytes", "memory.max"); v != want {
+			t.Fatalf("create %s: memory limit %s, want the default %s", id, v, want)
+		}
+		if _, err := svc.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := poolContainers(t, env); len(left) != 0 {
+		t.Fatalf("pool entries after Close: %v", left)
+	}
+	env.AssertNoLeaks(t)
+}
+
+// TestWarmPoolClaimFinished: a cubelet killed in a claim after the
+// sandbox's record replaced the entry's (state creating, with the entry's
+// token) finishes the claim at its next start: the sandbox is running with
+// its own hostname, env, limits and token, whether the kill came before
+// the agent's reinit or after it (the reinit then sees its own token).
+// The control is the same create in a cubelet without the failpoint
+// (TestWarmPool checks a finished claim the same way).
+func TestWarmPoolClaimFinished(t *testing.T) {
+	for _, tc := range []struct {
+		name, failpoints string
+		killAfter        time.Duration // 0: the failpoint kills
+	}{
+		// The record write runs alongside the claim: the hang holds the
+		// claim before its reinit until the write is surely done.
+		{"before reinit", actions.FailpointClaimReinit + "=hang", 3 * time.Second},
+		{"after reinit", cubelet.FailpointClaimRunning + "=kill", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := cubelettest.New(t, poolTOML)
+			svc := env.Start(t)
+			env.ImportBusybox(t, svc, "busybox")
+			if err := svc.Close(); err != nil {
+				t.Fatal(err)
+			}
+			d := startDaemon(t, env, env.WriteConfig(t, poolTOML), tc.failpoints)
+			waitFrozenEntries(t, env, 2)
+			ctx := context.Background()
+			errc := make(chan error, 1)
+			go func() {
+				_, err := d.client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+					SandboxId: "claimed", TemplateId: "busybox", AccessToken: "tok-claimed",
+					Env: map[string]string{"FOO": "bar"}, Resources: &pb.Resources{MemoryMib: 96, Pids: 77},
+				})
+				errc <- err
+			}()
+			if tc.killAfter > 0 {
+				time.Sleep(tc.killAfter)
+				d.kill()
+			} else {
+				d.waitDead(t)
+			}
+			if err := <-errc; err == nil {
+				t.Fatal("the claim was answered despite its failpoint")
+			}
+
+			svc = env.Start(t)
+			sb, err := svc.Get(ctx, "claimed")
+			if err != nil {
+				t.Fatalf("claimed sandbox after the restart: %v", err)
+			}
+			if sb.State != "running" || sb.PoolToken != "" || sb.HostKey() == sb.ID {
+				t.Fatalf("claimed sandbox after the restart: state %s, pool token set %v, host key %s", sb.State, sb.PoolToken != "", sb.HostKey())
+			}
+			out, err := exec.Command("nsenter", "-t", strconv.Itoa(sb.Container.PID), "-u", "hostname").Output()
+			if err != nil || string(out) != "claimed\n" {
+				t.Fatalf("hostname %q, %v", out, err)
+			}
+			if v := cgroupValue(t, sb, "memory.limit_in_bytes", "memory.max"); v != "100663296" {
+				t.Fatalf("memory limit %q, want 96 MiB", v)
+			}
+			if v := cgroupValue(t, sb, "pids.max"); v != "77" {
+				t.Fatalf("pids.max %q, want 77", v)
+			}
+			// The agent's env, and its token: refused without it, served with it.
+			if code, _ := agentGet(t, sb, "", "/envs"); code != http.StatusUnauthorized {
+				t.Fatalf("GET /envs without a token: %d, want 401", code)
+			}
+			code, body := agentGet(t, sb, "tok-claimed", "/envs")
+			if code != http.StatusOK || !strings.Contains(body, `"FOO":"bar"`) || !strings.Contains(body, `"CUBE_SANDBOX_ID":"claimed"`) {
+				t.Fatalf("GET /envs with the sandbox's token: %d %s", code, body)
+			}
+			if _, err := svc.Delete(ctx, "claimed"); err != nil {
+				t.Fatal(err)
+			}
+			if err := svc.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if left := poolContainers(t, env); len(left) != 0 {
+				t.Fatalf("pool entries after Close: %v", left)
+			}
+			env.AssertNoLeaks(t)
+		})
+	}
+}
+
+// agentGet calls path on the agent of sb, which has no network slot,
+// from inside its network namespace, with token ("" = none).
+func agentGet(t *testing.T, sb *sandbox.Record, token, path string) (int, string) {
+	t.Helper()
+	c := nsdial.HTTPClient(fmt.Sprintf("/proc/%d/ns/net", sb.Container.PID))
+	defer c.CloseIdleConnections()
+	if token != "" {
+		c.Transport = tokenTransport{token: token, base: c.Transport}
+	}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", agentproto.Port, path))
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
