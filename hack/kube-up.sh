@@ -407,6 +407,16 @@ a1=$(issue_for "$other" "$NODE") a2=$(issue_for "$own" not-this-node) c1=$(issue
 log "join issuer: another service account's token $a1, the node token for another node $a2; control: the node token for its node $c1"
 [ "$a1" = 403 ] && [ "$a2" = 403 ] && [ "$c1" = 200 ] || exit 1
 
+# One egress CA for the cluster: the master's (a Secret the chart makes,
+# mounted beside the cluster CA) reaches the node at its join, and the
+# node's network-agent terminates TLS under it; the node DaemonSet never
+# mounts it.
+"$K" -n "$NS" get ds cube-node -o json | grep -q 'egress-ca' && { log "the node DaemonSet mounts the egress CA"; exit 1; }
+want=$("$K" -n "$NS" get secret "$REL-egress-ca" -o jsonpath='{.data.egress-ca\.pem}' | base64 -d | openssl x509 -noout -fingerprint -sha256)
+got=$(openssl x509 -noout -fingerprint -sha256 -in /var/lib/cube-kube/pki/egress/egress-ca.pem 2>&1 || true)
+log "egress CA: the cluster's ${want#*=}, the node's ${got#*=}"
+[ -n "$want" ] && [ "$want" = "$got" ] || { log "the node's egress CA is not the cluster's"; exit 1; }
+
 log "helm test"
 t_test=$(date +%s)
 "$KBIN/helm" test "$REL" -n "$NS" --logs --timeout 6m >&2
