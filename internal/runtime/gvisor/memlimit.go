@@ -175,7 +175,7 @@ func lowerOnce(cgroupPath string, ml memLimits) (done bool, err error) {
 	var errs []error
 	for _, d := range dirs {
 		mem := filepath.Join(d, "memory.limit_in_bytes")
-		if cur, ok := readLimit(mem); ok {
+		if _, ok := readLimit(mem); ok {
 			werr := writeInt(mem, ml.limit)
 			sw := filepath.Join(d, "memory.memsw.limit_in_bytes")
 			if _, ok := readLimit(sw); werr == nil && ok && ml.swap > 0 {
@@ -190,7 +190,7 @@ func lowerOnce(cgroupPath string, ml memLimits) (done bool, err error) {
 				done = false
 				errs = append(errs, fmt.Errorf("put back %s: %w", mem, werr))
 				_ = writeInt(filepath.Join(d, "memory.soft_limit_in_bytes"), ml.limit)
-				if cur, ok = readLimit(mem); ok && cur > ml.limit {
+				if cur, ok := readLimit(mem); ok && cur > ml.limit {
 					// Halfway, page-aligned; memory+swap stays where it
 					// is (never below memory).
 					step := ml.limit + (cur-ml.limit)/2&^4095

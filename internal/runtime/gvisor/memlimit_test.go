@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 	"github.com/cubesandbox/cube/internal/testenv"
 )
@@ -228,5 +231,90 @@ func TestSaveHeadroomNoRatchet(t *testing.T) {
 	if kept, _ := MemoryHeadroomKept(); kept != kept1 {
 		t.Fatalf("headroom counted as kept for a guest that fits")
 	}
-	t.Log(fmt.Sprintf("%d lifts over a guest past its limit stayed within %d MiB; the limit came back to %d MiB", rounds, ceiling/mib, ml.limit/mib))
+	t.Logf("%d lifts over a guest past its limit stayed within %d MiB; the limit came back to %d MiB", rounds, ceiling/mib, ml.limit/mib)
+}
+
+// TestFailedRestoreRemovesRoom: a restore whose launch fails without
+// touching runsc's state of the ID (another sandbox of that ID appeared
+// between the driver's check and runsc's: runsc says "already exists",
+// and the rollback must leave that sandbox alone) still removes the
+// cgroup v1 memory directory it made with raised limits (restoreRoom);
+// a later sandbox of that cgroup path would take it over as it is. The
+// control is the same restore without the race: it succeeds, and its
+// cgroup holds the spec's limit.
+func TestFailedRestoreRemovesRoom(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	src := startCounter(t, d, parent, "room-src")
+	img := filepath.Join(t.TempDir(), "img")
+	if err := d.Checkpoint(t.Context(), src.ID, img, false); err != nil {
+		t.Fatal(err)
+	}
+	memDir := func(cgroupPath string) string {
+		mounts, _ := cgroups.Mounts()
+		for _, m := range mounts {
+			if _, err := os.Stat(filepath.Join(m, "memory.limit_in_bytes")); err == nil {
+				return filepath.Join(m, cgroupPath)
+			}
+		}
+		testenv.Missing(t, "no cgroup v1 memory hierarchy: restores get no room")
+		return ""
+	}
+
+	const id = "room-victim"
+	victim := src
+	victim.ID, victim.CgroupPath = id, parent+"/"+id
+	victim.BundleDir = filepath.Join(t.TempDir(), "bundle")
+	other := shellSpec(t, parent, id, counterScript)
+	other.CgroupPath = parent + "/" + id + "-other"
+	stopAtEnd(t, d, id)
+	t.Cleanup(func() {
+		_, _ = cgroups.Kill(other.CgroupPath, 2*time.Second)
+		_, _ = cgroups.Remove(other.CgroupPath, 2*time.Second)
+	})
+	t.Cleanup(func() { failpoint.Disable(FailpointLaunchRoom) })
+	var sawRoom bool
+	if err := failpoint.EnableFunc(FailpointLaunchRoom, func(ctx context.Context) error {
+		failpoint.Disable(FailpointLaunchRoom)
+		_, err := os.Stat(memDir(victim.CgroupPath))
+		sawRoom = err == nil
+		_, err = d.Start(context.WithoutCancel(ctx), other)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.Restore(t.Context(), victim, img)
+	t.Logf("restore raced by another sandbox of its ID: %v (the restore's cgroup existed before runsc ran: %v)", err, sawRoom)
+	if !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("Restore = %v, want AlreadyExists", err)
+	}
+	if !sawRoom {
+		t.Fatal("no cgroup was made for the restore: the probe tested nothing")
+	}
+	if _, err := os.Stat(memDir(victim.CgroupPath)); !os.IsNotExist(err) {
+		t.Fatalf("the cgroup made for the failed restore is still there (%v)", err)
+	}
+	// runsc's failed restore removes the other sandbox's state file
+	// (runsc 20221219), so Stop no longer finds it: its processes go
+	// with its cgroup.
+	if err := d.Stop(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cgroups.Kill(other.CgroupPath, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cgroups.Remove(other.CgroupPath, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	// Control: no race, the restore succeeds into its room and ends at
+	// the spec's limit.
+	if _, err := d.Restore(t.Context(), victim, img); err != nil {
+		t.Fatalf("control: Restore: %v", err)
+	}
+	lim, ok := readLimit(filepath.Join(memDir(victim.CgroupPath), "memory.limit_in_bytes"))
+	t.Logf("control: restored; memory limit %d MiB (spec %d MiB)", lim>>20, victim.Limits.MemoryMiB)
+	if !ok || lim > int64(victim.Limits.MemoryMiB)<<20+d.headroom {
+		t.Fatalf("control: memory limit %d", lim)
+	}
 }
