@@ -377,16 +377,14 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	// The limits lifted from and put back to are the spec's
 	// (config.json), never the cgroup's current ones, which may still
 	// hold an earlier lift the kernel would not take back.
+	// A lift that failed half-way is put back the same way.
 	lifted, cgroupPath := false, ""
 	var ml memLimits
 	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" && d.headroom > 0 {
-		var ok bool
-		if ml, ok = specMemory(sp); ok {
+		if ml, lifted = specMemory(sp); lifted {
 			cgroupPath = sp.Linux.CgroupsPath
 			if err := d.liftMemory(cgroupPath, ml); err != nil {
 				d.log.WarnContext(ctx, "could not give the save room above the sandbox's memory limit; checkpointing within it", "id", id, "error", err)
-			} else {
-				lifted = true
 			}
 		}
 	}
