@@ -314,7 +314,7 @@ func TestFailedRestoreRemovesRoom(t *testing.T) {
 	}
 	lim, ok := readLimit(filepath.Join(memDir(victim.CgroupPath), "memory.limit_in_bytes"))
 	t.Logf("control: restored; memory limit %d MiB (spec %d MiB)", lim>>20, victim.Limits.MemoryMiB)
-	if !ok || lim > int64(victim.Limits.MemoryMiB)<<20+d.headroom {
+	if !ok || lim > victim.Limits.MemoryMiB<<20+d.headroom {
 		t.Fatalf("control: memory limit %d", lim)
 	}
 }
