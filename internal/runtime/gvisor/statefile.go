@@ -1,20 +1,19 @@
 package gvisor
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime/procstate"
 )
 
 // runscState is the part of runsc's per-container state file that
@@ -85,7 +84,7 @@ func (d *Driver) readState(ctx context.Context, id string) (*gorunc.Container, e
 		cgroup = st.Spec.Linux.CgroupsPath
 	}
 	if st.Status == "running" || st.Status == "created" {
-		live, err := alive(pid, cgroup)
+		live, err := procstate.Alive(pid, cgroup)
 		if err != nil {
 			return nil, errStateFormat
 		}
@@ -97,43 +96,6 @@ func (d *Driver) readState(ctx context.Context, id string) (*gorunc.Container, e
 		pid = -1 // what runsc reports for a sandbox that has no process
 	}
 	return &gorunc.Container{ID: id, Pid: pid, Status: st.Status, Bundle: st.BundleDir, Created: st.CreatedAt}, nil
-}
-
-// alive reports whether pid is the sandbox's process: it exists, is not
-// a zombie (a sandbox whose parent does not reap it is dead all the same)
-// and sits in the sandbox's cgroup, so a PID freed by a dead sandbox and
-// reused by another process does not make it look alive. runsc asks the
-// sandbox itself over its control socket instead; an error means this
-// cannot tell and the caller should.
-func alive(pid int, cgroup string) (bool, error) {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false, nil
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false, nil // exited since the kill
-	}
-	// The state is the first field after the command, which is in
-	// parentheses and may itself contain ") ".
-	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) {
-		return false, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
-	} else if st := stat[i+2]; st == 'Z' || st == 'X' {
-		return false, nil
-	}
-	if cgroup == "" {
-		return true, nil
-	}
-	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return false, nil // exited since the kill
-	}
-	for line := range strings.SplitSeq(strings.TrimSpace(string(cg)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && (parts[2] == cgroup || strings.HasPrefix(parts[2], cgroup+"/")) {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // lockShared takes a shared flock on path, polling so that ctx can end

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime/procstate"
 )
 
 // TestStateFileMatchesRunsc: the driver reads runsc's state file instead
@@ -92,7 +93,7 @@ func TestStateFileMatchesRunsc(t *testing.T) {
 		t.Fatal(err)
 	}
 	same("its PID reused by another process", "st-a")
-	if live, err := alive(os.Getpid(), ""); !live || err != nil {
+	if live, err := procstate.Alive(os.Getpid(), ""); !live || err != nil {
 		t.Fatalf("control: without the cgroup check the reused PID is alive=%v (%v), want true", live, err)
 	}
 	if err := d.Stop(ctx, "st-a"); err != nil {
