@@ -18,7 +18,10 @@
 //     rules' headers to every request: the secret never enters the
 //     sandbox; a host with request rules is terminated the same way and
 //     each request must match one of them (method, path), or the proxy
-//     answers it 403 and ends the connection;
+//     answers it 403 and ends the connection; a connection to an address
+//     of a host with request rules is bound to them whatever it names
+//     (ruleHostAt): it must name one of the address's names, is
+//     terminated, and each request's Host must be that name;
 //   - upstream connections leave from the agent's own (host) namespace;
 //   - a policy update re-decides every open connection and cuts those the
 //     new policy denies;

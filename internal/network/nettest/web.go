@@ -128,7 +128,7 @@ func (w *World) ServeWeb(t testing.TB, certFor func(sni string) *tls.Certificate
 		web.mu.Unlock()
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 		if up := r.Header.Get("Upgrade"); up != "" {
-			web.upgraded(rw, r, up, sni)
+			web.upgraded(rw, up, sni)
 			return
 		}
 		fmt.Fprintf(rw, "host=%s addr=%s auth=%s\n", r.Host, local, AuthDigest(r.Header.Get("Authorization")))
@@ -167,7 +167,7 @@ func (w *World) ServeWeb(t testing.TB, certFor func(sni string) *tls.Certificate
 // connection, records them with Upgraded set and answers each as the
 // servers do: a stand-in for a server that speaks h2c or websocket after
 // the switch, enough to show what reaches it past the 101.
-func (web *Web) upgraded(rw http.ResponseWriter, r *http.Request, proto, sni string) {
+func (w *Web) upgraded(rw http.ResponseWriter, proto, sni string) {
 	c, brw, err := http.NewResponseController(rw).Hijack()
 	if err != nil {
 		http.Error(rw, err.Error(), http.StatusInternalServerError)
@@ -184,10 +184,10 @@ func (web *Web) upgraded(rw http.ResponseWriter, r *http.Request, proto, sni str
 		if err != nil {
 			return
 		}
-		web.mu.Lock()
-		web.reqs = append(web.reqs, WebRequest{Method: req.Method, Host: req.Host, Path: req.URL.Path, SNI: sni,
+		w.mu.Lock()
+		w.reqs = append(w.reqs, WebRequest{Method: req.Method, Host: req.Host, Path: req.URL.Path, SNI: sni,
 			Header: req.Header.Clone(), Upgraded: proto})
-		web.mu.Unlock()
+		w.mu.Unlock()
 		body := fmt.Sprintf("host=%s upgraded=%s path=%s\n", req.Host, proto, req.URL.Path)
 		fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		if brw.Flush() != nil {
