@@ -5,10 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/network/audit"
 	"github.com/cubesandbox/cube/internal/network/nettest"
 	"github.com/cubesandbox/cube/internal/network/policy"
 )
@@ -77,6 +79,17 @@ func TestEgressRequestRulesHold(t *testing.T) {
 		t.Fatalf("h2c under rules: %d %q %v, upstream got %+v; want the proxy's 403", code, body, err, since(ew.web, n))
 	}
 	t.Logf("h2c upgrade under rules: %d %q", code, strings.TrimSpace(body))
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if slices.ContainsFunc(readAudit(t, a.AuditPath("sb-egress")), func(e audit.Event) bool {
+			return e.Kind == audit.KindConnect && e.Verdict == audit.Denied && strings.Contains(e.Reason, `upgrade to "h2c" refused`)
+		}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no denied audit event for the h2c upgrade")
+		}
+	}
+	t.Log("audit: the h2c refusal is a denied connect event")
 	// websocket on an allowed path switches (the upgrade request is the
 	// one the rules check); on a refused path it is refused.
 	w, err = openWeb(ew.sb.NetNS, ew.api, tlsOpts)
@@ -88,9 +101,15 @@ func TestEgressRequestRulesHold(t *testing.T) {
 	if err != nil || code != http.StatusSwitchingProtocols {
 		t.Fatalf("websocket to /repos/x under rules: %d %v, want 101", code, err)
 	}
-	code, body, err = request(ew.sb.NetNS, ew.api, tlsOpts, "GET", host, "/user\r\nUpgrade: websocket\r\nConnection: Upgrade")
-	if err == nil && code != http.StatusForbidden {
-		t.Fatalf("websocket to /user under rules: %d %q, want 403", code, body)
+	w, err = openWeb(ew.sb.NetNS, ew.api, tlsOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = len(ew.web.Requests())
+	code, body, err = exchange(w, "GET /user HTTP/1.1\r\nHost: "+host+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	w.Close()
+	if err != nil || code != http.StatusForbidden || len(since(ew.web, n)) != 0 {
+		t.Fatalf("websocket to /user under rules: %d %q %v, want the proxy's 403", code, body, err)
 	}
 	t.Log("websocket upgrade under rules: 101 on /repos/x, 403 on /user")
 	update(t, a, "sb-egress", control)
