@@ -3,6 +3,7 @@ package audit
 import (
 	"slices"
 	"time"
+	"unicode/utf8"
 )
 
 // Notable verdicts (a denied or failed connection or query, a cut
@@ -18,7 +19,25 @@ const (
 	NotableBurst  = 10
 	NotableWindow = time.Minute
 	MaxNotable    = 1024
+	// MaxNotableField bounds a queued event's Name, Rule and Reason (a
+	// name is what the sandbox claimed, an HTTP Host up to the proxy's
+	// head limit): longer ones are cut, marked with "…".
+	MaxNotableField = 256
 )
+
+// Truncate cuts s to at most n bytes (on a UTF-8 boundary), ending it
+// with "…" when it cut.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := max(n-len(mark), 0)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
 
 // Notable is what TakeNotable returns: the events, and per sandbox how
 // many notable events the limits left out since the last take.
@@ -72,6 +91,7 @@ func (l *Log) queueNotable(e Event) {
 		return
 	}
 	w.n++
+	e.Name, e.Rule, e.Reason = Truncate(e.Name, MaxNotableField), Truncate(e.Rule, MaxNotableField), Truncate(e.Reason, MaxNotableField)
 	if len(s.events) >= MaxNotable {
 		s.suppressed[s.events[0].SandboxID]++
 		s.events = slices.Delete(s.events, 0, 1)

@@ -2,8 +2,10 @@ package audit
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // TestNotable: only denied, failed and cut events wait for the control
@@ -54,4 +56,32 @@ func TestNotable(t *testing.T) {
 	if len(n.Events) != MaxNotable || dropped != 50 || n.Events[0].SandboxID != "sb-50" {
 		t.Fatalf("bound: %d queued, %d counted as dropped, first %s", len(n.Events), dropped, n.Events[0].SandboxID)
 	}
+}
+
+// TestNotableTruncates: a queued event's Name, Rule and Reason are cut to
+// MaxNotableField bytes (a sandbox's Host header can be 64 KiB); the
+// control is the same event allowed (not queued) and a short one, kept
+// whole.
+func TestNotableTruncates(t *testing.T) {
+	l, err := New("", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", 40<<10) // 80 KiB, two bytes a rune
+	l.Write(Event{Time: time.Now(), SandboxID: "sb", Kind: KindConnect, Verdict: Denied, Name: long, Rule: long, Reason: long})
+	l.Write(Event{Time: time.Now(), SandboxID: "sb", Kind: KindConnect, Verdict: Denied, Name: "short.test", Reason: "r"})
+	n := l.TakeNotable()
+	if len(n.Events) != 2 {
+		t.Fatalf("queued %d", len(n.Events))
+	}
+	e := n.Events[0]
+	for f, v := range map[string]string{"name": e.Name, "rule": e.Rule, "reason": e.Reason} {
+		if len(v) > MaxNotableField || !utf8.ValidString(v) || !strings.HasSuffix(v, "…") {
+			t.Fatalf("%s: %d bytes, valid %v", f, len(v), utf8.ValidString(v))
+		}
+	}
+	if n.Events[1].Name != "short.test" || n.Events[1].Reason != "r" {
+		t.Fatalf("a short event was changed: %+v", n.Events[1])
+	}
+	t.Logf("an 80 KiB name, rule and reason queued as %d bytes each; a short one whole", len(e.Name))
 }

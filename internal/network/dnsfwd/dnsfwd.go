@@ -540,6 +540,26 @@ func (f *Forwarder) Resolved(id, name string, addr netip.Addr) bool {
 	return ok && e.expires.After(time.Now()) && slices.Contains(e.names, name)
 }
 
+// NamesAt returns the names the forwarder answered with addr to sandbox
+// id whose answers have not expired: how the egress proxy finds that a
+// connection goes to an address of a host with request rules given by a
+// wildcard.
+func (f *Forwarder) NamesAt(id string, addr netip.Addr) []string {
+	f.mu.Lock()
+	s := f.slots[id]
+	f.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.resolved[addr]
+	if !ok || !e.expires.After(time.Now()) {
+		return nil
+	}
+	return slices.Clone(e.names)
+}
+
 // LookupA resolves name's IPv4 addresses through the forwarder's
 // upstreams (the node's resolvers): the egress proxy's second check when
 // the sandbox found an address some other way (its own cache, a hosts

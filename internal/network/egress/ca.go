@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
 // CA is the node's egress CA: it signs the certificates the proxy shows a
@@ -44,29 +46,110 @@ const (
 )
 
 // LoadOrCreateCA reads the CA from dir, or makes one (ECDSA P-256, key
-// file mode 0600) when neither file exists.
+// file mode 0600) when neither file exists. Creation is safe against a
+// crash and against another process (a master replica on a shared dir)
+// creating at the same time: both files are written in full under
+// temporary names, then published by hard link, key first, cert last, a
+// link never replacing a file. The process whose key link loses the race
+// loads the winner's pair (waiting up to caSettle for its cert). A key
+// without a cert is refused with an error: no cert was ever published,
+// so nothing trusts that key, and the operator removes it to make a new
+// CA (doing it here could remove the key of a creator still between its
+// two links). A cert without its key is refused too: sandboxes trust it.
 func LoadOrCreateCA(dir string) (*CA, error) {
 	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
-	certPEM, cerr := os.ReadFile(certPath)
-	keyPEM, kerr := os.ReadFile(keyPath)
+	_, cerr := os.Stat(certPath)
+	_, kerr := os.Stat(keyPath)
 	if errors.Is(cerr, os.ErrNotExist) && errors.Is(kerr, os.ErrNotExist) {
-		var err error
-		if certPEM, keyPEM, err = newCA(); err != nil {
+		if err := createCA(dir, certPath, keyPath); err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(certPath, certPEM, 0o644); err != nil {
-			return nil, err
-		}
-	} else if cerr != nil || kerr != nil {
-		return nil, fmt.Errorf("egress CA in %s: %w", dir, errors.Join(cerr, kerr))
 	}
-	return ParseCA(certPEM, keyPEM)
+	return loadCA(dir, certPath, keyPath)
+}
+
+// caSettle is how long a load waits for the cert of a key another
+// process has just published.
+var caSettle = 2 * time.Second
+
+func loadCA(dir, certPath, keyPath string) (*CA, error) {
+	deadline := time.Now().Add(caSettle)
+	for {
+		certPEM, cerr := os.ReadFile(certPath)
+		keyPEM, kerr := os.ReadFile(keyPath)
+		switch {
+		case cerr == nil && kerr == nil:
+			return ParseCA(certPEM, keyPEM)
+		case errors.Is(cerr, os.ErrNotExist) && kerr == nil:
+			if time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			return nil, fmt.Errorf("egress CA in %s: %s without %s: its creation was interrupted; no certificate was published, so nothing trusts this key: remove %s to make a new CA: %w",
+				dir, CAKeyFile, CACertFile, keyPath, errdefs.ErrFailedPrecondition)
+		default:
+			return nil, fmt.Errorf("egress CA in %s: %w", dir, errors.Join(cerr, kerr))
+		}
+	}
+}
+
+// createCA makes a pair and publishes it in dir unless another process
+// published one first (then it returns nil and the caller loads that).
+func createCA(dir, certPath, keyPath string) error {
+	certPEM, keyPEM, err := newCA()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmpKey, err := writeTemp(dir, ".egress-ca-key-*.tmp", keyPEM, 0o600)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmpKey)
+	tmpCert, err := writeTemp(dir, ".egress-ca-*.tmp", certPEM, 0o644)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmpCert)
+	if err := os.Link(tmpKey, keyPath); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil // another process won: load its pair
+		}
+		return fmt.Errorf("egress CA: publish the key: %w", err)
+	}
+	if err := os.Link(tmpCert, certPath); err != nil {
+		return fmt.Errorf("egress CA: publish the certificate: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// writeTemp writes b to a new file in dir (synced) and returns its path.
+func writeTemp(dir, pattern string, b []byte, mode os.FileMode) (string, error) {
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }
 
 // ParseCA builds a CA from PEM files' contents.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,9 @@ type Resolver interface {
 	// Resolved reports whether the forwarder answered name with addr to
 	// the sandbox, for a name its policy allows, and the answer is live.
 	Resolved(sandboxID, name string, addr netip.Addr) bool
+	// NamesAt lists the names the forwarder answered with addr to the
+	// sandbox (live answers only).
+	NamesAt(sandboxID string, addr netip.Addr) []string
 	// LookupA resolves name through the node's resolvers.
 	LookupA(ctx context.Context, name string) ([]netip.Addr, error)
 }
@@ -135,4 +139,72 @@ func (l *localAddrs) has(a netip.Addr) bool {
 		}
 	}
 	return l.addrs[a]
+}
+
+// ruleHostAt returns a host with request rules that dst is an address of
+// ("" when none): an exact host when the forwarder answered it with dst
+// to the sandbox or the node's resolvers answer it with dst now (cached
+// for lookupCache), a wildcard host when the forwarder answered the
+// sandbox dst for a name under it. A connection to such an address is
+// bound to that host's rules however it names itself (see serve).
+func (p *Proxy) ruleHostAt(ctx context.Context, id string, pol policy.Policy, dst netip.Addr) string {
+	if len(pol.Requests) == 0 || p.res == nil {
+		return ""
+	}
+	var answered []string
+	for i, r := range pol.Requests {
+		if i > 0 && pol.Requests[i-1].Host == r.Host { // sorted by host
+			continue
+		}
+		if strings.HasPrefix(r.Host, "*.") {
+			if answered == nil {
+				answered = append(p.res.NamesAt(id, dst), "")
+			}
+			for _, n := range answered {
+				if _, ok := policy.MatchDomain([]string{r.Host}, n); ok && n != "" {
+					return r.Host
+				}
+			}
+			continue
+		}
+		if p.res.Resolved(id, r.Host, dst) || slices.Contains(p.lookupCached(ctx, r.Host), dst) {
+			return r.Host
+		}
+	}
+	return ""
+}
+
+// lookupCache is how long ruleHostAt reuses the node's answer for a host.
+const lookupCache = 30 * time.Second
+
+// lookupCached resolves name with the node's resolvers, reusing an answer
+// for lookupCache (a failed lookup too, for a tenth of that): every
+// connection of a sandbox with request rules asks for each rule host.
+func (p *Proxy) lookupCached(ctx context.Context, name string) []netip.Addr {
+	now := time.Now()
+	p.lookups.Lock()
+	e, ok := p.lookups.m[name]
+	p.lookups.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.addrs
+	}
+	lctx, cancel := context.WithTimeout(ctx, p.cfg.LookupTimeout)
+	addrs, err := p.res.LookupA(lctx, name)
+	cancel()
+	ttl := lookupCache
+	if err != nil {
+		addrs, ttl = nil, lookupCache/10
+	}
+	p.lookups.Lock()
+	if p.lookups.m == nil || len(p.lookups.m) > 4096 {
+		p.lookups.m = map[string]cachedLookup{}
+	}
+	p.lookups.m[name] = cachedLookup{addrs: addrs, expires: now.Add(ttl)}
+	p.lookups.Unlock()
+	return addrs
+}
+
+type cachedLookup struct {
+	addrs   []netip.Addr
+	expires time.Time
 }

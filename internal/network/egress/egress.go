@@ -18,7 +18,10 @@
 //     rules' headers to every request: the secret never enters the
 //     sandbox; a host with request rules is terminated the same way and
 //     each request must match one of them (method, path), or the proxy
-//     answers it 403 and ends the connection;
+//     answers it 403 and ends the connection; a connection to an address
+//     of a host with request rules is bound to them whatever it names
+//     (ruleHostAt): it must name one of the address's names, is
+//     terminated, and each request's Host must be that name;
 //   - upstream connections leave from the agent's own (host) namespace;
 //   - a policy update re-decides every open connection and cuts those the
 //     new policy denies;
@@ -73,10 +76,12 @@ type Config struct {
 	// the system's roots.
 	UpstreamRoots *x509.CertPool
 	// DialTimeout bounds an upstream connect; PeekTimeout how long a
-	// sandbox has to send its ClientHello or request head; LookupTimeout
-	// one check of a name's addresses with the node's resolvers.
-	DialTimeout, PeekTimeout, LookupTimeout time.Duration
-	Audit                                   *audit.Log
+	// sandbox has to send its ClientHello or request head; IdleTimeout
+	// how long a kept-alive HTTP connection waits for its next request;
+	// LookupTimeout one check of a name's addresses with the node's
+	// resolvers.
+	DialTimeout, PeekTimeout, IdleTimeout, LookupTimeout time.Duration
+	Audit                                                *audit.Log
 }
 
 // Stats are the proxy's counters since start.
@@ -92,6 +97,10 @@ type Proxy struct {
 	blocked   []netip.Prefix
 	hostAddrs localAddrs
 	Stats     Stats
+	lookups   struct {
+		sync.Mutex
+		m map[string]cachedLookup
+	}
 
 	mu    sync.Mutex
 	slots map[string]*sandbox
@@ -107,6 +116,9 @@ func New(cfg Config, res Resolver, blocked []netip.Prefix, log *slog.Logger) *Pr
 	}
 	if cfg.PeekTimeout <= 0 {
 		cfg.PeekTimeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 2 * time.Minute
 	}
 	if cfg.LookupTimeout <= 0 {
 		cfg.LookupTimeout = 3 * time.Second
@@ -149,9 +161,13 @@ type conn struct {
 	// cuts it, so a removed or rotated value is not injected on.
 	creds []policy.Credential
 	reqs  []policy.RequestRule
-	mu    sync.Mutex
-	up    net.Conn
-	cut   atomic.Bool
+	// allReqs: the policy's request rules (every host's) when decided; a
+	// change cuts the connection, which may have been bound to a rule
+	// host by its address (bound) or not.
+	allReqs []policy.RequestRule
+	mu      sync.Mutex
+	up      net.Conn
+	cut     atomic.Bool
 }
 
 func (c *conn) setUpstream(u net.Conn) bool {
@@ -315,7 +331,7 @@ func (p *Proxy) SetPolicy(id string, pol policy.Policy) int {
 	for _, c := range open {
 		d := p.decide(s.ctx, id, pol, c.dst.Addr(), c.name)
 		if d.allow {
-			if slices.Equal(pol.CredentialsFor(c.name), c.creds) && policy.RequestRulesEqual(pol.RequestRulesFor(c.name), c.reqs) {
+			if slices.Equal(pol.CredentialsFor(c.name), c.creds) && policy.RequestRulesEqual(pol.Requests, c.allReqs) {
 				continue
 			}
 			// Still allowed, but served with credentials or request
@@ -379,7 +395,9 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 	ev.Addr = dst.String()
 	cc := &countConn{Conn: client}
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
-	br := bufio.NewReader(cc)
+	head := &headLimit{r: cc}
+	head.limit(maxHello)
+	br := bufio.NewReader(head)
 	var hello []byte // the ClientHello, replayed upstream or to our TLS server
 	var req *http.Request
 	first, err := br.Peek(1)
@@ -388,12 +406,21 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 		ev.Name, hello, err = peekSNI(br)
 	} else if err == nil {
 		ev.Mode = "http"
+		head.limit(MaxRequestHead)
 		if req, err = http.ReadRequest(br); err == nil {
 			ev.Name = hostOnly(req.Host)
+		} else if head.hit() {
+			refuseHead(cc)
+			err = errHeadTooLarge
 		}
 	}
+	head.unlimited()
 	if err != nil {
-		reset(client)
+		if errors.Is(err, errHeadTooLarge) {
+			closeGracefully(client) // after its 431
+		} else {
+			reset(client)
+		}
 		p.Stats.Failed.Add(1)
 		ev.Verdict, ev.Reason = audit.Failed, "reading the connection's name: "+err.Error()
 		p.cfg.Audit.Write(ev)
@@ -405,7 +432,22 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 	d := p.decide(s.ctx, s.id, pol, dst.Addr(), ev.Name)
 	ev.Rule = d.rule
 	creds, reqs := pol.CredentialsFor(ev.Name), pol.RequestRulesFor(ev.Name)
-	terminate := len(creds) > 0 || len(reqs) > 0
+	// strict: the connection is served under request rules: those of its
+	// name, or, when its address is one of a rule host's, bound to them:
+	// it must name a host that address belongs to (a forged SNI, none,
+	// or an IP literal would reach the rule host unchecked) and every
+	// request must name that host.
+	strict := len(reqs) > 0
+	if d.allow && !strict {
+		if h := p.ruleHostAt(s.ctx, s.id, pol, dst.Addr()); h != "" {
+			strict = true
+			if ev.Name == "" || !p.belongs(s.ctx, s.id, ev.Name, dst.Addr()) {
+				d = decision{reason: fmt.Sprintf("address of %s, which has request rules, and the connection's name %q is not one of its names",
+					h, ev.Name)}
+			}
+		}
+	}
+	terminate := len(creds) > 0 || strict
 	if d.allow && terminate && p.cfg.CA == nil {
 		d = decision{reason: "credential and request rules need the egress CA, which this node has not"}
 	}
@@ -417,13 +459,13 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 		p.cfg.Audit.Write(ev)
 		return
 	}
-	c.name, c.dst, c.creds, c.reqs = ev.Name, dst, creds, reqs
+	c.name, c.dst, c.creds, c.reqs, c.allReqs = ev.Name, dst, creds, reqs, pol.Requests
 	c.decided.Store(true)
 	if cur := s.policy.Load(); cur != pp {
 		// A policy update ran between the decision and now, and may
 		// have skipped this connection: decide again under it.
 		if d2 := p.decide(s.ctx, s.id, *cur, dst.Addr(), ev.Name); !d2.allow || !slices.Equal(cur.CredentialsFor(ev.Name), creds) ||
-			!policy.RequestRulesEqual(cur.RequestRulesFor(ev.Name), reqs) {
+			!policy.RequestRulesEqual(cur.Requests, pol.Requests) {
 			if d2.allow {
 				d2.reason = "its credential or request rules changed"
 			}
@@ -444,7 +486,7 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 			ev.Injected = append(ev.Injected, cr.Header)
 		}
 		// The ClientHello, then what br holds past it, then the socket.
-		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), br)}, ev.Name, creds, reqs)
+		err = p.terminate(s, c, &prefixConn{Conn: cc, r: io.MultiReader(bytes.NewReader(hello), br)}, ev.Name, creds, reqs, strict)
 	case hello != nil:
 		var up net.Conn
 		if up, err = p.dial(s.ctx, c); err == nil {
@@ -465,7 +507,7 @@ func (p *Proxy) serve(s *sandbox, c *conn) {
 		}
 		var up net.Conn
 		if up, err = p.dial(s.ctx, c); err == nil {
-			err = relayHTTP(br, cc, up, req, ev.Name, nil, reqs)
+			err = p.relayHTTP(br, head, cc, up, req, ev.Name, nil, reqs, strict)
 		}
 	}
 	var ref *refusal
@@ -535,14 +577,20 @@ func splice(client net.Conn, br *bufio.Reader, up net.Conn) {
 // host. inject headers are set on every request, replacing the client's.
 // A 101 (protocol switch) turns the connection into a plain splice.
 // Every request must pass rules (RequestAllowed); the first one refused is
-// answered 403 and ends the connection.
-func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, host string, inject []policy.Credential, rules []policy.RequestRule) error {
+// answered 403 and ends the connection. When strict (under request rules:
+// the host's, or bound to a rule host's by the address), a request loses
+// the
+// headers that make a server read another method or path than the one
+// checked (overrideHeaders), and may switch protocols only to websocket
+// (checkUpgrade): after a switch the bytes are no longer HTTP/1 requests
+// the proxy can check. head bounds each request head read from br.
+func (p *Proxy) relayHTTP(br *bufio.Reader, head *headLimit, w net.Conn, up net.Conn, first *http.Request, host string, inject []policy.Credential, rules []policy.RequestRule, strict bool) error {
 	ubr := bufio.NewReader(up)
 	req := first
 	for {
 		if req == nil {
 			var err error
-			if req, err = http.ReadRequest(br); err != nil {
+			if req, err = p.readNext(br, head, w); err != nil {
 				if errors.Is(err, io.EOF) {
 					return nil
 				}
@@ -554,6 +602,16 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 		}
 		if !policy.RequestAllowed(rules, req.Method, req.URL) {
 			return refuseRequest(w, req, host)
+		}
+		upgrade := false
+		if strict {
+			for _, h := range overrideHeaders {
+				req.Header.Del(h)
+			}
+			var bad string
+			if upgrade, bad = checkUpgrade(req.Header); bad != "" {
+				return refuseUpgrade(w, req, host, bad)
+			}
 		}
 		for _, c := range inject {
 			req.Header.Set(c.Header, c.Value)
@@ -573,6 +631,11 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 			return err
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
+			if strict && (!upgrade || !strings.EqualFold(strings.TrimSpace(resp.Header.Get("Upgrade")), "websocket")) {
+				resp.Body.Close()
+				return fmt.Errorf("%s switched protocols (to %q) without a websocket upgrade asked for: not relayed under request rules",
+					host, resp.Header.Get("Upgrade"))
+			}
 			if err := resp.Write(w); err != nil {
 				return err
 			}
@@ -597,7 +660,7 @@ func relayHTTP(br *bufio.Reader, w net.Conn, up net.Conn, first *http.Request, h
 // rules: the sandbox gets a certificate for name from the egress CA, the
 // upstream gets a TLS connection verified for name, every request must
 // pass the request rules and gets the credentials.
-func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, creds []policy.Credential, rules []policy.RequestRule) error {
+func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, creds []policy.Credential, rules []policy.RequestRule, strict bool) error {
 	leaf, err := p.cfg.CA.Leaf(name)
 	if err != nil {
 		return err
@@ -610,12 +673,19 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 	if err != nil {
 		return fmt.Errorf("TLS with the sandbox: %w", err)
 	}
-	br := bufio.NewReader(ts)
+	head := &headLimit{r: ts}
+	head.limit(MaxRequestHead)
+	br := bufio.NewReader(head)
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
 	req, err := http.ReadRequest(br)
 	if err != nil {
+		if head.hit() {
+			refuseHead(ts)
+			return errHeadTooLarge
+		}
 		return err
 	}
+	head.unlimited()
 	_ = client.SetReadDeadline(time.Time{})
 	if h := hostOnly(req.Host); h != name {
 		return &refusal{msg: fmt.Sprintf("request for host %q on a TLS connection for %q refused", h, name)}
@@ -639,7 +709,7 @@ func (p *Proxy) terminate(s *sandbox, c *conn, client net.Conn, name string, cre
 		return fmt.Errorf("TLS with %s: %w", name, err)
 	}
 	defer up.Close()
-	if err := relayHTTP(br, ts, up, req, name, creds, rules); err != nil {
+	if err := p.relayHTTP(br, head, ts, up, req, name, creds, rules, strict); err != nil {
 		var ref *refusal
 		if errors.As(err, &ref) && ref.answered {
 			_ = ts.CloseWrite()
@@ -670,6 +740,108 @@ func refuseRequest(w io.Writer, req *http.Request, host string) error {
 }
 
 func (r *refusal) Error() string { return r.msg }
+
+// overrideHeaders make common frameworks (Rails, Spring, IIS, Symfony…)
+// serve another method or path than the request line's, which request
+// rules check: a request to a host with rules goes without them.
+var overrideHeaders = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", "X-Original-URL",
+	"X-Rewrite-URL", "HTTP2-Settings"}
+
+// checkUpgrade reads a request's protocol switch: upgrade when it asks
+// for websocket; bad names any other protocol it asks for (h2c, …),
+// which the proxy refuses under request rules (the connection would carry
+// requests it cannot check).
+func checkUpgrade(h http.Header) (upgrade bool, bad string) {
+	for _, v := range h.Values("Upgrade") {
+		for tok := range strings.SplitSeq(v, ",") {
+			tok = strings.TrimSpace(tok)
+			switch {
+			case tok == "":
+			case strings.EqualFold(tok, "websocket"):
+				upgrade = true
+			default:
+				return false, tok
+			}
+		}
+	}
+	return upgrade, ""
+}
+
+// refuseUpgrade answers a request that asks to switch to a protocol
+// other than websocket with 403.
+func refuseUpgrade(w io.Writer, req *http.Request, host, proto string) error {
+	msg := fmt.Sprintf("request %s %s: upgrade to %q refused by the request rules of %s (only websocket)", req.Method,
+		req.URL.EscapedPath(), proto, host)
+	body := "cube egress: " + msg + "\n"
+	_, _ = fmt.Fprintf(w, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		len(body), body)
+	return &refusal{msg: msg, answered: true}
+}
+
+// MaxRequestHead bounds a request's line and headers (as net/http's
+// server does by default: 1 MiB there); maxHello the bytes read for a
+// ClientHello.
+const (
+	MaxRequestHead = 64 << 10
+	maxHello       = 80 << 10
+)
+
+var errHeadTooLarge = errors.New("request head larger than 64 KiB: answered 431")
+
+// refuseHead answers a request whose head is over MaxRequestHead.
+func refuseHead(w io.Writer) {
+	const body = "cube egress: request head too large\n"
+	_, _ = fmt.Fprintf(w, "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		len(body), body)
+}
+
+// headLimit caps what a bufio.Reader on it reads while a request head is
+// read (limit), and lets the body through (unlimited).
+type headLimit struct {
+	r io.Reader
+	n int64 // < 0: unlimited
+}
+
+func (h *headLimit) limit(n int64) { h.n = n }
+func (h *headLimit) unlimited()    { h.n = -1 }
+func (h *headLimit) hit() bool     { return h.n == 0 }
+
+func (h *headLimit) Read(b []byte) (int, error) {
+	if h.n == 0 {
+		return 0, io.EOF
+	}
+	if h.n > 0 && int64(len(b)) > h.n {
+		b = b[:h.n]
+	}
+	n, err := h.r.Read(b)
+	if h.n > 0 {
+		h.n -= int64(n)
+	}
+	return n, err
+}
+
+// readNext reads the next request on a kept-alive connection: the client
+// has IdleTimeout to start it and PeekTimeout to finish its head, which
+// may hold up to MaxRequestHead bytes (past what br holds already).
+func (p *Proxy) readNext(br *bufio.Reader, head *headLimit, c net.Conn) (*http.Request, error) {
+	_ = c.SetReadDeadline(time.Now().Add(p.cfg.IdleTimeout))
+	if _, err := br.Peek(1); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, io.EOF
+		}
+		return nil, err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	head.limit(MaxRequestHead)
+	req, err := http.ReadRequest(br)
+	if err != nil && head.hit() {
+		refuseHead(c)
+		err = errHeadTooLarge
+	}
+	head.unlimited()
+	_ = c.SetReadDeadline(time.Time{})
+	return req, err
+}
 
 // hostOnly strips a port and a trailing dot and lowercases.
 func hostOnly(h string) string {

@@ -81,6 +81,9 @@ func (ca *TestCA) Issue(t testing.TB, names ...string) tls.Certificate {
 type WebRequest struct {
 	Method, Host, Path, SNI string
 	Header                  http.Header
+	// Upgraded: the protocol the connection had switched to before this
+	// request ("" none).
+	Upgraded string
 }
 
 // Web is the world's HTTP (port 80) and HTTPS (port 443) servers, on
@@ -124,6 +127,10 @@ func (w *World) ServeWeb(t testing.TB, certFor func(sni string) *tls.Certificate
 		web.reqs = append(web.reqs, WebRequest{Method: r.Method, Host: r.Host, Path: r.URL.Path, SNI: sni, Header: r.Header.Clone()})
 		web.mu.Unlock()
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		if up := r.Header.Get("Upgrade"); up != "" {
+			web.upgraded(rw, up, sni)
+			return
+		}
 		fmt.Fprintf(rw, "host=%s addr=%s auth=%s\n", r.Host, local, AuthDigest(r.Header.Get("Authorization")))
 	})
 	var plain, secure net.Listener
@@ -153,4 +160,38 @@ func (w *World) ServeWeb(t testing.TB, certFor func(sni string) *tls.Certificate
 		}
 	})
 	return web
+}
+
+// upgraded accepts any protocol switch (101 with the protocol asked for)
+// and then, whatever the protocol, reads HTTP/1 requests from the
+// connection, records them with Upgraded set and answers each as the
+// servers do: a stand-in for a server that speaks h2c or websocket after
+// the switch, enough to show what reaches it past the 101.
+func (w *Web) upgraded(rw http.ResponseWriter, proto, sni string) {
+	c, brw, err := http.NewResponseController(rw).Hijack()
+	if err != nil {
+		http.Error(rw, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer c.Close()
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", proto)
+	if brw.Flush() != nil {
+		return
+	}
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		req, err := http.ReadRequest(brw.Reader)
+		if err != nil {
+			return
+		}
+		w.mu.Lock()
+		w.reqs = append(w.reqs, WebRequest{Method: req.Method, Host: req.Host, Path: req.URL.Path, SNI: sni,
+			Header: req.Header.Clone(), Upgraded: proto})
+		w.mu.Unlock()
+		body := fmt.Sprintf("host=%s upgraded=%s path=%s\n", req.Host, proto, req.URL.Path)
+		fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		if brw.Flush() != nil {
+			return
+		}
+	}
 }

@@ -127,16 +127,18 @@ func (p Policy) RequestRulesFor(name string) []RequestRule {
 // RequestAllowed reports whether rules (a host's, from RequestRulesFor;
 // none lets everything through) let a request for method and u through.
 // A path that is not clean (//, . or .. segments, also when
-// percent-encoded) or that holds an encoded / or \ matches no rule: the
-// upstream might read it as a path the rules do not allow.
+// percent-encoded), that holds an encoded / or \, or a ; (plain or
+// encoded: Tomcat and Spring drop a segment's ";parameters", so
+// /repos/..;/user is /user to them) matches no rule: the upstream might
+// read it as a path the rules do not allow.
 func RequestAllowed(rules []RequestRule, method string, u *url.URL) bool {
 	if len(rules) == 0 {
 		return true
 	}
 	urlPath := u.Path
 	raw := strings.ToLower(u.EscapedPath())
-	if !strings.HasPrefix(urlPath, "/") || !cleanPath(urlPath) || strings.ContainsRune(urlPath, '\\') ||
-		strings.Contains(raw, "%2f") || strings.Contains(raw, "%5c") {
+	if !strings.HasPrefix(urlPath, "/") || !cleanPath(urlPath) || strings.ContainsAny(urlPath, "\\;") ||
+		strings.Contains(raw, "%2f") || strings.Contains(raw, "%5c") || strings.Contains(raw, "%3b") {
 		return false
 	}
 	for _, r := range rules {
