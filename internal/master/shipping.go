@@ -11,6 +11,7 @@ import (
 
 	cubeletpb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/scheduler"
 )
@@ -193,6 +194,9 @@ func (s *Service) resumeElsewhere(ctx context.Context, sb *catalog.Sandbox, time
 // the move (markMoving) so that the route waits for it instead of calling
 // the sandbox paused.
 func (s *Service) moveElsewhere(ctx context.Context, sb *catalog.Sandbox, endAt time.Time) (*catalog.Sandbox, error) {
+	// Ended when the move's lease is lost: another replica may move it.
+	ctx, stop := s.moveContext(ctx, sb.ID)
+	defer stop()
 	if err := s.waitLeft(ctx, sb.ID); err != nil {
 		return nil, err
 	}
@@ -320,6 +324,8 @@ func (s *Service) waitLeft(ctx context.Context, id string) error {
 // Until the row moves, a failure leaves the row as it was and nothing on
 // the new node.
 func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap *catalog.Snapshot, endAt time.Time) (up *catalog.Sandbox, tidy func(), err error) {
+	ctx, stop := s.moveContext(ctx, sb.ID)
+	defer stop()
 	to, done, err := s.importElsewhere(ctx, snap, sb)
 	if err != nil {
 		return nil, nil, err
@@ -376,7 +382,7 @@ func (s *Service) startElsewhere(ctx context.Context, sb *catalog.Sandbox, snap 
 		return nil, nil, fmt.Errorf("start sandbox %s on node %s: agent: %w", sb.ID, to, err)
 	}
 	pauseSnap := ""
-	up, err = s.cat.UpdateSandbox(ctx, sb.ID, func(r *catalog.Sandbox) error {
+	up, err = s.commitMove(ctx, sb.ID, func(r *catalog.Sandbox) error {
 		pauseSnap = r.PauseSnapshot
 		r.NodeID, r.State, r.EndAt, r.PauseSnapshot = to, catalog.StateRunning, endAt, ""
 		return nil
@@ -460,23 +466,42 @@ func moveLeaseName(id string) string {
 	return "move#" + hex.EncodeToString(sum[:])[:59]
 }
 
+// moveMark is a move under way (Service.moving): on a shared catalog the
+// lease it holds, and lost, ended when that lease is lost (taken by
+// another holder, or not renewed in time): the move must stop, and its
+// catalog row may be written only under the lease (commitMove).
+type moveMark struct {
+	name, holder string
+	token        int64 // 0: no lease (a catalog of its own)
+	lost         context.Context
+}
+
+// errMoveLeaseLost ends a move whose lease another replica may hold now.
+var errMoveLeaseLost = fmt.Errorf("the move's lease was lost; another replica may move the sandbox: %w", errdefs.ErrAborted)
+
 // markMoving records that sandbox id is being moved, until the returned
 // func is called. On a shared catalog it takes the move's lease, waiting
 // while another replica's move of the sandbox holds it, and renews it
-// until then.
+// until then. A renewal that finds the lease taken by another holder, or
+// that failed for so long that the lease may have expired before the
+// next one, loses it: the move's context ends (moveContext).
 func (s *Service) markMoving(ctx context.Context, id string) (func(), error) {
-	s.moving.Store(id, true)
+	s.moving.Store(id, &moveMark{})
 	if !s.shared() {
 		return func() { s.moving.Delete(id) }, nil
 	}
 	name, holder := moveLeaseName(id), s.lead.holder
+	var lease catalog.Lease
+	renewedAt := time.Now()
 	for {
-		_, ok, err := s.cat.AcquireLease(ctx, name, holder, s.lead.replica, moveLeaseTTL, false)
+		renewedAt = time.Now()
+		l, ok, err := s.cat.AcquireLease(ctx, name, holder, s.lead.replica, moveLeaseTTL, false)
 		if err != nil {
 			s.moving.Delete(id)
 			return nil, fmt.Errorf("sandbox %s: take its move's lease: %w", id, err)
 		}
 		if ok {
+			lease = l
 			break
 		}
 		select {
@@ -486,10 +511,13 @@ func (s *Service) markMoving(ctx context.Context, id string) (func(), error) {
 		case <-time.After(movePoll):
 		}
 	}
+	lost, lose := context.WithCancelCause(context.Background())
+	s.moving.Store(id, &moveMark{name: name, holder: holder, token: lease.Token, lost: lost})
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
-		tick := time.NewTicker(moveLeaseTTL / 3)
+		every := moveLeaseTTL / 3
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
@@ -497,20 +525,85 @@ func (s *Service) markMoving(ctx context.Context, id string) (func(), error) {
 				return
 			case <-tick.C:
 			}
-			if _, ok, err := s.cat.AcquireLease(context.WithoutCancel(ctx), name, holder, s.lead.replica, moveLeaseTTL, false); err != nil || !ok {
-				s.log.Warn("move: renew its lease (other replicas may stop waiting for the move)", "sandbox_id", id, "err", err)
+			at := time.Now()
+			l, ok, err := s.cat.AcquireLease(context.WithoutCancel(ctx), name, holder, s.lead.replica, moveLeaseTTL, false)
+			switch {
+			case err == nil && ok && l.Token == lease.Token:
+				renewedAt = at
+				continue
+			case err == nil:
+				s.log.Warn("move: its lease was taken by another holder; the move stops", "sandbox_id", id,
+					"holder", l.Holder, "replica", l.Replica, "token", l.Token)
+				lose(errMoveLeaseLost)
+				return
+			case time.Since(renewedAt)+every >= moveLeaseTTL:
+				// The lease may expire before the next renewal: another
+				// replica may take it and move the sandbox too.
+				s.log.Warn("move: its lease could not be renewed within its TTL; the move stops", "sandbox_id", id, "err", err)
+				lose(errMoveLeaseLost)
+				return
 			}
+			s.log.Warn("move: renew its lease (other replicas may stop waiting for the move)", "sandbox_id", id, "err", err)
 		}
 	}()
 	return func() {
 		close(stop)
 		<-stopped
+		lose(nil)
 		if err := s.cat.DropLease(context.WithoutCancel(ctx), name, holder); err != nil {
 			s.log.Warn("move: drop its lease (the other replicas wait until it expires)", "sandbox_id", id, "err", err)
 		}
 		s.moving.Delete(id)
 	}, nil
 }
+
+// moveContext is ctx, ended also when the lease of the move of sandbox id
+// (markMoving) is lost; stop releases it.
+func (s *Service) moveContext(ctx context.Context, id string) (context.Context, func()) {
+	m, ok := s.moving.Load(id)
+	if !ok || m.(*moveMark).lost == nil {
+		return ctx, func() {}
+	}
+	lost := m.(*moveMark).lost
+	mctx, cancel := context.WithCancelCause(ctx)
+	stopAfter := context.AfterFunc(lost, func() {
+		if cause := context.Cause(lost); errors.Is(cause, errMoveLeaseLost) {
+			cancel(cause)
+		}
+	})
+	return mctx, func() { stopAfter(); cancel(nil) }
+}
+
+// commitMove writes the row of sandbox id that switches it to its new
+// node: on a shared catalog only while this replica still holds the
+// move's lease with the token it took (checked in the same statement as
+// the write), so that a move whose lease was lost, and which another
+// replica may have started again, cannot commit.
+func (s *Service) commitMove(ctx context.Context, id string, fn func(*catalog.Sandbox) error) (*catalog.Sandbox, error) {
+	if err := fpMoveCommit.Eval(ctx); err != nil {
+		return nil, err
+	}
+	m, ok := s.moving.Load(id)
+	if !ok || m.(*moveMark).token == 0 {
+		if s.shared() {
+			return nil, fmt.Errorf("sandbox %s: moved without its move's lease: %w", id, errdefs.ErrInternal)
+		}
+		return s.cat.UpdateSandbox(ctx, id, fn)
+	}
+	mk := m.(*moveMark)
+	if err := context.Cause(mk.lost); errors.Is(err, errMoveLeaseLost) {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	up, err := s.cat.UpdateSandboxUnderLease(ctx, id, mk.name, mk.holder, mk.token, fn)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: the move did not commit: %w", id, err)
+	}
+	return up, nil
+}
+
+// fpMoveCommit sits right before a move's row switches the sandbox's node
+// (commitMove): a test takes the move's lease away there.
+var fpMoveCommit = failpoint.Register("move/commit")
 
 // awaitMove waits, on a shared catalog, while another replica moves
 // sandbox id (its move's lease is held), up to bound; then the error

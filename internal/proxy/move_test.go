@@ -205,6 +205,40 @@ func sendTo(route string, port int, method, body string) <-chan answer {
 	return ch
 }
 
+// sendRaw sends method with an empty chunked body ("0\r\n\r\n"), and
+// header (one "Name: value" line, or none): the request is whole once its
+// headers are, and none of its body is ever taken (the proxy's transport
+// reads only its end), so whether it reached the old place shows in its
+// headers alone.
+func sendRaw(route string, port int, method, header string) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		c, err := net.DialTimeout("tcp", route, 5*time.Second)
+		if err != nil {
+			ch <- answer{err: err}
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		if header != "" {
+			header += "\r\n"
+		}
+		if _, err := fmt.Fprintf(c, "%s /work HTTP/1.1\r\nHost: %d-sbmove.cube.test\r\n%sTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n", method, port, header); err != nil {
+			ch <- answer{err: err}
+			return
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			ch <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ch <- answer{code: resp.StatusCode, body: strings.TrimSpace(string(b)), retry: resp.Header.Get("Retry-After")}
+	}()
+	return ch
+}
+
 func wait(t *testing.T, ch <-chan answer) answer {
 	t.Helper()
 	select {
@@ -228,6 +262,11 @@ func wait(t *testing.T, ch <-chan answer) answer {
 //     control, with NoRetry: 502);
 //   - a POST whose body the frozen original read is not sent again: 502,
 //     and the new node never sees it (also with the retry on);
+//   - a POST the frozen original received whole, none of its (empty)
+//     body taken, is not sent again either: 502 (the control: the same
+//     POST with an Idempotency-Key is answered by the new node);
+//   - a DELETE on a stale cached route, refused at the old place
+//     (nothing written there), is sent to the new node once;
 //   - after the move, from a stale cached route: a POST whose connection
 //     the old place refuses (nothing of its body taken) is sent to the
 //     new node once, with its body (the control: 502);
@@ -249,13 +288,13 @@ func TestRequestsAcrossAMove(t *testing.T) {
 	newT := &proxy.Target{SandboxID: "sbmove", NodeID: "n2", HostIP: "127.0.0.3"}
 	_, served := startLive(t, newAt)
 
-	inFlight := func(t *testing.T, noRetry bool, method, body string) answer {
+	inFlightSent := func(t *testing.T, noRetry bool, method string, send func(route string) <-chan answer) (answer, int32) {
 		t.Helper()
 		old := startFrozen(t, oldAt, true)
 		res := &moveResolver{cur: oldT, bound: 10 * time.Second}
 		route := routeWith(t, proxy.Config{Resolver: res, NoRetry: noRetry})
 		before := served.Load()
-		ch := sendTo(route, port, method, body)
+		ch := send(route)
 		for deadline := time.Now().Add(5 * time.Second); old.requests.Load() == 0; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("the request never reached the frozen original")
@@ -267,7 +306,12 @@ func TestRequestsAcrossAMove(t *testing.T) {
 		old.destroy()
 		a := wait(t, ch)
 		t.Logf("%s in flight at the freeze, retry %v: %d %q (new node served %d)", method, !noRetry, a.code, a.body, served.Load()-before)
-		if method != http.MethodGet && served.Load() != before {
+		return a, served.Load() - before
+	}
+	inFlight := func(t *testing.T, noRetry bool, method, body string) answer {
+		t.Helper()
+		a, n := inFlightSent(t, noRetry, method, func(route string) <-chan answer { return sendTo(route, port, method, body) })
+		if method != http.MethodGet && n != 0 {
 			t.Errorf("the new node saw a %s whose body the original had read", method)
 		}
 		return a
@@ -285,6 +329,34 @@ func TestRequestsAcrossAMove(t *testing.T) {
 	t.Run("POST whose body was taken is not repeated", func(t *testing.T) {
 		if a := inFlight(t, false, http.MethodPost, "do it once"); a.code != http.StatusBadGateway {
 			t.Fatalf("%+v, want 502", a)
+		}
+	})
+
+	// The original received the whole POST (headers, and an empty body
+	// none of which was taken) and may have acted on it: it is not sent
+	// again. Control: the same POST carrying an Idempotency-Key, which
+	// its client says may be repeated, is answered by the new node.
+	t.Run("POST the original received is not repeated", func(t *testing.T) {
+		a, n := inFlightSent(t, false, http.MethodPost, func(route string) <-chan answer { return sendRaw(route, port, http.MethodPost, "") })
+		if a.code != http.StatusBadGateway || n != 0 {
+			t.Fatalf("%+v (new node served %d), want 502 and nothing there", a, n)
+		}
+		a, n = inFlightSent(t, false, http.MethodPost, func(route string) <-chan answer {
+			return sendRaw(route, port, http.MethodPost, "Idempotency-Key: k1")
+		})
+		if a.code != http.StatusOK || a.body != "new node: POST /work" || n != 1 {
+			t.Fatalf("control, with Idempotency-Key: %+v (new node served %d), want 200 from the new node, once", a, n)
+		}
+	})
+
+	t.Run("DELETE refused at the old place goes to the new one", func(t *testing.T) {
+		res := &moveResolver{cur: newT, cached: oldT}
+		route := routeWith(t, proxy.Config{Resolver: res})
+		before := served.Load()
+		a := wait(t, sendTo(route, port, http.MethodDelete, ""))
+		t.Logf("DELETE to a stale route (nothing written there): %d %q", a.code, a.body)
+		if a.code != http.StatusOK || a.body != "new node: DELETE /work" || served.Load() != before+1 {
+			t.Fatalf("%+v (new node served %d), want 200 from the new node, once", a, served.Load()-before)
 		}
 	})
 

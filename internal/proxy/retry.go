@@ -7,8 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cubesandbox/cube/internal/agentproto"
@@ -22,9 +24,15 @@ import (
 // sends such a request once more, to where the sandbox is now, when doing
 // so cannot repeat something the sandbox already received:
 //
-//   - the request is GET, HEAD or OPTIONS, or none of its body was taken
-//     (a body the upstream began to read may have had an effect: such a
-//     request is answered 502, never repeated);
+//   - nothing of it reached the old place (no header was written: the
+//     dial failed, or the attempt ended before writing; httptrace), or
+//     it is GET, HEAD, OPTIONS or TRACE, or it carries an
+//     Idempotency-Key header. The transports write a request's headers
+//     before its body, and a handler may act on headers alone (a copy
+//     frozen after acting carries the effect into the moved snapshot), so
+//     a body nobody read does not make a POST or DELETE safe to repeat;
+//   - none of its body was taken (a body the upstream began to read is
+//     gone: such a request is answered 502, never repeated);
 //   - no answer began (a failure after the answer's headers reaches the
 //     client as a cut-off answer, as before);
 //   - its client is still there and it was not aborted (Abort: a sandbox
@@ -50,11 +58,11 @@ func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !ok {
 		return t.next.RoundTrip(r)
 	}
-	resp, err := t.attempt(r, rt)
+	resp, sent, err := t.attempt(r, rt)
 	if err == nil || r.Context().Err() != nil {
 		return resp, err
 	}
-	body, ok := replay(r, rt.body)
+	body, ok := replay(r, rt.body, sent)
 	if !ok {
 		return nil, err
 	}
@@ -87,25 +95,35 @@ func (t retryTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r2 := r.Clone(context.WithValue(r.Context(), ctxKey{}, routed{target: nt, port: rt.port, presented: rt.presented}))
 	r2.URL.Host = upstreamHost(nt, rt.port)
 	r2.Body = body
-	return t.attempt(r2, routed{target: nt, port: rt.port, presented: rt.presented, req: rt.req})
+	resp, _, err = t.attempt(r2, routed{target: nt, port: rt.port, presented: rt.presented, req: rt.req})
+	return resp, err
 }
 
 // attempt sends r to rt.target under a context of its own, which Moved
 // ends (the request's context, which Abort ends, stays): the response
-// body is read under it, so it is never cancelled here.
-func (t retryTransport) attempt(r *http.Request, rt routed) (*http.Response, error) {
+// body is read under it, so it is never cancelled here. sent reports
+// whether the transport began writing the request's headers (the first
+// header field encoded, HTTP/1.1 or HTTP/2): from then on some of it may
+// have reached the upstream.
+func (t retryTransport) attempt(r *http.Request, rt routed) (resp *http.Response, sent bool, err error) {
+	var wrote atomic.Bool
+	ctx := httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+		WroteHeaderField: func(string, []string) { wrote.Store(true) },
+		WroteHeaders:     func() { wrote.Store(true) },
+	})
 	if rt.req == nil {
-		return t.next.RoundTrip(r)
+		resp, err = t.next.RoundTrip(r.WithContext(ctx))
+		return resp, wrote.Load(), err
 	}
-	ctx, cancel := context.WithCancelCause(r.Context())
+	ctx, cancel := context.WithCancelCause(ctx)
 	rt.req.setAttempt(rt.target, cancel)
-	resp, err := t.next.RoundTrip(r.WithContext(ctx))
+	resp, err = t.next.RoundTrip(r.WithContext(ctx))
 	if err != nil && errors.Is(context.Cause(ctx), errMoved) && r.Context().Err() == nil {
 		// Ended by Moved, not by the client: say so (a bare
 		// cancellation would be taken for the client leaving).
 		err = errMoved
 	}
-	return resp, err
+	return resp, wrote.Load(), err
 }
 
 // samePlaceFor is how long a failed request's resolve that found its
@@ -154,23 +172,34 @@ func (e *reresolveError) Error() string {
 func (e *reresolveError) Unwrap() error { return e.err }
 
 // replay returns the body to send r again with, and whether r may be
-// sent again at all: a safe method without a body, or a body nobody took
-// a byte of nor is reading (body, the incoming request's, which the
-// outgoing one reads through ReverseProxy's wrapper). The failed
-// attempt's hold on the body ends here: its reads fail from now on, so
-// the two attempts never share a byte.
-func replay(r *http.Request, body *watchedBody) (io.ReadCloser, bool) {
-	if r.Body == nil || r.Body == http.NoBody {
-		switch r.Method {
-		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			return r.Body, true
-		}
+// sent again at all: one whose failed attempt wrote nothing (sent false),
+// or that is safe to repeat (repeatable), and whose body, when it has
+// one, nobody took a byte of nor is reading (body, the incoming
+// request's, which the outgoing one reads through ReverseProxy's
+// wrapper). The failed attempt's hold on the body ends here: its reads
+// fail from now on, so the two attempts never share a byte.
+func replay(r *http.Request, body *watchedBody, sent bool) (io.ReadCloser, bool) {
+	if sent && !repeatable(r) {
 		return nil, false
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return r.Body, true
 	}
 	if body == nil {
 		return nil, false
 	}
 	return body.handOver()
+}
+
+// repeatable reports whether r may be sent again after some of it may
+// have reached its upstream: a safe method (RFC 9110, 9.2.1), or a
+// request its client marked with an Idempotency-Key.
+func repeatable(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return r.Header.Get("Idempotency-Key") != ""
 }
 
 // watchedBody is a request body that records whether any of it was read,

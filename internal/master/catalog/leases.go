@@ -143,3 +143,18 @@ func (c *Catalog) DropLease(ctx context.Context, name, holder string) error {
 	_, err := c.db.ExecContext(ctx, `DELETE FROM leases WHERE name = ? AND holder = ?`, name, holder)
 	return err
 }
+
+// UpdateSandboxUnderLease is UpdateSandbox fenced by a lease: the row is
+// written only while holder holds the lease name with token and it has
+// not expired by the database's clock, checked in the same statement as
+// the write, so a holder that lost the lease (another took it after its
+// expiry) cannot write. Otherwise it returns CheckLease's
+// FailedPrecondition and the row stays as it was.
+func (c *Catalog) UpdateSandboxUnderLease(ctx context.Context, id, name, holder string, token int64, fn func(*Sandbox) error) (*Sandbox, error) {
+	if err := c.CheckLease(ctx, name, holder, token); err != nil {
+		return nil, err
+	}
+	guard := ` AND EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND token = ? AND expires_at > ` + c.nowMS() + `)`
+	return c.updateSandbox(ctx, id, guard, []any{name, holder, token},
+		func() error { return c.CheckLease(ctx, name, holder, token) }, fn)
+}

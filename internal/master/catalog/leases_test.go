@@ -73,6 +73,30 @@ func testLeases(t *testing.T, c *catalog.Catalog) {
 	if _, _, err := c.AcquireLease(ctx, name, "", "a", ttl, false); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("empty holder: %v", err)
 	}
+
+	// A row written under a lease (UpdateSandboxUnderLease): by its
+	// holder with its token it is written (the control); once another
+	// holder took the lease the same write is refused FailedPrecondition
+	// and the row stays.
+	if err := c.CreateSandbox(ctx, &catalog.Sandbox{ID: "fenced", TemplateID: "t", NodeID: "n1", State: catalog.StatePaused, StartedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	fence := mustAcquire("a#2", "a", true)
+	toNode := func(node string) func(*catalog.Sandbox) error {
+		return func(r *catalog.Sandbox) error { r.NodeID = node; return nil }
+	}
+	if up, err := c.UpdateSandboxUnderLease(ctx, "fenced", name, "a#2", fence.Token, toNode("n2")); err != nil || up.NodeID != "n2" {
+		t.Fatalf("holder's write under its lease: %+v %v, want the row on n2", up, err)
+	}
+	if _, ok, err := c.AcquireLease(ctx, name, "a#3", "a", ttl, true); err != nil || !ok {
+		t.Fatalf("another holder takes the lease: %v %v", ok, err)
+	}
+	_, err = c.UpdateSandboxUnderLease(ctx, "fenced", name, "a#2", fence.Token, toNode("n3"))
+	got, gerr := c.GetSandbox(ctx, "fenced")
+	t.Logf("write under a lease taken by another holder: %v; row on %s", err, got.NodeID)
+	if !errdefs.IsFailedPrecondition(err) || gerr != nil || got.NodeID != "n2" {
+		t.Fatalf("write after losing the lease: %v, row %+v %v; want FailedPrecondition and the row on n2", err, got, gerr)
+	}
 }
 
 // testLeaseHeld: LeaseHeld says whether a lease is held now by the

@@ -229,6 +229,14 @@ var ErrConflict = fmt.Errorf("catalog: concurrent update: %w", errdefs.ErrAborte
 // nobody else wrote it meanwhile (else it re-reads and calls fn again).
 // fn may return an error to abort. Metadata is not rewritten.
 func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox) error) (*Sandbox, error) {
+	return c.updateSandbox(ctx, id, "", nil, nil, fn)
+}
+
+// updateSandbox is UpdateSandbox whose write also requires guard (SQL
+// appended to the UPDATE's WHERE, with guardArgs) in the same statement;
+// when a write changes nothing, refused (when not nil) says whether the
+// guard failed, and that error is returned instead of reading again.
+func (c *Catalog) updateSandbox(ctx context.Context, id, guard string, guardArgs []any, refused func() error, fn func(*Sandbox) error) (*Sandbox, error) {
 	for attempt := range 8 {
 		if attempt > 0 {
 			// Lost a race: back off a little, with jitter, so the writers
@@ -248,13 +256,18 @@ func (c *Catalog) UpdateSandbox(ctx context.Context, id string, fn func(*Sandbox
 		a := s.args()
 		res, err := c.exec(ctx, `UPDATE sandboxes SET version = ?, template_id = ?, alias = ?, node_id = ?, state = ?,
 milli_cpu = ?, memory_mib = ?, disk_mib = ?, started_at = ?, end_at = ?, auto_pause = ?, auto_resume = ?,
-envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ?, runtime = ?, pause_snapshot = ? WHERE id = ? AND version = ?`,
-			append(a[1:], id, old)...)
+envd_access_token = ?, traffic_access_token = ?, envd_version = ?, network = ?, api_key_id = ?, idle_timeout_ms = ?, runtime = ?, pause_snapshot = ? WHERE id = ? AND version = ?`+guard,
+			append(append(a[1:], id, old), guardArgs...)...)
 		if err != nil {
 			return nil, err
 		}
 		if n, _ := res.RowsAffected(); n == 1 {
 			return s, nil
+		}
+		if refused != nil {
+			if err := refused(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return nil, fmt.Errorf("sandbox %q: %w", id, ErrConflict)
