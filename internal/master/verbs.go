@@ -2,6 +2,7 @@ package master
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -242,6 +243,11 @@ func (s *Service) resume(ctx context.Context, sb *catalog.Sandbox, timeout time.
 		up, err := s.resumeElsewhere(ctx, sb, timeout)
 		if err == nil {
 			return up, nil
+		}
+		if errors.Is(err, errMoveLeaseLost) {
+			// Another replica may be moving it now: resuming it here
+			// would race that move.
+			return nil, err
 		}
 		s.log.Warn("resume on another node failed; resuming on the cordoned node", "sandbox_id", sb.ID, "node_id", sb.NodeID, "err", err)
 	}
