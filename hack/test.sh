@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 bash hack/deps.sh
+# The suites start and reap processes by the thousand (runc, runsc, ip,
+# nft, QEMU, daemons): with the kernel's default 32768 PIDs the numbers
+# wrap within minutes on a busy machine, and a test's cleanup that signals
+# a PID it remembered can reach another test's process. Nodes raise it too
+# (the chart's prepare.sh).
+sysctl -qw kernel.pid_max=4194304 || true
 
 echo "== gofmt / go vet"
 unformatted=$(gofmt -l $(git ls-files '*.go'))
