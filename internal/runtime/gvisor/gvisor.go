@@ -87,10 +87,6 @@ type Driver struct {
 	// stateFormatOnce: the warning that readState fell back to runsc is
 	// said once per driver.
 	stateFormatOnce sync.Once
-	// lowerers: cgroup path -> *lowerer, the background lowerings of
-	// memory limits the kernel refused right after a save or a restore
-	// (lowerMemory); a lift, a restore and Stop end them.
-	lowerers sync.Map
 }
 
 var (
@@ -201,7 +197,7 @@ func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runti
 // launch runs (image == "") or restores a sandbox. On any failure it
 // removes what runsc created for s.ID, unless the failure is that s.ID
 // exists already: that sandbox belongs to someone else.
-func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec, image string) (_ runtime.State, err error) {
+func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec, image string) (runtime.State, error) {
 	begin := time.Now()
 	verb := "start"
 	if image != "" {
@@ -238,36 +234,20 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	// of a checkpoint is read from its last save (runCheckpoint).
 	_ = os.Remove(filepath.Join(bundle, sentryLogName))
 
-	cgroupPath := ""
-	if spec.Linux != nil {
-		cgroupPath = spec.Linux.CgroupsPath
-		d.stopLowering(cgroupPath)
-	}
-	room := ""
-	ml, hasLimit := specMemory(spec)
-	if image != "" && hasLimit && d.headroom > 0 {
-		if room, err = restoreRoom(cgroupPath, ml, d.headroom); err != nil {
+	lower := func() error { return nil }
+	if image != "" && spec.Linux != nil && spec.Linux.Resources != nil && spec.Linux.Resources.Memory != nil && d.headroom > 0 {
+		m := spec.Linux.Resources.Memory
+		if lower, err = restoreRoom(spec.Linux.CgroupsPath, m.Limit, m.Swap, d.headroom); err != nil {
 			d.log.WarnContext(ctx, "could not give the restore room above the sandbox's memory limit; restoring within it", "id", id, "error", err)
 		}
 	}
-	// The cgroup directory made for the restore goes on every failure,
-	// including the ones that leave runsc's state alone (another
-	// sandbox of this ID): an empty cgroup with raised limits that a
-	// later sandbox of this path would take over as it is.
-	defer func() {
-		if room == "" || err == nil {
-			return
-		}
-		if rerr := os.Remove(room); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			d.log.WarnContext(ctx, "remove the cgroup made for a failed restore", "id", id, "dir", room, "error", rerr)
-		}
-	}()
-	err = failpoint.Eval(ctx, FailpointLaunchRoom)
+	err = d.runDetached(ctx, id, bundle, networkFor(spec), logFile, image, console)
 	if err == nil {
-		err = d.runDetached(ctx, id, bundle, networkFor(spec), logFile, image, console)
-	}
-	if err == nil && room != "" {
-		d.lowerMemory(ctx, id, cgroupPath, ml)
+		if lerr := lower(); lerr != nil {
+			// The restored sandbox holds more than its limit: forcing
+			// the limit would have the kernel kill it.
+			d.log.WarnContext(ctx, "restored sandbox holds more memory than its limit; its cgroup keeps the restore's headroom", "id", id, "headroom_bytes", d.headroom, "error", lerr)
+		}
 	}
 	var st runtime.State
 	if err == nil {
@@ -299,10 +279,6 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	}
 	return runtime.State{}, err
 }
-
-// FailpointLaunchRoom fires inside a start or restore after the restore's
-// cgroup was made (restoreRoom) and before runsc runs.
-const FailpointLaunchRoom = "gvisor/launch/room"
 
 // Pause freezes the sandbox (memory stays resident).
 func (d *Driver) Pause(ctx context.Context, id string) error {
@@ -374,26 +350,21 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	// with the guest's and the sentry's: room above the limit for it
 	// (saveHeadroom), so a sandbox near its limit is not OOM-killed
 	// mid-save.
-	// The limits lifted from and put back to are the spec's
-	// (config.json), never the cgroup's current ones, which may still
-	// hold an earlier lift the kernel would not take back.
-	// A lift that failed half-way is put back the same way.
-	lifted, cgroupPath := false, ""
-	var ml memLimits
+	var lower func() error
 	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" && d.headroom > 0 {
-		if ml, lifted = specMemory(sp); lifted {
-			cgroupPath = sp.Linux.CgroupsPath
-			if err := d.liftMemory(cgroupPath, ml); err != nil {
-				d.log.WarnContext(ctx, "could not give the save room above the sandbox's memory limit; checkpointing within it", "id", id, "error", err)
-			}
+		if lower, err = liftMemoryLimit(sp.Linux.CgroupsPath, d.headroom); err != nil {
+			d.log.WarnContext(ctx, "could not give the save room above the sandbox's memory limit; checkpointing within it", "id", id, "error", err)
+			lower = nil
 		}
 	}
 	if err := d.runCheckpoint(ctx, id, dir, network, c.Bundle); err != nil {
 		// A checkpoint that failed without stopping the sandbox leaves
 		// it running: its limit goes back. (A stopped one's cgroup holds
 		// nothing any more and goes with it.)
-		if now, serr := d.container(context.WithoutCancel(ctx), id); lifted && serr == nil && (now.Status == "running" || now.Status == "paused") {
-			d.lowerMemory(context.WithoutCancel(ctx), id, cgroupPath, ml)
+		if now, serr := d.container(context.WithoutCancel(ctx), id); lower != nil && serr == nil && (now.Status == "running" || now.Status == "paused") {
+			if lerr := lower(); lerr != nil {
+				d.log.WarnContext(ctx, "could not put the memory limit back after a failed checkpoint", "id", id, "error", lerr)
+			}
 		}
 		if paused {
 			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), runscID(id))
@@ -473,9 +444,6 @@ const connRetries = 10
 func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, bundle string) error {
 	logFile := filepath.Join(bundle, "runsc.log")
 	image := filepath.Join(dir, CheckpointFile)
-	// Only what the sentry logs from here on can speak for this save.
-	sentry := d.sentryLog(bundle)
-	mark := sentryLogMark(sentry)
 	for attempt := 0; ; attempt++ {
 		// runsc creates the image with O_EXCL and leaves it behind when
 		// it fails: a retry, or a new attempt on the same directory,
@@ -500,7 +468,7 @@ func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, bundle str
 			}
 			continue
 		}
-		verdict, line := saveVerdict(sentry, mark)
+		verdict, line := saveVerdict(d.sentryLog(bundle))
 		if verdict == "ok" {
 			if st, serr := os.Stat(image); serr == nil && st.Size() > 0 {
 				lostReplies.Add(1)
@@ -616,7 +584,6 @@ func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec)
 	// cut off mid-start) kept the cgroup busy and the delete failed,
 	// leaving them running. Force-delete kills the sandbox anyway.
 	if sp.Linux != nil && sp.Linux.CgroupsPath != "" {
-		d.stopLowering(sp.Linux.CgroupsPath)
 		if n, err := cgroups.Kill(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
 			return fmt.Errorf("gvisor stop %s: %w", id, err)
 		} else if n > 0 {

@@ -143,7 +143,7 @@ func TestCheckpointSentryDied(t *testing.T) {
 		}
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		err := <-done
-		verdict, _ := saveVerdict(log, 0)
+		verdict, _ := saveVerdict(log)
 		t.Logf("try %d: sandbox process %d killed mid-save; sentry's verdict %q; Checkpoint: %v", try, pid, verdict, err)
 		if verdict == "ok" {
 			if err != nil {

@@ -2,11 +2,10 @@ package gvisor
 
 import (
 	"bufio"
-	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
+	"strings"
 )
 
 // sentryLogName is the sandbox process's (the sentry's) own log in the
@@ -45,49 +44,21 @@ func (d *Driver) sentryLog(bundle string) string {
 
 // The sentry's lines about a save (pkg/sentry/state, runsc 20221219):
 // "state.go:63] Sandbox save started, pausing all tasks." then either
-// "state.go:65] Save succeeded: exiting..." or "Save failed: ...". Each
-// is matched as a whole log line in runsc's text format (glog's
-// "I1202 05:03:07.123456   12345 state.go:63] "): the level letter and
-// timestamp at the start of the line, then the sentry's state.go as the
-// source. A guest's text reaches this log only inside another line's
-// message (never at a line start with that prefix: nothing it does is
-// logged with a line break of its choosing), so it cannot forge one.
-var saveLine = regexp.MustCompile(`^[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ +\d+ state\.go:\d+\] (Sandbox save started|Save succeeded|Save failed)`)
+// "state.go:65] Save succeeded: exiting..." or "Save failed: ...".
+// They are matched after the log line's "file:line] " prefix, which the
+// sandbox's own processes cannot write (nothing they do is logged with
+// a line break of its choosing).
+const (
+	saveStarted   = "] Sandbox save started"
+	saveSucceeded = "] Save succeeded"
+	saveFailed    = "] Save failed"
+)
 
-// Kept for the tests that watch the log for a save in progress.
-const saveStarted = "] Sandbox save started"
-
-// sentryLogMax bounds the sentry's log: a checkpoint that finds it
-// larger truncates it first (runsc opens it O_APPEND, so the sentry
-// goes on writing at the new end), and saveVerdict reads at most this
-// much of it. runsc logs at info level: ~35 kB for a start and a save.
-// Each run and restore starts a new log (launch).
-const sentryLogMax = 4 << 20
-
-// sentryLogMark is where the next checkpoint's lines in the sentry log
-// at path will start: its size, after truncating a log over sentryLogMax.
-func sentryLogMark(path string) int64 {
-	if path == "" {
-		return 0
-	}
-	st, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	if st.Size() > sentryLogMax {
-		if err := os.Truncate(path, 0); err == nil {
-			return 0
-		}
-	}
-	return st.Size()
-}
-
-// saveVerdict reads what the sentry logged about a save that started at
-// or after offset from (sentryLogMark): "ok" when it said the save
-// succeeded, "failed" (with its line) when it said it failed, "" when it
-// said neither (no log, no save since from, or the sentry died
-// mid-save). A verdict counts only after a "save started" line.
-func saveVerdict(path string, from int64) (verdict, line string) {
+// saveVerdict reads what the sentry logged about its last save: "ok"
+// when it said the save succeeded, "failed" (with its line) when it said
+// it failed, "" when it said neither (no log, no save, or the sentry
+// died mid-save).
+func saveVerdict(path string) (verdict, line string) {
 	if path == "" {
 		return "", ""
 	}
@@ -96,32 +67,17 @@ func saveVerdict(path string, from int64) (verdict, line string) {
 		return "", ""
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err != nil || st.Size() < from {
-		return "", "" // truncated since: not this save's log
-	}
-	if _, err := f.Seek(from, io.SeekStart); err != nil {
-		return "", ""
-	}
-	sc := bufio.NewScanner(io.LimitReader(f, sentryLogMax))
+	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	started := false
 	for sc.Scan() {
 		l := sc.Text()
-		m := saveLine.FindStringSubmatch(l)
-		if m == nil {
-			continue
-		}
-		switch m[1] {
-		case "Sandbox save started":
-			started, verdict, line = true, "", ""
-		case "Save succeeded":
-			if started {
-				verdict, line = "ok", l
-			}
-		case "Save failed":
-			if started {
-				verdict, line = "failed", l
-			}
+		switch {
+		case strings.Contains(l, saveStarted):
+			verdict, line = "", ""
+		case strings.Contains(l, saveSucceeded):
+			verdict, line = "ok", l
+		case strings.Contains(l, saveFailed):
+			verdict, line = "failed", l
 		}
 	}
 	return verdict, line
