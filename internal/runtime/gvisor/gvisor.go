@@ -7,8 +7,7 @@
 //	BundleDir/config.json  OCI spec (ocispec.For, adjusted for gVisor: SpecFor)
 //	BundleDir/console.log  stdout+stderr of PID 1 (cube-agent's until it listens) and of runsc (a file, never a pipe)
 //	BundleDir/runsc.log    runsc's own log for the last run/restore/checkpoint
-//	BundleDir/sentry.log   the running sentry's info-level log (how its saves ended)
-//	BundleDir/debug/       runsc --debug-log output, only with Config.Debug (then no sentry.log)
+//	BundleDir/debug/       runsc --debug-log output, only with Config.Debug
 //
 // runsc keeps its state under Config.Root, so a restarted cubelet can List
 // and Stop sandboxes it did not start.
@@ -36,7 +35,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -81,9 +79,6 @@ type Driver struct {
 	bin, root, platform string
 	debug, checkpoint   bool
 	log                 *slog.Logger
-	// headroom is how far above its memory limit a sandbox may go while
-	// it is saved or restored (saveHeadroom; tests set 0 for a control).
-	headroom int64
 	// stateFormatOnce: the warning that readState fell back to runsc is
 	// said once per driver.
 	stateFormatOnce sync.Once
@@ -125,7 +120,7 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, headroom: saveHeadroom, log: log.With("runtime", "gvisor")}, nil
+	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, log: log.With("runtime", "gvisor")}, nil
 }
 
 // Name implements runtime.Driver.
@@ -230,25 +225,8 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	defer console.Close()
 	logFile := filepath.Join(bundle, "runsc.log")
 	_ = os.Remove(logFile)
-	// The sentry's log is of the sandbox now starting only: the verdict
-	// of a checkpoint is read from its last save (runCheckpoint).
-	_ = os.Remove(filepath.Join(bundle, sentryLogName))
 
-	lower := func() error { return nil }
-	if image != "" && spec.Linux != nil && spec.Linux.Resources != nil && spec.Linux.Resources.Memory != nil && d.headroom > 0 {
-		m := spec.Linux.Resources.Memory
-		if lower, err = restoreRoom(spec.Linux.CgroupsPath, m.Limit, m.Swap, d.headroom); err != nil {
-			d.log.WarnContext(ctx, "could not give the restore room above the sandbox's memory limit; restoring within it", "id", id, "error", err)
-		}
-	}
 	err = d.runDetached(ctx, id, bundle, networkFor(spec), logFile, image, console)
-	if err == nil {
-		if lerr := lower(); lerr != nil {
-			// The restored sandbox holds more than its limit: forcing
-			// the limit would have the kernel kill it.
-			d.log.WarnContext(ctx, "restored sandbox holds more memory than its limit; its cgroup keeps the restore's headroom", "id", id, "headroom_bytes", d.headroom, "error", lerr)
-		}
-	}
 	var st runtime.State
 	if err == nil {
 		st, err = d.State(ctx, id)
@@ -346,26 +324,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 			return d.classify(ctx, "resume before checkpoint", id, err, "")
 		}
 	}
-	// The save needs memory of its own, charged to the sandbox's cgroup
-	// with the guest's and the sentry's: room above the limit for it
-	// (saveHeadroom), so a sandbox near its limit is not OOM-killed
-	// mid-save.
-	var lower func() error
-	if sp, err := readSpec(c.Bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" && d.headroom > 0 {
-		if lower, err = liftMemoryLimit(sp.Linux.CgroupsPath, d.headroom); err != nil {
-			d.log.WarnContext(ctx, "could not give the save room above the sandbox's memory limit; checkpointing within it", "id", id, "error", err)
-			lower = nil
-		}
-	}
-	if err := d.runCheckpoint(ctx, id, dir, network, c.Bundle); err != nil {
-		// A checkpoint that failed without stopping the sandbox leaves
-		// it running: its limit goes back. (A stopped one's cgroup holds
-		// nothing any more and goes with it.)
-		if now, serr := d.container(context.WithoutCancel(ctx), id); lower != nil && serr == nil && (now.Status == "running" || now.Status == "paused") {
-			if lerr := lower(); lerr != nil {
-				d.log.WarnContext(ctx, "could not put the memory limit back after a failed checkpoint", "id", id, "error", lerr)
-			}
-		}
+	logFile := filepath.Join(c.Bundle, "runsc.log")
+	if err := d.runCheckpoint(ctx, id, dir, network, logFile); err != nil {
 		if paused {
 			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), runscID(id))
 		}
@@ -431,24 +391,12 @@ const connRetries = 10
 // fails without touching the sandbox; a connection the client just closed
 // is gone a few milliseconds later, so the failure is retried briefly
 // before it is reported as FailedPrecondition.
-//
-// A checkpoint whose save succeeded can still fail in runsc with
-// `urpc method "containerManager.Checkpoint" failed: EOF`: the sentry
-// kills the sandbox's processes as soon as the image is written, and the
-// sandbox process exits once they are gone, racing the reply it is about
-// to send runsc; on a loaded host the exit wins now and then (the image
-// is whole, the sandbox stopped as a checkpoint leaves it). runsc cannot
-// tell such a lost reply from a sentry that died mid-save, so the driver
-// asks the sentry's own log (sentry.log): a save it logged as succeeded,
-// with the image in place, is a checkpoint that succeeded.
-func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, bundle string) error {
-	logFile := filepath.Join(bundle, "runsc.log")
-	image := filepath.Join(dir, CheckpointFile)
+func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile string) error {
 	for attempt := 0; ; attempt++ {
 		// runsc creates the image with O_EXCL and leaves it behind when
 		// it fails: a retry, or a new attempt on the same directory,
 		// would die on "file exists" before it reached the sandbox.
-		if err := os.Remove(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(filepath.Join(dir, CheckpointFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("gvisor checkpoint %s: remove stale image: %w", id, err)
 		}
 		err := d.rsc(network, logFile).Checkpoint(ctx, runscID(id), &gorunc.CheckpointOpts{ImagePath: dir})
@@ -456,47 +404,26 @@ func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, bundle str
 			return nil
 		}
 		msg := err.Error() + tail(logFile, 4096)
-		if strings.Contains(msg, "cannot be saved in connected state") {
-			if attempt == connRetries {
-				return fmt.Errorf("gvisor checkpoint %s: the sandbox holds open TCP connections over its network device, which this runsc cannot save: %w",
-					id, errdefs.ErrFailedPrecondition)
+		if !strings.Contains(msg, "cannot be saved in connected state") {
+			err = d.classify(ctx, "checkpoint", id, err, tail(logFile, 512))
+			if c, serr := d.container(context.WithoutCancel(ctx), id); serr == nil && c.Status == "stopped" {
+				// runsc stops the sandbox before it finds it cannot
+				// save it; the caller must know it is gone.
+				err = fmt.Errorf("%w (runsc stopped the sandbox)", err)
 			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("gvisor checkpoint %s: %w", id, ctx.Err())
-			case <-time.After(50 * time.Millisecond):
-			}
-			continue
+			return err
 		}
-		verdict, line := saveVerdict(d.sentryLog(bundle))
-		if verdict == "ok" {
-			if st, serr := os.Stat(image); serr == nil && st.Size() > 0 {
-				lostReplies.Add(1)
-				d.log.WarnContext(ctx, "runsc checkpoint failed after the sentry saved the sandbox (its reply to runsc was lost as the sandbox exited); the image is whole, the checkpoint counts",
-					"id", id, "runsc_error", strings.TrimSpace(err.Error()), "sentry", strings.TrimSpace(line), "image_bytes", st.Size())
-				return nil
-			}
+		if attempt == connRetries {
+			return fmt.Errorf("gvisor checkpoint %s: the sandbox holds open TCP connections over its network device, which this runsc cannot save: %w",
+				id, errdefs.ErrFailedPrecondition)
 		}
-		err = d.classify(ctx, "checkpoint", id, err, tail(logFile, 512))
-		if line != "" {
-			err = fmt.Errorf("%w (sentry: %s)", err, strings.TrimSpace(line))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("gvisor checkpoint %s: %w", id, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
 		}
-		if c, serr := d.container(context.WithoutCancel(ctx), id); serr == nil && c.Status == "stopped" {
-			// runsc stops the sandbox before it finds it cannot
-			// save it; the caller must know it is gone.
-			err = fmt.Errorf("%w (runsc stopped the sandbox)", err)
-		}
-		return err
 	}
 }
-
-// lostReplies counts the checkpoints whose runsc failed after the sentry
-// had saved the sandbox (runCheckpoint): LostCheckpointReplies.
-var lostReplies atomic.Int64
-
-// LostCheckpointReplies is how many checkpoints in this process failed
-// in runsc with the sandbox saved whole, and were taken as succeeded.
-func LostCheckpointReplies() int64 { return lostReplies.Load() }
 
 // RestoreInPlace replaces the (stopped) sandbox id by one restored from
 // the memory image in dir, reusing its bundle, so the ID, spec, root

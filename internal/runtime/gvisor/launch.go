@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"time"
 )
@@ -36,7 +37,9 @@ const netnsShim = `mount -t tmpfs -o size=4k,mode=555 cube-runsc-netns /proc/sys
 func (d *Driver) runDetached(ctx context.Context, id, bundle, network, logFile, image string, console *os.File) error {
 	args := []string{"--root", d.root, "--log", logFile, "--log-format", "json",
 		"--platform=" + d.platform, "--network=" + network}
-	args = append(args, d.sentryLogArgs(bundle)...)
+	if d.debug {
+		args = append(args, "--debug", "--debug-log="+filepath.Join(bundle, "debug")+"/")
+	}
 	if image == "" {
 		args = append(args, "run", "--detach", "--bundle", bundle, runscID(id))
 	} else {
