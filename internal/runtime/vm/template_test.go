@@ -429,9 +429,11 @@ func TestJailProcTemplate(t *testing.T) {
 	} else {
 		t.Logf("attack: write /proc/self/comm as QEMU: %s", firstLine(out))
 	}
-	// Control: root, same mount namespace and procfs, sees everyone.
+	// Control: root, same mount namespace and procfs, sees everyone. ls
+	// exits 1 when a process it listed is gone before it looked at it
+	// (the host runs other work): what it printed still counts.
 	out, err = asRootInJail("ls", "/proc")
-	if err != nil || len(pids(out)) < 10 {
+	if len(pids(out)) < 10 {
 		t.Errorf("control: root in QEMU's mount namespace lists %d pids (%v): the probe cannot tell", len(pids(out)), err)
 	} else {
 		t.Logf("control: root in the same procfs lists %d pids", len(pids(out)))
