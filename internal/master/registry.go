@@ -289,6 +289,12 @@ func (s *Service) putNode(ctx context.Context, r *masterpb.NodeReport, now time.
 		// out its backoff, so routes and creates reach it at once.
 		ns.conn.ResetConnectBackoff()
 	}
+	if !registered {
+		// Again, under the lock that assigns it: a listing after an
+		// import or delete may have landed while the row was written,
+		// and its answer to the caller already promised its set.
+		r = ns.newerTemplates(r)
+	}
 	ns.report, ns.lastSeen = r, now
 	// Drop the placements the report already counts.
 	gen := r.GetGeneratedAt().AsTime()
