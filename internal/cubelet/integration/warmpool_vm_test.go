@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubesandbox/cube/internal/agent/agenttest"
+	"github.com/cubesandbox/cube/internal/cubelet"
+	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
+	"github.com/cubesandbox/cube/internal/runtime/vm"
+	"github.com/cubesandbox/cube/internal/sandbox"
+)
+
+// vmPoolEntries lists the QEMU pids of the node's VM pool entries (the
+// vm driver's state, which names them by the entry's ID).
+func vmPoolEntries(t *testing.T, env *cubelettest.Env) map[string]int {
+	t.Helper()
+	ents, _ := os.ReadDir(env.Config.VM.Root)
+	out := map[string]int{}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "pool-") {
+			continue
+		}
+		var st struct {
+			PID int `json:"pid"`
+		}
+		if b, err := os.ReadFile(filepath.Join(env.Config.VM.Root, e.Name(), "state.json")); err == nil && json.Unmarshal(b, &st) == nil {
+			out[e.Name()] = st.PID
+		}
+	}
+	return out
+}
+
+// vmShell runs script in the VM sandbox sb through its slot address, with
+// its access token.
+func vmShell(t *testing.T, svc *cubelet.Service, sb *sandbox.Record, script string) string {
+	t.Helper()
+	hc := tokenClient(sb.AccessToken)
+	defer hc.CloseIdleConnections()
+	return strings.TrimSpace(agenttest.Shell(context.Background(), t, hc, agentURL(t, svc, sb.ID, ""), script))
+}
+
+// TestWarmPoolVM: a VM template keeps a pool only while it is warm, its
+// entries are clones of the warm snapshot (they map the template's RAM)
+// paused with QMP stop, and a claimed one is indistinguishable from a
+// cold create of a warm template (the control, in the same run): hostname,
+// env, token, its own MAC, the snapshot's shape. Close leaves no entry,
+// and a template delete drains the pool.
+func TestWarmPoolVM(t *testing.T) {
+	env, svc := vmEnv(t, strings.ReplaceAll(poolTOML, "busybox = 2", "vmpool = 1"))
+	ctx := context.Background()
+	for _, id := range []string{"vmpool", "vmplain"} { // vmplain: warm, no pool: the control
+		if _, err := svc.ImportTemplateFrom(ctx, cubelet.TemplateImport{TemplateID: id, Source: env.Image, Runtime: "vm"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if entries := vmPoolEntries(t, env); len(entries) != 0 {
+			t.Errorf("VM pool entries left: %v", entries)
+		}
+	})
+	// Not warm: no pool (an entry would be a cold boot).
+	time.Sleep(2 * time.Second)
+	if n := svc.PoolReady("vmpool"); n != 0 || len(vmPoolEntries(t, env)) != 0 {
+		t.Fatalf("pool of a VM template that is not warm: %d ready, entries %v", n, vmPoolEntries(t, env))
+	}
+	for _, id := range []string{"vmpool", "vmplain"} {
+		start := time.Now()
+		if _, err := svc.WarmTemplate(ctx, id, "vm"); err != nil {
+			t.Fatalf("warm %s: %v", id, err)
+		}
+		t.Logf("warm %s: %v", id, time.Since(start))
+	}
+	start := time.Now()
+	waitPool(t, svc, "vmpool", 1)
+	t.Logf("pool filled (one clone, paused) %v after the warm", time.Since(start))
+	entries := vmPoolEntries(t, env)
+	if len(entries) != 1 {
+		t.Fatalf("VM pool entries: %v", entries)
+	}
+	for id, pid := range entries {
+		// What an unclaimed entry costs: its QEMU's Pss, of which the
+		// share of the template's RAM (Pss_Shmem: mapped privately from
+		// the shared file, so counted as file-backed shmem pages).
+		r, err := vm.SmapsRollup(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := vm.TemplateMapping(pid)
+		t.Logf("pool entry %s (paused): Pss %.1f MiB, Pss_Shmem %.1f MiB, Rss %.1f MiB; template mapping Rss %.1f MiB of which copied %.1f MiB",
+			id, float64(r["Pss"])/1024, float64(r["Pss_Shmem"])/1024, float64(r["Rss"])/1024, float64(m["Rss"])/1024, float64(m["Anonymous"])/1024)
+		if m["Rss"] == 0 {
+			t.Fatalf("pool entry %s maps none of the template's RAM: %v", id, m)
+		}
+	}
+
+	var recs []*sandbox.Record
+	for _, c := range []struct{ tmpl, id string }{{"vmpool", "vm-pooled"}, {"vmplain", "vm-cold"}} {
+		start := time.Now()
+		res, err := svc.Create(ctx, cubelet.CreateRequest{SandboxID: c.id, TemplateID: c.tmpl, Runtime: "vm",
+			Env: map[string]string{"FOO": "bar"}, AccessToken: "tok-" + c.id})
+		if err != nil {
+			t.Fatalf("create %s: %v", c.id, err)
+		}
+		took := time.Since(start)
+		cleanupDelete(t, svc, c.id)
+		if res.Pooled != (c.tmpl == "vmpool") || !res.Warm || res.Sandbox.Runtime != "vm" {
+			t.Fatalf("%s: pooled %v warm %v runtime %s", c.id, res.Pooled, res.Warm, res.Sandbox.Runtime)
+		}
+		t.Logf("%s: create %v; timings %+v", c.id, took, res.Timings)
+		recs = append(recs, res.Sandbox)
+	}
+	pooled, cold := recs[0], recs[1]
+	if pooled.Resources != cold.Resources || pooled.SourceSnapshotID == "" || pooled.HostKey() == pooled.ID {
+		t.Fatalf("pooled %+v (source %q, host key %q), cold %+v", pooled.Resources, pooled.SourceSnapshotID, pooled.HostKey(), cold.Resources)
+	}
+	macs := map[string]string{}
+	for i, sb := range recs {
+		out := vmShell(t, svc, sb, "hostname; echo FOO=$FOO; echo ID=$CUBE_SANDBOX_ID; echo T=$CUBE_TEMPLATE_ID")
+		if want := sb.ID + "\nFOO=bar\nID=" + sb.ID + "\nT=" + sb.TemplateID; out != want {
+			t.Fatalf("%s: %q, want %q", sb.ID, out, want)
+		}
+		wantRefused(t, svc, sb.ID, "", recs[1-i].AccessToken)
+		wantServed(t, svc, sb.ID, sb.AccessToken)
+		mac := vmShell(t, svc, sb, "cat /sys/class/net/eth0/address")
+		if prev, dup := macs[mac]; dup || mac == "" {
+			t.Fatalf("%s: eth0 %q (also %s's)", sb.ID, mac, prev)
+		}
+		macs[mac] = sb.ID
+	}
+
+	// Refill, then the claimed sandbox pauses, resumes and deletes like
+	// any other.
+	waitPool(t, svc, "vmpool", 1)
+	if _, err := svc.Pause(ctx, pooled.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Resume(ctx, pooled.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := vmShell(t, svc, pooled, "hostname"); got != pooled.ID {
+		t.Fatalf("hostname after resume %q", got)
+	}
+	for _, sb := range recs {
+		if _, err := svc.Delete(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Close destroys every entry; the next start refills; a template
+	// delete drains the pool.
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := vmPoolEntries(t, env); len(left) != 0 {
+		t.Fatalf("VM pool entries after Close: %v", left)
+	}
+	svc = env.Start(t)
+	waitPool(t, svc, "vmpool", 1)
+	if err := svc.DeleteTemplate(ctx, "vmpool"); err != nil {
+		t.Fatalf("delete template: %v", err)
+	}
+	if left := vmPoolEntries(t, env); len(left) != 0 {
+		t.Fatalf("VM pool entries after template delete: %v", left)
+	}
+	if err := svc.DeleteTemplate(ctx, "vmplain"); err != nil {
+		t.Fatal(err)
+	}
+	env.AssertNoLeaks(t)
+}

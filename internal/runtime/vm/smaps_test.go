@@ -1,0 +1,86 @@
+package vm
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// smapsBreakdown sums the Pss of QEMU pid's mappings (KiB) by what they
+// are: the template's RAM ("template"), TCG's translation cache (the
+// anonymous executable mapping), the heap, glibc's thread arenas and
+// stacks and other anonymous memory ("anon"), QEMU's binary ("qemu"),
+// its libraries ("libs") and other files. It says where a clone's own
+// memory goes.
+func smapsBreakdown(pid int) (map[string]int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	cat := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		fields := strings.Fields(line)
+		if len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
+			path := ""
+			if len(fields) >= 6 {
+				path = strings.Join(fields[5:], " ")
+			}
+			perms := fields[1]
+			switch {
+			case strings.Contains(path, "memfd:"+templateMemfdName):
+				cat = "template"
+			case path == "" && strings.Contains(perms, "x"):
+				cat = "tcg"
+			case path == "[heap]":
+				cat = "heap"
+			case path == "" || strings.HasPrefix(path, "[stack"):
+				cat = "anon"
+			case strings.Contains(path, "qemu-system"):
+				cat = "qemu"
+			case strings.Contains(path, ".so"):
+				cat = "libs"
+			default:
+				cat = "other"
+			}
+			continue
+		}
+		if len(fields) == 3 && fields[0] == "Pss:" {
+			if n, err := strconv.ParseInt(fields[1], 10, 64); err == nil {
+				out[cat] += n
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+func formatBreakdown(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, " %s %.1f", k, float64(m[k])/1024)
+	}
+	return "Pss MiB:" + b.String()
+}
+
+func TestSmapsBreakdownSelf(t *testing.T) {
+	m, err := smapsBreakdown(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["heap"]+m["anon"] == 0 {
+		t.Fatalf("no anonymous memory in the test's own smaps: %v", m)
+	}
+	t.Log(formatBreakdown(m))
+}
