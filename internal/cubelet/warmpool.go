@@ -375,10 +375,14 @@ func (p *warmPool) reap(ctx context.Context) {
 	var excess []string
 	for tmpl, q := range p.ready {
 		// An entry that died while frozen (the runtime watch marked it
-		// failed) is no longer ready.
+		// failed) is no longer ready, nor one a create of the template
+		// would not claim: the template's runtime changed, or a VM
+		// entry's warm snapshot is no longer the template's (warmed
+		// again). The scan below destroys them.
+		t, terr := s.store.GetTemplate(tmpl)
 		live := q[:0:0]
 		for _, id := range q {
-			if e, err := s.find(id); err == nil && e.rec.Load().State == lifecycle.Paused {
+			if e, err := s.find(id); err == nil && terr == nil && e.rec.Load().State == lifecycle.Paused && p.current(t, e.rec.Load()) {
 				live = append(live, id)
 			}
 		}
@@ -423,6 +427,15 @@ func (p *warmPool) reap(ctx context.Context) {
 			s.log.Warn("warm pool: destroy stale entry", "sandbox_id", id, "err", err)
 		}
 	}
+}
+
+// current says whether entry r of template t is what a create of t would
+// claim: of t's runtime and, for a VM, a clone of t's warm snapshot now.
+func (p *warmPool) current(t *sandbox.Template, r *sandbox.Record) bool {
+	if r.Runtime != p.runtimeOf(t) {
+		return false
+	}
+	return !p.fromWarm(t) || r.SourceSnapshotID == p.warmID(t)
 }
 
 // journalled says whether the cleanup loop owns sandbox id.
@@ -568,8 +581,7 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	// A clone of a warm snapshot the template no longer points at (it
 	// was warmed again since) is stale: a cold create would restore the
 	// new one.
-	stale := warm && prev.SourceSnapshotID != s.pool.warmID(tmpl)
-	if prev.State != lifecycle.Paused || prev.Container == nil || prev.Runtime != req.Runtime || stale {
+	if prev.State != lifecycle.Paused || prev.Container == nil || prev.Runtime != req.Runtime || !s.pool.current(tmpl, prev) {
 		old.release()
 		// Not the create's to wait for: the service's lifetime bounds it.
 		go func() { _ = s.destroyPoolEntry(s.life, poolID) }()

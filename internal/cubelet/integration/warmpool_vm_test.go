@@ -109,7 +109,7 @@ func TestWarmPoolVM(t *testing.T) {
 		}
 		took := time.Since(start)
 		cleanupDelete(t, svc, c.id)
-		if res.Pooled != (c.tmpl == "vmpool") || !res.Warm || res.Sandbox.Runtime != "vm" {
+		if res.Pooled != (c.tmpl == "vmpool") || !res.Warm || res.Sandbox.Runtime != "vm" { // both restored from a warm snapshot
 			t.Fatalf("%s: pooled %v warm %v runtime %s", c.id, res.Pooled, res.Warm, res.Sandbox.Runtime)
 		}
 		t.Logf("%s: create %v; timings %+v", c.id, took, res.Timings)
