@@ -20,7 +20,13 @@ const Machine = "microvm,x-option-roms=off,isa-serial=on,rtc=on"
 
 // tcgTBSizeMiB bounds TCG's translation cache (QEMU's default is 1 GiB of
 // address space), so the QEMU overhead charged to the cgroup stays small.
-const tcgTBSizeMiB = 64
+var tcgTBSizeMiB = 64
+
+// qemuTCGEnv is a TCG QEMU's environment: glibc malloc tunables.
+var qemuTCGEnv []string
+
+// qemuNoTHP: QEMU under TCG runs without transparent huge pages.
+var qemuNoTHP = false
 
 // Shape is what a memory snapshot fixes about a VM: a restore must start
 // QEMU with the same machine, CPU, memory, kernel and devices, or the

@@ -15,7 +15,8 @@ import (
 // anonymous executable mapping), the heap, glibc's thread arenas and
 // stacks and other anonymous memory ("anon"), QEMU's binary ("qemu"),
 // its libraries ("libs") and other files. It says where a clone's own
-// memory goes.
+// memory goes. "dirty:<category>" sums Private_Dirty, what stays the
+// clone's own however many clones share the rest.
 func smapsBreakdown(pid int) (map[string]int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
@@ -52,9 +53,13 @@ func smapsBreakdown(pid int) (map[string]int64, error) {
 			}
 			continue
 		}
-		if len(fields) == 3 && fields[0] == "Pss:" {
+		if len(fields) == 3 && (fields[0] == "Pss:" || fields[0] == "Private_Dirty:") {
 			if n, err := strconv.ParseInt(fields[1], 10, 64); err == nil {
-				out[cat] += n
+				k := cat
+				if fields[0] == "Private_Dirty:" {
+					k = "dirty:" + cat
+				}
+				out[k] += n
 			}
 		}
 	}
@@ -64,12 +69,14 @@ func smapsBreakdown(pid int) (map[string]int64, error) {
 func formatBreakdown(m map[string]int64) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
-		keys = append(keys, k)
+		if !strings.HasPrefix(k, "dirty:") {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	var b strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&b, " %s %.1f", k, float64(m[k])/1024)
+		fmt.Fprintf(&b, " %s %.1f (private dirty %.1f)", k, float64(m[k])/1024, float64(m["dirty:"+k])/1024)
 	}
 	return "Pss MiB:" + b.String()
 }
