@@ -3,12 +3,14 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	pb "github.com/cubesandbox/cube/api/cubelet/v1"
 	"github.com/cubesandbox/cube/internal/agent/agenttest"
 	"github.com/cubesandbox/cube/internal/cubelet"
 	"github.com/cubesandbox/cube/internal/cubelet/cubelettest"
@@ -50,7 +52,8 @@ func vmShell(t *testing.T, svc *cubelet.Service, sb *sandbox.Record, script stri
 // paused with QMP stop, and a claimed one is indistinguishable from a
 // cold create of a warm template (the control, in the same run): hostname,
 // env, token, its own MAC, the snapshot's shape. Close leaves no entry,
-// and a template delete drains the pool.
+// a crashed cubelet's entry is adopted and claimed by the next, and a
+// template delete drains the pool.
 func TestWarmPoolVM(t *testing.T) {
 	env, svc := vmEnv(t, strings.ReplaceAll(poolTOML, "busybox = 2", "vmpool = 1"))
 	ctx := context.Background()
@@ -152,15 +155,46 @@ func TestWarmPoolVM(t *testing.T) {
 		}
 	}
 
-	// Close destroys every entry; the next start refills; a template
-	// delete drains the pool.
+	// Close destroys every entry; a template delete drains the pool.
 	if err := svc.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if left := vmPoolEntries(t, env); len(left) != 0 {
 		t.Fatalf("VM pool entries after Close: %v", left)
 	}
+
+	// A crashed cubelet's entries (QEMU outlives it) are adopted by the
+	// next one, not refilled, and serve a create.
+	extra := fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"120s\"\n[network]\nagent_socket = %q\n%s",
+		env.Config.VM.GuestDir, env.Config.VM.Accel, env.Config.Network.AgentSocket, strings.ReplaceAll(poolTOML, "busybox = 2", "vmpool = 1"))
+	d := startDaemon(t, env, env.WriteConfig(t, extra), "")
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		r, err := d.client.GetTemplate(ctx, &pb.GetTemplateRequest{TemplateId: "vmpool"})
+		if err == nil && r.Template.PoolReady == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon's pool: %v, %v\n%s", r, err, tail(d.log))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	before := vmPoolEntries(t, env)
+	d.kill()
 	svc = env.Start(t)
+	waitPool(t, svc, "vmpool", 1)
+	if st := svc.Pools(); len(st) == 0 || st[0].Refills != 0 {
+		t.Fatalf("restart refilled instead of adopting: %+v (entries before %v, now %v)", st, before, vmPoolEntries(t, env))
+	}
+	res, err := svc.Create(ctx, cubelet.CreateRequest{SandboxID: "vm-after-restart", TemplateID: "vmpool", AccessToken: "tok-after"})
+	if err != nil || !res.Pooled {
+		t.Fatalf("create after restart: pooled %v, %v", res != nil && res.Pooled, err)
+	}
+	if got := vmShell(t, svc, res.Sandbox, "hostname"); got != res.Sandbox.ID {
+		t.Fatalf("hostname after restart claim %q", got)
+	}
+	if _, err := svc.Delete(ctx, res.Sandbox.ID); err != nil {
+		t.Fatal(err)
+	}
 	waitPool(t, svc, "vmpool", 1)
 	if err := svc.DeleteTemplate(ctx, "vmpool"); err != nil {
 		t.Fatalf("delete template: %v", err)
