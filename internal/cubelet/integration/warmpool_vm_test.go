@@ -52,10 +52,11 @@ func vmShell(t *testing.T, svc *cubelet.Service, sb *sandbox.Record, script stri
 // paused with QMP stop, and a claimed one is indistinguishable from a
 // cold create of a warm template (the control, in the same run): hostname,
 // env, token, its own MAC, the snapshot's shape. Close leaves no entry,
-// a crashed cubelet's entry is adopted and claimed by the next, and a
-// template delete drains the pool.
+// a crashed cubelet's entry is adopted and claimed by the next, a
+// template pooled on runc and then warmed on vm replaces its runc entries
+// by VM clones, and a template delete drains the pool.
 func TestWarmPoolVM(t *testing.T) {
-	env, svc := vmEnv(t, strings.ReplaceAll(poolTOML, "busybox = 2", "vmpool = 1"))
+	env, svc := vmEnv(t, strings.ReplaceAll(poolTOML, "busybox = 2", "vmpool = 1\nrcpool = 1"))
 	ctx := context.Background()
 	for _, id := range []string{"vmpool", "vmplain"} { // vmplain: warm, no pool: the control
 		if _, err := svc.ImportTemplateFrom(ctx, cubelet.TemplateImport{TemplateID: id, Source: env.Image, Runtime: "vm"}, nil); err != nil {
@@ -155,6 +156,47 @@ func TestWarmPoolVM(t *testing.T) {
 		}
 	}
 
+	// A template pooled on runc and then warmed on vm: the runc entry,
+	// which its creates would no longer claim, is destroyed, and the pool
+	// refills with VM clones that serve them.
+	env.ImportBusybox(t, svc, "rcpool")
+	waitPool(t, svc, "rcpool", 1)
+	var runcEntry string
+	for _, id := range poolContainers(t, env) {
+		if _, isVM := vmPoolEntries(t, env)[id]; !isVM {
+			runcEntry = id
+		}
+	}
+	if runcEntry == "" {
+		t.Fatalf("no runc pool entry for rcpool: %v", poolContainers(t, env))
+	}
+	if _, err := svc.WarmTemplate(ctx, "rcpool", "vm"); err != nil {
+		t.Fatalf("warm rcpool: %v", err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		_, err := os.Stat(filepath.Join(env.Config.Node.RunDir, "sandboxes", runcEntry))
+		if os.IsNotExist(err) && svc.PoolReady("rcpool") == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after warming rcpool on vm: runc entry %s: %v; pool %+v", runcEntry, err, svc.Pools())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	res, err := svc.Create(ctx, cubelet.CreateRequest{SandboxID: "vm-rc", TemplateID: "rcpool", AccessToken: "tok-rc"})
+	if err != nil || !res.Pooled || res.Sandbox.Runtime != "vm" {
+		t.Fatalf("create of rcpool after its warm: %+v, %v", res, err)
+	}
+	if got := vmShell(t, svc, res.Sandbox, "hostname"); got != res.Sandbox.ID {
+		t.Fatalf("hostname %q", got)
+	}
+	if _, err := svc.Delete(ctx, res.Sandbox.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.DeleteTemplate(ctx, "rcpool"); err != nil {
+		t.Fatal(err)
+	}
+
 	// Close destroys every entry; a template delete drains the pool.
 	if err := svc.Close(); err != nil {
 		t.Fatal(err)
@@ -185,7 +227,7 @@ func TestWarmPoolVM(t *testing.T) {
 	if st := svc.Pools(); len(st) == 0 || st[0].Refills != 0 {
 		t.Fatalf("restart refilled instead of adopting: %+v (entries before %v, now %v)", st, before, vmPoolEntries(t, env))
 	}
-	res, err := svc.Create(ctx, cubelet.CreateRequest{SandboxID: "vm-after-restart", TemplateID: "vmpool", AccessToken: "tok-after"})
+	res, err = svc.Create(ctx, cubelet.CreateRequest{SandboxID: "vm-after-restart", TemplateID: "vmpool", AccessToken: "tok-after"})
 	if err != nil || !res.Pooled {
 		t.Fatalf("create after restart: pooled %v, %v", res != nil && res.Pooled, err)
 	}
