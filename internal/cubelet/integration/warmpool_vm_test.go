@@ -90,14 +90,17 @@ func TestWarmPoolVM(t *testing.T) {
 	for id, pid := range entries {
 		// What an unclaimed entry costs: its QEMU's Pss, of which the
 		// share of the template's RAM (Pss_Shmem: mapped privately from
-		// the shared file, so counted as file-backed shmem pages).
+		// the shared file, so counted as file-backed shmem pages), and
+		// its private dirty pages (its own however many QEMUs share
+		// the binary and libraries; shmem pages mapped by it alone count
+		// too).
 		r, err := vm.SmapsRollup(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
 		m, _ := vm.TemplateMapping(pid)
-		t.Logf("pool entry %s (paused): Pss %.1f MiB, Pss_Shmem %.1f MiB, Rss %.1f MiB; template mapping Rss %.1f MiB of which copied %.1f MiB",
-			id, float64(r["Pss"])/1024, float64(r["Pss_Shmem"])/1024, float64(r["Rss"])/1024, float64(m["Rss"])/1024, float64(m["Anonymous"])/1024)
+		t.Logf("pool entry %s (paused): Pss %.1f MiB, Pss_Shmem %.1f MiB, Rss %.1f MiB, Private_Dirty %.1f MiB; template mapping Rss %.1f MiB of which copied %.1f MiB",
+			id, float64(r["Pss"])/1024, float64(r["Pss_Shmem"])/1024, float64(r["Rss"])/1024, float64(r["Private_Dirty"])/1024, float64(m["Rss"])/1024, float64(m["Anonymous"])/1024)
 		if m["Rss"] == 0 {
 			t.Fatalf("pool entry %s maps none of the template's RAM: %v", id, m)
 		}
@@ -120,6 +123,19 @@ func TestWarmPoolVM(t *testing.T) {
 		recs = append(recs, res.Sandbox)
 	}
 	pooled, cold := recs[0], recs[1]
+	// What an unclaimed entry costs against a paused sandbox created from
+	// the warm template (the control, paused for the measure).
+	if _, err := svc.Pause(ctx, cold.ID); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if r, err := vm.SmapsRollup(cold.Container.PID); err == nil {
+		t.Logf("%s (warm create, paused): Pss %.1f MiB, Pss_Shmem %.1f MiB, Rss %.1f MiB, Private_Dirty %.1f MiB",
+			cold.ID, float64(r["Pss"])/1024, float64(r["Pss_Shmem"])/1024, float64(r["Rss"])/1024, float64(r["Private_Dirty"])/1024)
+	}
+	if _, err := svc.Resume(ctx, cold.ID); err != nil {
+		t.Fatal(err)
+	}
 	if pooled.Resources != cold.Resources || pooled.SourceSnapshotID == "" || pooled.HostKey() == pooled.ID {
 		t.Fatalf("pooled %+v (source %q, host key %q), cold %+v", pooled.Resources, pooled.SourceSnapshotID, pooled.HostKey(), cold.Resources)
 	}
