@@ -67,7 +67,7 @@ type jailSpec struct {
 	// only (hidepid=invisible, subset=pid: no sysctls, no host-wide
 	// files): how QEMU opens the RAM file it inherited (template.go).
 	Proc bool `json:"proc,omitempty"`
-	// Env is QEMU's environment (empty but for glibc's malloc tunables).
+	// Env is QEMU's environment (empty unless a test sets qemuTCGEnv).
 	Env []string `json:"env,omitempty"`
 	// NoTHP turns transparent huge pages off for QEMU
 	// (PR_SET_THP_DISABLE, kept across exec): see qemuNoTHP.

@@ -91,3 +91,20 @@ func TestSmapsBreakdownSelf(t *testing.T) {
 	}
 	t.Log(formatBreakdown(m))
 }
+
+// thpEnabled is THP_enabled from /proc/<pid>/status: "0" once
+// PR_SET_THP_DISABLE is set.
+func thpEnabled(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "THP_enabled:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no THP_enabled in /proc/%d/status", pid)
+	return ""
+}
