@@ -49,6 +49,22 @@ func (e *Env) importPoolTemplate(ctx context.Context, p *poolTemplate, id string
 			return
 		}
 		e.Progress.Note("importing template %s (warm pool of %d)", id, size)
+		if e.Opts.Runtime == "vm" {
+			// Imported for vm (a template of the node's default
+			// runtime would fill a runc pool first), then warmed: a VM
+			// template keeps a pool only while warm, its entries being
+			// clones of the warm snapshot.
+			if err := importTemplateOn(ctx, e.Client, id, e.Opts.ImageLayout, "vm"); err != nil {
+				p.err = err
+				return
+			}
+			p.id = id
+			e.Progress.Note("warming template %s on vm (its pool's entries are clones of it)", id)
+			if _, err := e.Client.WarmTemplate(ctx, &pb.WarmTemplateRequest{TemplateId: id, Runtime: "vm"}); err != nil {
+				p.err = fmt.Errorf("warm pool template %s: %w", id, err)
+			}
+			return
+		}
 		if err := importTemplate(ctx, e.Client, id, e.Opts.ImageLayout); err != nil {
 			p.err = err
 			return
@@ -99,8 +115,8 @@ func (e *Env) waitPool(ctx context.Context, id string, n int) error {
 }
 
 func poolRuntime(_ context.Context, e *Env) error {
-	if e.Opts.Runtime != "" && e.Opts.Runtime != "runc" {
-		return skipf("warm pools are kept for runc only (run with --runtime runc)")
+	if e.Opts.Runtime != "" && e.Opts.Runtime != "runc" && e.Opts.Runtime != "vm" {
+		return skipf("create-pool runs on runc and vm (run with --runtime runc or vm)")
 	}
 	if e.node == nil {
 		return skipf("create-pool needs a private node (its config keeps the pool)")
@@ -112,7 +128,7 @@ func init() {
 	Register(Scenario{
 		Name: "create-pool", Kind: report.KindCube,
 		Help:      "create-to-ready claiming a frozen sandbox of the template's warm pool (waits untimed for the refill between samples)",
-		Baselines: []string{"runc-run"},
+		Baselines: []string{"runc-run", "qemu-incoming", "qemu-incoming-full"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     poolRuntime,
 		Run:       runCreatePool,
@@ -206,4 +222,21 @@ func runCreatePool(ctx context.Context, e *Env, p report.Params) (*report.Result
 		r.Notes = append(r.Notes, fmt.Sprintf("pool of %d entries per template; each sample waits (untimed) for a ready entry", poolSize))
 	}
 	return r, err
+}
+
+// importTemplateOn is importTemplate for template id on runtime rt.
+func importTemplateOn(ctx context.Context, c pb.CubeletServiceClient, id, source, rt string) error {
+	st, err := c.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: id, Source: source, Runtime: rt})
+	if err != nil {
+		return err
+	}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			return fmt.Errorf("import template %s: %w", id, err)
+		}
+		if ev.GetTemplate() != nil {
+			return nil
+		}
+	}
 }

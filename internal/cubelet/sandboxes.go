@@ -35,9 +35,10 @@ type CreateRequest struct {
 	// first ("" = none: the agent serves anyone who reaches it until
 	// something sets a token through /init).
 	AccessToken string
-	// cold boots even when the template is warm (warming it) and never
-	// claims a warm pool's entry (filling the pool).
-	cold bool
+	// cold boots even when the template is warm (warming it, filling a
+	// pool of a runtime whose entries boot). fill never claims a warm
+	// pool's entry (filling the pool).
+	cold, fill bool
 }
 
 // Result is a sandbox and the timings of the flow that produced it.

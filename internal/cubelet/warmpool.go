@@ -31,6 +31,11 @@ import (
 // the container the sandbox's hostname, limits and network policy, thaws
 // it and re-initialises its agent with the sandbox's env, token, clock
 // and entropy, the reinit a clone restored from memory gets.
+//
+// A VM's entries are clones of the template's warm snapshot (its memory
+// shared with the template's, docs/vm.md), never cold boots: a runtime
+// whose sandboxes boot a disk keeps a pool only for a warm template
+// (fromWarm).
 
 // FailpointClaimRecord is evaluated by a claim before it writes the
 // sandbox's record over the entry's.
@@ -214,7 +219,8 @@ func (p *warmPool) loop(ctx context.Context) {
 		}
 		p.reap(ctx)
 		for ctx.Err() == nil {
-			if l := p.s.engine.Limits()[FlowCreate]; l.InFlight > 0 || p.claiming.Load() > 0 {
+			// A create from a warm template runs the clone flow.
+			if l := p.s.engine.Limits(); l[FlowCreate].InFlight > 0 || l[FlowClone].InFlight > 0 || p.claiming.Load() > 0 {
 				break // a user's create runs: refill after it
 			}
 			tmpl, ok := p.next()
@@ -246,7 +252,7 @@ func (p *warmPool) next() (*sandbox.Template, bool) {
 	var best *sandbox.Template
 	bestGap := 0
 	for _, t := range tmpls {
-		if p.blocked[t.ID] || !p.poolRuntime(t) {
+		if p.blocked[t.ID] || !p.poolRuntime(t) || p.fromWarm(t) && p.warmID(t) == "" {
 			continue
 		}
 		if gap := p.target(t.ID, now) - len(p.ready[t.ID]) - p.filling[t.ID]; gap > bestGap {
@@ -273,6 +279,25 @@ func (p *warmPool) poolRuntime(t *sandbox.Template) bool {
 	return false
 }
 
+// fromWarm says whether template t's entries are clones of its warm
+// snapshot: for a runtime that boots a disk (VMs), a cold boot takes
+// seconds of CPU and its entry would own all of its guest's memory, where
+// a clone restores in a fraction of that and maps the template's pages.
+func (p *warmPool) fromWarm(t *sandbox.Template) bool {
+	d, err := p.s.node.Driver(p.runtimeOf(t))
+	return err == nil && d.Capabilities().BootsDisk
+}
+
+// warmID is template t's warm snapshot on its pool's runtime, "" when it
+// has none (a create would then boot).
+func (p *warmPool) warmID(t *sandbox.Template) string {
+	req := CreateRequest{Runtime: p.runtimeOf(t)}
+	if sn := p.s.warmSnapshotFor(t, &req); sn != nil {
+		return sn.ID
+	}
+	return ""
+}
+
 func (p *warmPool) runtimeOf(t *sandbox.Template) string {
 	if t.Runtime != "" {
 		return t.Runtime
@@ -285,7 +310,7 @@ func (p *warmPool) runtimeOf(t *sandbox.Template) string {
 func (p *warmPool) fill(ctx context.Context, t *sandbox.Template) {
 	s := p.s
 	id := "pool-" + sandboxid.New()[:16]
-	err := s.fillEntry(ctx, id, t.ID)
+	err := s.fillEntry(ctx, id, t.ID, !p.fromWarm(t))
 	p.mu.Lock()
 	p.filling[t.ID]--
 	if err != nil {
@@ -300,9 +325,11 @@ func (p *warmPool) fill(ctx context.Context, t *sandbox.Template) {
 	}
 }
 
-func (s *Service) fillEntry(ctx context.Context, id, tmpl string) error {
+// fillEntry makes entry id of template tmpl: a cold create, or with cold
+// false a create from the template's warm snapshot (a VM's clone).
+func (s *Service) fillEntry(ctx context.Context, id, tmpl string, cold bool) error {
 	res, err := s.Create(ctx, CreateRequest{
-		SandboxID: id, TemplateID: tmpl, cold: true,
+		SandboxID: id, TemplateID: tmpl, cold: cold, fill: true,
 		Labels: map[string]string{LabelPool: tmpl},
 		// Replaced by the claiming sandbox's at reinit, before anyone
 		// else reaches the agent.
@@ -348,10 +375,14 @@ func (p *warmPool) reap(ctx context.Context) {
 	var excess []string
 	for tmpl, q := range p.ready {
 		// An entry that died while frozen (the runtime watch marked it
-		// failed) is no longer ready.
+		// failed) is no longer ready, nor one a create of the template
+		// would not claim: the template's runtime changed, or a VM
+		// entry's warm snapshot is no longer the template's (warmed
+		// again). The scan below destroys them.
+		t, terr := s.store.GetTemplate(tmpl)
 		live := q[:0:0]
 		for _, id := range q {
-			if e, err := s.find(id); err == nil && e.rec.Load().State == lifecycle.Paused {
+			if e, err := s.find(id); err == nil && terr == nil && e.rec.Load().State == lifecycle.Paused && p.current(t, e.rec.Load()) {
 				live = append(live, id)
 			}
 		}
@@ -396,6 +427,15 @@ func (p *warmPool) reap(ctx context.Context) {
 			s.log.Warn("warm pool: destroy stale entry", "sandbox_id", id, "err", err)
 		}
 	}
+}
+
+// current says whether entry r of template t is what a create of t would
+// claim: of t's runtime and, for a VM, a clone of t's warm snapshot now.
+func (p *warmPool) current(t *sandbox.Template, r *sandbox.Record) bool {
+	if r.Runtime != p.runtimeOf(t) {
+		return false
+	}
+	return !p.fromWarm(t) || r.SourceSnapshotID == p.warmID(t)
 }
 
 // journalled says whether the cleanup loop owns sandbox id.
@@ -484,16 +524,18 @@ func (s *Service) destroyPoolEntry(ctx context.Context, id string) error {
 // template's own runtime, and the disk size the entry was made with.
 func (s *Service) poolClaimable(req *CreateRequest, tmpl *sandbox.Template) bool {
 	p := s.pool
-	if p == nil || req.cold || len(req.HostMounts) > 0 || len(req.Volumes) > 0 || req.Resources.DiskMiB != 0 {
+	if p == nil || req.cold || req.fill || len(req.HostMounts) > 0 || len(req.Volumes) > 0 || req.Resources.DiskMiB != 0 {
 		return false
 	}
 	if req.Runtime != p.runtimeOf(tmpl) || !p.poolRuntime(tmpl) {
 		return false
 	}
 	// Entries run with the default limits: other limits need a runtime
-	// that can change them on a running sandbox.
+	// that can change them on a running sandbox. A clone of the warm
+	// snapshot has the snapshot's shape whatever is asked, as a cold
+	// create of a warm template has (createWarm).
 	c := s.cfg.Sandbox
-	if r := req.Resources; r.MilliCPU != c.DefaultMilliCPU || r.MemoryMiB != c.DefaultMemoryMiB || r.Pids != c.DefaultPids {
+	if r := req.Resources; !p.fromWarm(tmpl) && (r.MilliCPU != c.DefaultMilliCPU || r.MemoryMiB != c.DefaultMemoryMiB || r.Pids != c.DefaultPids) {
 		d, err := s.node.Driver(req.Runtime)
 		if _, ok := d.(runtime.LimitUpdater); err != nil || !ok {
 			return false
@@ -535,7 +577,11 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		return nil, false, err
 	}
 	prev := old.rec.Load()
-	if prev.State != lifecycle.Paused || prev.Container == nil || prev.Runtime != req.Runtime {
+	warm := s.pool.fromWarm(tmpl)
+	// A clone of a warm snapshot the template no longer points at (it
+	// was warmed again since) is stale: a cold create would restore the
+	// new one.
+	if prev.State != lifecycle.Paused || prev.Container == nil || prev.Runtime != req.Runtime || !s.pool.current(tmpl, prev) {
 		old.release()
 		// Not the create's to wait for: the service's lifetime bounds it.
 		go func() { _ = s.destroyPoolEntry(s.life, poolID) }()
@@ -547,6 +593,18 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		Env: req.Env, Resources: req.Resources, RequestID: req.RequestID,
 		NetworkPolicy: req.Network, AccessToken: req.AccessToken, PoolToken: prev.AccessToken,
 		HostID: prev.HostKey(), Disk: prev.Disk, Mount: prev.Mount, Container: prev.Container, Network: prev.Network,
+		SourceSnapshotID: prev.SourceSnapshotID,
+	}
+	var warnings []string
+	if warm {
+		// The warm snapshot's shape, kept as createWarm keeps it, with
+		// the same warning when the request asked for another.
+		rec.Resources = prev.Resources
+		if r := req.Resources; r.MilliCPU != prev.Resources.MilliCPU || r.MemoryMiB != prev.Resources.MemoryMiB {
+			warnings = append(warnings, fmt.Sprintf(
+				"restored the warm snapshot of template %s with its shape (%d mCPU, %d MiB), not the %d mCPU, %d MiB asked for",
+				req.TemplateID, prev.Resources.MilliCPU, prev.Resources.MemoryMiB, r.MilliCPU, r.MemoryMiB))
+		}
 	}
 	rec = rec.Clone()
 	s.mu.Lock()
@@ -631,7 +689,10 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 	}
 	snap := t.Record()
 	log.Info("sandbox created from warm pool", "duration", time.Since(begin))
-	return &Result{Sandbox: snap, Timings: timings, Pooled: true}, true, nil
+	for _, w := range warnings {
+		log.Warn(w)
+	}
+	return &Result{Sandbox: snap, Timings: timings, Pooled: true, Warm: warm, Warnings: warnings}, true, nil
 }
 
 // finishClaim completes a claim a restart cut short after its record was

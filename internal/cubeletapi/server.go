@@ -55,7 +55,7 @@ func (s *Server) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest
 		return nil, ToGRPC(err, req.SandboxId)
 	}
 	flow := cubelet.FlowCreate
-	if res.Warm {
+	if res.Warm && !res.Pooled { // a claim's steps are its own, not a clone's
 		flow = cubelet.FlowClone
 	}
 	return &pb.CreateSandboxResponse{Sandbox: sandboxToPB(res.Sandbox), Timings: timingsToPB(flow, res.Timings),

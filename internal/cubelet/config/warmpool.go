@@ -28,8 +28,9 @@ type WarmPoolConfig struct {
 
 // PoolRuntimes are the runtimes a warm pool can serve: a claim renames the
 // frozen sandbox in place (hostname, the agent's identity through its
-// reinit), which a VM's guest cannot be given yet.
-var PoolRuntimes = []string{"runc", "gvisor"}
+// reinit). A VM template keeps a pool only while it is warm: its entries
+// are clones of the warm snapshot.
+var PoolRuntimes = []string{"runc", "gvisor", "vm"}
 
 // SizeFor is the configured pool size of template id.
 func (w WarmPoolConfig) SizeFor(id string) int {

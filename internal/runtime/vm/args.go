@@ -20,7 +20,22 @@ const Machine = "microvm,x-option-roms=off,isa-serial=on,rtc=on"
 
 // tcgTBSizeMiB bounds TCG's translation cache (QEMU's default is 1 GiB of
 // address space), so the QEMU overhead charged to the cgroup stays small.
-const tcgTBSizeMiB = 64
+// Not smaller: a clone's guest fills 26-30 MiB of it after a few commands,
+// and a cache below that working set is flushed over and over
+// (TestMeasureTCGKnobs: five commands took 9 s at 16 MiB and 16-17 s at
+// 8 or 4 MiB, against 1.7 s at 64).
+var tcgTBSizeMiB = 64
+
+// qemuTCGEnv is a TCG QEMU's environment: none (glibc's malloc tunables
+// bought nothing measurable, TestMeasureTCGKnobs); tests vary it.
+var qemuTCGEnv []string
+
+// qemuNoTHP: QEMU under TCG runs without transparent huge pages (QEMU
+// madvises its translation cache and guest RAM for them): 2 MiB less of
+// QEMU's own anonymous memory per idle clone, no measurable slowdown
+// (TestMeasureTCGKnobs). Under KVM huge pages back guest RAM in the EPT
+// and stay on.
+var qemuNoTHP = true
 
 // Shape is what a memory snapshot fixes about a VM: a restore must start
 // QEMU with the same machine, CPU, memory, kernel and devices, or the

@@ -67,6 +67,11 @@ type jailSpec struct {
 	// only (hidepid=invisible, subset=pid: no sysctls, no host-wide
 	// files): how QEMU opens the RAM file it inherited (template.go).
 	Proc bool `json:"proc,omitempty"`
+	// Env is QEMU's environment (empty unless a test sets qemuTCGEnv).
+	Env []string `json:"env,omitempty"`
+	// NoTHP turns transparent huge pages off for QEMU
+	// (PR_SET_THP_DISABLE, kept across exec): see qemuNoTHP.
+	NoTHP bool `json:"no_thp,omitempty"`
 }
 
 // jailBind is a read-only bind of host path From at To inside the jail.
@@ -100,8 +105,17 @@ func jailMain(arg string) {
 	if err == nil {
 		err = s.enter()
 	}
+	if err == nil && s.NoTHP {
+		if err = unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+			err = fmt.Errorf("thp_disable: %w", err)
+		}
+	}
 	if err == nil {
-		err = fmt.Errorf("exec %s: %w", s.Exec, unix.Exec(s.Exec, s.Argv, []string{}))
+		env := s.Env
+		if env == nil {
+			env = []string{}
+		}
+		err = fmt.Errorf("exec %s: %w", s.Exec, unix.Exec(s.Exec, s.Argv, env))
 	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", jailArg0, err)
 	os.Exit(jailExitCode)

@@ -391,6 +391,9 @@ func (d *Driver) spawn(ctx context.Context, st *vmState, s runtime.Spec, p paths
 		fds.Vsock = next
 	}
 	p.FDs = fds
+	if st.Shape.Accel == "tcg" {
+		spec.Env, spec.NoTHP = qemuTCGEnv, qemuNoTHP
+	}
 	spec.Exec = d.qemuReal
 	spec.Argv = append([]string{d.qemuReal}, qemuArgs(st.Shape, p, image != "")...)
 	if err := os.Mkdir(spec.Dir, 0o700); err != nil {

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -259,4 +260,133 @@ func rawIncomingAny(ctx context.Context, d *Driver, bundle, disk, dir string) er
 		}
 	}()
 	return WaitIncoming(ctx, f, false)
+}
+
+// TestMeasureTCGKnobs: what QEMU's own memory under TCG costs and what
+// its knobs buy, each variant in turn within one run (interleaved, so
+// machine load hits each alike): the translation cache's size
+// (tb-size), transparent huge pages off (PR_SET_THP_DISABLE) and glibc's
+// malloc trimming. For each: a clone of one template restored to agent
+// ready, five commands through the agent (the guest translating new code
+// paths), then the idle clone's Pss beyond the template's pages and where
+// it goes (smapsBreakdown). CUBE_VM_TB_SIZES adds tb-size variants
+// (e.g. "16 8": each slows the commands several times over). TCG only.
+func TestMeasureTCGKnobs(t *testing.T) {
+	n := 0
+	if _, err := fmt.Sscan(os.Getenv("CUBE_VM_MEASURE"), &n); err != nil || n <= 0 {
+		t.Skip("set CUBE_VM_MEASURE=<iterations> to measure")
+	}
+	e := newEnv(t)
+	d, ctx := e.d, t.Context()
+	if d.Accel() != "tcg" {
+		t.Skip("TCG only")
+	}
+	s := e.spec(t, "knob-src")
+	s.Labels = map[string]string{TemplateLabel: "knob"}
+	stopAtEnd(t, d, s.ID)
+	if _, err := d.Start(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	agentClient(ctx, t, d, s.ID, bootLimit)
+	time.Sleep(2 * time.Second)
+	img := filepath.Join(t.TempDir(), "tmpl")
+	if err := d.Checkpoint(ctx, s.ID, img, false); err != nil {
+		t.Fatal(err)
+	}
+	type variant struct {
+		name  string
+		tb    int
+		env   []string
+		noTHP bool
+	}
+	trim := []string{"MALLOC_TRIM_THRESHOLD_=131072", "MALLOC_TOP_PAD_=0"}
+	variants := []variant{
+		{"thp on, malloc defaults", 64, nil, false},
+		{"thp off", 64, nil, true},
+		{"thp off, malloc trim", 64, trim, true},
+		{"thp off, malloc trim, arena_max=1", 64, append([]string{"MALLOC_ARENA_MAX=1"}, trim...), true},
+	}
+	for _, f := range strings.Fields(os.Getenv("CUBE_VM_TB_SIZES")) {
+		tb, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		variants = append(variants, variant{fmt.Sprintf("tb-size=%d", tb), tb, nil, false})
+	}
+	was := [3]any{tcgTBSizeMiB, qemuTCGEnv, qemuNoTHP}
+	t.Cleanup(func() { tcgTBSizeMiB, qemuTCGEnv, qemuNoTHP = was[0].(int), was[1].([]string), was[2].(bool) })
+	times := map[string][]time.Duration{}
+	kib := map[string][]int64{}
+	for i := range n {
+		for j, v := range variants {
+			tcgTBSizeMiB, qemuTCGEnv, qemuNoTHP = v.tb, v.env, v.noTHP
+			key := fmt.Sprintf("%d %s", j, v.name)
+			r := e.spec(t, fmt.Sprintf("k%d-%d", j, i))
+			copyFile(t, s.Disk, r.Disk)
+			stopAtEnd(t, d, r.ID)
+			begin := time.Now()
+			if _, err := d.Restore(ctx, r, img); err != nil {
+				t.Fatal(err)
+			}
+			c := agentClient(ctx, t, d, r.ID, 60*time.Second)
+			times[key+": restore to agent ready"] = append(times[key+": restore to agent ready"], time.Since(begin))
+			begin = time.Now()
+			for range 5 {
+				run(ctx, t, c, "ls -l /bin >/dev/null; echo $((6*7)) > /tmp/x; cat /tmp/x; date; ps")
+			}
+			times[key+": 5 commands"] = append(times[key+": 5 commands"], time.Since(begin))
+			time.Sleep(2 * time.Second)
+			st, _ := d.State(ctx, r.ID)
+			m, err := SmapsRollup(st.PID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bd, err := smapsBreakdown(st.PID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What stays the clone's own however many clones share
+			// QEMU's binary and libraries and the template: QEMU's
+			// private dirty pages and the guest pages copied on write
+			// (the template mapping's shmem pages count as private dirty
+			// while one clone alone maps them).
+			g, err := TemplateMapping(st.PID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dirty := g["Anonymous"]
+			for k, x := range bd {
+				if strings.HasPrefix(k, "dirty:") && k != "dirty:template" {
+					dirty += x
+				}
+			}
+			kib[key+": Pss beyond shared template pages"] = append(kib[key+": Pss beyond shared template pages"], m["Pss"]-m["Pss_Shmem"])
+			kib[key+": own at scale (QEMU private dirty + guest copy on write)"] = append(kib[key+": own at scale (QEMU private dirty + guest copy on write)"], dirty)
+			kib[key+": translation cache"] = append(kib[key+": translation cache"], bd["tcg"])
+			kib[key+": heap + anon"] = append(kib[key+": heap + anon"], bd["heap"]+bd["anon"])
+			t.Logf("%s #%d: %s", key, i, formatBreakdown(bd))
+			if err := d.Stop(ctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("%d iterations, medians:", n)
+	names := make([]string, 0, len(times))
+	for k := range times {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		t.Logf("  %-60s %v", k, median(times[k]).Round(time.Millisecond))
+	}
+	names = names[:0]
+	for k := range kib {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		v := slices.Clone(kib[k])
+		slices.Sort(v)
+		t.Logf("  %-60s %.1f MiB", k, float64(v[len(v)/2])/1024)
+	}
 }

@@ -177,6 +177,17 @@ func TestTemplateSharedMemory(t *testing.T) {
 		t.Logf("%s idle: Rss %d MiB, Pss %d MiB = template pages (Pss_Shmem, shared by every clone) %d MiB + beyond them %d MiB "+
 			"(guest pages written since the restore, copied on write: %d MiB; QEMU itself, TCG's translation cache included: %d MiB)",
 			s.ID, m["Rss"]>>10, m["Pss"]>>10, m["Pss_Shmem"]>>10, own>>10, g["Anonymous"]>>10, (own-g["Anonymous"])>>10)
+		// Under TCG QEMU runs without transparent huge pages (the
+		// jail helper's PR_SET_THP_DISABLE); this test process, the
+		// control, has them.
+		if d.Accel() == "tcg" {
+			if got, self := thpEnabled(t, st.PID), thpEnabled(t, os.Getpid()); got != "0" || self != "1" {
+				t.Errorf("%s: THP_enabled %q (the test's own: %q), want 0 under TCG", s.ID, got, self)
+			}
+		}
+		if bd, err := smapsBreakdown(st.PID); err == nil {
+			t.Logf("%s idle: %s", s.ID, formatBreakdown(bd))
+		}
 		if g["Rss"] == 0 {
 			t.Errorf("%s: no resident page of the template mapping", s.ID)
 		}
