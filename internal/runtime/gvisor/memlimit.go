@@ -48,9 +48,10 @@ func sentryOverhead(v int64) (int64, error) {
 	return v, nil
 }
 
-// SentryOverhead is the memory this driver gives every sandbox's cgroup
-// above its guest's limit, in bytes.
-func (d *Driver) SentryOverhead() int64 { return d.overhead }
+// MemoryOverhead is the memory this driver gives every sandbox's cgroup
+// above its guest's limit (the sentry overhead), in bytes: what a node
+// counts on top of each gVisor sandbox's memory limit.
+func (d *Driver) MemoryOverhead() int64 { return d.overhead }
 
 // specFor is SpecFor with the sentry overhead added to the memory limit.
 // It is the only place a sandbox's cgroup limit is computed: once per
