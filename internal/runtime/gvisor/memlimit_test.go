@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -200,7 +199,6 @@ func TestMeasureSentryMemory(t *testing.T) {
 		st = wantContinued(t, d, id, st)
 		line += fmt.Sprintf("; restore from disk: peak %3d, after %3d", memFile(t, spec.CgroupPath, "memory.max_usage_in_bytes")>>20,
 			memFile(t, spec.CgroupPath, "memory.usage_in_bytes")>>20)
-		_ = st
 		t.Log(line)
 		if err := d.Stop(t.Context(), id); err != nil {
 			t.Fatal(err)
@@ -353,7 +351,6 @@ func TestCheckpointFullGuest(t *testing.T) {
 	}
 }
 
-var _ = errors.New
 
 // hogScript has the guest's shell double a string until it holds
 // 2^steps bytes (plus the copy the last doubling makes), then say so and
