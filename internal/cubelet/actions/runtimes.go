@@ -59,6 +59,7 @@ func (a *runtimesAction) gvisor(ctx context.Context) runtime.Driver {
 		slog.WarnContext(ctx, "gvisor runtime skipped", "error", err)
 		return nil
 	}
+	slog.InfoContext(ctx, "gvisor runtime", "checkpoint", c.Checkpoint, "sentry_overhead_mib", d.MemoryOverhead()>>20)
 	return d
 }
 

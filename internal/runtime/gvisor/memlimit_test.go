@@ -196,7 +196,7 @@ func TestMeasureSentryMemory(t *testing.T) {
 		if _, err := d.Restore(t.Context(), spec, img); err != nil {
 			t.Fatal(err)
 		}
-		st = wantContinued(t, d, id, st)
+		wantContinued(t, d, id, st)
 		line += fmt.Sprintf("; restore from disk: peak %3d, after %3d", memFile(t, spec.CgroupPath, "memory.max_usage_in_bytes")>>20,
 			memFile(t, spec.CgroupPath, "memory.usage_in_bytes")>>20)
 		t.Log(line)
