@@ -411,7 +411,9 @@ func TestGuestBeyondItsLimit(t *testing.T) {
 			use := memFile(t, spec.CgroupPath, "memory.usage_in_bytes")
 			t.Logf("guest limit %d MiB, cgroup limit %d MiB: allocating 256 MiB: guest said %q; sandbox %v (%v); OOM kills %d; peak %d MiB, now %d MiB",
 				c.limit, limit>>20, held, st.Status, serr, kills, peak>>20, use>>20)
-			if peak > limit {
+			// The kernel may overshoot a limit by its per-CPU charge
+			// batches (64 pages each): 1 MiB of slack.
+			if peak > limit+1<<20 {
 				t.Fatalf("cgroup charged %d, above its limit %d", peak, limit)
 			}
 			if !c.stopped {
