@@ -16,11 +16,13 @@ import (
 //
 // Why: runsc puts the sentry (gVisor's kernel), the gofer and the ptrace
 // stubs in the sandbox's cgroup, so the cgroup's limit bounds gVisor's own
-// memory together with the guest's. The sentry alone holds 30-40 MiB, and
-// a checkpoint or a restore needs more of its own (the encoder's and
-// decoder's buffers and object tables); a 64 MiB sandbox whose guest held
-// part of its limit was OOM-killed mid-save (runsc: `containerManager.
-// Checkpoint failed: EOF`) and lost.
+// memory together with the guest's. A busybox sandbox's sentry holds
+// about 14 MiB, a save about 50 MiB more (the encoder's buffers and
+// object tables), and a restored sentry keeps 48-105 MiB whatever its
+// guest holds; a 64 MiB sandbox whose guest held part of its limit was
+// OOM-killed mid-save (runsc: `containerManager.Checkpoint failed: EOF`)
+// and lost. 64 MiB of overhead was too little for a guest that used its
+// limit, 96 MiB left no margin, 128 MiB leaves about 35 MiB.
 const DefaultSentryOverhead int64 = 128 << 20
 
 // NoSentryOverhead as Config.SentryOverhead gives the cgroup the guest's

@@ -352,7 +352,6 @@ func TestCheckpointFullGuest(t *testing.T) {
 	}
 }
 
-
 // hogScript has the guest's shell double a string until it holds
 // 2^steps bytes (plus the copy the last doubling makes), then say so and
 // sleep: guest memory, charged to the sandbox's cgroup through the
