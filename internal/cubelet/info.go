@@ -141,7 +141,7 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 		}
 		r.SandboxesByTemplate[rec.TemplateID]++
 		r.AllocatedMilliCpu += rec.Resources.MilliCPU
-		r.AllocatedMemoryMib += rec.Resources.MemoryMiB
+		r.AllocatedMemoryMib += rec.Resources.MemoryMiB + overheadMiB(s.node.Drivers[rec.Runtime])
 	}
 	if tmpls, err := s.store.ListTemplates(); err == nil {
 		for _, t := range tmpls {
@@ -194,4 +194,19 @@ func (s *Service) egressVerdicts(ctx context.Context, r *masterpb.NodeReport, re
 			r.EgressSuppressed[id] += n
 		}
 	}
+}
+
+// memoryOverhead is a driver whose sandboxes' cgroups get a fixed amount
+// of memory above the sandbox's limit (gVisor: the sentry overhead,
+// docs/gvisor.md).
+type memoryOverhead interface{ MemoryOverhead() int64 }
+
+// overheadMiB is the memory, in MiB rounded up, a sandbox of driver d may
+// hold above its limit. The node counts it in the memory it reports as
+// allocated, which the master's placement adds up.
+func overheadMiB(d runtime.Driver) int64 {
+	if o, ok := d.(memoryOverhead); ok {
+		return (o.MemoryOverhead() + 1<<20 - 1) >> 20
+	}
+	return 0
 }

@@ -54,11 +54,12 @@ func (a *runtimesAction) gvisor(ctx context.Context) runtime.Driver {
 		slog.InfoContext(ctx, "gvisor runtime skipped: runsc not found", "binary", c.Binary)
 		return nil
 	}
-	d, err := gvisor.New(gvisor.Config{Binary: c.Binary, Root: c.Root, Platform: c.Platform, Debug: c.Debug, Checkpoint: c.Checkpoint})
+	d, err := gvisor.New(gvisor.Config{Binary: c.Binary, Root: c.Root, Platform: c.Platform, Debug: c.Debug, Checkpoint: c.Checkpoint, SentryOverhead: c.SentryOverhead()})
 	if err != nil {
 		slog.WarnContext(ctx, "gvisor runtime skipped", "error", err)
 		return nil
 	}
+	slog.InfoContext(ctx, "gvisor runtime", "checkpoint", c.Checkpoint, "sentry_overhead_mib", d.MemoryOverhead()>>20)
 	return d
 }
 

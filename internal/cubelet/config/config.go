@@ -158,6 +158,9 @@ func (c *Config) Validate() error {
 	if c.Gvisor.Root == "" {
 		c.Gvisor.Root = filepath.Join(c.Node.RunDir, "runsc")
 	}
+	if o := c.Gvisor.SentryOverheadMiB; o < 0 || o > 1<<20 {
+		return bad("gvisor.sentry_overhead_mib %d must be between 0 and %d", o, 1<<20)
+	}
 	if c.Storage.AgentBinary == "" {
 		exe, err := os.Executable()
 		if err == nil {
@@ -267,6 +270,23 @@ type GvisorConfig struct {
 	// and rollback = restore). Off by default: Debian 12's runsc cannot
 	// checkpoint a sandbox whose agent listens on TCP (docs/gvisor.md).
 	Checkpoint bool `toml:"checkpoint"`
+	// SentryOverheadMiB is the memory every gVisor sandbox's cgroup gets
+	// above the sandbox's memory limit, for gVisor's sentry and gofer
+	// (which runsc puts in that cgroup) and what a checkpoint or restore
+	// needs on top; 0 gives the cgroup the sandbox's limit alone
+	// (docs/gvisor.md: the sentry is then OOM-killed saving a guest
+	// that uses part of its limit).
+	SentryOverheadMiB int64 `toml:"sentry_overhead_mib"`
+}
+
+// SentryOverhead is SentryOverheadMiB as the gvisor driver's
+// Config.SentryOverhead: bytes, and 0 spelled as -1 (none), since the
+// driver reads 0 as its default.
+func (g GvisorConfig) SentryOverhead() int64 {
+	if g.SentryOverheadMiB == 0 {
+		return -1
+	}
+	return g.SentryOverheadMiB << 20
 }
 
 // VMConfig configures the vm runtime driver ([vm]): QEMU micro-VMs.

@@ -42,3 +42,23 @@ func TestDataListenerNeedsTLS(t *testing.T) {
 		t.Fatalf("api.data with [tls]: %v %+v", err, c.API)
 	}
 }
+
+// TestSentryOverhead: [gvisor] sentry_overhead_mib defaults to 128 MiB,
+// 0 reaches the driver as "none" (its own 0 means its default), and a
+// negative value is refused.
+func TestSentryOverhead(t *testing.T) {
+	c, err := Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gvisor.SentryOverheadMiB != 128 || c.Gvisor.SentryOverhead() != 128<<20 {
+		t.Fatalf("default: %d MiB, driver %d", c.Gvisor.SentryOverheadMiB, c.Gvisor.SentryOverhead())
+	}
+	c, err = Parse([]byte("[gvisor]\nsentry_overhead_mib = 0\n"))
+	if err != nil || c.Gvisor.SentryOverhead() != -1 {
+		t.Fatalf("0: %v, driver %d, want -1 (none)", err, c.Gvisor.SentryOverhead())
+	}
+	if _, err := Parse([]byte("[gvisor]\nsentry_overhead_mib = -1\n")); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("-1: %v, want InvalidArgument", err)
+	}
+}

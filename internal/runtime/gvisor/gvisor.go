@@ -70,7 +70,11 @@ type Config struct {
 	// waiters upon save"), and the failed checkpoint kills the sandbox;
 	// enable it with a runsc that can. See docs/gvisor.md.
 	Checkpoint bool
-	Logger     *slog.Logger // slog.Default() when nil
+	// SentryOverhead is the memory, in bytes, every sandbox's cgroup gets
+	// above its guest's limit for the sentry and the gofer (memlimit.go):
+	// 0 is DefaultSentryOverhead, NoSentryOverhead none.
+	SentryOverhead int64
+	Logger         *slog.Logger // slog.Default() when nil
 }
 
 // Driver runs sandboxes as runsc containers. Like the runc driver it keeps
@@ -78,6 +82,7 @@ type Config struct {
 type Driver struct {
 	bin, root, platform string
 	debug, checkpoint   bool
+	overhead            int64 // sentry overhead, bytes (memlimit.go)
 	log                 *slog.Logger
 	// stateFormatOnce: the warning that readState fell back to runsc is
 	// said once per driver.
@@ -113,6 +118,10 @@ func New(cfg Config) (*Driver, error) {
 	default:
 		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, kvm or systrap: %w", platform, errdefs.ErrInvalidArgument)
 	}
+	overhead, err := sentryOverhead(cfg.SentryOverhead)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: create root: %w", err)
 	}
@@ -120,7 +129,7 @@ func New(cfg Config) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, log: log.With("runtime", "gvisor")}, nil
+	return &Driver{bin: path, root: cfg.Root, platform: platform, debug: cfg.Debug, checkpoint: cfg.Checkpoint, overhead: overhead, log: log.With("runtime", "gvisor")}, nil
 }
 
 // Name implements runtime.Driver.
@@ -161,7 +170,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (runtime.State, erro
 	if err := ctx.Err(); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor start %s: %w", s.ID, err)
 	}
-	spec, err := SpecFor(s)
+	spec, err := d.specFor(s)
 	if err != nil {
 		return runtime.State{}, err
 	}
@@ -182,7 +191,7 @@ func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runti
 	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", s.ID, dir, errdefs.ErrNotFound)
 	}
-	spec, err := SpecFor(s)
+	spec, err := d.specFor(s)
 	if err != nil {
 		return runtime.State{}, err
 	}

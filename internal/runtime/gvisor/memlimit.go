@@ -1,0 +1,93 @@
+package gvisor
+
+import (
+	"fmt"
+	"strconv"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime"
+)
+
+// DefaultSentryOverhead is the memory a gVisor sandbox's cgroup gets above
+// its guest's limit when Config.SentryOverhead is 0 (docs/gvisor.md has
+// the measurements it is taken from).
+//
+// Why: runsc puts the sentry (gVisor's kernel), the gofer and the ptrace
+// stubs in the sandbox's cgroup, so the cgroup's limit bounds gVisor's own
+// memory together with the guest's. A busybox sandbox's sentry holds
+// about 14 MiB, a save about 50 MiB more (the encoder's buffers and
+// object tables), and a restored sentry keeps 48-105 MiB whatever its
+// guest holds; a 64 MiB sandbox whose guest held part of its limit was
+// OOM-killed mid-save (runsc: `containerManager.Checkpoint failed: EOF`)
+// and lost. 64 MiB of overhead was too little for a guest that used its
+// limit, 96 MiB left no margin, 128 MiB leaves about 35 MiB.
+const DefaultSentryOverhead int64 = 128 << 20
+
+// NoSentryOverhead as Config.SentryOverhead gives the cgroup the guest's
+// limit alone (the sentry then competes with its guest for it).
+const NoSentryOverhead int64 = -1
+
+// GuestMemoryAnnotation, in a gVisor bundle's config.json, is the guest's
+// memory limit in bytes (the runtime.Spec's): linux.resources.memory there
+// is that plus the driver's sentry overhead. It is written for whoever
+// reads the bundle; the driver never derives a limit from it or from the
+// cgroup.
+const GuestMemoryAnnotation = "dev.cubesandbox.gvisor.guest-memory-bytes"
+
+// sentryOverhead resolves Config.SentryOverhead: 0 is the default,
+// NoSentryOverhead none, anything else below 0 is refused.
+func sentryOverhead(v int64) (int64, error) {
+	switch {
+	case v == 0:
+		return DefaultSentryOverhead, nil
+	case v == NoSentryOverhead:
+		return 0, nil
+	case v < 0:
+		return 0, fmt.Errorf("gvisor: sentry overhead %d: want >= 0 or NoSentryOverhead: %w", v, errdefs.ErrInvalidArgument)
+	}
+	return v, nil
+}
+
+// MemoryOverhead is the memory this driver gives every sandbox's cgroup
+// above its guest's limit (the sentry overhead), in bytes: what a node
+// counts on top of each gVisor sandbox's memory limit.
+func (d *Driver) MemoryOverhead() int64 { return d.overhead }
+
+// specFor is SpecFor with the sentry overhead added to the memory limit.
+// It is the only place a sandbox's cgroup limit is computed: once per
+// start or restore, from s.Limits (the spec the sandbox was created
+// with), never from the cgroup's limit or its usage, so nothing a
+// sandbox does can move its own limit. The limit then holds, unchanged,
+// through every checkpoint and restore of that sandbox (a restore in
+// place reuses the bundle's config.json as written).
+func (d *Driver) specFor(s runtime.Spec) (*specs.Spec, error) {
+	sp, err := SpecFor(s)
+	if err != nil {
+		return nil, err
+	}
+	addSentryOverhead(sp, s.Limits.MemoryMiB<<20, d.overhead)
+	return sp, nil
+}
+
+// addSentryOverhead sets sp's memory limit to guest+overhead (memory+swap
+// likewise, so swap stays off) and records guest in GuestMemoryAnnotation.
+// A spec without a memory limit (guest 0) is left alone: unlimited
+// stays unlimited.
+func addSentryOverhead(sp *specs.Spec, guest, overhead int64) {
+	if guest <= 0 || sp.Linux == nil || sp.Linux.Resources == nil || sp.Linux.Resources.Memory == nil {
+		return
+	}
+	limit := guest + overhead
+	m := sp.Linux.Resources.Memory
+	m.Limit = &limit
+	if m.Swap != nil {
+		swap := *m.Swap - guest + limit
+		m.Swap = &swap
+	}
+	if sp.Annotations == nil {
+		sp.Annotations = map[string]string{}
+	}
+	sp.Annotations[GuestMemoryAnnotation] = strconv.FormatInt(guest, 10)
+}
