@@ -491,7 +491,8 @@ type NodeReport struct {
 	MaxMilliCpu  int64 `protobuf:"varint,13,opt,name=max_milli_cpu,json=maxMilliCpu,proto3" json:"max_milli_cpu,omitempty"`
 	MaxMemoryMib int64 `protobuf:"varint,14,opt,name=max_memory_mib,json=maxMemoryMib,proto3" json:"max_memory_mib,omitempty"`
 	// Usage: the sum of the limits of every sandbox that holds resources
-	// (all but destroyed ones), and the count per state.
+	// (all but destroyed ones; a gVisor sandbox's memory includes the
+	// node's sentry overhead), and the count per state.
 	AllocatedMilliCpu  int64            `protobuf:"varint,15,opt,name=allocated_milli_cpu,json=allocatedMilliCpu,proto3" json:"allocated_milli_cpu,omitempty"`
 	AllocatedMemoryMib int64            `protobuf:"varint,16,opt,name=allocated_memory_mib,json=allocatedMemoryMib,proto3" json:"allocated_memory_mib,omitempty"`
 	SandboxesByState   map[string]int32 `protobuf:"bytes,17,rep,name=sandboxes_by_state,json=sandboxesByState,proto3" json:"sandboxes_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
