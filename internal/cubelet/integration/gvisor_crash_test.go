@@ -168,9 +168,14 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 	}{
 		{false, "snapshot/memory/after"},
 		{true, "snapshot/memory/after"},
-		// Inside the restore in place, after the stopped sandbox was
-		// removed: runsc no longer knows the ID.
+		// Inside the restore in place, after the checkpointed sandbox
+		// was retired (killed, its runsc state saying stopped), before
+		// the restored copy starts in the other runsc slot.
 		{false, "gvisor/restore/stopped"}, // gvisor.FailpointRestoreStopped
+		// The restored copy runs, the background delete of the retired
+		// slot has not started: the restart reaps it (the leak check at
+		// the end finds no runsc state, process or cgroup left).
+		{false, "gvisor/reap"}, // gvisor.FailpointReap
 	} {
 		paused := c.paused
 		id := fmt.Sprintf("gr-%v-%d", paused, len(c.point))
