@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -201,6 +202,11 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
 		if err != nil || got.Sandbox.State != want {
 			t.Fatalf("%s after the restart: %v %v, want %v", id, got, err, want)
+		}
+		// One runsc state is left for the sandbox, whichever slot it
+		// runs in: the restart reaped a retired one.
+		if states, _ := filepath.Glob(filepath.Join(env.Config.Gvisor.Root, id+"*.state")); len(states) != 1 {
+			t.Fatalf("%s after the restart: runsc states %v, want the running sandbox's only", id, states)
 		}
 		if paused {
 			if _, err := d.client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id}); err != nil {
