@@ -84,7 +84,7 @@ func TestRestoreSwapsSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.MemoryLimit != int64(spec.Limits.MemoryMiB)<<20 || st.Pids == 0 {
+	if st.MemoryLimit != spec.Limits.MemoryMiB<<20 || st.Pids == 0 {
 		t.Fatalf("cgroup %s after the swaps: limit %d, %d tasks; want %d MiB and the sandbox's processes",
 			spec.CgroupPath, st.MemoryLimit, st.Pids, spec.Limits.MemoryMiB)
 	}
