@@ -2,7 +2,8 @@
 // the runsc CLI with github.com/containerd/go-runc (runsc speaks runc's
 // command line; the global flags runsc adds go in Runc.ExtraArgs).
 //
-// Every sandbox is one runsc container whose bundle is Spec.BundleDir:
+// Every sandbox is one runsc container (under one of two runsc IDs, its
+// slots: slots.go) whose bundle is Spec.BundleDir:
 //
 //	BundleDir/config.json  OCI spec (ocispec.For, adjusted for gVisor: SpecFor)
 //	BundleDir/console.log  stdout+stderr of PID 1 (cube-agent's until it listens) and of runsc (a file, never a pipe)
@@ -588,19 +589,25 @@ func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
 	if err != nil {
 		return nil, d.classify(ctx, "list", "", err, "")
 	}
-	out := make([]runtime.State, 0, len(cs))
-	seen := map[string]bool{}
+	slots := map[string]int{}
+	for _, c := range cs {
+		slots[sandboxOfSlot(c.ID)]++
+	}
+	out := make([]runtime.State, 0, len(slots))
 	for _, c := range cs {
 		id := sandboxOfSlot(c.ID)
-		if seen[id] {
-			continue
+		n := slots[id]
+		if n == 0 {
+			continue // listed already
 		}
-		seen[id] = true
+		slots[id] = 0
 		// A sandbox with a retired slot next to its current one is
 		// listed once, as its current slot says.
-		if st, err := d.State(ctx, id); err == nil {
-			out = append(out, st)
-			continue
+		if n > 1 {
+			if st, err := d.State(ctx, id); err == nil {
+				out = append(out, st)
+				continue
+			}
 		}
 		c.ID = id
 		out = append(out, toState(c))
