@@ -345,6 +345,45 @@ func runRunscRestore(ctx context.Context, e *Env, p report.Params) (*report.Resu
 	return d.result("runsc-restore", report.KindBaseline, p)
 }
 
+// runRunscCheckpointRestore times raw.RunscCheckpointRestore, with the
+// setup and cleanup of runRunscRestore; each sample checkpoints into a
+// directory of its own in the pool.
+func runRunscCheckpointRestore(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	mem, _, err := e.warmSnapshotFiles(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w, err := e.warm(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(filepath.Join(e.node.DataDir, "pool"), "bench-raw-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	root := filepath.Join(e.node.RunDir, "runsc")
+	e.Progress.Start("runsc-checkpoint-restore", p.N)
+	d := drive(ctx, e.Progress, p.N, 1, func(ctx context.Context, i int) (time.Duration, error) {
+		resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
+			TemplateId: w.id, Runtime: "gvisor", Labels: map[string]string{LabelKey: e.RunID},
+		})
+		if err != nil {
+			return 0, fmt.Errorf("setup create: %w", err)
+		}
+		id := resp.Sandbox.Id
+		release := func(ctx context.Context) error {
+			_, err := e.Client.PauseSandbox(ctx, &pb.PauseSandboxRequest{SandboxId: id, Mode: pb.PauseMode_PAUSE_MODE_DISK})
+			return err
+		}
+		img := filepath.Join(dir, fmt.Sprint(i))
+		took, err := raw.RunscCheckpointRestore(ctx, root, mem, img, id, resp.Sandbox.GetNetwork().GetHostIp(), release)
+		return took, errors.Join(err, e.deleteAll(ctx, "", []string{id}, 1), os.RemoveAll(img))
+	})
+	e.Progress.Finish()
+	return d.result("runsc-checkpoint-restore", report.KindBaseline, p)
+}
+
 // runQemuIncoming times raw.Incoming of the warm template's snapshot.
 func runQemuIncoming(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	mem, disk, err := e.warmSnapshotFiles(ctx)

@@ -54,6 +54,7 @@ func init() {
 		run                 func(context.Context, *Env, report.Params) (*report.Result, error)
 	}{
 		{"runsc-restore", "gvisor", raw.RunscBinary, "bare `runsc restore --detach` of the warm template's checkpoint + agent wake + first /health", runRunscRestore},
+		{"runsc-checkpoint-restore", "gvisor", raw.RunscBinary, "bare `runsc checkpoint` of a sandbox restored from the warm template (agent quiesced) + bare `runsc restore --detach` of that image under a fresh runsc ID + agent wake + first /health", runRunscCheckpointRestore},
 		{"qemu-incoming", "vm", raw.QemuBinary, "bare QEMU `-incoming exec:zstd -dc` of the warm template's snapshot (a shared-memory template: its RAM file mapped privately, the device state loaded) + cont + first /health", runQemuIncoming},
 		{"qemu-incoming-full", "vm", raw.QemuBinary, "bare QEMU `-incoming exec:zstd -dc` of a full memory image of the same warm template snapshot (every page copied in, as before templates shared memory) + cont + first /health", runQemuIncomingFull},
 	} {

@@ -35,7 +35,7 @@ func init() {
 	Register(Scenario{
 		Name: "snapshot", Kind: report.KindCube,
 		Help:      "SnapshotSandbox of a running sandbox (disk; memory where the runtime can checkpoint)",
-		Baselines: []string{"reflink-copy"},
+		Baselines: []string{"reflink-copy", "runsc-checkpoint-restore"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.SnapshotN, Concurrency: 1} },
 		Probe:     probeSnapshot,
 		Run:       runSnapshot,

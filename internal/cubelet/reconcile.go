@@ -44,6 +44,16 @@ func (s *Service) reconcile(ctx context.Context) error {
 		return err
 	}
 	var sum reconcileSummary
+	// First what runtimes left to delete in the background (gVisor's
+	// retired slots): a restore in place the crash cut short then finds
+	// the sandbox as the runtime holds it now.
+	for name, d := range s.node.Drivers {
+		if r, ok := d.(runtime.Reaper); ok {
+			if err := r.ReapRetired(ctx); err != nil {
+				sum.Errors = append(sum.Errors, fmt.Sprintf("reap %s: %v", name, err))
+			}
+		}
+	}
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true

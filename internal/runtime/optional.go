@@ -36,6 +36,14 @@ type InPlaceRestorer interface {
 	RestoreInPlace(ctx context.Context, id, dir string) (State, error)
 }
 
+// Reaper is a driver that deletes what a runtime sandbox left behind in
+// the background (gVisor's retired runsc slots after a restore in place);
+// ReapRetired finishes whatever a crash or a failed attempt left, and is
+// called by cubelet's reconcile at start.
+type Reaper interface {
+	ReapRetired(ctx context.Context) error
+}
+
 // BundleRestorer restores a sandbox from its memory image and its bundle
 // alone, when the runtime no longer knows the ID: a restore in place cut
 // short (its caller killed) after it removed the stopped sandbox and

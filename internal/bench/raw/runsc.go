@@ -126,3 +126,135 @@ func getOK(ctx context.Context, c *http.Client, url string) error {
 	}
 	return nil
 }
+
+// runsc-checkpoint-restore: the floor under a gVisor memory snapshot that
+// keeps the sandbox running (cube's snapshot scenario). Setup (untimed)
+// is runsc-restore's — a sandbox from the warmed template through cubelet,
+// paused to disk, its runsc remains deleted, the slot's addresses given
+// back — and then a bare `runsc restore --detach` of the warm image under
+// the sandbox's first runsc ID, left unwoken: its agent is quiesced, as
+// cubelet quiesces it before a checkpoint. Timed: a bare `runsc
+// checkpoint` of it, SIGKILL to its processes (it does not exit by itself
+// soon, and its netstack, still on the slot's interface, resets the
+// restored copy's connections), the slot's addresses given back (runsc
+// took them),
+// a bare `runsc restore --detach` of that image under the sandbox's
+// second runsc ID (a fresh ID: no `runsc delete` in between, which is the
+// floor), the wake of its agent and the first /health answer at the
+// slot's address. Left out of a cube snapshot: the quiesce, the disk
+// copy, the snapshot's record. Cleanup deletes the sandbox through
+// cubelet, whose gVisor driver removes both runsc IDs.
+
+// RunscCheckpointRestore times that sequence for cubelet's sandbox id
+// (runsc root root, slot address hostIP), restoring the warm image mem
+// first and checkpointing into dir (empty, on the pool's filesystem).
+// release is as for RunscRestore.
+func RunscCheckpointRestore(ctx context.Context, root, mem, dir, id, hostIP string, release func(context.Context) error) (time.Duration, error) {
+	if hostIP == "" {
+		return 0, fmt.Errorf("sandbox %s has no network slot address", id)
+	}
+	slots := gvisor.RunscSlots(id)
+	bundle, err := runscBundle(ctx, root, slots[0])
+	if err != nil {
+		return 0, err
+	}
+	if err := release(ctx); err != nil {
+		return 0, fmt.Errorf("release %s from cubelet: %w", id, err)
+	}
+	if out, err := exec.CommandContext(ctx, RunscBinary, "--root", root, "delete", "--force", slots[0]).CombinedOutput(); err != nil && !strings.Contains(string(out), "does not exist") {
+		return 0, fmt.Errorf("runsc delete %s: %w: %s", slots[0], err, out)
+	}
+	if err := gvisor.RawGiveBackNet(bundle); err != nil {
+		return 0, fmt.Errorf("give the netns of %s its addresses back: %w", id, err)
+	}
+	console, err := os.OpenFile(filepath.Join(bundle, "console.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer console.Close()
+	logFile := filepath.Join(bundle, "runsc-raw.log")
+	run := func(bin string, args ...string) error {
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Stdout, cmd.Stderr = console, console
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s %v: %w: %s", bin, args, err, Tail(logFile))
+		}
+		return nil
+	}
+	restore := func(image, rid string) error {
+		bin, args, err := gvisor.RawRestoreAs(RunscBinary, root, RunscPlatform, bundle, image, rid, logFile)
+		if err != nil {
+			return err
+		}
+		return run(bin, args...)
+	}
+	// Untimed: the sandbox to checkpoint, its agent quiesced (the
+	// namespace's addresses recorded first: runsc takes them).
+	if err := gvisor.RawSaveNet(bundle); err != nil {
+		return 0, err
+	}
+	if err := restore(mem, slots[0]); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := run(RunscBinary, append(gvisor.RawGlobal(root, RunscPlatform, bundle, logFile), gvisor.RawCheckpoint(slots[0], dir)...)...); err != nil {
+		return 0, err
+	}
+	if err := gvisor.RawKillCheckpointed(bundle); err != nil {
+		return 0, err
+	}
+	if err := gvisor.RawGiveBackNet(bundle); err != nil {
+		return 0, fmt.Errorf("give the netns of %s its addresses back: %w", id, err)
+	}
+	if err := restore(dir, slots[1]); err != nil {
+		return 0, err
+	}
+	if err := wakeUntilHealthy(ctx, root, bundle, slots[1], hostIP); err != nil {
+		return 0, fmt.Errorf("%w (console: %s)", err, Tail(filepath.Join(bundle, "console.log")))
+	}
+	return time.Since(start), nil
+}
+
+// runscBundle asks runsc for the bundle of the sandbox under runsc ID rid.
+func runscBundle(ctx context.Context, root, rid string) (string, error) {
+	out, err := exec.CommandContext(ctx, RunscBinary, "--root", root, "state", rid).Output()
+	if err != nil {
+		return "", fmt.Errorf("runsc state %s: %w", rid, err)
+	}
+	var st struct {
+		Bundle string `json:"bundle"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Bundle == "" {
+		return "", fmt.Errorf("runsc state %s: no bundle in %q: %v", rid, out, err)
+	}
+	return st.Bundle, nil
+}
+
+// wakeUntilHealthy wakes the quiesced agent of the sandbox under runsc ID
+// rid (re-sent every second, as cubelet does) until it answers /health at
+// hostIP, within 60 s.
+func wakeUntilHealthy(ctx context.Context, root, bundle, rid, hostIP string) error {
+	wake := append(gvisor.RawGlobal(root, RunscPlatform, bundle, ""), gvisor.RawWakeAs(rid)...)
+	url := "http://" + net.JoinHostPort(hostIP, strconv.Itoa(agentproto.Port)) + "/health"
+	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	deadline := time.Now().Add(60 * time.Second)
+	var lastWake time.Time
+	var last error
+	for time.Now().Before(deadline) {
+		if time.Since(lastWake) >= time.Second {
+			if out, err := exec.CommandContext(ctx, RunscBinary, wake...).CombinedOutput(); err != nil {
+				return fmt.Errorf("wake agent: %w: %s", err, out)
+			}
+			lastWake = time.Now()
+		}
+		if last = getOK(ctx, c, url); last == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return fmt.Errorf("agent of %s did not answer /health within 60s: %v", rid, last)
+}

@@ -95,6 +95,9 @@ func Evaluate(rep *Report) []Target {
 	default:
 		out = append(out, Target{Name: warm, Want: "<= 1.20x (p50)", Got: "not measured: run with --runtime gvisor or vm"})
 	}
+	if find("runsc-checkpoint-restore") != nil {
+		ratio("gVisor memory snapshot (keeps running) vs bare runsc checkpoint + restore", "<= 1.20x (p50)", 1.2, "snapshot", "runsc-checkpoint-restore", p50, false)
+	}
 	if find("qemu-incoming-full") != nil {
 		ratio("VM create from a shared-memory warm template vs bare qemu -incoming of a full image of it", "<= 0.20x (p50)", 0.2, "create-warm", "qemu-incoming-full", p50, false)
 	}

@@ -250,6 +250,13 @@ func (a *containerAction) Snapshot(ctx context.Context, t *Task) error {
 	if err != nil {
 		return err
 	}
+	if checkpointStops(d) {
+		// The memory step's checkpoint stops the sandbox before the disk
+		// is copied: a freeze now would only be thawed again for it
+		// (runsc cannot checkpoint a paused sandbox), two runsc calls
+		// on the snapshot's path.
+		return nil
+	}
 	// Taken first: a pause that fails half-way must still be thawed.
 	run.Holds.Take(Frozen, func(ctx context.Context) error {
 		return Settle(ctx, d, rec.Container.ID, runtime.StatusRunning, d.Resume(ctx, rec.Container.ID))

@@ -26,6 +26,14 @@ import (
 // A failure undoes the started actions in reverse; each undo gives back
 // the holds its action took and nothing has given back yet.
 
+// checkpointStops says whether d's memory checkpoint stops the sandbox
+// (it is then restored in place by the thaw step), so the memory step
+// leaves nothing running while the disk is copied.
+func checkpointStops(d runtime.Driver) bool {
+	_, inPlace := d.(runtime.InPlaceRestorer)
+	return inPlace && d.Capabilities().Checkpoint
+}
+
 // memoryAction writes the runtime's memory image into the snapshot when
 // the runtime can checkpoint; otherwise the snapshot is disk-only
 // (HasMemory false), which is what runc gives.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -168,9 +169,14 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 	}{
 		{false, "snapshot/memory/after"},
 		{true, "snapshot/memory/after"},
-		// Inside the restore in place, after the stopped sandbox was
-		// removed: runsc no longer knows the ID.
+		// Inside the restore in place, after the checkpointed sandbox
+		// was retired (killed, its runsc state saying stopped), before
+		// the restored copy starts in the other runsc slot.
 		{false, "gvisor/restore/stopped"}, // gvisor.FailpointRestoreStopped
+		// The restored copy runs, the background delete of the retired
+		// slot has not started: the restart reaps it (the leak check at
+		// the end finds no runsc state, process or cgroup left).
+		{false, "gvisor/reap"}, // gvisor.FailpointReap
 	} {
 		paused := c.paused
 		id := fmt.Sprintf("gr-%v-%d", paused, len(c.point))
@@ -196,6 +202,11 @@ func TestGvisorSnapshotCrashRestore(t *testing.T) {
 		got, err := d.client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
 		if err != nil || got.Sandbox.State != want {
 			t.Fatalf("%s after the restart: %v %v, want %v", id, got, err, want)
+		}
+		// One runsc state is left for the sandbox, whichever slot it
+		// runs in: the restart reaped a retired one.
+		if states, _ := filepath.Glob(filepath.Join(env.Config.Gvisor.Root, id+"*.state")); len(states) != 1 {
+			t.Fatalf("%s after the restart: runsc states %v, want the running sandbox's only", id, states)
 		}
 		if paused {
 			if _, err := d.client.ResumeSandbox(ctx, &pb.ResumeSandboxRequest{SandboxId: id}); err != nil {

@@ -2,7 +2,8 @@
 // the runsc CLI with github.com/containerd/go-runc (runsc speaks runc's
 // command line; the global flags runsc adds go in Runc.ExtraArgs).
 //
-// Every sandbox is one runsc container whose bundle is Spec.BundleDir:
+// Every sandbox is one runsc container (under one of two runsc IDs, its
+// slots: slots.go) whose bundle is Spec.BundleDir:
 //
 //	BundleDir/config.json  OCI spec (ocispec.For, adjusted for gVisor: SpecFor)
 //	BundleDir/console.log  stdout+stderr of PID 1 (cube-agent's until it listens) and of runsc (a file, never a pipe)
@@ -35,7 +36,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
@@ -87,6 +87,10 @@ type Driver struct {
 	// stateFormatOnce: the warning that readState fell back to runsc is
 	// said once per driver.
 	stateFormatOnce sync.Once
+	// reaps are the background deletes of retired slots in flight, by
+	// runsc ID (swap.go); Stop and the next swap wait for them.
+	reapMu sync.Mutex
+	reaps  map[string]chan struct{}
 }
 
 var (
@@ -94,6 +98,7 @@ var (
 	_ runtime.Describer       = (*Driver)(nil)
 	_ runtime.AgentWaker      = (*Driver)(nil)
 	_ runtime.InPlaceRestorer = (*Driver)(nil)
+	_ runtime.Reaper          = (*Driver)(nil)
 )
 
 // New checks that runsc exists and creates Root.
@@ -198,10 +203,27 @@ func (d *Driver) Restore(ctx context.Context, s runtime.Spec, dir string) (runti
 	return d.launch(ctx, s.ID, s.BundleDir, spec, dir)
 }
 
-// launch runs (image == "") or restores a sandbox. On any failure it
-// removes what runsc created for s.ID, unless the failure is that s.ID
-// exists already: that sandbox belongs to someone else.
+// launch runs (image == "") or restores a new sandbox, in slot A. On any
+// failure it removes what runsc created for s.ID, unless the failure is
+// that s.ID exists already: that sandbox belongs to someone else.
 func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec, image string) (runtime.State, error) {
+	// Before touching the bundle: a duplicate would otherwise rewrite the
+	// running sandbox's config.
+	if _, err := d.State(ctx, id); err == nil {
+		verb := "start"
+		if image != "" {
+			verb = "restore"
+		}
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, errdefs.ErrAlreadyExists)
+	} else if !errdefs.IsNotFound(err) {
+		return runtime.State{}, err
+	}
+	return d.launchAs(ctx, id, slotIDs(id)[0], bundle, spec, image)
+}
+
+// launchAs runs or restores sandbox id as runsc ID rid (one of its slots,
+// which must be free).
+func (d *Driver) launchAs(ctx context.Context, id, rid, bundle string, spec *specs.Spec, image string) (runtime.State, error) {
 	begin := time.Now()
 	verb := "start"
 	if image != "" {
@@ -213,10 +235,8 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	if !filepath.IsAbs(bundle) {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: BundleDir %q is not absolute: %w", verb, id, bundle, errdefs.ErrInvalidArgument)
 	}
-	// Before touching the bundle: a duplicate would otherwise rewrite the
-	// running sandbox's config.
-	if _, err := d.State(ctx, id); err == nil {
-		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, errdefs.ErrAlreadyExists)
+	if _, err := d.readSlot(ctx, id, rid); err == nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %s: %w", verb, id, rid, errdefs.ErrAlreadyExists)
 	} else if !errdefs.IsNotFound(err) {
 		return runtime.State{}, err
 	}
@@ -235,10 +255,13 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 	logFile := filepath.Join(bundle, "runsc.log")
 	_ = os.Remove(logFile)
 
-	err = d.runDetached(ctx, id, bundle, networkFor(spec), logFile, image, console)
+	err = d.runDetached(ctx, rid, bundle, networkFor(spec), logFile, image, console)
 	var st runtime.State
 	if err == nil {
-		st, err = d.State(ctx, id)
+		var c *gorunc.Container
+		if c, err = d.readSlot(ctx, id, rid); err == nil {
+			st = toState(c)
+		}
 		// A detached run returns once the sandbox was started; under load
 		// PID 1 can already be gone by then (a bad entrypoint, or the
 		// sandbox killed while booting). Say so now, with the reason
@@ -259,7 +282,7 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 		// and the rollback must still finish (within its own bound).
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), launchBound)
 		defer cancel()
-		if cerr := d.destroy(rctx, id, bundle, spec); cerr != nil {
+		if cerr := d.destroy(rctx, id, rid, bundle, spec); cerr != nil {
 			d.log.WarnContext(ctx, "rollback of failed "+verb, "id", id, "error", cerr)
 			err = errors.Join(err, cerr)
 		}
@@ -269,11 +292,11 @@ func (d *Driver) launch(ctx context.Context, id, bundle string, spec *specs.Spec
 
 // Pause freezes the sandbox (memory stays resident).
 func (d *Driver) Pause(ctx context.Context, id string) error {
-	c, err := d.container(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Pause(ctx, runscID(id)); err != nil {
+	if err := d.rsc(networkOf(c.Bundle), "").Pause(ctx, rid); err != nil {
 		return d.classify(ctx, "pause", id, err, "")
 	}
 	return nil
@@ -282,7 +305,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 // Resume thaws a paused sandbox. In a network namespace it first takes
 // the namespace's addresses away from the host kernel again (releaseAddrs).
 func (d *Driver) Resume(ctx context.Context, id string) error {
-	c, err := d.container(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -291,7 +314,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 			return fmt.Errorf("gvisor resume %s: %w", id, err)
 		}
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, runscID(id)); err != nil {
+	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, rid); err != nil {
 		return d.classify(ctx, "resume", id, err, "")
 	}
 	return nil
@@ -299,9 +322,9 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 
 // Checkpoint writes the sandbox's memory image to dir/checkpoint.img and
 // leaves the sandbox stopped; with leaveRunning it is then restored in
-// place from that image (RestoreInPlace) and put back in the state it had,
-// running or paused. (runsc's own --leave-running never returns in this
-// version.)
+// place from that image (restoreSwap: into its other slot, the old one
+// deleted in the background) and put back in the state it had, running
+// or paused. (runsc's own --leave-running never returns in this version.)
 //
 // A paused sandbox is thawed right before the checkpoint: runsc
 // checkpoints a paused sandbox but then cannot stop it ("invalid state
@@ -316,7 +339,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("gvisor checkpoint %s: dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
 	}
-	c, err := d.container(ctx, id)
+	c, rid, retired, err := d.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -329,22 +352,22 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	network := networkOf(c.Bundle)
 	paused := c.Status == "paused"
 	if paused {
-		if err := d.rsc(network, "").Resume(ctx, runscID(id)); err != nil {
+		if err := d.rsc(network, "").Resume(ctx, rid); err != nil {
 			return d.classify(ctx, "resume before checkpoint", id, err, "")
 		}
 	}
 	logFile := filepath.Join(c.Bundle, "runsc.log")
-	if err := d.runCheckpoint(ctx, id, dir, network, logFile); err != nil {
+	if err := d.runCheckpoint(ctx, id, rid, dir, network, logFile); err != nil {
 		if paused {
-			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), runscID(id))
+			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), rid)
 		}
 		return err
 	}
 	d.log.DebugContext(ctx, "checkpointed", "id", id, "dir", dir, "took", time.Since(begin))
 	if !leaveRunning {
-		return d.waitStopped(ctx, id, c.Bundle)
+		return d.stopCheckpointed(ctx, id, rid, c.Bundle)
 	}
-	if _, err := d.RestoreInPlace(ctx, id, dir); err != nil {
+	if _, err := d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir); err != nil {
 		return err
 	}
 	if paused {
@@ -353,40 +376,21 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	return nil
 }
 
-// waitStopped returns once runsc reports the checkpointed sandbox
-// stopped: `runsc checkpoint` returns when the image is written, and the
-// sandbox stops just after, so a caller that reads the state at once (or
-// restores in place) could still see it running. runsc says stopped once
-// the container is gone, asking the sandbox over its control socket; the
-// sandbox process itself then takes up to a second more to exit, so it and
-// the gofer are killed through the cgroup (the image is written: nothing
-// of theirs is needed), after which the state file agrees. The image is
-// what the sandbox now is, so this never fails: one that has not stopped
-// within 10 s (or when ctx ends) is killed.
-func (d *Driver) waitStopped(ctx context.Context, id, bundle string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		c, err := d.rsc("none", "").State(ctx, runscID(id))
-		if err != nil || c.Status == "stopped" {
-			break // gone or stopped: either way not running
-		}
-		select {
-		case <-ctx.Done():
-			deadline = time.Time{}
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	kctx := context.WithoutCancel(ctx)
-	if c, err := d.rsc("none", "").State(kctx, runscID(id)); err == nil && c.Status != "stopped" {
-		d.log.WarnContext(kctx, "checkpointed sandbox did not stop by itself; killing it", "id", id, "status", c.Status)
-		if err := d.rsc("none", "").Kill(kctx, runscID(id), int(syscall.SIGKILL), &gorunc.KillOpts{All: true}); err != nil {
-			d.log.WarnContext(kctx, "kill checkpointed sandbox", "id", id, "error", err)
-		}
-	}
+// stopCheckpointed finishes the stop a checkpoint began, without waiting:
+// `runsc checkpoint` returns once the image is written, and the sandbox
+// process then takes up to a second to exit by itself. Nothing of it is
+// needed any more, so every process in its cgroup gets SIGKILL, and runsc's
+// state file is rewritten to say stopped with no PIDs, so State says
+// stopped at once and no later runsc call signals the PIDs, which are
+// soon reused. Stop waits for the processes to leave the cgroup.
+func (d *Driver) stopCheckpointed(ctx context.Context, id, rid, bundle string) error {
 	if sp, err := readSpec(bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" {
-		if _, err := cgroups.Kill(sp.Linux.CgroupsPath, cgroupRemoveTimeout); err != nil {
-			d.log.WarnContext(kctx, "kill the checkpointed sandbox's processes", "id", id, "error", err)
-		}
+		killOnce(sp.Linux.CgroupsPath)
+	}
+	if err := d.editState(rid, func(st, _ map[string]json.RawMessage) {
+		st["status"] = json.RawMessage(`"stopped"`)
+	}); err != nil {
+		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
 	}
 	return nil
 }
@@ -400,7 +404,7 @@ const connRetries = 10
 // fails without touching the sandbox; a connection the client just closed
 // is gone a few milliseconds later, so the failure is retried briefly
 // before it is reported as FailedPrecondition.
-func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile string) error {
+func (d *Driver) runCheckpoint(ctx context.Context, id, rid, dir, network, logFile string) error {
 	for attempt := 0; ; attempt++ {
 		// runsc creates the image with O_EXCL and leaves it behind when
 		// it fails: a retry, or a new attempt on the same directory,
@@ -408,7 +412,7 @@ func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile st
 		if err := os.Remove(filepath.Join(dir, CheckpointFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("gvisor checkpoint %s: remove stale image: %w", id, err)
 		}
-		err := d.rsc(network, logFile).Checkpoint(ctx, runscID(id), &gorunc.CheckpointOpts{ImagePath: dir})
+		err := d.rsc(network, logFile).Checkpoint(ctx, rid, &gorunc.CheckpointOpts{ImagePath: dir})
 		if err == nil {
 			return nil
 		}
@@ -435,26 +439,36 @@ func (d *Driver) runCheckpoint(ctx context.Context, id, dir, network, logFile st
 }
 
 // RestoreInPlace replaces the (stopped) sandbox id by one restored from
-// the memory image in dir, reusing its bundle, so the ID, spec, root
-// filesystem and network namespace stay the same. A still running id is
-// killed first. The bundle's config.json is reused as written.
+// the memory image in dir, reusing its bundle, so the sandbox ID, spec,
+// root filesystem, cgroup and network namespace stay the same. The
+// restored copy runs in the sandbox's other runsc slot and the old one is
+// deleted in the background (restoreSwap, slots.go); a still running id
+// is killed first. The bundle's config.json is reused as written.
 func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.State, error) {
 	if err := d.memoryOff("restore", id); err != nil {
 		return runtime.State{}, err
 	}
-	c, err := d.container(ctx, id)
+	c, rid, retired, err := d.lookup(ctx, id)
 	if err != nil {
 		return runtime.State{}, err
 	}
-	return d.RestoreBundle(ctx, id, c.Bundle, dir)
+	return d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir)
 }
 
 // RestoreBundle restores id from the image in dir with the spec its
-// bundle holds, whether or not runsc still knows id (a stopped sandbox
-// of that ID is removed first). It is how a restore in place cut short
-// after the removal is finished: the bundle outlives runsc's state.
+// bundle holds, whether or not runsc still knows id (a sandbox runsc
+// knows is swapped out as by RestoreInPlace). It is how a restore in
+// place cut short after the removal is finished: the bundle outlives
+// runsc's state.
 func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (runtime.State, error) {
 	if err := d.memoryOff("restore", id); err != nil {
+		return runtime.State{}, err
+	}
+	c, rid, retired, err := d.lookup(ctx, id)
+	if err == nil {
+		return d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir)
+	}
+	if !errdefs.IsNotFound(err) {
 		return runtime.State{}, err
 	}
 	spec, err := readSpec(bundle)
@@ -464,17 +478,17 @@ func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (run
 	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
 	}
-	if err := d.Stop(ctx, id); err != nil {
-		return runtime.State{}, err
+	if err := restoreNet(spec, bundle); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
 	}
 	if err := failpoint.Eval(ctx, FailpointRestoreStopped); err != nil {
 		return runtime.State{}, err
 	}
-	return d.launch(ctx, id, bundle, spec, dir)
+	return d.launchAs(ctx, id, slotIDs(id)[0], bundle, spec, dir)
 }
 
 // FailpointRestoreStopped fires inside a restore in place between the
-// removal of the stopped sandbox and the launch from the image.
+// retirement of the stopped sandbox and the launch from the image.
 const FailpointRestoreStopped = "gvisor/restore/stopped"
 
 // Stop kills every process of the sandbox (sandbox, gofer and the
@@ -482,7 +496,7 @@ const FailpointRestoreStopped = "gvisor/restore/stopped"
 // Stopping an absent sandbox is a no-op.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	begin := time.Now()
-	c, err := d.container(ctx, id)
+	c, rid, retired, err := d.lookup(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
 	}
@@ -494,7 +508,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	// transition: paused => stopped") after killing it half-way; thaw
 	// first so delete takes its normal path.
 	if c.Status == "paused" {
-		if err := d.rsc(network, "").Resume(ctx, runscID(id)); err != nil {
+		if err := d.rsc(network, "").Resume(ctx, rid); err != nil {
 			d.log.WarnContext(ctx, "resume before stop", "id", id, "error", err)
 		}
 	}
@@ -503,17 +517,22 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		// No spec: nothing to give back, and runsc still deletes.
 		sp = &specs.Spec{}
 	}
-	if err := d.destroy(ctx, id, c.Bundle, sp); err != nil {
+	if err := d.destroy(ctx, id, rid, c.Bundle, sp); err != nil {
 		return err
+	}
+	if retired != "" {
+		if err := d.reap(ctx, id, retired); err != nil {
+			return err
+		}
 	}
 	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
 	return nil
 }
 
-// destroy force-deletes id (runsc kills the sandbox and gofer processes
-// and waits for them), gives the network namespace its addresses back and
+// destroy force-deletes slot rid of sandbox id (every process in its
+// cgroup killed first), gives the network namespace its addresses back and
 // removes the cgroup everywhere.
-func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec) error {
+func (d *Driver) destroy(ctx context.Context, id, rid, bundle string, sp *specs.Spec) error {
 	// Every process in the sandbox's cgroup dies first. runsc's delete
 	// kills only the processes its state file names, and then waits for
 	// the cgroup to empty: a sandbox or gofer it never recorded (a runsc
@@ -530,11 +549,11 @@ func (d *Driver) destroy(ctx context.Context, id, bundle string, sp *specs.Spec)
 		// checking, and a PID freed (a checkpoint stopped the sandbox, or
 		// the kill above) is soon another process's. On a host whose PIDs
 		// wrap within seconds that killed other sandboxes.
-		if err := d.forgetPIDs(id); err != nil {
+		if err := d.editState(rid, nil); err != nil {
 			return fmt.Errorf("gvisor stop %s: %w", id, err)
 		}
 	}
-	if err := d.rsc(networkFor(sp), "").Delete(ctx, runscID(id), &gorunc.DeleteOpts{Force: true}); err != nil {
+	if err := d.rsc(networkFor(sp), "").Delete(ctx, rid, &gorunc.DeleteOpts{Force: true}); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -561,67 +580,16 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.State, error) {
 }
 
 func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, error) {
-	if id == "" {
-		return nil, fmt.Errorf("gvisor: empty sandbox ID: %w", errdefs.ErrInvalidArgument)
-	}
-	c, err := d.readState(ctx, id)
-	if !errors.Is(err, errStateFormat) {
-		return c, err
-	}
-	d.stateFormatOnce.Do(func() {
-		d.log.WarnContext(ctx, "runsc's state file is not in the known layout; asking runsc state instead (slower)", "id", id)
-	})
-	c, err = d.rsc("none", "").State(ctx, runscID(id))
-	if err != nil {
-		return nil, d.classify(ctx, "state", id, err, "")
-	}
-	c.ID = id
-	return c, nil
+	c, _, _, err := d.lookup(ctx, id)
+	return c, err
 }
 
-// runscID is the runsc container ID of sandbox id. This runsc resolves
-// IDs by prefix and refuses one that is the prefix of another ("sb-1"
-// while "sb-10" exists is "ambiguous"); the terminator, which sandbox IDs
-// never contain, makes no runsc ID a prefix of another.
-func runscID(id string) string { return id + "." }
-
-// forgetPIDs zeroes the sandbox and gofer PIDs in runsc's state file of
-// id (runsc skips the kill of a zero PID). A missing state file is no
-// error: runsc's delete then has nothing to kill either.
-func (d *Driver) forgetPIDs(id string) error {
-	path := d.statePath(id)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var st map[string]json.RawMessage
-	if err := json.Unmarshal(b, &st); err != nil {
-		return fmt.Errorf("runsc state %s: %w", path, err)
-	}
-	st["goferPid"] = json.RawMessage("0")
-	if raw, ok := st["sandbox"]; ok && string(raw) != "null" {
-		var sb map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &sb); err != nil {
-			return fmt.Errorf("runsc state %s: sandbox: %w", path, err)
-		}
-		sb["pid"] = json.RawMessage("0")
-		if st["sandbox"], err = json.Marshal(sb); err != nil {
-			return err
-		}
-	}
-	out, err := json.Marshal(st)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".cube-tmp"
-	if err := os.WriteFile(tmp, out, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+// runscID is the runsc container ID of sandbox id's slot A, where every
+// sandbox starts (slots.go). This runsc resolves IDs by prefix and refuses
+// one that is the prefix of another ("sb-1" while "sb-10" exists is
+// "ambiguous"); the terminator, which sandbox IDs never contain, makes no
+// runsc ID a prefix of another.
+func runscID(id string) string { return slotIDs(id)[0] }
 
 // List implements runtime.Driver; it reads runsc's root, so it also sees
 // sandboxes other processes started there.
@@ -630,9 +598,27 @@ func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
 	if err != nil {
 		return nil, d.classify(ctx, "list", "", err, "")
 	}
-	out := make([]runtime.State, 0, len(cs))
+	slots := map[string]int{}
 	for _, c := range cs {
-		c.ID = strings.TrimSuffix(c.ID, ".")
+		slots[sandboxOfSlot(c.ID)]++
+	}
+	out := make([]runtime.State, 0, len(slots))
+	for _, c := range cs {
+		id := sandboxOfSlot(c.ID)
+		n := slots[id]
+		if n == 0 {
+			continue // listed already
+		}
+		slots[id] = 0
+		// A sandbox with a retired slot next to its current one is
+		// listed once, as its current slot says.
+		if n > 1 {
+			if st, err := d.State(ctx, id); err == nil {
+				out = append(out, st)
+				continue
+			}
+		}
+		c.ID = id
 		out = append(out, toState(c))
 	}
 	return out, nil

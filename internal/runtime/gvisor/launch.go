@@ -29,21 +29,21 @@ const launchBound = 2 * time.Minute
 const netnsShim = `mount -t tmpfs -o size=4k,mode=555 cube-runsc-netns /proc/sys/net && exec "$0" "$@"`
 
 // runDetached runs `runsc run --detach` (image == "") or `runsc restore
-// --detach` for id and returns once runsc has exited, the sandbox left
+// --detach` as runsc ID rid and returns once runsc has exited, the sandbox left
 // running in the background. It does not use go-runc because the
 // command may have to be wrapped in unshare (netnsShim), which go-runc
 // cannot express. Stdout and stderr are console (a file), stdin is
 // /dev/null: runsc hands them to the sandbox.
-func (d *Driver) runDetached(ctx context.Context, id, bundle, network, logFile, image string, console *os.File) error {
+func (d *Driver) runDetached(ctx context.Context, rid, bundle, network, logFile, image string, console *os.File) error {
 	args := []string{"--root", d.root, "--log", logFile, "--log-format", "json",
 		"--platform=" + d.platform, "--network=" + network}
 	if d.debug {
 		args = append(args, "--debug", "--debug-log="+filepath.Join(bundle, "debug")+"/")
 	}
 	if image == "" {
-		args = append(args, "run", "--detach", "--bundle", bundle, runscID(id))
+		args = append(args, "run", "--detach", "--bundle", bundle, rid)
 	} else {
-		args = append(args, "restore", "--image-path", image, "--detach", "--bundle", bundle, runscID(id))
+		args = append(args, "restore", "--image-path", image, "--detach", "--bundle", bundle, rid)
 	}
 	// Not cut off by the caller's cancel: runsc killed between forking
 	// the sandbox and gofer and recording them in its state leaves

@@ -32,11 +32,11 @@ type memState struct {
 // execIn runs a command in a sandbox with runsc exec, repeating the
 // global flags the sandbox was created with.
 func execIn(ctx context.Context, d *Driver, id string, args ...string) (string, error) {
-	c, err := d.container(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return "", err
 	}
-	argv := append([]string{"--root", d.root, "--platform=" + d.platform, "--network=" + networkOf(c.Bundle), "exec", runscID(id)}, args...)
+	argv := append([]string{"--root", d.root, "--platform=" + d.platform, "--network=" + networkOf(c.Bundle), "exec", rid}, args...)
 	out, err := exec.CommandContext(ctx, d.bin, argv...).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("runsc exec %s %v: %w: %s", id, args, err, out)

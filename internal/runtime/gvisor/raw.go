@@ -29,11 +29,16 @@ func RawGlobal(root, platform, bundle, logFile string) []string {
 // driver's Restore runs it: wrapped in the netns shim when the bundle
 // joins a network namespace.
 func RawRestore(bin, root, platform, bundle, dir, id, logFile string) (string, []string, error) {
+	return RawRestoreAs(bin, root, platform, bundle, dir, RunscID(id), logFile)
+}
+
+// RawRestoreAs is RawRestore under runsc ID rid (RunscSlots).
+func RawRestoreAs(bin, root, platform, bundle, dir, rid, logFile string) (string, []string, error) {
 	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
-		return "", nil, fmt.Errorf("raw restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
+		return "", nil, fmt.Errorf("raw restore %s: no memory image in %s: %w", rid, dir, errdefs.ErrNotFound)
 	}
 	args := append(RawGlobal(root, platform, bundle, logFile),
-		"restore", "--image-path", dir, "--detach", "--bundle", bundle, RunscID(id))
+		"restore", "--image-path", dir, "--detach", "--bundle", bundle, rid)
 	if networkOf(bundle) != "sandbox" {
 		return bin, args, nil
 	}
@@ -42,12 +47,26 @@ func RawRestore(bin, root, platform, bundle, dir, id, logFile string) (string, [
 
 // RawWake is the argv (after RawGlobal) that wakes a quiesced agent of a
 // restored sandbox, as cubelet does after every restore.
-func RawWake(id string) []string {
-	return []string{"kill", RunscID(id), strconv.Itoa(int(WakeSignal))}
+func RawWake(id string) []string { return RawWakeAs(RunscID(id)) }
+
+// RawWakeAs is RawWake for the sandbox under runsc ID rid.
+func RawWakeAs(rid string) []string {
+	return []string{"kill", rid, strconv.Itoa(int(WakeSignal))}
 }
 
-// RunscID is the ID runsc knows sandbox id by (see runscID).
+// RawCheckpoint is the argv (after RawGlobal) of a bare `runsc checkpoint`
+// of the sandbox under runsc ID rid into dir.
+func RawCheckpoint(rid, dir string) []string {
+	return []string{"checkpoint", "--image-path", dir, rid}
+}
+
+// RunscID is the ID runsc knows a freshly started sandbox id by (its slot
+// A, see runscID).
 func RunscID(id string) string { return runscID(id) }
+
+// RunscSlots are the two runsc IDs sandbox id may run under (slots.go): a
+// bare restore next to a checkpointed sandbox uses the second.
+func RunscSlots(id string) [2]string { return slotIDs(id) }
 
 // RawGiveBackNet puts the addresses and routes runsc took from the
 // network namespace of bundle's sandbox back, as the driver's Stop does
@@ -59,4 +78,31 @@ func RawGiveBackNet(bundle string) error {
 		return err
 	}
 	return restoreNet(sp, bundle)
+}
+
+// RawKillCheckpointed sends SIGKILL once to every process in the cgroup of
+// bundle's sandbox, as the driver does right after a checkpoint: the
+// checkpointed sandbox process does not exit by itself for a long time,
+// and its netstack, still attached to the slot's interface, answered the
+// restored copy's connections with resets (its listener was closed).
+func RawKillCheckpointed(bundle string) error {
+	sp, err := readSpec(bundle)
+	if err != nil {
+		return err
+	}
+	if sp.Linux != nil && sp.Linux.CgroupsPath != "" {
+		killOnce(sp.Linux.CgroupsPath)
+	}
+	return nil
+}
+
+// RawSaveNet records the addresses and routes of bundle's network
+// namespace in the bundle, as the driver does before every launch, so
+// that RawGiveBackNet can put them back after runsc took them.
+func RawSaveNet(bundle string) error {
+	sp, err := readSpec(bundle)
+	if err != nil {
+		return err
+	}
+	return saveNet(sp, bundle)
 }

@@ -15,11 +15,11 @@ const WakeSignal = unix.SIGUSR2
 // restore from a memory image taken with the agent quiesced, and when a
 // snapshot is given up before its checkpoint.
 func (d *Driver) WakeAgent(ctx context.Context, id string) error {
-	c, err := d.container(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Kill(ctx, runscID(id), int(WakeSignal), nil); err != nil {
+	if err := d.rsc(networkOf(c.Bundle), "").Kill(ctx, rid, int(WakeSignal), nil); err != nil {
 		return d.classify(ctx, "wake agent", id, err, "")
 	}
 	return nil

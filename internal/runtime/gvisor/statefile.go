@@ -37,9 +37,10 @@ type runscState struct {
 // knows; the caller asks runsc instead.
 var errStateFormat = errors.New("unknown runsc state file layout")
 
-// statePath is runsc's state file of the sandbox's root container.
-func (d *Driver) statePath(id string) string {
-	return filepath.Join(d.root, runscID(id)+"_sandbox:"+runscID(id)+".state")
+// statePath is runsc's state file of the root container whose runsc ID
+// is rid (a slot of a sandbox: slots.go).
+func (d *Driver) statePath(rid string) string {
+	return filepath.Join(d.root, rid+"_sandbox:"+rid+".state")
 }
 
 // readState answers what `runsc state` would, from runsc's state file.
@@ -52,14 +53,14 @@ func (d *Driver) statePath(id string) string {
 // is read under a shared lock on runsc's lock file, which runsc holds
 // exclusively while it rewrites the file. TestStateFileMatchesRunsc
 // checks the answers against runsc's own in every state.
-func (d *Driver) readState(ctx context.Context, id string) (*gorunc.Container, error) {
-	path := d.statePath(id)
+func (d *Driver) readState(ctx context.Context, id, rid string) (*gorunc.Container, error) {
+	path := d.statePath(rid)
 	unlock, err := lockShared(ctx, path[:len(path)-len(".state")]+".lock")
 	if errors.Is(err, os.ErrNotExist) {
 		if _, serr := os.Stat(path); serr == nil {
 			return nil, errStateFormat // a state file without its lock file
 		}
-		return nil, fmt.Errorf("gvisor state %s: container %q does not exist: %w", id, runscID(id), errdefs.ErrNotFound)
+		return nil, fmt.Errorf("gvisor state %s: container %q does not exist: %w", id, rid, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("gvisor state %s: %w", id, err)
@@ -67,13 +68,13 @@ func (d *Driver) readState(ctx context.Context, id string) (*gorunc.Container, e
 	b, err := os.ReadFile(path)
 	unlock()
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("gvisor state %s: container %q does not exist: %w", id, runscID(id), errdefs.ErrNotFound)
+		return nil, fmt.Errorf("gvisor state %s: container %q does not exist: %w", id, rid, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("gvisor state %s: %w", id, err)
 	}
 	var st runscState
-	if err := json.Unmarshal(b, &st); err != nil || st.Status == "" || st.BundleDir == "" || st.ID != runscID(id) {
+	if err := json.Unmarshal(b, &st); err != nil || st.Status == "" || st.BundleDir == "" || st.ID != rid {
 		return nil, errStateFormat
 	}
 	pid, cgroup := 0, ""

@@ -24,7 +24,7 @@ func TestStateFileMatchesRunsc(t *testing.T) {
 	ctx := t.Context()
 	same := func(step, id string) {
 		t.Helper()
-		got, err := d.readState(ctx, id)
+		got, err := d.readState(ctx, id, runscID(id))
 		want, werr := d.rsc("none", "").State(ctx, runscID(id))
 		if werr != nil {
 			if got != nil || !errdefs.IsNotFound(err) {
@@ -53,7 +53,7 @@ func TestStateFileMatchesRunsc(t *testing.T) {
 		t.Fatal(err)
 	}
 	same("resumed", "st-a")
-	c, err := d.readState(ctx, "st-a")
+	c, err := d.readState(ctx, "st-a", runscID("st-a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestStateFileMatchesRunsc(t *testing.T) {
 	// the state file still says running with that PID. Only the cgroup
 	// check stops it looking alive: the control is the same PID without
 	// it.
-	b, err := os.ReadFile(d.statePath("st-a"))
+	b, err := os.ReadFile(d.statePath(runscID("st-a")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestStateFileMatchesRunsc(t *testing.T) {
 	if b, err = json.Marshal(st); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(d.statePath("st-a"), b, 0o600); err != nil {
+	if err := os.WriteFile(d.statePath(runscID("st-a")), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	same("its PID reused by another process", "st-a")
