@@ -184,11 +184,15 @@ func TestMeasureSentryMemory(t *testing.T) {
 		// To disk: the save's peak is read before the sandbox stops.
 		img := filepath.Join(t.TempDir(), "img")
 		resetPeak(t, spec.CgroupPath)
-		if err := d.runCheckpoint(t.Context(), id, img, "none", filepath.Join(spec.BundleDir, "runsc.log")); err != nil {
+		_, rid, _, err := d.lookup(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.runCheckpoint(t.Context(), id, rid, img, "none", filepath.Join(spec.BundleDir, "runsc.log")); err != nil {
 			t.Fatal(err)
 		}
 		line += fmt.Sprintf("; save %3d", memFile(t, spec.CgroupPath, "memory.max_usage_in_bytes")>>20)
-		if err := d.waitStopped(t.Context(), id, spec.BundleDir); err != nil {
+		if err := d.stopCheckpointed(t.Context(), id, rid, spec.BundleDir); err != nil {
 			t.Fatal(err)
 		}
 		if err := d.Stop(t.Context(), id); err != nil {
