@@ -493,17 +493,28 @@ func TestMeasureTransfer(t *testing.T) {
 		}
 		t.Logf("%4d MiB: export %6v (%5.0f MiB/s)", mib, est.Duration.Round(time.Millisecond), float64(mib)/est.Duration.Seconds())
 		for range imports {
+			cpu, weed := selfCPU(), srv.CPU()
 			_, ist, err := s.Import(ctx, id, filepath.Join(t.TempDir(), "i"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%4d MiB: import %6v (%5.0f MiB/s; final fsync %v)", mib,
-				ist.Duration.Round(time.Millisecond), float64(mib)/ist.Duration.Seconds(), ist.Sync.Round(time.Millisecond))
+			t.Logf("%4d MiB: import %6v (%5.0f MiB/s; final fsync %v; CPU: importer %v, store %v)", mib,
+				ist.Duration.Round(time.Millisecond), float64(mib)/ist.Duration.Seconds(), ist.Sync.Round(time.Millisecond),
+				(selfCPU() - cpu).Round(10*time.Millisecond), (srv.CPU() - weed).Round(10*time.Millisecond))
 		}
 		if err := s.Delete(ctx, id, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// selfCPU is the processor time (user and system) this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestImportSeeded: chunks a seed file holds at the same offsets are
