@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -450,7 +451,9 @@ func du(dir string) int64 {
 
 // TestMeasureTransfer logs export and import time against size (random
 // bytes, so nothing is skipped as zeros or deduplicated). Long: set
-// CUBE_OBJSTORE_MEASURE=1.
+// CUBE_OBJSTORE_MEASURE=1; CUBE_OBJSTORE_MEASURE_SIZES (MiB, comma
+// separated) replaces the sizes 16,64,256,512, and
+// CUBE_OBJSTORE_MEASURE_IMPORTS the number of imports of each export (1).
 func TestMeasureTransfer(t *testing.T) {
 	if os.Getenv("CUBE_OBJSTORE_MEASURE") == "" {
 		t.Skip("set CUBE_OBJSTORE_MEASURE=1 to measure")
@@ -458,7 +461,24 @@ func TestMeasureTransfer(t *testing.T) {
 	srv := objstoretest.Start(t)
 	s := open(t, srv)
 	ctx := context.Background()
-	for _, mib := range []int64{16, 64, 256, 512} {
+	sizes := []int64{16, 64, 256, 512}
+	if v := os.Getenv("CUBE_OBJSTORE_MEASURE_SIZES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+			if err != nil || n <= 0 {
+				t.Fatalf("CUBE_OBJSTORE_MEASURE_SIZES: %q", f)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	imports := 1
+	if v := os.Getenv("CUBE_OBJSTORE_MEASURE_IMPORTS"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			imports = n
+		}
+	}
+	for _, mib := range sizes {
 		dir := filepath.Join(t.TempDir(), "d")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
@@ -471,17 +491,30 @@ func TestMeasureTransfer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, ist, err := s.Import(ctx, id, filepath.Join(t.TempDir(), "i"))
-		if err != nil {
-			t.Fatal(err)
+		t.Logf("%4d MiB: export %6v (%5.0f MiB/s)", mib, est.Duration.Round(time.Millisecond), float64(mib)/est.Duration.Seconds())
+		for range imports {
+			cpu, weed := selfCPU(), srv.CPU()
+			_, ist, err := s.Import(ctx, id, filepath.Join(t.TempDir(), "i"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%4d MiB: import %6v (%5.0f MiB/s; final fsync %v; CPU: importer %v, store %v)", mib,
+				ist.Duration.Round(time.Millisecond), float64(mib)/ist.Duration.Seconds(), ist.Sync.Round(time.Millisecond),
+				(selfCPU() - cpu).Round(10*time.Millisecond), (srv.CPU() - weed).Round(10*time.Millisecond))
 		}
-		t.Logf("%4d MiB: export %6v (%5.0f MiB/s), import %6v (%5.0f MiB/s)", mib,
-			est.Duration.Round(time.Millisecond), float64(mib)/est.Duration.Seconds(),
-			ist.Duration.Round(time.Millisecond), float64(mib)/ist.Duration.Seconds())
 		if err := s.Delete(ctx, id, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// selfCPU is the processor time (user and system) this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestImportSeeded: chunks a seed file holds at the same offsets are
