@@ -129,6 +129,14 @@ func (s *Service) NodeReport(ctx context.Context) *masterpb.NodeReport {
 			r.Runtimes = append(r.Runtimes, &cubeletpb.RuntimeInfo{Name: rt.Name, Pause: rt.Pause, Checkpoint: rt.Checkpoint, Restore: rt.Restore})
 		}
 	}
+	for name, d := range s.node.Drivers {
+		if mib := overheadMiB(d); mib > 0 {
+			if r.MemoryOverheadMib == nil {
+				r.MemoryOverheadMib = map[string]int64{}
+			}
+			r.MemoryOverheadMib[name] = mib
+		}
+	}
 	recs, at := s.listAt(ListFilter{})
 	r.GeneratedAt = timestamppb.New(at)
 	for _, rec := range recs {

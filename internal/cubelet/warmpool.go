@@ -380,13 +380,19 @@ func (p *warmPool) reap(ctx context.Context) {
 		// entry's warm snapshot is no longer the template's (warmed
 		// again). The scan below destroys them.
 		t, terr := s.store.GetTemplate(tmpl)
-		live := q[:0:0]
-		for _, id := range q {
-			if e, err := s.find(id); err == nil && terr == nil && e.rec.Load().State == lifecycle.Paused && p.current(t, e.rec.Load()) {
-				live = append(live, id)
+		if terr != nil && !errdefs.IsNotFound(terr) {
+			// A store that failed to answer says nothing about the
+			// template: its entries stay until the next pass.
+			s.log.Warn("warm pool: read template", "template", tmpl, "err", terr)
+		} else {
+			live := q[:0:0]
+			for _, id := range q {
+				if e, err := s.find(id); err == nil && terr == nil && e.rec.Load().State == lifecycle.Paused && p.current(t, e.rec.Load()) {
+					live = append(live, id)
+				}
 			}
+			q = live
 		}
-		q = live
 		p.ready[tmpl] = q
 		keep := p.target(tmpl, now)
 		if p.blocked[tmpl] {
@@ -435,7 +441,12 @@ func (p *warmPool) current(t *sandbox.Template, r *sandbox.Record) bool {
 	if r.Runtime != p.runtimeOf(t) {
 		return false
 	}
-	return !p.fromWarm(t) || r.SourceSnapshotID == p.warmID(t)
+	if !p.fromWarm(t) {
+		return true
+	}
+	// A cold-booted entry (the warm snapshot went before its fill ran)
+	// has no source snapshot; "" must not match a template with none.
+	return r.SourceSnapshotID != "" && r.SourceSnapshotID == p.warmID(t)
 }
 
 // journalled says whether the cleanup loop owns sandbox id.

@@ -479,7 +479,7 @@ func (s *Service) createOn(ctx context.Context, nodeID string, sb *catalog.Sandb
 	if err != nil {
 		return nil, nil, err
 	}
-	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.MilliCPU, sb.MemoryMiB)
+	done := s.reserve(nodeID, sb.ID, sb.TemplateID, sb.Runtime, sb.MilliCPU, sb.MemoryMiB)
 	resp, err := c.CreateSandbox(ctx, &cubeletpb.CreateSandboxRequest{
 		RequestId: sb.ID, SandboxId: sb.ID, TemplateId: sb.TemplateID,
 		Labels:    managedLabels(sb),

@@ -522,6 +522,7 @@ func (s *Service) schedNodes() []*scheduler.Node {
 			MilliCPU: int64(r.Cpus) * 1000, MemoryMiB: r.MemoryBytes >> 20,
 			AllocMilliCPU: r.AllocatedMilliCpu, AllocMemoryMiB: r.AllocatedMemoryMib,
 			MaxMilliCPU: r.MaxMilliCpu, MaxMemoryMiB: r.MaxMemoryMib,
+			DefaultRuntime: r.DefaultRuntime, MemoryOverheadMiB: r.MemoryOverheadMib,
 		}
 		for _, rt := range r.Runtimes {
 			n.Runtimes = append(n.Runtimes, rt.Name)
@@ -556,9 +557,18 @@ func (s *Service) schedNodes() []*scheduler.Node {
 // CreatedAt on the node (a report generated at or after it counts the
 // sandbox: the node stamps both under one lock), or zero when the create
 // failed.
-func (s *Service) reserve(nodeID, sandboxID, template string, cpu, mem int64) func(created time.Time) {
+func (s *Service) reserve(nodeID, sandboxID, template, runtime string, cpu, mem int64) func(created time.Time) {
 	s.reg.mu.Lock()
 	if ns := s.reg.nodes[nodeID]; ns != nil {
+		// Counted as the node's report will count it: with the memory
+		// its runtime holds beyond the limit.
+		if r := ns.report; r != nil {
+			n := scheduler.Node{TemplateRuntimes: map[string]string{}, DefaultRuntime: r.DefaultRuntime, MemoryOverheadMiB: r.MemoryOverheadMib}
+			for _, t := range r.Templates {
+				n.TemplateRuntimes[t.Id] = t.Runtime
+			}
+			mem = n.MemoryFor(scheduler.Request{TemplateID: template, Runtime: runtime, MemoryMiB: mem})
+		}
 		ns.pending[sandboxID] = reservation{cpu: cpu, mem: mem, template: template}
 	}
 	s.reg.mu.Unlock()

@@ -104,7 +104,7 @@ func (s *Service) importElsewhere(ctx context.Context, snap *catalog.Snapshot, s
 			errs = append(errs, err)
 			continue
 		}
-		done := s.reserve(n.ID, sb.ID, want.TemplateID, sb.MilliCPU, sb.MemoryMiB)
+		done := s.reserve(n.ID, sb.ID, want.TemplateID, want.Runtime, sb.MilliCPU, sb.MemoryMiB)
 		start := time.Now()
 		resp, err := c.ImportSnapshot(ctx, &cubeletpb.ImportSnapshotRequest{SnapshotId: snap.ID})
 		if err != nil {

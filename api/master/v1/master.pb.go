@@ -522,8 +522,12 @@ type NodeReport struct {
 	// the sandboxes' events. Sent once (not repeated by later reports).
 	EgressVerdicts   []*EgressVerdict `protobuf:"bytes,27,rep,name=egress_verdicts,json=egressVerdicts,proto3" json:"egress_verdicts,omitempty"`
 	EgressSuppressed map[string]int32 `protobuf:"bytes,28,rep,name=egress_suppressed,json=egressSuppressed,proto3" json:"egress_suppressed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Memory a sandbox of each runtime holds beyond its limit, in MiB (the
+	// gVisor sentry overhead), included in allocated_memory_mib for the
+	// sandboxes that hold it; the scheduler adds it to a placement's own.
+	MemoryOverheadMib map[string]int64 `protobuf:"bytes,29,rep,name=memory_overhead_mib,json=memoryOverheadMib,proto3" json:"memory_overhead_mib,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *NodeReport) Reset() {
@@ -748,6 +752,13 @@ func (x *NodeReport) GetEgressVerdicts() []*EgressVerdict {
 func (x *NodeReport) GetEgressSuppressed() map[string]int32 {
 	if x != nil {
 		return x.EgressSuppressed
+	}
+	return nil
+}
+
+func (x *NodeReport) GetMemoryOverheadMib() map[string]int64 {
+	if x != nil {
+		return x.MemoryOverheadMib
 	}
 	return nil
 }
@@ -3594,7 +3605,7 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x15ReportActivityRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
-	"\x16ReportActivityResponse\"\xc0\v\n" +
+	"\x16ReportActivityResponse\"\xe4\f\n" +
 	"\n" +
 	"NodeReport\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3628,7 +3639,8 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x04dead\x18\x19 \x03(\v2\x16.master.v1.DeadSandboxR\x04dead\x12!\n" +
 	"\fdata_address\x18\x1a \x01(\tR\vdataAddress\x12A\n" +
 	"\x0fegress_verdicts\x18\x1b \x03(\v2\x18.master.v1.EgressVerdictR\x0eegressVerdicts\x12X\n" +
-	"\x11egress_suppressed\x18\x1c \x03(\v2+.master.v1.NodeReport.EgressSuppressedEntryR\x10egressSuppressed\x1aC\n" +
+	"\x11egress_suppressed\x18\x1c \x03(\v2+.master.v1.NodeReport.EgressSuppressedEntryR\x10egressSuppressed\x12\\\n" +
+	"\x13memory_overhead_mib\x18\x1d \x03(\v2,.master.v1.NodeReport.MemoryOverheadMibEntryR\x11memoryOverheadMib\x1aC\n" +
 	"\x15SandboxesByStateEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aF\n" +
@@ -3637,7 +3649,10 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aC\n" +
 	"\x15EgressSuppressedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xe0\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1aD\n" +
+	"\x16MemoryOverheadMibEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xe0\x01\n" +
 	"\rEgressVerdict\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12.\n" +
@@ -3891,7 +3906,7 @@ func file_master_v1_master_proto_rawDescGZIP() []byte {
 	return file_master_v1_master_proto_rawDescData
 }
 
-var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_master_v1_master_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_master_v1_master_proto_goTypes = []any{
 	(*ResolveRouteRequest)(nil),        // 0: master.v1.ResolveRouteRequest
 	(*ResolveRouteResponse)(nil),       // 1: master.v1.ResolveRouteResponse
@@ -3950,112 +3965,114 @@ var file_master_v1_master_proto_goTypes = []any{
 	nil,                                // 54: master.v1.NodeReport.SandboxesByStateEntry
 	nil,                                // 55: master.v1.NodeReport.SandboxesByTemplateEntry
 	nil,                                // 56: master.v1.NodeReport.EgressSuppressedEntry
-	nil,                                // 57: master.v1.Sandbox.MetadataEntry
-	nil,                                // 58: master.v1.ListSandboxesRequest.MetadataEntry
-	nil,                                // 59: master.v1.ClusterTemplate.RuntimesEntry
-	(*v1.RuntimeInfo)(nil),             // 60: cubelet.v1.RuntimeInfo
-	(*v1.Condition)(nil),               // 61: cubelet.v1.Condition
-	(*timestamppb.Timestamp)(nil),      // 62: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),        // 63: google.protobuf.Duration
-	(*v1.RegistryAuth)(nil),            // 64: cubelet.v1.RegistryAuth
+	nil,                                // 57: master.v1.NodeReport.MemoryOverheadMibEntry
+	nil,                                // 58: master.v1.Sandbox.MetadataEntry
+	nil,                                // 59: master.v1.ListSandboxesRequest.MetadataEntry
+	nil,                                // 60: master.v1.ClusterTemplate.RuntimesEntry
+	(*v1.RuntimeInfo)(nil),             // 61: cubelet.v1.RuntimeInfo
+	(*v1.Condition)(nil),               // 62: cubelet.v1.Condition
+	(*timestamppb.Timestamp)(nil),      // 63: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 64: google.protobuf.Duration
+	(*v1.RegistryAuth)(nil),            // 65: cubelet.v1.RegistryAuth
 }
 var file_master_v1_master_proto_depIdxs = []int32{
 	4,  // 0: master.v1.ReportActivityRequest.sandboxes:type_name -> master.v1.SandboxActivity
-	60, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
+	61, // 1: master.v1.NodeReport.runtimes:type_name -> cubelet.v1.RuntimeInfo
 	54, // 2: master.v1.NodeReport.sandboxes_by_state:type_name -> master.v1.NodeReport.SandboxesByStateEntry
 	55, // 3: master.v1.NodeReport.sandboxes_by_template:type_name -> master.v1.NodeReport.SandboxesByTemplateEntry
 	10, // 4: master.v1.NodeReport.templates:type_name -> master.v1.TemplateRef
-	61, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
-	62, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
+	62, // 5: master.v1.NodeReport.conditions:type_name -> cubelet.v1.Condition
+	63, // 6: master.v1.NodeReport.generated_at:type_name -> google.protobuf.Timestamp
 	9,  // 7: master.v1.NodeReport.dead:type_name -> master.v1.DeadSandbox
 	8,  // 8: master.v1.NodeReport.egress_verdicts:type_name -> master.v1.EgressVerdict
 	56, // 9: master.v1.NodeReport.egress_suppressed:type_name -> master.v1.NodeReport.EgressSuppressedEntry
-	62, // 10: master.v1.EgressVerdict.time:type_name -> google.protobuf.Timestamp
-	62, // 11: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
-	62, // 12: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 13: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
-	63, // 14: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 15: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
-	63, // 16: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	7,  // 17: master.v1.Node.report:type_name -> master.v1.NodeReport
-	62, // 18: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
-	62, // 19: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
-	17, // 20: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
-	17, // 21: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
-	63, // 22: master.v1.DrainNodeProgress.took:type_name -> google.protobuf.Duration
-	63, // 23: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	62, // 24: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	62, // 25: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
-	62, // 26: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
-	26, // 27: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
-	26, // 28: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
-	57, // 29: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
-	62, // 30: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	62, // 31: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
-	63, // 32: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	58, // 33: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
-	33, // 34: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
-	62, // 35: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
-	59, // 36: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
-	36, // 37: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
-	64, // 38: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
-	36, // 39: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
-	39, // 40: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
-	62, // 41: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
-	44, // 42: master.v1.Team.quota:type_name -> master.v1.TeamQuota
-	44, // 43: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
-	45, // 44: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
-	45, // 45: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
-	44, // 46: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
-	11, // 47: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
-	15, // 48: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
-	13, // 49: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
-	18, // 50: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
-	20, // 51: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
-	22, // 52: master.v1.AdminService.DrainNode:input_type -> master.v1.DrainNodeRequest
-	24, // 53: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
-	27, // 54: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
-	29, // 55: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
-	31, // 56: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
-	46, // 57: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
-	48, // 58: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
-	50, // 59: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
-	52, // 60: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
-	34, // 61: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
-	37, // 62: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
-	39, // 63: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
-	42, // 64: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
-	41, // 65: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
-	0,  // 66: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
-	2,  // 67: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
-	5,  // 68: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
-	12, // 69: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
-	16, // 70: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
-	14, // 71: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
-	19, // 72: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
-	21, // 73: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
-	23, // 74: master.v1.AdminService.DrainNode:output_type -> master.v1.DrainNodeProgress
-	25, // 75: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
-	28, // 76: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
-	30, // 77: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
-	32, // 78: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
-	47, // 79: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
-	49, // 80: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
-	51, // 81: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
-	53, // 82: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
-	35, // 83: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
-	38, // 84: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
-	40, // 85: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
-	43, // 86: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
-	40, // 87: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
-	1,  // 88: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
-	3,  // 89: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
-	6,  // 90: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
-	69, // [69:91] is the sub-list for method output_type
-	47, // [47:69] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	57, // 10: master.v1.NodeReport.memory_overhead_mib:type_name -> master.v1.NodeReport.MemoryOverheadMibEntry
+	63, // 11: master.v1.EgressVerdict.time:type_name -> google.protobuf.Timestamp
+	63, // 12: master.v1.DeadSandbox.died_at:type_name -> google.protobuf.Timestamp
+	63, // 13: master.v1.TemplateRef.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 14: master.v1.RegisterRequest.node:type_name -> master.v1.NodeReport
+	64, // 15: master.v1.RegisterResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 16: master.v1.HeartbeatRequest.node:type_name -> master.v1.NodeReport
+	64, // 17: master.v1.HeartbeatResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	7,  // 18: master.v1.Node.report:type_name -> master.v1.NodeReport
+	63, // 19: master.v1.Node.registered_at:type_name -> google.protobuf.Timestamp
+	63, // 20: master.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	17, // 21: master.v1.ListNodesResponse.nodes:type_name -> master.v1.Node
+	17, // 22: master.v1.SetNodeSchedulableResponse.node:type_name -> master.v1.Node
+	64, // 23: master.v1.DrainNodeProgress.took:type_name -> google.protobuf.Duration
+	64, // 24: master.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	63, // 25: master.v1.CreateJoinTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	63, // 26: master.v1.APIKey.created_at:type_name -> google.protobuf.Timestamp
+	63, // 27: master.v1.APIKey.last_used_at:type_name -> google.protobuf.Timestamp
+	26, // 28: master.v1.CreateAPIKeyResponse.key:type_name -> master.v1.APIKey
+	26, // 29: master.v1.ListAPIKeysResponse.keys:type_name -> master.v1.APIKey
+	58, // 30: master.v1.Sandbox.metadata:type_name -> master.v1.Sandbox.MetadataEntry
+	63, // 31: master.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	63, // 32: master.v1.Sandbox.end_at:type_name -> google.protobuf.Timestamp
+	64, // 33: master.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	59, // 34: master.v1.ListSandboxesRequest.metadata:type_name -> master.v1.ListSandboxesRequest.MetadataEntry
+	33, // 35: master.v1.ListSandboxesResponse.sandboxes:type_name -> master.v1.Sandbox
+	63, // 36: master.v1.ClusterTemplate.created_at:type_name -> google.protobuf.Timestamp
+	60, // 37: master.v1.ClusterTemplate.runtimes:type_name -> master.v1.ClusterTemplate.RuntimesEntry
+	36, // 38: master.v1.ListTemplatesResponse.templates:type_name -> master.v1.ClusterTemplate
+	65, // 39: master.v1.ImportTemplateRequest.auth:type_name -> cubelet.v1.RegistryAuth
+	36, // 40: master.v1.ImportTemplateResponse.template:type_name -> master.v1.ClusterTemplate
+	39, // 41: master.v1.UploadTemplateRequest.request:type_name -> master.v1.ImportTemplateRequest
+	63, // 42: master.v1.Team.created_at:type_name -> google.protobuf.Timestamp
+	44, // 43: master.v1.Team.quota:type_name -> master.v1.TeamQuota
+	44, // 44: master.v1.CreateTeamRequest.quota:type_name -> master.v1.TeamQuota
+	45, // 45: master.v1.CreateTeamResponse.team:type_name -> master.v1.Team
+	45, // 46: master.v1.ListTeamsResponse.teams:type_name -> master.v1.Team
+	44, // 47: master.v1.SetTeamQuotaRequest.quota:type_name -> master.v1.TeamQuota
+	11, // 48: master.v1.NodeService.Register:input_type -> master.v1.RegisterRequest
+	15, // 49: master.v1.NodeService.Heartbeat:input_type -> master.v1.HeartbeatRequest
+	13, // 50: master.v1.NodeService.ReadBlob:input_type -> master.v1.ReadBlobRequest
+	18, // 51: master.v1.AdminService.ListNodes:input_type -> master.v1.ListNodesRequest
+	20, // 52: master.v1.AdminService.SetNodeSchedulable:input_type -> master.v1.SetNodeSchedulableRequest
+	22, // 53: master.v1.AdminService.DrainNode:input_type -> master.v1.DrainNodeRequest
+	24, // 54: master.v1.AdminService.CreateJoinToken:input_type -> master.v1.CreateJoinTokenRequest
+	27, // 55: master.v1.AdminService.CreateAPIKey:input_type -> master.v1.CreateAPIKeyRequest
+	29, // 56: master.v1.AdminService.ListAPIKeys:input_type -> master.v1.ListAPIKeysRequest
+	31, // 57: master.v1.AdminService.DeleteAPIKey:input_type -> master.v1.DeleteAPIKeyRequest
+	46, // 58: master.v1.AdminService.CreateTeam:input_type -> master.v1.CreateTeamRequest
+	48, // 59: master.v1.AdminService.ListTeams:input_type -> master.v1.ListTeamsRequest
+	50, // 60: master.v1.AdminService.SetTeamQuota:input_type -> master.v1.SetTeamQuotaRequest
+	52, // 61: master.v1.AdminService.DeleteTeam:input_type -> master.v1.DeleteTeamRequest
+	34, // 62: master.v1.AdminService.ListSandboxes:input_type -> master.v1.ListSandboxesRequest
+	37, // 63: master.v1.AdminService.ListTemplates:input_type -> master.v1.ListTemplatesRequest
+	39, // 64: master.v1.AdminService.ImportTemplate:input_type -> master.v1.ImportTemplateRequest
+	42, // 65: master.v1.AdminService.DeleteTemplate:input_type -> master.v1.DeleteTemplateRequest
+	41, // 66: master.v1.AdminService.UploadTemplate:input_type -> master.v1.UploadTemplateRequest
+	0,  // 67: master.v1.RouteService.ResolveRoute:input_type -> master.v1.ResolveRouteRequest
+	2,  // 68: master.v1.RouteService.WatchRoutes:input_type -> master.v1.WatchRoutesRequest
+	5,  // 69: master.v1.RouteService.ReportActivity:input_type -> master.v1.ReportActivityRequest
+	12, // 70: master.v1.NodeService.Register:output_type -> master.v1.RegisterResponse
+	16, // 71: master.v1.NodeService.Heartbeat:output_type -> master.v1.HeartbeatResponse
+	14, // 72: master.v1.NodeService.ReadBlob:output_type -> master.v1.ReadBlobResponse
+	19, // 73: master.v1.AdminService.ListNodes:output_type -> master.v1.ListNodesResponse
+	21, // 74: master.v1.AdminService.SetNodeSchedulable:output_type -> master.v1.SetNodeSchedulableResponse
+	23, // 75: master.v1.AdminService.DrainNode:output_type -> master.v1.DrainNodeProgress
+	25, // 76: master.v1.AdminService.CreateJoinToken:output_type -> master.v1.CreateJoinTokenResponse
+	28, // 77: master.v1.AdminService.CreateAPIKey:output_type -> master.v1.CreateAPIKeyResponse
+	30, // 78: master.v1.AdminService.ListAPIKeys:output_type -> master.v1.ListAPIKeysResponse
+	32, // 79: master.v1.AdminService.DeleteAPIKey:output_type -> master.v1.DeleteAPIKeyResponse
+	47, // 80: master.v1.AdminService.CreateTeam:output_type -> master.v1.CreateTeamResponse
+	49, // 81: master.v1.AdminService.ListTeams:output_type -> master.v1.ListTeamsResponse
+	51, // 82: master.v1.AdminService.SetTeamQuota:output_type -> master.v1.SetTeamQuotaResponse
+	53, // 83: master.v1.AdminService.DeleteTeam:output_type -> master.v1.DeleteTeamResponse
+	35, // 84: master.v1.AdminService.ListSandboxes:output_type -> master.v1.ListSandboxesResponse
+	38, // 85: master.v1.AdminService.ListTemplates:output_type -> master.v1.ListTemplatesResponse
+	40, // 86: master.v1.AdminService.ImportTemplate:output_type -> master.v1.ImportTemplateResponse
+	43, // 87: master.v1.AdminService.DeleteTemplate:output_type -> master.v1.DeleteTemplateResponse
+	40, // 88: master.v1.AdminService.UploadTemplate:output_type -> master.v1.ImportTemplateResponse
+	1,  // 89: master.v1.RouteService.ResolveRoute:output_type -> master.v1.ResolveRouteResponse
+	3,  // 90: master.v1.RouteService.WatchRoutes:output_type -> master.v1.RouteEvent
+	6,  // 91: master.v1.RouteService.ReportActivity:output_type -> master.v1.ReportActivityResponse
+	70, // [70:92] is the sub-list for method output_type
+	48, // [48:70] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_master_v1_master_proto_init() }
@@ -4073,7 +4090,7 @@ func file_master_v1_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_v1_master_proto_rawDesc), len(file_master_v1_master_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   60,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -68,6 +68,25 @@ type Node struct {
 	TemplateSandboxes map[string]int
 	// TemplatePool is the warm pool entries per template.
 	TemplatePool map[string]int
+	// DefaultRuntime runs creates that name none and whose template is
+	// for no particular runtime.
+	DefaultRuntime string
+	// MemoryOverheadMiB is the memory a sandbox of each runtime holds
+	// beyond its limit (the gVisor sentry overhead).
+	MemoryOverheadMiB map[string]int64
+}
+
+// MemoryFor is the memory req takes on n: its limit plus the overhead of
+// the runtime it would run on there.
+func (n *Node) MemoryFor(req Request) int64 {
+	rt := req.Runtime
+	if rt == "" {
+		rt = n.TemplateRuntimes[req.TemplateID]
+	}
+	if rt == "" {
+		rt = n.DefaultRuntime
+	}
+	return req.MemoryMiB + n.MemoryOverheadMiB[rt]
 }
 
 // Request is the sandbox to place.
@@ -177,8 +196,8 @@ func (s *Scheduler) filter(n *Node, req Request) *Rejection {
 	if n.AllocMilliCPU+req.MilliCPU > cpuCap {
 		return reject(errdefs.ErrResourceExhausted, "CPU full: %d+%d of %d milli-CPU", n.AllocMilliCPU, req.MilliCPU, cpuCap)
 	}
-	if n.AllocMemoryMiB+req.MemoryMiB > memCap {
-		return reject(errdefs.ErrResourceExhausted, "memory full: %d+%d of %d MiB", n.AllocMemoryMiB, req.MemoryMiB, memCap)
+	if mem := n.MemoryFor(req); n.AllocMemoryMiB+mem > memCap {
+		return reject(errdefs.ErrResourceExhausted, "memory full: %d+%d of %d MiB", n.AllocMemoryMiB, mem, memCap)
 	}
 	return nil
 }
@@ -229,7 +248,7 @@ func (s *Scheduler) Rank(nodes []*Node, req Request) ([]Candidate, []Rejection) 
 			frac = float64(n.AllocMilliCPU+req.MilliCPU) / float64(cpuCap)
 		}
 		if memCap > 0 {
-			frac = max(frac, float64(n.AllocMemoryMiB+req.MemoryMiB)/float64(memCap))
+			frac = max(frac, float64(n.AllocMemoryMiB+n.MemoryFor(req))/float64(memCap))
 		}
 		c.Load = 1 - min(frac, 1)
 		if n.TemplateSandboxes[req.TemplateID] > 0 {
