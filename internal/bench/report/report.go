@@ -108,6 +108,22 @@ type DensityReport struct {
 	// soon as that tenth is up), the last one the settled figures
 	// above. Package charts draws memory against sandboxes from it.
 	Growth []DensityPoint `json:"growth,omitempty"`
+	// Health is every sandbox's envd /health asked through the sandbox
+	// proxy once all were up and measured; nil when not asked.
+	Health *HealthCheck `json:"health,omitempty"`
+}
+
+// HealthCheck is /health asked of each of a node's sandboxes, one at a
+// time, through the sandbox proxy.
+type HealthCheck struct {
+	Asked  int `json:"asked"`
+	Failed int `json:"failed"`
+	// Late answered, but after Within.
+	Late    int           `json:"late"`
+	Within  time.Duration `json:"within_ns"`
+	Latency Summary       `json:"latency"`
+	// FirstError is the first failure's error, "" without one.
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // DensityPoint is the node with Sandboxes idle sandboxes up.
