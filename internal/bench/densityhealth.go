@@ -59,7 +59,7 @@ func (e *Env) healthThroughProxy(ctx context.Context, ids []string) (*report.Hea
 	go func() { served <- h.Serve(sctx, ln) }()
 	defer func() {
 		stop()
-		<-served
+		_ = <-served // the bench listener closing: nothing to report
 	}()
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	url := "http://" + ln.Addr().String() + "/health"
