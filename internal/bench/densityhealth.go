@@ -59,7 +59,9 @@ func (e *Env) healthThroughProxy(ctx context.Context, ids []string) (*report.Hea
 	go func() { served <- h.Serve(sctx, ln) }()
 	defer func() {
 		stop()
-		_ = <-served // the bench listener closing: nothing to report
+		if err := <-served; err != nil && e.Log != nil {
+			e.Log.Debug("density: proxy listener", "err", err)
+		}
 	}()
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	url := "http://" + ln.Addr().String() + "/health"
