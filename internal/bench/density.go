@@ -183,6 +183,13 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		if rep.CubeletRSS, rep.CubeletPSS, err = e.cubeletRSS(ctx); err != nil {
 			return nil, err
 		}
+		if e.NetworkAgentPID > 0 {
+			m, err := readProcMem(e.NetworkAgentPID)
+			if err != nil {
+				return nil, fmt.Errorf("network-agent memory: %w", err)
+			}
+			rep.NetworkAgentRSS = m.rss
+		}
 		growth = append(growth, report.DensityPoint{Sandboxes: len(ids), Measured: len(ids), Total: rep.Total.Avg,
 			NodePerSandbox: rep.NodePerSandbox, CubeletRSS: rep.CubeletRSS, Settled: true})
 		rep.Growth = growth

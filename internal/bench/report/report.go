@@ -97,6 +97,9 @@ type DensityReport struct {
 	LoopDirectIO bool  `json:"loop_direct_io"`
 	CubeletRSS   Bytes `json:"cubelet_rss"`
 	CubeletPSS   Bytes `json:"cubelet_pss,omitempty"`
+	// NetworkAgentRSS is network-agent's RSS when it ran as its own
+	// process (--density-net); 0 otherwise.
+	NetworkAgentRSS Bytes `json:"network_agent_rss,omitempty"`
 	// NodePerSandbox is the drop of the host's MemAvailable while the
 	// sandboxes started, divided by their number: everything at once
 	// (loop devices, mounts, slab), but noisy on a shared machine.
