@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cubesandbox/cube/internal/agent"
 	"github.com/cubesandbox/cube/internal/agent/initproc"
@@ -25,6 +26,14 @@ func main() {
 	user := flag.String("default-user", "user", "user for requests that name none, until /init sets one (root when the sandbox lacks it)")
 	vm := flag.Bool("vm", false, "run as PID 1 of a VM: mount, name and network the guest from cube.* kernel parameters, and serve on the agent channel too")
 	flag.Parse()
+	// What the runtime set for this process's Go runtime alone (read at
+	// its start) goes before anything can inherit it.
+	for _, k := range strings.Split(os.Getenv(agentproto.AgentOnlyEnv), ",") {
+		if k != "" {
+			os.Unsetenv(k)
+		}
+	}
+	os.Unsetenv(agentproto.AgentOnlyEnv)
 
 	// First: nothing in the sandbox may read the agent's environment or
 	// write to its console through /proc before it is protected.

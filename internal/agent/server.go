@@ -34,6 +34,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -210,8 +211,25 @@ func (s *Server) routes(mux *http.ServeMux) {
 		m.KeepOutput(s.cfg.Logs)
 		ps = procs.NewService(m, s.state)
 	}
-	mux.Handle(processconnect.NewProcessHandler(ps, opts))
-	mux.Handle(filesystemconnect.NewFilesystemHandler(s.fs, opts))
+	// Built on first use: the two services' handlers and the protobuf
+	// descriptors they load are ~0.2 MiB of heap, which an idle sandbox
+	// that is only ever asked /health would carry for its whole life
+	// (its agent, never collecting, keeps every page it touched).
+	mux.Handle("/"+processconnect.ProcessName+"/", lazyHandler(func() http.Handler {
+		_, h := processconnect.NewProcessHandler(ps, opts)
+		return h
+	}))
+	mux.Handle("/"+filesystemconnect.FilesystemName+"/", lazyHandler(func() http.Handler {
+		_, h := filesystemconnect.NewFilesystemHandler(s.fs, opts)
+		return h
+	}))
+}
+
+// lazyHandler serves with the handler build returns, built on the first
+// request.
+func lazyHandler(build func() http.Handler) http.Handler {
+	h := sync.OnceValue(build)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h().ServeHTTP(w, r) })
 }
 
 // Handler returns the server's full handler, for tests and for embedding.

@@ -152,6 +152,10 @@ func TestScenariosTiny(t *testing.T) {
 		d.Growth[0].CubeletRSS <= 0 || !d.Growth[2].Settled || d.Growth[2].Total != d.Total.Avg || d.Growth[2].Measured != 3) {
 		t.Errorf("density growth: %+v", d.Growth)
 	}
+	// Each of them answered /health through the proxy.
+	if d != nil && (d.Health == nil || d.Health.Asked != 3 || d.Health.Failed != 0 || d.Health.Late != 0 || d.Health.Latency.Min <= 0) {
+		t.Errorf("density /health through the proxy: %+v", d.Health)
+	}
 	// Every timed result keeps its samples (sorted) for the charts.
 	for _, name := range []string{"create-c1", "runc-run", "pause"} {
 		if r := byName[name]; len(r.Dist) != r.Latency.N || !slices.IsSorted(r.Dist) || r.Dist[0] != r.Latency.Min {

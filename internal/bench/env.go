@@ -36,6 +36,9 @@ type Env struct {
 	MetricsURL string
 	// MetricsHTTP reads MetricsURL (with the TLS of --tls-* when set).
 	MetricsHTTP *http.Client
+	// NetworkAgentPID is network-agent's process when the bench started
+	// it as one (--density-net), else 0.
+	NetworkAgentPID int
 
 	info *pb.InfoResponse
 	node *node.Node // the private cubelet, when the bench started one

@@ -94,6 +94,7 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 	e := &Env{RunID: s.RunID, Opts: s.Opts, Progress: s.Progress, Log: s.Log, WorkDir: s.WorkDir, CubeletPID: s.CubeletPID}
 	var nd *node.Node
 	var net *node.NetAgent
+	var netProc *node.NetAgentProcess
 	var closeConn func() error
 	cleanup = func(ctx context.Context) error {
 		ctx = context.WithoutCancel(ctx)
@@ -106,6 +107,9 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		}
 		if net != nil {
 			errs = append(errs, net.Close(ctx))
+		}
+		if netProc != nil {
+			errs = append(errs, netProc.Close(ctx))
 		}
 		if closeConn != nil {
 			errs = append(errs, closeConn())
@@ -135,7 +139,7 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 	}
 
 	if s.Addr == "" {
-		extra, err := s.runtimeSetup(ctx, &net)
+		extra, err := s.runtimeSetup(ctx, &net, &netProc)
 		if err != nil {
 			return nil, cleanup, err
 		}
@@ -148,6 +152,9 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 		nd = n
 		e.Client, e.CubeletPID, e.MetricsURL = nd.Client, nd.PID(), nd.MetricsURL
 		e.node, e.net = nd, net
+		if netProc != nil {
+			e.NetworkAgentPID = netProc.PID()
+		}
 	} else {
 		tc, err := s.TLS.Client("--tls-*")
 		if err != nil {
@@ -193,8 +200,23 @@ func Prepare(ctx context.Context, s Setup) (env *Env, cleanup func(context.Conte
 
 // runtimeSetup starts what a private node needs for s.Opts.Runtime
 // (network-agent, the VM guest) and returns the config it adds.
-func (s Setup) runtimeSetup(ctx context.Context, net **node.NetAgent) (string, error) {
+func (s Setup) runtimeSetup(ctx context.Context, net **node.NetAgent, proc **node.NetAgentProcess) (string, error) {
 	rt := s.Opts.Runtime
+	if s.Opts.DensityNet {
+		s.Progress.Note("starting network-agent as its own process (--density-net)")
+		n, err := node.StartNetAgentProcess(ctx, s.RunID, s.BinDir, filepath.Join(s.WorkDir, "net"))
+		if err != nil {
+			return "", err
+		}
+		*proc = n
+		guest := ""
+		if rt == "vm" {
+			if guest, err = node.GuestDir(ctx, s.VMGuestDir, s.WorkDir); err != nil {
+				return "", err
+			}
+		}
+		return node.RuntimeTOML(rt, n.Socket(), guest), nil
+	}
 	if rt == "" || rt == "runc" {
 		return "", nil
 	}

@@ -16,6 +16,7 @@ func (s *Service) newSampler() *usage.Sampler {
 	return usage.New(usage.Config{
 		Interval: s.cfg.Usage.Interval.Duration,
 		Keep:     s.cfg.Usage.History,
+		MaxBytes: s.cfg.Usage.MaxBytes,
 		Series:   s.cfg.Usage.SandboxSeries,
 	}, s.usageTargets, s.log)
 }

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,10 +48,28 @@ type Device struct {
 	BackingFile string // as the kernel prints it; may end in " (deleted)"
 }
 
+// Options are how a device is bound.
+type Options struct {
+	ReadOnly bool
+	// DirectIO has the device read and write its backing file with
+	// O_DIRECT (LO_FLAGS_DIRECT_IO): a file system on the device is then
+	// cached once, in its own page cache, instead of a second time under
+	// the backing file, which the kernel charges to nobody's cgroup. The
+	// kernel quietly stays buffered where the backing file cannot do
+	// direct I/O at BlockSize (tmpfs, a coarser alignment); DirectIO
+	// reports what it chose.
+	DirectIO bool
+	// BlockSize is the device's logical block size (512, 1024, 2048 or
+	// 4096; 0 keeps the kernel's choice). Direct I/O needs it at least the
+	// backing file system's alignment, and a file system on the device
+	// must use blocks at least this large.
+	BlockSize uint32
+}
+
 // Attach binds backingFile to a free loop device without autoclear. The
 // device stays bound until Detach, even after it is mounted and unmounted.
 func Attach(ctx context.Context, backingFile string, readOnly bool) (string, error) {
-	dev, f, err := attach(ctx, backingFile, readOnly, false)
+	dev, f, err := attach(ctx, backingFile, Options{ReadOnly: readOnly}, false)
 	if err != nil {
 		return "", err
 	}
@@ -63,7 +82,12 @@ func Attach(ctx context.Context, backingFile string, readOnly bool) (string, err
 // by the kernel when the last opener (for example a mount made by use) goes
 // away; if use returns an error, the device is released on return.
 func AttachAutoclear(ctx context.Context, backingFile string, readOnly bool, use func(devPath string) error) (string, error) {
-	dev, f, err := attach(ctx, backingFile, readOnly, true)
+	return AttachAutoclearWith(ctx, backingFile, Options{ReadOnly: readOnly}, use)
+}
+
+// AttachAutoclearWith is AttachAutoclear with the device bound as opts say.
+func AttachAutoclearWith(ctx context.Context, backingFile string, opts Options, use func(devPath string) error) (string, error) {
+	dev, f, err := attach(ctx, backingFile, opts, true)
 	if err != nil {
 		return "", err
 	}
@@ -76,10 +100,14 @@ func AttachAutoclear(ctx context.Context, backingFile string, readOnly bool, use
 	return dev, nil
 }
 
-func attach(ctx context.Context, backingFile string, readOnly, autoclear bool) (string, *os.File, error) {
+func attach(ctx context.Context, backingFile string, opts Options, autoclear bool) (string, *os.File, error) {
 	if backingFile == "" {
 		return "", nil, fmt.Errorf("loopdev: empty backing file: %w", errdefs.ErrInvalidArgument)
 	}
+	if bs := opts.BlockSize; bs != 0 && (bs < 512 || bs > 4096 || bs&(bs-1) != 0) {
+		return "", nil, fmt.Errorf("loopdev: block size %d is not a power of two in 512..4096: %w", bs, errdefs.ErrInvalidArgument)
+	}
+	readOnly := opts.ReadOnly
 	flag := os.O_RDWR
 	if readOnly {
 		flag = os.O_RDONLY
@@ -107,6 +135,9 @@ func attach(ctx context.Context, backingFile string, readOnly, autoclear bool) (
 	if readOnly {
 		info.Flags |= unix.LO_FLAGS_READ_ONLY
 	}
+	if opts.DirectIO {
+		info.Flags |= unix.LO_FLAGS_DIRECT_IO
+	}
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
@@ -121,7 +152,7 @@ func attach(ctx context.Context, backingFile string, readOnly, autoclear bool) (
 		if err != nil {
 			return "", nil, err
 		}
-		err = bind(dev, int(back.Fd()), &info)
+		err = bind(dev, int(back.Fd()), &info, opts.BlockSize)
 		if err == nil {
 			return devPath, dev, nil
 		}
@@ -164,10 +195,11 @@ func openDevice(ctx context.Context, devPath string, n int) (*os.File, error) {
 }
 
 // bind prefers LOOP_CONFIGURE (one atomic ioctl, Linux 5.8+) and falls back
-// to the older two-step SET_FD + SET_STATUS64 when the kernel lacks it.
-func bind(dev *os.File, backFd int, info *unix.LoopInfo64) error {
+// to the older SET_FD + SET_STATUS64 (+ SET_BLOCK_SIZE, SET_DIRECT_IO)
+// when the kernel lacks it.
+func bind(dev *os.File, backFd int, info *unix.LoopInfo64, blockSize uint32) error {
 	fd := int(dev.Fd())
-	cfg := unix.LoopConfig{Fd: uint32(backFd), Info: *info}
+	cfg := unix.LoopConfig{Fd: uint32(backFd), Size: blockSize, Info: *info}
 	err := unix.IoctlLoopConfigure(fd, &cfg)
 	if err == nil || !errors.Is(err, unix.EINVAL) {
 		return err
@@ -175,7 +207,20 @@ func bind(dev *os.File, backFd int, info *unix.LoopInfo64) error {
 	if err := unix.IoctlSetInt(fd, unix.LOOP_SET_FD, backFd); err != nil {
 		return err
 	}
-	if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+	legacy := *info
+	legacy.Flags &^= unix.LO_FLAGS_DIRECT_IO // not settable through SET_STATUS64
+	err = unix.IoctlLoopSetStatus64(fd, &legacy)
+	if err == nil && blockSize != 0 {
+		err = unix.IoctlSetInt(fd, unix.LOOP_SET_BLOCK_SIZE, int(blockSize))
+	}
+	if err == nil && info.Flags&unix.LO_FLAGS_DIRECT_IO != 0 {
+		// Best effort, as LOOP_CONFIGURE is: EINVAL means the backing
+		// file cannot do direct I/O, and the device stays buffered.
+		if derr := unix.IoctlSetInt(fd, unix.LOOP_SET_DIRECT_IO, 1); derr != nil && !errors.Is(derr, unix.EINVAL) {
+			err = derr
+		}
+	}
+	if err != nil {
 		// Undo SET_FD so a half-configured device does not linger.
 		_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
 		return err
@@ -260,4 +305,27 @@ func BackingOf(devPath string) (string, error) {
 		return "", fmt.Errorf("loopdev: %w", err)
 	}
 	return strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)"), nil
+}
+
+// DirectIO reports whether the bound device devPath does direct I/O to its
+// backing file (what the kernel chose for Options.DirectIO).
+func DirectIO(devPath string) (bool, error) {
+	data, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(devPath), "loop", "dio"))
+	if err != nil {
+		return false, fmt.Errorf("loopdev: %w", err)
+	}
+	return strings.TrimSpace(string(data)) == "1", nil
+}
+
+// BlockSize returns the logical block size of the device devPath.
+func BlockSize(devPath string) (uint32, error) {
+	data, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(devPath), "queue", "logical_block_size"))
+	if err != nil {
+		return 0, fmt.Errorf("loopdev: %w", err)
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("loopdev: logical_block_size of %s: %w", devPath, err)
+	}
+	return uint32(n), nil
 }

@@ -1,6 +1,7 @@
 package loopdev
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/testenv"
@@ -193,4 +197,111 @@ func waitGone(t *testing.T, file string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestDirectIOCachesNothingUnderTheDevice reads a whole device bound with
+// Options.DirectIO and checks that none of the backing file entered the
+// page cache; the control binds the same file buffered and sees the read
+// cache it, so the probe can tell.
+func TestDirectIOCachesNothingUnderTheDevice(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	detachAllUnder(t, dir)
+	f := backingFile(t, dir, "dio.img")
+	if err := os.WriteFile(f, bytes.Repeat([]byte{0x5a}, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if probe, err := os.OpenFile(f, os.O_RDONLY|unix.O_DIRECT, 0); err != nil {
+		t.Skipf("the temp dir's file system cannot open files O_DIRECT: %v", err)
+	} else {
+		probe.Close()
+	}
+	for _, dio := range []bool{false, true} {
+		dropCache(t, f)
+		opts := Options{DirectIO: dio, BlockSize: 4096}
+		var gotDIO bool
+		var gotBS uint32
+		_, err := AttachAutoclearWith(context.Background(), f, opts, func(dev string) error {
+			var err error
+			if gotDIO, err = DirectIO(dev); err != nil {
+				return err
+			}
+			if gotBS, err = BlockSize(dev); err != nil {
+				return err
+			}
+			data, err := os.ReadFile(dev)
+			if err == nil && !bytes.Equal(data, bytes.Repeat([]byte{0x5a}, 1<<20)) {
+				err = fmt.Errorf("read %d bytes through %s, not the file's", len(data), dev)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, f)
+		cached := cachedPages(t, f)
+		t.Logf("direct I/O asked %v: device dio=%v, block size %d; backing file pages cached after reading it all: %d", dio, gotDIO, gotBS, cached)
+		if gotBS != 4096 {
+			t.Errorf("logical block size %d, want 4096", gotBS)
+		}
+		if gotDIO != dio {
+			t.Errorf("device dio = %v, want %v", gotDIO, dio)
+		}
+		if dio && cached != 0 {
+			t.Errorf("direct I/O: %d pages of the backing file cached, want 0", cached)
+		}
+		if !dio && cached == 0 {
+			t.Error("control: a buffered device cached nothing of its backing file either; the probe cannot tell")
+		}
+	}
+	if _, err := AttachAutoclearWith(context.Background(), f, Options{BlockSize: 3000}, func(string) error { return nil }); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("block size 3000: err = %v, want InvalidArgument", err)
+	}
+}
+
+// dropCache evicts file from the page cache.
+func dropCache(t *testing.T, file string) {
+	t.Helper()
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fdatasync(fd); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	if n := cachedPages(t, file); n != 0 {
+		t.Fatalf("%d pages of %s still cached after FADV_DONTNEED", n, file)
+	}
+}
+
+// cachedPages counts the pages of file in the page cache (mincore).
+func cachedPages(t *testing.T, file string) int {
+	t.Helper()
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Munmap(m) }()
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -42,7 +43,12 @@ type Config struct {
 	EgressCA []byte
 }
 
-var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
+// hostnameRE is compiled on first use: its bounded repeats make an 86 KiB
+// program, which every container agent (which never parses kernel
+// parameters) would otherwise build at start and keep for its life.
+var hostnameRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
+})
 
 // ParseCmdline reads the cube.* parameters from a kernel command line.
 func ParseCmdline(cmdline string) (Config, error) {
@@ -52,7 +58,7 @@ func ParseCmdline(cmdline string) (Config, error) {
 		var err error
 		switch k {
 		case "cube.hostname":
-			if len(v) > 253 || !hostnameRE.MatchString(v) {
+			if len(v) > 253 || !hostnameRE().MatchString(v) {
 				err = fmt.Errorf("vminit: cube.hostname=%q: not a hostname: %w", v, errdefs.ErrInvalidArgument)
 			}
 			c.Hostname = v

@@ -30,6 +30,10 @@ type Options struct {
 	// DensitySettle is how long density waits once every sandbox is up, so
 	// agents finish starting (GC, lazy init) before memory is read.
 	DensitySettle time.Duration
+	// DensityNet runs a private node's network-agent as its own process
+	// for runc too, so every density sandbox gets a network slot, and
+	// reports the agent's RSS.
+	DensityNet bool
 
 	SnapshotN  int // samples of snapshot, clone-1
 	CloneCount int // sandboxes per CloneSandbox call in clone-n

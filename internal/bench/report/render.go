@@ -115,6 +115,16 @@ func densityRows(d *DensityReport) [][]string {
 	return rows
 }
 
+// healthLine says how the sandboxes answered /health through the proxy.
+func healthLine(h *HealthCheck) string {
+	l := fmt.Sprintf("envd /health through the sandbox proxy, each sandbox once: %d asked, %d failed, %d later than %s; avg %s ms, P50 %s, P99 %s, max %s",
+		h.Asked, h.Failed, h.Late, h.Within, fmtMS(h.Latency.Avg), fmtMS(h.Latency.P50), fmtMS(h.Latency.P99), fmtMS(h.Latency.Max))
+	if h.FirstError != "" {
+		l += "; first failure: " + h.FirstError
+	}
+	return l
+}
+
 func targetRows(rep *Report) [][]string {
 	rows := [][]string{{"target", "want", "got", "met"}}
 	for _, t := range rep.Targets {
@@ -170,6 +180,12 @@ func WriteTable(w io.Writer, rep *Report) error {
 			table(fmt.Sprintf("DENSITY: %d idle sandboxes, %d processes", d.Sandboxes, d.Processes), densityRows(d))
 			fmt.Fprintf(tw, "cubelet RSS %s (PSS %s); host MemAvailable drop per sandbox %s; loop direct I/O %v\n",
 				d.CubeletRSS.MiB(), d.CubeletPSS.MiB(), d.NodePerSandbox.MiB(), d.LoopDirectIO)
+			if d.NetworkAgentRSS > 0 {
+				fmt.Fprintf(tw, "network-agent RSS %s (every sandbox has a network slot)\n", d.NetworkAgentRSS.MiB())
+			}
+			if h := d.Health; h != nil {
+				fmt.Fprintln(tw, healthLine(h))
+			}
 		}
 	}
 	table("TARGETS", targetRows(rep))
@@ -242,6 +258,12 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 			table(densityRows(d))
 			fmt.Fprintf(&b, "Processes in the sandboxes' cgroups: %d. Cubelet RSS %s (PSS %s). Host MemAvailable drop per sandbox %s. Loop devices with direct I/O: %v. Create latency while filling: avg %s ms, P99 %s ms.\n\n",
 				d.Processes, d.CubeletRSS.MiB(), d.CubeletPSS.MiB(), d.NodePerSandbox.MiB(), d.LoopDirectIO, fmtMS(d.Fill.Avg), fmtMS(d.Fill.P99))
+			if d.NetworkAgentRSS > 0 {
+				fmt.Fprintf(&b, "network-agent RSS %s (every sandbox has a network slot).\n\n", d.NetworkAgentRSS.MiB())
+			}
+			if h := d.Health; h != nil {
+				fmt.Fprintf(&b, "%s.\n\n", healthLine(h))
+			}
 		}
 	}
 	writeCharts(&b, rep)

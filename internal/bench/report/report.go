@@ -97,6 +97,9 @@ type DensityReport struct {
 	LoopDirectIO bool  `json:"loop_direct_io"`
 	CubeletRSS   Bytes `json:"cubelet_rss"`
 	CubeletPSS   Bytes `json:"cubelet_pss,omitempty"`
+	// NetworkAgentRSS is network-agent's RSS when it ran as its own
+	// process (--density-net); 0 otherwise.
+	NetworkAgentRSS Bytes `json:"network_agent_rss,omitempty"`
 	// NodePerSandbox is the drop of the host's MemAvailable while the
 	// sandboxes started, divided by their number: everything at once
 	// (loop devices, mounts, slab), but noisy on a shared machine.
@@ -108,6 +111,22 @@ type DensityReport struct {
 	// soon as that tenth is up), the last one the settled figures
 	// above. Package charts draws memory against sandboxes from it.
 	Growth []DensityPoint `json:"growth,omitempty"`
+	// Health is every sandbox's envd /health asked through the sandbox
+	// proxy once all were up and measured; nil when not asked.
+	Health *HealthCheck `json:"health,omitempty"`
+}
+
+// HealthCheck is /health asked of each of a node's sandboxes, one at a
+// time, through the sandbox proxy.
+type HealthCheck struct {
+	Asked  int `json:"asked"`
+	Failed int `json:"failed"`
+	// Late answered, but after Within.
+	Late    int           `json:"late"`
+	Within  time.Duration `json:"within_ns"`
+	Latency Summary       `json:"latency"`
+	// FirstError is the first failure's error, "" without one.
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // DensityPoint is the node with Sandboxes idle sandboxes up.

@@ -110,6 +110,10 @@ type Config struct {
 		Interval Duration `toml:"interval"`
 		// History is how many samples each sandbox keeps.
 		History int `toml:"history"`
+		// MaxBytes bounds all sandboxes' history together; with more
+		// sandboxes than it holds History samples of, each keeps fewer.
+		// 0 = no bound.
+		MaxBytes int64 `toml:"max_bytes"`
 		// SandboxSeries exports per-sandbox series on /metrics.
 		SandboxSeries bool `toml:"sandbox_series"`
 	} `toml:"usage"`
@@ -180,8 +184,8 @@ func (c *Config) Validate() error {
 	if c.GC.Interval.Duration <= 0 {
 		return bad("gc.interval must be positive")
 	}
-	if c.Usage.Interval.Duration < 0 || c.Usage.History < 1 || c.Usage.History > 100000 {
-		return bad("usage: interval must not be negative, history 1-100000")
+	if c.Usage.Interval.Duration < 0 || c.Usage.History < 1 || c.Usage.History > 100000 || c.Usage.MaxBytes < 0 {
+		return bad("usage: interval and max_bytes must not be negative, history 1-100000")
 	}
 	if c.API.Data != "" && !c.TLS.Enabled() {
 		// Its only guard is the caller's certificate.

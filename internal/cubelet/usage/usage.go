@@ -4,7 +4,8 @@
 // cgroup, disk use from its filesystem or image, and network bytes from
 // the host end of its slot's veth pair.
 //
-// History is memory only: a ring of the last Keep samples per sandbox. A
+// History is memory only: a ring of the last Keep samples per sandbox
+// (fewer when MaxBytes, shared by all, holds less), grown as samples come. A
 // restarted cubelet starts every ring afresh from its first tick (the
 // cgroup and veth counters are cumulative, so totals stay right; only the
 // history before the restart is gone). A sandbox's ring and its Prometheus
@@ -26,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -77,6 +79,11 @@ type Sample struct {
 type Config struct {
 	Interval time.Duration
 	Keep     int // samples per sandbox
+	// MaxBytes bounds the history of all sandboxes together (0 = no
+	// bound): with more sandboxes than MaxBytes holds Keep samples of,
+	// each keeps fewer, its newest, so cubelet's memory does not grow
+	// with sandboxes times Keep.
+	MaxBytes int64
 	// Series exports per-sandbox Prometheus series (Collector).
 	Series bool
 }
@@ -167,14 +174,28 @@ func (s *Sampler) record(id string, smp Sample) {
 	defer s.mu.Unlock()
 	r := s.rings[id]
 	if r == nil {
-		r = newRing(s.cfg.Keep)
+		r = &ring{}
 		s.rings[id] = r
 	}
 	if prev, ok := r.last(); ok && smp.At.After(prev.At) && smp.CPU >= prev.CPU && smp.CPUCount > 0 {
 		wall := smp.At.Sub(prev.At)
 		smp.CPUPct = math.Round(float64(smp.CPU-prev.CPU)/float64(wall)/float64(smp.CPUCount)*100*100) / 100
 	}
-	r.push(smp)
+	r.push(smp, s.bound())
+}
+
+// SampleBytes is what one sample takes in a ring.
+const SampleBytes = int64(unsafe.Sizeof(Sample{}))
+
+// bound is how many samples each ring may keep now: Keep, or fewer when
+// MaxBytes shared among the rings allows less (never fewer than 2, the
+// CPU rate needs the previous sample). Called with mu held.
+func (s *Sampler) bound() int {
+	if s.cfg.MaxBytes <= 0 || len(s.rings) == 0 {
+		return s.cfg.Keep
+	}
+	fit := s.cfg.MaxBytes / (int64(len(s.rings)) * SampleBytes)
+	return int(min(int64(s.cfg.Keep), max(2, fit)))
 }
 
 // Forget drops a sandbox's history (it left the node).
@@ -268,34 +289,47 @@ func readCounter(path string) int64 {
 	return n
 }
 
-// ring keeps the last n samples.
+// ring keeps a sandbox's newest samples, at most the bound it is pushed
+// with. It grows as samples come, so a sandbox pays for the history it
+// has, not for a full ring from its first tick, and gives back what is
+// over a bound that fell (more sandboxes sharing MaxBytes). Once full,
+// buf is circular and start is its oldest sample.
 type ring struct {
-	buf  []Sample
-	next int
-	full bool
+	buf   []Sample
+	start int
 }
 
-func newRing(n int) *ring { return &ring{buf: make([]Sample, n)} }
-
-func (r *ring) push(s Sample) {
-	r.buf[r.next] = s
-	r.next = (r.next + 1) % len(r.buf)
-	if r.next == 0 {
-		r.full = true
+func (r *ring) push(s Sample, bound int) {
+	n := len(r.buf)
+	if cap(r.buf) > bound {
+		all := r.all()
+		keep := min(n, bound-1)
+		r.buf = append(make([]Sample, 0, bound), all[n-keep:]...)
+		r.start = 0
+		n = keep
 	}
+	switch {
+	case n == bound:
+		r.buf[r.start] = s
+		r.start = (r.start + 1) % n
+		return
+	case n == cap(r.buf) || r.start != 0:
+		// Grow, or unroll a ring that was full under a smaller bound.
+		all := r.all()
+		r.buf = append(make([]Sample, 0, min(bound, max(4, 2*cap(r.buf)))), all...)
+		r.start = 0
+	}
+	r.buf = append(r.buf, s)
 }
 
 func (r *ring) last() (Sample, bool) {
-	if !r.full && r.next == 0 {
+	if len(r.buf) == 0 {
 		return Sample{}, false
 	}
-	return r.buf[(r.next-1+len(r.buf))%len(r.buf)], true
+	return r.buf[(r.start+len(r.buf)-1)%len(r.buf)], true
 }
 
 // all returns the samples oldest first.
 func (r *ring) all() []Sample {
-	if !r.full {
-		return append([]Sample(nil), r.buf[:r.next]...)
-	}
-	return append(append([]Sample(nil), r.buf[r.next:]...), r.buf[:r.next]...)
+	return append(append([]Sample(nil), r.buf[r.start:]...), r.buf[:r.start]...)
 }

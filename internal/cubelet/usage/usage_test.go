@@ -249,3 +249,59 @@ func sendLoopback(t *testing.T, n int) {
 	c.Close()
 	<-done
 }
+
+// TestHistoryMaxBytes checks the shared bound: with more sandboxes than
+// MaxBytes holds Keep samples of, each ring keeps its newest samples
+// only, never allocating past its bound; when sandboxes leave, the
+// survivors grow back towards Keep.
+func TestHistoryMaxBytes(t *testing.T) {
+	parent, dir := cgroupRoot(t)
+	var ts []Target
+	for i := range 4 {
+		id := fmt.Sprintf("sb%d", i)
+		if err := os.Mkdir(filepath.Join(dir, id), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, Target{ID: id, CgroupPath: parent + "/" + id, MilliCPU: 1000, Live: true})
+	}
+	var l targets
+	l.set(ts)
+	// Room for 4 rings of 3 samples: each keeps 3 of Keep=10.
+	s := New(Config{Interval: time.Second, Keep: 10, MaxBytes: 4 * 3 * SampleBytes}, l.get, nil)
+	for range 7 {
+		s.Tick()
+		time.Sleep(2 * time.Millisecond)
+	}
+	held := func(id string) (int, int) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		r := s.rings[id]
+		return len(r.buf), cap(r.buf)
+	}
+	for _, tg := range ts {
+		h := s.History(tg.ID, time.Time{}, time.Time{})
+		if n, c := held(tg.ID); len(h) != 3 || c > 3 {
+			t.Fatalf("%s holds %d samples (%d allocated), want 3 of Keep=10 under MaxBytes", tg.ID, n, c)
+		}
+		if !slices.IsSortedFunc(h, func(a, b Sample) int { return a.At.Compare(b.At) }) {
+			t.Errorf("%s: samples out of order: %v", tg.ID, h)
+		}
+	}
+	if got := s.History("sb0", time.Time{}, time.Time{}); !got[2].At.After(got[0].At) {
+		t.Errorf("sb0 kept %v, want its newest samples", got)
+	}
+	// Three leave: the one left may keep 12 samples' worth, capped at Keep.
+	l.set(ts[:1])
+	for range 12 {
+		s.Tick()
+		time.Sleep(2 * time.Millisecond)
+	}
+	h := s.History("sb0", time.Time{}, time.Time{})
+	if n, c := held("sb0"); len(h) != 10 || c > 10 {
+		t.Fatalf("sb0 alone holds %d samples (%d allocated), want Keep=10", n, c)
+	}
+	if !slices.IsSortedFunc(h, func(a, b Sample) int { return a.At.Compare(b.At) }) {
+		t.Errorf("samples out of order after growing back: %v", h)
+	}
+	t.Logf("4 sandboxes: 3 samples each; 1 sandbox: %d samples; sample = %d bytes", len(h), SampleBytes)
+}

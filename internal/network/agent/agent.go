@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,7 +180,39 @@ func (a *Agent) setupHost() error {
 			return fmt.Errorf("enable ip_forward: %w", err)
 		}
 	}
+	raiseNeighbourTable(a.cfg.CIDR().Bits(), a.log)
 	return nft.ApplyHost(nft.Host{Table: a.cfg.Prefix, LinkPrefix: a.linkPrefix(), NodeCIDR: a.cfg.CIDR()})
+}
+
+// neighSysctl is where the host's IPv4 neighbour (ARP) table limits are.
+const neighSysctl = "/proc/sys/net/ipv4/neigh/default/"
+
+// raiseNeighbourTable makes the host's ARP table hold an entry for every
+// slot the node CIDR has: the host reaches each slot's HOSTIP over its
+// own veth, one neighbour entry per slot. With the kernel's defaults
+// (gc_thresh3 = 1024 entries) the 1025th slot in use finds the table full
+// ("neighbor table overflow") and connections to sandboxes stall in SYN
+// retransmits; between gc_thresh1 (128) and the others entries of idle
+// slots are collected, and their next request waits for ARP again.
+// Limits are only raised (gc_thresh1 to the slots, 2 and 3 to two and
+// four times that), never lowered; a host where they cannot be written
+// (a read-only /proc/sys) keeps its own, logged.
+func raiseNeighbourTable(cidrBits int, log *slog.Logger) {
+	slots := int64(1) << (32 - cidrBits) / 4
+	for name, want := range map[string]int64{"gc_thresh1": slots, "gc_thresh2": 2 * slots, "gc_thresh3": 4 * slots} {
+		b, err := os.ReadFile(neighSysctl + name)
+		if err != nil {
+			log.Warn("neighbour table limit unreadable; slots past it stall", "sysctl", name, "err", err)
+			continue
+		}
+		have, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || have >= want {
+			continue
+		}
+		if err := os.WriteFile(neighSysctl+name, []byte(strconv.FormatInt(want, 10)), 0o644); err != nil {
+			log.Warn("cannot raise the neighbour table limit; slots past it stall", "sysctl", name, "have", have, "want", want, "err", err)
+		}
+	}
 }
 
 func (a *Agent) linkPrefix() string { return a.cfg.Prefix + "-" }

@@ -13,6 +13,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -127,6 +128,9 @@ func For(s runtime.Spec) (*specs.Spec, error) {
 	}
 
 	env := slices.Clone(s.Env)
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "GOMAXPROCS=") }) {
+		env = append(env, "GOMAXPROCS="+agentproto.AgentGOMAXPROCS, agentproto.AgentOnlyEnv+"=GOMAXPROCS")
+	}
 	if s.AgentTokenHash != "" {
 		env = append(env, agentproto.TokenHashEnv+"="+s.AgentTokenHash)
 	}

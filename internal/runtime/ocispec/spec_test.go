@@ -5,8 +5,10 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
 )
@@ -82,6 +84,27 @@ func TestForRejectsInvalid(t *testing.T) {
 		mut(&s)
 		if _, err := For(s); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+// TestForAgentGOMAXPROCS checks the agent's GOMAXPROCS: set, and listed
+// for the agent to unset, when the template names none; a template's own
+// left alone and not unset (its processes are meant to inherit it).
+func TestForAgentGOMAXPROCS(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want []string
+	}{
+		{nil, []string{"GOMAXPROCS=" + agentproto.AgentGOMAXPROCS, agentproto.AgentOnlyEnv + "=GOMAXPROCS"}},
+		{[]string{"GOMAXPROCS=4"}, []string{"GOMAXPROCS=4"}},
+	} {
+		sp, err := For(runtime.Spec{ID: "sb", RootFS: "/r", Args: []string{"/a"}, Env: tc.env})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(sp.Process.Env, tc.want) {
+			t.Errorf("template env %q: process env %q, want %q", tc.env, sp.Process.Env, tc.want)
 		}
 	}
 }
