@@ -339,7 +339,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("gvisor checkpoint %s: dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
 	}
-	c, rid, retired, err := d.lookup(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -367,7 +367,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if !leaveRunning {
 		return d.stopCheckpointed(ctx, id, rid, c.Bundle)
 	}
-	if _, err := d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir); err != nil {
+	if _, err := d.restoreSwap(ctx, id, c.Bundle, rid, dir); err != nil {
 		return err
 	}
 	if paused {
@@ -448,11 +448,11 @@ func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.St
 	if err := d.memoryOff("restore", id); err != nil {
 		return runtime.State{}, err
 	}
-	c, rid, retired, err := d.lookup(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return runtime.State{}, err
 	}
-	return d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir)
+	return d.restoreSwap(ctx, id, c.Bundle, rid, dir)
 }
 
 // RestoreBundle restores id from the image in dir with the spec its
@@ -464,9 +464,9 @@ func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (run
 	if err := d.memoryOff("restore", id); err != nil {
 		return runtime.State{}, err
 	}
-	c, rid, retired, err := d.lookup(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err == nil {
-		return d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir)
+		return d.restoreSwap(ctx, id, c.Bundle, rid, dir)
 	}
 	if !errdefs.IsNotFound(err) {
 		return runtime.State{}, err
@@ -477,6 +477,13 @@ func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (run
 	}
 	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
+	}
+	// No state file left, but a background reap of either slot may still
+	// be deleting it.
+	for _, rid := range slotIDs(id) {
+		if err := d.awaitReap(ctx, rid); err != nil {
+			return runtime.State{}, err
+		}
 	}
 	if err := restoreNet(spec, bundle); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
@@ -496,6 +503,15 @@ const FailpointRestoreStopped = "gvisor/restore/stopped"
 // Stopping an absent sandbox is a no-op.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	begin := time.Now()
+	// A background reap of either slot may be in flight whatever lookup
+	// finds (its state file can be gone before runsc's delete returns):
+	// Stop returns only once it has ended, so a Start that follows does
+	// not launch into a slot still being deleted.
+	for _, rid := range slotIDs(id) {
+		if err := d.awaitReap(ctx, rid); err != nil {
+			return err
+		}
+	}
 	c, rid, retired, err := d.lookup(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil

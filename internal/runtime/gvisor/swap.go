@@ -41,9 +41,11 @@ const reapBound = time.Minute
 const FailpointReap = "gvisor/reap"
 
 // restoreSwap restores sandbox id from the image in dir into the slot cur
-// does not hold, retiring cur (killed if still running). retired is the
-// other slot when it exists, and is reaped first.
-func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, retired, dir string) (runtime.State, error) {
+// does not hold, retiring cur (killed if still running). The other slot is
+// reaped first: whether or not its state file is still there, a background
+// reap of it may still be running (runsc's delete removes the state file
+// before it returns), and nothing may launch into that slot until it ends.
+func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, dir string) (runtime.State, error) {
 	spec, err := readSpec(bundle)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
@@ -52,10 +54,8 @@ func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, retired, dir 
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
 	}
 	target := otherSlot(id, cur)
-	if retired != "" {
-		if err := d.reap(ctx, id, retired); err != nil {
-			return runtime.State{}, err
-		}
+	if err := d.reap(ctx, id, target); err != nil {
+		return runtime.State{}, err
 	}
 	if err := d.retire(ctx, id, cur, spec); err != nil {
 		return runtime.State{}, err
@@ -179,19 +179,29 @@ func (d *Driver) reapInBackground(id, rid string) {
 }
 
 // reap deletes retired slot rid of sandbox id now, after a background reap
-// of it in flight has finished.
+// of it in flight has finished. A slot with no state file and no reap in
+// flight is no error.
 func (d *Driver) reap(ctx context.Context, id, rid string) error {
+	if err := d.awaitReap(ctx, rid); err != nil {
+		return err
+	}
+	return d.deleteRetired(ctx, id, rid)
+}
+
+// awaitReap waits until no background reap of slot rid is in flight.
+func (d *Driver) awaitReap(ctx context.Context, rid string) error {
 	d.reapMu.Lock()
 	done := d.reaps[rid]
 	d.reapMu.Unlock()
-	if done != nil {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return fmt.Errorf("gvisor reap %s: %w", rid, ctx.Err())
-		}
+	if done == nil {
+		return nil
 	}
-	return d.deleteRetired(ctx, id, rid)
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gvisor reap %s: %w", rid, ctx.Err())
+	}
 }
 
 // deleteRetired runs runsc's delete on retired slot rid, whose state file
