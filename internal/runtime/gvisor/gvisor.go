@@ -91,6 +91,10 @@ type Driver struct {
 	// runsc ID (swap.go); Stop and the next swap wait for them.
 	reapMu sync.Mutex
 	reaps  map[string]chan struct{}
+	// dying are the pidfds of the processes killed when a slot was
+	// retired, by runsc ID (swap.go); the next launch into that slot
+	// waits for them to exit, Stop closes them.
+	dying map[string][]int
 }
 
 var (
@@ -235,6 +239,11 @@ func (d *Driver) launchAs(ctx context.Context, id, rid, bundle string, spec *spe
 	if !filepath.IsAbs(bundle) {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: BundleDir %q is not absolute: %w", verb, id, bundle, errdefs.ErrInvalidArgument)
 	}
+	// The sandbox last retired from this slot must be gone: it holds the
+	// slot's control socket until it exits.
+	if err := d.awaitExit(ctx, rid); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
+	}
 	if _, err := d.readSlot(ctx, id, rid); err == nil {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: %s: %w", verb, id, rid, errdefs.ErrAlreadyExists)
 	} else if !errdefs.IsNotFound(err) {
@@ -349,6 +358,14 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
 	}
+	if leaveRunning {
+		// The restore goes into the other slot: wait for the sandbox
+		// last retired from it now, while a timeout leaves this one
+		// running untouched.
+		if err := d.awaitExit(ctx, otherSlot(id, rid)); err != nil {
+			return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
+		}
+	}
 	network := networkOf(c.Bundle)
 	paused := c.Status == "paused"
 	if paused {
@@ -385,7 +402,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 // soon reused. Stop waits for the processes to leave the cgroup.
 func (d *Driver) stopCheckpointed(ctx context.Context, id, rid, bundle string) error {
 	if sp, err := readSpec(bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" {
-		killOnce(sp.Linux.CgroupsPath)
+		d.keepDying(rid, killPidfds(sp.Linux.CgroupsPath))
 	}
 	if err := d.editState(rid, func(st, _ map[string]json.RawMessage) {
 		st["status"] = json.RawMessage(`"stopped"`)
@@ -514,6 +531,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	c, rid, retired, err := d.lookup(ctx, id)
 	if errdefs.IsNotFound(err) {
+		d.dropDying(id)
 		return nil
 	}
 	if err != nil {
@@ -541,6 +559,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	d.dropDying(id)
 	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
 	return nil
 }
