@@ -340,6 +340,9 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 // transition"), and the sandbox hangs half-saved. The checkpoint freezes
 // the sandbox itself and flushes gVisor's file caches to the gofer, so the
 // disk, while the sandbox stays stopped, matches the image.
+//
+// A sandbox whose cgroup has no room left for the save (saveFits) is
+// refused with FailedPrecondition before runsc is called, and runs on.
 func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	begin := time.Now()
 	if err := d.memoryOff("checkpoint", id); err != nil {
@@ -354,6 +357,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	}
 	if c.Status != "running" && c.Status != "paused" {
 		return fmt.Errorf("gvisor checkpoint %s: sandbox is %s: %w", id, c.Status, errdefs.ErrFailedPrecondition)
+	}
+	if err := d.saveFits(id, c.Bundle); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)

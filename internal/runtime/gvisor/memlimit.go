@@ -2,12 +2,16 @@ package gvisor
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 // DefaultSentryOverhead is the memory a gVisor sandbox's cgroup gets above
@@ -90,4 +94,102 @@ func addSentryOverhead(sp *specs.Spec, guest, overhead int64) {
 		sp.Annotations = map[string]string{}
 	}
 	sp.Annotations[GuestMemoryAnnotation] = strconv.FormatInt(guest, 10)
+}
+
+// saveReserve is the memory a save needs in the sandbox's cgroup above
+// what the sandbox holds: the sentry's encoder buffers and object tables
+// took about 50 MiB more than the running sandbox (docs/gvisor.md), with
+// a few MiB of margin.
+const saveReserve int64 = 56 << 20
+
+// saveFits refuses a checkpoint of the sandbox in bundle whose save would
+// not fit in its cgroup: runsc 20221219 cannot bound the guest to its own
+// limit, so a guest may hold up to its limit plus the sentry overhead,
+// and a save then OOM-kills the sentry half-way and loses the sandbox.
+// Refused, the sandbox runs on untouched. It checks only where the driver
+// gives an overhead (without one the cgroup was never meant to hold a
+// save) and the cgroup has a memory limit. What the sandbox holds is the
+// cgroup's charge less its file page cache, which the kernel reclaims
+// under the limit (a restore's image file leaves plenty).
+func (d *Driver) saveFits(id, bundle string) error {
+	if d.overhead <= 0 {
+		return nil
+	}
+	sp, err := readSpec(bundle)
+	if err != nil || sp.Linux == nil || sp.Linux.CgroupsPath == "" {
+		return nil //nolint:nilerr // no cgroup to read: runsc's checkpoint says what is wrong
+	}
+	held, limit, err := memoryHeld(sp.Linux.CgroupsPath)
+	if err != nil {
+		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
+	}
+	if limit <= 0 || held+saveReserve <= limit {
+		return nil
+	}
+	guest := "its own limit"
+	if g, err := strconv.ParseInt(sp.Annotations[GuestMemoryAnnotation], 10, 64); err == nil {
+		guest = fmt.Sprintf("its own limit of %d MiB", g>>20)
+	}
+	return fmt.Errorf("gvisor checkpoint %s: the save would not fit: the sandbox uses %d MiB of its %d MiB cgroup limit "+
+		"and a save needs about %d MiB more (the guest holds memory beyond %s, which this runsc cannot bound); "+
+		"free memory in the sandbox and retry: %w",
+		id, held>>20, limit>>20, saveReserve>>20, guest, errdefs.ErrFailedPrecondition)
+}
+
+// memoryHeld reads cgroupPath's memory charge less its file page cache,
+// and its memory limit (0 when it has none), from the hierarchy that
+// holds the memory controller: cgroup v2's memory.current, memory.max and
+// memory.stat, or v1's memory.usage_in_bytes, memory.limit_in_bytes and
+// memory.stat (total_ keys).
+func memoryHeld(cgroupPath string) (held, limit int64, err error) {
+	dirs, err := cgroups.Dirs(cgroupPath)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, dir := range dirs {
+		for _, f := range []struct{ usage, limit, prefix string }{
+			{"memory.current", "memory.max", ""},
+			{"memory.usage_in_bytes", "memory.limit_in_bytes", "total_"},
+		} {
+			usage, ok := readInt(filepath.Join(dir, f.usage))
+			if !ok {
+				continue
+			}
+			lim, ok := readInt(filepath.Join(dir, f.limit)) // v2 "max": none
+			if !ok || lim >= 1<<62 {
+				lim = 0
+			}
+			stat := readKV(filepath.Join(dir, "memory.stat"))
+			cache := stat[f.prefix+"active_file"] + stat[f.prefix+"inactive_file"]
+			return max(usage-cache, 0), lim, nil
+		}
+	}
+	return 0, 0, nil
+}
+
+// readInt reads a cgroup file that holds one integer.
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// readKV reads a "key value" per line cgroup file (memory.stat).
+func readKV(path string) map[string]int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok {
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				out[k] = n
+			}
+		}
+	}
+	return out
 }

@@ -447,3 +447,52 @@ func TestGuestBeyondItsLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointRefusedWhenFull: a guest holding memory beyond its own
+// limit (it may, up to limit plus overhead: this runsc cannot bound it)
+// leaves no room for a save, which would OOM-kill the sentry half-way.
+// A 64 MiB guest with 64 MiB of overhead (cgroup 128 MiB) writes 100 MiB
+// to its tmpfs: the checkpoint is refused with FailedPrecondition naming
+// the usage and the limit, and the sandbox runs on untouched. Control:
+// the same sandbox, after the guest deleted the files, checkpoints and
+// restores in place.
+func TestCheckpointRefusedWhenFull(t *testing.T) {
+	requireRunsc(t)
+	d, parent := driverWith(t, 64<<20), cgroupParent(t)
+	spec := shellSpec(t, parent, "full-refused", `head -c 50m /dev/urandom > /dev/shm/fill0; head -c 50m /dev/urandom > /dev/fill1; `+counterScript)
+	spec.Limits.MemoryMiB = 64
+	stopAtEnd(t, d, spec.ID)
+	if _, err := d.Start(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	st := readState(t, d, spec.ID)
+	held, limit, err := memoryHeld(spec.CgroupPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest wrote 100 MiB (its limit 64 MiB): holds %d MiB of the %d MiB cgroup limit", held>>20, limit>>20)
+	err = d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true)
+	t.Logf("checkpoint: %v", err)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "would not fit") {
+		t.Fatalf("checkpoint of a guest beyond its limit: %v; want FailedPrecondition (the save would not fit)", err)
+	}
+	st = wantContinued(t, d, spec.ID, st)
+	if kills, _ := cgroups.OOMKills(spec.CgroupPath); kills != 0 {
+		t.Fatalf("%d OOM kills in the cgroup", kills)
+	}
+
+	// Control: the guest frees the memory, the save fits.
+	if out, err := execIn(t.Context(), d, spec.ID, "/bin/busybox", "rm", "-f", "/dev/shm/fill0", "/dev/fill1"); err != nil {
+		t.Fatalf("rm: %v (%s)", err, out)
+	}
+	for end := time.Now().Add(10 * time.Second); held+saveReserve > limit && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if held, _, err = memoryHeld(spec.CgroupPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("control: guest deleted the files: holds %d MiB", held>>20)
+	if err := d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true); err != nil {
+		t.Fatalf("control: checkpoint after the guest freed its memory: %v", err)
+	}
+	wantContinued(t, d, spec.ID, st)
+}
