@@ -499,11 +499,11 @@ func TestCheckpointRefusedWhenFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := readState(t, d, spec.ID)
-	held, limit, err := memoryHeld(spec.CgroupPath)
+	m, err := readMemory(spec.CgroupPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("guest wrote 100 MiB (its limit 64 MiB): holds %d MiB of the %d MiB cgroup limit", held>>20, limit>>20)
+	t.Logf("guest wrote 100 MiB (its limit 64 MiB): the sandbox holds %d MiB of the %d MiB cgroup limit, the guest %d MiB", m.usage>>20, m.limit>>20, m.guest>>20)
 	err = d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true)
 	t.Logf("checkpoint: %v", err)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "would not fit") {
@@ -518,12 +518,12 @@ func TestCheckpointRefusedWhenFull(t *testing.T) {
 	if out, err := execIn(t.Context(), d, spec.ID, "/bin/busybox", "rm", "-f", "/dev/shm/fill0", "/dev/fill1"); err != nil {
 		t.Fatalf("rm: %v (%s)", err, out)
 	}
-	for end := time.Now().Add(10 * time.Second); held+saveReserve > limit && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if held, _, err = memoryHeld(spec.CgroupPath); err != nil {
+	for end := time.Now().Add(10 * time.Second); m.guest+sentryBase+saveReserve > m.limit && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if m, err = readMemory(spec.CgroupPath); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("control: guest deleted the files: holds %d MiB", held>>20)
+	t.Logf("control: guest deleted the files: the sandbox holds %d MiB, the guest %d MiB", m.usage>>20, m.guest>>20)
 	if err := d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true); err != nil {
 		t.Fatalf("control: checkpoint after the guest freed its memory: %v", err)
 	}
