@@ -91,6 +91,10 @@ type Driver struct {
 	// runsc ID (swap.go); Stop and the next swap wait for them.
 	reapMu sync.Mutex
 	reaps  map[string]chan struct{}
+	// dying are the pidfds of the processes killed when a slot was
+	// retired, by runsc ID (swap.go); the next launch into that slot
+	// waits for them to exit, Stop closes them.
+	dying map[string][]int
 }
 
 var (
@@ -235,6 +239,11 @@ func (d *Driver) launchAs(ctx context.Context, id, rid, bundle string, spec *spe
 	if !filepath.IsAbs(bundle) {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: BundleDir %q is not absolute: %w", verb, id, bundle, errdefs.ErrInvalidArgument)
 	}
+	// The sandbox last retired from this slot must be gone: it holds the
+	// slot's control socket until it exits.
+	if err := d.awaitExit(ctx, rid); err != nil {
+		return runtime.State{}, fmt.Errorf("gvisor %s %s: %w", verb, id, err)
+	}
 	if _, err := d.readSlot(ctx, id, rid); err == nil {
 		return runtime.State{}, fmt.Errorf("gvisor %s %s: %s: %w", verb, id, rid, errdefs.ErrAlreadyExists)
 	} else if !errdefs.IsNotFound(err) {
@@ -331,6 +340,9 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 // transition"), and the sandbox hangs half-saved. The checkpoint freezes
 // the sandbox itself and flushes gVisor's file caches to the gofer, so the
 // disk, while the sandbox stays stopped, matches the image.
+//
+// A sandbox whose cgroup has no room left for the save (saveFits) is
+// refused with FailedPrecondition before runsc is called, and runs on.
 func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	begin := time.Now()
 	if err := d.memoryOff("checkpoint", id); err != nil {
@@ -339,15 +351,26 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("gvisor checkpoint %s: dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
 	}
-	c, rid, retired, err := d.lookup(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
 	if c.Status != "running" && c.Status != "paused" {
 		return fmt.Errorf("gvisor checkpoint %s: sandbox is %s: %w", id, c.Status, errdefs.ErrFailedPrecondition)
 	}
+	if err := d.saveFits(id, c.Bundle); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
+	}
+	if leaveRunning {
+		// The restore goes into the other slot: wait for the sandbox
+		// last retired from it now, while a timeout leaves this one
+		// running untouched.
+		if err := d.awaitExit(ctx, otherSlot(id, rid)); err != nil {
+			return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
+		}
 	}
 	network := networkOf(c.Bundle)
 	paused := c.Status == "paused"
@@ -367,7 +390,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	if !leaveRunning {
 		return d.stopCheckpointed(ctx, id, rid, c.Bundle)
 	}
-	if _, err := d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir); err != nil {
+	if _, err := d.restoreSwap(ctx, id, c.Bundle, rid, dir); err != nil {
 		return err
 	}
 	if paused {
@@ -385,7 +408,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 // soon reused. Stop waits for the processes to leave the cgroup.
 func (d *Driver) stopCheckpointed(ctx context.Context, id, rid, bundle string) error {
 	if sp, err := readSpec(bundle); err == nil && sp.Linux != nil && sp.Linux.CgroupsPath != "" {
-		killOnce(sp.Linux.CgroupsPath)
+		d.keepDying(rid, killPidfds(sp.Linux.CgroupsPath))
 	}
 	if err := d.editState(rid, func(st, _ map[string]json.RawMessage) {
 		st["status"] = json.RawMessage(`"stopped"`)
@@ -448,11 +471,11 @@ func (d *Driver) RestoreInPlace(ctx context.Context, id, dir string) (runtime.St
 	if err := d.memoryOff("restore", id); err != nil {
 		return runtime.State{}, err
 	}
-	c, rid, retired, err := d.lookup(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err != nil {
 		return runtime.State{}, err
 	}
-	return d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir)
+	return d.restoreSwap(ctx, id, c.Bundle, rid, dir)
 }
 
 // RestoreBundle restores id from the image in dir with the spec its
@@ -464,9 +487,9 @@ func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (run
 	if err := d.memoryOff("restore", id); err != nil {
 		return runtime.State{}, err
 	}
-	c, rid, retired, err := d.lookup(ctx, id)
+	c, rid, _, err := d.lookup(ctx, id)
 	if err == nil {
-		return d.restoreSwap(ctx, id, c.Bundle, rid, retired, dir)
+		return d.restoreSwap(ctx, id, c.Bundle, rid, dir)
 	}
 	if !errdefs.IsNotFound(err) {
 		return runtime.State{}, err
@@ -477,6 +500,13 @@ func (d *Driver) RestoreBundle(ctx context.Context, id, bundle, dir string) (run
 	}
 	if _, err := os.Stat(filepath.Join(dir, CheckpointFile)); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
+	}
+	// No state file left, but a background reap of either slot may still
+	// be deleting it.
+	for _, rid := range slotIDs(id) {
+		if err := d.awaitReap(ctx, rid); err != nil {
+			return runtime.State{}, err
+		}
 	}
 	if err := restoreNet(spec, bundle); err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
@@ -496,8 +526,18 @@ const FailpointRestoreStopped = "gvisor/restore/stopped"
 // Stopping an absent sandbox is a no-op.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	begin := time.Now()
+	// A background reap of either slot may be in flight whatever lookup
+	// finds (its state file can be gone before runsc's delete returns):
+	// Stop returns only once it has ended, so a Start that follows does
+	// not launch into a slot still being deleted.
+	for _, rid := range slotIDs(id) {
+		if err := d.awaitReap(ctx, rid); err != nil {
+			return err
+		}
+	}
 	c, rid, retired, err := d.lookup(ctx, id)
 	if errdefs.IsNotFound(err) {
+		d.dropDying(id)
 		return nil
 	}
 	if err != nil {
@@ -525,6 +565,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	d.dropDying(id)
 	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
 	return nil
 }

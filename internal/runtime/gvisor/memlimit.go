@@ -2,12 +2,16 @@ package gvisor
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
 // DefaultSentryOverhead is the memory a gVisor sandbox's cgroup gets above
@@ -90,4 +94,111 @@ func addSentryOverhead(sp *specs.Spec, guest, overhead int64) {
 		sp.Annotations = map[string]string{}
 	}
 	sp.Annotations[GuestMemoryAnnotation] = strconv.FormatInt(guest, 10)
+}
+
+// saveReserve is the memory a save needs in the sandbox's cgroup above
+// what the sandbox holds: the sentry's encoder buffers and object tables
+// took about 50 MiB more than the running sandbox (docs/gvisor.md), with
+// a few MiB of margin.
+const saveReserve int64 = 56 << 20
+
+// sentryBase is what a freshly started sentry and gofer hold besides their
+// guest's memory (about 14 MiB for a busybox sandbox, docs/gvisor.md).
+const sentryBase int64 = 16 << 20
+
+// saveFits refuses a checkpoint of the sandbox in bundle whose save would
+// not fit in its cgroup: runsc 20221219 cannot bound the guest to its own
+// limit, so a guest may hold up to its limit plus the sentry overhead,
+// and a save then OOM-kills the sentry half-way and loses the sandbox.
+// Refused, the sandbox runs on untouched. It checks only where the driver
+// gives an overhead (without one the cgroup was never meant to hold a
+// save) and the cgroup has a memory limit.
+//
+// What is counted is the guest's memory (the cgroup's shmem: the sentry's
+// memory file, where gVisor keeps all of it) plus sentryBase, not the
+// whole charge: a restored sentry keeps 50-105 MiB of Go heap that its
+// next save reuses (saves passed with the charge at 191 of 192 MiB), and
+// the image files' page cache is reclaimed under the limit.
+func (d *Driver) saveFits(id, bundle string) error {
+	if d.overhead <= 0 {
+		return nil
+	}
+	sp, err := readSpec(bundle)
+	if err != nil || sp.Linux == nil || sp.Linux.CgroupsPath == "" {
+		return nil //nolint:nilerr // no cgroup to read: runsc's checkpoint says what is wrong
+	}
+	m, err := readMemory(sp.Linux.CgroupsPath)
+	if err != nil {
+		return fmt.Errorf("gvisor checkpoint %s: %w", id, err)
+	}
+	if m.limit <= 0 || m.guest+sentryBase+saveReserve <= m.limit {
+		return nil
+	}
+	guest := "its own limit"
+	if g, err := strconv.ParseInt(sp.Annotations[GuestMemoryAnnotation], 10, 64); err == nil {
+		guest = fmt.Sprintf("its own limit of %d MiB", g>>20)
+	}
+	return fmt.Errorf("gvisor checkpoint %s: the save would not fit: the sandbox uses %d MiB of its %d MiB cgroup limit, "+
+		"its guest %d MiB (beyond %s, which this runsc cannot bound), and a save needs about %d MiB more; "+
+		"free memory in the sandbox and retry: %w",
+		id, m.usage>>20, m.limit>>20, m.guest>>20, guest, saveReserve>>20, errdefs.ErrFailedPrecondition)
+}
+
+// cgroupMemory is a cgroup's memory charge, the guest's part of it
+// (shmem) and its limit (0 when none), in bytes.
+type cgroupMemory struct{ usage, guest, limit int64 }
+
+// readMemory reads cgroupPath's memory from the hierarchy that holds the
+// memory controller: cgroup v2's memory.current, memory.max and
+// memory.stat shmem, or v1's memory.usage_in_bytes, memory.limit_in_bytes
+// and memory.stat total_shmem.
+func readMemory(cgroupPath string) (cgroupMemory, error) {
+	dirs, err := cgroups.Dirs(cgroupPath)
+	if err != nil {
+		return cgroupMemory{}, err
+	}
+	for _, dir := range dirs {
+		for _, f := range []struct{ usage, limit, shmem string }{
+			{"memory.current", "memory.max", "shmem"},
+			{"memory.usage_in_bytes", "memory.limit_in_bytes", "total_shmem"},
+		} {
+			usage, ok := readInt(filepath.Join(dir, f.usage))
+			if !ok {
+				continue
+			}
+			lim, ok := readInt(filepath.Join(dir, f.limit)) // v2 "max": none
+			if !ok || lim >= 1<<62 {
+				lim = 0
+			}
+			return cgroupMemory{usage: usage, guest: readKV(filepath.Join(dir, "memory.stat"))[f.shmem], limit: lim}, nil
+		}
+	}
+	return cgroupMemory{}, nil
+}
+
+// readInt reads a cgroup file that holds one integer.
+func readInt(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// readKV reads a "key value" per line cgroup file (memory.stat).
+func readKV(path string) map[string]int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok {
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				out[k] = n
+			}
+		}
+	}
+	return out
 }

@@ -16,9 +16,10 @@ import (
 	"github.com/cubesandbox/cube/internal/runtime/cgroups"
 )
 
-// memDir is the cgroup v1 memory directory of cgroupPath ("" on a host
-// whose memory controller is only on cgroup2).
-func memDir(t *testing.T, cgroupPath string) string {
+// memDir is cgroupPath's directory in the hierarchy that holds the
+// memory controller, and whether that is cgroup v2 (a pure v2 host, or a
+// hybrid one whose memory controller is on cgroup2) rather than v1.
+func memDir(t *testing.T, cgroupPath string) (string, bool) {
 	t.Helper()
 	dirs, err := cgroups.Dirs(cgroupPath)
 	if err != nil {
@@ -26,24 +27,43 @@ func memDir(t *testing.T, cgroupPath string) string {
 	}
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "memory.limit_in_bytes")); err == nil {
-			return d
+			return d, false
+		}
+		if _, err := os.Stat(filepath.Join(d, "memory.max")); err == nil {
+			return d, true
 		}
 	}
-	return ""
+	t.Fatalf("cgroup %s: no memory controller in any hierarchy (%v)", cgroupPath, dirs)
+	return "", false
 }
 
-// memFile reads one number from a cgroup v1 memory file of cgroupPath.
+// v2Memory names the cgroup v2 file for each v1 memory file the tests
+// read. memory.peak is the peak since the cgroup was made: cgroup v2 has
+// no global reset (a write resets it for that open file only).
+var v2Memory = map[string]string{
+	"memory.limit_in_bytes":     "memory.max",
+	"memory.usage_in_bytes":     "memory.current",
+	"memory.max_usage_in_bytes": "memory.peak",
+}
+
+// memFile reads one number from cgroupPath's memory file name (named as
+// cgroup v1 does; its v2 counterpart where the memory controller is on
+// cgroup2).
 func memFile(t *testing.T, cgroupPath, name string) int64 {
 	t.Helper()
-	d := memDir(t, cgroupPath)
-	if d == "" {
-		t.Skip("no cgroup v1 memory hierarchy on this host")
+	d, v2 := memDir(t, cgroupPath)
+	if v2 {
+		name = v2Memory[name]
 	}
 	b, err := os.ReadFile(filepath.Join(d, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	s := strings.TrimSpace(string(b))
+	if s == "max" { // v2: no limit
+		return 1<<63 - 1
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +72,12 @@ func memFile(t *testing.T, cgroupPath, name string) int64 {
 
 // memStat summarises cgroupPath's memory.stat: the guest's and the
 // sentry's own memory (rss, shmem: the sentry's memory file) against
-// the page cache the kernel may reclaim.
+// the page cache the kernel may reclaim (v1's total_ keys, v2's anon,
+// shmem and file).
 func memStat(t *testing.T, cgroupPath string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(memDir(t, cgroupPath), "memory.stat"))
+	d, v2 := memDir(t, cgroupPath)
+	b, err := os.ReadFile(filepath.Join(d, "memory.stat"))
 	if err != nil {
 		return err.Error()
 	}
@@ -65,14 +87,25 @@ func memStat(t *testing.T, cgroupPath string) string {
 			kv[f[0]], _ = strconv.ParseInt(f[1], 10, 64)
 		}
 	}
-	return fmt.Sprintf("rss %d MiB, shmem %d MiB, other cache %d MiB", kv["total_rss"]>>20, kv["total_shmem"]>>20, (kv["total_cache"]-kv["total_shmem"])>>20)
+	rss, shmem, cache := kv["total_rss"], kv["total_shmem"], kv["total_cache"]
+	if v2 {
+		rss, shmem, cache = kv["anon"], kv["shmem"], kv["file"]
+	}
+	return fmt.Sprintf("rss %d MiB, shmem %d MiB, other cache %d MiB", rss>>20, shmem>>20, (cache-shmem)>>20)
 }
 
-// resetPeak zeroes cgroupPath's memory.max_usage_in_bytes (it restarts
-// from the current usage).
+// resetPeak restarts cgroupPath's peak memory from the current usage
+// (v1's memory.max_usage_in_bytes). cgroup v2 has no global reset, so
+// there the peak stays the one since the cgroup was made and the test
+// says so.
 func resetPeak(t *testing.T, cgroupPath string) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(memDir(t, cgroupPath), "memory.max_usage_in_bytes"), []byte("0"), 0); err != nil {
+	d, v2 := memDir(t, cgroupPath)
+	if v2 {
+		t.Logf("cgroup v2: memory.peak cannot be reset; peaks below are since the sandbox started")
+		return
+	}
+	if err := os.WriteFile(filepath.Join(d, "memory.max_usage_in_bytes"), []byte("0"), 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -437,7 +470,7 @@ func TestGuestBeyondItsLimit(t *testing.T) {
 			t.Logf("the stopped sandbox's cgroup holds %d MiB", use>>20)
 			// What is left goes with the stop that follows a dead
 			// sandbox (cubelet's destroy): its processes and cgroup.
-			dir := memDir(t, spec.CgroupPath)
+			dir, _ := memDir(t, spec.CgroupPath)
 			if err := d.Stop(t.Context(), spec.ID); err != nil {
 				t.Fatal(err)
 			}
@@ -446,4 +479,53 @@ func TestGuestBeyondItsLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCheckpointRefusedWhenFull: a guest holding memory beyond its own
+// limit (it may, up to limit plus overhead: this runsc cannot bound it)
+// leaves no room for a save, which would OOM-kill the sentry half-way.
+// A 64 MiB guest with 64 MiB of overhead (cgroup 128 MiB) writes 100 MiB
+// to its tmpfs: the checkpoint is refused with FailedPrecondition naming
+// the usage and the limit, and the sandbox runs on untouched. Control:
+// the same sandbox, after the guest deleted the files, checkpoints and
+// restores in place.
+func TestCheckpointRefusedWhenFull(t *testing.T) {
+	requireRunsc(t)
+	d, parent := driverWith(t, 64<<20), cgroupParent(t)
+	spec := shellSpec(t, parent, "full-refused", `head -c 50m /dev/urandom > /dev/shm/fill0; head -c 50m /dev/urandom > /dev/fill1; `+counterScript)
+	spec.Limits.MemoryMiB = 64
+	stopAtEnd(t, d, spec.ID)
+	if _, err := d.Start(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	st := readState(t, d, spec.ID)
+	m, err := readMemory(spec.CgroupPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest wrote 100 MiB (its limit 64 MiB): the sandbox holds %d MiB of the %d MiB cgroup limit, the guest %d MiB", m.usage>>20, m.limit>>20, m.guest>>20)
+	err = d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true)
+	t.Logf("checkpoint: %v", err)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "would not fit") {
+		t.Fatalf("checkpoint of a guest beyond its limit: %v; want FailedPrecondition (the save would not fit)", err)
+	}
+	st = wantContinued(t, d, spec.ID, st)
+	if kills, _ := cgroups.OOMKills(spec.CgroupPath); kills != 0 {
+		t.Fatalf("%d OOM kills in the cgroup", kills)
+	}
+
+	// Control: the guest frees the memory, the save fits.
+	if out, err := execIn(t.Context(), d, spec.ID, "/bin/busybox", "rm", "-f", "/dev/shm/fill0", "/dev/fill1"); err != nil {
+		t.Fatalf("rm: %v (%s)", err, out)
+	}
+	for end := time.Now().Add(10 * time.Second); m.guest+sentryBase+saveReserve > m.limit && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if m, err = readMemory(spec.CgroupPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("control: guest deleted the files: the sandbox holds %d MiB, the guest %d MiB", m.usage>>20, m.guest>>20)
+	if err := d.Checkpoint(t.Context(), spec.ID, filepath.Join(t.TempDir(), "img"), true); err != nil {
+		t.Fatalf("control: checkpoint after the guest freed its memory: %v", err)
+	}
+	wantContinued(t, d, spec.ID, st)
 }

@@ -16,6 +16,8 @@ import (
 	gorunc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/failpoint"
 	"github.com/cubesandbox/cube/internal/runtime"
@@ -41,9 +43,11 @@ const reapBound = time.Minute
 const FailpointReap = "gvisor/reap"
 
 // restoreSwap restores sandbox id from the image in dir into the slot cur
-// does not hold, retiring cur (killed if still running). retired is the
-// other slot when it exists, and is reaped first.
-func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, retired, dir string) (runtime.State, error) {
+// does not hold, retiring cur (killed if still running). The other slot is
+// reaped first: whether or not its state file is still there, a background
+// reap of it may still be running (runsc's delete removes the state file
+// before it returns), and nothing may launch into that slot until it ends.
+func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, dir string) (runtime.State, error) {
 	spec, err := readSpec(bundle)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("gvisor restore %s in place: %w", id, err)
@@ -52,10 +56,8 @@ func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, retired, dir 
 		return runtime.State{}, fmt.Errorf("gvisor restore %s: no memory image in %s: %w", id, dir, errdefs.ErrNotFound)
 	}
 	target := otherSlot(id, cur)
-	if retired != "" {
-		if err := d.reap(ctx, id, retired); err != nil {
-			return runtime.State{}, err
-		}
+	if err := d.reap(ctx, id, target); err != nil {
+		return runtime.State{}, err
 	}
 	if err := d.retire(ctx, id, cur, spec); err != nil {
 		return runtime.State{}, err
@@ -78,13 +80,15 @@ func (d *Driver) restoreSwap(ctx context.Context, id, bundle, cur, retired, dir 
 
 // retire stops slot rid of sandbox id for good without waiting: SIGKILL to
 // every process in the sandbox's cgroup (no other slot runs there yet),
-// then its state file says stopped with no PIDs and no cgroup.
+// whose pidfds the next launch into rid waits on (awaitExit), then its
+// state file says stopped with no PIDs and no cgroup.
 func (d *Driver) retire(ctx context.Context, id, rid string, spec *specs.Spec) error {
 	if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
-		cg := spec.Linux.CgroupsPath
-		if n := killOnce(cg); n > 0 {
-			d.log.DebugContext(ctx, "retired slot: killed the cgroup's processes", "id", id, "slot", rid, "processes", n)
+		fds := killPidfds(spec.Linux.CgroupsPath)
+		if len(fds) > 0 {
+			d.log.DebugContext(ctx, "retired slot: killed the cgroup's processes", "id", id, "slot", rid, "processes", len(fds))
 		}
+		d.keepDying(rid, fds)
 	}
 	if err := d.retireState(rid); err != nil {
 		return fmt.Errorf("gvisor retire %s: %w", rid, err)
@@ -179,19 +183,29 @@ func (d *Driver) reapInBackground(id, rid string) {
 }
 
 // reap deletes retired slot rid of sandbox id now, after a background reap
-// of it in flight has finished.
+// of it in flight has finished. A slot with no state file and no reap in
+// flight is no error.
 func (d *Driver) reap(ctx context.Context, id, rid string) error {
+	if err := d.awaitReap(ctx, rid); err != nil {
+		return err
+	}
+	return d.deleteRetired(ctx, id, rid)
+}
+
+// awaitReap waits until no background reap of slot rid is in flight.
+func (d *Driver) awaitReap(ctx context.Context, rid string) error {
 	d.reapMu.Lock()
 	done := d.reaps[rid]
 	d.reapMu.Unlock()
-	if done != nil {
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return fmt.Errorf("gvisor reap %s: %w", rid, ctx.Err())
-		}
+	if done == nil {
+		return nil
 	}
-	return d.deleteRetired(ctx, id, rid)
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gvisor reap %s: %w", rid, ctx.Err())
+	}
 }
 
 // deleteRetired runs runsc's delete on retired slot rid, whose state file
@@ -242,27 +256,163 @@ func (d *Driver) ReapRetired(ctx context.Context) error {
 // killOnce sends SIGKILL to every process in cgroupPath (all hierarchies)
 // once, without waiting for them to exit, and says how many it signalled.
 func killOnce(cgroupPath string) int {
+	fds := killPidfds(cgroupPath)
+	closeAll(fds)
+	return len(fds)
+}
+
+// killPidfds sends SIGKILL once to every process in cgroupPath (all
+// hierarchies), without waiting, through a pidfd, and returns the pidfds
+// of the processes it signalled (the caller closes them; each becomes
+// readable when its process has exited). A PID read from cgroup.procs may
+// be another process's by the time it is opened: a pidfd is signalled
+// only when, after it was opened, its PID is still in the cgroup, and the
+// signal succeeds only while the opened process lives, so that process
+// is the one the cgroup listed.
+func killPidfds(cgroupPath string) []int {
 	dirs, err := cgroups.Dirs(cgroupPath)
 	if err != nil {
-		return 0
+		return nil
 	}
-	n := 0
+	var out []int
 	for _, dir := range dirs {
 		_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, werr error) error {
 			if werr != nil || !e.IsDir() {
 				return nil //nolint:nilerr // a cgroup removed under the walk holds nothing
 			}
-			b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-			if err != nil {
-				return nil //nolint:nilerr // as above
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid > 0 && syscall.Kill(pid, syscall.SIGKILL) == nil {
-					n++
+			procs := filepath.Join(p, "cgroup.procs")
+			opened := map[int]int{} // pid -> pidfd
+			for _, pid := range readProcs(procs) {
+				fd, err := unix.PidfdOpen(pid, 0)
+				if errors.Is(err, unix.ENOSYS) {
+					// A kernel without pidfds (before 5.3): the
+					// plain kill, nothing to wait on.
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+					continue
 				}
+				if err == nil {
+					opened[pid] = fd
+				}
+			}
+			for _, pid := range readProcs(procs) {
+				fd, ok := opened[pid]
+				if !ok {
+					continue
+				}
+				delete(opened, pid)
+				if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) != nil {
+					_ = unix.Close(fd) // gone already
+					continue
+				}
+				out = append(out, fd)
+			}
+			for _, fd := range opened { // left the cgroup in between
+				_ = unix.Close(fd)
 			}
 			return nil
 		})
 	}
-	return n
+	return out
+}
+
+// readProcs reads a cgroup.procs file; a missing one holds nothing.
+func readProcs(path string) []int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
+// exitBound caps how long a launch into a slot waits for the processes of
+// the sandbox last retired from it to exit.
+const exitBound = 10 * time.Second
+
+// keepDying records the pidfds of the processes killed when slot rid was
+// retired: the next launch into rid waits for them (awaitExit).
+func (d *Driver) keepDying(rid string, fds []int) {
+	if len(fds) == 0 {
+		return
+	}
+	d.reapMu.Lock()
+	defer d.reapMu.Unlock()
+	if d.dying == nil {
+		d.dying = map[string][]int{}
+	}
+	d.dying[rid] = append(d.dying[rid], fds...)
+}
+
+// awaitExit waits, for up to exitBound, until the processes killed when
+// slot rid was retired have exited, and closes their pidfds. Why: runsc
+// names the sandbox's control socket after the slot
+// (@runsc-sandbox.<rid>), and the old sandbox process holds it until it
+// exits; a sentry with a large memory takes a while to exit after
+// SIGKILL, and a restore into the slot before that fails. Nothing is
+// recorded for a slot retired by a previous cubelet (ReapRetired, at
+// start, runs long after).
+func (d *Driver) awaitExit(ctx context.Context, rid string) error {
+	d.reapMu.Lock()
+	fds := d.dying[rid]
+	delete(d.dying, rid)
+	d.reapMu.Unlock()
+	if len(fds) == 0 {
+		return nil
+	}
+	defer closeAll(fds)
+	begin := time.Now()
+	deadline := begin.Add(exitBound)
+	pending := fds
+	for {
+		pfds := make([]unix.PollFd, len(pending))
+		for i, fd := range pending {
+			pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+		}
+		// In short slices, so that ctx is heeded.
+		if _, err := unix.Poll(pfds, 50); err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("gvisor: wait for the retired sandbox of %s to exit: %w", rid, err)
+		}
+		left := pending[:0]
+		for i, p := range pfds {
+			if p.Revents == 0 {
+				left = append(left, pending[i])
+			}
+		}
+		pending = left
+		if len(pending) == 0 {
+			if took := time.Since(begin); took > 100*time.Millisecond {
+				d.log.DebugContext(ctx, "waited for a retired sandbox to exit", "slot", rid, "took", took)
+			}
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("gvisor: wait for the retired sandbox of %s to exit: %w", rid, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gvisor: %d processes of the sandbox retired from %s still there %s after SIGKILL: %w",
+				len(pending), rid, exitBound, errdefs.ErrUnavailable)
+		}
+	}
+}
+
+// dropDying closes the pidfds kept for both slots of sandbox id (Stop: its
+// cgroup's processes are dead, and no launch into its slots is pending).
+func (d *Driver) dropDying(id string) {
+	d.reapMu.Lock()
+	defer d.reapMu.Unlock()
+	for _, rid := range slotIDs(id) {
+		closeAll(d.dying[rid])
+		delete(d.dying, rid)
+	}
 }

@@ -190,3 +190,82 @@ func mustMounts(t *testing.T) []string {
 	}
 	return m
 }
+
+// TestSwapWaitsForReapInFlight: runsc's delete of a retired slot removes
+// its state file before it returns, so a background reap can still be in
+// flight on a slot lookup no longer sees. The reap here removes the state
+// file and then blocks (its failpoint) until released a second later: the
+// next swap, which launches into that very slot, and Stop each return only
+// after the release, and the sandbox runs on after the swap (a launch that
+// did not wait would have the reap delete the slot it now runs in).
+func TestSwapWaitsForReapInFlight(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	id := "swap-inflight"
+	startCounter(t, d, parent, id)
+	prev := readState(t, d, id)
+	const hold = time.Second
+	// blockReap makes the next background reap remove its slot's state
+	// file, as runsc's delete does first, then wait for release.
+	blockReap := func(rid string) (release func()) {
+		ch := make(chan struct{})
+		if err := failpoint.EnableFunc(FailpointReap, func(ctx context.Context) error {
+			if err := os.Remove(d.statePath(rid)); err != nil {
+				return err
+			}
+			select {
+			case <-ch:
+			case <-ctx.Done():
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { failpoint.Disable(FailpointReap) })
+		return func() { close(ch) }
+	}
+	for _, step := range []string{"swap", "stop"} {
+		_, cur, _, err := d.lookup(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release := blockReap(cur)
+		if err := d.Checkpoint(t.Context(), id, filepath.Join(t.TempDir(), "img"), true); err != nil {
+			t.Fatalf("%s: Checkpoint: %v", step, err)
+		}
+		// The reap runs in the background: wait until it removed the file.
+		for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			_, _, retired, err := d.lookup(t.Context(), id)
+			if err == nil && retired == "" {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s: lookup = retired %q, %v; want the retired slot's state gone while its reap runs", step, retired, err)
+			}
+		}
+		failpoint.Disable(FailpointReap)
+		go func() { time.Sleep(hold); release() }()
+		begin := time.Now()
+		switch step {
+		case "swap":
+			err = d.Checkpoint(t.Context(), id, filepath.Join(t.TempDir(), "img"), true)
+		case "stop":
+			err = d.Stop(t.Context(), id)
+		}
+		took := time.Since(begin)
+		t.Logf("%s with a reap in flight on a slot lookup does not see: %v after %s", step, err, took.Round(time.Millisecond))
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if took < hold*9/10 {
+			t.Fatalf("%s returned after %s, before the reap in flight ended (%s)", step, took, hold)
+		}
+		if step == "swap" {
+			waitReaped(t, d, id)
+			prev = wantContinued(t, d, id, prev)
+		}
+	}
+	if files := slotFiles(d, id); files[0] || files[1] {
+		t.Fatalf("after Stop: slot state files %v; want none", files)
+	}
+}
