@@ -207,7 +207,7 @@ func Kill(cgroupPath string, timeout time.Duration) (int, error) {
 				if werr != nil || !e.IsDir() {
 					return nil //nolint:nilerr // a cgroup removed under the walk holds nothing
 				}
-				for _, pid := range readPIDs(filepath.Join(p, "cgroup.procs")) {
+				for _, pid := range ReadPIDs(filepath.Join(p, "cgroup.procs")) {
 					left++
 					// ESRCH: gone between the read and the kill.
 					_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -226,9 +226,9 @@ func Kill(cgroupPath string, timeout time.Duration) (int, error) {
 	}
 }
 
-// readPIDs reads a cgroup.procs file; a missing or unreadable one holds
+// ReadPIDs reads a cgroup.procs file; a missing or unreadable one holds
 // nothing.
-func readPIDs(path string) []int {
+func ReadPIDs(path string) []int {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil
@@ -277,18 +277,18 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 		found = true
 		// cgroup v2: cpu.stat's usage_usec exists in every cgroup, with
 		// or without the cpu controller.
-		if kv := readKV(filepath.Join(d, "cpu.stat")); kv != nil {
+		if kv := ReadKV(filepath.Join(d, "cpu.stat")); kv != nil {
 			st.CPU = max(st.CPU, time.Duration(kv["usage_usec"])*time.Microsecond)
 		}
-		if n, ok := readInt(filepath.Join(d, "cpuacct.usage")); ok {
+		if n, ok := ReadInt(filepath.Join(d, "cpuacct.usage")); ok {
 			st.CPU = max(st.CPU, time.Duration(n))
 		}
 		for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
-			if n, ok := readInt(filepath.Join(d, f)); ok {
+			if n, ok := ReadInt(filepath.Join(d, f)); ok {
 				st.Memory = max(st.Memory, n)
 			}
 		}
-		if kv := readKV(filepath.Join(d, "memory.stat")); kv != nil {
+		if kv := ReadKV(filepath.Join(d, "memory.stat")); kv != nil {
 			// v2: anon and file; v1: total_rss and total_cache (with the
 			// cgroups below), else rss and cache.
 			st.RSS = max(st.RSS, kv["anon"], kv["total_rss"], kv["rss"])
@@ -297,13 +297,13 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
 			// v2 writes "max" for none (readInt fails); v1 a page-rounded
 			// int64 maximum.
-			if n, ok := readInt(filepath.Join(d, f)); ok && n < 1<<62 {
+			if n, ok := ReadInt(filepath.Join(d, f)); ok && n < 1<<62 {
 				if st.MemoryLimit == 0 || n < st.MemoryLimit {
 					st.MemoryLimit = n
 				}
 			}
 		}
-		if n, ok := readInt(filepath.Join(d, "pids.current")); ok {
+		if n, ok := ReadInt(filepath.Join(d, "pids.current")); ok {
 			st.Pids = max(st.Pids, n)
 		}
 	}
@@ -313,8 +313,8 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 	return st, nil
 }
 
-// readInt reads a control file that holds one integer.
-func readInt(path string) (int64, bool) {
+// ReadInt reads a control file that holds one integer.
+func ReadInt(path string) (int64, bool) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, false
@@ -323,9 +323,9 @@ func readInt(path string) (int64, bool) {
 	return n, err == nil
 }
 
-// readKV reads a "key value" per line control file (cpu.stat,
+// ReadKV reads a "key value" per line control file (cpu.stat,
 // memory.stat); nil when it cannot be read.
-func readKV(path string) map[string]int64 {
+func ReadKV(path string) map[string]int64 {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil

@@ -2,10 +2,8 @@ package gvisor
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -162,43 +160,16 @@ func readMemory(cgroupPath string) (cgroupMemory, error) {
 			{"memory.current", "memory.max", "shmem"},
 			{"memory.usage_in_bytes", "memory.limit_in_bytes", "total_shmem"},
 		} {
-			usage, ok := readInt(filepath.Join(dir, f.usage))
+			usage, ok := cgroups.ReadInt(filepath.Join(dir, f.usage))
 			if !ok {
 				continue
 			}
-			lim, ok := readInt(filepath.Join(dir, f.limit)) // v2 "max": none
+			lim, ok := cgroups.ReadInt(filepath.Join(dir, f.limit)) // v2 "max": none
 			if !ok || lim >= 1<<62 {
 				lim = 0
 			}
-			return cgroupMemory{usage: usage, guest: readKV(filepath.Join(dir, "memory.stat"))[f.shmem], limit: lim}, nil
+			return cgroupMemory{usage: usage, guest: cgroups.ReadKV(filepath.Join(dir, "memory.stat"))[f.shmem], limit: lim}, nil
 		}
 	}
 	return cgroupMemory{}, nil
-}
-
-// readInt reads a cgroup file that holds one integer.
-func readInt(path string) (int64, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return n, err == nil
-}
-
-// readKV reads a "key value" per line cgroup file (memory.stat).
-func readKV(path string) map[string]int64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
-	out := map[string]int64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok {
-			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-				out[k] = n
-			}
-		}
-	}
-	return out
 }

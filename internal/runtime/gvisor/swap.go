@@ -8,8 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -282,7 +280,7 @@ func killPidfds(cgroupPath string) []int {
 			}
 			procs := filepath.Join(p, "cgroup.procs")
 			opened := map[int]int{} // pid -> pidfd
-			for _, pid := range readProcs(procs) {
+			for _, pid := range cgroups.ReadPIDs(procs) {
 				fd, err := unix.PidfdOpen(pid, 0)
 				if errors.Is(err, unix.ENOSYS) {
 					// A kernel without pidfds (before 5.3): the
@@ -294,7 +292,7 @@ func killPidfds(cgroupPath string) []int {
 					opened[pid] = fd
 				}
 			}
-			for _, pid := range readProcs(procs) {
+			for _, pid := range cgroups.ReadPIDs(procs) {
 				fd, ok := opened[pid]
 				if !ok {
 					continue
@@ -311,21 +309,6 @@ func killPidfds(cgroupPath string) []int {
 			}
 			return nil
 		})
-	}
-	return out
-}
-
-// readProcs reads a cgroup.procs file; a missing one holds nothing.
-func readProcs(path string) []int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
-			out = append(out, pid)
-		}
 	}
 	return out
 }
