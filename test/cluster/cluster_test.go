@@ -72,8 +72,10 @@ func TestCluster(t *testing.T) {
 	// (case node-loss).
 	// gVisor with memory snapshots: a gVisor sandbox moves with its
 	// memory (case drain).
+	// The vm runtime too (where QEMU is installed): a VM sandbox moves
+	// with its memory (case drain).
 	c := cluster.Start(t, cluster.Options{ObjectStore: true, MasterTOML: "[store]\nexport_on_pause = true\n",
-		NodeTOML: "[gvisor]\ncheckpoint = true\n"})
+		NodeTOML: "[gvisor]\ncheckpoint = true\n", VM: true})
 	t.Logf("cluster %s up in %s: bridge %s, db %s, masters %s, proxies %d, nodes %d",
 		c.ID, time.Since(start).Round(time.Millisecond), c.Bridge, c.DB.Host.IP, c.MasterAddrs(), len(c.Proxies), len(c.Nodes))
 	key := c.APIKey(t)

@@ -91,12 +91,31 @@ func drainN(t *testing.T) int {
 	return 6
 }
 
+// drainVMs is how many VM sandboxes the drain case adds when the nodes
+// run the vm runtime: CUBE_CLUSTER_DRAIN_VM, else 2 (one running, one
+// paused: every other one is paused). QEMU runs TCG here, so each VM
+// costs seconds of both cores to boot, snapshot and restore.
+func drainVMs(t *testing.T, c *cluster.Cluster) int {
+	if !c.VM {
+		t.Logf("the nodes run no vm runtime: the drain moves no VM")
+		return 0
+	}
+	if v := os.Getenv("CUBE_CLUSTER_DRAIN_VM"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			t.Fatalf("CUBE_CLUSTER_DRAIN_VM=%q: want a number of VM sandboxes >= 0", v)
+		}
+		return n
+	}
+	return 2
+}
+
 // drained is one sandbox of the drain case and what its client saw.
 type drained struct {
 	id, token, runtime, state string
 	// pid is a process started before the drain: it runs after the move
-	// where the runtime moves memory (gVisor), not where only the disk
-	// moves (runc).
+	// where the runtime moves memory (gVisor, VM), not where only the
+	// disk moves (runc).
 	pid string
 
 	ok, failed atomic.Int64
@@ -107,15 +126,16 @@ type drained struct {
 
 // drain fills node 1 with drainN sandboxes, half runc and half gVisor
 // (gVisor with memory snapshots: [gvisor] checkpoint on the nodes; runc
-// only where runsc is missing), a third of them paused, each with a file
-// written and a process started through proxy p1. Then node 1 is drained
+// only where runsc is missing), a third of them paused, plus drainVMs VM
+// sandboxes (every other one paused) where the nodes run the vm runtime,
+// each with a file written and a process started through proxy p1. Then node 1 is drained
 // with `cubecli node drain` (in-process, against a replica's admin
 // socket) while a client per running sandbox reads its file through p1
 // every 250 ms. Every sandbox must end on another node under the same ID,
 // in the state it had, its file read through proxy p2 at the same URL
-// (a paused one after an E2B connect resumes it there); a gVisor one's
-// process still runs (its memory moved), a runc one's does not (the disk
-// alone moves: the control that shows the process probe can fail). Node
+// (a paused one after an E2B connect resumes it there); a gVisor or VM
+// one's process still runs (its memory moved), a runc one's does not (the
+// disk alone moves: the control that shows the process probe can fail). Node
 // 1 must hold no sandbox, in the catalog or on its cubelet. Each client's
 // failed reads and longest gap between good reads are logged: what its
 // users saw of the move.
@@ -144,6 +164,17 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	for i, d := range sbs {
 		if i%3 == 2 {
 			d.state = "paused"
+		}
+	}
+	if vms := drainVMs(t, c); vms > 0 {
+		ids, tokens := onNodeN(t, c, apis[0], n1, cluster.Template, `,"runtime":"vm"`, vms)
+		for j, id := range ids {
+			t.Cleanup(func() { kill(t, apis[0], id) })
+			d := &drained{id: id, token: tokens[j], runtime: "vm", state: "running"}
+			if j%2 == 1 {
+				d.state = "paused"
+			}
+			sbs = append(sbs, d)
 		}
 	}
 	t.Logf("%d sandboxes on %s in %s", len(sbs), n1.ID, time.Since(began).Round(time.Millisecond))
@@ -232,8 +263,9 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 	time.Sleep(time.Second) // the clients read from the new nodes a few times
 	close(stop)
 	clients.Wait()
-	t.Logf("cubecli node drain %s of %d sandboxes (%d runc, %d gVisor; %d paused): %s:\n%s", n1.ID, len(sbs),
+	t.Logf("cubecli node drain %s of %d sandboxes (%d runc, %d gVisor, %d VM; %d paused): %s:\n%s", n1.ID, len(sbs),
 		countOf(sbs, func(d *drained) bool { return d.runtime == "runc" }), countOf(sbs, func(d *drained) bool { return d.runtime == "gvisor" }),
+		countOf(sbs, func(d *drained) bool { return d.runtime == "vm" }),
 		countOf(sbs, func(d *drained) bool { return d.state == "paused" }), took.Round(time.Millisecond), out.String())
 	if err != nil {
 		// The clients' view and every sandbox's fate are still worth
@@ -307,8 +339,8 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		switch {
 		case err != nil:
 			t.Errorf("%s sandbox %s: probe process %s: %v", d.runtime, d.id, d.pid, err)
-		case d.runtime == "gvisor" && alive != "alive":
-			t.Errorf("gVisor sandbox %s: process %s started before the move is %s after it: its memory did not move", d.id, d.pid, alive)
+		case (d.runtime == "gvisor" || d.runtime == "vm") && alive != "alive":
+			t.Errorf("%s sandbox %s: process %s started before the move is %s after it: its memory did not move", d.runtime, d.id, d.pid, alive)
 		case d.runtime == "runc" && alive != "gone":
 			t.Errorf("runc sandbox %s: process %s started before the move is %s after it; a runc move carries the disk only", d.id, d.pid, alive)
 		default:

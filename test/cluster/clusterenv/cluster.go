@@ -47,6 +47,7 @@ import (
 	"github.com/cubesandbox/cube/internal/testbin"
 	"github.com/cubesandbox/cube/internal/testenv"
 	"github.com/cubesandbox/cube/internal/testimage"
+	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
 // Ports every host uses on its own address.
@@ -83,7 +84,21 @@ type Options struct {
 	ReplicaTOML []string
 	// NodeTOML is added to every node's cubelet configuration.
 	NodeTOML string
+	// SandboxMemoryMiB is the masters' sandbox.memory_mib, every
+	// sandbox's memory limit (default 64; a VM's guest RAM, where the
+	// guest kernel needs more: 256 with VM).
+	SandboxMemoryMiB int64
+	// VM enables the vm runtime on every node (QEMU with the guest built
+	// into VMGuestDir, accelerator CUBE_VM_ACCEL, TCG by default) when
+	// qemu-system-x86_64 is installed; Cluster.VM says whether it is.
+	// The nodes' cubelet config then holds a [sandbox] section:
+	// NodeTOML must not.
+	VM bool
 }
+
+// VMGuestDir is where the cluster's nodes read the VM guest (kernel and
+// initramfs), built once and kept next to the other tests' guests.
+var VMGuestDir = filepath.Join(vmguest.DefaultCacheDir, "guest-cluster")
 
 // Cluster is a running cluster.
 type Cluster struct {
@@ -100,7 +115,10 @@ type Cluster struct {
 	AdminTLS *tls.Config
 	DB       *MariaDB
 	// Store is the object store (Options.ObjectStore), nil without one.
-	Store   *ObjectStore
+	Store *ObjectStore
+	// VM says whether the nodes run the vm runtime (Options.VM and QEMU
+	// installed).
+	VM      bool
 	Masters []*Master
 	Proxies []*Proxy
 	Nodes   []*Node
@@ -189,6 +207,12 @@ func Start(t testing.TB, o Options) *Cluster {
 	if o.LeaseTTL == 0 {
 		o.LeaseTTL = 2 * time.Second
 	}
+	if o.SandboxMemoryMiB == 0 {
+		o.SandboxMemoryMiB = 64
+		if o.VM {
+			o.SandboxMemoryMiB = 256
+		}
+	}
 	c := &Cluster{ID: randHex(3), opts: o, AdminToken: randHex(16), bins: map[string]string{}}
 	dir, err := os.MkdirTemp("", "cube-cluster-")
 	if err != nil {
@@ -225,6 +249,9 @@ func Start(t testing.TB, o Options) *Cluster {
 	}
 	if o.ObjectStore {
 		c.startStore(t)
+	}
+	if o.VM {
+		c.prepareVM(t)
 	}
 	for i := 0; i < o.Nodes; i++ {
 		c.startNode(t, i)
@@ -354,6 +381,37 @@ func (c *Cluster) startStore(t testing.TB) {
 	c.Store = &ObjectStore{Host: h, Server: objstoretest.StartWith(t, objstoretest.Options{IP: h.IP, NetNS: h.nsPath()})}
 }
 
+// prepareVM builds (or finds cached) the VM guest the nodes boot, when
+// QEMU is installed.
+func (c *Cluster) prepareVM(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Logf("qemu-system-x86_64 not found: the nodes run no vm runtime")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := vmguest.Build(ctx, vmguest.BuildConfig{OutDir: VMGuestDir}); err != nil {
+		t.Fatalf("vm guest artifacts: %v", err)
+	}
+	c.VM = true
+}
+
+// vmTOML is a node's [vm] section and the [sandbox] one it needs ("" when
+// the nodes run no VM). A TCG guest runs only when QEMU's thread gets a
+// core of this shared host: the agent-ready wait sized for containers is
+// too short for its boot.
+func (c *Cluster) vmTOML() string {
+	if !c.VM {
+		return ""
+	}
+	accel := os.Getenv("CUBE_VM_ACCEL")
+	if accel == "" {
+		accel = "tcg"
+	}
+	return fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"180s\"\n", VMGuestDir, accel)
+}
+
 // storeTOML is a node's [store] section ("" without a store).
 func (c *Cluster) storeTOML() string {
 	if c.Store == nil {
@@ -435,7 +493,7 @@ lost_after = %[13]q
 restart_wait = "5s"
 [sandbox]
 expiry_interval = "200ms"
-memory_mib = 64
+memory_mib = %[16]d
 [templates]
 store_dir = %[14]q
 [scheduler.weights]
@@ -445,7 +503,7 @@ store_dir = %[14]q
 locality = 0.0
 %[15]s
 `, h.IP, E2BPort, f.Cert, f.Key, f.CA, NodeAPI, m.Socket, c.AdminToken, Domain, c.DB.DSN, name,
-		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"), c.opts.MasterTOML+c.replicaTOML(i))
+		c.opts.LeaseTTL.String(), c.opts.UnhealthyAfter.String(), filepath.Join(m.Dir, "templates"), c.opts.MasterTOML+c.replicaTOML(i), c.opts.SandboxMemoryMiB)
 	m.Config = filepath.Join(m.Dir, "cubemaster.toml")
 	if err := os.WriteFile(m.Config, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -642,9 +700,10 @@ template_headroom_mib = %d
 interval = "200ms"
 max_backoff = "2s"
 %s
+%s
 %s`, n.ID, ec.Node.DataDir, ec.Node.RunDir, ec.Node.CgroupParent, ec.API.Socket, h.IP, CubeletAPI, h.IP, DataPort,
 		f.Cert, f.Key, f.CA, c.MasterAddrs(), h.IP, CubeletAPI, n.agentSock,
-		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB, c.storeTOML(), c.opts.NodeTOML)
+		ec.Storage.PoolImageSizeMiB, ec.Storage.AgentBinary, ec.Storage.TemplateHeadroomMiB, c.storeTOML(), c.vmTOML(), c.opts.NodeTOML)
 	n.cubeletCf = filepath.Join(env.Dir, "cubelet.toml")
 	if err := os.WriteFile(n.cubeletCf, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
