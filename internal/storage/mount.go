@@ -38,6 +38,23 @@ const DiskMountFlags = unix.MS_NOSUID | unix.MS_NODEV
 // frees itself when the mount goes away. On failure everything MountDisk
 // made is removed.
 func MountDisk(ctx context.Context, image, target string, readOnly bool) (string, error) {
+	return MountDiskWith(ctx, image, target, DiskOptions{ReadOnly: readOnly})
+}
+
+// DiskOptions say how MountDiskWith binds and mounts a disk image.
+type DiskOptions struct {
+	ReadOnly bool
+	// DirectIO binds the loop device with direct I/O (diskLoopOptions).
+	// The host then caches nothing of the image under the device, but a
+	// write the pool cannot allocate (a full pool) reaches the disk's
+	// ext4 as an I/O error, journal writes included, where a buffered
+	// device passes the pool's ENOSPC on.
+	DirectIO bool
+}
+
+// MountDiskWith is MountDisk with options.
+func MountDiskWith(ctx context.Context, image, target string, o DiskOptions) (string, error) {
+	readOnly := o.ReadOnly
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -61,7 +78,7 @@ func MountDisk(ctx context.Context, image, target string, readOnly bool) (string
 	if readOnly {
 		flags |= unix.MS_RDONLY
 	}
-	dev, err := loopdev.AttachAutoclearWith(ctx, image, diskLoopOptions(image, readOnly), func(dev string) error {
+	dev, err := loopdev.AttachAutoclearWith(ctx, image, diskLoopOptions(image, o), func(dev string) error {
 		if err := unix.Mount(dev, target, "ext4", flags, ""); err != nil {
 			return fmt.Errorf("storage: mount %s (%s) on %s: %w", image, dev, target, err)
 		}
@@ -76,16 +93,16 @@ func MountDisk(ctx context.Context, image, target string, readOnly bool) (string
 	return dev, nil
 }
 
-// diskLoopOptions binds a sandbox disk with direct I/O in logical blocks
-// of the file system's own size (at most 4 KiB, the most a loop device
-// takes): the host then caches nothing of the image under the device, the
+// diskLoopOptions binds a disk in logical blocks of the file system's own
+// size (at most 4 KiB, the most a loop device takes), with direct I/O when
+// o asks: the host then caches nothing of the image under the device, the
 // sandbox's ext4 page cache (charged to its cgroup) being the only copy.
-// Buffered, every block a sandbox read was cached twice, the second copy
+// Buffered, every block a sandbox read is cached twice, the second copy
 // charged to no sandbox and shared with none (each disk is its own file).
 // An image whose superblock cannot be read gets the kernel's default
-// block size; MountDisk's mount then reports what is wrong with it.
-func diskLoopOptions(image string, readOnly bool) loopdev.Options {
-	opts := loopdev.Options{ReadOnly: readOnly, DirectIO: true}
+// block size; the mount then reports what is wrong with it.
+func diskLoopOptions(image string, o DiskOptions) loopdev.Options {
+	opts := loopdev.Options{ReadOnly: o.ReadOnly, DirectIO: o.DirectIO}
 	if bs, err := ext4BlockSize(image); err == nil {
 		opts.BlockSize = min(bs, 4096)
 	}

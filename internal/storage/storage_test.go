@@ -330,7 +330,7 @@ func TestMountDiskFailureCleansUp(t *testing.T) {
 	}
 }
 
-// TestMountDiskDirectIO checks how MountDisk binds a disk: direct I/O
+// TestMountDiskDirectIO checks how MountDiskWith binds a disk: direct I/O
 // (where the temp dir's file system allows it) in logical blocks of the
 // file system's own size, so 1 KiB-block images still mount, and data
 // written through the mount survives a remount.
@@ -348,7 +348,7 @@ func TestMountDiskDirectIO(t *testing.T) {
 		target := filepath.Join(dir, "rootfs")
 		t.Cleanup(func() { _ = UnmountDisk(context.Background(), target, img) })
 		for round := range 2 {
-			dev, err := MountDisk(ctx, img, target, false)
+			dev, err := MountDiskWith(ctx, img, target, DiskOptions{DirectIO: true})
 			if err != nil {
 				t.Fatalf("%d-byte blocks: %v", bs, err)
 			}

@@ -220,7 +220,7 @@ func (a *rootfsAction) Create(ctx context.Context, t *Task) error {
 	}); err != nil {
 		return err
 	}
-	dev, err := storage.MountDisk(ctx, rec.Disk.Path, target, false)
+	dev, err := storage.MountDiskWith(ctx, rec.Disk.Path, target, storage.DiskOptions{DirectIO: a.n.Cfg.Storage.LoopDirectIO})
 	if err != nil {
 		return err
 	}

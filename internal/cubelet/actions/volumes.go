@@ -102,7 +102,7 @@ func (n *Node) mountVolume(ctx context.Context, id string, v sandbox.Volume, tar
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	*undo = append(*undo, func() { _ = os.Remove(target + ".owner") })
-	if _, err := storage.MountDisk(ctx, img, target, false); err != nil {
+	if _, err := storage.MountDiskWith(ctx, img, target, storage.DiskOptions{DirectIO: n.Cfg.Storage.LoopDirectIO}); err != nil {
 		return fmt.Errorf("volume %s: %w", v.ID, err)
 	}
 	*undo = append(*undo, func() {

@@ -59,9 +59,12 @@ type Config struct {
 		TemplateHeadroomMiB int64  `toml:"template_headroom_mib"`
 		// ShareAgentBinary binds agent_binary read-only over the template's
 		// copy, so every sandbox maps one page-cached file.
-		ShareAgentBinary bool            `toml:"share_agent_binary"`
-		DiskPool         DiskPoolConfig  `toml:"disk_pool"`
-		HostMountAllow   []HostMountRule `toml:"host_mount_allow"`
+		ShareAgentBinary bool `toml:"share_agent_binary"`
+		// LoopDirectIO binds sandbox disks and volumes with loop direct
+		// I/O (storage.DiskOptions says what it costs on a full pool).
+		LoopDirectIO   bool            `toml:"loop_direct_io"`
+		DiskPool       DiskPoolConfig  `toml:"disk_pool"`
+		HostMountAllow []HostMountRule `toml:"host_mount_allow"`
 	} `toml:"storage"`
 
 	// Snapshots: retention and clone fan-out.
