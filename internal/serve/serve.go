@@ -62,41 +62,19 @@ func (g *Group) Unix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	// Bound under a temporary name and renamed once listening: a bind
-	// makes the file before listen(2) makes it connectable, and a client
-	// that waits for the file (a supervisor, a test) and dials in that
-	// window is refused. The rename publishes a socket that accepts.
-	tmp := path + ".new"
-	_ = os.Remove(tmp)
-	l, err := listenPrivate(tmp)
+	_ = os.Remove(path)
+	l, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	// The thread's umask made it 0600 already; say so explicitly too.
-	if err := os.Chmod(tmp, 0o600); err != nil {
+	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	// The listener would unlink the name it was bound to on Close; the
-	// group removes the published name instead.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Rename(tmp, path); err != nil {
-		l.Close()
-		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	g.sockets = append(g.sockets, path)
-	return &publishedListener{Listener: l, addr: &net.UnixAddr{Name: path, Net: "unix"}}, nil
+	return l, nil
 }
-
-// publishedListener is a unix listener bound under a temporary name and
-// renamed: its address is the name clients dial.
-type publishedListener struct {
-	net.Listener
-	addr net.Addr
-}
-
-func (l *publishedListener) Addr() net.Addr { return l.addr }
 
 // listenPrivate binds path with umask 0177 on a locked OS thread that has
 // left the process's shared filesystem attributes (unshare CLONE_FS), so
