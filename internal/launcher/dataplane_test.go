@@ -626,9 +626,9 @@ interval = "200ms"
 		}
 	})
 	start("network-agent", netAgent, "--config", netCfg)
-	mastertest.WaitFor(t, time.Minute, n.id+" network-agent socket", func() bool { _, err := os.Stat(netSock); return err == nil })
+	mastertest.WaitFor(t, time.Minute, n.id+" network-agent socket", func() bool { return serve.Accepting(netSock) })
 	start("cubelet", filepath.Join(bin, "cubelet"), "--config", cubeletCfg)
-	mastertest.WaitFor(t, 2*time.Minute, n.id+" cubelet socket", func() bool { _, err := os.Stat(n.socket); return err == nil })
+	mastertest.WaitFor(t, 2*time.Minute, n.id+" cubelet socket", func() bool { return serve.Accepting(n.socket) })
 	conn, err := cubeletclient.Dial(n.socket)
 	if err != nil {
 		t.Fatal(err)

@@ -76,6 +76,19 @@ func (g *Group) Unix(path string) (net.Listener, error) {
 	return l, nil
 }
 
+// Accepting says whether a server accepts connections on the unix socket
+// path. The socket's file exists from the bind, a moment before listen(2)
+// makes it connectable, so a client that waits for a daemon must wait for
+// this, not for the file: a dial in between is refused.
+func Accepting(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
 // listenPrivate binds path with umask 0177 on a locked OS thread that has
 // left the process's shared filesystem attributes (unshare CLONE_FS), so
 // the umask of no other goroutine changes, not even for an instant. The

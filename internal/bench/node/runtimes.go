@@ -17,6 +17,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/agentapi"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/vmguest"
 )
 
@@ -106,7 +107,7 @@ func StartNetAgent(ctx context.Context, runID, dir string, log *slog.Logger) (*N
 	go func() { n.served <- agentapi.Serve(sctx, a, log) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(n.socket); err == nil {
+		if serve.Accepting(n.socket) {
 			return n, nil
 		}
 		select {

@@ -36,6 +36,7 @@ import (
 	"github.com/cubesandbox/cube/internal/cubeletclient"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/server"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/testbin"
 )
 
@@ -432,8 +433,7 @@ func (n *Node) StartAPI() {
 	svc, done := n.Svc, n.done
 	go func() { _ = cubeletapi.Serve(ctx, svc, Log(t)); close(done) }()
 	waitFor(t, 10*time.Second, "cubelet socket", func() bool {
-		_, err := os.Stat(n.Env.Config.API.Socket)
-		return err == nil
+		return serve.Accepting(n.Env.Config.API.Socket)
 	})
 }
 

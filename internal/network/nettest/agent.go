@@ -23,6 +23,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/agentapi"
+	"github.com/cubesandbox/cube/internal/serve"
 	"github.com/cubesandbox/cube/internal/testenv"
 )
 
@@ -180,7 +181,7 @@ func (e *Env) serve() {
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if _, err := os.Stat(e.Socket); err == nil {
+		if serve.Accepting(e.Socket) {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -17,6 +17,7 @@ import (
 	"github.com/cubesandbox/cube/internal/leakcheck"
 	"github.com/cubesandbox/cube/internal/network/agent"
 	"github.com/cubesandbox/cube/internal/network/agentapi"
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // netAgent is an in-process network-agent on private directories, a
@@ -77,7 +78,7 @@ func startNetAgent(ctx context.Context, runtime string, log *slog.Logger) (_ *ne
 		_ = agentapi.Serve(sctx, n.agent, log.With("component", "network-agent"))
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		if _, err := os.Stat(c.API.Socket); err == nil {
+		if serve.Accepting(c.API.Socket) {
 			return n, nil
 		}
 		if time.Now().After(deadline) {
