@@ -163,17 +163,23 @@ func (s *Service) warmSnapshotFor(tmpl *sandbox.Template, req *CreateRequest) *s
 	return sn
 }
 
+// warmShapeWarnings says, when req asked for another CPU or memory shape
+// than the warm snapshot's (has), that the snapshot's was kept.
+func warmShapeWarnings(req CreateRequest, has sandbox.Resources) []string {
+	if r := req.Resources; r.MilliCPU != has.MilliCPU || r.MemoryMiB != has.MemoryMiB {
+		return []string{fmt.Sprintf(
+			"restored the warm snapshot of template %s with its shape (%d mCPU, %d MiB), not the %d mCPU, %d MiB asked for",
+			req.TemplateID, has.MilliCPU, has.MemoryMiB, r.MilliCPU, r.MemoryMiB)}
+	}
+	return nil
+}
+
 // createWarm is a create served by restoring the template's warm
 // snapshot: a clone of one with the create's identity. The snapshot's
 // CPU and memory shape is kept (a memory image cannot change it); a
 // request for another shape is served with a warning saying so.
 func (s *Service) createWarm(ctx context.Context, req CreateRequest, sn *sandbox.Snapshot) (*Result, error) {
-	var warnings []string
-	if r := req.Resources; r.MilliCPU != sn.Resources.MilliCPU || r.MemoryMiB != sn.Resources.MemoryMiB {
-		warnings = append(warnings, fmt.Sprintf(
-			"restored the warm snapshot of template %s with its shape (%d mCPU, %d MiB), not the %d mCPU, %d MiB asked for",
-			req.TemplateID, sn.Resources.MilliCPU, sn.Resources.MemoryMiB, r.MilliCPU, r.MemoryMiB))
-	}
+	warnings := warmShapeWarnings(req, sn.Resources)
 	res, err := s.Clone(ctx, CloneRequest{
 		RequestID: req.RequestID, SnapshotID: sn.ID, Count: 1, SandboxIDs: []string{req.SandboxID},
 		Labels: req.Labels, Annotations: req.Annotations, Env: req.Env, Network: req.Network,

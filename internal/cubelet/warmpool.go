@@ -611,11 +611,7 @@ func (s *Service) claim(ctx context.Context, req CreateRequest, tmpl *sandbox.Te
 		// The warm snapshot's shape, kept as createWarm keeps it, with
 		// the same warning when the request asked for another.
 		rec.Resources = prev.Resources
-		if r := req.Resources; r.MilliCPU != prev.Resources.MilliCPU || r.MemoryMiB != prev.Resources.MemoryMiB {
-			warnings = append(warnings, fmt.Sprintf(
-				"restored the warm snapshot of template %s with its shape (%d mCPU, %d MiB), not the %d mCPU, %d MiB asked for",
-				req.TemplateID, prev.Resources.MilliCPU, prev.Resources.MemoryMiB, r.MilliCPU, r.MemoryMiB))
-		}
+		warnings = warmShapeWarnings(req, prev.Resources)
 	}
 	rec = rec.Clone()
 	s.mu.Lock()

@@ -93,16 +93,20 @@ func MountDiskWith(ctx context.Context, image, target string, o DiskOptions) (st
 	return dev, nil
 }
 
-// diskLoopOptions binds a disk in logical blocks of the file system's own
-// size (at most 4 KiB, the most a loop device takes), with direct I/O when
-// o asks: the host then caches nothing of the image under the device, the
+// diskLoopOptions binds a disk buffered, or with direct I/O when o asks:
+// the host then caches nothing of the image under the device, the
 // sandbox's ext4 page cache (charged to its cgroup) being the only copy.
 // Buffered, every block a sandbox read is cached twice, the second copy
 // charged to no sandbox and shared with none (each disk is its own file).
-// An image whose superblock cannot be read gets the kernel's default
-// block size; the mount then reports what is wrong with it.
+// Direct I/O needs logical blocks of the file system's own size (at most
+// 4 KiB, the most a loop device takes), read from its superblock; an
+// image whose superblock cannot be read gets the kernel's default block
+// size, and the mount then reports what is wrong with it.
 func diskLoopOptions(image string, o DiskOptions) loopdev.Options {
 	opts := loopdev.Options{ReadOnly: o.ReadOnly, DirectIO: o.DirectIO}
+	if !o.DirectIO {
+		return opts
+	}
 	if bs, err := ext4BlockSize(image); err == nil {
 		opts.BlockSize = min(bs, 4096)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/serve"
 )
 
 // NetAgentProcess is the network-agent binary run as its own process for a
@@ -61,7 +63,12 @@ log_queries = false
 		}
 	}
 	if lastErr != nil {
-		return nil, errors.Join(lastErr, os.RemoveAll(dir))
+		// An agent that got as far as its slots leaves them: purge.
+		var purge error
+		if out, err := exec.CommandContext(context.WithoutCancel(ctx), n.bin, "--config", n.config, "--purge").CombinedOutput(); err != nil {
+			purge = fmt.Errorf("network-agent --purge: %w: %s", err, strings.TrimSpace(string(out)))
+		}
+		return nil, errors.Join(lastErr, purge, os.RemoveAll(dir))
 	}
 	return n, nil
 }
@@ -82,7 +89,7 @@ func (n *NetAgentProcess) start(ctx context.Context) error {
 	go func() { n.exited <- cmd.Wait() }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, err := os.Stat(n.socket); err == nil {
+		if serve.Accepting(n.socket) {
 			return nil
 		}
 		select {

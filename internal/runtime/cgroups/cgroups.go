@@ -251,6 +251,9 @@ type Stats struct {
 	// and kernel memory); RSS and Cache are its anonymous and file-backed
 	// parts.
 	Memory, RSS, Cache int64
+	// Shmem is the shared memory (tmpfs, shm) part of Memory: a gVisor
+	// sandbox's guest memory, which its sentry keeps in one memory file.
+	Shmem int64
 	// MemoryLimit is the cgroup's memory limit, 0 when it has none.
 	MemoryLimit int64
 	// Pids is the number of tasks in the cgroup.
@@ -293,6 +296,7 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 			// cgroups below), else rss and cache.
 			st.RSS = max(st.RSS, kv["anon"], kv["total_rss"], kv["rss"])
 			st.Cache = max(st.Cache, kv["file"], kv["total_cache"], kv["cache"])
+			st.Shmem = max(st.Shmem, kv["shmem"], kv["total_shmem"])
 		}
 		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
 			// v2 writes "max" for none (readInt fails); v1 a page-rounded

@@ -1,8 +1,9 @@
 package gvisor
 
 import (
+	"errors"
 	"fmt"
-	"path/filepath"
+	"io/fs"
 	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -146,30 +147,20 @@ func (d *Driver) saveFits(id, bundle string) error {
 // (shmem) and its limit (0 when none), in bytes.
 type cgroupMemory struct{ usage, guest, limit int64 }
 
-// readMemory reads cgroupPath's memory from the hierarchy that holds the
-// memory controller: cgroup v2's memory.current, memory.max and
-// memory.stat shmem, or v1's memory.usage_in_bytes, memory.limit_in_bytes
-// and memory.stat total_shmem.
+// readMemory reads cgroupPath's memory (cgroups.ReadStats: v2's or v1's
+// files, whichever hierarchy holds the memory controller); a cgroup found
+// in no hierarchy reads as zeros.
 func readMemory(cgroupPath string) (cgroupMemory, error) {
-	dirs, err := cgroups.Dirs(cgroupPath)
+	mounts, err := cgroups.Mounts()
 	if err != nil {
 		return cgroupMemory{}, err
 	}
-	for _, dir := range dirs {
-		for _, f := range []struct{ usage, limit, shmem string }{
-			{"memory.current", "memory.max", "shmem"},
-			{"memory.usage_in_bytes", "memory.limit_in_bytes", "total_shmem"},
-		} {
-			usage, ok := cgroups.ReadInt(filepath.Join(dir, f.usage))
-			if !ok {
-				continue
-			}
-			lim, ok := cgroups.ReadInt(filepath.Join(dir, f.limit)) // v2 "max": none
-			if !ok || lim >= 1<<62 {
-				lim = 0
-			}
-			return cgroupMemory{usage: usage, guest: cgroups.ReadKV(filepath.Join(dir, "memory.stat"))[f.shmem], limit: lim}, nil
-		}
+	st, err := cgroups.ReadStats(mounts, cgroupPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return cgroupMemory{}, nil
 	}
-	return cgroupMemory{}, nil
+	if err != nil {
+		return cgroupMemory{}, err
+	}
+	return cgroupMemory{usage: st.Memory, guest: st.Shmem, limit: st.MemoryLimit}, nil
 }
