@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -565,6 +566,11 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	// The slot neither delete touched may hold a lock file a racing runsc
+	// verb left (dropStaleLock).
+	if err := d.dropStaleLock(ctx, otherSlot(id, rid)); err != nil {
+		return fmt.Errorf("gvisor stop %s: %w", id, err)
+	}
 	d.dropDying(id)
 	d.log.DebugContext(ctx, "stopped", "id", id, "took", time.Since(begin))
 	return nil
@@ -599,6 +605,9 @@ func (d *Driver) destroy(ctx context.Context, id, rid, bundle string, sp *specs.
 			return err
 		}
 	}
+	if err := d.dropStaleLock(ctx, rid); err != nil {
+		return fmt.Errorf("gvisor stop %s: %w", id, err)
+	}
 	if err := restoreNet(sp, bundle); err != nil {
 		return fmt.Errorf("gvisor stop %s: %w", id, err)
 	}
@@ -632,36 +641,30 @@ func (d *Driver) container(ctx context.Context, id string) (*gorunc.Container, e
 // runsc ID a prefix of another.
 func runscID(id string) string { return slotIDs(id)[0] }
 
-// List implements runtime.Driver; it reads runsc's root, so it also sees
-// sandboxes other processes started there.
+// List implements runtime.Driver. It reads runsc's state files (so it
+// also sees sandboxes other processes started in its root), never `runsc
+// list`: that loads every container, and one it loads while a retired
+// slot is being deleted gets its lock file created again after the
+// delete (dropStaleLock).
 func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
-	cs, err := d.rsc("none", "").List(ctx)
+	all, err := d.slotsInRoot()
 	if err != nil {
-		return nil, d.classify(ctx, "list", "", err, "")
+		return nil, fmt.Errorf("gvisor list: %w", err)
 	}
-	slots := map[string]int{}
-	for _, c := range cs {
-		slots[sandboxOfSlot(c.ID)]++
-	}
-	out := make([]runtime.State, 0, len(slots))
-	for _, c := range cs {
-		id := sandboxOfSlot(c.ID)
-		n := slots[id]
-		if n == 0 {
-			continue // listed already
-		}
-		slots[id] = 0
+	out := make([]runtime.State, 0, len(all))
+	for id := range all {
 		// A sandbox with a retired slot next to its current one is
 		// listed once, as its current slot says.
-		if n > 1 {
-			if st, err := d.State(ctx, id); err == nil {
-				out = append(out, st)
-				continue
-			}
+		c, _, _, err := d.lookup(ctx, id)
+		if errdefs.IsNotFound(err) {
+			continue // deleted since the directory was read
 		}
-		c.ID = id
+		if err != nil {
+			return nil, err
+		}
 		out = append(out, toState(c))
 	}
+	slices.SortFunc(out, func(a, b runtime.State) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 

@@ -58,6 +58,15 @@ func assertNoRunscLeft(t *testing.T, d *Driver, root string) {
 	if pids := runscProcs(root); len(pids) > 0 {
 		t.Errorf("runsc processes of root %s left: %v", root, pids)
 	}
+	// No state or lock file either: runsc's own delete removes both, a
+	// lock file left is one a racing runsc verb created again.
+	if ents, _ := os.ReadDir(root); len(ents) > 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("runsc root %s not empty after cleanup: %v", root, names)
+	}
 }
 
 // runscProcs lists processes whose command line names root (the sandbox

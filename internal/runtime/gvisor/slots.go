@@ -118,6 +118,9 @@ func (d *Driver) readSlot(ctx context.Context, id, rid string) (*gorunc.Containe
 // with the runsc IDs found for each.
 func (d *Driver) slotsInRoot() (map[string][]string, error) {
 	ents, err := os.ReadDir(d.root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // runsc makes its root at the first create
+	}
 	if err != nil {
 		return nil, err
 	}

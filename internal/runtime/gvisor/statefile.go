@@ -43,6 +43,12 @@ func (d *Driver) statePath(rid string) string {
 	return filepath.Join(d.root, rid+"_sandbox:"+rid+".state")
 }
 
+// lockPath is runsc's lock file of slot rid, which it holds exclusively
+// while it rewrites or removes the state file.
+func (d *Driver) lockPath(rid string) string {
+	return filepath.Join(d.root, rid+"_sandbox:"+rid+".lock")
+}
+
 // readState answers what `runsc state` would, from runsc's state file.
 //
 // Why: every verb needs the sandbox's state, and `runsc state` is an exec
@@ -55,7 +61,7 @@ func (d *Driver) statePath(rid string) string {
 // checks the answers against runsc's own in every state.
 func (d *Driver) readState(ctx context.Context, id, rid string) (*gorunc.Container, error) {
 	path := d.statePath(rid)
-	unlock, err := lockShared(ctx, path[:len(path)-len(".state")]+".lock")
+	unlock, err := lockShared(ctx, d.lockPath(rid))
 	if errors.Is(err, os.ErrNotExist) {
 		if _, serr := os.Stat(path); serr == nil {
 			return nil, errStateFormat // a state file without its lock file
@@ -106,20 +112,66 @@ func lockShared(ctx context.Context, path string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := flockWait(ctx, f, syscall.LOCK_SH); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil // closing drops the lock
+}
+
+// flockWait takes flock how (LOCK_SH or LOCK_EX) on f, polling until ctx
+// ends.
+func flockWait(ctx context.Context, f *os.File, how int) error {
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil // closing drops the lock
+			return nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
+			return fmt.Errorf("lock %s: %w", f.Name(), err)
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+}
+
+// dropStaleLock removes slot rid's lock file when the slot has no state
+// file. runsc's delete removes both, but any runsc verb that loaded the
+// slot while it was being deleted creates the lock file again (it opens
+// it with O_CREAT before it finds the state gone), and nothing would ever
+// remove it. It is removed under its exclusive lock, as runsc's delete
+// does, so a runsc creating the slot (which holds the lock until it has
+// written the state) is never cut off.
+func (d *Driver) dropStaleLock(ctx context.Context, rid string) error {
+	path := d.lockPath(rid)
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := flockWait(ctx, f, syscall.LOCK_EX); err != nil {
+		return err
+	}
+	if _, err := os.Stat(d.statePath(rid)); !errors.Is(err, os.ErrNotExist) {
+		return err // the slot exists (nil) or cannot be told
+	}
+	// The file locked must still be the one at path: another runsc may
+	// have removed it and created a new one meanwhile.
+	var held, now syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &held); err != nil {
+		return err
+	}
+	if err := syscall.Stat(path, &now); err != nil || held.Ino != now.Ino || held.Dev != now.Dev {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }

@@ -213,13 +213,15 @@ func (d *Driver) deleteRetired(ctx context.Context, id, rid string) error {
 	if err := d.retireState(rid); err != nil {
 		return fmt.Errorf("gvisor reap %s: %w", rid, err)
 	}
-	if _, err := os.Stat(d.statePath(rid)); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err := d.rsc("none", "").Delete(ctx, rid, &gorunc.DeleteOpts{Force: true}); err != nil {
-		if err := d.classify(ctx, "delete retired slot", id, err, ""); !errdefs.IsNotFound(err) {
-			return err
+	if _, err := os.Stat(d.statePath(rid)); err == nil {
+		if err := d.rsc("none", "").Delete(ctx, rid, &gorunc.DeleteOpts{Force: true}); err != nil {
+			if err := d.classify(ctx, "delete retired slot", id, err, ""); !errdefs.IsNotFound(err) {
+				return err
+			}
 		}
+	}
+	if err := d.dropStaleLock(ctx, rid); err != nil {
+		return fmt.Errorf("gvisor reap %s: %w", rid, err)
 	}
 	return nil
 }

@@ -269,3 +269,49 @@ func TestSwapWaitsForReapInFlight(t *testing.T) {
 		t.Fatalf("after Stop: slot state files %v; want none", files)
 	}
 }
+
+// TestNoLockLeftByRacingVerbs: runsc creates a slot's lock file before it
+// finds the slot's state, so a `runsc list` that ran while a background
+// reap deleted a retired slot left the lock file behind (one round in ten
+// here). List now reads the state files and never runs runsc: rounds of
+// swaps, each followed at once by Lists racing its reap, leave no lock
+// file of a retired slot. A lock file another runsc left anyway (planted
+// here, as runsc leaves it: empty, no state) is removed by Stop, and the
+// root is empty after it (newTestDriver's check).
+func TestNoLockLeftByRacingVerbs(t *testing.T) {
+	requireRunsc(t)
+	d, parent := newTestDriver(t), cgroupParent(t)
+	id := "swap-locks"
+	startCounter(t, d, parent, id)
+	for r := range 10 {
+		if err := d.Checkpoint(t.Context(), id, filepath.Join(t.TempDir(), "img"), true); err != nil {
+			t.Fatal(err)
+		}
+		for range 8 {
+			if all, err := d.List(t.Context()); err != nil || len(all) != 1 || all[0].ID != id {
+				t.Fatalf("round %d: List = %+v, %v; want %s once", r, all, err, id)
+			}
+		}
+		waitReaped(t, d, id)
+		_, cur, _, err := d.lookup(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(d.lockPath(otherSlot(id, cur))); err == nil {
+			t.Fatalf("round %d: the retired slot's lock file is left after its reap", r)
+		}
+	}
+	_, cur, _, err := d.lookup(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.lockPath(otherSlot(id, cur)), nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.lockPath(otherSlot(id, cur))); err == nil {
+		t.Fatal("Stop left the stale lock file of the other slot")
+	}
+}
