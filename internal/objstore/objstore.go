@@ -648,7 +648,18 @@ func (s *Store) ImportWith(ctx context.Context, m *Manifest, dir string, o Impor
 	if err2 != nil {
 		return nil, st, err2
 	}
+	// The files' names must be on disk before the directory that holds
+	// them is published, and the rename itself before the caller records
+	// the import: a crash must not leave a record naming files that were
+	// never there.
+	if err := syncDirs(stage); err != nil {
+		return nil, st, fmt.Errorf("objstore: import %s: %w", id, err)
+	}
 	if err := os.Rename(stage, dir); err != nil {
+		return nil, st, fmt.Errorf("objstore: import %s: %w", id, err)
+	}
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, st, fmt.Errorf("objstore: import %s: %w", id, err)
 	}
 	ok = true
@@ -857,4 +868,24 @@ func wrapNet(err error) error {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrPermissionDenied)
 	}
 	return fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
+}
+
+// syncDirs fsyncs root and every directory under it.
+func syncDirs(root string) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		return syncDir(p)
+	})
+}
+
+// syncDir fsyncs directory p, making its entries durable.
+func syncDir(p string) error {
+	d, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
