@@ -73,8 +73,17 @@ func (s *Service) followRoutes(ctx context.Context, seen *seenSet) {
 			continue
 		}
 		for _, e := range evs {
-			if seen.add(e.ID) {
-				s.routes.dropLocal(e.SandboxID)
+			if !seen.add(e.ID) {
+				continue
+			}
+			// A change of a sandbox that another replica is moving is
+			// its quiesce (quiesce.go): the proxies watching this
+			// replica report what they have open to it, and this
+			// replica writes its traffic row for the mover now.
+			quiesce := s.movingElsewhere(ctx, e.SandboxID)
+			s.routes.dropLocal(e.SandboxID, quiesce)
+			if quiesce {
+				s.activity.markDirty(e.SandboxID)
 			}
 		}
 		since = now - routeOverlap.Milliseconds()
@@ -126,6 +135,7 @@ func (s *Service) flushActivity(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-s.activity.flush:
 		}
 		now := time.Now()
 		a := s.activity

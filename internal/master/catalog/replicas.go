@@ -88,7 +88,16 @@ func (c *Catalog) PutActivity(ctx context.Context, acts []Activity) error {
 
 // ListActivity returns every replica's view of every sandbox's traffic.
 func (c *Catalog) ListActivity(ctx context.Context) ([]Activity, error) {
-	rows, err := c.db.QueryContext(ctx, `SELECT sandbox_id, replica, last_ms, open_n, at_ms FROM sandbox_activity`)
+	return c.listActivity(ctx, `SELECT sandbox_id, replica, last_ms, open_n, at_ms FROM sandbox_activity`)
+}
+
+// ActivityOf returns every replica's view of one sandbox's traffic.
+func (c *Catalog) ActivityOf(ctx context.Context, sandboxID string) ([]Activity, error) {
+	return c.listActivity(ctx, `SELECT sandbox_id, replica, last_ms, open_n, at_ms FROM sandbox_activity WHERE sandbox_id = ?`, sandboxID)
+}
+
+func (c *Catalog) listActivity(ctx context.Context, query string, args ...any) ([]Activity, error) {
+	rows, err := c.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
