@@ -259,6 +259,10 @@ type activity struct {
 	// catalog) to write now rather than at its next tick.
 	changed chan struct{}
 	flush   chan struct{}
+	// quiescing: sandboxes another replica is quiescing, whose traffic
+	// row this replica writes (with the move's lease token, its answer)
+	// only once its watching proxies have answered (quiesce.go).
+	quiescing map[string]*quiesceAnswer
 }
 
 // remoteActivity is the other replicas' traffic for one sandbox.
@@ -281,7 +285,8 @@ const openStale = 15 * time.Second
 
 func newActivity() *activity {
 	return &activity{last: map[string]time.Time{}, open: map[string]map[string]openCount{}, dirty: map[string]bool{},
-		remote: map[string]remoteActivity{}, changed: make(chan struct{}), flush: make(chan struct{}, 1)}
+		remote: map[string]remoteActivity{}, changed: make(chan struct{}), flush: make(chan struct{}, 1),
+		quiescing: map[string]*quiesceAnswer{}}
 }
 
 // kickFlush has flushActivity write the dirty sandboxes now.
@@ -290,15 +295,6 @@ func (a *activity) kickFlush() {
 	case a.flush <- struct{}{}:
 	default:
 	}
-}
-
-// markDirty has the next flush write id's row (a quiesce's answer to
-// another replica, even with nothing to say).
-func (a *activity) markDirty(id string) {
-	a.mu.Lock()
-	a.dirty[id] = true
-	a.mu.Unlock()
-	a.kickFlush()
 }
 
 func (a *activity) touch(id string, now time.Time) {

@@ -27,9 +27,10 @@ import (
 //     move waits until every proxy watching this replica when the hold
 //     began has answered and none has anything open, and, on a shared
 //     catalog, until every other replica that wrote traffic for the
-//     sandbox within openStale has written its row again (it does on the
-//     quiesce event and on each quiesced report of its proxies) with
-//     nothing open. The wait is bounded by [drain] request_wait; past it
+//     sandbox within openStale before the hold has answered in its
+//     traffic row (the move lease's token, written once every proxy
+//     watching that replica answered; then again on each change of what
+//     they have open) with nothing open. The wait is bounded by [drain] request_wait; past it
 //     the sandbox freezes with what is left open, which the proxies' rules
 //     for a cut request handle (docs/proxy.md).
 //  3. Freeze: the move goes on (pause, snapshot, ...).
@@ -48,16 +49,18 @@ const quiesceRowPoll = 50 * time.Millisecond
 func (s *Service) holdTraffic(ctx context.Context, id string, bound time.Duration) (time.Duration, string) {
 	began := time.Now()
 	watchers := s.routes.hub.watchers()
-	var before map[string]time.Time // other replicas' fresh rows: replica -> written at
-	if s.shared() {
-		before = map[string]time.Time{}
+	var before map[string]bool // other replicas that served it recently
+	var token int64            // the move's lease token, which they answer with
+	if m, ok := s.moving.Load(id); ok && s.shared() {
+		token = m.(*moveMark).token
+		before = map[string]bool{}
 		rows, err := s.cat.ActivityOf(ctx, id)
 		if err != nil {
 			s.log.Warn("quiesce: read the other replicas' traffic", "sandbox_id", id, "err", err)
 		}
 		for _, r := range rows {
 			if r.Replica != s.lead.replica && began.Sub(r.At) <= openStale {
-				before[r.Replica] = r.At
+				before[r.Replica] = true
 			}
 		}
 	}
@@ -80,7 +83,7 @@ func (s *Service) holdTraffic(ctx context.Context, id string, bound time.Duratio
 				wake = time.After(wait)
 			} else {
 				lastRows = time.Now()
-				pending = s.remotePending(ctx, id, before)
+				pending = s.remotePending(ctx, id, before, token)
 				if pending != "" {
 					wake = time.After(quiesceRowPoll)
 				}
@@ -126,11 +129,11 @@ func (a *activity) pendingQuiesce(id string, watchers map[string]bool, began, no
 	return strings.Join(out, "; ")
 }
 
-// remotePending says what a quiesce of id still waits for among the
-// other replicas (before: those that wrote traffic rows for it recently,
-// and when): one whose row was not written again since, or any with
+// remotePending says what a quiesce of id (under the move lease's token)
+// still waits for among the other replicas (before: those that wrote
+// traffic rows for it recently): one that has not answered, or any with
 // requests open. "" when nothing.
-func (s *Service) remotePending(ctx context.Context, id string, before map[string]time.Time) string {
+func (s *Service) remotePending(ctx context.Context, id string, before map[string]bool, token int64) string {
 	rows, err := s.cat.ActivityOf(ctx, id)
 	if err != nil {
 		return fmt.Sprintf("the other replicas' traffic rows: %v", err)
@@ -142,7 +145,7 @@ func (s *Service) remotePending(ctx context.Context, id string, before map[strin
 		if r.Replica == s.lead.replica {
 			continue
 		}
-		if at, ok := before[r.Replica]; ok && r.At.After(at) {
+		if r.QuiesceToken == token {
 			answered[r.Replica] = true
 		}
 		if r.Open > 0 && now.Sub(r.At) <= openStale {
@@ -158,9 +161,60 @@ func (s *Service) remotePending(ctx context.Context, id string, before map[strin
 	return strings.Join(out, "; ")
 }
 
-// movingElsewhere reports whether another replica holds the lease of a
-// move of sandbox id.
-func (s *Service) movingElsewhere(ctx context.Context, id string) bool {
+// quiesceAnswer is this replica's part in another replica's quiesce of a
+// sandbox: the proxies watching when the quiesce event arrived, which
+// must answer before the traffic row carries the token.
+type quiesceAnswer struct {
+	token    int64
+	watchers map[string]bool
+	began    time.Time
+}
+
+// quiesceAnswerKeep bounds how long a quiesce by another replica holds
+// this replica's traffic row for its proxies' answers (and then carries
+// its token): past any request_wait the mover would use.
+const quiesceAnswerKeep = time.Minute
+
+// answerQuiesce passes another replica's quiesce of sandbox id (its move
+// lease's token) on to the proxies watching this one; the traffic row
+// answers once they have (activity.quiesceToken).
+func (s *Service) answerQuiesce(id string, token int64) {
+	a := s.activity
+	q := &quiesceAnswer{token: token, watchers: s.routes.hub.watchers(), began: time.Now()}
+	a.mu.Lock()
+	a.quiescing[id] = q
+	a.dirty[id] = true
+	a.mu.Unlock()
+	s.routes.dropLocal(id, true)
+	a.kickFlush()
+}
+
+// quiesceToken (a.mu held) is the token id's traffic row carries now, and
+// whether the row may be written: not while a quiesce by another replica
+// waits for this replica's proxies to answer.
+func (a *activity) quiesceToken(id string, now time.Time) (int64, bool) {
+	q := a.quiescing[id]
+	if q == nil {
+		return 0, true
+	}
+	if now.Sub(q.began) > quiesceAnswerKeep {
+		delete(a.quiescing, id)
+		return 0, true
+	}
+	for p := range q.watchers {
+		if c, ok := a.open[id][p]; !ok || c.quiesced.Before(q.began) {
+			return 0, false
+		}
+	}
+	return q.token, true
+}
+
+// movingElsewhere is the token of the lease of another replica's move of
+// sandbox id, 0 when none holds it.
+func (s *Service) movingElsewhere(ctx context.Context, id string) int64 {
 	l, held, err := s.cat.LeaseHeld(ctx, moveLeaseName(id))
-	return err == nil && held && l.Holder != s.lead.holder
+	if err != nil || !held || l.Holder == s.lead.holder {
+		return 0
+	}
+	return l.Token
 }

@@ -1637,7 +1637,11 @@ type DrainNodeRequest struct {
 	// them; paused ones still move.
 	Wait bool `protobuf:"varint,2,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Sandboxes moved at once; 0 = 4.
-	Parallel      int32 `protobuf:"varint,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	Parallel int32 `protobuf:"varint,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	// How long, in milliseconds, a running sandbox's move waits for the
+	// requests in flight to it through the proxies to finish before it
+	// freezes: 0 = the master's [drain] request_wait; negative = no wait.
+	RequestWaitMs int64 `protobuf:"varint,4,opt,name=request_wait_ms,json=requestWaitMs,proto3" json:"request_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1689,6 +1693,13 @@ func (x *DrainNodeRequest) GetWait() bool {
 func (x *DrainNodeRequest) GetParallel() int32 {
 	if x != nil {
 		return x.Parallel
+	}
+	return 0
+}
+
+func (x *DrainNodeRequest) GetRequestWaitMs() int64 {
+	if x != nil {
+		return x.RequestWaitMs
 	}
 	return 0
 }
@@ -3747,11 +3758,12 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"[\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\x83\x01\n" +
 	"\x10DrainNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04wait\x18\x02 \x01(\bR\x04wait\x12\x1a\n" +
-	"\bparallel\x18\x03 \x01(\x05R\bparallel\"\x89\x02\n" +
+	"\bparallel\x18\x03 \x01(\x05R\bparallel\x12&\n" +
+	"\x0frequest_wait_ms\x18\x04 \x01(\x03R\rrequestWaitMs\"\x89\x02\n" +
 	"\x11DrainNodeProgress\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
