@@ -72,6 +72,15 @@ func (s *Service) holdTraffic(ctx context.Context, id string, bound time.Duratio
 	defer deadline.Stop()
 	var lastRows time.Time
 	for {
+		// A proxy that stopped watching (its stream broke, it is gone)
+		// cannot answer; it dropped its whole cache, and what it still
+		// has open counts through its reports.
+		current := s.routes.hub.watchers()
+		for p := range watchers {
+			if !current[p] {
+				delete(watchers, p)
+			}
+		}
 		s.activity.mu.Lock()
 		changed := s.activity.changed
 		pending := s.activity.pendingQuiesce(id, watchers, began, time.Now())
