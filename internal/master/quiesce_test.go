@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	masterpb "github.com/cubesandbox/cube/api/master/v1"
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
+	"github.com/cubesandbox/cube/internal/errdefs"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
@@ -68,14 +71,15 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 		return n1.ID
 	}
 
-	startProxy := func(name string) *cubeproxy.Server {
+	pxLog := &syncBuffer{}
+	startProxy := func(name string, log *slog.Logger) *cubeproxy.Server {
 		pconn, err := cubeproxy.DialMaster("unix://"+m.Socket, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pconn.Close() })
 		px, err := cubeproxy.Start(ctx, cubeproxy.Config{Listen: "127.0.0.1:0", Domain: "cube.test", ID: name},
-			masterpb.NewRouteServiceClient(pconn), mastertest.Log(t))
+			masterpb.NewRouteServiceClient(pconn), log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +92,7 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 	}
 	// The second proxy carries no traffic: the hold waits for its answer
 	// too.
-	px, _ := startProxy("px-1"), startProxy("px-2")
+	px, _ := startProxy("px-1", slog.New(slog.NewTextHandler(pxLog, nil))), startProxy("px-2", mastertest.Log(t))
 	hc := &http.Client{Timeout: 90 * time.Second}
 	t.Cleanup(hc.CloseIdleConnections)
 	upload := func(id, path string, body io.Reader) (int, string) {
@@ -269,6 +273,11 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 		if got := fileOn(n1.ID, id, "data/held"); got != "held\n" {
 			t.Errorf("the held upload's file on the new node: %q", got)
 		}
+		// Neither was sent twice: the first answered where it was, the
+		// second sent only once the route named the new node.
+		if regexp.MustCompile(`request retried where the sandbox is now.*sandbox_id=` + id).MatchString(pxLog.String()) {
+			t.Errorf("the proxy sent a request to %s again:\n%s", id, pxLog.String())
+		}
 	})
 
 	t.Run("control: wait off", func(t *testing.T) {
@@ -340,4 +349,39 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 			t.Errorf("no log of the freeze with requests in flight")
 		}
 	})
+}
+
+// syncBuffer is a log destination tests read while it is written.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestDrainRequestWaitConfig: [drain] request_wait is 5 s by default, 0
+// turns the wait off, and a negative one is refused.
+func TestDrainRequestWaitConfig(t *testing.T) {
+	cfg, err := master.ParseConfig(nil)
+	if err != nil || cfg.Drain.RequestWait.Duration != 5*time.Second {
+		t.Fatalf("default drain.request_wait: %v %v, want 5s", cfg.Drain.RequestWait, err)
+	}
+	if cfg, err := master.ParseConfig([]byte("[drain]\nrequest_wait = \"0s\"\n")); err != nil || cfg.Drain.RequestWait.Duration != 0 {
+		t.Errorf("drain.request_wait 0s: %v", err)
+	}
+	_, err = master.ParseConfig([]byte("[drain]\nrequest_wait = \"-1s\"\n"))
+	t.Logf("drain.request_wait -1s: %v", err)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "drain.request_wait") {
+		t.Errorf("a negative drain.request_wait: %v, want InvalidArgument naming it", err)
+	}
 }
