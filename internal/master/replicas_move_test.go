@@ -49,7 +49,9 @@ import (
 //     b (its proxies answer b, b answers a in its traffic row), so every
 //     read through both proxies is 200, even without the retry, and the
 //     same POST in flight is answered 200 by the original, its file whole
-//     on the new node.
+//     on the new node. A third drain, of the sandbox idle but read through
+//     b seconds before: a's hold ends on b's answer, well before the 5 s
+//     bound.
 func TestMoveSeenByAnotherReplica(t *testing.T) {
 	db := catalogtest.StartMariaDB(t)
 	dsn := db.NewDatabase(t)
@@ -410,6 +412,28 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		}
 		if !regexp.MustCompile(`quiesce: no request in flight; the sandbox freezes.*sandbox_id=` + id).MatchString(a.Logs()) {
 			t.Errorf("a did not log the end of the quiesce")
+		}
+		cordon(t, from, false)
+
+		// Idle now, but served through b within the last seconds: a's
+		// hold waits for b's answer (its route poll, its proxies'
+		// answers, its traffic row with the move's token), not for the
+		// bound (5 s).
+		from = row.NodeID
+		quiesced := regexp.MustCompile(`quiesce: no request in flight; the sandbox freezes.*sandbox_id=` + id + ` waited=(\S+)`)
+		before := len(quiesced.FindAllString(a.Logs(), -1))
+		drained = drain(from, 0)
+		all := quiesced.FindAllStringSubmatch(a.Logs(), -1)
+		if len(all) != before+1 {
+			t.Fatalf("a logged %d quiesces of the idle sandbox, want 1", len(all)-before)
+		}
+		held, err := time.ParseDuration(all[len(all)-1][1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("idle sandbox served through b recently: a's hold %s (b's answer), the drain %s", held, drained.Round(time.Millisecond))
+		if held > 2*time.Second {
+			t.Errorf("a's hold of an idle sandbox took %s: b did not answer", held)
 		}
 		cordon(t, from, false)
 	})
