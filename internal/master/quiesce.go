@@ -27,7 +27,7 @@ import (
 //     move waits until every proxy watching this replica when the hold
 //     began has answered and none has anything open, and, on a shared
 //     catalog, until every other replica that wrote traffic for the
-//     sandbox within openStale before the hold has answered in its
+//     sandbox within quiesceAnswerFrom before the hold has answered in its
 //     traffic row (the move lease's token, written once every proxy
 //     watching that replica answered; then again on each change of what
 //     they have open) with nothing open. The wait is bounded by [drain] request_wait; past it
@@ -38,6 +38,13 @@ import (
 // A sandbox with nothing in flight costs one round trip to each watching
 // proxy (and, on a shared catalog, one read of its traffic rows, plus
 // one route poll and write of each replica that served it recently).
+
+// quiesceAnswerFrom: a quiesce waits for the answer of every other
+// replica that wrote a traffic row for the sandbox this recently. One of
+// its proxies may still hold the sandbox's route in its cache (30 s after
+// the request that resolved it, which the replica wrote down within
+// activityFlush).
+const quiesceAnswerFrom = 30*time.Second + activityFlush + 4*time.Second
 
 // quiesceRowPoll is how often the traffic rows of other replicas are read
 // while a quiesce waits on them.
@@ -59,7 +66,7 @@ func (s *Service) holdTraffic(ctx context.Context, id string, bound time.Duratio
 			s.log.Warn("quiesce: read the other replicas' traffic", "sandbox_id", id, "err", err)
 		}
 		for _, r := range rows {
-			if r.Replica != s.lead.replica && began.Sub(r.At) <= openStale {
+			if r.Replica != s.lead.replica && began.Sub(r.At) <= quiesceAnswerFrom {
 				before[r.Replica] = true
 			}
 		}
