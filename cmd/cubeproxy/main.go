@@ -23,7 +23,7 @@ func main() {
 	flag.StringVar(&cfg.Listen, "listen", "127.0.0.1:8082", "proxy address")
 	flag.StringVar(&cfg.Domain, "domain", "localhost", "sandbox host suffix: <port>-<sandboxID>.<domain>")
 	flag.StringVar(&cfg.MetricsListen, "metrics", "", "address serving /metrics (the proxy address does not: its series name live sandboxes); empty = none")
-	flag.StringVar(&cfg.ID, "id", "", "replica name in activity reports (default host-pid)")
+	flag.StringVar(&cfg.ID, "id", "", "replica name in activity reports and route watches, unique among the proxies of a master (default host-pid)")
 	flag.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "TLS certificate (PEM)")
 	flag.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "TLS key (PEM)")
 	flag.BoolVar(&cfg.TLS.SelfSigned, "tls-self-signed", false, "serve TLS with a self-signed certificate made at start (development)")

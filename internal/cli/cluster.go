@@ -287,6 +287,7 @@ var drainHeaders = fmt.Sprintf("%-26s  %-8s  %-8s  %-24s  %-9s  %-7s  %s", "SAND
 func nodeDrain(c *cluster) *cobra.Command {
 	var wait bool
 	var parallel int32
+	var requestWait time.Duration
 	cmd := &cobra.Command{
 		Use:   "drain NODE",
 		Short: "Cordon a node and move its sandboxes to other nodes (same ID and URL), showing each step",
@@ -295,6 +296,9 @@ ID, so clients reach it at the same URL through the route: a running sandbox
 is paused, shipped through the object store and runs again elsewhere with
 its deadline (its clients see a pause); a paused one moves and stays paused.
 With --wait, running sandboxes are left to end and only paused ones move.
+Before a running sandbox freezes, new requests to it through the proxies
+wait for the move and those in flight get up to --request-wait (the
+master's [drain] request_wait when not given; 0: none) to finish.
 
 The drain is refused, with nothing changed, when some sandbox has no other
 node that could take it (template, runtime, room). A sandbox whose move
@@ -305,7 +309,11 @@ one JSON object per line).`,
 		Args: exactArgs(1, "a node ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.call(cmd, func(ctx context.Context, a masterpb.AdminServiceClient) error {
-				st, err := a.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: args[0], Wait: wait, Parallel: parallel})
+				req := &masterpb.DrainNodeRequest{NodeId: args[0], Wait: wait, Parallel: parallel, RequestWaitMs: requestWait.Milliseconds()}
+				if cmd.Flags().Changed("request-wait") && requestWait <= 0 {
+					req.RequestWaitMs = -1 // no wait (0 in the request is the master's setting)
+				}
+				st, err := a.DrainNode(ctx, req)
 				if err != nil {
 					return err
 				}
@@ -341,6 +349,7 @@ one JSON object per line).`,
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "leave running sandboxes to end (deadline, kill) instead of moving them; paused ones still move")
 	cmd.Flags().Int32Var(&parallel, "parallel", 4, "sandboxes moved at once")
+	cmd.Flags().DurationVar(&requestWait, "request-wait", 0, "how long a running sandbox's move waits for requests in flight to it to finish before it freezes (default: the master's [drain] request_wait; 0: no wait)")
 	return cmd
 }
 

@@ -49,6 +49,12 @@ type Routes struct {
 	// onChange, when set, is called (in its own goroutine) with the ID
 	// of every sandbox whose route the master says changed.
 	onChange func(id string)
+	// proxyID names this replica to the master in WatchRoutes, as in
+	// its activity reports; onQuiesce, when set, is called (after the
+	// route is dropped, before the next event) with the ID of every
+	// sandbox the master quiesces for a move.
+	proxyID   string
+	onQuiesce func(id string)
 }
 
 type cached struct {
@@ -260,7 +266,7 @@ func (r *Routes) Watch(ctx context.Context) {
 func (r *Routes) watchOnce(ctx context.Context) error {
 	// WaitForReady: while the master is unreachable the call waits for it
 	// instead of failing at once (Resolve calls still fail fast).
-	stream, err := r.client.WatchRoutes(ctx, &masterpb.WatchRoutesRequest{}, grpc.WaitForReady(true))
+	stream, err := r.client.WatchRoutes(ctx, &masterpb.WatchRoutesRequest{ProxyId: r.proxyID}, grpc.WaitForReady(true))
 	if err != nil {
 		return err
 	}
@@ -275,6 +281,11 @@ func (r *Routes) watchOnce(ctx context.Context) error {
 			continue
 		}
 		r.invalidate(ev.SandboxId)
+		if ev.Quiesce && r.onQuiesce != nil {
+			// After the invalidation: what it reports counts every
+			// request that may still reach the sandbox where it was.
+			r.onQuiesce(ev.SandboxId)
+		}
 		if r.onChange != nil {
 			go r.onChange(ev.SandboxId)
 		}

@@ -154,6 +154,7 @@ func Start(ctx context.Context, cfg Config, client masterpb.RouteServiceClient, 
 		}
 	}
 	act := newActivity()
+	s.Routes.proxyID, s.Routes.onQuiesce = cfg.ID, act.quiesce
 	health := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	local := http.NewServeMux()
 	local.HandleFunc("GET /health", health)

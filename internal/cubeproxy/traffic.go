@@ -63,12 +63,14 @@ func (m *Metrics) resumed(id string) { m.resumes.WithLabelValues(id).Inc() }
 func (m *Metrics) Handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
 
 // activity counts, per sandbox, open requests and requests since the last
-// report to the master (the idle policy's input).
+// report to the master (the idle policy's input, and what a move waits on
+// before it freezes a sandbox).
 type activity struct {
 	mu sync.Mutex
 	m  map[string]*sandboxActivity
 	// kick asks for a report now: a sandbox went from nothing open to
-	// something open, and the master's idle check must not miss it.
+	// something open, and the master's idle check must not miss it; or
+	// a quiesced sandbox's count changed, and its move waits on it.
 	kick chan struct{}
 }
 
@@ -79,6 +81,31 @@ func newActivity() *activity {
 type sandboxActivity struct {
 	open     int
 	requests int64
+	// quiesced: the master quiesced the sandbox for a move; it is
+	// reported (marked so) until a report has said nothing is open.
+	quiesced bool
+}
+
+// quiesce answers the master's quiesce event for id (the route is already
+// dropped): a report now, with what is open, and another as soon as
+// nothing is (end).
+func (a *activity) quiesce(id string) {
+	a.mu.Lock()
+	s := a.m[id]
+	if s == nil {
+		s = &sandboxActivity{}
+		a.m[id] = s
+	}
+	s.quiesced = true
+	a.mu.Unlock()
+	a.poke()
+}
+
+func (a *activity) poke() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
 }
 
 func (a *activity) begin(id string) {
@@ -93,19 +120,23 @@ func (a *activity) begin(id string) {
 	first := s.open == 1
 	a.mu.Unlock()
 	if first {
-		select {
-		case a.kick <- struct{}{}:
-		default:
-		}
+		a.poke()
 	}
 }
 
 func (a *activity) end(id string) {
 	a.mu.Lock()
+	quiet := false
 	if s := a.m[id]; s != nil {
 		s.open--
+		quiet = s.open == 0 && s.quiesced
 	}
 	a.mu.Unlock()
+	if quiet {
+		// A move waits for this: the master learns it now, not at the
+		// next tick.
+		a.poke()
+	}
 }
 
 // take returns what to report and forgets sandboxes with nothing open and
@@ -115,9 +146,9 @@ func (a *activity) take() []*masterpb.SandboxActivity {
 	defer a.mu.Unlock()
 	var out []*masterpb.SandboxActivity
 	for id, s := range a.m {
-		out = append(out, &masterpb.SandboxActivity{SandboxId: id, InFlight: int32(s.open), Requests: s.requests})
+		out = append(out, &masterpb.SandboxActivity{SandboxId: id, InFlight: int32(s.open), Requests: s.requests, Quiesced: s.quiesced})
 		if s.open == 0 {
-			delete(a.m, id)
+			delete(a.m, id) // a quiesced one too: the master has its zero
 		} else {
 			s.requests = 0
 		}

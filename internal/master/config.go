@@ -153,6 +153,14 @@ type Config struct {
 		// pauses; its node's loss then resumes it elsewhere (lost.go).
 		ExportOnPause bool `toml:"export_on_pause"`
 	} `toml:"store"`
+	// Drain: moving running sandboxes off a node (drain.go).
+	Drain struct {
+		// RequestWait bounds how long a running sandbox's move waits,
+		// its traffic held, for the requests already in flight to it
+		// through the proxies to finish before it freezes (quiesce.go);
+		// 0: it freezes at once.
+		RequestWait Duration `toml:"request_wait"`
+	} `toml:"drain"`
 	// Secrets: the master key that seals teams' secrets in the catalog.
 	Secrets struct {
 		// KeyFile holds the key (hex, mode 0600), made at first start
@@ -195,6 +203,9 @@ func (c *Config) Validate() error {
 		if d <= 0 {
 			return bad("%s must be positive", name)
 		}
+	}
+	if c.Drain.RequestWait.Duration < 0 {
+		return bad("drain.request_wait (%s) must not be negative", c.Drain.RequestWait)
 	}
 	if c.HA.LeaseTTL.Duration < 200*time.Millisecond {
 		return bad("ha.lease_ttl (%s) must be at least 200ms", c.HA.LeaseTTL)

@@ -43,6 +43,10 @@ type DrainOptions struct {
 	Wait bool
 	// Parallel is how many sandboxes move at once (default 4).
 	Parallel int
+	// RequestWait bounds how long a running sandbox's move waits for the
+	// requests in flight to it to finish before it freezes (holdTraffic):
+	// 0 is the master's [drain] request_wait, negative no wait.
+	RequestWait time.Duration
 }
 
 // Drain phases reported in DrainEvent.Phase.
@@ -169,7 +173,7 @@ func (s *Service) Drain(ctx context.Context, nodeID string, o DrainOptions, prog
 				}
 				defer func() { <-sem }()
 				began := time.Now()
-				to, err := s.drainOne(ctx, nodeID, sb.ID)
+				to, err := s.drainOne(ctx, nodeID, sb.ID, o.RequestWait)
 				remaining, _ := s.drainRows(ctx, nodeID)
 				mu.Lock()
 				defer mu.Unlock()
@@ -234,7 +238,7 @@ func (s *Service) drainRows(ctx context.Context, nodeID string) ([]*catalog.Sand
 
 // drainOne moves one sandbox off nodeID under its lock and returns where
 // it went ("" when it was gone or no longer there: nothing to move).
-func (s *Service) drainOne(ctx context.Context, nodeID, id string) (string, error) {
+func (s *Service) drainOne(ctx context.Context, nodeID, id string, requestWait time.Duration) (string, error) {
 	unlock, err := s.locks.lock(ctx, id)
 	if err != nil {
 		return "", err
@@ -259,6 +263,15 @@ func (s *Service) drainOne(ctx context.Context, nodeID, id string) (string, erro
 	}
 	wasRunning := sb.State == catalog.StateRunning
 	if wasRunning {
+		// New requests wait for the move; those in flight get up to
+		// requestWait to finish where it is (quiesce.go). A paused
+		// sandbox has nothing in flight.
+		if requestWait == 0 {
+			requestWait = s.cfg.Drain.RequestWait.Duration
+		}
+		if took, open := s.holdTraffic(ctx, id, requestWait); open != "" || took > 100*time.Millisecond {
+			s.event(id, "info", "drain: traffic held before the freeze", map[string]string{"waited": took.Round(time.Millisecond).String(), "still_open": open})
+		}
 		// Not exported at this pause (store.export_on_pause): the move
 		// takes a snapshot of its own.
 		if err := s.pauseAndExport(ctx, sb, false); err != nil {

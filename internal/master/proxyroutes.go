@@ -156,17 +156,25 @@ func (s *Service) routeRead(ctx context.Context, id string, get func(context.Con
 // reconnect and start from a reset, as after any disconnect.
 type routeHub struct {
 	mu   sync.Mutex
-	subs map[chan string]struct{}
+	subs map[chan RouteChange]string // -> the watching proxy's ID ("" unnamed)
 }
 
-func newRouteHub() *routeHub { return &routeHub{subs: map[chan string]struct{}{}} }
+// RouteChange is one event of WatchRoutes: the sandbox's route changed;
+// with Quiesce, the sandbox is about to freeze for a move and the proxy
+// reports what it has open to it now and once nothing is (quiesce.go).
+type RouteChange struct {
+	SandboxID string
+	Quiesce   bool
+}
 
-func (h *routeHub) publish(id string) {
+func newRouteHub() *routeHub { return &routeHub{subs: map[chan RouteChange]string{}} }
+
+func (h *routeHub) publish(id string, quiesce bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for ch := range h.subs {
 		select {
-		case ch <- id:
+		case ch <- RouteChange{SandboxID: id, Quiesce: quiesce}:
 		default:
 			delete(h.subs, ch)
 			close(ch)
@@ -174,14 +182,29 @@ func (h *routeHub) publish(id string) {
 	}
 }
 
-// WatchRoutes calls fn with the ID of every sandbox whose route changes
-// (paused, resumed, killed) until ctx ends or fn fails. It returns
-// errdefs.ErrAborted when the watcher fell behind and must start again.
-func (s *Service) WatchRoutes(ctx context.Context, fn func(sandboxID string) error) error {
-	ch := make(chan string, 1024)
+// watchers are the named proxies watching now.
+func (h *routeHub) watchers() map[string]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]bool{}
+	for _, p := range h.subs {
+		if p != "" {
+			out[p] = true
+		}
+	}
+	return out
+}
+
+// WatchRoutes calls fn with every change of a sandbox's route (paused,
+// resumed, killed, moved, quiesced for a move) until ctx ends or fn
+// fails. proxyID names the watcher (its activity reports' proxy ID): a
+// quiesce waits for its acknowledgement. It returns errdefs.ErrAborted
+// when the watcher fell behind and must start again.
+func (s *Service) WatchRoutes(ctx context.Context, proxyID string, fn func(RouteChange) error) error {
+	ch := make(chan RouteChange, 1024)
 	h := s.routes.hub
 	h.mu.Lock()
-	h.subs[ch] = struct{}{}
+	h.subs[ch] = proxyID
 	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
@@ -197,11 +220,11 @@ func (s *Service) WatchRoutes(ctx context.Context, fn func(sandboxID string) err
 			return ctx.Err()
 		case <-s.ctx.Done():
 			return fmt.Errorf("master shutting down: %w", errdefs.ErrUnavailable)
-		case id, ok := <-ch:
+		case c, ok := <-ch:
 			if !ok {
 				return fmt.Errorf("route watcher fell behind: %w", errdefs.ErrAborted)
 			}
-			if err := fn(id); err != nil {
+			if err := fn(c); err != nil {
 				return err
 			}
 		}
@@ -213,6 +236,9 @@ type Activity struct {
 	SandboxID string
 	InFlight  int   // requests and streams open now
 	Requests  int64 // since the last report
+	// Quiesced: the proxy had a quiesce event for the sandbox and
+	// dropped its route before counting InFlight.
+	Quiesced bool
 }
 
 // activity is what the idle policy knows: when each sandbox last saw
@@ -228,6 +254,15 @@ type activity struct {
 	// replicas wrote (replicas.go).
 	dirty  map[string]bool
 	remote map[string]remoteActivity
+	// changed is closed (and replaced) by every report: a quiesce
+	// waits on it (quiesce.go). flush asks flushActivity (a shared
+	// catalog) to write now rather than at its next tick.
+	changed chan struct{}
+	flush   chan struct{}
+	// quiescing: sandboxes another replica is quiescing, whose traffic
+	// row this replica writes (with the move's lease token, its answer)
+	// only once its watching proxies have answered (quiesce.go).
+	quiescing map[string]*quiesceAnswer
 }
 
 // remoteActivity is the other replicas' traffic for one sandbox.
@@ -239,6 +274,9 @@ type remoteActivity struct {
 type openCount struct {
 	n  int
 	at time.Time
+	// quiesced is when the proxy last reported the sandbox quiesced
+	// (RouteChange.Quiesce answered).
+	quiesced time.Time
 }
 
 // openStale is how long an open count from a proxy that stopped reporting
@@ -246,7 +284,17 @@ type openCount struct {
 const openStale = 15 * time.Second
 
 func newActivity() *activity {
-	return &activity{last: map[string]time.Time{}, open: map[string]map[string]openCount{}, dirty: map[string]bool{}, remote: map[string]remoteActivity{}}
+	return &activity{last: map[string]time.Time{}, open: map[string]map[string]openCount{}, dirty: map[string]bool{},
+		remote: map[string]remoteActivity{}, changed: make(chan struct{}), flush: make(chan struct{}, 1),
+		quiescing: map[string]*quiesceAnswer{}}
+}
+
+// kickFlush has flushActivity write the dirty sandboxes now.
+func (a *activity) kickFlush() {
+	select {
+	case a.flush <- struct{}{}:
+	default:
+	}
 }
 
 func (a *activity) touch(id string, now time.Time) {
@@ -299,18 +347,21 @@ func (s *Service) ReportActivity(_ context.Context, proxyID string, acts []Activ
 	if proxyID == "" {
 		return errdefs.FieldErrorf("proxy_id", "is required")
 	}
-	now := time.Now()
-	a := s.activity
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	for _, act := range acts {
 		if act.InFlight < 0 || act.Requests < 0 {
 			return errdefs.FieldErrorf("sandboxes", "negative counts for %s", act.SandboxID)
 		}
+	}
+	now := time.Now()
+	a := s.activity
+	a.mu.Lock()
+	quiesced := false
+	for _, act := range acts {
 		if act.Requests > 0 || act.InFlight > 0 {
 			a.last[act.SandboxID] = now
 		}
-		if act.Requests > 0 || act.InFlight > 0 || a.open[act.SandboxID][proxyID].n > 0 {
+		prev := a.open[act.SandboxID][proxyID]
+		if act.Requests > 0 || act.InFlight > 0 || prev.n > 0 || act.Quiesced {
 			a.dirty[act.SandboxID] = true
 		}
 		m := a.open[act.SandboxID]
@@ -318,7 +369,19 @@ func (s *Service) ReportActivity(_ context.Context, proxyID string, acts []Activ
 			m = map[string]openCount{}
 			a.open[act.SandboxID] = m
 		}
-		m[proxyID] = openCount{n: act.InFlight, at: now}
+		c := openCount{n: act.InFlight, at: now, quiesced: prev.quiesced}
+		if act.Quiesced {
+			c.quiesced, quiesced = now, true
+		}
+		m[proxyID] = c
+	}
+	close(a.changed)
+	a.changed = make(chan struct{})
+	a.mu.Unlock()
+	if quiesced {
+		// Another replica's move may wait on what this replica's
+		// proxies have open (quiesce.go): it is written now.
+		s.activity.kickFlush()
 	}
 	return nil
 }

@@ -73,8 +73,17 @@ func (s *Service) followRoutes(ctx context.Context, seen *seenSet) {
 			continue
 		}
 		for _, e := range evs {
-			if seen.add(e.ID) {
-				s.routes.dropLocal(e.SandboxID)
+			if !seen.add(e.ID) {
+				continue
+			}
+			// A change of a sandbox that another replica is moving is
+			// its quiesce (quiesce.go): the proxies watching this
+			// replica report what they have open to it, and this
+			// replica answers the mover in its traffic row.
+			if token := s.movingElsewhere(ctx, e.SandboxID); token != 0 {
+				s.answerQuiesce(e.SandboxID, token)
+			} else {
+				s.routes.dropLocal(e.SandboxID, false)
 			}
 		}
 		since = now - routeOverlap.Milliseconds()
@@ -126,19 +135,24 @@ func (s *Service) flushActivity(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-s.activity.flush:
 		}
 		now := time.Now()
 		a := s.activity
 		a.mu.Lock()
 		var acts []catalog.Activity
 		for id := range a.dirty {
+			token, ok := a.quiesceToken(id, now)
+			if !ok {
+				continue // written once the proxies answered the quiesce
+			}
 			var open int64
 			for _, c := range a.open[id] {
 				if now.Sub(c.at) <= openStale {
 					open += int64(c.n)
 				}
 			}
-			acts = append(acts, catalog.Activity{SandboxID: id, Replica: s.lead.replica, Last: a.last[id], Open: open, At: now})
+			acts = append(acts, catalog.Activity{SandboxID: id, Replica: s.lead.replica, Last: a.last[id], Open: open, At: now, QuiesceToken: token})
 			if open == 0 {
 				delete(a.dirty, id)
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -38,9 +39,19 @@ import (
 //     without a move resumes it where it is (201);
 //   - the route: clients read envd through a cubeproxy that asks b only
 //     while a drains the sandbox's node (an autoResume sandbox, as the
-//     cluster's); every answer is 200 (no 409 from b, no 502 from the
-//     route), and the sandbox ends on the other node. Control: the same
-//     reads before the drain, all 200.
+//     cluster's). With the wait before the freeze off (request_wait_ms
+//     -1): every answer is 200 (no 409 from b, no 502 from the route),
+//     and the sandbox ends on the other node; controls: the same reads
+//     before the drain, all 200; through a second cubeproxy without the
+//     retry, reads fail (502), and a POST in flight through b's proxy
+//     (an upload whose body takes 1 s) is 502. With the wait (the
+//     default request_wait), a drain back: a quiesces the sandbox through
+//     b (its proxies answer b, b answers a in its traffic row), so every
+//     read through both proxies is 200, even without the retry, and the
+//     same POST in flight is answered 200 by the original, its file whole
+//     on the new node. A third drain, of the sandbox idle but read through
+//     b seconds before: a's hold ends on b's answer, well before the 5 s
+//     bound.
 func TestMoveSeenByAnotherReplica(t *testing.T) {
 	db := catalogtest.StartMariaDB(t)
 	dsn := db.NewDatabase(t)
@@ -280,35 +291,85 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 			t.Fatal("reads failed without a move")
 		}
 
+		// slowPost uploads through b's proxy a file whose body takes 1 s
+		// to arrive; it is on its way (through the proxy to envd) when
+		// the returned channel first is closed.
+		type answer struct {
+			code int
+			body string
+		}
+		envdToken := where(t, id).EnvdAccessToken
+		slowPost := func(path string) (first <-chan struct{}, res <-chan answer) {
+			pr, pw := io.Pipe()
+			sent, out := make(chan struct{}), make(chan answer, 1)
+			go func() {
+				_, _ = pw.Write([]byte("first\n"))
+				time.Sleep(300 * time.Millisecond)
+				close(sent)
+				time.Sleep(700 * time.Millisecond)
+				_, _ = pw.Write([]byte("second\n"))
+				pw.Close()
+			}()
+			go func() {
+				req, _ := http.NewRequest("POST", "http://"+px.Addr+"/files?username=root&path="+url.QueryEscape(path), pr)
+				req.Header.Set(proxy.HeaderSandboxID, id)
+				req.Header.Set(proxy.HeaderSandboxPort, strconv.Itoa(agentproto.Port))
+				req.Header.Set("Content-Type", "application/octet-stream")
+				req.Header.Set("X-Access-Token", envdToken)
+				resp, err := hc.Do(req)
+				if err != nil {
+					out <- answer{0, err.Error()}
+					return
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				out <- answer{resp.StatusCode, strings.TrimSpace(string(b))}
+			}()
+			return sent, out
+		}
+		drain := func(from string, requestWaitMs int64) time.Duration {
+			t.Helper()
+			began := time.Now()
+			stream, err := a.Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: from, RequestWaitMs: requestWaitMs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for {
+				ev, err := stream.Recv()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("drain: %v", err)
+				}
+				t.Logf("  drain: %s %s %s -> %s %s", ev.SandboxId, ev.State, ev.Phase, ev.ToNode, ev.Error)
+			}
+			return time.Since(began)
+		}
+
+		// With the wait before the freeze off: the retry carries the
+		// reads across; without it (the control) reads in flight when
+		// the sandbox froze fail, and so does a POST in flight.
 		stop = make(chan struct{})
 		tl, tlBare = traffic(px, stop), traffic(bare, stop)
 		time.Sleep(300 * time.Millisecond)
-		began := time.Now()
-		stream, err := a.Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: home.ID})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			ev, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				close(stop)
-				t.Fatalf("drain: %v", err)
-			}
-			t.Logf("  drain: %s %s %s -> %s %s", ev.SandboxId, ev.State, ev.Phase, ev.ToNode, ev.Error)
-		}
-		drained := time.Since(began)
+		first, res := slowPost("/data/control")
+		<-first
+		drained := drain(home.ID, -1)
 		time.Sleep(time.Second) // reads go on where it is now
 		close(stop)
-		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s (%s)", home.ID, drained.Round(time.Millisecond)), tl); n > 0 {
+		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s, no wait (%s)", home.ID, drained.Round(time.Millisecond)), tl); n > 0 {
 			t.Errorf("%d reads failed through the route during the move", n)
 		}
 		// The control: without the retry, reads in flight when the
 		// sandbox froze fail (502) once its original is destroyed.
 		if n := check("control: the same reads through b's proxy without the retry", tlBare); n == 0 {
 			t.Errorf("control: no read failed without the retry; the probe shows nothing")
+		}
+		ctl := <-res
+		t.Logf("control: a POST through b's proxy in flight when a froze the sandbox without a wait: %d %s", ctl.code, ctl.body)
+		if ctl.code != http.StatusBadGateway {
+			t.Errorf("control: the POST in flight without the wait: %d, want 502", ctl.code)
 		}
 		row := where(t, id)
 		if row.NodeID == home.ID || row.State != catalog.StateRunning {
@@ -317,5 +378,63 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		if code, body := read(); code/100 != 2 {
 			t.Fatalf("read after the drain: %d %s", code, body)
 		}
+		cordon(t, home.ID, false)
+
+		// With the wait (the default [drain] request_wait): a quiesces
+		// the sandbox through b, whose proxies answer; reads and the POST
+		// in flight finish at the original, new ones wait for the move.
+		from := row.NodeID
+		stop = make(chan struct{})
+		tl, tlBare = traffic(px, stop), traffic(bare, stop)
+		time.Sleep(300 * time.Millisecond)
+		first, res = slowPost("/data/inflight")
+		<-first
+		drained = drain(from, 0)
+		time.Sleep(time.Second)
+		close(stop)
+		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s with the wait (%s)", from, drained.Round(time.Millisecond)), tl); n > 0 {
+			t.Errorf("%d reads failed through the route during the move", n)
+		}
+		if n := check("reads through b's proxy without the retry, with the wait", tlBare); n > 0 {
+			t.Errorf("%d reads failed without the retry: the wait did not let them finish", n)
+		}
+		got := <-res
+		t.Logf("a POST through b's proxy in flight when a's move began: %d %s", got.code, got.body)
+		if got.code != http.StatusOK {
+			t.Errorf("the POST in flight with the wait: %d, want 200 from the original", got.code)
+		}
+		row = where(t, id)
+		if row.NodeID == from || row.State != catalog.StateRunning {
+			t.Fatalf("after the drain: %s on %s, want running off %s", row.State, row.NodeID, from)
+		}
+		if b, err := os.ReadFile(filepath.Join(nodes[row.NodeID].Env.Config.SandboxRunDir(id), "rootfs", "data", "inflight")); err != nil || string(b) != "first\nsecond\n" {
+			t.Errorf("the in-flight upload's file on the new node: %q %v, want it whole", b, err)
+		}
+		if !regexp.MustCompile(`quiesce: no request in flight; the sandbox freezes.*sandbox_id=` + id).MatchString(a.Logs()) {
+			t.Errorf("a did not log the end of the quiesce")
+		}
+		cordon(t, from, false)
+
+		// Idle now, but served through b within the last seconds: a's
+		// hold waits for b's answer (its route poll, its proxies'
+		// answers, its traffic row with the move's token), not for the
+		// bound (5 s).
+		from = row.NodeID
+		quiesced := regexp.MustCompile(`quiesce: no request in flight; the sandbox freezes.*sandbox_id=` + id + ` waited=(\S+)`)
+		before := len(quiesced.FindAllString(a.Logs(), -1))
+		drained = drain(from, 0)
+		all := quiesced.FindAllStringSubmatch(a.Logs(), -1)
+		if len(all) != before+1 {
+			t.Fatalf("a logged %d quiesces of the idle sandbox, want 1", len(all)-before)
+		}
+		held, err := time.ParseDuration(all[len(all)-1][1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("idle sandbox served through b recently: a's hold %s (b's answer), the drain %s", held, drained.Round(time.Millisecond))
+		if held > 2*time.Second {
+			t.Errorf("a's hold of an idle sandbox took %s: b did not answer", held)
+		}
+		cordon(t, from, false)
 	})
 }

@@ -61,7 +61,7 @@ func (c *routeCache) put(id string, t *proxy.Target) {
 // before they act and again once the catalog records the new state, so a
 // proxy that resolved in between does not keep the old answer.
 func (c *routeCache) drop(id string) {
-	c.dropLocal(id)
+	c.dropLocal(id, false)
 	if c.share != nil {
 		select {
 		case c.share <- id:
@@ -70,12 +70,25 @@ func (c *routeCache) drop(id string) {
 	}
 }
 
-// dropLocal is drop for a change another replica made (and recorded).
-func (c *routeCache) dropLocal(id string) {
+// quiesce is drop for a sandbox about to freeze for a move: the watching
+// proxies also report what they have open to it (quiesce.go).
+func (c *routeCache) quiesce(id string) {
+	c.dropLocal(id, true)
+	if c.share != nil {
+		select {
+		case c.share <- id:
+		default: // the writer is behind: the others' TTL covers it
+		}
+	}
+}
+
+// dropLocal is drop for a change another replica made (and recorded);
+// quiesce as in RouteChange.
+func (c *routeCache) dropLocal(id string, quiesce bool) {
 	c.mu.Lock()
 	delete(c.m, id)
 	c.mu.Unlock()
-	c.hub.publish(id)
+	c.hub.publish(id, quiesce)
 }
 
 var (

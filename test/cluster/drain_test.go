@@ -122,6 +122,9 @@ type drained struct {
 	mu         sync.Mutex
 	gap        time.Duration
 	lastErr    string
+	// cut are the reads answered 502: a request cut where the sandbox
+	// was (the move waits for those in flight before it freezes).
+	cut []string
 }
 
 // drain fills node 1 with drainN sandboxes, half runc and half gVisor
@@ -240,6 +243,9 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 					d.failed.Add(1)
 					if err != nil {
 						d.lastErr = err.Error()
+						if strings.Contains(err.Error(), "502") {
+							d.cut = append(d.cut, time.Now().Format("15:04:05.000")+" "+err.Error())
+						}
 					} else {
 						d.lastErr = "read " + out
 					}
@@ -286,6 +292,12 @@ func drain(t *testing.T, c *cluster.Cluster, apis []*mastertest.Client) {
 		worst = max(worst, d.gap)
 		if d.ok.Load() == 0 {
 			t.Errorf("the client of sandbox %s never read its file during the drain", d.id)
+		}
+		// Each read is an envd Process/Start (a POST the proxy does not
+		// send again once its headers went out): one in flight at the
+		// freeze would be cut (502) had the move not waited for it.
+		if len(d.cut) > 0 {
+			t.Errorf("the client of %s sandbox %s had %d reads answered 502 (cut by the move): %s", d.runtime, d.id, len(d.cut), strings.Join(d.cut, "; "))
 		}
 		d.mu.Unlock()
 	}

@@ -221,7 +221,11 @@ func (x *ResolveRouteResponse) GetNodeDataAddress() string {
 }
 
 type WatchRoutesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The watching proxy's name, as in its activity reports: a master that
+	// quiesces a sandbox waits for the acknowledgement of every proxy
+	// watching it (RouteEvent.quiesce). Empty: not waited for.
+	ProxyId       string `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -256,12 +260,23 @@ func (*WatchRoutesRequest) Descriptor() ([]byte, []int) {
 	return file_master_v1_master_proto_rawDescGZIP(), []int{2}
 }
 
+func (x *WatchRoutesRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
 type RouteEvent struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Reset_    bool                   `protobuf:"varint,1,opt,name=reset,proto3" json:"reset,omitempty"`
 	SandboxId string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// paused, resumed, killed, moved.
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The sandbox is about to freeze for a move: besides dropping its
+	// route, report its open requests and streams now (with
+	// SandboxActivity.quiesced) and again as soon as none is left.
+	Quiesce       bool `protobuf:"varint,4,opt,name=quiesce,proto3" json:"quiesce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -317,13 +332,24 @@ func (x *RouteEvent) GetReason() string {
 	return ""
 }
 
+func (x *RouteEvent) GetQuiesce() bool {
+	if x != nil {
+		return x.Quiesce
+	}
+	return false
+}
+
 type SandboxActivity struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Requests and streams open now.
 	InFlight int32 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	// Requests since the last report.
-	Requests      int64 `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	Requests int64 `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	// The proxy received a quiesce event for the sandbox and dropped its
+	// route: in_flight counts every request of this proxy that can still
+	// reach the sandbox where it was (new ones wait at the master).
+	Quiesced      bool `protobuf:"varint,4,opt,name=quiesced,proto3" json:"quiesced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -377,6 +403,13 @@ func (x *SandboxActivity) GetRequests() int64 {
 		return x.Requests
 	}
 	return 0
+}
+
+func (x *SandboxActivity) GetQuiesced() bool {
+	if x != nil {
+		return x.Quiesced
+	}
+	return false
 }
 
 type ReportActivityRequest struct {
@@ -1604,7 +1637,11 @@ type DrainNodeRequest struct {
 	// them; paused ones still move.
 	Wait bool `protobuf:"varint,2,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Sandboxes moved at once; 0 = 4.
-	Parallel      int32 `protobuf:"varint,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	Parallel int32 `protobuf:"varint,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	// How long, in milliseconds, a running sandbox's move waits for the
+	// requests in flight to it through the proxies to finish before it
+	// freezes: 0 = the master's [drain] request_wait; negative = no wait.
+	RequestWaitMs int64 `protobuf:"varint,4,opt,name=request_wait_ms,json=requestWaitMs,proto3" json:"request_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1656,6 +1693,13 @@ func (x *DrainNodeRequest) GetWait() bool {
 func (x *DrainNodeRequest) GetParallel() int32 {
 	if x != nil {
 		return x.Parallel
+	}
+	return 0
+}
+
+func (x *DrainNodeRequest) GetRequestWaitMs() int64 {
+	if x != nil {
+		return x.RequestWaitMs
 	}
 	return 0
 }
@@ -3589,19 +3633,22 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\x12node_pid_namespace\x18\x06 \x01(\tR\x10nodePidNamespace\x120\n" +
 	"\x14traffic_access_token\x18\a \x01(\tR\x12trafficAccessToken\x12\x18\n" +
 	"\aresumed\x18\b \x01(\bR\aresumed\x12*\n" +
-	"\x11node_data_address\x18\t \x01(\tR\x0fnodeDataAddress\"\x14\n" +
-	"\x12WatchRoutesRequest\"Y\n" +
+	"\x11node_data_address\x18\t \x01(\tR\x0fnodeDataAddress\"/\n" +
+	"\x12WatchRoutesRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\"s\n" +
 	"\n" +
 	"RouteEvent\x12\x14\n" +
 	"\x05reset\x18\x01 \x01(\bR\x05reset\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"i\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
+	"\aquiesce\x18\x04 \x01(\bR\aquiesce\"\x85\x01\n" +
 	"\x0fSandboxActivity\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x05R\binFlight\x12\x1a\n" +
-	"\brequests\x18\x03 \x01(\x03R\brequests\"l\n" +
+	"\brequests\x18\x03 \x01(\x03R\brequests\x12\x1a\n" +
+	"\bquiesced\x18\x04 \x01(\bR\bquiesced\"l\n" +
 	"\x15ReportActivityRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x128\n" +
 	"\tsandboxes\x18\x02 \x03(\v2\x1a.master.v1.SandboxActivityR\tsandboxes\"\x18\n" +
@@ -3711,11 +3758,12 @@ const file_master_v1_master_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vschedulable\x18\x02 \x01(\bR\vschedulable\"A\n" +
 	"\x1aSetNodeSchedulableResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"[\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.master.v1.NodeR\x04node\"\x83\x01\n" +
 	"\x10DrainNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04wait\x18\x02 \x01(\bR\x04wait\x12\x1a\n" +
-	"\bparallel\x18\x03 \x01(\x05R\bparallel\"\x89\x02\n" +
+	"\bparallel\x18\x03 \x01(\x05R\bparallel\x12&\n" +
+	"\x0frequest_wait_ms\x18\x04 \x01(\x03R\rrequestWaitMs\"\x89\x02\n" +
 	"\x11DrainNodeProgress\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +

@@ -58,6 +58,10 @@ type Activity struct {
 	Last      time.Time // last traffic; zero: none seen
 	Open      int64     // requests and streams open now
 	At        time.Time // when the replica wrote it
+	// QuiesceToken answers a quiesce by another replica: the token of
+	// the move's lease, once every proxy watching this replica has
+	// dropped the sandbox's route and counted what it has open (0: none).
+	QuiesceToken int64
 }
 
 // PutActivity writes a replica's view of sandboxes' traffic.
@@ -67,8 +71,8 @@ func (c *Catalog) PutActivity(ctx context.Context, acts []Activity) error {
 	}
 	return c.tx(ctx, func(tx *sql.Tx) error {
 		for _, a := range acts {
-			res, err := tx.ExecContext(ctx, `UPDATE sandbox_activity SET last_ms = ?, open_n = ?, at_ms = ? WHERE sandbox_id = ? AND replica = ?`,
-				ms(a.Last), a.Open, ms(a.At), a.SandboxID, a.Replica)
+			res, err := tx.ExecContext(ctx, `UPDATE sandbox_activity SET last_ms = ?, open_n = ?, at_ms = ?, quiesce_token = ? WHERE sandbox_id = ? AND replica = ?`,
+				ms(a.Last), a.Open, ms(a.At), a.QuiesceToken, a.SandboxID, a.Replica)
 			if err != nil {
 				return err
 			}
@@ -77,8 +81,8 @@ func (c *Catalog) PutActivity(ctx context.Context, acts []Activity) error {
 			} else if n > 0 {
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_activity (sandbox_id, replica, last_ms, open_n, at_ms) VALUES (?, ?, ?, ?, ?)`,
-				a.SandboxID, a.Replica, ms(a.Last), a.Open, ms(a.At)); err != nil && !isDuplicate(err) {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO sandbox_activity (sandbox_id, replica, last_ms, open_n, at_ms, quiesce_token) VALUES (?, ?, ?, ?, ?, ?)`,
+				a.SandboxID, a.Replica, ms(a.Last), a.Open, ms(a.At), a.QuiesceToken); err != nil && !isDuplicate(err) {
 				return err
 			}
 		}
@@ -88,7 +92,16 @@ func (c *Catalog) PutActivity(ctx context.Context, acts []Activity) error {
 
 // ListActivity returns every replica's view of every sandbox's traffic.
 func (c *Catalog) ListActivity(ctx context.Context) ([]Activity, error) {
-	rows, err := c.db.QueryContext(ctx, `SELECT sandbox_id, replica, last_ms, open_n, at_ms FROM sandbox_activity`)
+	return c.listActivity(ctx, `SELECT sandbox_id, replica, last_ms, open_n, at_ms, quiesce_token FROM sandbox_activity`)
+}
+
+// ActivityOf returns every replica's view of one sandbox's traffic.
+func (c *Catalog) ActivityOf(ctx context.Context, sandboxID string) ([]Activity, error) {
+	return c.listActivity(ctx, `SELECT sandbox_id, replica, last_ms, open_n, at_ms, quiesce_token FROM sandbox_activity WHERE sandbox_id = ?`, sandboxID)
+}
+
+func (c *Catalog) listActivity(ctx context.Context, query string, args ...any) ([]Activity, error) {
+	rows, err := c.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +110,7 @@ func (c *Catalog) ListActivity(ctx context.Context) ([]Activity, error) {
 	for rows.Next() {
 		var a Activity
 		var last, at int64
-		if err := rows.Scan(&a.SandboxID, &a.Replica, &last, &a.Open, &at); err != nil {
+		if err := rows.Scan(&a.SandboxID, &a.Replica, &last, &a.Open, &at, &a.QuiesceToken); err != nil {
 			return nil, err
 		}
 		a.Last, a.At = fromMS(last), fromMS(at)

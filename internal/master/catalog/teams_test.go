@@ -13,9 +13,10 @@ import (
 	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
-// rollbackTeams undoes migrations 0013 to 0005 on SQLite, the way the
+// rollbackTeams undoes migrations 0014 to 0005 on SQLite, the way the
 // migration tests take a catalog back to an older schema.
 var rollbackTeams = []string{
+	`ALTER TABLE sandbox_activity DROP COLUMN quiesce_token`, // 0014
 	`DROP TABLE volumes`, // 0013
 	`ALTER TABLE sandboxes DROP COLUMN pause_snapshot`, // 0012
 	`DROP TABLE secrets`,           // 0011

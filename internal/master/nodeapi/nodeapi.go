@@ -119,7 +119,8 @@ func (a *AdminServer) SetNodeSchedulable(ctx context.Context, req *masterpb.SetN
 // open, one message per step.
 func (a *AdminServer) DrainNode(req *masterpb.DrainNodeRequest, stream masterpb.AdminService_DrainNodeServer) error {
 	var sendErr error
-	err := a.svc.Drain(stream.Context(), req.NodeId, master.DrainOptions{Wait: req.Wait, Parallel: int(req.Parallel)}, func(ev master.DrainEvent) {
+	err := a.svc.Drain(stream.Context(), req.NodeId, master.DrainOptions{Wait: req.Wait, Parallel: int(req.Parallel),
+		RequestWait: time.Duration(req.RequestWaitMs) * time.Millisecond}, func(ev master.DrainEvent) {
 		if sendErr != nil {
 			return
 		}

@@ -40,12 +40,16 @@ func (r *RouteServer) ResolveRoute(ctx context.Context, req *masterpb.ResolveRou
 }
 
 // WatchRoutes implements RouteService: a reset, then one event per change.
-func (r *RouteServer) WatchRoutes(_ *masterpb.WatchRoutesRequest, stream grpc.ServerStreamingServer[masterpb.RouteEvent]) error {
+func (r *RouteServer) WatchRoutes(req *masterpb.WatchRoutesRequest, stream grpc.ServerStreamingServer[masterpb.RouteEvent]) error {
 	if err := stream.Send(&masterpb.RouteEvent{Reset_: true}); err != nil {
 		return err
 	}
-	err := r.svc.WatchRoutes(stream.Context(), func(id string) error {
-		return stream.Send(&masterpb.RouteEvent{SandboxId: id, Reason: "changed"})
+	err := r.svc.WatchRoutes(stream.Context(), req.ProxyId, func(c master.RouteChange) error {
+		reason := "changed"
+		if c.Quiesce {
+			reason = "quiesce"
+		}
+		return stream.Send(&masterpb.RouteEvent{SandboxId: c.SandboxID, Reason: reason, Quiesce: c.Quiesce})
 	})
 	return grpcerr.ToGRPC(err)
 }
@@ -57,7 +61,7 @@ func (r *RouteServer) ReportActivity(ctx context.Context, req *masterpb.ReportAc
 		if err := sandboxid.Validate("sandboxes.sandbox_id", a.SandboxId); err != nil {
 			return nil, grpcerr.ToGRPC(err)
 		}
-		acts = append(acts, master.Activity{SandboxID: a.SandboxId, InFlight: int(a.InFlight), Requests: a.Requests})
+		acts = append(acts, master.Activity{SandboxID: a.SandboxId, InFlight: int(a.InFlight), Requests: a.Requests, Quiesced: a.Quiesced})
 	}
 	if err := r.svc.ReportActivity(ctx, req.ProxyId, acts); err != nil {
 		return nil, grpcerr.ToGRPC(err)
