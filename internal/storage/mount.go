@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostload"
 	"github.com/cubesandbox/cube/internal/loopdev"
 )
 
@@ -165,8 +167,11 @@ func UnmountDiskDev(ctx context.Context, target, image, dev string) error {
 				errs = append(errs, err)
 			}
 		}
-		if len(devs) > 0 && len(errs) == 0 {
-			waitDetached(ctx, image, dev)
+		if len(devs) > 0 && len(errs) == 0 && !waitDetached(ctx, image, dev) {
+			for _, d := range devs {
+				slog.WarnContext(ctx, "loop device still bound after the unmount; the kernel frees it when its last holder closes it",
+					"device", d.Path, "image", image, "holders", loopHolders(d.Path))
+			}
 		}
 	}
 	if len(errs) == 0 {
@@ -239,25 +244,64 @@ func IsMounted(target string) (bool, error) {
 	return len(mounts) > 0, nil
 }
 
-// waitDetached waits until no loop device is backed by image. The kernel
-// clears an autoclear device asynchronously after the last unmount, so
-// without this wait a caller that removes the image next would leave a
-// device backed by a deleted file for a moment, and a crash right then
-// would leak it. Best effort: after a lazy unmount the device legitimately
-// lives on until the last holder closes it, and autoclear frees it then.
-func waitDetached(ctx context.Context, image, dev string) {
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
+// detachWait bounds waitDetached on an idle host; it is stretched by the
+// load (hostload.Scale).
+const detachWait = 2 * time.Second
+
+// waitDetached waits until no loop device is backed by image, and says
+// whether that happened. The kernel frees an autoclear device when the
+// superblock on it goes, which is after the last mount of it in any
+// mount namespace: a sandbox process killed a moment ago (a gofer that
+// held the root in its own namespace) may still be exiting, and on a busy
+// host that takes more than a second. Without this wait a caller that
+// removes the image next would leave a device backed by a deleted file,
+// and a crash right then would leak it. After a lazy unmount the device
+// legitimately lives on until the last holder closes it, and autoclear
+// frees it then.
+func waitDetached(ctx context.Context, image, dev string) bool {
+	deadline := time.Now().Add(hostload.Scale(detachWait))
+	for {
 		devs, err := devicesBackedBy(image, dev)
 		if err != nil || len(devs) == 0 {
-			return
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// loopHolders names up to five processes with a mount of loop device dev
+// in their mount namespace (what keeps an unmounted device bound), for a
+// log line; a scan of every process, so only on that rare path.
+func loopHolders(dev string) []string {
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "dev"))
+	if err != nil {
+		return nil
+	}
+	num := " " + strings.TrimSpace(string(b)) + " "
+	procs, _ := os.ReadDir("/proc")
+	var out []string
+	for _, p := range procs {
+		if p.Name()[0] < '0' || p.Name()[0] > '9' {
+			continue
+		}
+		mi, err := os.ReadFile(filepath.Join("/proc", p.Name(), "mountinfo"))
+		if err != nil || !strings.Contains(string(mi), num) {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+		out = append(out, p.Name()+" "+strings.TrimSpace(string(comm)))
+		if len(out) == 5 {
+			break
+		}
+	}
+	return out
 }
 
 // devicesBackedBy lists the loop devices backed by image: just dev when
