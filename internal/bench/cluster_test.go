@@ -104,12 +104,18 @@ func TestClusterScenariosTiny(t *testing.T) {
 		t.Errorf("cluster-template-32m notes: %q", r.Notes)
 	}
 
+	if e.clus.c == nil {
+		t.Fatal("no cluster was built")
+	}
+	// This run's namespaces only: another cluster (a test of another
+	// package running in parallel) has its own ID.
+	prefix := "cube-cl-" + e.clus.c.ID + "-"
 	cleaned = true
 	if err := cleanup(ctx); err != nil {
 		t.Fatalf("cleanup (cluster teardown and its leak checks): %v", err)
 	}
 	out, _ := exec.Command("ip", "netns", "list").Output()
-	if strings.Contains(string(out), "cube-cl-") {
+	if strings.Contains(string(out), prefix) {
 		t.Errorf("cluster namespaces left: %s", out)
 	}
 }
