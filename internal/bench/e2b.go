@@ -29,6 +29,13 @@ import (
 // with its route, one in-process cubelet holding the busybox template,
 // runc), built once per run on first use and torn down with it.
 //
+// The node keeps a warm pool for the templates the scenarios create
+// from, configured as production configures one ([warm_pool] of the
+// cubelet, its default sandbox limits those cubemaster gives every
+// sandbox, so a claim has no limits to change), so their creates are
+// served from the pool; a create the pool did not serve is a failure,
+// except in e2b-tti-cold, which creates from a template without a pool.
+//
 //   - e2b: POST /sandboxes, then the first envd /health through the
 //     route (the sandbox answers), timed together; the sandbox is then
 //     deleted (not timed). Against a bare `runc run -d` + first /health.
@@ -36,7 +43,34 @@ import (
 //     cross-vendor benchmark: POST /sandboxes, then envd runs `true`
 //     (process.Start through the route, to its end event); one at a time,
 //     and a burst of 100 at once (all live together: --max-live does
-//     not split it).
+//     not split it). A sample at c=1 waits (untimed) for a full pool, so
+//     no refill runs alongside it; a burst starts at a full pool of its
+//     size.
+//   - e2b-tti-cold: e2b-tti from a template the node keeps no pool for
+//     (every create starts a container).
+
+// The E2B system's templates: one the node keeps a pool of e2bPoolSize
+// for (the c=1 scenarios), one with a pool of the burst's size, and one
+// without a pool (e2b-tti-cold).
+const (
+	e2bTemplate      = "busybox"
+	e2bBurstTemplate = "busybox-burst"
+	e2bColdTemplate  = "busybox-cold"
+	e2bPoolSize      = 2
+)
+
+// e2bBurstN is the size of the burst in e2b-tti-burst, and of its pool.
+func e2bBurstN(o report.Options) int { return max(1, min(100, o.N50)) }
+
+// e2bNodeTOML is the node's config: the pools, and the default limits
+// those cubemaster gives every sandbox (e2bMasterTOML), as a production
+// node that pools has them (a claim with other limits runs `runc update`).
+func e2bNodeTOML(o report.Options) string {
+	return fmt.Sprintf("[sandbox]\ndefault_milli_cpu = 100\n[warm_pool]\n[warm_pool.templates]\n%q = %d\n%q = %d\n",
+		e2bTemplate, e2bPoolSize, e2bBurstTemplate, e2bBurstN(o))
+}
+
+const e2bMasterTOML = "[sandbox]\nmilli_cpu = 100\n"
 
 func init() {
 	probe := func(ctx context.Context, e *Env) error {
@@ -53,32 +87,41 @@ func init() {
 	}
 	Register(Scenario{
 		Name: "e2b", Kind: report.KindCube,
-		Help:      "E2B round trip: POST /sandboxes on the E2B API + first envd /health through the route (then DELETE, not timed)",
+		Help:      "E2B round trip from the warm pool: POST /sandboxes on the E2B API + first envd /health through the route (then DELETE, not timed)",
 		Baselines: []string{"runc-run", "podman-run"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     probe,
-		Run:       runE2B("e2b", false),
+		Run:       runE2B("e2b", e2bTemplate, false),
 		Finish:    finishE2B,
 	})
 	Register(Scenario{
 		Name: "e2b-tti", Kind: report.KindCube,
-		Help:      "time to interactive: POST /sandboxes + envd runs `true` through the route, one at a time",
+		Help:      "time to interactive from the warm pool: POST /sandboxes + envd runs `true` through the route, one at a time",
 		Baselines: []string{"runc-run"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     probe,
-		Run:       runE2B("e2b-tti", true),
+		Run:       runE2B("e2b-tti", e2bTemplate, true),
 		Finish:    finishE2B,
 	})
 	Register(Scenario{
 		Name: "e2b-tti-burst", Kind: report.KindCube,
-		Help: "time to interactive for a burst of 100 (--n-c50 when smaller) at once (--concurrency does not apply)",
+		Help: "time to interactive for a burst of 100 (--n-c50 when smaller) at once, from a full warm pool of that size (--concurrency does not apply)",
 		Params: func(o report.Options) report.Params {
-			n := min(100, o.N50)
+			n := e2bBurstN(o)
 			return report.Params{N: n, Concurrency: n}
 		},
 		Probe:  probe,
-		Run:    runE2B("e2b-tti-burst", true),
+		Run:    runE2B("e2b-tti-burst", e2bBurstTemplate, true),
 		Finish: finishE2B,
+	})
+	Register(Scenario{
+		Name: "e2b-tti-cold", Kind: report.KindCube,
+		Help:      "e2b-tti from a template without a warm pool (each create starts a container)",
+		Baselines: []string{"runc-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
+		Probe:     probe,
+		Run:       runE2B("e2b-tti-cold", e2bColdTemplate, true),
+		Finish:    finishE2B,
 	})
 }
 
@@ -86,6 +129,7 @@ func init() {
 type benchE2B struct {
 	ownSystem
 	m     *mastertest.Master
+	node  *mastertest.Node
 	api   *mastertest.Client
 	route string // the sandbox route's base URL
 
@@ -94,7 +138,10 @@ type benchE2B struct {
 }
 
 // e2bAgg is a scenario's split of its samples, over all its chunks.
-type e2bAgg struct{ creates, firsts []time.Duration }
+type e2bAgg struct {
+	creates, firsts []time.Duration
+	pooled, cold    int // creates the pool served, and those it did not
+}
 
 func (b *benchE2B) agg(name string) *e2bAgg {
 	b.mu.Lock()
@@ -112,10 +159,10 @@ func (b *benchE2B) agg(name string) *e2bAgg {
 // that stopped it).
 func (e *Env) e2bSystem(ctx context.Context) (*benchE2B, error) {
 	b := &e.e2b
-	err := b.build(ctx, e, "e2b", "cubemaster, its route and a cubelet", func(tb *benchTB) {
-		b.m = mastertest.StartMaster(tb, "[sandbox]\nmilli_cpu = 100\n")
-		n := mastertest.StartNode(tb, b.m, "busybox")
-		b.m.WaitHealthy(tb, n)
+	err := b.build(ctx, e, "e2b", "cubemaster, its route and a cubelet with warm pools", func(tb *benchTB) {
+		b.m = mastertest.StartMaster(tb, e2bMasterTOML)
+		b.node = mastertest.StartNodeConfig(tb, b.m, e2bNodeTOML(e.Opts), e2bTemplate, e2bBurstTemplate, e2bColdTemplate)
+		b.m.WaitHealthy(tb, b.node)
 		b.api = b.m.API(b.m.APIKey(tb))
 		b.route = "http://" + b.m.Server.ProxyAddr
 	})
@@ -125,7 +172,47 @@ func (e *Env) e2bSystem(ctx context.Context) (*benchE2B, error) {
 // close tears the system down.
 func (b *benchE2B) close() error { return b.ownSystem.close("e2b") }
 
-func runE2B(name string, command bool) func(context.Context, *Env, report.Params) (*report.Result, error) {
+// poolsFull waits (untimed) until every pool of the node holds its
+// target and none is filling, so that no refill runs alongside what
+// is timed next.
+func (b *benchE2B) poolsFull(ctx context.Context) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		full, seen := true, 0
+		for _, p := range b.node.Svc.Pools() {
+			if p.Ready < p.Target || p.Filling > 0 {
+				full = false
+			}
+			if p.TemplateID == e2bTemplate || p.TemplateID == e2bBurstTemplate {
+				seen++
+			}
+		}
+		if full && seen == 2 { // both pools known (the refiller has started)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the node's warm pools are not full after 5 minutes: %+v", b.node.Svc.Pools())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// fromPool says whether the node served sandbox id from a pool entry
+// (its resources are held under the entry's ID).
+func (b *benchE2B) fromPool(ctx context.Context, id string) (bool, error) {
+	rec, err := b.node.Svc.Get(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	return strings.HasPrefix(rec.HostKey(), "pool-"), nil
+}
+
+func runE2B(name, tmpl string, command bool) func(context.Context, *Env, report.Params) (*report.Result, error) {
+	wantPool := tmpl != e2bColdTemplate
 	return func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 		b, err := e.e2bSystem(ctx)
 		if err != nil {
@@ -136,24 +223,50 @@ func runE2B(name string, command bool) func(context.Context, *Env, report.Params
 		var all driveResult
 		var mu sync.Mutex
 		live := e.Opts.MaxLive
-		if p.Concurrency == p.N {
-			live = p.N // a burst
+		burst := p.Concurrency == p.N && p.N > 1
+		if burst {
+			live = p.N
 		}
 		for _, n := range rounds(p.N, live) {
 			var ids []string
+			if burst {
+				if err := b.poolsFull(ctx); err != nil {
+					return nil, err
+				}
+			}
 			e.Progress.Start(name, n)
 			d := drive(ctx, e.Progress, n, p.Concurrency, func(ctx context.Context, _ int) (time.Duration, error) {
-				id, create, first, err := b.createFirst(ctx, hc, command)
+				if !burst {
+					if err := b.poolsFull(ctx); err != nil {
+						return 0, err
+					}
+				}
+				id, create, first, err := b.createFirst(ctx, hc, tmpl, command)
 				mu.Lock()
 				if id != "" {
 					ids = append(ids, id)
 				}
-				if err == nil {
-					agg.creates = append(agg.creates, create)
-					agg.firsts = append(agg.firsts, first)
-				}
 				mu.Unlock()
-				return create + first, err
+				if err != nil {
+					return 0, err
+				}
+				pooled, err := b.fromPool(ctx, id)
+				if err != nil {
+					return 0, fmt.Errorf("sandbox %s on the node: %w", id, err)
+				}
+				mu.Lock()
+				if pooled {
+					agg.pooled++
+				} else {
+					agg.cold++
+				}
+				agg.creates = append(agg.creates, create)
+				agg.firsts = append(agg.firsts, first)
+				mu.Unlock()
+				if pooled != wantPool {
+					return 0, fmt.Errorf("sandbox %s: served from the warm pool: %t, want %t", id, pooled, wantPool)
+				}
+				return create + first, nil
 			})
 			e.Progress.Finish()
 			all.merge(d)
@@ -178,14 +291,15 @@ func finishE2B(e *Env, r *report.Result) {
 	r.Notes = append(r.Notes,
 		summary("E2B POST /sandboxes alone", a.creates),
 		summary(first, a.firsts),
+		fmt.Sprintf("creates served from the warm pool: %d of %d", a.pooled, a.pooled+a.cold),
 		fmt.Sprintf("system (cubemaster, route, cubelet) built in %s", b.built.Round(time.Millisecond)))
 }
 
 // createFirst creates a sandbox through the E2B API and then either asks
 // its envd /health or has envd run `true`, through the route.
-func (b *benchE2B) createFirst(ctx context.Context, hc *http.Client, command bool) (id string, create, first time.Duration, err error) {
+func (b *benchE2B) createFirst(ctx context.Context, hc *http.Client, tmpl string, command bool) (id string, create, first time.Duration, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.api.Base+"/sandboxes",
-		strings.NewReader(`{"templateID":"busybox","timeout":600}`))
+		strings.NewReader(fmt.Sprintf(`{"templateID":%q,"timeout":600}`, tmpl)))
 	if err != nil {
 		return "", 0, 0, err
 	}
