@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +19,8 @@ import (
 	envdpb "github.com/cubesandbox/cube/api/envd/process"
 	"github.com/cubesandbox/cube/api/envd/process/processconnect"
 	"github.com/cubesandbox/cube/internal/bench/report"
+	"github.com/cubesandbox/cube/internal/master"
+	"github.com/cubesandbox/cube/internal/master/catalog"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/proxy"
 	"github.com/cubesandbox/cube/internal/testbin"
@@ -62,12 +66,12 @@ const (
 // e2bBurstN is the size of the burst in e2b-tti-burst, and of its pool.
 func e2bBurstN(o report.Options) int { return max(1, min(100, o.N50)) }
 
-// e2bNodeTOML is the node's config: the pools, and the default limits
-// those cubemaster gives every sandbox (e2bMasterTOML), as a production
-// node that pools has them (a claim with other limits runs `runc update`).
-func e2bNodeTOML(o report.Options) string {
-	return fmt.Sprintf("[sandbox]\ndefault_milli_cpu = 100\n[warm_pool]\n[warm_pool.templates]\n%q = %d\n%q = %d\n",
-		e2bTemplate, e2bPoolSize, e2bBurstTemplate, e2bBurstN(o))
+// e2bNodeTOML is the node's config: the pools, and as default limits
+// those cubemaster gives every sandbox, as a production node that pools
+// has them (a claim with other limits runs `runc update`, ~10 ms).
+func e2bNodeTOML(o report.Options, m *master.Config) string {
+	return fmt.Sprintf("[sandbox]\ndefault_milli_cpu = %d\ndefault_memory_mib = %d\n[warm_pool]\n[warm_pool.templates]\n%q = %d\n%q = %d\n",
+		m.Sandbox.MilliCPU, m.Sandbox.MemoryMiB, e2bTemplate, e2bPoolSize, e2bBurstTemplate, e2bBurstN(o))
 }
 
 const e2bMasterTOML = "[sandbox]\nmilli_cpu = 100\n"
@@ -141,6 +145,12 @@ type benchE2B struct {
 type e2bAgg struct {
 	creates, firsts []time.Duration
 	pooled, cold    int // creates the pool served, and those it did not
+	// seconds is a second command right after the first (untimed): what
+	// the first paid for being first.
+	seconds []time.Duration
+	// trace is cubemaster's trace of each create (its "sandbox created"
+	// event), by field: where POST /sandboxes spent its time.
+	trace map[string][]time.Duration
 }
 
 func (b *benchE2B) agg(name string) *e2bAgg {
@@ -161,7 +171,7 @@ func (e *Env) e2bSystem(ctx context.Context) (*benchE2B, error) {
 	b := &e.e2b
 	err := b.build(ctx, e, "e2b", "cubemaster, its route and a cubelet with warm pools", func(tb *benchTB) {
 		b.m = mastertest.StartMaster(tb, e2bMasterTOML)
-		b.node = mastertest.StartNodeConfig(tb, b.m, e2bNodeTOML(e.Opts), e2bTemplate, e2bBurstTemplate, e2bColdTemplate)
+		b.node = mastertest.StartNodeConfig(tb, b.m, e2bNodeTOML(e.Opts, b.m.Config), e2bTemplate, e2bBurstTemplate, e2bColdTemplate)
 		b.m.WaitHealthy(tb, b.node)
 		b.api = b.m.API(b.m.APIKey(tb))
 		b.route = "http://" + b.m.Server.ProxyAddr
@@ -199,6 +209,28 @@ func (b *benchE2B) poolsFull(ctx context.Context) error {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// trace is cubemaster's trace of sandbox id's create, from its "sandbox
+// created" event: the trace.* fields, without the prefix (flow dropped).
+func (b *benchE2B) trace(ctx context.Context, id string) map[string]time.Duration {
+	evs, err := b.m.Server.Service.Events(ctx, catalog.EventQuery{SandboxID: id})
+	if err != nil {
+		return nil
+	}
+	out := map[string]time.Duration{}
+	for _, ev := range evs {
+		if ev.Message != "sandbox created" {
+			continue
+		}
+		for k, v := range ev.Fields {
+			name, ok := strings.CutPrefix(k, master.TracePrefix)
+			if f, err := strconv.ParseFloat(v, 64); ok && err == nil {
+				out[name] = time.Duration(f * float64(time.Millisecond))
+			}
+		}
+	}
+	return out
 }
 
 // fromPool says whether the node served sandbox id from a pool entry
@@ -254,7 +286,26 @@ func runE2B(name, tmpl string, command bool) func(context.Context, *Env, report.
 				if err != nil {
 					return 0, fmt.Errorf("sandbox %s on the node: %w", id, err)
 				}
+				var second time.Duration
+				if command {
+					began := time.Now()
+					if err := b.runTrue(ctx, hc, id); err != nil {
+						return 0, fmt.Errorf("sandbox %s: second command: %w", id, err)
+					}
+					second = time.Since(began)
+				}
+				tr := b.trace(ctx, id)
 				mu.Lock()
+				if command {
+					agg.seconds = append(agg.seconds, second)
+				}
+				if agg.trace == nil {
+					agg.trace = map[string][]time.Duration{}
+				}
+				for k, d := range tr {
+					agg.trace[k] = append(agg.trace[k], d)
+				}
+				agg.trace["outside the trace"] = append(agg.trace["outside the trace"], create-tr["total"])
 				if pooled {
 					agg.pooled++
 				} else {
@@ -291,7 +342,19 @@ func finishE2B(e *Env, r *report.Result) {
 	r.Notes = append(r.Notes,
 		summary("E2B POST /sandboxes alone", a.creates),
 		summary(first, a.firsts),
-		fmt.Sprintf("creates served from the warm pool: %d of %d", a.pooled, a.pooled+a.cold),
+		fmt.Sprintf("creates served from the warm pool: %d of %d", a.pooled, a.pooled+a.cold))
+	if len(a.seconds) > 0 {
+		r.Notes = append(r.Notes, summary("a second process.Start(`true`) right after (untimed)", a.seconds))
+	}
+	keys := make([]string, 0, len(a.trace))
+	for k := range a.trace {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		r.Notes = append(r.Notes, summary("cubemaster create trace: "+k, a.trace[k]))
+	}
+	r.Notes = append(r.Notes,
 		fmt.Sprintf("system (cubemaster, route, cubelet) built in %s", b.built.Round(time.Millisecond)))
 }
 
