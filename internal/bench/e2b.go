@@ -74,7 +74,7 @@ func e2bNodeTOML(o report.Options, m *master.Config) string {
 		m.Sandbox.MilliCPU, m.Sandbox.MemoryMiB, e2bTemplate, e2bPoolSize, e2bBurstTemplate, e2bBurstN(o))
 }
 
-const e2bMasterTOML = "[sandbox]\nmilli_cpu = 100\n"
+const e2bMasterTOML = "[scheduler]\ncpu_overcommit = 256.0\n"
 
 func init() {
 	probe := func(ctx context.Context, e *Env) error {
