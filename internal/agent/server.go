@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -251,10 +252,18 @@ func (s *Server) prebuild() {
 
 // lazyHandler serves with the handler build returns, built on the first
 // request or get.
-type lazyHandler struct{ get func() http.Handler }
+type lazyHandler struct {
+	get   func() http.Handler
+	built atomic.Bool
+}
 
 func newLazyHandler(build func() http.Handler) *lazyHandler {
-	return &lazyHandler{get: sync.OnceValue(build)}
+	h := &lazyHandler{}
+	h.get = sync.OnceValue(func() http.Handler {
+		defer h.built.Store(true)
+		return build()
+	})
+	return h
 }
 
 func (h *lazyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.get().ServeHTTP(w, r) }
