@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -148,6 +150,9 @@ type e2bAgg struct {
 	// seconds is a second command right after the first (untimed): what
 	// the first paid for being first.
 	seconds []time.Duration
+	// profiles are cube-bench's own CPU profiles (--profile), one per
+	// chunk: cubemaster, its route and the cubelet run in this process.
+	profiles []string
 	// trace is cubemaster's trace of each create (its "sandbox created"
 	// event), by field: where POST /sandboxes spent its time.
 	trace map[string][]time.Duration
@@ -211,6 +216,28 @@ func (b *benchE2B) poolsFull(ctx context.Context) error {
 	}
 }
 
+// profileSelf starts this process's CPU profile into
+// dir/cube-bench-cpu-<i>.pb.gz; stop ends it and returns the file.
+func profileSelf(dir string, i int) (stop func() string, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	name := filepath.Join(dir, fmt.Sprintf("cube-bench-cpu-%03d.pb.gz", i))
+	f, err := os.Create(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("profile cube-bench: %w", err)
+	}
+	return func() string {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+		return name
+	}, nil
+}
+
 // trace is cubemaster's trace of sandbox id's create, from its "sandbox
 // created" event: the trace.* fields, without the prefix (flow dropped).
 func (b *benchE2B) trace(ctx context.Context, id string) map[string]time.Duration {
@@ -252,6 +279,13 @@ func runE2B(name, tmpl string, command bool) func(context.Context, *Env, report.
 		}
 		hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: p.Concurrency}}
 		agg := b.agg(name)
+		if e.Opts.ProfileDir != "" {
+			stop, err := profileSelf(filepath.Join(e.Opts.ProfileDir, name), len(agg.profiles))
+			if err != nil {
+				return nil, err
+			}
+			defer func() { agg.profiles = append(agg.profiles, stop()) }()
+		}
 		var all driveResult
 		var mu sync.Mutex
 		live := e.Opts.MaxLive
@@ -353,6 +387,10 @@ func finishE2B(e *Env, r *report.Result) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		r.Notes = append(r.Notes, summary("cubemaster create trace: "+k, a.trace[k]))
+	}
+	if len(a.profiles) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("CPU profiles of cube-bench (cubemaster, route, cubelet in-process; not the agents): %s (go tool pprof -top %s)",
+			strings.Join(a.profiles, " "), strings.Join(a.profiles, " ")))
 	}
 	r.Notes = append(r.Notes,
 		fmt.Sprintf("system (cubemaster, route, cubelet) built in %s", b.built.Round(time.Millisecond)))

@@ -135,7 +135,7 @@ func init() {
 	})
 	Register(Scenario{
 		Name: "create-pool-sustained", Kind: report.KindCube,
-		Help:      "--n-c50 creates with --concurrency in flight from a warm pool of --concurrency that drains (full at the start; refills only between creates), all kept up until the end",
+		Help:      "--n-c50 creates with --concurrency in flight from a warm pool of --concurrency that drains (full at the start, refilled only while no create is in flight; --max-live >= --n-c50 to keep it from refilling between rounds)",
 		Baselines: []string{"runc-run"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N50, Concurrency: o.Concurrency} },
 		Probe:     poolRuntime,
@@ -183,9 +183,10 @@ func (e *Env) createFrom(ctx context.Context, id string, at *report.ActionTimes,
 // runCreatePoolSustained is create-c50 against a warm pool that drains:
 // the pool of --concurrency is full when the first create starts, and
 // the refiller makes an entry only while no create is in flight, so once
-// the pool is empty creates are cold. All sandboxes stay up until the
-// end (rounds of --max-live would let the pool refill, untimed, between
-// them).
+// the pool is empty creates are cold. It creates in rounds of --max-live,
+// as runc-run does; the pool refills between rounds (untimed, while the
+// round's sandboxes are destroyed), so with --max-live >= --n-c50 (both
+// sides keep every sandbox up) it drains once.
 func runCreatePoolSustained(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
 	id, err := e.importPoolTemplate(ctx, &e.poolBurstT, BurstPoolTemplate(e.Opts.Template), e.Opts.Concurrency)
 	if err != nil {
@@ -195,31 +196,42 @@ func runCreatePoolSustained(ctx context.Context, e *Env, p report.Params) (*repo
 		return nil, err
 	}
 	var (
-		at     report.ActionTimes
-		mu     sync.Mutex
-		made   []string
-		pooled int
+		at             report.ActionTimes
+		mu             sync.Mutex
+		all            driveResult
+		pooled, served int
 	)
-	e.Progress.Start("create-pool-sustained", p.N)
-	d := drive(ctx, e.Progress, p.N, p.Concurrency, func(ctx context.Context, _ int) (time.Duration, error) {
-		_, dur, fromPool, err := e.createFrom(ctx, id, &at, &mu, &made)
-		if fromPool {
-			mu.Lock()
-			pooled++
-			mu.Unlock()
+	rs := rounds(p.N, e.Opts.MaxLive)
+	for ri, n := range rs {
+		var made []string
+		e.Progress.Start("create-pool-sustained", n)
+		d := drive(ctx, e.Progress, n, p.Concurrency, func(ctx context.Context, _ int) (time.Duration, error) {
+			_, dur, fromPool, err := e.createFrom(ctx, id, &at, &mu, &made)
+			if fromPool {
+				mu.Lock()
+				pooled++
+				mu.Unlock()
+			}
+			return dur, err
+		})
+		e.Progress.Finish()
+		if ri == 0 {
+			e.peak(ctx)
 		}
-		return dur, err
-	})
-	e.Progress.Finish()
-	e.peak(ctx)
-	if err := e.deleteAll(ctx, "cleanup", made, p.Concurrency); err != nil {
-		return nil, err
+		all.merge(d)
+		served += len(made)
+		if err := e.deleteAll(ctx, "cleanup", made, p.Concurrency); err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 	}
-	r, err := d.result("create-pool-sustained", report.KindCube, p)
+	r, err := all.result("create-pool-sustained", report.KindCube, p)
 	if r != nil {
 		r.Acts = &at
-		r.Notes = append(r.Notes, fmt.Sprintf("served from the warm pool: %d of %d (pool of %d, full at the start, refilled only while no create is in flight); all %d kept up until the end",
-			pooled, len(made), e.Opts.Concurrency, len(made)))
+		r.Notes = append(r.Notes, fmt.Sprintf("served from the warm pool: %d of %d (pool of %d, full at the start, refilled only while no create is in flight); %d round(s) of at most %d live sandboxes (--max-live), the pool refilled between them",
+			pooled, served, e.Opts.Concurrency, len(rs), e.Opts.MaxLive))
 	}
 	return r, err
 }
