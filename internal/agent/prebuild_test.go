@@ -88,7 +88,12 @@ func TestSmallEventsUncompressed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 
 	msg, err := proto.Marshal(&envdpb.StartRequest{Process: &envdpb.ProcessConfig{
 		Cmd: "/bin/sh", Args: []string{"-c", "head -c 8192 /dev/zero | tr '\\0' a"},
