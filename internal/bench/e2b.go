@@ -295,6 +295,7 @@ func runE2B(name, tmpl string, command bool) func(context.Context, *Env, report.
 		}
 		for _, n := range rounds(p.N, live) {
 			var ids []string
+			creates := map[string]time.Duration{} // of the samples that succeeded
 			if burst {
 				if err := b.poolsFull(ctx); err != nil {
 					return nil, err
@@ -320,41 +321,46 @@ func runE2B(name, tmpl string, command bool) func(context.Context, *Env, report.
 				if err != nil {
 					return 0, fmt.Errorf("sandbox %s on the node: %w", id, err)
 				}
-				var second time.Duration
-				if command {
+				// Not in a burst: it would load the samples still running.
+				if command && !burst {
 					began := time.Now()
 					if err := b.runTrue(ctx, hc, id); err != nil {
 						return 0, fmt.Errorf("sandbox %s: second command: %w", id, err)
 					}
-					second = time.Since(began)
+					mu.Lock()
+					agg.seconds = append(agg.seconds, time.Since(began))
+					mu.Unlock()
 				}
-				tr := b.trace(ctx, id)
 				mu.Lock()
-				if command {
-					agg.seconds = append(agg.seconds, second)
+				defer mu.Unlock()
+				if pooled {
+					agg.pooled++
+				} else {
+					agg.cold++
 				}
+				if pooled != wantPool {
+					return 0, fmt.Errorf("sandbox %s: served from the warm pool: %t, want %t", id, pooled, wantPool)
+				}
+				agg.creates = append(agg.creates, create)
+				agg.firsts = append(agg.firsts, first)
+				creates[id] = create
+				return create + first, nil
+			})
+			e.Progress.Finish()
+			all.merge(d)
+			// cubemaster's traces, read once the round is over.
+			for id, create := range creates {
+				tr := b.trace(ctx, id)
 				if agg.trace == nil {
 					agg.trace = map[string][]time.Duration{}
 				}
 				for k, d := range tr {
 					agg.trace[k] = append(agg.trace[k], d)
 				}
-				agg.trace["outside the trace"] = append(agg.trace["outside the trace"], create-tr["total"])
-				if pooled {
-					agg.pooled++
-				} else {
-					agg.cold++
+				if total, ok := tr["total"]; ok {
+					agg.trace["outside the trace"] = append(agg.trace["outside the trace"], create-total)
 				}
-				agg.creates = append(agg.creates, create)
-				agg.firsts = append(agg.firsts, first)
-				mu.Unlock()
-				if pooled != wantPool {
-					return 0, fmt.Errorf("sandbox %s: served from the warm pool: %t, want %t", id, pooled, wantPool)
-				}
-				return create + first, nil
-			})
-			e.Progress.Finish()
-			all.merge(d)
+			}
 			if err := b.killAll(context.WithoutCancel(ctx), ids, p.Concurrency); err != nil {
 				return nil, err
 			}
