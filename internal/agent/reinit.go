@@ -96,6 +96,10 @@ func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
 	}
 	a.log.Info("re-initialised after restore", "applied", res.Applied, "skipped", res.Skipped)
 	writeJSON(w, http.StatusOK, res)
+	// A re-initialised sandbox (claimed from a warm pool, restored from a
+	// snapshot) is one a user is about to call: its envd handlers are
+	// built now, while its create finishes, not on the first call.
+	go a.prebuild()
 }
 
 // addEntropy credits seed to the kernel pool with RNDADDENTROPY, or, where

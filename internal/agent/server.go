@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -143,6 +144,9 @@ type Server struct {
 	sampler *sysinfo.Sampler
 	handler http.Handler
 	life    *lifecycle
+	// rpc are the envd Connect services' handlers, built on first use
+	// (routes) or by prebuild.
+	rpc []*lazyHandler
 }
 
 // New builds a Server; it does not listen until Run.
@@ -200,10 +204,14 @@ func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+agentproto.PathLogs, s.handleLogs)
 
 	// Messages are commands, paths and stdin chunks: 16 MiB is plenty, and
-	// a client cannot make the agent buffer more.
+	// a client cannot make the agent buffer more. Most are events of a few
+	// dozen bytes (start, end, keepalive, a line of output), which gzip
+	// only makes longer at a cost on both sides: a message is compressed
+	// only from compressMinBytes.
 	opts := connect.WithHandlerOptions(
 		connect.WithInterceptors(rpcerr.Interceptor()),
 		connect.WithReadMaxBytes(maxMessageBytes),
+		connect.WithCompressMinBytes(compressMinBytes),
 	)
 	var ps processconnect.ProcessHandler = processconnect.UnimplementedProcessHandler{}
 	if s.cfg.Starter != nil {
@@ -214,23 +222,51 @@ func (s *Server) routes(mux *http.ServeMux) {
 	// Built on first use: the two services' handlers and the protobuf
 	// descriptors they load are ~0.2 MiB of heap, which an idle sandbox
 	// that is only ever asked /health would carry for its whole life
-	// (its agent, never collecting, keeps every page it touched).
-	mux.Handle("/"+processconnect.ProcessName+"/", lazyHandler(func() http.Handler {
+	// (its agent, never collecting, keeps every page it touched). A
+	// reinit (a sandbox claimed from a warm pool, or restored from a
+	// snapshot, about to be used) builds them ahead (prebuild).
+	proc := newLazyHandler(func() http.Handler {
 		_, h := processconnect.NewProcessHandler(ps, opts)
 		return h
-	}))
-	mux.Handle("/"+filesystemconnect.FilesystemName+"/", lazyHandler(func() http.Handler {
+	})
+	files := newLazyHandler(func() http.Handler {
 		_, h := filesystemconnect.NewFilesystemHandler(s.fs, opts)
 		return h
-	}))
+	})
+	s.rpc = []*lazyHandler{proc, files}
+	mux.Handle("/"+processconnect.ProcessName+"/", proc)
+	mux.Handle("/"+filesystemconnect.FilesystemName+"/", files)
+}
+
+// compressMinBytes is the smallest Connect message the agent compresses
+// (when the client accepts compression).
+const compressMinBytes = 1024
+
+// prebuild builds the Connect handlers not built yet, so that the first
+// envd call does not pay for it.
+func (s *Server) prebuild() {
+	for _, h := range s.rpc {
+		h.get()
+	}
 }
 
 // lazyHandler serves with the handler build returns, built on the first
-// request.
-func lazyHandler(build func() http.Handler) http.Handler {
-	h := sync.OnceValue(build)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h().ServeHTTP(w, r) })
+// request or get.
+type lazyHandler struct {
+	get   func() http.Handler
+	built atomic.Bool
 }
+
+func newLazyHandler(build func() http.Handler) *lazyHandler {
+	h := &lazyHandler{}
+	h.get = sync.OnceValue(func() http.Handler {
+		defer h.built.Store(true)
+		return build()
+	})
+	return h
+}
+
+func (h *lazyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.get().ServeHTTP(w, r) }
 
 // Handler returns the server's full handler, for tests and for embedding.
 func (s *Server) Handler() http.Handler { return s.handler }

@@ -164,10 +164,17 @@ func TestScenariosTiny(t *testing.T) {
 	}
 	// Snapshots, clones and the E2B round trip run where the node has
 	// them and are skipped with a reason otherwise: never a silent gap.
-	for _, name := range []string{"snapshot", "clone-1", "clone-n", "e2b", "e2b-tti", "e2b-tti-burst", "create-warm", "pause-disk", "resume-disk"} {
+	for _, name := range []string{"snapshot", "clone-1", "clone-n", "e2b", "e2b-tti", "e2b-tti-burst", "e2b-tti-cold", "create-warm", "pause-disk", "resume-disk", "create-pool-sustained"} {
 		r := byName[name]
 		if r == nil || (r.Skipped == "" && r.Error == "" && r.Latency == nil) || r.Error != "" {
 			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	// The E2B creates came from the node's warm pool, except the cold
+	// scenario's (a create served otherwise fails the sample).
+	for name, want := range map[string]string{"e2b": "3 of 3", "e2b-tti": "3 of 3", "e2b-tti-burst": "3 of 3", "e2b-tti-cold": "0 of 3"} {
+		if r := byName[name]; r != nil && r.Latency != nil && !slices.Contains(r.Notes, "creates served from the warm pool: "+want) {
+			t.Errorf("%s: no note that %s creates came from the warm pool: %q", name, want, r.Notes)
 		}
 	}
 	if p := byName["create-c1"].Profiles; len(p) < 2 || !hasFile(p, "cpu-000.pb.gz") || !hasFile(p, "heap-end.pb.gz") {

@@ -134,6 +134,15 @@ func init() {
 		Run:       runCreatePool,
 	})
 	Register(Scenario{
+		Name: "create-pool-sustained", Kind: report.KindCube,
+		Help:      "--n-c50 creates with --concurrency in flight from a warm pool of --concurrency that drains (full at the start, refilled only while no create is in flight; --max-live >= --n-c50 to keep it from refilling between rounds)",
+		Baselines: []string{"runc-run"},
+		Params:    func(o report.Options) report.Params { return report.Params{N: o.N50, Concurrency: o.Concurrency} },
+		Probe:     poolRuntime,
+		Whole:     true,
+		Run:       runCreatePoolSustained,
+	})
+	Register(Scenario{
 		Name: "create-pool-c50", Kind: report.KindCube,
 		Help:      "bursts of --concurrency creates at once, each burst served from a warm pool of --concurrency (refilled, untimed, between bursts)",
 		Baselines: []string{"runc-run"},
@@ -146,24 +155,85 @@ func init() {
 // createPooled times one create of template id and deletes it
 // (untimed); a create the pool did not serve is a failure.
 func (e *Env) createPooled(ctx context.Context, id string, at *report.ActionTimes, mu *sync.Mutex, made *[]string) (time.Duration, error) {
+	sb, dur, pooled, err := e.createFrom(ctx, id, at, mu, made)
+	if err == nil && !pooled {
+		return 0, fmt.Errorf("create of %s was not served from the warm pool", sb)
+	}
+	return dur, err
+}
+
+// createFrom times one create of template id, served from its pool or
+// not (pooled says which), and adds the sandbox (sb) to made.
+func (e *Env) createFrom(ctx context.Context, id string, at *report.ActionTimes, mu *sync.Mutex, made *[]string) (sb string, dur time.Duration, pooled bool, err error) {
 	start := time.Now()
 	resp, err := e.Client.CreateSandbox(ctx, &pb.CreateSandboxRequest{
 		TemplateId: id, Runtime: e.Opts.Runtime, Labels: map[string]string{LabelKey: e.RunID},
 	})
-	dur := time.Since(start)
+	dur = time.Since(start)
 	if err != nil {
-		return 0, fmt.Errorf("create: %w", err)
+		return "", 0, false, fmt.Errorf("create: %w", err)
 	}
 	mu.Lock()
 	*made = append(*made, resp.Sandbox.Id)
-	mu.Unlock()
-	if !resp.Pooled {
-		return 0, fmt.Errorf("create of %s was not served from the warm pool", resp.Sandbox.Id)
-	}
-	mu.Lock()
 	addTimings(at, resp.Timings)
 	mu.Unlock()
-	return dur, nil
+	return resp.Sandbox.Id, dur, resp.Pooled, nil
+}
+
+// runCreatePoolSustained is create-c50 against a warm pool that drains:
+// the pool of --concurrency is full when the first create starts, and
+// the refiller makes an entry only while no create is in flight, so once
+// the pool is empty creates are cold. It creates in rounds of --max-live,
+// as runc-run does; the pool refills between rounds (untimed, while the
+// round's sandboxes are destroyed), so with --max-live >= --n-c50 (both
+// sides keep every sandbox up) it drains once.
+func runCreatePoolSustained(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+	id, err := e.importPoolTemplate(ctx, &e.poolBurstT, BurstPoolTemplate(e.Opts.Template), e.Opts.Concurrency)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.waitPool(ctx, id, e.Opts.Concurrency); err != nil {
+		return nil, err
+	}
+	var (
+		at             report.ActionTimes
+		mu             sync.Mutex
+		all            driveResult
+		pooled, served int
+	)
+	rs := rounds(p.N, e.Opts.MaxLive)
+	for ri, n := range rs {
+		var made []string
+		e.Progress.Start("create-pool-sustained", n)
+		d := drive(ctx, e.Progress, n, p.Concurrency, func(ctx context.Context, _ int) (time.Duration, error) {
+			_, dur, fromPool, err := e.createFrom(ctx, id, &at, &mu, &made)
+			if fromPool {
+				mu.Lock()
+				pooled++
+				mu.Unlock()
+			}
+			return dur, err
+		})
+		e.Progress.Finish()
+		if ri == 0 {
+			e.peak(ctx)
+		}
+		all.merge(d)
+		served += len(made)
+		if err := e.deleteAll(ctx, "cleanup", made, p.Concurrency); err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	r, err := all.result("create-pool-sustained", report.KindCube, p)
+	if r != nil {
+		r.Acts = &at
+		r.Notes = append(r.Notes, fmt.Sprintf("served from the warm pool: %d of %d (pool of %d, full at the start, refilled only while no create is in flight); %d round(s) of at most %d live sandboxes (--max-live), the pool refilled between them",
+			pooled, served, e.Opts.Concurrency, len(rs), e.Opts.MaxLive))
+	}
+	return r, err
 }
 
 func runCreatePoolBurst(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {

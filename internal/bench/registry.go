@@ -46,7 +46,11 @@ type Scenario struct {
 	// Explicit scenarios run only when named, never with "all": they
 	// build a whole system of their own (the cluster scenarios).
 	Explicit bool
-	Run      func(ctx context.Context, e *Env, p report.Params) (*report.Result, error)
+	// Whole scenarios run their N in one go, after their baselines,
+	// instead of in chunks alternating with them: what they measure
+	// carries over from sample to sample (a warm pool that drains).
+	Whole bool
+	Run   func(ctx context.Context, e *Env, p report.Params) (*report.Result, error)
 }
 
 // ErrSkip marks a scenario that cannot run here; the message says why.

@@ -93,7 +93,7 @@ func runCube(ctx context.Context, e *Env, s *Scenario, p report.Params, rt strin
 	// shared machine's load swings hit both sides alike and the
 	// ratios hold even when absolute times drift.
 	chunks := []int{p.N}
-	if len(fresh) > 0 {
+	if len(fresh) > 0 && !s.Whole {
 		chunks = split(p.N, e.Opts.Chunks)
 	}
 	prof := e.startProfile(ctx, s.Name, rep)

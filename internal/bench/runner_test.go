@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -70,5 +71,45 @@ func TestBaselineCap(t *testing.T) {
 	}
 	if len(rep.Results) != 2 || len(rep.Results[1].Compare) != 1 {
 		t.Fatalf("results %+v", rep.Results)
+	}
+}
+
+// A Whole scenario runs its N in one call, after all of its baseline's
+// samples; the same scenario without Whole alternates chunks with it.
+func TestWholeScenarioOneChunk(t *testing.T) {
+	for _, whole := range []bool{true, false} {
+		var order []string
+		sample := func(name string) func(context.Context, *Env, report.Params) (*report.Result, error) {
+			return func(_ context.Context, _ *Env, p report.Params) (*report.Result, error) {
+				order = append(order, fmt.Sprintf("%s:%d", name, p.N))
+				r := &report.Result{}
+				for range p.N {
+					r.Samples = append(r.Samples, time.Millisecond)
+				}
+				return r, nil
+			}
+		}
+		base := &Scenario{Name: "test-whole-base", Kind: report.KindBaseline, Params: func(report.Options) report.Params { return report.Params{N: 40} }, Run: sample("base")}
+		cube := &Scenario{Name: "test-whole-cube", Kind: report.KindCube, Baselines: []string{base.Name}, Whole: whole,
+			Params: func(report.Options) report.Params { return report.Params{N: 40} }, Run: sample("cube")}
+		regMu.Lock()
+		registry[base.Name] = base
+		regMu.Unlock()
+		e := &Env{Opts: report.Options{Chunks: 4}}
+		rep := &report.Report{}
+		runCube(context.Background(), e, cube, report.Params{N: 40}, "runc", map[string]*report.Result{}, rep)
+		regMu.Lock()
+		delete(registry, base.Name)
+		regMu.Unlock()
+		want := "base:10,cube:10,base:10,cube:10,base:10,cube:10,base:10,cube:10"
+		if whole {
+			want = "base:40,cube:40"
+		}
+		if got := strings.Join(order, ","); got != want {
+			t.Errorf("whole=%t: ran %s, want %s", whole, got, want)
+		}
+		if len(rep.Results) != 2 || len(rep.Results[1].Samples) != 40 || len(rep.Results[1].Compare) != 1 {
+			t.Errorf("whole=%t: results %+v", whole, rep.Results)
+		}
 	}
 }

@@ -114,3 +114,58 @@ func TestSmallDefaults(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestPoolTargets(t *testing.T) {
+	ms := func(f float64) time.Duration { return time.Duration(f * 1e6) }
+	res := func(name string, c int, p50, p99 float64, n int, wall time.Duration) *Result {
+		return &Result{Scenario: name, Kind: KindCube, Params: Params{n, c}, Wall: wall,
+			Latency: &Summary{N: n, Avg: ms(p50), P50: ms(p50), P99: ms(p99), Max: ms(p99)}}
+	}
+	rep := &Report{Results: []*Result{
+		res("runc-run", 1, 40, 60, 100, 4*time.Second),
+		res("create-pool", 1, 3, 9, 100, time.Second),
+		res("runc-run", 50, 800, 1800, 1000, 20*time.Second),              // 50 creates/s
+		res("create-pool-c50", 50, 40, 70, 1000, time.Second),             // 70/3: a miss
+		res("create-pool-sustained", 50, 700, 1900, 1000, 19*time.Second), // 52.6/s; P99 over
+		res("e2b-tti", 1, 18, 40, 100, 2*time.Second),
+	}}
+	want := map[string]string{
+		"create-to-ready from a warm pool at cubelet":                                         "yes",
+		"create-to-ready from a warm pool vs bare runc run -d + first /health":                "yes", // 3/40
+		"burst from a warm pool: P99 vs the pool's c=1 median":                                "NO",
+		"sustained creates, pool drains: throughput vs bare runc run at the same concurrency": "yes",
+		"sustained creates, pool drains: P99 vs bare runc run at the same concurrency":        "NO",
+		"E2B create + first command from a warm pool (e2b-tti)":                               "yes",
+	}
+	for _, tg := range Evaluate(rep) {
+		w, ok := want[tg.Name]
+		if !ok {
+			continue
+		}
+		got := "-"
+		if tg.Met != nil {
+			got = map[bool]string{true: "yes", false: "NO"}[*tg.Met]
+		}
+		if got != w {
+			t.Errorf("target %q: met %s (%s), want %s", tg.Name, got, tg.Got, w)
+		}
+		t.Logf("%s: %s", tg.Name, tg.Got)
+		delete(want, tg.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("targets missing: %v", want)
+	}
+	// The sustained run is compared with runc-run at its own concurrency,
+	// not the c=1 one listed first.
+	for _, tg := range Evaluate(rep) {
+		if strings.HasPrefix(tg.Name, "sustained creates, pool drains: P99") && !strings.Contains(tg.Got, "1800.0 ms") {
+			t.Errorf("sustained P99 compared with the wrong runc-run: %s", tg.Got)
+		}
+	}
+	// Nothing measured: every pool target says so rather than passing.
+	for _, tg := range Evaluate(&Report{}) {
+		if _, ok := want[tg.Name]; ok && tg.Met != nil {
+			t.Errorf("target %q met with nothing measured", tg.Name)
+		}
+	}
+}

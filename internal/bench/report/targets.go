@@ -57,6 +57,8 @@ func Evaluate(rep *Report) []Target {
 	}
 	out = append(out, t)
 
+	out = append(out, poolTargets(rep)...)
+
 	delta := func(name, ours, base string) {
 		t := Target{Name: name, Want: "<= +1 ms (avg)", Got: "not measured"}
 		if o, b := find(ours), find(base); o != nil && b != nil {
@@ -117,4 +119,78 @@ func Evaluate(rep *Report) []Target {
 		ratio("VM create from a warm pool (paused clones of the warm template) vs bare qemu -incoming of the template", "<= 0.20x (p50)", 0.2, "create-pool", "qemu-incoming", p50, false)
 	}
 	return out
+}
+
+// poolTargets are the warm pool's: create-to-ready from the pool against
+// an absolute bound and bare runc, a burst from the pool against the
+// pool's c=1 median, a sustained c=50 run whose pool drains against bare
+// runc at the same concurrency, and the E2B time to interactive.
+func poolTargets(rep *Report) []Target {
+	// find picks a result by scenario and concurrency (0: any): runc-run
+	// runs at c=1 and at c=50 in one report.
+	find := func(name string, c int) *Result {
+		for _, r := range rep.Results {
+			if r.Scenario == name && r.Skipped == "" && r.Error == "" && r.Latency != nil && r.Latency.N > 0 &&
+				(c == 0 || r.Params.Concurrency == c) {
+				return r
+			}
+		}
+		return nil
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+	met := func(b bool) *bool { return &b }
+	var out []Target
+
+	pool, runc1 := find("create-pool", 1), find("runc-run", 1)
+	t := Target{Name: "create-to-ready from a warm pool at cubelet", Want: "<= 10 ms (p50)", Got: "not measured"}
+	if pool != nil {
+		t.Got = ms(pool.Latency.P50)
+		t.Met = met(pool.Latency.P50 <= 10*time.Millisecond)
+	}
+	out = append(out, t)
+	t = Target{Name: "create-to-ready from a warm pool vs bare runc run -d + first /health", Want: "<= 0.25x (p50)", Got: "not measured"}
+	if pool != nil && runc1 != nil && runc1.Latency.P50 > 0 {
+		r := float64(pool.Latency.P50) / float64(runc1.Latency.P50)
+		t.Got = fmt.Sprintf("%.2fx (%s vs %s)", r, ms(pool.Latency.P50), ms(runc1.Latency.P50))
+		t.Met = met(r <= 0.25)
+	}
+	out = append(out, t)
+
+	t = Target{Name: "burst from a warm pool: P99 vs the pool's c=1 median", Want: "<= 3.00x", Got: "not measured"}
+	if burst := find("create-pool-c50", 0); burst != nil && pool != nil && pool.Latency.P50 > 0 {
+		r := float64(burst.Latency.P99) / float64(pool.Latency.P50)
+		t.Got = fmt.Sprintf("%.2fx (P99 %s for bursts of %d vs P50 %s)", r, ms(burst.Latency.P99), burst.Params.Concurrency, ms(pool.Latency.P50))
+		t.Met = met(r <= 3)
+	}
+	out = append(out, t)
+
+	sus := find("create-pool-sustained", 0)
+	var runcC *Result
+	if sus != nil {
+		runcC = find("runc-run", sus.Params.Concurrency)
+	}
+	ops := func(r *Result) float64 {
+		if r.Wall <= 0 {
+			return 0
+		}
+		return float64(r.Latency.N) / r.Wall.Seconds()
+	}
+	tp := Target{Name: "sustained creates, pool drains: throughput vs bare runc run at the same concurrency", Want: ">= 1.00x", Got: "not measured"}
+	p99 := Target{Name: "sustained creates, pool drains: P99 vs bare runc run at the same concurrency", Want: "<= 1.00x", Got: "not measured"}
+	if sus != nil && runcC != nil && ops(runcC) > 0 && runcC.Latency.P99 > 0 {
+		r := ops(sus) / ops(runcC)
+		tp.Got = fmt.Sprintf("%.2fx (%.1f vs %.1f creates/s, %d at c=%d)", r, ops(sus), ops(runcC), sus.Latency.N, sus.Params.Concurrency)
+		tp.Met = met(r >= 1)
+		r = float64(sus.Latency.P99) / float64(runcC.Latency.P99)
+		p99.Got = fmt.Sprintf("%.2fx (%s vs %s)", r, ms(sus.Latency.P99), ms(runcC.Latency.P99))
+		p99.Met = met(r <= 1)
+	}
+	out = append(out, tp, p99)
+
+	t = Target{Name: "E2B create + first command from a warm pool (e2b-tti)", Want: "<= 30 ms (p50)", Got: "not measured"}
+	if tti := find("e2b-tti", 1); tti != nil {
+		t.Got = ms(tti.Latency.P50)
+		t.Met = met(tti.Latency.P50 <= 30*time.Millisecond)
+	}
+	return append(out, t)
 }
