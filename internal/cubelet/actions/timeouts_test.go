@@ -88,8 +88,8 @@ func TestAgentWaitCeiling(t *testing.T) {
 	defer func(f func() int) { hostRunnable = f }(hostRunnable)
 	hostRunnable = func() int { return 200 * goruntime.NumCPU() } // 300ms × 200 = 60s
 	rec := &sandbox.Record{ID: "x", Runtime: "runc"}
-	node := func(max string) *Node {
-		cfg, err := config.Parse([]byte("[sandbox]\nagent_ready_timeout = \"300ms\"\nagent_ready_max = \"" + max + "\"\n"))
+	node := func(ceiling string) *Node {
+		cfg, err := config.Parse([]byte("[sandbox]\nagent_ready_timeout = \"300ms\"\nagent_ready_max = \"" + ceiling + "\"\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
