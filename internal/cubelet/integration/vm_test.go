@@ -250,7 +250,7 @@ func TestVMSandboxes(t *testing.T) {
 // for an hour or more. Control: the same node without rdinit boots within
 // the same ceiling.
 func TestVMHungGuest(t *testing.T) {
-	const ceiling = 45 * time.Second
+	const ceiling = 60 * time.Second
 	sandboxTOML := fmt.Sprintf("agent_ready_max = %q\n", ceiling)
 	create := func(t *testing.T, vmTOML string) (time.Duration, error) {
 		env, svc := vmEnvWith(t, vmTOML, sandboxTOML)
@@ -283,9 +283,9 @@ func TestVMHungGuest(t *testing.T) {
 				t.Errorf("error does not say %q", want)
 			}
 		}
-		// The wait, then a rollback that stops QEMU (at most its kill
-		// timeout) and releases disk, slot and state.
-		if took < ceiling || took > ceiling+30*time.Second {
+		// The wait, then the rollback: QEMU stopped (QMP quit, else
+		// SIGKILL), disk, slot and state released; slower on a loaded host.
+		if took < ceiling || took > ceiling+60*time.Second {
 			t.Errorf("failed after %v, want about %v", took, ceiling)
 		}
 	})
