@@ -39,12 +39,22 @@ var baseCmdline = []string{
 	"cryptomgr.notests", "random.trust_cpu=on", "nomodeset",
 }
 
+// TCGTSCParam gives a TCG guest its TSC frequency instead of having the
+// kernel measure it against the PIT. Every TCG guest runs under QEMU's
+// -icount, where the TSC counts virtual nanoseconds: 1 GHz exactly. The
+// measurement fails now and then on a loaded host (the vCPU thread is
+// descheduled mid-measurement); the kernel then marks the TSC unstable
+// and calibrates its delay loop by waiting for a jiffy, but on microvm
+// no timer interrupt is routed yet at that point: it spins for good,
+// before it prints anything at loglevel 4, while QEMU runs on.
+const TCGTSCParam = "tsc_early_khz=1000000"
+
 // Cmdline renders the kernel command line, including the cube.* values
 // cube-agent's VM mode reads from /proc/cmdline.
 func Cmdline(o CmdlineOptions) string {
 	args := append([]string(nil), baseCmdline...)
 	if o.TCG {
-		args = append(args, "tsc=reliable", "no_timer_check")
+		args = append(args, "tsc=reliable", "no_timer_check", TCGTSCParam)
 	}
 	if o.Hostname != "" {
 		args = append(args, "cube.hostname="+o.Hostname)

@@ -136,7 +136,7 @@ func TestCmdline(t *testing.T) {
 	got := Cmdline(CmdlineOptions{TCG: true, Hostname: "sb-1", Net: &NetConfig{
 		Addr: netip.MustParsePrefix("169.254.0.21/30"), Gateway: netip.MustParseAddr("169.254.0.22")},
 		Extra: []string{"foo=bar"}})
-	for _, want := range []string{"console=ttyS0", "root=/dev/vda rw rootfstype=ext4", "panic=-1", "tsc=reliable no_timer_check",
+	for _, want := range []string{"console=ttyS0", "root=/dev/vda rw rootfstype=ext4", "panic=-1", "tsc=reliable no_timer_check " + TCGTSCParam,
 		"cube.hostname=sb-1", "cube.ip=169.254.0.21/30", "cube.gw=169.254.0.22", "foo=bar"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("cmdline %q lacks %q", got, want)

@@ -78,7 +78,7 @@ func (a *runtimesAction) vm(ctx context.Context) runtime.Driver {
 		slog.InfoContext(ctx, "vm runtime skipped: no guest kernel (build it with `go run ./hack/vm-guest`)", "guest_dir", c.GuestDir, "error", err)
 		return nil
 	}
-	d, err := vm.New(vm.Config{QEMU: c.QEMU, GuestDir: c.GuestDir, Accel: c.Accel, Root: c.Root, Vhost: c.Vhost})
+	d, err := vm.New(vm.Config{QEMU: c.QEMU, GuestDir: c.GuestDir, Accel: c.Accel, Root: c.Root, Vhost: c.Vhost, ExtraCmdline: c.ExtraCmdline})
 	if err != nil {
 		slog.WarnContext(ctx, "vm runtime skipped", "error", err)
 		return nil

@@ -38,9 +38,17 @@ var _ accelerated = (*vmRuntime)(nil)
 // with each other and whatever else runs, and eight TCG VMs on two CPUs
 // each boot about four times slower than one alone. A wait that began
 // alone stretches when more work begins after it.
+//
+// However far the load stretches it, the wait ends after
+// sandbox.agent_ready_max of wall time: a guest that will never answer
+// (hung in its kernel or init while QEMU lives on) must fail the create
+// in bounded time, and on a loaded host the CPU-share budget alone
+// stretches past an hour (12 min of share for a TCG VM at 120 s, times
+// the load).
 func (n *Node) agentWait(ctx context.Context, rec *sandbox.Record) (context.Context, context.CancelFunc) {
 	done := n.agentWaits.start()
 	budget := scaledTimeout(n.Cfg.Sandbox.AgentReadyTimeout.Duration, n.accelOf(rec), 1, 1)
+	ceiling := n.Cfg.Sandbox.AgentReadyMax.Duration
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := make(chan struct{})
 	go func() {
@@ -60,6 +68,11 @@ func (n *Node) agentWait(ctx context.Context, rec *sandbox.Record) (context.Cont
 				if had >= budget {
 					cancel(fmt.Errorf("%w: %s of CPU share spent (%s of wall time, sandbox.agent_ready_timeout %s scaled by accelerator and load): %w",
 						errAgentWait, budget, now.Sub(begin).Round(time.Millisecond), n.Cfg.Sandbox.AgentReadyTimeout.Duration, context.DeadlineExceeded))
+					return
+				}
+				if ceiling > 0 && now.Sub(begin) >= ceiling {
+					cancel(fmt.Errorf("%w: sandbox.agent_ready_max %s of wall time spent (%s of %s CPU share had): %w",
+						errAgentWait, ceiling, had.Round(time.Millisecond), budget, context.DeadlineExceeded))
 					return
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	goruntime "runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +77,49 @@ func TestAgentWaitStretches(t *testing.T) {
 	t.Logf("with %d runnable threads on the host: %s", 3*goruntime.NumCPU(), busy)
 	if busy < 800*time.Millisecond || busy > 3*time.Second {
 		t.Errorf("busy host: %s, want about 900ms", busy)
+	}
+}
+
+// TestAgentWaitCeiling: on a host so loaded that the CPU-share budget
+// would last a minute, the wait still ends at sandbox.agent_ready_max of
+// wall time, and says so. Control: the same load without that ceiling
+// (an hour) is still waiting well after it.
+func TestAgentWaitCeiling(t *testing.T) {
+	defer func(f func() int) { hostRunnable = f }(hostRunnable)
+	hostRunnable = func() int { return 200 * goruntime.NumCPU() } // 300ms × 200 = 60s
+	rec := &sandbox.Record{ID: "x", Runtime: "runc"}
+	node := func(ceiling string) *Node {
+		cfg, err := config.Parse([]byte("[sandbox]\nagent_ready_timeout = \"300ms\"\nagent_ready_max = \"" + ceiling + "\"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &Node{Cfg: cfg}
+	}
+
+	start := time.Now()
+	ctx, cancel := node("700ms").agentWait(context.Background(), rec)
+	defer cancel()
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent wait still running 10s after a 700ms ceiling")
+	}
+	took, cause := time.Since(start), context.Cause(ctx)
+	t.Logf("with 200 runnable threads per CPU, ceiling 700ms: ended after %s: %v", took, cause)
+	if took < 650*time.Millisecond || took > 3*time.Second {
+		t.Errorf("ended after %s, want about 700ms", took)
+	}
+	if !errors.Is(cause, errAgentWait) || !errors.Is(cause, context.DeadlineExceeded) || !strings.Contains(cause.Error(), "agent_ready_max 700ms") {
+		t.Errorf("cause %v: want the agent wait's, naming agent_ready_max", cause)
+	}
+
+	ctx, cancel = node("1h").agentWait(context.Background(), rec)
+	defer cancel()
+	select {
+	case <-ctx.Done():
+		t.Fatalf("control: without the ceiling the wait ended anyway: %v", context.Cause(ctx))
+	case <-time.After(2 * time.Second):
+		t.Logf("control: ceiling 1h, same load: still waiting after 2s")
 	}
 }
 

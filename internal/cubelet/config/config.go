@@ -96,6 +96,9 @@ type Config struct {
 		MaxPids           int64    `toml:"max_pids"`
 		MaxDiskMiB        int64    `toml:"max_disk_mib"`
 		AgentReadyTimeout Duration `toml:"agent_ready_timeout"`
+		// AgentReadyMax caps the agent wait in wall time, however far
+		// the load stretched agent_ready_timeout.
+		AgentReadyMax Duration `toml:"agent_ready_max"`
 	} `toml:"sandbox"`
 	GC struct {
 		Interval   Duration `toml:"interval"`
@@ -183,6 +186,9 @@ func (c *Config) Validate() error {
 	}
 	if s.AgentReadyTimeout.Duration <= 0 {
 		return bad("sandbox.agent_ready_timeout must be positive")
+	}
+	if s.AgentReadyMax.Duration <= 0 {
+		return bad("sandbox.agent_ready_max must be positive")
 	}
 	if c.GC.Interval.Duration <= 0 {
 		return bad("gc.interval must be positive")
@@ -312,6 +318,8 @@ type VMConfig struct {
 	// Vhost asks for vhost-net on the TAP, honoured where /dev/vhost-net
 	// exists (QEMU aborts with vhost=on elsewhere).
 	Vhost bool `toml:"vhost"`
+	// ExtraCmdline is appended to every guest's kernel command line.
+	ExtraCmdline []string `toml:"extra_cmdline"`
 }
 
 // MasterConfig is the [master] section: where cubemaster is, and how this

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,13 @@ import (
 // KVM run, and the slow case the suite must fit.
 func vmEnv(t *testing.T, extra string) (*cubelettest.Env, *cubelet.Service) {
 	t.Helper()
+	return vmEnvWith(t, "", extra)
+}
+
+// vmEnvWith is vmEnv with vmTOML added to its [vm] section and extra
+// to its [sandbox] section.
+func vmEnvWith(t *testing.T, vmTOML, extra string) (*cubelettest.Env, *cubelet.Service) {
+	t.Helper()
 	cubelettest.RequireRoot(t)
 	testenv.RequireBinary(t, "qemu-system-x86_64", "qemu-system-x86")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -37,7 +45,7 @@ func vmEnv(t *testing.T, extra string) (*cubelettest.Env, *cubelet.Service) {
 	if accel == "" {
 		accel = "tcg"
 	}
-	env := cubelettest.New(t, fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n[sandbox]\nagent_ready_timeout = \"120s\"\n%s", dir, accel, extra))
+	env := cubelettest.New(t, fmt.Sprintf("[vm]\nguest_dir = %q\naccel = %q\n%s\n[sandbox]\nagent_ready_timeout = \"120s\"\n%s", dir, accel, vmTOML, extra))
 	env.StartNetworkAgent(t, nettest.Options{PoolSize: 1})
 	svc := env.Start(t)
 	env.ImportBusybox(t, svc, "busybox")
@@ -229,6 +237,64 @@ func TestVMSandboxes(t *testing.T) {
 			}
 		}
 		holds(t, svc, a.ID, "vm-memory")
+	})
+}
+
+// TestVMHungGuest: a VM whose guest never starts its agent fails its
+// create within sandbox.agent_ready_max of wall time, with the guest's
+// console tail in the error, and leaves no QEMU, socket, TAP, disk or
+// state behind. The guest's initramfs runs a shell instead of /init
+// (rdinit=/bin/sh): the kernel is up and QEMU lives on, but nothing ever
+// answers the agent channel, and on a loaded host the CPU-share budget
+// (120 s × 6 for TCG, times the load) alone would keep the create waiting
+// for an hour or more. Control: the same node without rdinit boots within
+// the same ceiling.
+func TestVMHungGuest(t *testing.T) {
+	const ceiling = 60 * time.Second
+	sandboxTOML := fmt.Sprintf("agent_ready_max = %q\n", ceiling)
+	create := func(t *testing.T, vmTOML string) (time.Duration, error) {
+		env, svc := vmEnvWith(t, vmTOML, sandboxTOML)
+		defer func() {
+			for _, sb := range mustList(t, svc) {
+				if _, err := svc.Delete(context.Background(), sb.ID); err != nil {
+					t.Error(err)
+				}
+			}
+			env.AssertNoLeaks(t)
+		}()
+		start := time.Now()
+		_, err := svc.Create(context.Background(), cubelet.CreateRequest{SandboxID: "vm-hang", Runtime: "vm", TemplateID: "busybox"})
+		took := time.Since(start)
+		if err != nil {
+			if sbs := mustList(t, svc); len(sbs) != 0 {
+				t.Errorf("failed create left %d sandboxes", len(sbs))
+			}
+		}
+		return took, err
+	}
+	t.Run("hung", func(t *testing.T) {
+		took, err := create(t, `extra_cmdline = ["rdinit=/bin/sh"]`)
+		t.Logf("guest without agent: create failed after %v: %v", took.Round(time.Millisecond), err)
+		if err == nil {
+			t.Fatal("create of a VM whose guest runs no agent succeeded")
+		}
+		for _, want := range []string{"agent_ready_max " + ceiling.String(), "guest console ends with"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error does not say %q", want)
+			}
+		}
+		// The wait, then the rollback: QEMU stopped (QMP quit, else
+		// SIGKILL), disk, slot and state released; slower on a loaded host.
+		if took < ceiling || took > ceiling+60*time.Second {
+			t.Errorf("failed after %v, want about %v", took, ceiling)
+		}
+	})
+	t.Run("control", func(t *testing.T) {
+		took, err := create(t, "")
+		if err != nil {
+			t.Fatalf("control: the guest with its agent did not come up within %v: %v", ceiling, err)
+		}
+		t.Logf("control: same node without rdinit: agent ready after %v", took.Round(time.Millisecond))
 	})
 }
 

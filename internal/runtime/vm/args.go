@@ -198,8 +198,12 @@ func qemuArgs(s Shape, p paths, incoming bool) []string {
 		// it fails ("Unable to calibrate against PIT"), and this kernel,
 		// with no HPET or PM timer on microvm, then hangs with no clock.
 		// With icount the guest's clocks advance with the instructions it
-		// executes, so calibration succeeds whatever the host load is;
-		// shift=auto keeps guest time close to real time.
+		// executes, and its TSC counts virtual nanoseconds (1 GHz), which
+		// the guest is told (vmguest.TCGTSCParam) instead of measuring
+		// it: even under icount the measurement against the PIT fails
+		// now and then on a loaded host, and the kernel then spins for
+		// good waiting for a timer tick. shift=auto keeps guest time
+		// close to real time.
 		a = append(a, "-icount", "shift=auto")
 	}
 	a = append(a, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-S")
