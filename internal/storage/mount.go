@@ -245,8 +245,12 @@ func IsMounted(target string) (bool, error) {
 }
 
 // detachWait bounds waitDetached on an idle host; it is stretched by the
-// load (hostload.Scale).
-const detachWait = 2 * time.Second
+// load (hostload.Scale) up to detachWaitMax, which also bounds what a
+// device that legitimately stays bound (a lazy unmount) costs a destroy.
+const (
+	detachWait    = 2 * time.Second
+	detachWaitMax = 10 * time.Second
+)
 
 // waitDetached waits until no loop device is backed by image, and says
 // whether that happened. The kernel frees an autoclear device when the
@@ -259,10 +263,13 @@ const detachWait = 2 * time.Second
 // legitimately lives on until the last holder closes it, and autoclear
 // frees it then.
 func waitDetached(ctx context.Context, image, dev string) bool {
-	deadline := time.Now().Add(hostload.Scale(detachWait))
+	deadline := time.Now().Add(min(hostload.Scale(detachWait), detachWaitMax))
 	for {
 		devs, err := devicesBackedBy(image, dev)
-		if err != nil || len(devs) == 0 {
+		if err != nil {
+			return false // cannot tell: the caller logs what it can
+		}
+		if len(devs) == 0 {
 			return true
 		}
 		if time.Now().After(deadline) {

@@ -660,7 +660,10 @@ func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
 			continue // deleted since the directory was read
 		}
 		if err != nil {
-			return nil, err
+			// One unreadable state must not hide every other sandbox;
+			// left out, it is neither adopted nor swept as an orphan.
+			d.log.WarnContext(ctx, "list: sandbox state unreadable; left out", "id", id, "error", err)
+			continue
 		}
 		out = append(out, toState(c))
 	}

@@ -143,8 +143,11 @@ func flockWait(ctx context.Context, f *os.File, how int) error {
 // slot while it was being deleted creates the lock file again (it opens
 // it with O_CREAT before it finds the state gone), and nothing would ever
 // remove it. It is removed under its exclusive lock, as runsc's delete
-// does, so a runsc creating the slot (which holds the lock until it has
-// written the state) is never cut off.
+// does, so a runsc creating the slot, which holds the lock until it has
+// written the state, is not cut off once it holds it. (runsc creates the
+// file a moment before it locks it; callers run where no launch into
+// the slot can be under way: Stop, a reap, which the driver orders
+// before any launch into that slot.)
 func (d *Driver) dropStaleLock(ctx context.Context, rid string) error {
 	path := d.lockPath(rid)
 	f, err := os.Open(path)
