@@ -458,7 +458,7 @@ const (
 	// earlier move can carry the token of a later one.
 	moveLeasePrefix = "move"
 	moveLeaseKeep   = 10 * time.Minute
-	movePoll     = 100 * time.Millisecond
+	movePoll        = 100 * time.Millisecond
 	// routeMoveWait bounds how long a route resolve waits for a move
 	// (within cubeproxy's own bound on a resolve): then the route answers
 	// 503 with Retry-After. verbMoveWait bounds a verb's wait (then 503).
