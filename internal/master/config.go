@@ -158,7 +158,7 @@ type Config struct {
 		// RequestWait bounds how long a running sandbox's move waits,
 		// its traffic held, for the requests already in flight to it
 		// through the proxies to finish before it freezes (quiesce.go);
-		// 0: it freezes at once.
+		// 0: it freezes at once. At most MaxRequestWait.
 		RequestWait Duration `toml:"request_wait"`
 	} `toml:"drain"`
 	// Secrets: the master key that seals teams' secrets in the catalog.
@@ -204,8 +204,8 @@ func (c *Config) Validate() error {
 			return bad("%s must be positive", name)
 		}
 	}
-	if c.Drain.RequestWait.Duration < 0 {
-		return bad("drain.request_wait (%s) must not be negative", c.Drain.RequestWait)
+	if w := c.Drain.RequestWait.Duration; w < 0 || w > MaxRequestWait {
+		return bad("drain.request_wait (%s) must be within 0 and %s", c.Drain.RequestWait, MaxRequestWait)
 	}
 	if c.HA.LeaseTTL.Duration < 200*time.Millisecond {
 		return bad("ha.lease_ttl (%s) must be at least 200ms", c.HA.LeaseTTL)

@@ -45,7 +45,8 @@ type DrainOptions struct {
 	Parallel int
 	// RequestWait bounds how long a running sandbox's move waits for the
 	// requests in flight to it to finish before it freezes (holdTraffic):
-	// 0 is the master's [drain] request_wait, negative no wait.
+	// 0 is the master's [drain] request_wait, negative no wait; past
+	// MaxRequestWait the drain is refused (InvalidArgument).
 	RequestWait time.Duration
 }
 
@@ -82,6 +83,9 @@ type DrainEvent struct {
 func (s *Service) Drain(ctx context.Context, nodeID string, o DrainOptions, progress func(DrainEvent)) error {
 	if o.Parallel <= 0 {
 		o.Parallel = 4
+	}
+	if o.RequestWait > MaxRequestWait {
+		return errdefs.FieldErrorf("request_wait_ms", "%s is past the most, %s", o.RequestWait, MaxRequestWait)
 	}
 	if !s.nodeKnown(nodeID) {
 		return fmt.Errorf("node %q: %w", nodeID, errdefs.ErrNotFound)

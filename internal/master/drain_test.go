@@ -34,6 +34,14 @@ func TestDrain(t *testing.T) {
 	svc := m.Server.Service
 	ctx := context.Background()
 
+	// A request wait past the bound (the other replicas keep their
+	// answers to a quiesce no longer) is refused before anything changes.
+	err := svc.Drain(ctx, n1.ID, master.DrainOptions{RequestWait: master.MaxRequestWait + time.Second}, func(master.DrainEvent) {})
+	t.Logf("drain with request wait %s: %v", master.MaxRequestWait+time.Second, err)
+	if !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("drain with a request wait past %s: %v, want InvalidArgument", master.MaxRequestWait, err)
+	}
+
 	// Both sandboxes on n1: n2 cordoned for the creates.
 	if _, err := svc.SetSchedulable(ctx, n2.ID, false); err != nil {
 		t.Fatal(err)
@@ -75,7 +83,7 @@ func TestDrain(t *testing.T) {
 	}
 
 	// Control: n2 cordoned, nothing can take them: refused, unchanged.
-	err := svc.Drain(ctx, n1.ID, master.DrainOptions{}, nil)
+	err = svc.Drain(ctx, n1.ID, master.DrainOptions{}, nil)
 	t.Logf("drain with no other node schedulable: %v", err)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), n2.ID+": cordoned") {
 		t.Fatalf("drain with no node to take the sandboxes: %v, want FailedPrecondition naming %s cordoned", err, n2.ID)

@@ -339,6 +339,7 @@ func (a *activity) forget(id string) {
 	delete(a.open, id)
 	delete(a.dirty, id)
 	delete(a.remote, id)
+	delete(a.quiescing, id)
 	a.mu.Unlock()
 }
 

@@ -30,9 +30,13 @@ import (
 //     sandbox within quiesceAnswerFrom before the hold has answered in its
 //     traffic row (the move lease's token, written once every proxy
 //     watching that replica answered; then again on each change of what
-//     they have open) with nothing open. The wait is bounded by [drain] request_wait; past it
-//     the sandbox freezes with what is left open, which the proxies' rules
-//     for a cut request handle (docs/proxy.md).
+//     they have open) with nothing open. The answer names the hold by
+//     the lease's token, which each move raises (a move releases its
+//     lease, keeping the row and its token; moveLeaseKeep), so an answer
+//     to an earlier move never counts for a later one. The wait is
+//     bounded by [drain] request_wait (at most MaxRequestWait); past it
+//     the sandbox freezes with what is left open, which the proxies'
+//     rules for a cut request handle (docs/proxy.md).
 //  3. Freeze: the move goes on (pause, snapshot, ...).
 //
 // A sandbox with nothing in flight costs one round trip to each watching
@@ -186,10 +190,15 @@ type quiesceAnswer struct {
 	began    time.Time
 }
 
+// MaxRequestWait bounds [drain] request_wait and a drain's own request
+// wait: a quiesce on a shared catalog reads the other replicas' answers,
+// which they keep for quiesceAnswerKeep from the quiesce's start.
+const MaxRequestWait = time.Minute
+
 // quiesceAnswerKeep bounds how long a quiesce by another replica holds
 // this replica's traffic row for its proxies' answers (and then carries
-// its token): past any request_wait the mover would use.
-const quiesceAnswerKeep = time.Minute
+// its token): as long as any request_wait the mover may use.
+const quiesceAnswerKeep = MaxRequestWait
 
 // answerQuiesce passes another replica's quiesce of sandbox id (its move
 // lease's token) on to the proxies watching this one; the traffic row
@@ -207,8 +216,11 @@ func (s *Service) answerQuiesce(id string, token int64) {
 
 // quiesceToken (a.mu held) is the token id's traffic row carries now, and
 // whether the row may be written: not while a quiesce by another replica
-// waits for this replica's proxies to answer.
-func (a *activity) quiesceToken(id string, now time.Time) (int64, bool) {
+// waits for this replica's proxies to answer. current holds the proxies
+// watching now: one that stopped (its stream broke, it is gone) cannot
+// answer; it dropped its whole cache, and what it still has open counts
+// through its reports (as in holdTraffic).
+func (a *activity) quiesceToken(id string, current map[string]bool, now time.Time) (int64, bool) {
 	q := a.quiescing[id]
 	if q == nil {
 		return 0, true
@@ -218,6 +230,9 @@ func (a *activity) quiesceToken(id string, now time.Time) (int64, bool) {
 		return 0, true
 	}
 	for p := range q.watchers {
+		if !current[p] {
+			continue
+		}
 		if c, ok := a.open[id][p]; !ok || c.quiesced.Before(q.began) {
 			return 0, false
 		}
@@ -233,4 +248,14 @@ func (s *Service) movingElsewhere(ctx context.Context, id string) int64 {
 		return 0
 	}
 	return l.Token
+}
+
+// pruneQuiescing (a.mu held) forgets the quiesces by other replicas
+// older than quiesceAnswerKeep that no traffic row write took up.
+func (a *activity) pruneQuiescing(now time.Time) {
+	for id, q := range a.quiescing {
+		if now.Sub(q.began) > quiesceAnswerKeep {
+			delete(a.quiescing, id)
+		}
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agentproto"
 	"github.com/cubesandbox/cube/internal/cubeproxy"
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/hostload"
 	"github.com/cubesandbox/cube/internal/master"
 	"github.com/cubesandbox/cube/internal/master/mastertest"
 	"github.com/cubesandbox/cube/internal/objstore/objstoretest"
@@ -159,16 +160,25 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 		err  error
 	}
 	// drain moves home's sandboxes to the other node (then makes home
-	// schedulable again) and reports the move's time.
-	drain := func(home, id string, wait time.Duration) <-chan drained {
+	// schedulable again) and reports the move's time; moved (when not
+	// nil) closes once the drain reports id moved (frozen and started
+	// elsewhere).
+	drain := func(home, id string, wait time.Duration, moved chan<- struct{}) <-chan drained {
 		out := make(chan drained, 1)
 		go func() {
 			var took time.Duration
 			err := svc.Drain(ctx, home, master.DrainOptions{RequestWait: wait}, func(ev master.DrainEvent) {
 				if ev.Phase == master.DrainMoved && ev.SandboxID == id {
 					took = ev.Took
+					if moved != nil {
+						close(moved)
+						moved = nil
+					}
 				}
 			})
+			if moved != nil {
+				close(moved)
+			}
 			_, _ = svc.SetSchedulable(ctx, home, true)
 			out <- drained{took, err}
 		}()
@@ -187,7 +197,7 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 
 	// Idle: the hold costs one round trip to each proxy.
 	id := sandbox(t, n1.ID)
-	d := <-drain(n1.ID, id, 0)
+	d := <-drain(n1.ID, id, 0, nil)
 	if d.err != nil {
 		t.Fatalf("drain (idle): %v", d.err)
 	}
@@ -201,14 +211,20 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("idle sandbox: hold before the freeze %s (two proxies), move %s", held, idleMove.Round(time.Millisecond))
-	if held > 500*time.Millisecond {
-		t.Errorf("the hold of an idle sandbox took %s; want one round trip to the proxies", held)
+	if bound := hostload.Scale(500 * time.Millisecond); held > bound {
+		t.Errorf("the hold of an idle sandbox took %s (bound %s at this load); want one round trip to the proxies", held, bound)
 	}
 	_ = svc.Kill(ctx, id) // later drains move only their own sandbox
 
-	// inFlight starts an upload whose body takes 1 s, starts a drain of
-	// home with the wait given once it is on its way, and returns the
-	// upload's answer and the drain.
+	// inFlight starts an upload, starts a drain of home with the wait
+	// given once the upload is on its way, and returns the upload's
+	// answer and the drain. The body's second part is sent only once the
+	// move has reached the point the case is about, not on a timer (on
+	// a loaded host the drain may take any time to get there): with a
+	// wait, once the hold began (the proxy dropped the route), so the
+	// upload is in flight through the hold; without one, once the drain
+	// reported the sandbox moved, so the upload was in flight when it
+	// froze.
 	type answer struct {
 		code int
 		body string
@@ -217,7 +233,8 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 	}
 	inFlight := func(t *testing.T, id, home string, wait time.Duration, during func()) (answer, drained) {
 		t.Helper()
-		body, sent := slowBody("first\n", "second\n", time.Second, nil)
+		release := make(chan struct{})
+		body, sent := slowBody("first\n", "second\n", 2*time.Minute, release)
 		res := make(chan answer, 1)
 		began := time.Now()
 		go func() {
@@ -228,7 +245,14 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 		}()
 		<-sent
 		time.Sleep(300 * time.Millisecond) // through the proxy to the agent
-		dc := drain(home, id, wait)
+		moved := make(chan struct{})
+		dc := drain(home, id, wait, moved)
+		if wait < 0 {
+			go func() { <-moved; close(release) }()
+		} else {
+			mastertest.WaitFor(t, 30*time.Second, "the proxy drops the route (the hold began)", func() bool { return !px.Routes.Cached(id) })
+			close(release)
+		}
 		if during != nil {
 			during()
 		}
@@ -324,7 +348,7 @@ func TestDrainQuiescesTraffic(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("the command's stream did not start")
 		}
-		d := <-drain(n2.ID, id, bound)
+		d := <-drain(n2.ID, id, bound, nil)
 		if d.err != nil {
 			t.Fatalf("drain: %v", d.err)
 		}
@@ -383,5 +407,16 @@ func TestDrainRequestWaitConfig(t *testing.T) {
 	t.Logf("drain.request_wait -1s: %v", err)
 	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "drain.request_wait") {
 		t.Errorf("a negative drain.request_wait: %v, want InvalidArgument naming it", err)
+	}
+	// Bounded by MaxRequestWait (how long the other replicas keep their
+	// answers to a quiesce): the bound itself is accepted, past it not.
+	atMax := fmt.Sprintf("[drain]\nrequest_wait = %q\n", master.MaxRequestWait)
+	if cfg, err := master.ParseConfig([]byte(atMax)); err != nil || cfg.Drain.RequestWait.Duration != master.MaxRequestWait {
+		t.Errorf("drain.request_wait at the bound %s: %v", master.MaxRequestWait, err)
+	}
+	_, err = master.ParseConfig([]byte(fmt.Sprintf("[drain]\nrequest_wait = %q\n", master.MaxRequestWait+time.Second)))
+	t.Logf("drain.request_wait past the bound: %v", err)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "drain.request_wait") {
+		t.Errorf("drain.request_wait past %s: %v, want InvalidArgument naming it", master.MaxRequestWait, err)
 	}
 }

@@ -139,10 +139,11 @@ func (s *Service) flushActivity(ctx context.Context) {
 		}
 		now := time.Now()
 		a := s.activity
+		watching := s.routes.hub.watchers()
 		a.mu.Lock()
 		var acts []catalog.Activity
 		for id := range a.dirty {
-			token, ok := a.quiesceToken(id, now)
+			token, ok := a.quiesceToken(id, watching, now)
 			if !ok {
 				continue // written once the proxies answered the quiesce
 			}
@@ -157,6 +158,7 @@ func (s *Service) flushActivity(ctx context.Context) {
 				delete(a.dirty, id)
 			}
 		}
+		a.pruneQuiescing(now)
 		a.mu.Unlock()
 		if err := s.cat.PutActivity(ctx, acts); err != nil && ctx.Err() == nil {
 			s.log.Warn("idle: record traffic for the other replicas", "err", err)
@@ -194,8 +196,8 @@ func (s *Service) loadActivity(ctx context.Context) {
 	s.activity.mu.Unlock()
 }
 
-// pruneShared (the lease's holder) forgets old route changes and the
-// traffic rows of sandboxes gone.
+// pruneShared (the lease's holder) forgets old route changes, the
+// traffic rows of sandboxes gone, and the leases of moves ended long ago.
 func (s *Service) pruneShared(ctx context.Context) {
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
@@ -210,6 +212,9 @@ func (s *Service) pruneShared(ctx context.Context) {
 		}
 		if err := s.cat.PruneActivity(ctx, time.Now().Add(-time.Hour)); err != nil && ctx.Err() == nil {
 			s.log.Warn("idle: prune traffic rows", "err", err)
+		}
+		if err := s.cat.PruneLeases(ctx, moveLeasePrefix, moveLeaseKeep); err != nil && ctx.Err() == nil {
+			s.log.Warn("moves: prune the leases of moves ended", "err", err)
 		}
 	}
 }

@@ -115,6 +115,26 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		}
 		return row
 	}
+	// moveToken is the token of the sandbox's move lease now (0: none).
+	// b answers a's quiesce with it in its traffic row, so each move must
+	// raise it: b's answer to an earlier move (kept up to a minute) must
+	// not count for a later one before b's proxies dropped the route.
+	moveToken := func(t *testing.T, id string) int64 {
+		t.Helper()
+		l, _, err := cat.LeaseHeld(ctx, "move/"+id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Token
+	}
+	raised := func(t *testing.T, id string, before int64) {
+		t.Helper()
+		after := moveToken(t, id)
+		t.Logf("the move lease's token: %d before the drain, %d after", before, after)
+		if after <= before {
+			t.Errorf("the move lease's token went from %d to %d: b's answer to the earlier move would count for this one", before, after)
+		}
+	}
 	connect := func(c *mastertest.Client, id string) (*mastertest.Response, error) {
 		req, _ := http.NewRequest("POST", c.Base+"/v2/sandboxes/"+id+"/connect", strings.NewReader(`{"timeout":300}`))
 		req.Header.Set("Content-Type", "application/json")
@@ -291,22 +311,25 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 			t.Fatal("reads failed without a move")
 		}
 
-		// slowPost uploads through b's proxy a file whose body takes 1 s
-		// to arrive; it is on its way (through the proxy to envd) when
-		// the returned channel first is closed.
+		// slowPost uploads through b's proxy a file whose body's second
+		// part is sent once release closes; it is on its way (through the
+		// proxy to envd) when the returned channel first is closed.
 		type answer struct {
 			code int
 			body string
 		}
 		envdToken := where(t, id).EnvdAccessToken
-		slowPost := func(path string) (first <-chan struct{}, res <-chan answer) {
+		slowPost := func(path string, release <-chan struct{}) (first <-chan struct{}, res <-chan answer) {
 			pr, pw := io.Pipe()
 			sent, out := make(chan struct{}), make(chan answer, 1)
 			go func() {
 				_, _ = pw.Write([]byte("first\n"))
 				time.Sleep(300 * time.Millisecond)
 				close(sent)
-				time.Sleep(700 * time.Millisecond)
+				select {
+				case <-release:
+				case <-time.After(2 * time.Minute):
+				}
 				_, _ = pw.Write([]byte("second\n"))
 				pw.Close()
 			}()
@@ -327,7 +350,9 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 			}()
 			return sent, out
 		}
-		drain := func(from string, requestWaitMs int64) time.Duration {
+		// drain drains from through a; moved (when not nil) closes once
+		// the drain reports the sandbox moved (frozen, started elsewhere).
+		drain := func(from string, requestWaitMs int64, moved chan<- struct{}) time.Duration {
 			t.Helper()
 			began := time.Now()
 			stream, err := a.Admin.DrainNode(ctx, &masterpb.DrainNodeRequest{NodeId: from, RequestWaitMs: requestWaitMs})
@@ -343,6 +368,13 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 					t.Fatalf("drain: %v", err)
 				}
 				t.Logf("  drain: %s %s %s -> %s %s", ev.SandboxId, ev.State, ev.Phase, ev.ToNode, ev.Error)
+				if moved != nil && ev.SandboxId == id && ev.Phase == "moved" {
+					close(moved)
+					moved = nil
+				}
+			}
+			if moved != nil {
+				close(moved)
 			}
 			return time.Since(began)
 		}
@@ -353,9 +385,12 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		stop = make(chan struct{})
 		tl, tlBare = traffic(px, stop), traffic(bare, stop)
 		time.Sleep(300 * time.Millisecond)
-		first, res := slowPost("/data/control")
+		// The POST's second part goes once the sandbox froze and moved,
+		// however long the drain takes to get there.
+		release := make(chan struct{})
+		first, res := slowPost("/data/control", release)
 		<-first
-		drained := drain(home.ID, -1)
+		drained := drain(home.ID, -1, release)
 		time.Sleep(time.Second) // reads go on where it is now
 		close(stop)
 		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s, no wait (%s)", home.ID, drained.Round(time.Millisecond)), tl); n > 0 {
@@ -387,9 +422,21 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		stop = make(chan struct{})
 		tl, tlBare = traffic(px, stop), traffic(bare, stop)
 		time.Sleep(300 * time.Millisecond)
-		first, res = slowPost("/data/inflight")
+		// The POST's second part goes once the hold began (b's proxy
+		// dropped the route): it is in flight through the hold, however
+		// long the drain takes to get there.
+		release = make(chan struct{})
+		first, res = slowPost("/data/inflight", release)
 		<-first
-		drained = drain(from, 0)
+		go func() {
+			defer close(release)
+			for end := time.Now().Add(time.Minute); time.Now().Before(end) && px.Routes.Cached(id); {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		tokenBefore := moveToken(t, id)
+		drained = drain(from, 0, nil)
+		raised(t, id, tokenBefore)
 		time.Sleep(time.Second)
 		close(stop)
 		if n := check(fmt.Sprintf("reads through b's proxy while a drained %s with the wait (%s)", from, drained.Round(time.Millisecond)), tl); n > 0 {
@@ -422,7 +469,9 @@ func TestMoveSeenByAnotherReplica(t *testing.T) {
 		from = row.NodeID
 		quiesced := regexp.MustCompile(`quiesce: no request in flight; the sandbox freezes.*sandbox_id=` + id + ` waited=(\S+)`)
 		before := len(quiesced.FindAllString(a.Logs(), -1))
-		drained = drain(from, 0)
+		tokenBefore = moveToken(t, id)
+		drained = drain(from, 0, nil)
+		raised(t, id, tokenBefore)
 		all := quiesced.FindAllStringSubmatch(a.Logs(), -1)
 		if len(all) != before+1 {
 			t.Fatalf("a logged %d quiesces of the idle sandbox, want 1", len(all)-before)

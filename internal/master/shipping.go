@@ -448,7 +448,17 @@ const (
 	// of its replica (renewed every third of it): a replica that died
 	// mid-move holds the others up no longer than this.
 	moveLeaseTTL = 10 * time.Second
-	movePoll     = 100 * time.Millisecond
+	// moveLeasePrefix begins the name of every move's lease
+	// (moveLeaseName), which pruneShared deletes moveLeaseKeep after the
+	// move ended (released, or expired). Until then a lease keeps its
+	// token, raised by each move; a deleted one starts again at 1. It
+	// outlasts by far a replica's answer to a quiesce (which carries the
+	// token for at most quiesceAnswerKeep) and the window in which a
+	// quiesce reads the answers (quiesceAnswerFrom), so no answer to an
+	// earlier move can carry the token of a later one.
+	moveLeasePrefix = "move"
+	moveLeaseKeep   = 10 * time.Minute
+	movePoll        = 100 * time.Millisecond
 	// routeMoveWait bounds how long a route resolve waits for a move
 	// (within cubeproxy's own bound on a resolve): then the route answers
 	// 503 with Retry-After. verbMoveWait bounds a verb's wait (then 503).
@@ -550,8 +560,12 @@ func (s *Service) markMoving(ctx context.Context, id string) (func(), error) {
 		close(stop)
 		<-stopped
 		lose(nil)
-		if err := s.cat.DropLease(context.WithoutCancel(ctx), name, holder); err != nil {
-			s.log.Warn("move: drop its lease (the other replicas wait until it expires)", "sandbox_id", id, "err", err)
+		// Released, not deleted: the row keeps its token, so the next
+		// move's is higher and no replica's answer to this move's
+		// quiesce counts for it (quiesce.go; pruneShared deletes the
+		// row after moveLeaseKeep).
+		if err := s.cat.ReleaseLease(context.WithoutCancel(ctx), name, holder); err != nil {
+			s.log.Warn("move: release its lease (the other replicas wait until it expires)", "sandbox_id", id, "err", err)
 		}
 		s.moving.Delete(id)
 	}, nil

@@ -1641,6 +1641,7 @@ type DrainNodeRequest struct {
 	// How long, in milliseconds, a running sandbox's move waits for the
 	// requests in flight to it through the proxies to finish before it
 	// freezes: 0 = the master's [drain] request_wait; negative = no wait.
+	// At most 60000 (1 minute): past it the drain is refused (InvalidArgument).
 	RequestWaitMs int64 `protobuf:"varint,4,opt,name=request_wait_ms,json=requestWaitMs,proto3" json:"request_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

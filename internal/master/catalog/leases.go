@@ -110,11 +110,23 @@ func (c *Catalog) CheckLease(ctx context.Context, name, holder string, token int
 	return nil
 }
 
-// ReleaseLease gives the lease up (a clean shutdown), so another replica
-// takes it at once instead of after its expiry. The token stays: the next
-// holder raises it.
+// ReleaseLease gives the lease up (a clean shutdown, the end of a move),
+// so another holder takes it at once instead of after its expiry. The row
+// and its token stay (the next holder raises it), and expires_at becomes
+// the time of the release (PruneLeases).
 func (c *Catalog) ReleaseLease(ctx context.Context, name, holder string) error {
-	_, err := c.db.ExecContext(ctx, `UPDATE leases SET holder = '', expires_at = 0 WHERE name = ? AND holder = ?`, name, holder)
+	_, err := c.db.ExecContext(ctx, `UPDATE leases SET holder = '', expires_at = `+c.nowMS()+` WHERE name = ? AND holder = ?`, name, holder) //nolint:gosec // G202: the clock expression is a constant
+	return err
+}
+
+// PruneLeases deletes the rows of the leases named prefix... that were
+// released or expired more than age ago (database clock): for leases
+// named per object (a sandbox's move), whose rows would otherwise pile
+// up. A pruned lease starts again at token 1, so age must outlast
+// anything that may still carry one of its tokens.
+func (c *Catalog) PruneLeases(ctx context.Context, prefix string, age time.Duration) error {
+	_, err := c.db.ExecContext(ctx, `DELETE FROM leases WHERE SUBSTR(name, 1, ?) = ? AND expires_at < `+c.nowMS()+` - ?`, //nolint:gosec // G202: the clock expression is a constant
+		len(prefix), prefix, age.Milliseconds())
 	return err
 }
 
@@ -135,13 +147,6 @@ func (c *Catalog) LeaseHeld(ctx context.Context, name string) (Lease, bool, erro
 	}
 	l.ExpiresAt = fromMS(exp)
 	return l, live == 1, nil
-}
-
-// DropLease deletes the row of a lease holder holds: for leases named per
-// object (a sandbox's move), whose rows would otherwise pile up.
-func (c *Catalog) DropLease(ctx context.Context, name, holder string) error {
-	_, err := c.db.ExecContext(ctx, `DELETE FROM leases WHERE name = ? AND holder = ?`, name, holder)
-	return err
 }
 
 // UpdateSandboxUnderLease is UpdateSandbox fenced by a lease: the row is

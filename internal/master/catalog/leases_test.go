@@ -100,8 +100,9 @@ func testLeases(t *testing.T, c *catalog.Catalog) {
 }
 
 // testLeaseHeld: LeaseHeld says whether a lease is held now by the
-// database's clock (never taken, held, expired, dropped), and DropLease
-// deletes the row only for its holder.
+// database's clock (never taken, held, expired, released); ReleaseLease
+// releases only for its holder and keeps the token; PruneLeases deletes
+// old released rows.
 func testLeaseHeld(t *testing.T, c *catalog.Catalog) {
 	const name = "move/sb1"
 	ttl := 600 * time.Millisecond
@@ -131,15 +132,51 @@ func testLeaseHeld(t *testing.T, c *catalog.Catalog) {
 	if _, ok, err := c.AcquireLease(ctx, name, "b#1", "b", ttl, false); err != nil || !ok {
 		t.Fatalf("acquire after expiry: %v %v", ok, err)
 	}
-	if err := c.DropLease(ctx, name, "a#1"); err != nil {
+	if err := c.ReleaseLease(ctx, name, "a#1"); err != nil {
 		t.Fatal(err)
 	}
-	held(true) // not a's to drop
-	if err := c.DropLease(ctx, name, "b#1"); err != nil {
+	held(true) // not a's to release
+	if err := c.ReleaseLease(ctx, name, "b#1"); err != nil {
 		t.Fatal(err)
 	}
 	held(false)
-	if _, err := c.GetLease(ctx, name); !errdefs.IsNotFound(err) {
-		t.Fatalf("row after drop: %v, want NotFound", err)
+	// The released row keeps its token: the next holder's is higher
+	// (a quiesce's answer carries the move's token; quiesce.go).
+	l, ok, err := c.AcquireLease(ctx, name, "b#1", "b", ttl, false)
+	if err != nil || !ok || l.Token != 3 {
+		t.Fatalf("acquire after release: %+v %v %v, want token 3", l, ok, err)
 	}
+	if err := c.ReleaseLease(ctx, name, "b#1"); err != nil {
+		t.Fatal(err)
+	}
+	// PruneLeases deletes the prefix's rows released longer ago than
+	// age, and no other: a recent release, a held lease, another prefix.
+	const other, live = "loops/x", "move/live"
+	for _, n := range []string{other, live} {
+		if _, ok, err := c.AcquireLease(ctx, n, "a#1", "a", time.Hour, false); err != nil || !ok {
+			t.Fatalf("acquire %s: %v %v", n, ok, err)
+		}
+	}
+	if err := c.ReleaseLease(ctx, other, "a#1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PruneLeases(ctx, "move/", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := c.GetLease(ctx, name); err != nil || l.Token != 3 {
+		t.Fatalf("row released just now after a prune: %+v %v, want it with token 3", l, err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := c.PruneLeases(ctx, "move/", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetLease(ctx, name); !errdefs.IsNotFound(err) {
+		t.Fatalf("row released past the age after a prune: %v, want NotFound", err)
+	}
+	for _, n := range []string{other, live} {
+		if _, err := c.GetLease(ctx, n); err != nil {
+			t.Fatalf("%s after a prune of move/: %v, want its row", n, err)
+		}
+	}
+	held(false)
 }
