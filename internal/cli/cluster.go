@@ -349,7 +349,7 @@ one JSON object per line).`,
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "leave running sandboxes to end (deadline, kill) instead of moving them; paused ones still move")
 	cmd.Flags().Int32Var(&parallel, "parallel", 4, "sandboxes moved at once")
-	cmd.Flags().DurationVar(&requestWait, "request-wait", 0, "how long a running sandbox's move waits for requests in flight to it to finish before it freezes (default: the master's [drain] request_wait; 0: no wait)")
+	cmd.Flags().DurationVar(&requestWait, "request-wait", 0, "how long a running sandbox's move waits for requests in flight to it to finish before it freezes, at most 1m (default: the master's [drain] request_wait; 0: no wait)")
 	return cmd
 }
 
