@@ -237,18 +237,7 @@ func (s Setup) runtimeSetup(ctx context.Context, net **node.NetAgent, proc **nod
 	return node.RuntimeTOML(rt, n.Socket(), guest), nil
 }
 
+// importTemplate imports template id on the node's default runtime.
 func importTemplate(ctx context.Context, c pb.CubeletServiceClient, id, source string) error {
-	st, err := c.ImportTemplate(ctx, &pb.ImportTemplateRequest{TemplateId: id, Source: source})
-	if err != nil {
-		return err
-	}
-	for {
-		ev, err := st.Recv()
-		if err != nil {
-			return fmt.Errorf("import template %s: %w", id, err)
-		}
-		if ev.GetTemplate() != nil {
-			return nil
-		}
-	}
+	return importTemplateOn(ctx, c, id, source, "")
 }
