@@ -55,6 +55,7 @@ func (a *agentAction) Resume(ctx context.Context, t *Task) error {
 			return a.wait(ctx, t)
 		}
 		if !live {
+			t.markInitGone()
 			return a.n.withConsole(rec, fmt.Errorf("agent: sandbox init (pid %d) is gone: %w", rec.Container.PID, errdefs.ErrUnavailable))
 		}
 		return nil

@@ -218,6 +218,17 @@ func (a *containerAction) Destroy(ctx context.Context, t *Task) error {
 
 func (a *containerAction) Pause(ctx context.Context, t *Task) error {
 	rec := t.Record()
+	if t.InitGone() {
+		// The undo of a resume whose init died while frozen: the thaw
+		// let the kill run, and the process may still be exiting (its
+		// leader a zombie, other threads not yet out). A freeze now
+		// would hold those threads in the freezer (cgroup v1's cannot
+		// be left by a SIGKILL), so the exit would never complete and
+		// the runtime watch would never see it: the sandbox would stay
+		// Paused with no process. Left thawed, the exit completes and
+		// the watch marks the sandbox Failed.
+		return nil
+	}
 	d, err := a.n.Driver(rec.Runtime)
 	if err != nil {
 		return err

@@ -39,6 +39,24 @@ type Task struct {
 
 	mu  sync.Mutex
 	rec *sandbox.Record
+	// initGone: a step found the sandbox's init dead (a resume whose
+	// init was killed while frozen).
+	initGone bool
+}
+
+// markInitGone records that the sandbox's init died during the flow.
+func (t *Task) markInitGone() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.initGone = true
+}
+
+// InitGone reports whether a step of this flow found the sandbox's init
+// dead.
+func (t *Task) InitGone() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.initGone
 }
 
 // RecordWriter persists a sandbox record (the store).
