@@ -45,6 +45,8 @@ type Catalog struct {
 	// retried counts transactions run again after a deadlock or a lock
 	// wait timeout.
 	retried atomic.Int64
+	// gc is SQLite's group committer (groupcommit.go); nil on MySQL.
+	gc *committer
 }
 
 // Retried is how many transactions were run again after MySQL aborted
@@ -105,15 +107,22 @@ func Open(ctx context.Context, driver, dsn string) (*Catalog, error) {
 		db.Close()
 		return nil, fmt.Errorf("catalog: connect: %v: %w", err, errdefs.ErrUnavailable)
 	}
+	if driver == SQLite {
+		c.startCommitter()
+	}
 	if err := c.migrate(ctx); err != nil {
-		db.Close()
+		c.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-// Close closes the database.
-func (c *Catalog) Close() error { return c.db.Close() }
+// Close answers the writes in progress and closes the database; later
+// writes fail.
+func (c *Catalog) Close() error {
+	c.stopCommitter()
+	return c.db.Close()
+}
 
 // Driver is the database driver in use.
 func (c *Catalog) Driver() string { return c.driver }
@@ -141,7 +150,9 @@ func (c *Catalog) Ping(ctx context.Context) error { return c.db.PingContext(ctx)
 // for a deadlock or a lock wait timeout.
 var txAttempts = 6
 
-// tx runs fn in a transaction, committing when it returns nil. A MySQL
+// tx runs fn in a transaction, committing when it returns nil. On SQLite
+// the transaction may be shared with other writes (groupcommit.go): fn's
+// statements are undone alone when it fails. A MySQL
 // transaction chosen as a deadlock's victim (InnoDB rolls it back whole)
 // or timed out waiting for a lock is rolled back and run again, after a
 // short random pause, up to txAttempts times: concurrent transactions
@@ -149,6 +160,9 @@ var txAttempts = 6
 // gap, then inserts into it) deadlock by design in InnoDB, which expects
 // the application to retry. fn must not keep state across attempts.
 func (c *Catalog) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if c.gc != nil {
+		return c.gc.write(ctx, fn)
+	}
 	for attempt := 1; ; attempt++ {
 		err := c.tx1(ctx, fn)
 		if !retryable(err) || attempt >= txAttempts {

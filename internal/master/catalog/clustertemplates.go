@@ -42,7 +42,7 @@ func scanClusterTemplate(s interface{ Scan(...any) error }) (*ClusterTemplate, e
 // is a no-op; with another digest it is ErrAlreadyExists (two replicas
 // importing one ID at once: one row wins).
 func (c *Catalog) PutClusterTemplate(ctx context.Context, t *ClusterTemplate) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO cluster_templates (`+clusterTemplateCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := c.exec(ctx, `INSERT INTO cluster_templates (`+clusterTemplateCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.ID, t.Digest, t.BlobBytes, t.Source, t.Runtime, t.Warm, t.Object, t.Replica, t.CreatedAt.UnixMilli())
 	if isDuplicate(err) {
 		old, gerr := c.GetClusterTemplate(ctx, t.ID)
@@ -83,6 +83,6 @@ func (c *Catalog) ListClusterTemplates(ctx context.Context) ([]*ClusterTemplate,
 
 // DeleteClusterTemplate removes a record; a missing one is not an error.
 func (c *Catalog) DeleteClusterTemplate(ctx context.Context, id string) error {
-	_, err := c.db.ExecContext(ctx, `DELETE FROM cluster_templates WHERE id = ?`, id)
+	_, err := c.exec(ctx, `DELETE FROM cluster_templates WHERE id = ?`, id)
 	return err
 }

@@ -16,7 +16,7 @@ func (c *Catalog) CreateJoinToken(ctx context.Context, id, secretHash, nodeID st
 		return fmt.Errorf("join token: id, secret and a positive ttl are required: %w", errdefs.ErrInvalidArgument)
 	}
 	now := c.nowMS()
-	_, err := c.db.ExecContext(ctx, `INSERT INTO join_tokens (id, secret_hash, node_id, created_ms, expires_ms, used_ms, used_by) VALUES (?, ?, ?, `+ //nolint:gosec // G202: the clock expression is a constant
+	_, err := c.exec(ctx, `INSERT INTO join_tokens (id, secret_hash, node_id, created_ms, expires_ms, used_ms, used_by) VALUES (?, ?, ?, `+
 		now+`, `+now+` + ?, 0, '')`, id, secretHash, nodeID, ttl.Milliseconds())
 	return err
 }
@@ -28,7 +28,7 @@ func (c *Catalog) CreateJoinToken(ctx context.Context, id, secretHash, nodeID st
 // no more (a caller guessing must not learn which part was wrong).
 func (c *Catalog) UseJoinToken(ctx context.Context, id, secretHash, nodeID string, onlyFor bool) error {
 	now := c.nowMS()
-	res, err := c.db.ExecContext(ctx, `UPDATE join_tokens SET used_ms = `+now+`, used_by = ? `+ //nolint:gosec // G202: the clock expression is a constant
+	res, err := c.exec(ctx, `UPDATE join_tokens SET used_ms = `+now+`, used_by = ? `+
 		`WHERE id = ? AND secret_hash = ? AND used_ms = 0 AND expires_ms > `+now+` AND (node_id = ? OR (NOT ? AND node_id = ''))`,
 		nodeID, id, secretHash, nodeID, onlyFor)
 	if err != nil {

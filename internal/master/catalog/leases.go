@@ -43,7 +43,7 @@ func (c *Catalog) AcquireLease(ctx context.Context, name, holder, replica string
 		return Lease{}, false, fmt.Errorf("lease %q: holder, replica and a positive ttl are required: %w", name, errdefs.ErrInvalidArgument)
 	}
 	now := c.nowMS()
-	res, err := c.db.ExecContext(ctx, `UPDATE leases SET`+ //nolint:gosec // G202: the clock expression is a constant
+	res, err := c.exec(ctx, `UPDATE leases SET`+
 		`
   token = CASE WHEN holder = ? THEN token ELSE token + 1 END,
   holder = ?, replica = ?, expires_at = `+now+` + ?
@@ -61,7 +61,7 @@ WHERE name = ? AND (holder = ? OR (? AND replica = ?) OR holder = '' OR expires_
 		// gets a duplicate and tries again at its next turn).
 		l, gerr := c.GetLease(ctx, name)
 		if errdefs.IsNotFound(gerr) {
-			_, ierr := c.db.ExecContext(ctx, `INSERT INTO leases (name, holder, replica, token, expires_at) VALUES (?, '', '', 0, 0)`, name)
+			_, ierr := c.exec(ctx, `INSERT INTO leases (name, holder, replica, token, expires_at) VALUES (?, '', '', 0, 0)`, name)
 			if ierr != nil && !isDuplicate(ierr) {
 				return Lease{}, false, ierr
 			}
@@ -115,7 +115,7 @@ func (c *Catalog) CheckLease(ctx context.Context, name, holder string, token int
 // and its token stay (the next holder raises it), and expires_at becomes
 // the time of the release (PruneLeases).
 func (c *Catalog) ReleaseLease(ctx context.Context, name, holder string) error {
-	_, err := c.db.ExecContext(ctx, `UPDATE leases SET holder = '', expires_at = `+c.nowMS()+` WHERE name = ? AND holder = ?`, name, holder) //nolint:gosec // G202: the clock expression is a constant
+	_, err := c.exec(ctx, `UPDATE leases SET holder = '', expires_at = `+c.nowMS()+` WHERE name = ? AND holder = ?`, name, holder)
 	return err
 }
 
@@ -125,7 +125,7 @@ func (c *Catalog) ReleaseLease(ctx context.Context, name, holder string) error {
 // up. A pruned lease starts again at token 1, so age must outlast
 // anything that may still carry one of its tokens.
 func (c *Catalog) PruneLeases(ctx context.Context, prefix string, age time.Duration) error {
-	_, err := c.db.ExecContext(ctx, `DELETE FROM leases WHERE SUBSTR(name, 1, ?) = ? AND expires_at < `+c.nowMS()+` - ?`, //nolint:gosec // G202: the clock expression is a constant
+	_, err := c.exec(ctx, `DELETE FROM leases WHERE SUBSTR(name, 1, ?) = ? AND expires_at < `+c.nowMS()+` - ?`,
 		len(prefix), prefix, age.Milliseconds())
 	return err
 }

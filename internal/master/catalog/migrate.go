@@ -79,7 +79,7 @@ func splitStatements(body string) []string {
 // DDL implicitly, so there a migration that fails half-way must be
 // repaired by hand (the error names it).
 func (c *Catalog) migrate(ctx context.Context) error {
-	if _, err := c.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	if _, err := c.exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
   version INTEGER NOT NULL PRIMARY KEY,
   name VARCHAR(128) NOT NULL,
   applied_at BIGINT NOT NULL

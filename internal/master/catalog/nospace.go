@@ -19,8 +19,18 @@ func (c *Catalog) full(err error) error {
 	return nospace.Wrap(err, c.dir)
 }
 
-// exec is ExecContext outside a transaction, with full's classification.
+// exec is one write statement in a transaction of its own (on SQLite one
+// the group committer may share), with full's classification.
 func (c *Catalog) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	res, err := c.db.ExecContext(ctx, query, args...)
+	if c.gc == nil {
+		res, err := c.db.ExecContext(ctx, query, args...)
+		return res, c.full(err)
+	}
+	var res sql.Result
+	err := c.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		res, err = tx.ExecContext(ctx, query, args...)
+		return err
+	})
 	return res, c.full(err)
 }

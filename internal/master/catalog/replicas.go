@@ -18,7 +18,7 @@ type RouteEvent struct {
 
 // AddRouteEvent records that a sandbox's route changed.
 func (c *Catalog) AddRouteEvent(ctx context.Context, id, sandboxID string) error {
-	_, err := c.db.ExecContext(ctx, `INSERT INTO route_events (id, sandbox_id, at_ms) VALUES (?, ?, `+c.nowMS()+`)`, id, sandboxID) //nolint:gosec // G202: the clock expression is a constant
+	_, err := c.exec(ctx, `INSERT INTO route_events (id, sandbox_id, at_ms) VALUES (?, ?, `+c.nowMS()+`)`, id, sandboxID)
 	return err
 }
 
@@ -47,7 +47,7 @@ func (c *Catalog) RouteEventsSince(ctx context.Context, sinceMS int64) ([]RouteE
 
 // PruneRouteEvents forgets route changes older than age (database clock).
 func (c *Catalog) PruneRouteEvents(ctx context.Context, age time.Duration) error {
-	_, err := c.db.ExecContext(ctx, `DELETE FROM route_events WHERE at_ms < `+c.nowMS()+` - ?`, age.Milliseconds()) //nolint:gosec // G202: the clock expression is a constant
+	_, err := c.exec(ctx, `DELETE FROM route_events WHERE at_ms < `+c.nowMS()+` - ?`, age.Milliseconds())
 	return err
 }
 
@@ -122,6 +122,6 @@ func (c *Catalog) listActivity(ctx context.Context, query string, args ...any) (
 // PruneActivity drops the traffic rows of sandboxes the catalog no longer
 // has, and rows not written since before.
 func (c *Catalog) PruneActivity(ctx context.Context, before time.Time) error {
-	_, err := c.db.ExecContext(ctx, `DELETE FROM sandbox_activity WHERE at_ms < ? OR sandbox_id NOT IN (SELECT id FROM sandboxes)`, ms(before))
+	_, err := c.exec(ctx, `DELETE FROM sandbox_activity WHERE at_ms < ? OR sandbox_id NOT IN (SELECT id FROM sandboxes)`, ms(before))
 	return err
 }

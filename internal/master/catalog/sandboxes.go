@@ -315,7 +315,7 @@ func (c *Catalog) Tombstoned(ctx context.Context, id string) (bool, error) {
 
 // PruneTombstones forgets removals made before before.
 func (c *Catalog) PruneTombstones(ctx context.Context, before time.Time) (int64, error) {
-	res, err := c.db.ExecContext(ctx, `DELETE FROM sandbox_tombstones WHERE deleted_at < ?`, ms(before))
+	res, err := c.exec(ctx, `DELETE FROM sandbox_tombstones WHERE deleted_at < ?`, ms(before))
 	if err != nil {
 		return 0, err
 	}
