@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/master/catalog"
 )
 
 // Before a running sandbox freezes for a move (a drain), its traffic is
@@ -240,14 +242,37 @@ func (a *activity) quiesceToken(id string, current map[string]bool, now time.Tim
 	return q.token, true
 }
 
-// movingElsewhere is the token of the lease of another replica's move of
-// sandbox id, 0 when none holds it.
-func (s *Service) movingElsewhere(ctx context.Context, id string) int64 {
-	l, held, err := s.cat.LeaseHeld(ctx, moveLeaseName(id))
-	if err != nil || !held || l.Holder == s.lead.holder {
-		return 0
+// movingElsewhere gives, for the sandboxes of evs that another replica
+// is moving, the token of that move's lease (one catalog read for all of
+// them). When the read fails none counts as moving: the routes are
+// dropped, which a mover's retry of its quiesce survives.
+func (s *Service) movingElsewhere(ctx context.Context, evs []catalog.RouteEvent) map[string]int64 {
+	if len(evs) == 0 {
+		return nil
 	}
-	return l.Token
+	byLease := make(map[string]string, len(evs))
+	names := make([]string, 0, len(evs))
+	for _, e := range evs {
+		n := moveLeaseName(e.SandboxID)
+		if _, ok := byLease[n]; !ok {
+			byLease[n] = e.SandboxID
+			names = append(names, n)
+		}
+	}
+	held, err := s.cat.HeldLeases(ctx, names)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("routes: read the move leases", "err", err)
+		}
+		return nil
+	}
+	moving := map[string]int64{}
+	for n, l := range held {
+		if l.Holder != s.lead.holder {
+			moving[byLease[n]] = l.Token
+		}
+	}
+	return moving
 }
 
 // pruneQuiescing (a.mu held) forgets the quiesces by other replicas

@@ -72,15 +72,19 @@ func (s *Service) followRoutes(ctx context.Context, seen *seenSet) {
 			}
 			continue
 		}
+		var fresh []catalog.RouteEvent
 		for _, e := range evs {
-			if !seen.add(e.ID) {
-				continue
+			if seen.add(e.ID) {
+				fresh = append(fresh, e)
 			}
+		}
+		moving := s.movingElsewhere(ctx, fresh)
+		for _, e := range fresh {
 			// A change of a sandbox that another replica is moving is
 			// its quiesce (quiesce.go): the proxies watching this
 			// replica report what they have open to it, and this
 			// replica answers the mover in its traffic row.
-			if token := s.movingElsewhere(ctx, e.SandboxID); token != 0 {
+			if token := moving[e.SandboxID]; token != 0 {
 				s.answerQuiesce(e.SandboxID, token)
 			} else {
 				s.routes.dropLocal(e.SandboxID, false)

@@ -149,6 +149,44 @@ func (c *Catalog) LeaseHeld(ctx context.Context, name string) (Lease, bool, erro
 	return l, live == 1, nil
 }
 
+// HeldLeases is LeaseHeld for many names in one query: the leases among
+// names that someone holds now, by name.
+func (c *Catalog) HeldLeases(ctx context.Context, names []string) (map[string]Lease, error) {
+	held := map[string]Lease{}
+	const chunk = 500 // bound placeholders per statement
+	for len(names) > 0 {
+		n := min(len(names), chunk)
+		if err := c.heldAmong(ctx, names[:n], held); err != nil {
+			return nil, err
+		}
+		names = names[n:]
+	}
+	return held, nil
+}
+
+// heldAmong adds to held the leases among names held now.
+func (c *Catalog) heldAmong(ctx context.Context, names []string, held map[string]Lease) error {
+	args := make([]any, len(names))
+	for i, name := range names {
+		args[i] = name
+	}
+	rows, err := c.db.QueryContext(ctx, `SELECT name, holder, replica, token, expires_at FROM leases WHERE name IN (`+placeholders(len(names))+`) AND holder <> '' AND expires_at > `+c.nowMS(), args...) //nolint:gosec // G202: placeholders and the clock expression are constants
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var l Lease
+		var exp int64
+		if err := rows.Scan(&l.Name, &l.Holder, &l.Replica, &l.Token, &exp); err != nil {
+			return err
+		}
+		l.ExpiresAt = fromMS(exp)
+		held[l.Name] = l
+	}
+	return rows.Err()
+}
+
 // UpdateSandboxUnderLease is UpdateSandbox fenced by a lease: the row is
 // written only while holder holds the lease name with token and it has
 // not expired by the database's clock, checked in the same statement as

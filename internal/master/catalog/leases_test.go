@@ -1,6 +1,7 @@
 package catalog_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -112,6 +113,11 @@ func testLeaseHeld(t *testing.T, c *catalog.Catalog) {
 		if err != nil || ok != want {
 			t.Fatalf("held: %v %+v %v, want %v", ok, l, err, want)
 		}
+		// HeldLeases, many names in one read, says the same.
+		many, err := c.HeldLeases(ctx, []string{"move/never-taken", name})
+		if got, in := many[name]; err != nil || in != want || len(many) > 1 || in && got.Holder != l.Holder {
+			t.Fatalf("HeldLeases: %+v %v, want %s held %v as LeaseHeld has it (%+v)", many, err, name, want, l)
+		}
 	}
 	held(false) // never taken
 	// What a verb or route resolve on a shared catalog adds: one read.
@@ -172,6 +178,16 @@ func testLeaseHeld(t *testing.T, c *catalog.Catalog) {
 	}
 	if _, err := c.GetLease(ctx, name); !errdefs.IsNotFound(err) {
 		t.Fatalf("row released past the age after a prune: %v, want NotFound", err)
+	}
+	// Pruned, released, held, never taken: only the held one, with its
+	// holder and token. More names than one statement takes (500).
+	names := []string{name, other, live}
+	for i := range 1200 {
+		names = append(names, fmt.Sprintf("move/none-%d", i))
+	}
+	many, err := c.HeldLeases(ctx, names)
+	if got := many[live]; err != nil || len(many) != 1 || got.Holder != "a#1" || got.Token == 0 {
+		t.Fatalf("HeldLeases: %+v %v, want only %s, held by a#1", many, err, live)
 	}
 	for _, n := range []string{other, live} {
 		if _, err := c.GetLease(ctx, n); err != nil {
