@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/cubesandbox/cube/internal/errdefs"
 )
 
 // Group commit (SQLite). The catalog's SQLite database has one connection
@@ -31,7 +33,7 @@ import (
 const maxGroup = 64
 
 // errCatalogClosed answers a write made after Close.
-var errCatalogClosed = errors.New("catalog: closed")
+var errCatalogClosed = fmt.Errorf("catalog: closed: %w", errdefs.ErrUnavailable)
 
 // committer is the group-commit writer of a SQLite catalog.
 type committer struct {
@@ -160,21 +162,34 @@ func (c *Catalog) commitGroup(group []*groupWrite) {
 	}
 	results := make([]writeResult, len(live))
 	// The group's transaction is not any one caller's: a caller that
-	// goes away fails its own statements, not the group.
-	tx, err := c.db.BeginTx(context.Background(), nil)
+	// goes away fails its own statements, not the group. It ends when
+	// every caller in it has gone away (a group waiting for the
+	// connection behind a long read gives up as its callers would).
+	gctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	left := int64(len(live))
+	for _, w := range live {
+		stop := context.AfterFunc(w.ctx, func() {
+			if atomic.AddInt64(&left, -1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	tx, err := c.db.BeginTx(gctx, nil)
 	if err != nil {
 		c.alone(live, results, -1)
 		return
 	}
 	for i, w := range live {
-		if _, err := tx.ExecContext(context.Background(), "SAVEPOINT w"); err != nil {
+		if _, err := tx.ExecContext(gctx, "SAVEPOINT w"); err != nil {
 			_ = tx.Rollback()
 			c.alone(live, results, -1)
 			return
 		}
 		if err := guard(w.fn, &results[i].panicked)(tx); err != nil {
 			results[i].err = err
-			if _, err := tx.ExecContext(context.Background(), "ROLLBACK TO w"); err != nil {
+			if _, err := tx.ExecContext(gctx, "ROLLBACK TO w"); err != nil {
 				// SQLite rolled the whole transaction back itself (a
 				// full disk, an I/O error, an interrupted statement):
 				// the writes before this one are gone with it.
@@ -183,12 +198,24 @@ func (c *Catalog) commitGroup(group []*groupWrite) {
 				return
 			}
 		}
-		if _, err := tx.ExecContext(context.Background(), "RELEASE w"); err != nil {
+		if _, err := tx.ExecContext(gctx, "RELEASE w"); err != nil {
+			// The transaction ended under this write (it ran a
+			// ROLLBACK or COMMIT of its own, or SQLite ended it and
+			// fn did not return the error): unless fn failed on its
+			// own, it runs again alone too, so that what its caller
+			// hears is what the database holds.
 			_ = tx.Rollback()
-			c.alone(live, results, i)
+			failed := -1
+			if results[i].err != nil {
+				failed = i
+			}
+			c.alone(live, results, failed)
 			return
 		}
 	}
+	// A failed commit fails every write that was in it; a write whose
+	// own statements failed keeps its error (which may have come from
+	// a write before it in the group, now not committed either).
 	cerr := c.full(tx.Commit())
 	ok := 0
 	for i, w := range live {
