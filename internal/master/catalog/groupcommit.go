@@ -168,14 +168,19 @@ func (c *Catalog) commitGroup(group []*groupWrite) {
 	gctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	left := int64(len(live))
-	for _, w := range live {
-		stop := context.AfterFunc(w.ctx, func() {
+	stops := make([]func() bool, len(live))
+	for i, w := range live {
+		stops[i] = context.AfterFunc(w.ctx, func() {
 			if atomic.AddInt64(&left, -1) == 0 {
 				cancel()
 			}
 		})
-		defer stop()
 	}
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
 	tx, err := c.db.BeginTx(gctx, nil)
 	if err != nil {
 		c.alone(live, results, -1)
