@@ -12,8 +12,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -23,12 +25,63 @@ import (
 // It reads mountinfo instead of assuming a layout so that hybrid, pure v1
 // and pure v2 hosts are all handled by the same code.
 func Mounts() ([]string, error) {
+	ms, err := cachedMounts()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.path
+	}
+	return out, nil
+}
+
+// hierarchy is one mounted cgroup hierarchy.
+type hierarchy struct {
+	path string
+	v2   bool
+	// memory: the hierarchy holds the memory controller (a v1 mount
+	// with "memory" in its options; cgroup2, whose controllers are per
+	// cgroup, always counts).
+	memory bool
+}
+
+// The cgroup hierarchies are mounted at boot and practically never
+// change, while mountinfo grows by a few lines with every running sandbox
+// (its disk, its id-mapped bind): read on every call (the runtime watch
+// arms one per create, the usage sampler reads every sandbox's memory),
+// it cost cubelet time in proportion to the sandboxes up, per sandbox. So
+// the list is read again only once it is older than mountsTTL, by one
+// caller while the others wait for it.
+const mountsTTL = 5 * time.Second
+
+var mounts struct {
+	sync.Mutex
+	at   time.Time
+	list []hierarchy
+}
+
+func cachedMounts() ([]hierarchy, error) {
+	mounts.Lock()
+	defer mounts.Unlock()
+	if mounts.list != nil && time.Since(mounts.at) < mountsTTL {
+		return mounts.list, nil
+	}
+	list, err := readMounts()
+	if err != nil {
+		return nil, err
+	}
+	mounts.list, mounts.at = list, time.Now()
+	return list, nil
+}
+
+func readMounts() ([]hierarchy, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var out []string
+	out := []hierarchy{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// Fields: id parent maj:min root mountpoint opts [optional...] - fstype source superopts
@@ -43,11 +96,45 @@ func Mounts() ([]string, error) {
 		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
 			continue
 		}
-		if fstype := fields[sep+1]; fstype == "cgroup" || fstype == "cgroup2" {
-			out = append(out, unescapeMountinfo(fields[4]))
+		switch fields[sep+1] {
+		case "cgroup2":
+			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), v2: true, memory: true})
+		case "cgroup":
+			var opts []string
+			if sep+3 < len(fields) {
+				opts = strings.Split(fields[sep+3], ",")
+			}
+			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), memory: slices.Contains(opts, "memory")})
 		}
 	}
 	return out, sc.Err()
+}
+
+// memoryFiles hands each to the contents of cgroupPath's v1File (in a v1
+// hierarchy) or v2File (in cgroup2), for each hierarchy holding the
+// memory controller where the file exists.
+func memoryFiles(cgroupPath, v1File, v2File string, each func([]byte)) error {
+	ms, err := cachedMounts()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if !m.memory {
+			continue
+		}
+		d := filepath.Join(m.path, cgroupPath)
+		if d == m.path {
+			continue // never the hierarchy root
+		}
+		name := v1File
+		if m.v2 {
+			name = v2File
+		}
+		if b, err := os.ReadFile(filepath.Join(d, name)); err == nil {
+			each(b)
+		}
+	}
+	return nil
 }
 
 // unescapeMountinfo undoes the kernel's octal escaping of space, tab,
@@ -141,49 +228,30 @@ func rmdirRetry(dir string, timeout time.Duration) error {
 // memory.oom_control, whichever hierarchy holds the memory controller (the
 // largest when both do). A cgroup found nowhere counts 0.
 func OOMKills(cgroupPath string) (int64, error) {
-	dirs, err := Dirs(cgroupPath)
-	if err != nil {
-		return 0, err
-	}
 	var most int64
-	for _, d := range dirs {
-		for _, f := range []string{"memory.events", "memory.oom_control"} {
-			b, err := os.ReadFile(filepath.Join(d, f))
-			if err != nil {
-				continue
-			}
-			for _, line := range strings.Split(string(b), "\n") {
-				var n int64
-				if _, err := fmt.Sscanf(line, "oom_kill %d", &n); err == nil && n > most {
+	err := memoryFiles(cgroupPath, "memory.oom_control", "memory.events", func(b []byte) {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n > most {
 					most = n
 				}
 			}
 		}
-	}
-	return most, nil
+	})
+	return most, err
 }
 
 // MemoryUsage is the memory charged to cgroupPath in bytes: cgroup v2's
 // memory.current or v1's memory.usage_in_bytes, the largest where both
 // hierarchies hold the controller. A cgroup found nowhere uses 0.
 func MemoryUsage(cgroupPath string) (int64, error) {
-	dirs, err := Dirs(cgroupPath)
-	if err != nil {
-		return 0, err
-	}
 	var most int64
-	for _, d := range dirs {
-		for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
-			b, err := os.ReadFile(filepath.Join(d, f))
-			if err != nil {
-				continue
-			}
-			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && n > most {
-				most = n
-			}
+	err := memoryFiles(cgroupPath, "memory.usage_in_bytes", "memory.current", func(b []byte) {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && n > most {
+			most = n
 		}
-	}
-	return most, nil
+	})
+	return most, err
 }
 
 // Kill SIGKILLs every process in cgroupPath (and the cgroups below it) in
