@@ -246,7 +246,14 @@ func IsMounted(target string) (bool, error) {
 		return false, nil // removed since
 	}
 	if err != nil {
-		return false, fmt.Errorf("storage: is %s mounted: %w", abs, err)
+		// A target the lookup cannot reach (a dead filesystem mounted
+		// there answers EIO or ENOTCONN) may still be a mount point
+		// that must be unmounted: the table says.
+		mounts, merr := mountinfo.GetMounts(mountinfo.SingleEntryFilter(abs))
+		if merr != nil {
+			return false, fmt.Errorf("storage: is %s mounted: %w", abs, errors.Join(err, merr))
+		}
+		return len(mounts) > 0, nil
 	}
 	return mounted, nil
 }

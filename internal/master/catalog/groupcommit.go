@@ -204,11 +204,11 @@ func (c *Catalog) commitGroup(group []*groupWrite) {
 			}
 		}
 		if _, err := tx.ExecContext(gctx, "RELEASE w"); err != nil {
-			// The transaction ended under this write (it ran a
-			// ROLLBACK or COMMIT of its own, or SQLite ended it and
-			// fn did not return the error): unless fn failed on its
-			// own, it runs again alone too, so that what its caller
-			// hears is what the database holds.
+			// The transaction ended under this write (SQLite ended it
+			// and fn did not return the error, or fn ran a ROLLBACK of
+			// its own; a write must never end the transaction itself):
+			// unless fn failed on its own, it runs again alone too, so
+			// that what its caller hears is what the database holds.
 			_ = tx.Rollback()
 			failed := -1
 			if results[i].err != nil {

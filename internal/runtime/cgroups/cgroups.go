@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -81,8 +82,13 @@ func readMounts() ([]hierarchy, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return parseMounts(f)
+}
+
+// parseMounts reads the cgroup hierarchies of a mountinfo.
+func parseMounts(r io.Reader) ([]hierarchy, error) {
 	out := []hierarchy{}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		// Fields: id parent maj:min root mountpoint opts [optional...] - fstype source superopts
 		fields := strings.Fields(sc.Text())
@@ -100,10 +106,9 @@ func readMounts() ([]hierarchy, error) {
 		case "cgroup2":
 			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), v2: true, memory: true})
 		case "cgroup":
-			var opts []string
-			if sep+3 < len(fields) {
-				opts = strings.Split(fields[sep+3], ",")
-			}
+			// The super options are the last field: an empty source
+			// leaves two spaces, which Fields merges.
+			opts := strings.Split(fields[len(fields)-1], ",")
 			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), memory: slices.Contains(opts, "memory")})
 		}
 	}

@@ -3,12 +3,14 @@ package cgroups
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"github.com/cubesandbox/cube/internal/testenv"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 func TestUnescapeMountinfo(t *testing.T) {
@@ -104,5 +106,36 @@ func TestDirsRemove(t *testing.T) {
 	}
 	if dirs, err := Dirs("/"); err != nil || len(dirs) != 0 {
 		t.Errorf("Dirs(/) = %v, %v; want no hierarchy root listed", dirs, err)
+	}
+}
+
+// TestParseMounts: the hierarchies of a hybrid host's mountinfo, which
+// of them hold the memory controller (a v1 mount with "memory" among its
+// options, co-mounted or not; cgroup2 always, its files say whether it has
+// it), an empty source, and the mounts that are not cgroups.
+func TestParseMounts(t *testing.T) {
+	const mountinfo = `22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw
+25 22 0:23 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+26 25 0:24 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+27 25 0:25 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+28 25 0:26 / /sys/fs/cgroup/pids rw,relatime - cgroup  rw,pids
+29 25 0:27 / /sys/fs/cgroup/blkio,memory rw,relatime - cgroup  rw,blkio,memory
+30 25 0:28 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+31 25 0:29 / /sys/fs/cgroup/a\040b rw,relatime - cgroup cgroup rw,name=systemd
+`
+	got, err := parseMounts(strings.NewReader(mountinfo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []hierarchy{
+		{path: "/sys/fs/cgroup/cpu,cpuacct"},
+		{path: "/sys/fs/cgroup/memory", memory: true},
+		{path: "/sys/fs/cgroup/pids"},
+		{path: "/sys/fs/cgroup/blkio,memory", memory: true},
+		{path: "/sys/fs/cgroup/unified", v2: true, memory: true},
+		{path: "/sys/fs/cgroup/a b"},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("parseMounts:\n got %+v\nwant %+v", got, want)
 	}
 }
