@@ -89,7 +89,7 @@ func (s *suite) rawSpoofControl(ctx context.Context) {
 	if err := netnsdir.Do(sb.Network.SlotNetNS, nettest.DeleteAntiSpoofRule); err != nil {
 		s.t.Errorf("delete anti-spoofing rule: %v", err)
 	}
-	forged := send("198.51.100.250")
+	forged := send(nettest.ForgedSource.String())
 	s.control("raw-spoof", len(forged) == 3, "forged source with the anti-spoofing rule deleted arrived: %v", forged)
 	s.restoreSlot(ctx)
 }

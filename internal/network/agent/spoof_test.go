@@ -38,7 +38,7 @@ func TestAntiSpoofing(t *testing.T) {
 	}()
 	capture := listenUDP(t, w.NS, w.Port)
 	dst := w.Addrs[0]
-	forged := netip.MustParseAddr("198.51.100.250") // an address the sandbox does not have
+	forged := nettest.ForgedSource // an address the sandbox does not have, and no world's
 
 	send := func(src netip.Addr) string {
 		t.Helper()

@@ -50,6 +50,13 @@ type World struct {
 // PrivateRange holds every world's Private address.
 const PrivateRange = "172.31.255.0/24"
 
+// ForgedSource is a TEST-NET address no world holds (worlds take
+// 198.51.100.4k+1..4k+3 for k from 1), for probes that forge a source: a
+// world drops a packet whose source is one of its own addresses as
+// martian, so a forged source a world holds would never arrive there,
+// whatever the slot's rules.
+var ForgedSource = netip.MustParseAddr("198.51.100.2")
+
 // NewWorld makes a world with three addresses; its cleanup removes it.
 func NewWorld(t testing.TB) *World {
 	t.Helper()

@@ -132,7 +132,7 @@ func rows(args []string) {
 	fs.StringVar(&o.world, "world", "", "world address for raw packets")
 	fs.IntVar(&o.port, "port", 0, "world port")
 	fs.StringVar(&o.nonce, "nonce", "", "payload marker of raw packets")
-	fs.StringVar(&o.spoofSrc, "spoof-src", "198.51.100.250", "forged source address")
+	fs.StringVar(&o.spoofSrc, "spoof-src", "198.51.100.2", "forged source address (no test world holds it: nettest.ForgedSource)")
 	fs.StringVar(&o.plant, "plant", "/escape-suid", "where to plant a setuid copy of the probe (on the root filesystem: /tmp may be the runtime's own tmpfs)")
 	fs.StringVar(&o.agentPath, "agent", "/usr/local/bin/cube-agent", "the agent binary")
 	fs.StringVar(&o.procSys, "proc-sys", "/proc/sys/kernel/printk_ratelimit", "a host-wide sysctl")
