@@ -149,18 +149,12 @@ func (c *Catalog) commitGroup(group []*groupWrite) {
 		}
 		live = append(live, w)
 	}
-	switch len(live) {
-	case 0:
-		return
-	case 1:
-		w := live[0]
-		var r writeResult
-		r.err = c.tx1(w.ctx, guard(w.fn, &r.panicked))
-		c.count(r.err, 1)
-		w.done <- r
+	results := make([]writeResult, len(live))
+	if len(live) <= 1 {
+		// Alone: a plain transaction, no savepoint.
+		c.alone(live, results, -1)
 		return
 	}
-	results := make([]writeResult, len(live))
 	// The group's transaction is not any one caller's: a caller that
 	// goes away fails its own statements, not the group. It ends when
 	// every caller in it has gone away (a group waiting for the
@@ -232,15 +226,13 @@ func (c *Catalog) commitGroup(group []*groupWrite) {
 		}
 		w.done <- results[i]
 	}
-	if cerr == nil {
-		c.gc.commits.Add(1)
-		c.gc.writes.Add(int64(ok))
-	}
+	c.count(cerr, int64(ok))
 }
 
-// alone answers a group whose transaction broke: the write at failed (if
-// any) keeps the error its own statements got, and every other write runs
-// again in a transaction of its own, as if it had come alone.
+// alone runs each write in a transaction of its own and answers it: a
+// write that came alone, or the writes of a group whose transaction
+// broke, where the write at failed (if any) keeps the error its own
+// statements got and every other runs again.
 func (c *Catalog) alone(live []*groupWrite, results []writeResult, failed int) {
 	for i, w := range live {
 		if i == failed {
@@ -254,6 +246,7 @@ func (c *Catalog) alone(live []*groupWrite, results []writeResult, failed int) {
 	}
 }
 
+// count records a commit of n writes, when it succeeded.
 func (c *Catalog) count(err error, n int64) {
 	if err == nil {
 		c.gc.commits.Add(1)
