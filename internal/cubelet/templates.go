@@ -90,21 +90,28 @@ func (s *Service) ImportTemplateFrom(ctx context.Context, req TemplateImport, pr
 	}
 	s.importing[id] = true
 	s.tmplMu.Unlock()
+	var work string
 	defer func() {
 		s.tmplMu.Lock()
 		delete(s.importing, id)
 		s.tmplMu.Unlock()
+		// The scratch directory is this import's alone: it goes after
+		// the ID is free again, so that a delete of the template just
+		// recorded is not refused while ~100 MB of pulled layers are
+		// removed.
+		if work != "" {
+			_ = os.RemoveAll(work)
+		}
 	}()
 
 	out := s.node.Pool.TemplateImagePath(id)
 	if err := os.MkdirAll(s.scratchDir(), 0o700); err != nil {
 		return nil, err
 	}
-	work, err := os.MkdirTemp(s.scratchDir(), "import-"+id+"-")
+	work, err = os.MkdirTemp(s.scratchDir(), "import-"+id+"-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
 	src.AgentBinary, src.HeadroomMiB, src.Output, src.WorkDir = s.cfg.Storage.AgentBinary, s.cfg.Storage.TemplateHeadroomMiB, out, work
 	if req.Artifact != "" {
 		if t, err := s.store.GetTemplate(id); err == nil && t.Digest == req.Artifact && t.AgentDigest == agentDigest {
