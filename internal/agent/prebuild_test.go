@@ -160,3 +160,27 @@ func TestSmallEventsUncompressed(t *testing.T) {
 		t.Errorf("%d of %d large output events compressed, want all (and at least one)", bigZipped, big)
 	}
 }
+
+// POST /_cube/prepare (a warm-pool entry about to be frozen) answers only
+// once the envd Connect handlers are built: the freeze that follows must
+// not catch the build half done, leaving it to the claim.
+func TestPrepareBuildsRPCHandlersBeforeAnswering(t *testing.T) {
+	testenv.RequireRoot(t, "chowns the test users' homes")
+	s := newTestServer(t)
+	if n := rpcBuilt(s); n != 0 {
+		t.Fatalf("%d handlers built at start, want 0", n)
+	}
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, agentproto.PathPrepare, nil))
+	if rec.Code != http.StatusNoContent {
+		t.Fatalf("prepare = %d %s", rec.Code, rec.Body)
+	}
+	if n := rpcBuilt(s); n != 2 {
+		t.Fatalf("%d of 2 handlers built when prepare answered", n)
+	}
+	rec = httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, agentproto.PathPrepare, nil))
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET prepare = %d, want 405", rec.Code)
+	}
+}

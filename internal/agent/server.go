@@ -201,6 +201,7 @@ func (s *Server) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+agentproto.PathClock, s.handleClock)
 	mux.HandleFunc("POST "+agentproto.PathQuiesce, s.handleQuiesce)
 	mux.HandleFunc("POST "+agentproto.PathReinit, s.handleReinit)
+	mux.HandleFunc("POST "+agentproto.PathPrepare, s.handlePrepare)
 	mux.HandleFunc("GET "+agentproto.PathLogs, s.handleLogs)
 
 	// Messages are commands, paths and stdin chunks: 16 MiB is plenty, and
@@ -248,6 +249,19 @@ func (s *Server) prebuild() {
 	for _, h := range s.rpc {
 		h.get()
 	}
+}
+
+// handlePrepare is POST /_cube/prepare: it builds the Connect handlers
+// before answering. Cubelet calls it on a warm-pool entry just before
+// freezing it, so that the claim, on a create's path, finds them built
+// instead of building them (about 1 ms of CPU each) while a burst of
+// claims competes for the cores. It runs no garbage collection: an agent
+// that has never collected is never forced to (the runtime forces one
+// only two minutes after the last), so a thawed entry does not spend its
+// first milliseconds collecting.
+func (s *Server) handlePrepare(w http.ResponseWriter, _ *http.Request) {
+	s.prebuild()
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // lazyHandler serves with the handler build returns, built on the first

@@ -29,6 +29,7 @@ func TestTokenFromTheFirstRequest(t *testing.T) {
 		{"GET", "/envs", ""},
 		{"POST", "/init", `{"accessToken":"mine"}`},
 		{"POST", agentproto.PathReinit, `{"access_token":"mine"}`},
+		{"POST", agentproto.PathPrepare, ""},
 		{"POST", agentproto.PathQuiesce, `{}`},
 		{"GET", "/files?path=/etc/hostname", ""},
 		{"POST", "/process.Process/List", `{}`},

@@ -24,6 +24,7 @@ const (
 	PathClock   = InternalPrefix + "clock"
 	PathQuiesce = InternalPrefix + "quiesce"
 	PathReinit  = InternalPrefix + "reinit"
+	PathPrepare = InternalPrefix + "prepare"
 	PathLogs    = InternalPrefix + "logs"
 )
 

@@ -357,6 +357,11 @@ func (s *Service) freezeEntry(ctx context.Context, rec *sandbox.Record) error {
 	if err != nil {
 		return err
 	}
+	// The agent builds its envd handlers now, at refill, rather than at
+	// the claim's reinit, where a burst of claims shares the cores.
+	if err := actions.PrepareAgent(ctx, d, e.rec.Load()); err != nil {
+		return err
+	}
 	cid := rec.Container.ID
 	if err := actions.Settle(ctx, d, cid, runtime.StatusPaused, d.Pause(ctx, cid)); err != nil {
 		return err

@@ -817,6 +817,7 @@ func agentMatrix(t *testing.T, m *matrix, name, base, right, other string) {
 		{"GET", "/files?path=/etc/hostname", true}, {"POST", "/files?path=/tmp/x", false},
 		{"GET", agentproto.PathInfo, true}, {"POST", agentproto.PathFreeze, false}, {"POST", agentproto.PathThaw, false},
 		{"POST", agentproto.PathClock, false}, {"POST", agentproto.PathQuiesce, false}, {"POST", agentproto.PathReinit, false},
+		{"POST", agentproto.PathPrepare, false},
 	}
 	for _, svc := range []string{"process.Process", "filesystem.Filesystem"} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))

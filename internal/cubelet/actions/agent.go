@@ -160,6 +160,13 @@ func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
 	return withWaitCause(ctx, agentclient.Wake(ctx, d, rec, 24*time.Hour))
 }
 
+// PrepareAgent has the agent of rec, a warm-pool entry about to be frozen,
+// build what a user's first call needs (agentclient.Prepare), so that the
+// claim does not.
+func PrepareAgent(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
+	return agentclient.Prepare(ctx, d, rec)
+}
+
 // needsQuiesce says whether rec's runtime saves memory and needs the agent
 // quiet for it.
 func (n *Node) needsQuiesce(rec *sandbox.Record) bool {

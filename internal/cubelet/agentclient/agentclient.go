@@ -347,3 +347,31 @@ func Reinit(ctx context.Context, d runtime.Driver, rec *sandbox.Record, held, ho
 	slog.DebugContext(ctx, "agent re-initialised", "sandbox_id", rec.ID, "applied", res.Applied, "skipped", res.Skipped)
 	return nil
 }
+
+// Prepare asks the sandbox's agent to build now what a user's first call
+// would otherwise build (agentproto.PathPrepare): cubelet calls it on a
+// warm-pool entry before freezing it, so a claim does not pay for it. An
+// agent that predates the endpoint (404) has nothing to prepare.
+func Prepare(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
+	e, err := EndpointFor(d, rec)
+	if err != nil {
+		return err
+	}
+	defer e.Client.CloseIdleConnections()
+	req, err := e.NewRequest(ctx, http.MethodPost, agentproto.PathPrepare, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := e.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("prepare agent: %w: %w", err, errdefs.ErrUnavailable)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	switch resp.StatusCode {
+	case http.StatusNoContent, http.StatusOK, http.StatusNotFound:
+		return nil
+	default:
+		return fmt.Errorf("prepare agent: %s: %s: %w", resp.Status, strings.TrimSpace(string(b)), errdefs.ErrUnavailable)
+	}
+}
