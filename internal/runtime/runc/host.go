@@ -2,7 +2,9 @@ package runc
 
 import (
 	"bufio"
+	"errors"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -62,4 +64,49 @@ func hasCap(bit uint) bool {
 		return err == nil && mask&(1<<bit) != 0
 	}
 	return false
+}
+
+// bindMaskedDirs masks the directories under /sys among spec's masked
+// paths with a read-only bind of empty, an empty directory it creates,
+// instead of runc's way, an empty read-only tmpfs over each. Every tmpfs
+// is a superblock of its own, and the kernel keeps per memory cgroup a
+// slot for every memcg-aware shrinker, one per superblock: with a
+// sandbox's cgroup and superblocks both growing with the number of
+// sandboxes, that memory grows with its square (operating-cubelet.md,
+// "Many sandboxes on one node"). A bind makes no superblock. Directories
+// under /proc keep the tmpfs: runc refuses other mounts inside /proc.
+// Which paths are directories is read from the host's /sys, whose
+// layout the sandbox's sysfs shares; a path the host lacks stays masked
+// the usual way (runc skips what does not exist).
+func bindMaskedDirs(spec *specs.Spec, empty string) error {
+	if spec.Linux == nil {
+		return nil
+	}
+	var binds []specs.Mount
+	keep := spec.Linux.MaskedPaths[:0]
+	for _, p := range spec.Linux.MaskedPaths {
+		if strings.HasPrefix(p, "/sys/") && isDir(p) {
+			binds = append(binds, specs.Mount{Destination: p, Type: "bind", Source: empty,
+				Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+			continue
+		}
+		keep = append(keep, p)
+	}
+	if len(binds) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(empty), 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(empty, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	spec.Linux.MaskedPaths = keep
+	spec.Mounts = append(spec.Mounts, binds...)
+	return nil
+}
+
+func isDir(p string) bool {
+	st, err := os.Lstat(p)
+	return err == nil && st.IsDir()
 }
