@@ -2,7 +2,7 @@ GO ?= go
 BIN ?= bin
 BINARIES = cubelet cubecli cube-agent cube-bench network-agent cubemaster cube cubeproxy
 
-.PHONY: all build generate lint test up clean bench bench-cluster
+.PHONY: all build generate lint test up clean bench bench-gvisor bench-vm bench-cluster
 
 all: build
 
@@ -37,6 +37,14 @@ clean:
 BENCH_FLAGS ?=
 bench: build
 	$(BIN)/cube-bench --markdown bench/RESULTS.md --json-out bench/results.json $(BENCH_FLAGS)
+
+# The same scenarios on the gVisor and VM runtimes (smaller default N; a
+# TCG boot takes seconds), each with its own report next to RESULTS.md.
+bench-gvisor: build
+	$(BIN)/cube-bench --runtime gvisor --markdown bench/RESULTS-gvisor.md --json-out bench/results-gvisor.json $(BENCH_FLAGS)
+
+bench-vm: build
+	$(BIN)/cube-bench --runtime vm --markdown bench/RESULTS-vm.md --json-out bench/results-vm.json $(BENCH_FLAGS)
 
 # The cluster scenarios (they build a three-node cluster of network
 # namespaces from source, so run from the repository as root), written to

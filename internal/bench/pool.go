@@ -65,7 +65,15 @@ func (e *Env) importPoolTemplate(ctx context.Context, p *poolTemplate, id string
 			}
 			return
 		}
-		if err := importTemplate(ctx, e.Client, id, e.Opts.ImageLayout); err != nil {
+		var err error
+		if e.Opts.Runtime == "gvisor" {
+			// Imported for gvisor, so that its pool's entries are
+			// gVisor sandboxes (frozen with runsc pause).
+			err = importTemplateOn(ctx, e.Client, id, e.Opts.ImageLayout, "gvisor")
+		} else {
+			err = importTemplate(ctx, e.Client, id, e.Opts.ImageLayout)
+		}
+		if err != nil {
 			p.err = err
 			return
 		}
@@ -115,9 +123,6 @@ func (e *Env) waitPool(ctx context.Context, id string, n int) error {
 }
 
 func poolRuntime(_ context.Context, e *Env) error {
-	if e.Opts.Runtime != "" && e.Opts.Runtime != "runc" && e.Opts.Runtime != "vm" {
-		return skipf("create-pool runs on runc and vm (run with --runtime runc or vm)")
-	}
 	if e.node == nil {
 		return skipf("create-pool needs a private node (its config keeps the pool)")
 	}
@@ -128,7 +133,7 @@ func init() {
 	Register(Scenario{
 		Name: "create-pool", Kind: report.KindCube,
 		Help:      "create-to-ready claiming a frozen sandbox of the template's warm pool (waits untimed for the refill between samples)",
-		Baselines: []string{"runc-run", "qemu-incoming", "qemu-incoming-full"},
+		Baselines: []string{"runc-run", "runsc-restore", "qemu-incoming", "qemu-incoming-full"},
 		Params:    func(o report.Options) report.Params { return report.Params{N: o.N1, Concurrency: 1} },
 		Probe:     poolRuntime,
 		Run:       runCreatePool,

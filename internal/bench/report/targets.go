@@ -115,6 +115,9 @@ func Evaluate(rep *Report) []Target {
 	if find("qemu-incoming-full") != nil {
 		ratio("VM create from a shared-memory warm template vs bare qemu -incoming of a full image of it", "<= 0.20x (p50)", 0.2, "create-warm", "qemu-incoming-full", p50, false)
 	}
+	if find("runsc-restore") != nil && find("create-pool") != nil {
+		ratio("gVisor create from a warm pool (frozen entries) vs bare runsc restore of the warm template", "<= 0.25x (p50)", 0.25, "create-pool", "runsc-restore", p50, false)
+	}
 	if find("qemu-incoming") != nil && find("create-pool") != nil {
 		ratio("VM create from a warm pool (paused clones of the warm template) vs bare qemu -incoming of the template", "<= 0.20x (p50)", 0.2, "create-pool", "qemu-incoming", p50, false)
 	}
