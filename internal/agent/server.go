@@ -11,7 +11,7 @@
 //	POST /init                   env vars, access token, default user/workdir, clock
 //	GET  /metrics                CPU, memory, disk of the sandbox
 //	     /_cube/*                cubelet only, never proxied: info, fsfreeze, fsthaw, clock,
-//	                             quiesce (quiesce.go), reinit (reinit.go), logs
+//	                             quiesce (quiesce.go), reinit (reinit.go), prepare, logs
 //
 // over HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge), as the
 // SDKs' Connect transports may use either. The wire contract is envd's, as

@@ -344,6 +344,10 @@ func (s *Service) fillEntry(ctx context.Context, id, tmpl string, cold bool) err
 	return nil
 }
 
+// prepareTimeout bounds a refill's POST /_cube/prepare: the refiller
+// makes one entry at a time, for every template.
+const prepareTimeout = 5 * time.Second
+
 func (s *Service) freezeEntry(ctx context.Context, rec *sandbox.Record) error {
 	e, err := s.find(rec.ID)
 	if err != nil {
@@ -358,9 +362,14 @@ func (s *Service) freezeEntry(ctx context.Context, rec *sandbox.Record) error {
 		return err
 	}
 	// The agent builds its envd handlers now, at refill, rather than at
-	// the claim's reinit, where a burst of claims shares the cores.
-	if err := actions.PrepareAgent(ctx, d, e.rec.Load()); err != nil {
-		return err
+	// the claim's reinit, where a burst of claims shares the cores. Only
+	// a speed-up: an agent that does not answer in time (the claim's
+	// reinit still has to) is frozen as it is.
+	pctx, cancel := context.WithTimeout(ctx, prepareTimeout)
+	err = actions.PrepareAgent(pctx, d, e.rec.Load())
+	cancel()
+	if err != nil {
+		s.log.Warn("warm pool: prepare entry's agent", "sandbox_id", rec.ID, "err", err)
 	}
 	cid := rec.Container.ID
 	if err := actions.Settle(ctx, d, cid, runtime.StatusPaused, d.Pause(ctx, cid)); err != nil {

@@ -3,6 +3,7 @@ package runc
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -87,7 +88,7 @@ func bindMaskedDirs(spec *specs.Spec, empty string) error {
 	for _, p := range spec.Linux.MaskedPaths {
 		if strings.HasPrefix(p, "/sys/") && isDir(p) {
 			binds = append(binds, specs.Mount{Destination: p, Type: "bind", Source: empty,
-				Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+				Options: []string{"bind", "ro", "nosuid", "nodev", "noexec", "rprivate"}})
 			continue
 		}
 		keep = append(keep, p)
@@ -100,6 +101,16 @@ func bindMaskedDirs(spec *specs.Spec, empty string) error {
 	}
 	if err := os.Mkdir(empty, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
+	}
+	// What runc binds into the sandbox must be this empty directory,
+	// whatever was left at its path.
+	if st, err := os.Lstat(empty); err != nil {
+		return err
+	} else if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", empty)
+	}
+	if ents, err := os.ReadDir(empty); err != nil || len(ents) > 0 {
+		return errors.Join(err, fmt.Errorf("%s is not empty", empty))
 	}
 	spec.Linux.MaskedPaths = keep
 	spec.Mounts = append(spec.Mounts, binds...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,22 +12,25 @@ import (
 	"github.com/cubesandbox/cube/internal/testenv"
 )
 
-// mountsOf parses /proc/<pid>/mountinfo: mount point -> "fstype dev" of
-// the last mount there (the one visible), and the set of devices.
-func mountsOf(t *testing.T, pid int) (byPoint map[string][2]string, devs map[string]bool) {
+// mountInfo is one line of /proc/<pid>/mountinfo.
+type mountInfo struct{ root, dev, opts, fstype string }
+
+// mountsOf parses /proc/<pid>/mountinfo: the mount visible at each mount
+// point (the last one there), and the set of devices.
+func mountsOf(t *testing.T, pid int) (byPoint map[string]mountInfo, devs map[string]bool) {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	byPoint, devs = map[string][2]string{}, map[string]bool{}
+	byPoint, devs = map[string]mountInfo{}, map[string]bool{}
 	for line := range strings.Lines(string(b)) {
 		pre, post, ok := strings.Cut(line, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(g) < 1 {
+		if !ok || len(f) < 6 || len(g) < 1 {
 			continue
 		}
-		byPoint[f[4]] = [2]string{g[0], f[2]}
+		byPoint[f[4]] = mountInfo{root: f[3], dev: f[2], opts: f[5], fstype: g[0]}
 		devs[f[2]] = true
 	}
 	return byPoint, devs
@@ -60,11 +64,14 @@ func TestMaskedSysDirsAreBinds(t *testing.T) {
 	if !ok {
 		t.Fatal("nothing mounted over /sys/firmware in the sandbox: it is not masked")
 	}
-	if fw[0] == "tmpfs" {
-		t.Fatalf("/sys/firmware is masked with a tmpfs (%s), want a bind", fw[1])
+	if !strings.HasSuffix(fw.root, "/masked") {
+		t.Fatalf("/sys/firmware shows %q of its filesystem (%s), want the driver's empty masked directory", fw.root, fw.fstype)
 	}
-	if !hostDevs[fw[1]] {
-		t.Fatalf("/sys/firmware's mount is on device %s, which the host does not have mounted: a new superblock", fw[1])
+	if !hostDevs[fw.dev] {
+		t.Fatalf("/sys/firmware's mount is on device %s, which the host does not have mounted: a new superblock", fw.dev)
+	}
+	if !slices.Contains(strings.Split(fw.opts, ","), "ro") {
+		t.Fatalf("/sys/firmware's bind is mounted %q, want read-only", fw.opts)
 	}
 	if out := strings.TrimSpace(execIn(t, d, s.BundleDir, s.ID, 0, "/bin/ls", "-A", "/sys/firmware")); out != "" {
 		t.Fatalf("/sys/firmware in the sandbox lists %q, want nothing", out)
@@ -78,7 +85,7 @@ func TestMaskedSysDirsAreBinds(t *testing.T) {
 			own++
 		}
 	}
-	t.Logf("sandbox: /sys/firmware a bind (%s on %s), %d superblocks of its own", fw[0], fw[1], own)
+	t.Logf("sandbox: /sys/firmware a read-only bind of %s (%s on %s), %d superblocks of its own", fw.root, fw.fstype, fw.dev, own)
 
 	// Control: runc's own masking of the same directory.
 	c := sleepSpec(t, parent, "mask-tmpfs")
@@ -88,8 +95,8 @@ func TestMaskedSysDirsAreBinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm, cdevs := mountsOf(t, cst.Pid)
-	if cm["/sys/firmware"][0] != "tmpfs" {
-		t.Fatalf("control: runc masked /sys/firmware with %q, want tmpfs", cm["/sys/firmware"][0])
+	if m := cm["/sys/firmware"]; m.fstype != "tmpfs" || hostDevs[m.dev] {
+		t.Fatalf("control: runc masked /sys/firmware with %+v, want a tmpfs of its own", m)
 	}
 	cown := 0
 	for dev := range cdevs {

@@ -435,6 +435,10 @@ func TestSysfsOfJoinedNetNS(t *testing.T) {
 	if out, err := nsenterIn(t, st.PID, "/bin/sh", "-c", "echo x > /sys/kernel/uevent_helper"); err == nil {
 		t.Errorf("sysfs is writable in the sandbox: %s", out)
 	}
+	// The masks under /sys go on top of the host-side sysfs bound there.
+	if out, err := nsenterIn(t, st.PID, "/bin/ls", "-A", "/sys/firmware"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("/sys/firmware in the sandbox: %v: %q, want it masked (empty)", err, out)
+	}
 	// Set from the host side (the namespace's owner): the sandbox's
 	// root may not, and its namespace cannot name host GIDs past its range.
 	if out, err := exec.Command("ip", "netns", "exec", name, "cat", "/proc/sys/net/ipv4/ping_group_range").CombinedOutput(); err != nil ||
