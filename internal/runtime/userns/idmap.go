@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/forkthread"
 )
 
 // holderTimeout bounds how long NewNamespace waits for its helper to
@@ -27,6 +28,10 @@ const holderTimeout = 10 * time.Second
 
 // Namespace is an open user namespace. It lives as long as it is open.
 type Namespace struct{ fd int }
+
+// startHelper starts NewNamespace's helper (a variable for the test's
+// control, which starts it from the calling goroutine's thread).
+var startHelper = forkthread.Start
 
 // NewNamespace creates a user namespace that maps container IDs
 // 0..r.Size-1 onto r (UIDs and GIDs), is owned by host UID r.HostID, and
@@ -77,7 +82,12 @@ func NewNamespace(r Range, limits map[string]int) (*Namespace, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: r.HostID, Gid: r.HostID, Groups: []uint32{}},
 		// The helper also exits by itself when this process dies (its
-		// stdin pipe closes); Pdeathsig is the backstop.
+		// stdin pipe closes); Pdeathsig is the backstop. The kernel sends
+		// it when the forking thread ends, so the helper is started from
+		// forkthread's thread, which never does: from a thread the Go
+		// runtime later hands to a goroutine that locks it and exits
+		// (entering a network or UTS namespace does), the helper was
+		// killed mid-answer and the create failed "set limits: EOF".
 		Pdeathsig: syscall.SIGKILL,
 	}
 	var stderr bytes.Buffer
@@ -91,7 +101,7 @@ func NewNamespace(r Range, limits map[string]int) (*Namespace, error) {
 		stdin.Close()
 		return nil, fmt.Errorf("userns: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startHelper(cmd); err != nil {
 		stdin.Close()
 		return nil, fmt.Errorf("userns: start namespace helper: %w", err)
 	}
