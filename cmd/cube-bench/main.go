@@ -4,7 +4,8 @@
 // freezer) in the same run. It only wires flags to package bench and
 // writes the report package bench/report renders, with the charts package
 // bench/charts draws next to the Markdown report. `cube-bench charts
-// --from FILE` redraws the charts (and the Markdown) of a JSON report
+// --from FILE` redraws the charts (and the Markdown, with the targets
+// evaluated as they are defined now) of a JSON report
 // without running anything.
 package main
 
@@ -189,6 +190,8 @@ func chartsCmd(args []string) error {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return fmt.Errorf("%s: %w", *from, err)
 	}
+	// The targets as defined now, against the run's figures.
+	rep.Targets = report.Evaluate(&rep)
 	out, prefix := *dir, charts.Prefix(*from)
 	if *md != "" {
 		prefix = charts.Prefix(*md)

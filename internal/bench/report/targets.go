@@ -82,13 +82,15 @@ func Evaluate(rep *Report) []Target {
 	}
 	t = Target{Name: "host memory per idle " + rt + " sandbox", Want: "<= 3 MiB (avg, agent included)", Got: "not measured"}
 	if rt != "runc" {
-		t.Want += " for runc"
+		t.Want += " for runc" // reported, not judged
 	}
 	c := Target{Name: "cubelet RSS with the density sandboxes up", Want: "< 300 MiB", Got: "not measured"}
 	if d != nil && d.Density != nil {
 		dr := d.Density
 		t.Got = fmt.Sprintf("%s avg, %s P99 over %d sandboxes", dr.Total.Avg.MiB(), dr.Total.P99.MiB(), dr.Sandboxes)
-		t.Met = met(dr.Total.Avg <= 3<<20)
+		if rt == "runc" {
+			t.Met = met(dr.Total.Avg <= 3<<20)
+		}
 		c.Got = fmt.Sprintf("%s with %d sandboxes", dr.CubeletRSS.MiB(), dr.Sandboxes)
 		c.Met = met(dr.CubeletRSS < 300<<20)
 		if dr.Sandboxes < DensityTargetN {
