@@ -86,8 +86,8 @@ var defaultCaps = []string{
 // directories as an empty read-only tmpfs (the runc driver binds an
 // empty directory over those under /sys instead: bindMaskedDirs).
 // /proc/interrupts is masked because per-CPU interrupt counts of the
-// host's devices are a timing side channel (keystrokes, network activity of neighbours). /sys is
-// mounted read-only as a whole (mountsFor).
+// host's devices are a timing side channel (keystrokes, network activity
+// of neighbours). /sys is mounted read-only as a whole (mountsFor).
 var (
 	maskedPaths = []string{
 		"/proc/acpi",

@@ -99,18 +99,19 @@ func bindMaskedDirs(spec *specs.Spec, empty string) error {
 	if err := os.MkdirAll(filepath.Dir(empty), 0o700); err != nil {
 		return err
 	}
-	if err := os.Mkdir(empty, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := os.Mkdir(empty, 0o555); errors.Is(err, os.ErrExist) {
+		// What runc binds into the sandbox must be an empty directory,
+		// whatever was left at its path.
+		if st, err := os.Lstat(empty); err != nil {
+			return err
+		} else if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", empty)
+		}
+		if ents, err := os.ReadDir(empty); err != nil || len(ents) > 0 {
+			return errors.Join(err, fmt.Errorf("%s is not empty", empty))
+		}
+	} else if err != nil {
 		return err
-	}
-	// What runc binds into the sandbox must be this empty directory,
-	// whatever was left at its path.
-	if st, err := os.Lstat(empty); err != nil {
-		return err
-	} else if !st.IsDir() {
-		return fmt.Errorf("%s is not a directory", empty)
-	}
-	if ents, err := os.ReadDir(empty); err != nil || len(ents) > 0 {
-		return errors.Join(err, fmt.Errorf("%s is not empty", empty))
 	}
 	spec.Linux.MaskedPaths = keep
 	spec.Mounts = append(spec.Mounts, binds...)

@@ -171,8 +171,8 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	// A user namespace's root must reach the bind's source: its own
 	// directory; without one, runc is host root and the bundle will do.
 	maskDir := s.BundleDir
-	if prep.dir != "" {
-		maskDir = prep.dir
+	if !d.uns.cfg.Disabled {
+		maskDir = d.uns.dir(s.ID)
 	}
 	if err := bindMaskedDirs(spec, filepath.Join(maskDir, "masked")); err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)

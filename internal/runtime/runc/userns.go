@@ -181,9 +181,6 @@ func (u *usernsState) dir(id string) string { return filepath.Join(u.cfg.MountDi
 // prepared is what Start needs from prepare until runc has run.
 type prepared struct {
 	ns *userns.Namespace // nil without a user namespace
-	// dir is the sandbox's directory the namespace's root may pass
-	// through ("" without a user namespace).
-	dir string
 	// netns: run runc with this network namespace as its own, the
 	// sandbox inheriting it (see prepare).
 	netns string
@@ -218,7 +215,6 @@ func (u *usernsState) prepare(ctx context.Context, s runtime.Spec, spec *specs.S
 		}
 	}()
 	dir := u.dir(s.ID)
-	p.dir = dir
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return p, fmt.Errorf("runc: %w", err)
 	}
