@@ -56,9 +56,10 @@ type Capabilities struct {
 	// entering a bare namespace as a runc sandbox's is.
 	NeedsSlot bool `json:"needs_slot"`
 	// PauseFreezes: Pause freezes the sandbox's processes in place (the
-	// cgroup freezer) and Resume returns once the kernel reports them
-	// thawed: they run on as they were, their sockets open, so an agent
-	// that answered before the pause answers again without being asked.
+	// cgroup freezer; gVisor's sentry stopping its tasks) and Resume
+	// returns once the kernel (host or sentry) reports them thawed: they
+	// run on as they were, their sockets open, so an agent that answered
+	// before the pause answers again without being asked.
 	PauseFreezes bool `json:"pause_freezes"`
 }
 

@@ -148,7 +148,9 @@ func (d *Driver) Name() string { return "gvisor" }
 // Capabilities implements runtime.Driver: runsc checkpoints and restores
 // a whole sandbox, memory included, without CRIU (when Config.Checkpoint).
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Checkpoint: d.checkpoint, Restore: d.checkpoint, NeedsSlot: true}
+	// PauseFreezes: the sentry's pause stops the sandbox's tasks in place
+	// and its resume returns once they run again (setPaused).
+	return runtime.Capabilities{Pause: true, PauseFreezes: true, Checkpoint: d.checkpoint, Restore: d.checkpoint, NeedsSlot: true}
 }
 
 func (d *Driver) memoryOff(verb, id string) error {
@@ -306,9 +308,32 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Pause(ctx, rid); err != nil {
-		return d.classify(ctx, "pause", id, err, "")
+	return d.pauseSlot(ctx, id, rid, networkOf(c.Bundle), true)
+}
+
+// pauseSlot pauses or resumes slot rid directly (setPaused), or with
+// runsc where the state file is in a layout setPaused does not know.
+func (d *Driver) pauseSlot(ctx context.Context, id, rid, network string, paused bool) error {
+	begin := time.Now()
+	err := d.setPaused(ctx, id, rid, paused)
+	verb := "resume"
+	if paused {
+		verb = "pause"
 	}
+	if errors.Is(err, errStateFormat) {
+		if paused {
+			err = d.rsc(network, "").Pause(ctx, rid)
+		} else {
+			err = d.rsc(network, "").Resume(ctx, rid)
+		}
+		if err != nil {
+			return d.classify(ctx, verb, id, err, "")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	d.log.DebugContext(ctx, verb, "id", id, "took", time.Since(begin))
 	return nil
 }
 
@@ -324,10 +349,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 			return fmt.Errorf("gvisor resume %s: %w", id, err)
 		}
 	}
-	if err := d.rsc(networkOf(c.Bundle), "").Resume(ctx, rid); err != nil {
-		return d.classify(ctx, "resume", id, err, "")
-	}
-	return nil
+	return d.pauseSlot(ctx, id, rid, networkOf(c.Bundle), false)
 }
 
 // Checkpoint writes the sandbox's memory image to dir/checkpoint.img and
@@ -376,14 +398,14 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string, leaveRunning bo
 	network := networkOf(c.Bundle)
 	paused := c.Status == "paused"
 	if paused {
-		if err := d.rsc(network, "").Resume(ctx, rid); err != nil {
-			return d.classify(ctx, "resume before checkpoint", id, err, "")
+		if err := d.pauseSlot(ctx, id, rid, network, false); err != nil {
+			return fmt.Errorf("resume before checkpoint: %w", err)
 		}
 	}
 	logFile := filepath.Join(c.Bundle, "runsc.log")
 	if err := d.runCheckpoint(ctx, id, rid, dir, network, logFile); err != nil {
 		if paused {
-			_ = d.rsc(network, "").Pause(context.WithoutCancel(ctx), rid)
+			_ = d.pauseSlot(context.WithoutCancel(ctx), id, rid, network, true)
 		}
 		return err
 	}
@@ -549,7 +571,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	// transition: paused => stopped") after killing it half-way; thaw
 	// first so delete takes its normal path.
 	if c.Status == "paused" {
-		if err := d.rsc(network, "").Resume(ctx, rid); err != nil {
+		if err := d.pauseSlot(ctx, id, rid, network, false); err != nil {
 			d.log.WarnContext(ctx, "resume before stop", "id", id, "error", err)
 		}
 	}
