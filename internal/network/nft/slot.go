@@ -127,8 +127,18 @@ const ResolvedSetSize = 16384
 // table that holds anything else (tampered with, or from an older
 // version) is replaced. Either way the commit waits for an RCU grace
 // period because rules are deleted (~10 ms here), which is why policy
-// changes go through UpdateSlotPolicy.
+// changes go through UpdateSlotPolicy. When nothing has committed in the
+// namespace since ApplySlot's own last commit of the same Slot (gen.go),
+// the table is exactly that and ApplySlot commits nothing.
 func ApplySlot(nsFD int, s Slot) error {
+	sum, sumErr := slotSum(s)
+	var cookie uint64
+	if sumErr == nil {
+		var current bool
+		if cookie, current = slotCurrent(nsFD, sum); current {
+			return nil
+		}
+	}
 	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
 	if err != nil {
 		return err
@@ -320,6 +330,9 @@ func ApplySlot(nsFD int, s Slot) error {
 	applyNoIPv6(c, SlotTable)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("apply slot rules: %w", err)
+	}
+	if sumErr == nil {
+		rememberSlot(nsFD, cookie, sum)
 	}
 	return nil
 }
