@@ -19,7 +19,9 @@ import (
 // generation its own commit produced and what it committed. When both
 // still match, nothing has committed there since (no tampering, no other
 // writer) and the rule set is what the caller asks for: ApplySlot then
-// commits nothing.
+// commits nothing. A generation is remembered only when it is exactly one
+// past the one read before ApplySlot built its batch, so a commit by
+// anyone else while ApplySlot ran is never taken for its own.
 //
 // Namespaces are told apart by their cookie, which the kernel never
 // reuses (an inode number is, once a namespace is gone).
@@ -54,26 +56,29 @@ func slotSum(s Slot) ([sha256.Size]byte, error) {
 
 // slotCurrent reports whether the namespace open at nsFD holds what
 // ApplySlot last committed there for a Slot whose sum is sum, with no
-// commit since. cookie is 0 when the namespace could not be asked.
-func slotCurrent(nsFD int, sum [sha256.Size]byte) (cookie uint64, current bool) {
+// commit since; gen is the namespace's generation now. cookie is 0 when
+// the namespace could not be asked.
+func slotCurrent(nsFD int, sum [sha256.Size]byte) (cookie uint64, gen uint32, current bool) {
 	cookie, gen, err := generation(nsFD)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	v, ok := appliedSlots.Load(cookie)
-	return cookie, ok && v.(appliedSlot) == appliedSlot{gen: gen, sum: sum}
+	return cookie, gen, ok && v.(appliedSlot) == appliedSlot{gen: gen, sum: sum}
 }
 
-// rememberSlot records the generation right after ApplySlot's commit. A
-// commit by someone else between the two is taken for ApplySlot's own:
-// only root in the host can write there, and the DNS forwarder's
-// additions to the resolved set are the one such writer in practice.
-func rememberSlot(nsFD int, cookie uint64, sum [sha256.Size]byte) {
+// rememberSlot records the generation ApplySlot's commit left, read
+// right after it. The kernel adds one per commit, so it is remembered
+// only when it is before+1, before being the generation read before the
+// batch was built: a commit by anyone else in between (the generation
+// moved further) leaves nothing remembered, and the next ApplySlot there
+// commits in full.
+func rememberSlot(nsFD int, cookie uint64, before uint32, sum [sha256.Size]byte) {
 	if cookie == 0 {
 		return
 	}
 	c, gen, err := generation(nsFD)
-	if err != nil || c != cookie {
+	if err != nil || c != cookie || gen != nextGen(before) {
 		appliedSlots.Delete(cookie)
 		return
 	}
@@ -86,6 +91,38 @@ func rememberSlot(nsFD int, cookie uint64, sum [sha256.Size]byte) {
 		}
 		appliedCount.Unlock()
 	}
+}
+
+// besideSlot runs commit, a commit in the namespace open at nsFD that
+// changes only what ApplySlot leaves as it finds it (the resolved set's
+// elements), and moves the remembered generation past it when nothing
+// else committed there around it: the DNS forwarder's additions do not
+// turn the next re-apply into a full one.
+func besideSlot(nsFD int, commit func() error) error {
+	cookie, before, err := generation(nsFD)
+	if err != nil {
+		return commit()
+	}
+	if err := commit(); err != nil {
+		return err
+	}
+	v, ok := appliedSlots.Load(cookie)
+	if !ok || v.(appliedSlot).gen != before {
+		return nil
+	}
+	if c, after, err := generation(nsFD); err == nil && c == cookie && after == nextGen(before) {
+		appliedSlots.CompareAndSwap(cookie, v, appliedSlot{gen: after, sum: v.(appliedSlot).sum})
+	}
+	return nil
+}
+
+// nextGen is the generation a commit after gen leaves: the kernel skips 0
+// when the counter wraps.
+func nextGen(gen uint32) uint32 {
+	if gen++; gen == 0 {
+		gen++
+	}
+	return gen
 }
 
 // generation returns the cookie and the nftables ruleset generation of

@@ -288,7 +288,9 @@ func TestResolvedSet(t *testing.T) {
 // where nothing committed since commits nothing (the ruleset generation
 // stays), and is fast; a different Slot, or anything committed there in
 // between (here a chain emptied by hand, the control), is applied in full
-// and the table is again exactly what the Slot describes.
+// and the table is again exactly what the Slot describes. The DNS
+// forwarder's additions to the resolved set do not count as such a
+// commit.
 func TestSlotReapplyUnchanged(t *testing.T) {
 	path, fd := nsFixture(t)
 	open := testSlot(policy.Policy{})
@@ -355,5 +357,26 @@ func TestSlotReapplyUnchanged(t *testing.T) {
 	t.Logf("re-apply after a foreign commit: %v", time.Since(begin))
 	if got := listTable(t, path, SlotTable); got != want {
 		t.Fatalf("after a foreign commit, the re-apply left:\n%s", got)
+	}
+
+	// The DNS forwarder's additions keep the remembered generation in
+	// step: the next re-apply still commits nothing, and keeps them.
+	g2 := gen()
+	addr := netip.MustParseAddr("203.0.113.7")
+	if err := AddResolved(fd, []Resolved{{Addr: addr, Timeout: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	g1 := gen()
+	if g1 == g2 {
+		t.Fatal("AddResolved committed nothing")
+	}
+	if err := ApplySlot(fd, open); err != nil {
+		t.Fatal(err)
+	}
+	if g := gen(); g != g1 {
+		t.Fatalf("re-apply after the forwarder's addition committed (generation %d -> %d)", g1, g)
+	}
+	if rs, err := ListResolved(fd); err != nil || len(rs) != 1 || rs[0].Addr != addr {
+		t.Fatalf("resolved set after the re-apply: %v, %v", rs, err)
 	}
 }

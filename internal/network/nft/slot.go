@@ -133,9 +133,10 @@ const ResolvedSetSize = 16384
 func ApplySlot(nsFD int, s Slot) error {
 	sum, sumErr := slotSum(s)
 	var cookie uint64
+	var before uint32
 	if sumErr == nil {
 		var current bool
-		if cookie, current = slotCurrent(nsFD, sum); current {
+		if cookie, before, current = slotCurrent(nsFD, sum); current {
 			return nil
 		}
 	}
@@ -332,7 +333,7 @@ func ApplySlot(nsFD int, s Slot) error {
 		return fmt.Errorf("apply slot rules: %w", err)
 	}
 	if sumErr == nil {
-		rememberSlot(nsFD, cookie, sum)
+		rememberSlot(nsFD, cookie, before, sum)
 	}
 	return nil
 }
@@ -528,10 +529,12 @@ func AddResolved(nsFD int, rs []Resolved) error {
 	if err := c.SetAddElements(st, elems); err != nil {
 		return err
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("add to set %s: %w", ResolvedSet, err)
-	}
-	return nil
+	return besideSlot(nsFD, func() error {
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("add to set %s: %w", ResolvedSet, err)
+		}
+		return nil
+	})
 }
 
 // PruneResolved removes from the resolved set every address not in keep
