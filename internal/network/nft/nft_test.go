@@ -209,6 +209,18 @@ func TestUpdateSlotPolicyEqualsApply(t *testing.T) {
 		if a, b := listTable(t, pathA, SlotTable), listTable(t, pathB, SlotTable); a != b {
 			t.Fatalf("step %d: update and apply differ:\n--- update\n%s\n--- apply\n%s", i, a, b)
 		}
+		// The update is remembered as the Slot it turned the table
+		// into: a re-apply of that Slot commits nothing.
+		_, g0, err := generation(fdA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ApplySlot(fdA, testSlot(to)); err != nil {
+			t.Fatal(err)
+		}
+		if _, g, err := generation(fdA); err != nil || g != g0 {
+			t.Fatalf("step %d: the re-apply after the update committed (generation %d -> %d, %v)", i, g0, g, err)
+		}
 		from = to
 	}
 }

@@ -401,6 +401,19 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 		}
 		return ApplySlot(nsFD, s)
 	}
+	prevSlot := s
+	prevSlot.Policy = prev
+	// The update turns ApplySlot(prevSlot)'s table into ApplySlot(s)'s
+	// (TestUpdateSlotPolicyEqualsApply): when the table was known to be
+	// the former, the result is remembered as the latter (gen.go).
+	prevSum, perr := slotSum(prevSlot)
+	sum, serr := slotSum(s)
+	var cookie uint64
+	var before uint32
+	known := false
+	if perr == nil && serr == nil {
+		cookie, before, known = slotCurrent(nsFD, prevSum)
+	}
 	for _, x := range []struct {
 		name     string
 		old, new []netip.Prefix
@@ -424,8 +437,6 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 	}
 	// The proxied set follows the policy's Proxied switch: all the
 	// intercepted ports or none.
-	prevSlot := s
-	prevSlot.Policy = prev
 	if was, now := prevSlot.proxiedPorts(), s.proxiedPorts(); !slices.Equal(was, now) {
 		st := proxiedSet(t)
 		if len(was) > 0 {
@@ -439,6 +450,9 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("update slot policy: %w", err)
+	}
+	if known {
+		rememberSlot(nsFD, cookie, before, sum)
 	}
 	return nil
 }
