@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -45,7 +46,13 @@ func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	res := agentproto.ReinitResponse{Applied: []string{}, Skipped: map[string]string{}}
+	// took is logged: under TCG every step is guest CPU on a claim's path.
+	took := make([]any, 0, 16)
+	last := time.Now()
 	step := func(name string, err error) {
+		now := time.Now()
+		took = append(took, name, now.Sub(last))
+		last = now
 		if err != nil {
 			res.Skipped[name] = err.Error()
 			return
@@ -94,7 +101,7 @@ func (a *Server) handleReinit(w http.ResponseWriter, r *http.Request) {
 		a.state.mu.Unlock()
 		step("access_token", nil)
 	}
-	a.log.Info("re-initialised after restore", "applied", res.Applied, "skipped", res.Skipped)
+	a.log.Info("re-initialised after restore", "applied", res.Applied, "skipped", res.Skipped, slog.Group("took", took...))
 	writeJSON(w, http.StatusOK, res)
 	// A re-initialised sandbox (claimed from a warm pool, restored from a
 	// snapshot) is one a user is about to call: its envd handlers are
