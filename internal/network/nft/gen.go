@@ -72,16 +72,20 @@ func slotCurrent(nsFD int, sum [sha256.Size]byte) (cookie uint64, gen uint32, cu
 // only when it is before+1, before being the generation read before the
 // batch was built: a commit by anyone else in between (the generation
 // moved further) leaves nothing remembered, and the next ApplySlot there
-// commits in full. An unchanged generation means the batch had nothing
-// to commit (an UpdateSlotPolicy that changed no set) and no one else
-// committed: the table is still the one known before.
-func rememberSlot(nsFD int, cookie uint64, before uint32, sum [sha256.Size]byte) {
+// commits in full. With mayBeEmpty (UpdateSlotPolicy, whose batch can be
+// empty) an unchanged generation means the batch had nothing to commit
+// and no one else committed: the table is still the one known before.
+func rememberSlot(nsFD int, cookie uint64, before uint32, sum [sha256.Size]byte, mayBeEmpty bool) {
 	if cookie == 0 {
 		return
 	}
 	c, gen, err := generation(nsFD)
-	if err != nil || c != cookie || (gen != nextGen(before) && gen != before) {
-		appliedSlots.Delete(cookie)
+	if err != nil || c != cookie || (gen != nextGen(before) && (!mayBeEmpty || gen != before)) {
+		if _, loaded := appliedSlots.LoadAndDelete(cookie); loaded {
+			appliedCount.Lock()
+			appliedCount.n--
+			appliedCount.Unlock()
+		}
 		return
 	}
 	if _, loaded := appliedSlots.Swap(cookie, appliedSlot{gen: gen, sum: sum}); !loaded {

@@ -392,3 +392,47 @@ func TestSlotReapplyUnchanged(t *testing.T) {
 		t.Fatalf("resolved set after the re-apply: %v, %v", rs, err)
 	}
 }
+
+// TestSlotForeignCommitDuringApply: a commit by someone else between
+// ApplySlot's own commit and its reading of the generation is never taken
+// for ApplySlot's: the next ApplySlot of the same Slot commits in full and
+// repairs what the other commit changed.
+func TestSlotForeignCommitDuringApply(t *testing.T) {
+	path, fd := nsFixture(t)
+	open := testSlot(policy.Policy{})
+	flushEgress := func() {
+		err := netnsdir.Do(path, func() error {
+			out, err := exec.Command("nft", "flush", "chain", "ip", SlotTable, "egress").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	afterSlotCommit = flushEgress
+	err := ApplySlot(fd, open)
+	afterSlotCommit = nil
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, g0, err := generation(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplySlot(fd, open); err != nil {
+		t.Fatal(err)
+	}
+	if _, g, _ := generation(fd); g == g0 {
+		t.Fatal("the re-apply after a foreign commit during the apply committed nothing")
+	}
+	fresh, freshFD := nsFixture(t)
+	if err := ApplySlot(freshFD, open); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := listTable(t, path, SlotTable), listTable(t, fresh, SlotTable); got != want {
+		t.Fatalf("after the re-apply:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -73,6 +73,10 @@ const ResolvedSet = "resolved"
 // (and logs) once a sandbox holds this many live addresses.
 const ResolvedSetSize = 16384
 
+// afterSlotCommit, when set (tests only), runs between ApplySlot's commit
+// and its reading of the generation that commit left.
+var afterSlotCommit func()
+
 // ApplySlot replaces the slot table in the namespace open at nsFD.
 //
 // The rule set, in nft syntax (see testdata/slot.nft for the exact one):
@@ -332,8 +336,11 @@ func ApplySlot(nsFD int, s Slot) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("apply slot rules: %w", err)
 	}
+	if afterSlotCommit != nil {
+		afterSlotCommit()
+	}
 	if sumErr == nil {
-		rememberSlot(nsFD, cookie, before, sum)
+		rememberSlot(nsFD, cookie, before, sum, false)
 	}
 	return nil
 }
@@ -452,7 +459,7 @@ func UpdateSlotPolicy(nsFD int, s Slot, prev policy.Policy) error {
 		return fmt.Errorf("update slot policy: %w", err)
 	}
 	if known {
-		rememberSlot(nsFD, cookie, before, sum)
+		rememberSlot(nsFD, cookie, before, sum, true)
 	}
 	return nil
 }

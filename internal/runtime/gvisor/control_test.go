@@ -109,7 +109,7 @@ func TestPauseResumeWithoutRunsc(t *testing.T) {
 	}
 
 	// Control: the resume without the state file's guard.
-	err := sentryCall(ctx, runscID(id), methodResume)
+	_, err := sentryCall(ctx, runscID(id), methodResume)
 	t.Logf("unguarded resume of a running sandbox: %v", err)
 	deadline := time.Now().Add(5 * time.Second)
 	for {

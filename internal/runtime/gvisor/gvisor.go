@@ -88,6 +88,9 @@ type Driver struct {
 	// stateFormatOnce: the warning that readState fell back to runsc is
 	// said once per driver.
 	stateFormatOnce sync.Once
+	// noControlOnce: the warning that pause or resume fell back to runsc
+	// because the sentry's control socket was not usable.
+	noControlOnce sync.Once
 	// reaps are the background deletes of retired slots in flight, by
 	// runsc ID (swap.go); Stop and the next swap wait for them.
 	reapMu sync.Mutex
@@ -320,7 +323,12 @@ func (d *Driver) pauseSlot(ctx context.Context, id, rid, network string, paused 
 	if paused {
 		verb = "pause"
 	}
-	if errors.Is(err, errStateFormat) {
+	if errors.Is(err, errStateFormat) || errors.Is(err, errNoControl) {
+		if errors.Is(err, errNoControl) {
+			d.noControlOnce.Do(func() {
+				d.log.WarnContext(ctx, "the sentry's control socket is not usable; pausing and resuming with runsc instead (slower)", "id", id, "error", err)
+			})
+		}
 		if paused {
 			err = d.rsc(network, "").Pause(ctx, rid)
 		} else {

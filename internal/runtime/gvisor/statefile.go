@@ -24,7 +24,8 @@ type runscState struct {
 	CreatedAt time.Time `json:"createdAt"`
 	Status    string    `json:"status"`
 	Sandbox   *struct {
-		PID int `json:"pid"`
+		PID               int    `json:"pid"`
+		ControlSocketPath string `json:"controlSocketPath"`
 	} `json:"sandbox"`
 	Spec *struct {
 		Linux *struct {
