@@ -67,6 +67,9 @@ type vm struct {
 	started  atomic.Int32
 	ended    atomic.Int32
 	accepted atomic.Int32
+	// hangUp closes the chardev's end of the current host connection,
+	// as QEMU does when it exits.
+	hangUp func()
 }
 
 // startVM runs ServeSerial's session loop (without its virtio-only wait
@@ -91,6 +94,13 @@ func startVM(t *testing.T, h http.Handler) *vm {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var cur net.Conn
+	v.hangUp = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if cur != nil {
+			cur.Close()
+		}
+	}
 
 	wg.Add(3)
 	go func() { // guest
@@ -169,7 +179,7 @@ func startVM(t *testing.T, h http.Handler) *vm {
 func recordingClient(t *testing.T, sock string) (*http.Client, func() []net.Conn) {
 	var mu sync.Mutex
 	var conns []net.Conn
-	c := h2cClient(func(ctx context.Context) (net.Conn, error) {
+	c := newChannel(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		raw, err := d.DialContext(ctx, "unix", sock)
 		if err != nil {
@@ -184,7 +194,7 @@ func recordingClient(t *testing.T, sock string) (*http.Client, func() []net.Conn
 		conns = append(conns, raw)
 		mu.Unlock()
 		return sc, nil
-	})
+	}).HTTP
 	t.Cleanup(func() {
 		c.CloseIdleConnections()
 		mu.Lock()

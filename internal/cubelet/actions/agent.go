@@ -160,11 +160,26 @@ func (n *Node) wakeAgent(ctx context.Context, rec *sandbox.Record) error {
 	return withWaitCause(ctx, agentclient.Wake(ctx, d, rec, 24*time.Hour))
 }
 
+// sessionSparer is a driver whose agent channel can set up the session
+// of its next call ahead of time (a VM's virtio-serial handshake).
+type sessionSparer interface {
+	SpareAgentSession(ctx context.Context, id string) error
+}
+
+var _ sessionSparer = (*vmRuntime)(nil)
+
 // PrepareAgent has the agent of rec, a warm-pool entry about to be frozen,
-// build what a user's first call needs (agentclient.Prepare), so that the
-// claim does not.
+// build what a user's first call needs (agentclient.Prepare), and, on a
+// channel that has sessions, sets up the session the claim's reinit will
+// use, so that the claim does neither.
 func PrepareAgent(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
-	return agentclient.Prepare(ctx, d, rec)
+	if err := agentclient.Prepare(ctx, d, rec); err != nil {
+		return err
+	}
+	if s, ok := d.(sessionSparer); ok && rec.Container != nil {
+		return s.SpareAgentSession(ctx, rec.Container.ID)
+	}
+	return nil
 }
 
 // needsQuiesce says whether rec's runtime saves memory and needs the agent

@@ -83,7 +83,7 @@ func (a *runtimesAction) vm(ctx context.Context) runtime.Driver {
 		slog.WarnContext(ctx, "vm runtime skipped", "error", err)
 		return nil
 	}
-	return &vmRuntime{Driver: d, clients: map[string]*http.Client{}}
+	return &vmRuntime{Driver: d, clients: map[string]*agentchan.Channel{}}
 }
 
 // vmRuntime is the QEMU driver as cubelet uses it: the driver plus one
@@ -93,7 +93,7 @@ func (a *runtimesAction) vm(ctx context.Context) runtime.Driver {
 type vmRuntime struct {
 	*vm.Driver
 	mu      sync.Mutex
-	clients map[string]*http.Client
+	clients map[string]*agentchan.Channel
 }
 
 var (
@@ -104,20 +104,38 @@ var (
 // AgentClient is the client of id's agent channel: vsock where the host
 // has it, else the virtio-serial socket.
 func (r *vmRuntime) AgentClient(id string) (*http.Client, error) {
+	c, err := r.channel(id)
+	if err != nil {
+		return nil, err
+	}
+	return c.HTTP, nil
+}
+
+// SpareAgentSession has id's agent channel handshake the session its
+// next call will use (agentchan.Channel.Spare).
+func (r *vmRuntime) SpareAgentSession(ctx context.Context, id string) error {
+	c, err := r.channel(id)
+	if err != nil {
+		return err
+	}
+	return c.Spare(ctx)
+}
+
+func (r *vmRuntime) channel(id string) (*agentchan.Channel, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if c, ok := r.clients[id]; ok {
 		return c, nil
 	}
-	var c *http.Client
+	var c *agentchan.Channel
 	if cid, err := r.AgentCID(id); err == nil && cid != 0 {
-		c = agentchan.VsockClient(cid, agentchan.VsockPort)
+		c = agentchan.NewVsock(cid, agentchan.VsockPort)
 	} else {
 		sock, err := r.AgentSocket(id)
 		if err != nil {
 			return nil, err
 		}
-		c = agentchan.SerialClient(sock)
+		c = agentchan.NewSerial(sock)
 	}
 	r.clients[id] = c
 	return c, nil
@@ -127,7 +145,7 @@ func (r *vmRuntime) forget(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if c, ok := r.clients[id]; ok {
-		c.CloseIdleConnections()
+		c.Close()
 		delete(r.clients, id)
 	}
 }
