@@ -42,8 +42,7 @@ func main() {
 	// The agent's log goes to the console and into the sandbox's log
 	// (GET /_cube/logs), beside the output of the processes it starts.
 	logs := logring.New(agent.DefaultLogBytes)
-	logw := io.MultiWriter(console, logs.Writer(agentproto.LogEntry{Source: agentproto.LogSourceAgent, Stream: "stderr"}))
-	log := slog.New(slog.NewTextHandler(logw, nil)).With("component", "cube-agent")
+	log, quietConsole := newLog(console, logs.Writer(agentproto.LogEntry{Source: agentproto.LogSourceAgent, Stream: "stderr"}))
 	slog.SetDefault(log)
 	if protectErr != nil {
 		log.Error("protect the agent from its sandbox", "error", protectErr)
@@ -129,13 +128,27 @@ func main() {
 	// The Reaper is the only waiter in this process: the processes the
 	// API starts go through it too, so PID 1's reaping never steals their
 	// exit statuses.
-	var onListening func()
+	var listening []func()
 	if os.Getenv(agentproto.DetachConsoleEnv) == "1" {
 		os.Unsetenv(agentproto.DetachConsoleEnv)
-		onListening = func() {
+		listening = append(listening, func() {
 			if err := console.detach(1, 2); err != nil {
 				log.Error("detach from the console", "error", err)
 			}
+		})
+	}
+	if *vm {
+		// A VM's console is an emulated UART: under TCG a log line
+		// costs the guest ~2 ms of its vCPU (one exit per byte), on a
+		// claim's reinit too, and once cubelet has seen the agent
+		// answer it seals the console into a ring inside QEMU that
+		// nothing reads. From here the console gets warnings and
+		// errors only; the sandbox's log keeps every line.
+		listening = append(listening, quietConsole)
+	}
+	onListening := func() {
+		for _, f := range listening {
+			f()
 		}
 	}
 	reaper := initproc.NewReaper(log)
@@ -169,4 +182,15 @@ func main() {
 		log.Error("supervise", "error", err)
 		os.Exit(1)
 	}
+}
+
+// newLog is the agent's logger: every line to the sandbox's log (ring),
+// and to the console until quietConsole, warnings and errors after.
+func newLog(console, ring io.Writer) (log *slog.Logger, quietConsole func()) {
+	level := new(slog.LevelVar)
+	log = slog.New(slog.NewMultiHandler(
+		slog.NewTextHandler(console, &slog.HandlerOptions{Level: level}),
+		slog.NewTextHandler(ring, nil),
+	)).With("component", "cube-agent")
+	return log, func() { level.Set(slog.LevelWarn) }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -18,21 +19,33 @@ import (
 // is ignored, every request goes over the channel.
 const BaseURL = "http://agent"
 
-// pingTimeout bounds how long a dead connection (the QEMU socket of a VM
-// that was paused or replaced) holds requests before it is dropped.
-const pingTimeout = 5 * time.Second
+// The health check of a connection in use: a ping after readIdleTimeout
+// without a frame, the connection dropped when pingTimeout passes without
+// an answer. It bounds how long a dead connection (the QEMU socket of a
+// VM that was paused or replaced) holds requests. Variables for tests.
+var (
+	readIdleTimeout = 15 * time.Second
+	pingTimeout     = 5 * time.Second
+)
 
 // Channel is the host's client of one VM's agent channel. All requests
 // share one HTTP/2 connection, dialed by the first request after the last
-// one was closed; Spare dials and handshakes one ahead of need.
+// one was closed; Spare sets one up ahead of need.
 type Channel struct {
-	// HTTP sends requests over the channel (BaseURL).
+	// HTTP sends requests over the channel (BaseURL). Its
+	// CloseIdleConnections closes the spare too.
 	HTTP *http.Client
-	dial func(ctx context.Context) (net.Conn, error)
 
-	mu    sync.Mutex
-	spare net.Conn // handshaken, no HTTP/2 on it yet
+	// live carries requests normally; spare holds the connection Spare
+	// made, without health pings, and carries every request from Spare
+	// until CloseIdleConnections.
+	live, spare *http2.Transport
+	mu          sync.Mutex
+	spared      bool
+	spareConn   net.Conn // the spare transport's connection, as dialed
 }
+
+var _ http.RoundTripper = (*Channel)(nil)
 
 // NewSerial returns the channel to the agent behind QEMU's virtio-serial
 // chardev socket at socketPath. QEMU serves one client at a time, so all
@@ -67,115 +80,115 @@ func SerialClient(socketPath string) *http.Client { return NewSerial(socketPath)
 func VsockClient(cid, port uint32) *http.Client { return NewVsock(cid, port).HTTP }
 
 func newChannel(dial func(ctx context.Context) (net.Conn, error)) *Channel {
-	c := &Channel{dial: dial}
-	c.HTTP = &http.Client{Transport: &http2.Transport{
+	c := &Channel{}
+	c.live = &http2.Transport{
 		AllowHTTP: true,
 		// http2.Transport pools one connection per host and dials it
 		// once for concurrent first requests: what QEMU's one-client
 		// socket needs.
 		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
-			return c.take(ctx)
+			return dial(ctx)
 		},
-		ReadIdleTimeout: 15 * time.Second,
+		ReadIdleTimeout: readIdleTimeout,
 		PingTimeout:     pingTimeout,
-	}}
+	}
+	c.spare = &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+			conn, err := dial(ctx)
+			if err == nil {
+				c.mu.Lock()
+				c.spareConn = conn
+				c.mu.Unlock()
+			}
+			return conn, err
+		},
+	}
+	c.HTTP = &http.Client{Transport: c}
 	return c
 }
 
-// Spare dials the channel and runs the session handshake now, so that
-// the next request that needs a connection starts its HTTP/2 session on
-// it at once: over virtio-serial under TCG the dial and handshake are
-// round trips through a guest that must first be woken, most of a short
-// call's time. A warm-pool entry takes one before it is frozen; the
-// guest waits in the handshake, holding nothing, until a claim thaws it.
-// The spare holds no HTTP/2 connection, so no health ping runs into the
-// freeze. Call it when no request is in flight: QEMU answers a second
-// connection only after the first is closed. A spare already held and
-// still open is kept.
-func (c *Channel) Spare(ctx context.Context) error {
+// RoundTrip sends req on the spare connection while there is one, else
+// on the live one. A spare whose other end hung up (its QEMU exited while
+// it was held) is closed first, so that the request dials anew rather
+// than fail on it before the transport has read the EOF.
+func (c *Channel) RoundTrip(req *http.Request) (*http.Response, error) {
 	c.mu.Lock()
-	old := c.spare
-	c.spare = nil
-	c.mu.Unlock()
-	if old != nil {
-		if open(old) {
-			c.putSpare(old)
-			return nil
-		}
-		old.Close()
+	t := c.live
+	var check net.Conn
+	if c.spared {
+		t = c.spare
+		check, c.spareConn = c.spareConn, nil
 	}
-	c.HTTP.CloseIdleConnections()
-	conn, err := c.dial(ctx)
+	c.mu.Unlock()
+	if check != nil && hungUp(check) {
+		c.spare.CloseIdleConnections()
+	}
+	return t.RoundTrip(req)
+}
+
+// CloseIdleConnections closes the idle connections, the spare included;
+// requests go on the live transport again.
+func (c *Channel) CloseIdleConnections() {
+	c.mu.Lock()
+	c.spared = false
+	c.mu.Unlock()
+	c.live.CloseIdleConnections()
+	c.spare.CloseIdleConnections()
+}
+
+// Close drops the channel's idle connections, the spare included.
+func (c *Channel) Close() { c.CloseIdleConnections() }
+
+// Spare sets up the connection the next request will use now: the dial,
+// the session handshake and the HTTP/2 session (one GET /health, whose
+// answer is not looked at), so that the request after it is one round
+// trip. Over virtio-serial under TCG these are round trips through a
+// guest that must first be woken, most of a short call's time. A
+// warm-pool entry takes one before it is frozen; the guest's HTTP/2
+// server waits on it like on any idle connection. The spare connection
+// runs no health pings, which a freeze would leave unanswered and which
+// would close it; a VM that goes away while it is held (its QEMU exits)
+// closes it, and the next request dials anew. Call it when no request is
+// in flight: QEMU answers a second connection only after the first is
+// closed. Requests use the spare connection until CloseIdleConnections.
+func (c *Channel) Spare(ctx context.Context) error {
+	c.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, BaseURL+"/health", nil)
 	if err != nil {
 		return err
 	}
-	c.putSpare(conn)
+	resp, err := c.spare.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("agentchan: spare session: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	c.mu.Lock()
+	c.spared = true
+	c.mu.Unlock()
 	return nil
 }
 
-func (c *Channel) putSpare(conn net.Conn) {
-	c.mu.Lock()
-	old := c.spare
-	c.spare = conn
-	c.mu.Unlock()
-	if old != nil {
-		old.Close()
-	}
-}
-
-// take is the transport's dial: the spare while it is still open, else a
-// new connection.
-func (c *Channel) take(ctx context.Context) (net.Conn, error) {
-	c.mu.Lock()
-	s := c.spare
-	c.spare = nil
-	c.mu.Unlock()
-	if s != nil {
-		if open(s) {
-			return s, nil
-		}
-		s.Close()
-	}
-	return c.dial(ctx)
-}
-
-// Close drops the channel's connections, the spare included.
-func (c *Channel) Close() {
-	c.HTTP.CloseIdleConnections()
-	c.mu.Lock()
-	s := c.spare
-	c.spare = nil
-	c.mu.Unlock()
-	if s != nil {
-		s.Close()
-	}
-}
-
-// open reports whether a spare is still fit for a new session: open at
-// both ends with nothing to read (the guest sends nothing after its
-// acknowledgement until the HTTP/2 preface has come; anything else, or
-// a hang-up when QEMU exits, means the session is not the one the
-// handshake set up).
-func open(conn net.Conn) bool {
+// hungUp reports whether conn's other end has closed (or conn is closed).
+func hungUp(conn net.Conn) bool {
 	if p, ok := conn.(*prefixConn); ok {
-		if len(p.prefix) > 0 {
-			return false
-		}
 		conn = p.Conn
 	}
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return true
+		return false
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return false
+		return true
 	}
-	quiet := false
+	up := false
 	err = rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
-		n, perr := unix.Poll(fds, 0)
-		quiet = perr == nil && n == 0
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if _, perr := unix.Poll(fds, 0); perr == nil {
+			up = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+		}
 	})
-	return err == nil && quiet
+	return err != nil || up
 }

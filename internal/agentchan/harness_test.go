@@ -70,6 +70,22 @@ type vm struct {
 	// hangUp closes the chardev's end of the current host connection,
 	// as QEMU does when it exits.
 	hangUp func()
+	// gate, write-locked, freezes the VM: bytes in either direction wait
+	// (QMP stop; the host's connection stays open).
+	gate sync.RWMutex
+}
+
+// gated passes a read on only while the VM is not frozen.
+type gated struct {
+	r    io.Reader
+	gate *sync.RWMutex
+}
+
+func (g gated) Read(b []byte) (int, error) {
+	n, err := g.r.Read(b)
+	g.gate.RLock()
+	g.gate.RUnlock() //nolint:staticcheck,gocritic // waiting out a freeze is the point
+	return n, err
 }
 
 // startVM runs ServeSerial's session loop (without its virtio-only wait
@@ -129,7 +145,7 @@ func startVM(t *testing.T, h http.Handler) *vm {
 		defer wg.Done()
 		b := make([]byte, 32<<10)
 		for {
-			n, err := port.Read(b)
+			n, err := gated{port, &v.gate}.Read(b)
 			mu.Lock()
 			c := cur
 			mu.Unlock()
@@ -152,7 +168,7 @@ func startVM(t *testing.T, h http.Handler) *vm {
 			mu.Lock()
 			cur = c
 			mu.Unlock()
-			_, _ = io.Copy(port, c) // ends when the host hangs up
+			_, _ = io.Copy(port, gated{c, &v.gate}) // ends when the host hangs up
 			mu.Lock()
 			cur = nil
 			mu.Unlock()

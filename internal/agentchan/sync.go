@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -97,7 +98,7 @@ func guestSync(c net.Conn) (net.Conn, error) {
 				return nil, err
 			}
 			if !isSync {
-				return &prefixConn{Conn: c, prefix: append([]byte(h2Preface), s.buf...)}, nil
+				return &sessionConn{Conn: &prefixConn{Conn: c, prefix: append([]byte(h2Preface), s.buf...)}}, nil
 			}
 			if next != nonce {
 				nonce = next
@@ -193,6 +194,36 @@ func hostSync(ctx context.Context, c net.Conn) (net.Conn, error) {
 			interval = min(interval*2, time.Second)
 		}
 	}
+}
+
+// sessionConn is one guest session's end of the port. Once the session is
+// closed its writes fail, even one its HTTP/2 server queued before and
+// ran after: the port's deadline, which Close sets, is cleared for the
+// next session, and a late frame of the old one (a PING's answer) would
+// land in the new host's stream right after its ACK.
+type sessionConn struct {
+	net.Conn
+	mu     sync.Mutex
+	closed bool
+}
+
+func (s *sessionConn) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, net.ErrClosed
+	}
+	return s.Conn.Write(b)
+}
+
+// Close cuts a write blocked on the port first (the deadline), so that
+// it can take the lock.
+func (s *sessionConn) Close() error {
+	err := s.Conn.Close()
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return err
 }
 
 // prefixConn replays bytes already read off the wire before reading on.

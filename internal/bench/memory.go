@@ -194,9 +194,20 @@ func (e *Env) cubeletRSS(ctx context.Context) (rss, pss report.Bytes, err error)
 	if e.MetricsURL == "" {
 		return 0, 0, fmt.Errorf("cubelet's PID and metrics address are both unknown")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.MetricsURL+"/metrics", nil)
+	v, err := e.metrics(ctx, "process_resident_memory_bytes")
 	if err != nil {
 		return 0, 0, err
+	}
+	return report.Bytes(v[0]), 0, nil
+}
+
+// metrics reads the values of series (metric names with their labels as
+// the exposition format writes them) from one scrape of cubelet's
+// /metrics.
+func (e *Env) metrics(ctx context.Context, series ...string) ([]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.MetricsURL+"/metrics", nil)
+	if err != nil {
+		return nil, err
 	}
 	hc := e.MetricsHTTP
 	if hc == nil {
@@ -204,18 +215,28 @@ func (e *Env) cubeletRSS(ctx context.Context) (rss, pss report.Bytes, err error)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	for _, line := range bytes.Split(body, []byte("\n")) {
-		if v, ok := bytes.CutPrefix(line, []byte("process_resident_memory_bytes ")); ok {
-			f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
-			return report.Bytes(f), 0, err
+	out := make([]float64, len(series))
+	for i, name := range series {
+		found := false
+		for _, line := range bytes.Split(body, []byte("\n")) {
+			if v, ok := bytes.CutPrefix(line, []byte(name+" ")); ok {
+				if out[i], err = strconv.ParseFloat(string(bytes.TrimSpace(v)), 64); err != nil {
+					return nil, fmt.Errorf("%s on %s/metrics: %w", name, e.MetricsURL, err)
+				}
+				found = true
+				break
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("no %s on %s/metrics", name, e.MetricsURL)
 		}
 	}
-	return 0, 0, fmt.Errorf("no process_resident_memory_bytes on %s/metrics", e.MetricsURL)
+	return out, nil
 }

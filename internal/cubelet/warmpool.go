@@ -819,6 +819,8 @@ var (
 		"Frozen sandboxes ready for creates to claim.", []string{"template"}, nil)
 	poolTargetDesc = prometheus.NewDesc("cubelet_warm_pool_target",
 		"Entries the pool is kept at now (configured size grown by the recent create rate).", []string{"template"}, nil)
+	poolFillingDesc = prometheus.NewDesc("cubelet_warm_pool_filling",
+		"Entries the refiller is making now.", []string{"template"}, nil)
 	poolClaimsDesc = prometheus.NewDesc("cubelet_warm_pool_claims_total",
 		"Creates that asked the pool for an entry, by result (hit: served from it, miss: empty, created cold).", []string{"template", "result"}, nil)
 	poolRefillsDesc = prometheus.NewDesc("cubelet_warm_pool_refills_total",
@@ -828,6 +830,7 @@ var (
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolEntriesDesc
 	ch <- poolTargetDesc
+	ch <- poolFillingDesc
 	ch <- poolClaimsDesc
 	ch <- poolRefillsDesc
 }
@@ -836,6 +839,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.p.s.Pools() {
 		ch <- prometheus.MustNewConstMetric(poolEntriesDesc, prometheus.GaugeValue, float64(st.Ready), st.TemplateID)
 		ch <- prometheus.MustNewConstMetric(poolTargetDesc, prometheus.GaugeValue, float64(st.Target), st.TemplateID)
+		ch <- prometheus.MustNewConstMetric(poolFillingDesc, prometheus.GaugeValue, float64(st.Filling), st.TemplateID)
 		ch <- prometheus.MustNewConstMetric(poolClaimsDesc, prometheus.CounterValue, float64(st.Hits), st.TemplateID, "hit")
 		ch <- prometheus.MustNewConstMetric(poolClaimsDesc, prometheus.CounterValue, float64(st.Misses), st.TemplateID, "miss")
 		ch <- prometheus.MustNewConstMetric(poolRefillsDesc, prometheus.CounterValue, float64(st.Refills), st.TemplateID, "ok")

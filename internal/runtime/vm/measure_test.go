@@ -3,6 +3,8 @@ package vm
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubesandbox/cube/internal/agentchan"
 	"github.com/cubesandbox/cube/internal/qmp"
 )
 
@@ -388,5 +391,235 @@ func TestMeasureTCGKnobs(t *testing.T) {
 		v := slices.Clone(kib[k])
 		slices.Sort(v)
 		t.Logf("  %-60s %.1f MiB", k, float64(v[len(v)/2])/1024)
+	}
+}
+
+// TestMeasureChannel prints what one agent call over the virtio-serial
+// channel costs in each of the ways cubelet makes it (interleaved, one
+// VM): on an open HTTP/2 connection; on a new connection (dial, SIGIO
+// wake, SYNC/ACK, preface); and the first call after a QMP stop/cont,
+// without and with a spare session taken before the stop (a warm-pool
+// claim's reinit). It only runs with CUBE_VM_MEASURE=<iterations>.
+func TestMeasureChannel(t *testing.T) {
+	n := 0
+	if _, err := fmt.Sscan(os.Getenv("CUBE_VM_MEASURE"), &n); err != nil || n <= 0 {
+		t.Skip("set CUBE_VM_MEASURE=<iterations> to measure")
+	}
+	e := newEnv(t)
+	d, ctx := e.d, t.Context()
+	s := e.spec(t, "ch")
+	stopAtEnd(t, d, s.ID)
+	if _, err := d.Start(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	agentClient(ctx, t, d, s.ID, bootLimit).CloseIdleConnections()
+	sock, err := d.AgentSocket(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := agentchan.NewSerial(sock)
+	defer ch.Close()
+	health := func() error {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, agentchan.BaseURL+"/health", nil)
+		resp, err := ch.HTTP.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	i := 0
+	// A warm-pool claim's reinit: every item a VM clone gets.
+	reinit := func() error {
+		i++
+		body := fmt.Sprintf(`{"hostname":"m%d","env":{"CUBE_SANDBOX_ID":"m%d","FOO":"bar"},"time_unix_ns":%d,`+
+			`"entropy":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+Pw==",`+
+			`"access_token":""}`, i, i, time.Now().UnixNano())
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, agentchan.BaseURL+"/_cube/reinit", strings.NewReader(body))
+		resp, err := ch.HTTP.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("reinit: %s: %s", resp.Status, b)
+		}
+		return nil
+	}
+	times := map[string][]time.Duration{}
+	timed := func(name string, fn func() error) {
+		t.Helper()
+		begin := time.Now()
+		if err := fn(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		times[name] = append(times[name], time.Since(begin))
+	}
+	freeze := func(spare bool) {
+		t.Helper()
+		if !spare {
+			ch.HTTP.CloseIdleConnections()
+		}
+		if spare {
+			if err := ch.Spare(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := d.Pause(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		timed("QMP cont", func() error { return d.Resume(ctx, s.ID) })
+	}
+	settle, _ := time.ParseDuration(os.Getenv("CUBE_VM_SETTLE"))
+	for range n {
+		_ = health()
+		timed("open connection", health)
+		if settle > 0 {
+			time.Sleep(settle)
+			timed("open connection after idling", health)
+		}
+		ch.HTTP.CloseIdleConnections()
+		time.Sleep(50 * time.Millisecond)
+		timed("new connection", health)
+		freeze(false)
+		timed("after stop/cont, new connection", health)
+		ch.HTTP.CloseIdleConnections()
+		freeze(true)
+		timed("after stop/cont, spare session", health)
+		_ = health()
+		if err := d.Pause(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		timed("QMP cont", func() error { return d.Resume(ctx, s.ID) })
+		timed("after stop/cont, open connection", health)
+		timed("reinit, open connection", reinit)
+		ch.HTTP.CloseIdleConnections()
+		freeze(true)
+		timed("after stop/cont, spare session: reinit", reinit)
+	}
+	if con, err := d.ConsoleLog(s.ID); err == nil {
+		b, _ := os.ReadFile(con)
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		t.Logf("console (last lines):\n%s", strings.Join(lines[max(len(lines)-4, 0):], "\n"))
+	}
+	t.Logf("accel %s, %d iterations, medians (p10-p90):", d.Accel(), n)
+	names := make([]string, 0, len(times))
+	for k := range times {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		v := slices.Clone(times[k])
+		slices.Sort(v)
+		t.Logf("  %-40s %6.2f ms (%.2f-%.2f)", k, ms(v[len(v)/2]), ms(v[len(v)/10]), ms(v[len(v)*9/10]))
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// TestMeasureClaimChannel is TestMeasureChannel's thaw-and-reinit on what
+// a warm-pool claim has: a fresh clone of a shared-memory template, its
+// restore reinit and a health call done, a spare session taken, stopped,
+// then continued and re-initialised (timed). CUBE_VM_MEASURE=<clones>.
+func TestMeasureClaimChannel(t *testing.T) {
+	n := 0
+	if _, err := fmt.Sscan(os.Getenv("CUBE_VM_MEASURE"), &n); err != nil || n <= 0 {
+		t.Skip("set CUBE_VM_MEASURE=<iterations> to measure")
+	}
+	e := newEnv(t)
+	d, ctx := e.d, t.Context()
+	src := e.spec(t, "src")
+	src.Labels = map[string]string{TemplateLabel: "m"}
+	stopAtEnd(t, d, src.ID)
+	if _, err := d.Start(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	agentClient(ctx, t, d, src.ID, bootLimit).CloseIdleConnections()
+	time.Sleep(2 * time.Second)
+	img := filepath.Join(t.TempDir(), "tmpl")
+	if err := d.Checkpoint(ctx, src.ID, img, false); err != nil {
+		t.Fatal(err)
+	}
+	times := map[string][]time.Duration{}
+	settle, _ := time.ParseDuration(os.Getenv("CUBE_VM_SETTLE"))
+	for i := range n {
+		r := e.spec(t, fmt.Sprintf("c%d", i))
+		copyFile(t, src.Disk, r.Disk)
+		stopAtEnd(t, d, r.ID)
+		if _, err := d.Restore(ctx, r, img); err != nil {
+			t.Fatal(err)
+		}
+		sock, err := d.AgentSocket(r.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := agentchan.NewSerial(sock)
+		call := func(method, path, body string) error {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(rctx, method, agentchan.BaseURL+path, strings.NewReader(body))
+			resp, err := ch.HTTP.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode/100 != 2 {
+				return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
+			}
+			return nil
+		}
+		body := func(k int) string {
+			return fmt.Sprintf(`{"hostname":"c%d-%d","env":{"CUBE_SANDBOX_ID":"c%d"},"time_unix_ns":%d,"entropy":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=","access_token":""}`,
+				i, k, i, time.Now().UnixNano())
+		}
+		timed := func(name string, fn func() error) {
+			t.Helper()
+			begin := time.Now()
+			if err := fn(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			times[name] = append(times[name], time.Since(begin))
+		}
+		timed("restore reinit (new connection)", func() error { return call(http.MethodPost, "/_cube/reinit", body(0)) })
+		timed("prepare", func() error { return call(http.MethodPost, "/_cube/prepare", "") })
+		if settle > 0 {
+			time.Sleep(settle)
+			timed("health after settling (open)", func() error { return call(http.MethodGet, "/health", "") })
+		}
+		ch.CloseIdleConnections()
+		if err := ch.Spare(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Pause(ctx, r.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		timed("QMP cont", func() error { return d.Resume(ctx, r.ID) })
+		timed("claim reinit (spare)", func() error { return call(http.MethodPost, "/_cube/reinit", body(1)) })
+		timed("reinit again (open)", func() error { return call(http.MethodPost, "/_cube/reinit", body(2)) })
+		timed("health (open)", func() error { return call(http.MethodGet, "/health", "") })
+		ch.Close()
+		if err := d.Stop(ctx, r.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("accel %s, %d clones, medians (p10-p90):", d.Accel(), n)
+	names := make([]string, 0, len(times))
+	for k := range times {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		v := slices.Clone(times[k])
+		slices.Sort(v)
+		t.Logf("  %-40s %6.2f ms (%.2f-%.2f)", k, ms(v[len(v)/2]), ms(v[len(v)/10]), ms(v[len(v)*9/10]))
 	}
 }
