@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -150,15 +151,19 @@ func setMAC(ifname string, mac net.HardwareAddr) error {
 		return err
 	}
 	// struct ifreq { char name[16]; union { struct sockaddr hwaddr; ... } }:
-	// 40 bytes, all of which the kernel copies in and, for a get, out.
-	var raw [unix.IFNAMSIZ + 24]byte
+	// all of it the kernel copies in and, for a get, out.
+	var raw [unsafe.Sizeof(unix.Ifreq{})]byte
+	const hw = unix.IFNAMSIZ + 2 // sa_data
+	if len(mac) > len(raw)-hw {
+		return fmt.Errorf("mac of %d bytes: %w", len(mac), errdefs.ErrInvalidArgument)
+	}
 	copy(raw[:], ifname)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCGIFHWADDR, uintptr(unsafe.Pointer(&raw[0]))); e == 0 &&
-		bytes.Equal(raw[unix.IFNAMSIZ+2:unix.IFNAMSIZ+2+len(mac)], mac) {
+		bytes.Equal(raw[hw:hw+len(mac)], mac) {
 		return nil
 	}
-	*(*uint16)(unsafe.Pointer(&raw[unix.IFNAMSIZ])) = unix.ARPHRD_ETHER
-	copy(raw[unix.IFNAMSIZ+2:], mac)
+	binary.NativeEndian.PutUint16(raw[unix.IFNAMSIZ:], unix.ARPHRD_ETHER)
+	copy(raw[hw:], mac)
 	set := func() error {
 		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCSIFHWADDR, uintptr(unsafe.Pointer(&raw[0]))); e != 0 {
 			return e

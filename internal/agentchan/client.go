@@ -85,8 +85,11 @@ func newChannel(dial func(ctx context.Context) (net.Conn, error)) *Channel {
 		AllowHTTP: true,
 		// http2.Transport pools one connection per host and dials it
 		// once for concurrent first requests: what QEMU's one-client
-		// socket needs.
+		// socket needs. The spare's connection, if one is still open
+		// (a request was on it when the channel went back to live), is
+		// closed first: QEMU would not answer this one while it is.
 		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+			c.dropSpare()
 			return dial(ctx)
 		},
 		ReadIdleTimeout: readIdleTimeout,
@@ -140,6 +143,18 @@ func (c *Channel) CloseIdleConnections() {
 // Close drops the channel's idle connections, the spare included.
 func (c *Channel) Close() { c.CloseIdleConnections() }
 
+// dropSpare closes the spare transport's connection, busy or not.
+func (c *Channel) dropSpare() {
+	c.mu.Lock()
+	conn := c.spareConn
+	c.spareConn = nil
+	c.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+	c.spare.CloseIdleConnections()
+}
+
 // Spare sets up the connection the next request will use now: the dial,
 // the session handshake and the HTTP/2 session (one GET /health, whose
 // answer is not looked at), so that the request after it is one round
@@ -148,10 +163,12 @@ func (c *Channel) Close() { c.CloseIdleConnections() }
 // warm-pool entry takes one before it is frozen; the guest's HTTP/2
 // server waits on it like on any idle connection. The spare connection
 // runs no health pings, which a freeze would leave unanswered and which
-// would close it; a VM that goes away while it is held (its QEMU exits)
-// closes it, and the next request dials anew. Call it when no request is
-// in flight: QEMU answers a second connection only after the first is
-// closed. Requests use the spare connection until CloseIdleConnections.
+// would close it, so a call on it is bounded by its context alone; a VM
+// that goes away while it is held (its QEMU exits) closes it, and the
+// next request dials anew. Call it when no request is in flight: QEMU
+// answers a second connection only after the first is closed. Requests
+// use the spare connection until CloseIdleConnections; a Spare that
+// fails leaves no connection up.
 func (c *Channel) Spare(ctx context.Context) error {
 	c.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, BaseURL+"/health", nil)
@@ -159,11 +176,16 @@ func (c *Channel) Spare(ctx context.Context) error {
 		return err
 	}
 	resp, err := c.spare.RoundTrip(req)
+	if err == nil {
+		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+	}
 	if err != nil {
+		// A connection left up would hold QEMU's one client slot while
+		// the next request dials on the live transport.
+		c.dropSpare()
 		return fmt.Errorf("agentchan: spare session: %w", err)
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-	resp.Body.Close()
 	c.mu.Lock()
 	c.spared = true
 	c.mu.Unlock()

@@ -3,7 +3,9 @@ package agentchan
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -95,5 +97,94 @@ func TestSessionWriteAfterClose(t *testing.T) {
 	}
 	if _, err := port.Write([]byte("next session")); err != nil {
 		t.Fatalf("the port after the session closed: %v", err)
+	}
+}
+
+// A read of an ended session has returned by the time Close does, so it
+// cannot take the next session's bytes once the port's deadline is
+// cleared; and guestSync hands the session such a conn.
+func TestSessionReadEndsWithClose(t *testing.T) {
+	guest, host := filePair(t)
+	defer guest.Close()
+	defer host.Close()
+	port := &portConn{File: guest}
+	if _, err := host.Write([]byte(syncPrefix + "n1\n" + h2Preface)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := guestSync(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := c.(*sessionConn)
+	if !ok {
+		t.Fatalf("guestSync returned a %T, want *sessionConn", c)
+	}
+	if _, err := io.ReadFull(s, make([]byte, len(h2Preface))); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := s.Read(make([]byte, 64))
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // the read waits in the port
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err == nil {
+			t.Fatal("the ended session's read returned data")
+		}
+	default:
+		t.Fatal("Close returned while the session's read was still in the port")
+	}
+	if err := guest.SetDeadline(time.Time{}); err != nil { // the next session starts
+		t.Fatal(err)
+	}
+	if _, err := s.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read after close: %v, want net.ErrClosed", err)
+	}
+	if err := s.SetDeadline(time.Time{}); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("deadline after close: %v, want net.ErrClosed", err)
+	}
+	if _, err := host.Write([]byte("next")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(port, b); err != nil || string(b) != "next" {
+		t.Fatalf("the next session read %q, %v; want \"next\"", b, err)
+	}
+}
+
+// A Spare that fails (the guest does not answer its GET /health in time,
+// the connection being up) leaves no connection up: the next request
+// dials on the live transport and is answered, instead of waiting for the
+// QEMU slot the spare would still hold.
+func TestSpareFailureLeavesNoConnection(t *testing.T) {
+	stall := make(chan struct{})
+	defer close(stall)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-stall:
+		case <-r.Context().Done():
+		}
+	})
+	mux.Handle("/", testHandler(nil))
+	v := startVM(t, mux)
+	ch := NewSerial(v.sock)
+	defer ch.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := ch.Spare(ctx)
+	cancel()
+	if err == nil {
+		t.Fatal("Spare succeeded though the guest never answered")
+	}
+	if n := v.started.Load(); n != 1 {
+		t.Fatalf("%d sessions started, want 1 (the spare's, up when its request timed out)", n)
+	}
+	if got, err := get(context.Background(), t, ch.HTTP, "/session"); err != nil || got != "2" {
+		t.Fatalf("GET /session after a failed Spare = %q, %v; want an answer on a new session 2", got, err)
 	}
 }

@@ -197,32 +197,79 @@ func hostSync(ctx context.Context, c net.Conn) (net.Conn, error) {
 }
 
 // sessionConn is one guest session's end of the port. Once the session is
-// closed its writes fail, even one its HTTP/2 server queued before and
-// ran after: the port's deadline, which Close sets, is cleared for the
-// next session, and a late frame of the old one (a PING's answer) would
-// land in the new host's stream right after its ACK.
+// closed it reads, writes and sets deadlines no more, and Close returns
+// only when no read or write of it is still in the port: the port's
+// deadline, which Close sets to cut them, is cleared for the next
+// session, and the old session's HTTP/2 server may still have a frame
+// queued (a PING's answer, which would land in the new host's stream
+// right after its ACK) or a reader about to read (which would take the
+// new session's bytes).
 type sessionConn struct {
 	net.Conn
 	mu     sync.Mutex
 	closed bool
+	ops    sync.WaitGroup
 }
 
-func (s *sessionConn) Write(b []byte) (int, error) {
+// begin counts an operation in, unless the session is closed.
+func (s *sessionConn) begin() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
+		return false
+	}
+	s.ops.Add(1)
+	return true
+}
+
+func (s *sessionConn) Read(b []byte) (int, error) {
+	if !s.begin() {
 		return 0, net.ErrClosed
 	}
+	defer s.ops.Done()
+	return s.Conn.Read(b)
+}
+
+func (s *sessionConn) Write(b []byte) (int, error) {
+	if !s.begin() {
+		return 0, net.ErrClosed
+	}
+	defer s.ops.Done()
 	return s.Conn.Write(b)
 }
 
-// Close cuts a write blocked on the port first (the deadline), so that
-// it can take the lock.
+func (s *sessionConn) SetDeadline(t time.Time) error {
+	if !s.begin() {
+		return net.ErrClosed
+	}
+	defer s.ops.Done()
+	return s.Conn.SetDeadline(t)
+}
+
+func (s *sessionConn) SetReadDeadline(t time.Time) error {
+	if !s.begin() {
+		return net.ErrClosed
+	}
+	defer s.ops.Done()
+	return s.Conn.SetReadDeadline(t)
+}
+
+func (s *sessionConn) SetWriteDeadline(t time.Time) error {
+	if !s.begin() {
+		return net.ErrClosed
+	}
+	defer s.ops.Done()
+	return s.Conn.SetWriteDeadline(t)
+}
+
+// Close ends the session: no new operation starts, the port's deadline
+// cuts those in the port, and Close waits until they have returned.
 func (s *sessionConn) Close() error {
-	err := s.Conn.Close()
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	err := s.Conn.Close()
+	s.ops.Wait()
 	return err
 }
 

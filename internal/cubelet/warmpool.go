@@ -371,6 +371,13 @@ func (s *Service) freezeEntry(ctx context.Context, rec *sandbox.Record) error {
 	if err != nil {
 		s.log.Warn("warm pool: prepare entry's agent", "sandbox_id", rec.ID, "err", err)
 	}
+	// Likewise only a speed-up: a claim without a spare session dials.
+	pctx, cancel = context.WithTimeout(ctx, prepareTimeout)
+	err = actions.SpareAgentSession(pctx, d, e.rec.Load())
+	cancel()
+	if err != nil {
+		s.log.Warn("warm pool: entry's agent session", "sandbox_id", rec.ID, "err", err)
+	}
 	cid := rec.Container.ID
 	if err := actions.Settle(ctx, d, cid, runtime.StatusPaused, d.Pause(ctx, cid)); err != nil {
 		return err

@@ -169,15 +169,22 @@ type sessionSparer interface {
 var _ sessionSparer = (*vmRuntime)(nil)
 
 // PrepareAgent has the agent of rec, a warm-pool entry about to be frozen,
-// build what a user's first call needs (agentclient.Prepare), and, on a
-// channel that has sessions, sets up the session the claim's reinit will
-// use, so that the claim does neither.
+// build what a user's first call needs (agentclient.Prepare), so that the
+// claim does not.
 func PrepareAgent(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
-	if err := agentclient.Prepare(ctx, d, rec); err != nil {
-		return err
+	return agentclient.Prepare(ctx, d, rec)
+}
+
+// SpareAgentSession has the agent channel of rec, a warm-pool entry about
+// to be frozen, set up the session its claim's reinit will use, where the
+// channel has sessions (a VM's virtio-serial); elsewhere it does nothing.
+func SpareAgentSession(ctx context.Context, d runtime.Driver, rec *sandbox.Record) error {
+	s, ok := d.(sessionSparer)
+	if !ok || rec.Container == nil {
+		return nil
 	}
-	if s, ok := d.(sessionSparer); ok && rec.Container != nil {
-		return s.SpareAgentSession(ctx, rec.Container.ID)
+	if err := s.SpareAgentSession(ctx, rec.Container.ID); err != nil {
+		return fmt.Errorf("spare agent session: %w", err)
 	}
 	return nil
 }

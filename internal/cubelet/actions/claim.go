@@ -65,8 +65,12 @@ func (n *Node) ApplyClaim(ctx context.Context, t *Task, prev *sandbox.Record, st
 		// The env a cold create's spec would carry (CUBE_SANDBOX_ID
 		// included); the agent adds it to what its processes get. The
 		// hostname too, which the agent sets where the runtime lets it
-		// (gVisor) and a HostnameSetter has set already.
+		// (gVisor) and a HostnameSetter has set already. Bounded like
+		// any wait for an agent: a VM entry's spare session runs no
+		// health pings, and the create's context may have no deadline.
 		spec := specOf(rec, rec.Container, t.Template)
-		return agentclient.Reinit(ctx, d, rec, prev.AccessToken, rec.ID, spec.Env, false)
+		wctx, cancel := n.agentWait(ctx, rec)
+		defer cancel()
+		return withWaitCause(wctx, agentclient.Reinit(wctx, d, rec, prev.AccessToken, rec.ID, spec.Env, false))
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -419,52 +420,17 @@ func TestMeasureChannel(t *testing.T) {
 	}
 	ch := agentchan.NewSerial(sock)
 	defer ch.Close()
-	health := func() error {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, agentchan.BaseURL+"/health", nil)
-		resp, err := ch.HTTP.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
-	}
+	health := func() error { return agentCall(ctx, ch, http.MethodGet, "/health", "") }
 	i := 0
-	// A warm-pool claim's reinit: every item a VM clone gets.
 	reinit := func() error {
 		i++
-		body := fmt.Sprintf(`{"hostname":"m%d","env":{"CUBE_SANDBOX_ID":"m%d","FOO":"bar"},"time_unix_ns":%d,`+
-			`"entropy":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+Pw==",`+
-			`"access_token":""}`, i, i, time.Now().UnixNano())
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, agentchan.BaseURL+"/_cube/reinit", strings.NewReader(body))
-		resp, err := ch.HTTP.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b, _ := io.ReadAll(resp.Body)
-			return fmt.Errorf("reinit: %s: %s", resp.Status, b)
-		}
-		return nil
+		return agentCall(ctx, ch, http.MethodPost, "/_cube/reinit", reinitBody(fmt.Sprint("m", i)))
 	}
-	times := map[string][]time.Duration{}
-	timed := func(name string, fn func() error) {
-		t.Helper()
-		begin := time.Now()
-		if err := fn(); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		times[name] = append(times[name], time.Since(begin))
-	}
+	times := spread{}
+	timed := func(name string, fn func() error) { t.Helper(); times.time(t, name, fn) }
 	freeze := func(spare bool) {
 		t.Helper()
-		if !spare {
-			ch.HTTP.CloseIdleConnections()
-		}
+		ch.HTTP.CloseIdleConnections()
 		if spare {
 			if err := ch.Spare(ctx); err != nil {
 				t.Fatal(err)
@@ -510,16 +476,7 @@ func TestMeasureChannel(t *testing.T) {
 		t.Logf("console (last lines):\n%s", strings.Join(lines[max(len(lines)-4, 0):], "\n"))
 	}
 	t.Logf("accel %s, %d iterations, medians (p10-p90):", d.Accel(), n)
-	names := make([]string, 0, len(times))
-	for k := range times {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
-		v := slices.Clone(times[k])
-		slices.Sort(v)
-		t.Logf("  %-40s %6.2f ms (%.2f-%.2f)", k, ms(v[len(v)/2]), ms(v[len(v)/10]), ms(v[len(v)*9/10]))
-	}
+	logSpread(t, times)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -547,7 +504,7 @@ func TestMeasureClaimChannel(t *testing.T) {
 	if err := d.Checkpoint(ctx, src.ID, img, false); err != nil {
 		t.Fatal(err)
 	}
-	times := map[string][]time.Duration{}
+	times := spread{}
 	settle, _ := time.ParseDuration(os.Getenv("CUBE_VM_SETTLE"))
 	for i := range n {
 		r := e.spec(t, fmt.Sprintf("c%d", i))
@@ -561,33 +518,9 @@ func TestMeasureClaimChannel(t *testing.T) {
 			t.Fatal(err)
 		}
 		ch := agentchan.NewSerial(sock)
-		call := func(method, path, body string) error {
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(rctx, method, agentchan.BaseURL+path, strings.NewReader(body))
-			resp, err := ch.HTTP.Do(req)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode/100 != 2 {
-				return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
-			}
-			return nil
-		}
-		body := func(k int) string {
-			return fmt.Sprintf(`{"hostname":"c%d-%d","env":{"CUBE_SANDBOX_ID":"c%d"},"time_unix_ns":%d,"entropy":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=","access_token":""}`,
-				i, k, i, time.Now().UnixNano())
-		}
-		timed := func(name string, fn func() error) {
-			t.Helper()
-			begin := time.Now()
-			if err := fn(); err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			times[name] = append(times[name], time.Since(begin))
-		}
+		call := func(method, path, body string) error { return agentCall(ctx, ch, method, path, body) }
+		body := func(k int) string { return reinitBody(fmt.Sprintf("c%d-%d", i, k)) }
+		timed := func(name string, fn func() error) { t.Helper(); times.time(t, name, fn) }
 		timed("restore reinit (new connection)", func() error { return call(http.MethodPost, "/_cube/reinit", body(0)) })
 		timed("prepare", func() error { return call(http.MethodPost, "/_cube/prepare", "") })
 		if settle > 0 {
@@ -612,14 +545,55 @@ func TestMeasureClaimChannel(t *testing.T) {
 		}
 	}
 	t.Logf("accel %s, %d clones, medians (p10-p90):", d.Accel(), n)
-	names := make([]string, 0, len(times))
-	for k := range times {
-		names = append(names, k)
+	logSpread(t, times)
+}
+
+// agentCall sends one request over the channel and fails on a non-2xx.
+func agentCall(ctx context.Context, ch *agentchan.Channel, method, path, body string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, agentchan.BaseURL+path, strings.NewReader(body))
+	if err != nil {
+		return err
 	}
-	slices.Sort(names)
-	for _, k := range names {
-		v := slices.Clone(times[k])
-		slices.Sort(v)
+	resp, err := ch.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
+	}
+	return nil
+}
+
+// reinitBody is a warm-pool claim's reinit of a VM without a NIC:
+// hostname, env, clock, entropy, token.
+func reinitBody(id string) string {
+	return fmt.Sprintf(`{"hostname":%q,"env":{"CUBE_SANDBOX_ID":%q,"FOO":"bar"},"time_unix_ns":%d,`+
+		`"entropy":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+Pw==",`+
+		`"access_token":""}`, id, id, time.Now().UnixNano())
+}
+
+// spread collects durations by name.
+type spread map[string][]time.Duration
+
+// time runs fn and records how long it took under name; an error fails t.
+func (s spread) time(t *testing.T, name string, fn func() error) {
+	t.Helper()
+	begin := time.Now()
+	if err := fn(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	s[name] = append(s[name], time.Since(begin))
+}
+
+// logSpread logs each series' median and p10-p90.
+func logSpread(t *testing.T, times spread) {
+	t.Helper()
+	for _, k := range slices.Sorted(maps.Keys(times)) {
+		v := slices.Sorted(slices.Values(times[k]))
 		t.Logf("  %-40s %6.2f ms (%.2f-%.2f)", k, ms(v[len(v)/2]), ms(v[len(v)/10]), ms(v[len(v)*9/10]))
 	}
 }
