@@ -120,8 +120,7 @@ func (c *Channel) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := c.live
 	var check net.Conn
 	if c.spared {
-		t = c.spare
-		check, c.spareConn = c.spareConn, nil
+		t, check = c.spare, c.spareConn
 	}
 	c.mu.Unlock()
 	if check != nil && hungUp(check) {
@@ -140,8 +139,12 @@ func (c *Channel) CloseIdleConnections() {
 	c.spare.CloseIdleConnections()
 }
 
-// Close drops the channel's idle connections, the spare included.
-func (c *Channel) Close() { c.CloseIdleConnections() }
+// Close drops the channel's idle connections and its spare connection,
+// busy or not.
+func (c *Channel) Close() {
+	c.CloseIdleConnections()
+	c.dropSpare()
+}
 
 // dropSpare closes the spare transport's connection, busy or not.
 func (c *Channel) dropSpare() {

@@ -239,27 +239,24 @@ func (s *sessionConn) Write(b []byte) (int, error) {
 }
 
 func (s *sessionConn) SetDeadline(t time.Time) error {
-	if !s.begin() {
-		return net.ErrClosed
-	}
-	defer s.ops.Done()
-	return s.Conn.SetDeadline(t)
+	return s.guard(func() error { return s.Conn.SetDeadline(t) })
 }
 
 func (s *sessionConn) SetReadDeadline(t time.Time) error {
-	if !s.begin() {
-		return net.ErrClosed
-	}
-	defer s.ops.Done()
-	return s.Conn.SetReadDeadline(t)
+	return s.guard(func() error { return s.Conn.SetReadDeadline(t) })
 }
 
 func (s *sessionConn) SetWriteDeadline(t time.Time) error {
+	return s.guard(func() error { return s.Conn.SetWriteDeadline(t) })
+}
+
+// guard runs f as an operation of the session, unless it is closed.
+func (s *sessionConn) guard(f func() error) error {
 	if !s.begin() {
 		return net.ErrClosed
 	}
 	defer s.ops.Done()
-	return s.Conn.SetWriteDeadline(t)
+	return f()
 }
 
 // Close ends the session: no new operation starts, the port's deadline

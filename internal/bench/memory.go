@@ -222,10 +222,11 @@ func (e *Env) metrics(ctx context.Context, series ...string) ([]float64, error) 
 	if err != nil {
 		return nil, err
 	}
+	lines := bytes.Split(body, []byte("\n"))
 	out := make([]float64, len(series))
 	for i, name := range series {
 		found := false
-		for _, line := range bytes.Split(body, []byte("\n")) {
+		for _, line := range lines {
 			if v, ok := bytes.CutPrefix(line, []byte(name+" ")); ok {
 				if out[i], err = strconv.ParseFloat(string(bytes.TrimSpace(v)), 64); err != nil {
 					return nil, fmt.Errorf("%s on %s/metrics: %w", name, e.MetricsURL, err)
