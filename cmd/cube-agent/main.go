@@ -157,13 +157,23 @@ func main() {
 		Env: agent.SandboxEnv(os.Environ()), OnListening: onListening, TokenHash: verifier, Logs: logs,
 	})
 
+	// The TCP port is bound before the channel serves: cubelet takes a VM
+	// as ready once the agent answers on the channel, and the control
+	// plane's next call comes over TCP through the TAP. Bound later (the
+	// goroutines below run in no set order, and a TCG vCPU can stall for
+	// tens of ms), that call could meet a guest that resets it.
+	ln, err := srv.Listen()
+	if err != nil {
+		log.Error("agent server", "error", err)
+		os.Exit(1)
+	}
 	if *vm {
 		go serveChannel(ctx, srv.Handler(), log)
 	}
 
 	serveErr := make(chan error, 1)
 	go func() {
-		err := srv.Run(ctx)
+		err := srv.Serve(ctx, ln)
 		if err != nil {
 			log.Error("agent server stopped", "error", err)
 		}
@@ -173,7 +183,7 @@ func main() {
 		cancel()
 	}()
 
-	err := initproc.Supervise(ctx, initproc.Config{Reaper: reaper, Logger: log})
+	err = initproc.Supervise(ctx, initproc.Config{Reaper: reaper, Logger: log})
 	cancel()
 	if serr := <-serveErr; serr != nil {
 		os.Exit(1)

@@ -290,17 +290,19 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// Run listens on Config.Addr and serves until ctx is done, then shuts down
-// gracefully (in-flight requests get up to five seconds).
-func (s *Server) Run(ctx context.Context) error {
+// Listen binds Config.Addr, the agent's TCP port, for Serve. The agent
+// binds it before it answers anywhere else (a VM's channel): whoever sees
+// an answer may take the sandbox as ready and call the port next.
+func (s *Server) Listen() (net.Listener, error) {
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("agent: listen %s: %w", s.cfg.Addr, err)
+		return nil, fmt.Errorf("agent: listen %s: %w", s.cfg.Addr, err)
 	}
-	return s.Serve(ctx, ln)
+	return ln, nil
 }
 
-// Serve is Run on an existing listener, which it closes. After a quiesce
+// Serve serves on ln, which it closes, until ctx is done, then shuts down
+// gracefully (in-flight requests get up to five seconds). After a quiesce
 // (quiesce.go) it waits for the wake-up and listens again on the same
 // address.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
