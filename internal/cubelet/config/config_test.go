@@ -43,7 +43,7 @@ func TestDataListenerNeedsTLS(t *testing.T) {
 	}
 }
 
-// TestSentryOverhead: [gvisor] sentry_overhead_mib defaults to 128 MiB,
+// TestSentryOverhead: [gvisor] sentry_overhead_mib defaults to 160 MiB,
 // 0 reaches the driver as "none" (its own 0 means its default), and a
 // negative value is refused.
 func TestSentryOverhead(t *testing.T) {
@@ -51,7 +51,7 @@ func TestSentryOverhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Gvisor.SentryOverheadMiB != 128 || c.Gvisor.SentryOverhead() != 128<<20 {
+	if c.Gvisor.SentryOverheadMiB != 160 || c.Gvisor.SentryOverhead() != 160<<20 {
 		t.Fatalf("default: %d MiB, driver %d", c.Gvisor.SentryOverheadMiB, c.Gvisor.SentryOverhead())
 	}
 	c, err = Parse([]byte("[gvisor]\nsentry_overhead_mib = 0\n"))

@@ -25,8 +25,11 @@ import (
 // guest holds; a 64 MiB sandbox whose guest held part of its limit was
 // OOM-killed mid-save (runsc: `containerManager.Checkpoint failed: EOF`)
 // and lost. 64 MiB of overhead was too little for a guest that used its
-// limit, 96 MiB left no margin, 128 MiB leaves about 35 MiB.
-const DefaultSentryOverhead int64 = 128 << 20
+// limit, 96 MiB left no margin, and 128 MiB not always enough: a sandbox
+// restored from disk whose sentry kept 105 MiB was OOM-killed in its next
+// save. 160 MiB leaves about 50 MiB above the largest restored sentry seen
+// (110 MiB) and the guest's 56 MiB.
+const DefaultSentryOverhead int64 = 160 << 20
 
 // NoSentryOverhead as Config.SentryOverhead gives the cgroup the guest's
 // limit alone (the sentry then competes with its guest for it).
