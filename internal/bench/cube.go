@@ -20,8 +20,14 @@ const LabelKey = "cube-bench"
 // create-to-ready as a client sees it. The flow's action timings go to at
 // (which may be nil).
 func (e *Env) create(ctx context.Context, at *report.ActionTimes) (string, time.Duration, error) {
+	return e.createOf(ctx, e.Opts.Template, false, at)
+}
+
+// createOf is create from template tmpl; with warm, a create that was
+// not a restore of the template's warm snapshot fails (and is deleted).
+func (e *Env) createOf(ctx context.Context, tmpl string, warm bool, at *report.ActionTimes) (string, time.Duration, error) {
 	req := &pb.CreateSandboxRequest{
-		TemplateId: e.Opts.Template,
+		TemplateId: tmpl,
 		Runtime:    e.Opts.Runtime,
 		Labels:     map[string]string{LabelKey: e.RunID},
 	}
@@ -30,6 +36,10 @@ func (e *Env) create(ctx context.Context, at *report.ActionTimes) (string, time.
 	d := time.Since(start)
 	if err != nil {
 		return "", 0, fmt.Errorf("create: %w", err)
+	}
+	if warm && !resp.Warm {
+		return "", 0, errors.Join(fmt.Errorf("create of %s was not served from the warm snapshot", resp.Sandbox.Id),
+			e.deleteAll(ctx, "", []string{resp.Sandbox.Id}, 1))
 	}
 	addTimings(at, resp.Timings)
 	return resp.Sandbox.Id, d, nil
@@ -75,18 +85,19 @@ func (e *Env) deleteAll(ctx context.Context, label string, ids []string, c int) 
 // fill creates n sandboxes on c workers (untimed setup for other
 // scenarios) and returns their IDs. On failure it removes what it made.
 func (e *Env) fill(ctx context.Context, label string, n, c int) ([]string, error) {
-	return e.fillTimed(ctx, label, n, c, nil)
+	return e.fillTimed(ctx, e.Opts.Template, false, label, n, c, nil)
 }
 
-// fillTimed is fill that also hands back the create latencies.
-func (e *Env) fillTimed(ctx context.Context, label string, n, c int, lat *[]time.Duration) ([]string, error) {
+// fillTimed is fill from template tmpl (warm as createOf) that also hands
+// back the create latencies.
+func (e *Env) fillTimed(ctx context.Context, tmpl string, warm bool, label string, n, c int, lat *[]time.Duration) ([]string, error) {
 	var (
 		mu  sync.Mutex
 		ids []string
 	)
 	e.Progress.Start(label, n)
 	d := drive(ctx, e.Progress, n, c, func(ctx context.Context, _ int) (time.Duration, error) {
-		id, dur, err := e.create(ctx, nil)
+		id, dur, err := e.createOf(ctx, tmpl, warm, nil)
 		if err == nil {
 			mu.Lock()
 			ids = append(ids, id)

@@ -18,7 +18,24 @@ func init() {
 		Params: func(o report.Options) report.Params {
 			return report.Params{N: o.DensityN, Concurrency: o.DensityConcurrency}
 		},
-		Run: runDensity,
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+			return runDensity(ctx, e, p, "density", e.Opts.Template, false)
+		},
+	})
+	Register(Scenario{
+		Name: "density-clones", Kind: report.KindCube,
+		Help: "density with --density-n clones of a warmed template (WarmTemplate once, untimed; gvisor, vm): what a restored clone costs beside the others, its share of the template's pages apart",
+		Params: func(o report.Options) report.Params {
+			return report.Params{N: o.DensityN, Concurrency: o.DensityConcurrency}
+		},
+		Probe: memoryRuntime,
+		Run: func(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+			w, err := e.warm(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return runDensity(ctx, e, p, "density-clones", w.id, true)
+		},
 	})
 }
 
@@ -27,6 +44,7 @@ type sandboxMem struct {
 	cg        cgroupMem
 	procs     int
 	pss, rss  report.Bytes
+	pssShmem  report.Bytes
 	diskCache report.Bytes
 	dio       bool
 }
@@ -52,6 +70,7 @@ func measureSandbox(pid int) (sandboxMem, error) {
 		m.procs++
 		m.pss += pm.pss
 		m.rss += pm.rss
+		m.pssShmem += pm.pssShmem
 	}
 	_, backing, dio, err := rootLoop(pid)
 	if err != nil {
@@ -110,7 +129,9 @@ func (e *Env) densityPoint(ctx context.Context, ids []string, before report.Byte
 	return pt, nil
 }
 
-func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, error) {
+// runDensity fills the node with p.N sandboxes of template tmpl (each a
+// restore of its warm snapshot when warm) and measures them as scenario.
+func runDensity(ctx context.Context, e *Env, p report.Params, scenario, tmpl string, warm bool) (*report.Result, error) {
 	before, err := memAvailable()
 	if err != nil {
 		return nil, err
@@ -125,10 +146,10 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 	steps := split(p.N, densitySteps)
 	for i, n := range steps {
 		var lat []time.Duration
-		part, err := e.fillTimed(ctx, fmt.Sprintf("density: start %d/%d", i+1, len(steps)), n, p.Concurrency, &lat)
+		part, err := e.fillTimed(ctx, tmpl, warm, fmt.Sprintf("%s: start %d/%d", scenario, i+1, len(steps)), n, p.Concurrency, &lat)
 		fill = append(fill, lat...)
 		if err != nil {
-			return nil, errors.Join(err, e.deleteAll(ctx, "density: cleanup", ids, p.Concurrency))
+			return nil, errors.Join(err, e.deleteAll(ctx, scenario+": cleanup", ids, p.Concurrency))
 		}
 		ids = append(ids, part...)
 		if i == len(steps)-1 {
@@ -136,21 +157,21 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		}
 		pt, err := e.densityPoint(ctx, ids, before)
 		if err != nil {
-			return nil, errors.Join(err, e.deleteAll(ctx, "density: cleanup", ids, p.Concurrency))
+			return nil, errors.Join(err, e.deleteAll(ctx, scenario+": cleanup", ids, p.Concurrency))
 		}
 		growth = append(growth, pt)
 	}
 	rep, err := func() (*report.DensityReport, error) {
-		e.Progress.Note("density: %d sandboxes up; settling %s", len(ids), e.Opts.DensitySettle)
+		e.Progress.Note("%s: %d sandboxes up; settling %s", scenario, len(ids), e.Opts.DensitySettle)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(e.Opts.DensitySettle):
 		}
 		e.peak(ctx)
-		var total, charged, anon, file, kernel, pss, rss, disk []report.Bytes
+		var total, charged, anon, file, kernel, pss, rss, own, disk []report.Bytes
 		rep := &report.DensityReport{Sandboxes: len(ids), Fill: report.Summarize(fill)}
-		e.Progress.Start("density: measure", len(ids))
+		e.Progress.Start(scenario+": measure", len(ids))
 		for _, id := range ids {
 			sb, err := e.Client.GetSandbox(ctx, &pb.GetSandboxRequest{SandboxId: id})
 			if err != nil {
@@ -167,6 +188,7 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 			kernel = append(kernel, m.cg.kernel)
 			pss = append(pss, m.pss)
 			rss = append(rss, m.rss)
+			own = append(own, m.pss-m.pssShmem)
 			disk = append(disk, m.diskCache)
 			rep.Processes += m.procs
 			rep.LoopDirectIO = m.dio
@@ -180,6 +202,7 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		rep.NodePerSandbox = (before - after) / report.Bytes(len(ids))
 		rep.Total, rep.Charged, rep.Anon, rep.File = report.Summarize(total), report.Summarize(charged), report.Summarize(anon), report.Summarize(file)
 		rep.Kernel, rep.PSS, rep.RSS, rep.DiskCache = report.Summarize(kernel), report.Summarize(pss), report.Summarize(rss), report.Summarize(disk)
+		rep.OwnPSS = report.Summarize(own)
 		if rep.CubeletRSS, rep.CubeletPSS, err = e.cubeletRSS(ctx); err != nil {
 			return nil, err
 		}
@@ -200,11 +223,11 @@ func runDensity(ctx context.Context, e *Env, p report.Params) (*report.Result, e
 		}
 		return rep, nil
 	}()
-	if derr := e.deleteAll(ctx, "density: cleanup", ids, p.Concurrency); derr != nil {
+	if derr := e.deleteAll(ctx, scenario+": cleanup", ids, p.Concurrency); derr != nil {
 		err = errors.Join(err, derr)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return &report.Result{Scenario: "density", Kind: report.KindCube, Params: p, Density: rep}, nil
+	return &report.Result{Scenario: scenario, Kind: report.KindCube, Params: p, Density: rep}, nil
 }

@@ -18,8 +18,9 @@ import (
 	"github.com/cubesandbox/cube/internal/bench/report"
 )
 
-// procMem is /proc/<pid>/smaps_rollup's Rss and Pss.
-type procMem struct{ rss, pss report.Bytes }
+// procMem is /proc/<pid>/smaps_rollup's Rss, Pss and Pss_Shmem (Pss of
+// shared memory: for a VM clone its share of the template's pages).
+type procMem struct{ rss, pss, pssShmem report.Bytes }
 
 func readProcMem(pid int) (procMem, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
@@ -39,6 +40,8 @@ func readProcMem(pid int) (procMem, error) {
 			m.rss = kbField(v)
 		case "Pss":
 			m.pss = kbField(v)
+		case "Pss_Shmem":
+			m.pssShmem = kbField(v)
 		}
 	}
 	return m, sc.Err()

@@ -47,7 +47,7 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 			o := report.DefaultOptions()
 			o.Runtime = tc.rt
 			o.SmallDefaults(nil)
-			o.N1, o.SnapshotN, o.Chunks = 2, 1, 2
+			o.N1, o.SnapshotN, o.Chunks, o.DensityN = 2, 1, 2, 2
 			runID := NewRunID()
 			work := filepath.Join(os.TempDir(), "cube-bench-test-"+runID)
 			e, cleanup, err := Prepare(ctx, Setup{RunID: runID, BinDir: bin, WorkDir: work, Opts: o, Progress: NewProgress(testWriter{t})})
@@ -60,7 +60,7 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 					_ = cleanup(ctx)
 				}
 			})
-			list, err := Resolve([]string{"create-warm", "pause-disk", "resume-disk", "snapshot"})
+			list, err := Resolve([]string{"create-warm", "pause-disk", "resume-disk", "snapshot", "density-clones"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,6 +79,14 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 				if r == nil || r.Error != "" || r.Skipped != "" || r.Failed > 0 || r.Latency == nil || r.Latency.Min <= 0 {
 					t.Errorf("%s: %+v", name, r)
 				}
+			}
+			// density-clones: clones of the warm template, each measured
+			// and asked /health through the proxy.
+			if r := byName["density-clones"]; r == nil || r.Error != "" || r.Skipped != "" || r.Density == nil {
+				t.Errorf("density-clones: %+v", r)
+			} else if d := r.Density; d.Sandboxes != 2 || d.PSS.Min <= 0 || d.OwnPSS.Min <= 0 || d.OwnPSS.Max > d.PSS.Max ||
+				d.Health == nil || d.Health.Asked != 2 || d.Health.Failed != 0 {
+				t.Errorf("density-clones: %+v", d)
 			}
 			// vm: also qemu-incoming-full, the full image of the same
 			// (shared-memory) warm snapshot.
@@ -109,6 +117,9 @@ func TestRuntimeScenariosTiny(t *testing.T) {
 			}
 			if w := target("gVisor / VM create from a warm template"); w == nil || w.Met == nil || !strings.Contains(w.Name, tc.raw[:4]) {
 				t.Errorf("warm target not evaluated: %+v", w)
+			}
+			if c := target("idle VM clone Pss"); (c != nil && c.Met != nil) != (tc.rt == "vm") {
+				t.Errorf("idle VM clone target on %s: %+v", tc.rt, c)
 			}
 			// gvisor: the live snapshot against the bare checkpoint +
 			// restore, whose sandboxes (two runsc IDs each) cubelet's

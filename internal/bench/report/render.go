@@ -108,11 +108,20 @@ func densityRows(d *DensityReport) [][]string {
 		{"  kernel", d.Kernel},
 		{"processes PSS", d.PSS},
 		{"processes RSS", d.RSS},
+		{"processes PSS beyond shared memory", d.OwnPSS},
 		{"disk image page cache", d.DiskCache},
 	} {
 		rows = append(rows, []string{x.name, x.s.Min.MiB(), x.s.Avg.MiB(), x.s.P50.MiB(), x.s.P90.MiB(), x.s.P99.MiB(), x.s.Max.MiB()})
 	}
 	return rows
+}
+
+// densityTitle heads a density scenario's section: what it started.
+func densityTitle(scenario string, n int) string {
+	if scenario == "density-clones" {
+		return fmt.Sprintf("Density of clones: %d idle clones of one warm template", n)
+	}
+	return fmt.Sprintf("Density: %d idle sandboxes", n)
 }
 
 // healthLine says how the sandboxes answered /health through the proxy.
@@ -177,7 +186,8 @@ func WriteTable(w io.Writer, rep *Report) error {
 	table("WHERE CUBELET SPENDS IT (action timings returned by the RPCs, ms)", actionRows(rep))
 	for _, r := range rep.Results {
 		if d := r.Density; d != nil {
-			table(fmt.Sprintf("DENSITY: %d idle sandboxes, %d processes", d.Sandboxes, d.Processes), densityRows(d))
+			head, rest, _ := strings.Cut(densityTitle(r.Scenario, d.Sandboxes), ":")
+			table(fmt.Sprintf("%s:%s, %d processes", strings.ToUpper(head), rest, d.Processes), densityRows(d))
 			fmt.Fprintf(tw, "cubelet RSS %s (PSS %s); host MemAvailable drop per sandbox %s; loop direct I/O %v\n",
 				d.CubeletRSS.MiB(), d.CubeletPSS.MiB(), d.NodePerSandbox.MiB(), d.LoopDirectIO)
 			if d.NetworkAgentRSS > 0 {
@@ -254,7 +264,7 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	table(actionRows(rep))
 	for _, r := range rep.Results {
 		if d := r.Density; d != nil {
-			fmt.Fprintf(&b, "## Density: %d idle sandboxes\n\n", d.Sandboxes)
+			fmt.Fprintf(&b, "## %s\n\n", densityTitle(r.Scenario, d.Sandboxes))
 			table(densityRows(d))
 			fmt.Fprintf(&b, "Processes in the sandboxes' cgroups: %d. Cubelet RSS %s (PSS %s). Host MemAvailable drop per sandbox %s. Loop devices with direct I/O: %v. Create latency while filling: avg %s ms, P99 %s ms.\n\n",
 				d.Processes, d.CubeletRSS.MiB(), d.CubeletPSS.MiB(), d.NodePerSandbox.MiB(), d.LoopDirectIO, fmtMS(d.Fill.Avg), fmtMS(d.Fill.P99))

@@ -91,6 +91,10 @@ type DensityReport struct {
 	Kernel    Stats[Bytes] `json:"kernel"`
 	PSS       Stats[Bytes] `json:"pss"`
 	RSS       Stats[Bytes] `json:"rss"`
+	// OwnPSS is PSS less the processes' Pss_Shmem: what a VM clone owns
+	// beyond its share of the template's pages (0 in runs from before
+	// it was recorded).
+	OwnPSS    Stats[Bytes] `json:"own_pss,omitzero"`
 	DiskCache Stats[Bytes] `json:"disk_cache"`
 	// LoopDirectIO: the loop devices read their image with O_DIRECT, so
 	// DiskCache stays empty by construction.

@@ -169,3 +169,48 @@ func TestPoolTargets(t *testing.T) {
 		}
 	}
 }
+
+func TestCloneTargets(t *testing.T) {
+	met := func(tg Target) string {
+		if tg.Met == nil {
+			return "-"
+		}
+		return map[bool]string{true: "yes", false: "NO"}[*tg.Met]
+	}
+	vm := Machine{Runtime: "vm (tcg)"}
+	clones := func(n, healthy int, own Bytes) *Result {
+		return &Result{Scenario: "density-clones", Kind: KindCube, Density: &DensityReport{
+			Sandboxes: n, OwnPSS: Stats[Bytes]{Avg: own, P99: own}, PSS: Stats[Bytes]{Avg: own + 5<<20},
+			Health: &HealthCheck{Asked: n, Late: n - healthy, Within: time.Second}}}
+	}
+	for _, c := range []struct {
+		name         string
+		res          *Result
+		wantN, wantM string
+	}{
+		{"not run", nil, "-", "-"},
+		{"few and large", clones(200, 200, 36<<20), "NO", "NO"},
+		{"all and small", clones(1000, 1000, 12<<20), "yes", "yes"},
+		{"all, some late", clones(1000, 990, 12<<20), "NO", "yes"},
+	} {
+		rep := &Report{Machine: vm}
+		if c.res != nil {
+			rep.Results = []*Result{c.res}
+		}
+		var got []Target
+		for _, tg := range Evaluate(rep) {
+			if strings.Contains(tg.Name, "VM clone") {
+				got = append(got, tg)
+			}
+		}
+		if len(got) != 2 || met(got[0]) != c.wantN || met(got[1]) != c.wantM {
+			t.Errorf("%s: %+v, want met %s, %s", c.name, got, c.wantN, c.wantM)
+		}
+	}
+	// Not a vm run: no clone targets.
+	for _, tg := range Evaluate(&Report{Results: []*Result{clones(1000, 1000, 1<<20)}}) {
+		if strings.Contains(tg.Name, "VM clone") {
+			t.Errorf("runc run judged a clone target: %+v", tg)
+		}
+	}
+}

@@ -18,6 +18,38 @@ type Target struct {
 // DensityTargetN is how many idle sandboxes the density targets are for.
 const DensityTargetN = 10000
 
+// CloneTargetN is how many idle VM clones of one warm template the
+// density-clones targets are for; CloneOwnTarget what each may own
+// beyond its share of the template's pages.
+const (
+	CloneTargetN   = 1000
+	CloneOwnTarget = 16 << 20
+)
+
+// cloneTargets judges a vm run's density-clones result (d; nil when the
+// run did not measure it).
+func cloneTargets(d *Result) []Target {
+	n := Target{Name: fmt.Sprintf("idle VM clones of one warm template up, each answering /health through the proxy within 1 s (target N=%d)", CloneTargetN),
+		Want: fmt.Sprintf(">= %d", CloneTargetN), Got: "not measured: run density-clones"}
+	o := Target{Name: "idle VM clone Pss beyond the template's shared pages", Want: fmt.Sprintf("<= %s (avg)", Bytes(CloneOwnTarget).MiB()), Got: "not measured: run density-clones"}
+	if d == nil || d.Density == nil {
+		return []Target{n, o}
+	}
+	dr := d.Density
+	ok := dr.Health != nil && dr.Health.Asked == dr.Sandboxes && dr.Health.Failed == 0 && dr.Health.Late == 0
+	healthy := 0
+	if dr.Health != nil {
+		healthy = dr.Health.Asked - dr.Health.Failed - dr.Health.Late
+	}
+	n.Got = fmt.Sprintf("%d up, %d of them answered within 1 s; host MemAvailable drop %s per clone", dr.Sandboxes, healthy, dr.NodePerSandbox.MiB())
+	n.Met = ptr(ok && dr.Sandboxes >= CloneTargetN)
+	o.Got = fmt.Sprintf("%s avg, %s P99 over %d clones (Pss %s avg)", dr.OwnPSS.Avg.MiB(), dr.OwnPSS.P99.MiB(), dr.Sandboxes, dr.PSS.Avg.MiB())
+	o.Met = ptr(dr.OwnPSS.Avg <= CloneOwnTarget)
+	return []Target{n, o}
+}
+
+func ptr[T any](v T) *T { return &v }
+
 // Evaluate checks the report against the targets. The figures are noisy
 // on shared machines; this is what a reader checks first, not a test.
 func Evaluate(rep *Report) []Target {
@@ -108,6 +140,9 @@ func Evaluate(rep *Report) []Target {
 		}
 	}
 	out = append(out, t, c, h)
+	if rt == "vm" {
+		out = append(out, cloneTargets(find("density-clones"))...)
+	}
 	// Median: with the small N of these runtimes one slow sample moves
 	// the average.
 	p50 := func(s *Summary) time.Duration { return s.P50 }
