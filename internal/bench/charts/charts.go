@@ -143,11 +143,15 @@ func Draw(rep *report.Report, prefix string) ([]Chart, []string, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := add("Memory against sandboxes", "host memory per idle sandbox against sandboxes up", name(r.Scenario+"-memory"),
+		of := ""
+		if r.Scenario != "density" {
+			of = " (" + r.Scenario + ")"
+		}
+		if err := add("Memory against sandboxes", "host memory per idle sandbox against sandboxes up"+of, name(r.Scenario+"-memory"),
 			"Per sandbox: the average of cgroup charged + disk image page cache (over a spread of at most 20 sandboxes at each tenth of the fill, unsettled; over all of them after the settle, the last point), and the drop of the host's MemAvailable since the fill began divided by the sandboxes up.", mem); err != nil {
 			return nil, nil, err
 		}
-		if err := add("Memory against sandboxes", "cubelet RSS against sandboxes up", name(r.Scenario+"-cubelet"), "", cub); err != nil {
+		if err := add("Memory against sandboxes", "cubelet RSS against sandboxes up"+of, name(r.Scenario+"-cubelet"), "", cub); err != nil {
 			return nil, nil, err
 		}
 	}
