@@ -24,7 +24,7 @@ func init() {
 	})
 	Register(Scenario{
 		Name: "density-clones", Kind: report.KindCube,
-		Help: "density with --density-n clones of a warmed template (WarmTemplate once, untimed; gvisor, vm): what a restored clone costs beside the others, its share of the template's pages apart",
+		Help: "density with --density-n clones of a warmed template (WarmTemplate once, untimed; gvisor, vm): what a restored clone costs beside the others, Pss of shared memory apart (on vm the template's pages)",
 		Params: func(o report.Options) report.Params {
 			return report.Params{N: o.DensityN, Concurrency: o.DensityConcurrency}
 		},

@@ -54,7 +54,7 @@ func (e *Env) warm(ctx context.Context) (*warmTemplate, error) {
 	w := &e.warmT
 	w.once.Do(func() {
 		if e.Opts.ImageLayout == "" {
-			w.err = errors.New("create-warm needs the test image (a private node or a local cubelet)")
+			w.err = errors.New("a warmed template needs the test image (a private node or a local cubelet)")
 			return
 		}
 		id := fmt.Sprintf("%s-warm-%s", e.Opts.Template, e.RunID)

@@ -182,7 +182,7 @@ func Write(dir, prefix string, rep *report.Report) error {
 	}
 	// Only names Draw makes for this prefix: "results" must not take
 	// "results-cluster-cdf-x.svg" for its own.
-	own := regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `-(cdf-.+|concurrency(-\d+)?|density-(memory|cubelet)(-\d+)?)\.svg$`)
+	own := regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `-(cdf-.+|concurrency(-\d+)?|density(-clones)?-(memory|cubelet)(-\d+)?)\.svg$`)
 	var errs []error
 	for _, e := range ents {
 		if n := e.Name(); own.MatchString(n) && !keep[n] {

@@ -272,7 +272,7 @@ func TestDrawNotes(t *testing.T) {
 // prefix's nor other files.
 func TestWrite(t *testing.T) {
 	dir := t.TempDir()
-	for _, f := range []string{"results-cdf-gone.svg", "results-cluster-cdf-create-c1.svg", "notes.svg", "results.json"} {
+	for _, f := range []string{"results-cdf-gone.svg", "results-density-clones-memory.svg", "results-cluster-cdf-create-c1.svg", "notes.svg", "results.json"} {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +294,7 @@ func TestWrite(t *testing.T) {
 			t.Errorf("%s missing from %q", f, names)
 		}
 	}
-	if slices.Contains(names, "results-cdf-gone.svg") {
+	if slices.Contains(names, "results-cdf-gone.svg") || slices.Contains(names, "results-density-clones-memory.svg") {
 		t.Errorf("stale chart kept: %q", names)
 	}
 	if len(rep.Charts) != 7 {
@@ -309,5 +309,28 @@ func TestWrite(t *testing.T) {
 		if !strings.Contains(md.String(), s) {
 			t.Errorf("markdown lacks %q", s)
 		}
+	}
+
+	// A density-clones result draws charts of its own, beside density's.
+	clones := *rep.Results[8]
+	if clones.Scenario != "density" {
+		t.Fatalf("test report changed: %+v", clones)
+	}
+	clones.Scenario = "density-clones"
+	rep.Results = append(rep.Results, &clones)
+	if err := Write(dir, Prefix("bench/RESULTS.md"), rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"results-density-memory.svg", "results-density-clones-memory.svg", "results-density-clones-cubelet.svg"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("density-clones: %v", err)
+		}
+	}
+	md.Reset()
+	if err := report.WriteMarkdown(&md, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "![host memory per idle sandbox against sandboxes up (density-clones)](results-density-clones-memory.svg)") {
+		t.Errorf("markdown lacks the density-clones chart:\n%s", md.String())
 	}
 }

@@ -100,17 +100,21 @@ func densityRows(d *DensityReport) [][]string {
 	for _, x := range []struct {
 		name string
 		s    Stats[Bytes]
+		opt  bool // left out when not measured (older reports)
 	}{
-		{"total (charged + disk cache)", d.Total},
-		{"cgroup charged", d.Charged},
-		{"  anon", d.Anon},
-		{"  page cache (file)", d.File},
-		{"  kernel", d.Kernel},
-		{"processes PSS", d.PSS},
-		{"processes RSS", d.RSS},
-		{"processes PSS beyond shared memory", d.OwnPSS},
-		{"disk image page cache", d.DiskCache},
+		{"total (charged + disk cache)", d.Total, false},
+		{"cgroup charged", d.Charged, false},
+		{"  anon", d.Anon, false},
+		{"  page cache (file)", d.File, false},
+		{"  kernel", d.Kernel, false},
+		{"processes PSS", d.PSS, false},
+		{"processes RSS", d.RSS, false},
+		{"processes PSS beyond shared memory", d.OwnPSS, true},
+		{"disk image page cache", d.DiskCache, false},
 	} {
+		if x.opt && x.s.N == 0 {
+			continue
+		}
 		rows = append(rows, []string{x.name, x.s.Min.MiB(), x.s.Avg.MiB(), x.s.P50.MiB(), x.s.P90.MiB(), x.s.P99.MiB(), x.s.Max.MiB()})
 	}
 	return rows

@@ -180,7 +180,7 @@ func TestCloneTargets(t *testing.T) {
 	vm := Machine{Runtime: "vm (tcg)"}
 	clones := func(n, healthy int, own Bytes) *Result {
 		return &Result{Scenario: "density-clones", Kind: KindCube, Density: &DensityReport{
-			Sandboxes: n, OwnPSS: Stats[Bytes]{Avg: own, P99: own}, PSS: Stats[Bytes]{Avg: own + 5<<20},
+			Sandboxes: n, Processes: n, OwnPSS: Stats[Bytes]{N: n, Avg: own, P99: own}, PSS: Stats[Bytes]{N: n, Avg: own + 5<<20},
 			Health: &HealthCheck{Asked: n, Late: n - healthy, Within: time.Second}}}
 	}
 	for _, c := range []struct {
@@ -192,6 +192,7 @@ func TestCloneTargets(t *testing.T) {
 		{"few and large", clones(200, 200, 36<<20), "NO", "NO"},
 		{"all and small", clones(1000, 1000, 12<<20), "yes", "yes"},
 		{"all, some late", clones(1000, 990, 12<<20), "NO", "yes"},
+		{"nothing measured", &Result{Scenario: "density-clones", Kind: KindCube, Density: &DensityReport{Sandboxes: 1000}}, "-", "-"},
 	} {
 		rep := &Report{Machine: vm}
 		if c.res != nil {
