@@ -37,6 +37,46 @@ func Mounts() ([]string, error) {
 	return out, nil
 }
 
+// V1MountFor returns the mount point of the cgroup v1 hierarchy of
+// controllers, as /proc/<pid>/cgroup names a hierarchy ("cpu,cpuacct",
+// "name=systemd"), or "" when none is mounted.
+func V1MountFor(controllers string) (string, error) {
+	ms, err := cachedMounts()
+	if err != nil {
+		return "", err
+	}
+	return v1MountIn(ms, controllers), nil
+}
+
+func v1MountIn(ms []hierarchy, controllers string) string {
+	want := strings.Split(controllers, ",")
+	for _, m := range ms {
+		if m.v2 {
+			continue
+		}
+		opts := strings.Split(m.opts, ",")
+		if !slices.ContainsFunc(want, func(c string) bool { return !slices.Contains(opts, c) }) {
+			return m.path
+		}
+	}
+	return ""
+}
+
+// V1Mounts returns the mount points of the cgroup v1 hierarchies.
+func V1Mounts() ([]string, error) {
+	ms, err := cachedMounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range ms {
+		if !m.v2 {
+			out = append(out, m.path)
+		}
+	}
+	return out, nil
+}
+
 // hierarchy is one mounted cgroup hierarchy.
 type hierarchy struct {
 	path string
@@ -45,6 +85,9 @@ type hierarchy struct {
 	// with "memory" in its options; cgroup2, whose controllers are per
 	// cgroup, always counts).
 	memory bool
+	// opts are a v1 mount's super options, comma-separated: its
+	// controllers and name= among them.
+	opts string
 }
 
 // The cgroup hierarchies are mounted at boot and practically never
@@ -109,7 +152,7 @@ func parseMounts(r io.Reader) ([]hierarchy, error) {
 			// The super options are the last field: an empty source
 			// leaves two spaces, which Fields merges.
 			opts := strings.Split(fields[len(fields)-1], ",")
-			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), memory: slices.Contains(opts, "memory")})
+			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), memory: slices.Contains(opts, "memory"), opts: fields[len(fields)-1]})
 		}
 	}
 	return out, sc.Err()

@@ -128,14 +128,25 @@ func TestParseMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []hierarchy{
-		{path: "/sys/fs/cgroup/cpu,cpuacct"},
-		{path: "/sys/fs/cgroup/memory", memory: true},
-		{path: "/sys/fs/cgroup/pids"},
-		{path: "/sys/fs/cgroup/blkio,memory", memory: true},
+		{path: "/sys/fs/cgroup/cpu,cpuacct", opts: "rw,cpu,cpuacct"},
+		{path: "/sys/fs/cgroup/memory", memory: true, opts: "rw,memory"},
+		{path: "/sys/fs/cgroup/pids", opts: "rw,pids"},
+		{path: "/sys/fs/cgroup/blkio,memory", memory: true, opts: "rw,blkio,memory"},
 		{path: "/sys/fs/cgroup/unified", v2: true, memory: true},
-		{path: "/sys/fs/cgroup/a b"},
+		{path: "/sys/fs/cgroup/a b", opts: "rw,name=systemd"},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("parseMounts:\n got %+v\nwant %+v", got, want)
+	}
+	// A hierarchy as /proc/<pid>/cgroup names it: all its controllers
+	// among a v1 mount's options; cgroup2 is never one.
+	for ctrls, mp := range map[string]string{
+		"cpu,cpuacct": "/sys/fs/cgroup/cpu,cpuacct", "memory": "/sys/fs/cgroup/memory",
+		"blkio,memory": "/sys/fs/cgroup/blkio,memory", "name=systemd": "/sys/fs/cgroup/a b",
+		"net_cls": "", "cpu,memory": "",
+	} {
+		if got := v1MountIn(want, ctrls); got != mp {
+			t.Errorf("v1MountIn(%q) = %q, want %q", ctrls, got, mp)
+		}
 	}
 }

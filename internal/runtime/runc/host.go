@@ -75,11 +75,13 @@ func hasCap(bit uint) bool {
 // sandbox's cgroup and superblocks both growing with the number of
 // sandboxes, that memory grows with its square (operating-cubelet.md,
 // "Many sandboxes on one node"). A bind makes no superblock. Directories
-// under /proc keep the tmpfs: runc refuses other mounts inside /proc.
+// under /proc are lateMounts' (runc refuses other mounts inside /proc).
 // Which paths are directories is read from the host's /sys, whose
 // layout the sandbox's sysfs shares; a path the host lacks stays masked
 // the usual way (runc skips what does not exist).
-func bindMaskedDirs(spec *specs.Spec, empty string) error {
+// With need, empty is made even when nothing here binds it (lateMounts
+// does).
+func bindMaskedDirs(spec *specs.Spec, empty string, need bool) error {
 	if spec.Linux == nil {
 		return nil
 	}
@@ -93,7 +95,7 @@ func bindMaskedDirs(spec *specs.Spec, empty string) error {
 		}
 		keep = append(keep, p)
 	}
-	if len(binds) == 0 {
+	if len(binds) == 0 && !need {
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Dir(empty), 0o700); err != nil {

@@ -174,7 +174,9 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	if !d.uns.cfg.Disabled {
 		maskDir = d.uns.dir(s.ID)
 	}
-	if err := bindMaskedDirs(spec, filepath.Join(maskDir, "masked")); err != nil {
+	empty := filepath.Join(maskDir, "masked")
+	late := deferMounts(spec, empty)
+	if err := bindMaskedDirs(spec, empty, len(late.procDirs) > 0); err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}
 	if d.specHook != nil {
@@ -216,16 +218,19 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	} else {
 		err = run()
 	}
+	var pid int
 	if err == nil {
-		var pid int
 		pid, err = readPid(pidFile)
-		if err == nil {
-			st = runtime.State{ID: s.ID, PID: pid, Status: runtime.StatusRunning, Created: time.Now()}
-			d.log.DebugContext(ctx, "started", "id", s.ID, "pid", pid, "took", time.Since(begin))
-			return st, nil
-		}
 	}
-	err = d.classify(ctx, "run", s.ID, err, lastLogError(runcLog))
+	if err != nil {
+		err = d.classify(ctx, "run", s.ID, err, lastLogError(runcLog))
+	} else if err = lateApply(ctx, late, pid); err != nil {
+		err = fmt.Errorf("runc start %s: %w: %w", s.ID, err, errdefs.ErrInternal)
+	} else {
+		st = runtime.State{ID: s.ID, PID: pid, Status: runtime.StatusRunning, Created: time.Now()}
+		d.log.DebugContext(ctx, "started", "id", s.ID, "pid", pid, "took", time.Since(begin))
+		return st, nil
+	}
 	if !errdefs.IsAlreadyExists(err) {
 		// Detached from ctx: the caller's ctx may be the very reason we
 		// are here, and the rollback must still run to completion.
