@@ -152,6 +152,13 @@ func (l lateMounts) apply(pid int) error {
 	if l.none() {
 		return nil
 	}
+	// The namespace is joined through a pidfd: it is the process that
+	// runc started, or none, whatever reuses its PID.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd of %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
 	// What lies outside the sandbox is cloned here, in the host's
 	// namespace, and moved into the sandbox's: a bind by name could not
 	// reach it there.
@@ -207,26 +214,21 @@ func (l lateMounts) apply(pid int) error {
 			}
 		}
 	}
-	ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		errc <- l.applyIn(int(ns.Fd()), binds)
+		errc <- l.applyIn(pidfd, binds)
 	}()
 	return <-errc
 }
 
-func (l lateMounts) applyIn(ns int, binds []lateBind) error {
+func (l lateMounts) applyIn(pidfd int, binds []lateBind) error {
 	// setns into a mount namespace refuses a thread that shares its
 	// root and working directory with others, as Go's threads do.
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare CLONE_FS: %w", err)
 	}
-	if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("join the mount namespace: %w", err)
 	}
 	// From here "/" is the sandbox's root.
