@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	goruntime "runtime"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -16,8 +15,8 @@ var _ runtime.HostnameSetter = (*Driver)(nil)
 
 // SetHostname sets the hostname of the UTS namespace of the container's
 // init, pid (a warm pool entry taking the ID of the sandbox that claims
-// it), from a thread that joins the namespace and then exits with its
-// goroutine, so no thread goes back to the scheduler in another
+// it), from a thread that joins the namespace and then ends
+// (onThrowawayThread), so no thread goes back to the scheduler in another
 // namespace. The caller, root in the initial user namespace, may; the
 // container's own root may not (CAP_SYS_ADMIN is outside its set).
 func (d *Driver) SetHostname(_ context.Context, id string, pid int, name string) error {
@@ -26,18 +25,13 @@ func (d *Driver) SetHostname(_ context.Context, id string, pid int, name string)
 		return fmt.Errorf("runc set hostname of %s: %w", id, err)
 	}
 	defer f.Close()
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	return onThrowawayThread(func() error {
 		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
-			errc <- fmt.Errorf("runc set hostname of %s: join UTS namespace of %d: %w", id, pid, err)
-			return
+			return fmt.Errorf("runc set hostname of %s: join UTS namespace of %d: %w", id, pid, err)
 		}
 		if err := unix.Sethostname([]byte(name)); err != nil {
-			errc <- fmt.Errorf("runc set hostname of %s: %w", id, err)
-			return
+			return fmt.Errorf("runc set hostname of %s: %w", id, err)
 		}
-		errc <- nil
-	}()
-	return <-errc
+		return nil
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,8 +145,8 @@ type lateBind struct {
 }
 
 // apply makes the mounts in the mount namespace of pid, the sandbox's
-// init, from a thread that joins it and ends with its goroutine, so no
-// thread goes back to the scheduler in another mount namespace.
+// init, from a thread that joins it and then ends (onThrowawayThread),
+// so no thread goes back to the scheduler in another mount namespace.
 func (l lateMounts) apply(pid int) error {
 	if l.none() {
 		return nil
@@ -214,12 +213,7 @@ func (l lateMounts) apply(pid int) error {
 			}
 		}
 	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		errc <- l.applyIn(pidfd, binds)
-	}()
-	return <-errc
+	return onThrowawayThread(func() error { return l.applyIn(pidfd, binds) })
 }
 
 func (l lateMounts) applyIn(pidfd int, binds []lateBind) error {
