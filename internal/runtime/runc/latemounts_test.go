@@ -99,12 +99,7 @@ func TestLateMountsMakeNoSuperblock(t *testing.T) {
 			t.Errorf("the sandbox's memory cgroup from inside: %q, want its 32 MiB limit, read-only", out)
 		}
 	}
-	own := 0
-	for dev := range devs {
-		if !hostDevs[dev] {
-			own++
-		}
-	}
+	own := notIn(devs, hostDevs)
 
 	// Control: runc's own /dev/shm and masking.
 	c := sleepSpec(t, parent, "late-mounts-runc")
@@ -117,12 +112,7 @@ func TestLateMountsMakeNoSuperblock(t *testing.T) {
 	if m := cm["/dev/shm"]; m.fstype != "tmpfs" || m.dev == cm["/dev"].dev {
 		t.Fatalf("control: runc's /dev/shm is %+v, want a tmpfs of its own", m)
 	}
-	cown := 0
-	for dev := range cdevs {
-		if !hostDevs[dev] {
-			cown++
-		}
-	}
+	cown := notIn(cdevs, hostDevs)
 	if v1 {
 		out := execIn(t, d, c.BundleDir, c.ID, 0, "/bin/cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 		if strings.TrimSpace(out) != "33554432" {

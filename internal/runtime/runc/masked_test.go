@@ -36,6 +36,18 @@ func mountsOf(t *testing.T, pid int) (byPoint map[string]mountInfo, devs map[str
 	return byPoint, devs
 }
 
+// notIn counts the devices of devs that host lacks: a sandbox's
+// superblocks of its own.
+func notIn(devs, host map[string]bool) int {
+	n := 0
+	for dev := range devs {
+		if !host[dev] {
+			n++
+		}
+	}
+	return n
+}
+
 // The directories under /sys that a sandbox must not see (/sys/firmware
 // here) are masked with a read-only bind of an empty directory, not with
 // a tmpfs each: a tmpfs is a superblock per sandbox, and the kernel's
@@ -79,12 +91,7 @@ func TestMaskedSysDirsAreBinds(t *testing.T) {
 	if out := execIn(t, d, s.BundleDir, s.ID, 0, "/bin/sh", "-c", "mkdir /sys/firmware/x 2>&1; echo rc=$?"); !strings.Contains(out, "rc=1") {
 		t.Fatalf("mkdir in the masked /sys/firmware: %q, want a refusal", out)
 	}
-	own := 0
-	for dev := range devs {
-		if !hostDevs[dev] {
-			own++
-		}
-	}
+	own := notIn(devs, hostDevs)
 	t.Logf("sandbox: /sys/firmware a read-only bind of %s (%s on %s), %d superblocks of its own", fw.root, fw.fstype, fw.dev, own)
 
 	// Control: runc's own masking of the same directory.
@@ -98,12 +105,7 @@ func TestMaskedSysDirsAreBinds(t *testing.T) {
 	if m := cm["/sys/firmware"]; m.fstype != "tmpfs" || hostDevs[m.dev] {
 		t.Fatalf("control: runc masked /sys/firmware with %+v, want a tmpfs of its own", m)
 	}
-	cown := 0
-	for dev := range cdevs {
-		if !hostDevs[dev] {
-			cown++
-		}
-	}
+	cown := notIn(cdevs, hostDevs)
 	t.Logf("control (runc's masking): /sys/firmware a tmpfs, %d superblocks of its own", cown)
 
 	if err := d.Stop(ctx, s.ID); err != nil {
