@@ -37,18 +37,31 @@ func Mounts() ([]string, error) {
 	return out, nil
 }
 
-// V1MountFor returns the mount point of the cgroup v1 hierarchy of
-// controllers, as /proc/<pid>/cgroup names a hierarchy ("cpu,cpuacct",
-// "name=systemd"), or "" when none is mounted.
-func V1MountFor(controllers string) (string, error) {
-	ms, err := cachedMounts()
-	if err != nil {
-		return "", err
-	}
-	return v1MountIn(ms, controllers), nil
+// V1Mount is a mounted cgroup v1 hierarchy.
+type V1Mount struct {
+	// Path is its mount point.
+	Path string
+	// Root is the cgroup mounted there: "/" for the whole hierarchy;
+	// another when this process's view of it is a subtree (a container
+	// sharing the host's cgroup namespace). /proc/<pid>/cgroup names
+	// cgroups from the hierarchy's root, so Path shows a cgroup cg at
+	// Path + cg less Root.
+	Root string
 }
 
-func v1MountIn(ms []hierarchy, controllers string) string {
+// V1MountFor returns the mount of the cgroup v1 hierarchy of
+// controllers, as /proc/<pid>/cgroup names a hierarchy ("cpu,cpuacct",
+// "name=systemd"); ok is false when none is mounted.
+func V1MountFor(controllers string) (m V1Mount, ok bool, err error) {
+	ms, err := cachedMounts()
+	if err != nil {
+		return V1Mount{}, false, err
+	}
+	m, ok = v1MountIn(ms, controllers)
+	return m, ok, nil
+}
+
+func v1MountIn(ms []hierarchy, controllers string) (V1Mount, bool) {
 	want := strings.Split(controllers, ",")
 	for _, m := range ms {
 		if m.v2 {
@@ -56,10 +69,10 @@ func v1MountIn(ms []hierarchy, controllers string) string {
 		}
 		opts := strings.Split(m.opts, ",")
 		if !slices.ContainsFunc(want, func(c string) bool { return !slices.Contains(opts, c) }) {
-			return m.path
+			return V1Mount{Path: m.path, Root: m.root}, true
 		}
 	}
-	return ""
+	return V1Mount{}, false
 }
 
 // V1Mounts returns the mount points of the cgroup v1 hierarchies.
@@ -88,6 +101,8 @@ type hierarchy struct {
 	// opts are a v1 mount's super options, comma-separated: its
 	// controllers and name= among them.
 	opts string
+	// root is the cgroup mounted at path (mountinfo's root field).
+	root string
 }
 
 // The cgroup hierarchies are mounted at boot and practically never
@@ -152,7 +167,8 @@ func parseMounts(r io.Reader) ([]hierarchy, error) {
 			// The super options are the last field: an empty source
 			// leaves two spaces, which Fields merges.
 			opts := strings.Split(fields[len(fields)-1], ",")
-			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), memory: slices.Contains(opts, "memory"), opts: fields[len(fields)-1]})
+			out = append(out, hierarchy{path: unescapeMountinfo(fields[4]), memory: slices.Contains(opts, "memory"),
+				opts: fields[len(fields)-1], root: unescapeMountinfo(fields[3])})
 		}
 	}
 	return out, sc.Err()

@@ -117,7 +117,7 @@ func TestParseMounts(t *testing.T) {
 	const mountinfo = `22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw
 25 22 0:23 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 26 25 0:24 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
-27 25 0:25 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+27 25 0:25 /docker/c1 /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 28 25 0:26 / /sys/fs/cgroup/pids rw,relatime - cgroup  rw,pids
 29 25 0:27 / /sys/fs/cgroup/blkio,memory rw,relatime - cgroup  rw,blkio,memory
 30 25 0:28 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
@@ -128,25 +128,25 @@ func TestParseMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []hierarchy{
-		{path: "/sys/fs/cgroup/cpu,cpuacct", opts: "rw,cpu,cpuacct"},
-		{path: "/sys/fs/cgroup/memory", memory: true, opts: "rw,memory"},
-		{path: "/sys/fs/cgroup/pids", opts: "rw,pids"},
-		{path: "/sys/fs/cgroup/blkio,memory", memory: true, opts: "rw,blkio,memory"},
+		{path: "/sys/fs/cgroup/cpu,cpuacct", opts: "rw,cpu,cpuacct", root: "/"},
+		{path: "/sys/fs/cgroup/memory", memory: true, opts: "rw,memory", root: "/docker/c1"},
+		{path: "/sys/fs/cgroup/pids", opts: "rw,pids", root: "/"},
+		{path: "/sys/fs/cgroup/blkio,memory", memory: true, opts: "rw,blkio,memory", root: "/"},
 		{path: "/sys/fs/cgroup/unified", v2: true, memory: true},
-		{path: "/sys/fs/cgroup/a b", opts: "rw,name=systemd"},
+		{path: "/sys/fs/cgroup/a b", opts: "rw,name=systemd", root: "/"},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("parseMounts:\n got %+v\nwant %+v", got, want)
 	}
 	// A hierarchy as /proc/<pid>/cgroup names it: all its controllers
 	// among a v1 mount's options; cgroup2 is never one.
-	for ctrls, mp := range map[string]string{
-		"cpu,cpuacct": "/sys/fs/cgroup/cpu,cpuacct", "memory": "/sys/fs/cgroup/memory",
-		"blkio,memory": "/sys/fs/cgroup/blkio,memory", "name=systemd": "/sys/fs/cgroup/a b",
-		"net_cls": "", "cpu,memory": "",
+	for ctrls, mp := range map[string]V1Mount{
+		"cpu,cpuacct": {"/sys/fs/cgroup/cpu,cpuacct", "/"}, "memory": {"/sys/fs/cgroup/memory", "/docker/c1"},
+		"blkio,memory": {"/sys/fs/cgroup/blkio,memory", "/"}, "name=systemd": {"/sys/fs/cgroup/a b", "/"},
+		"net_cls": {}, "cpu,memory": {},
 	} {
-		if got := v1MountIn(want, ctrls); got != mp {
-			t.Errorf("v1MountIn(%q) = %q, want %q", ctrls, got, mp)
+		if got, ok := v1MountIn(want, ctrls); got != mp || ok != (mp.Path != "") {
+			t.Errorf("v1MountIn(%q) = %+v, %v; want %+v", ctrls, got, ok, mp)
 		}
 	}
 }

@@ -84,7 +84,8 @@ var defaultCaps = []string{
 // kernel interfaces that leak host information or allow host-wide
 // changes. Masked files read as empty (/dev/null over them), masked
 // directories as an empty read-only tmpfs (the runc driver binds an
-// empty directory over those under /sys instead: bindMaskedDirs).
+// empty directory over them instead: bindMaskedDirs under /sys,
+// lateMounts under /proc).
 // /proc/interrupts is masked because per-CPU interrupt counts of the
 // host's devices are a timing side channel (keystrokes, network activity
 // of neighbours). /sys is mounted read-only as a whole (mountsFor).

@@ -49,9 +49,10 @@ type lateMounts struct {
 	// sandbox's root).
 	shm   bool
 	owner int
-	// cgroupV1 binds /sys/fs/cgroup and the sandbox's v1 cgroups, those
-	// at cgroupPath (spec.Linux.CgroupsPath).
-	cgroupV1   bool
+	// cgroupV1 binds /sys/fs/cgroup and the sandbox's v1 cgroups.
+	cgroupV1 bool
+	// cgroupPath is the sandbox's cgroup (spec.Linux.CgroupsPath): its
+	// init is known by it.
 	cgroupPath string
 }
 
@@ -74,6 +75,7 @@ func deferMounts(spec *specs.Spec, empty string) lateMounts {
 	if spec.Linux == nil {
 		return l
 	}
+	l.cgroupPath = path.Clean(spec.Linux.CgroupsPath)
 	devTmpfs, others := false, false
 	for _, m := range spec.Mounts {
 		switch {
@@ -93,9 +95,11 @@ func deferMounts(spec *specs.Spec, empty string) lateMounts {
 		}
 	}
 	if i := slices.IndexFunc(spec.Mounts, isCgroupMount); i >= 0 && cgroupV1Tree() &&
-		!slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return strings.HasPrefix(m.Destination, cgroupRoot+"/") }) {
+		!slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool {
+			return !isCgroupMount(m) && (m.Destination == cgroupRoot || strings.HasPrefix(m.Destination, cgroupRoot+"/"))
+		}) {
 		spec.Mounts = slices.Delete(spec.Mounts, i, i+1)
-		l.cgroupV1, l.cgroupPath = true, path.Clean(spec.Linux.CgroupsPath)
+		l.cgroupV1 = true
 	}
 	spec.Linux.MaskedPaths = slices.DeleteFunc(spec.Linux.MaskedPaths, func(p string) bool {
 		if strings.HasPrefix(p, "/proc/") && isDir(p) {
@@ -138,6 +142,20 @@ func cgroupV1Tree() bool {
 	return !slices.ContainsFunc(ms, func(m string) bool { return filepath.Dir(m) != cgroupRoot })
 }
 
+// inCgroup reports whether a /proc/<pid>/cgroup lists cgroupPath, as a
+// whole path or the end of one (cubelet's view of a hierarchy may be a
+// subtree of it: V1Mount.Root).
+func inCgroup(procCgroup, cgroupPath string) bool {
+	for line := range strings.Lines(procCgroup) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		// cgroupPath is absolute: a suffix match ends at a whole name.
+		if len(parts) == 3 && strings.HasSuffix(parts[2], cgroupPath) {
+			return true
+		}
+	}
+	return false
+}
+
 // lateBind is a detached mount (cloneMount) and where it goes.
 type lateBind struct {
 	tree   int
@@ -151,13 +169,27 @@ func (l lateMounts) apply(pid int) error {
 	if l.none() {
 		return nil
 	}
-	// The namespace is joined through a pidfd: it is the process that
-	// runc started, or none, whatever reuses its PID.
+	// The namespace is joined through a pidfd, and the process checked
+	// to be in the sandbox's cgroup while the pidfd names it: a PID
+	// reused after the sandbox's init exited is refused.
 	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd of %d: %w", pid, err)
+	if errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("late mounts: the sandbox's init (pid %d) has exited", pid)
+	} else if err != nil {
+		return fmt.Errorf("late mounts: pidfd of %d: %w", pid, err)
 	}
 	defer unix.Close(pidfd)
+	own, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return fmt.Errorf("late mounts: cgroups of %d: %w", pid, err)
+	}
+	if !inCgroup(string(own), l.cgroupPath) {
+		return fmt.Errorf("late mounts: pid %d is not in the sandbox's cgroup %s", pid, l.cgroupPath)
+	}
+	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+		return fmt.Errorf("late mounts: the sandbox's init (pid %d) has exited: %w", pid, err)
+	}
+
 	// What lies outside the sandbox is cloned here, in the host's
 	// namespace, and moved into the sandbox's: a bind by name could not
 	// reach it there.
@@ -171,7 +203,7 @@ func (l lateMounts) apply(pid int) error {
 	add := func(src, target string) error {
 		fd, err := cloneMount(unix.AT_FDCWD, src, ro)
 		if err != nil {
-			return fmt.Errorf("bind %s at %s: %w", src, target, err)
+			return fmt.Errorf("late mounts: bind %s at %s: %w", src, target, err)
 		}
 		binds = append(binds, lateBind{fd, target})
 		return nil
@@ -187,33 +219,40 @@ func (l lateMounts) apply(pid int) error {
 		if err := add(cgroupRoot, cgroupRoot); err != nil {
 			return err
 		}
-		own, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
-		if err != nil {
-			return err
-		}
+		n := 0
 		for line := range strings.Lines(string(own)) {
 			// hierarchy-ID:controllers:path; cgroup2's controllers are empty.
 			_, rest, _ := strings.Cut(strings.TrimSpace(line), ":")
 			ctrls, cg, ok := strings.Cut(rest, ":")
+			if !ok || ctrls == "" {
+				continue
+			}
+			m, ok, err := cgroups.V1MountFor(ctrls)
+			if err != nil {
+				return fmt.Errorf("late mounts: %w", err)
+			}
+			rel, under := strings.CutPrefix(cg, strings.TrimSuffix(m.Root, "/"))
 			// Only the sandbox's own cgroup: in a hierarchy runc did
 			// not place it in, its path is an ancestor, whose tree is
 			// other sandboxes' and the host's. Left empty there.
-			if !ok || ctrls == "" || cg != l.cgroupPath {
+			if !ok || !under || rel != l.cgroupPath {
 				continue
 			}
-			mp, err := cgroups.V1MountFor(ctrls)
-			if err != nil {
+			if err := add(filepath.Join(m.Path, rel), filepath.Join(cgroupRoot, filepath.Base(m.Path))); err != nil {
 				return err
 			}
-			if mp == "" {
-				continue
-			}
-			if err := add(filepath.Join(mp, cg), filepath.Join(cgroupRoot, filepath.Base(mp))); err != nil {
-				return err
-			}
+			n++
+		}
+		if n == 0 {
+			// An empty tree would have the sandbox's runtimes read the
+			// host's memory and CPUs as their limits.
+			return fmt.Errorf("late mounts: no cgroup v1 hierarchy shows the sandbox's cgroup %s", l.cgroupPath)
 		}
 	}
-	return onThrowawayThread(func() error { return l.applyIn(pidfd, binds) })
+	if err := onThrowawayThread(func() error { return l.applyIn(pidfd, binds) }); err != nil {
+		return fmt.Errorf("late mounts: %w", err)
+	}
+	return nil
 }
 
 func (l lateMounts) applyIn(pidfd int, binds []lateBind) error {
@@ -238,11 +277,15 @@ func (l lateMounts) applyIn(pidfd int, binds []lateBind) error {
 	// As the sandbox's root: /dev's tmpfs belongs to the sandbox's user
 	// namespace, which has no inode owner for host root (EOVERFLOW).
 	// Only this thread's file system IDs change, and it ends.
-	if err := unix.Setfsgid(l.owner); err != nil {
-		return fmt.Errorf("setfsgid: %w", err)
+	// setfsuid and setfsgid report no failure but by what they leave:
+	// read back (-1 changes nothing and returns the current ID).
+	_, _ = unix.SetfsgidRetGid(l.owner)
+	_, _ = unix.SetfsuidRetUid(l.owner)
+	if g, _ := unix.SetfsgidRetGid(-1); g != l.owner {
+		return fmt.Errorf("setfsgid %d: still %d", l.owner, g)
 	}
-	if err := unix.Setfsuid(l.owner); err != nil {
-		return fmt.Errorf("setfsuid: %w", err)
+	if u, _ := unix.SetfsuidRetUid(-1); u != l.owner {
+		return fmt.Errorf("setfsuid %d: still %d", l.owner, u)
 	}
 	// /dev is the fresh tmpfs runc made; only the agent has run since,
 	// and it creates nothing there.

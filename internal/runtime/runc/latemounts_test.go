@@ -126,16 +126,21 @@ func TestLateMountsMakeNoSuperblock(t *testing.T) {
 			}
 		}
 	}
-	// runc's masking of /sys/firmware is a tmpfs too (TestMaskedSysDirsAreBinds).
+	// runc alone has a tmpfs more for /dev/shm, for the cgroup v1 tree,
+	// and for each masked directory (those under /sys are binds in the
+	// driver's spec: TestMaskedSysDirsAreBinds).
 	want := cown - 1
 	if v1 {
 		want--
 	}
-	if acpi {
-		want--
+	spec, err := ocispec.For(c)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if isDir("/sys/firmware") {
-		want--
+	for _, p := range spec.Linux.MaskedPaths {
+		if isDir(p) {
+			want--
+		}
 	}
 	if own != want {
 		t.Errorf("the sandbox has %d superblocks of its own, runc alone %d: want %d", own, cown, want)
@@ -200,8 +205,38 @@ func TestDeferMountsLeavesVolumes(t *testing.T) {
 			t.Errorf("volume at %s: shm %v, want runc's /dev/shm kept", dst, l.shm)
 		}
 	}
-	sp = spec(runtime.Mount{Source: "/host/vol", Destination: "/sys/fs/cgroup/x"})
-	if l := deferMounts(sp, "/empty"); l.cgroupV1 || !slices.ContainsFunc(sp.Mounts, isCgroupMount) {
-		t.Errorf("volume under /sys/fs/cgroup: cgroupV1 %v, want runc's cgroup mount kept", l.cgroupV1)
+	// The cgroup tree: made late where runc would hold the v1
+	// hierarchies in a tmpfs of its own, left to runc otherwise (cgroup2
+	// is one superblock for every sandbox) and wherever a volume lies in
+	// it.
+	sp = spec()
+	if l := deferMounts(sp, "/empty"); l.cgroupV1 != cgroupV1Tree() || l.cgroupV1 == slices.ContainsFunc(sp.Mounts, isCgroupMount) {
+		t.Errorf("no volume: cgroupV1 %v on a host where runc's tree would be a tmpfs: %v; cgroup mount still in the spec: %v",
+			l.cgroupV1, cgroupV1Tree(), slices.ContainsFunc(sp.Mounts, isCgroupMount))
+	}
+	for _, dst := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/x"} {
+		sp = spec(runtime.Mount{Source: "/host/vol", Destination: dst})
+		if l := deferMounts(sp, "/empty"); l.cgroupV1 || !slices.ContainsFunc(sp.Mounts, isCgroupMount) {
+			t.Errorf("volume at %s: cgroupV1 %v, want runc's cgroup mount kept", dst, l.cgroupV1)
+		}
+	}
+}
+
+// The sandbox's init is known by its cgroup, whole or as the end of a
+// path seen from a hierarchy's root; a process elsewhere is not it.
+func TestInCgroup(t *testing.T) {
+	const sb = "/cube/sb1"
+	for procCgroup, want := range map[string]bool{
+		"4:memory:/cube/sb1\n0::/cube/sb1\n":     true,
+		"0::/cube/sb1\n":                         true,
+		"4:memory:/docker/c1/cube/sb1\n":         true,
+		"4:memory:/cube/sb10\n0::/cube/sb10\n":   false,
+		"4:memory:/x/cube/sb1/child\n":           false,
+		"4:memory:/\n0::/user.slice/session-1\n": false,
+		"":                                       false,
+	} {
+		if got := inCgroup(procCgroup, sb); got != want {
+			t.Errorf("inCgroup(%q, %s) = %v, want %v", procCgroup, sb, got, want)
+		}
 	}
 }
