@@ -201,7 +201,7 @@ func (l lateMounts) apply(pid int) error {
 		}
 	}()
 	add := func(src, target string) error {
-		fd, err := cloneMount(unix.AT_FDCWD, src, ro)
+		fd, err := cloneMount(src, ro)
 		if err != nil {
 			return fmt.Errorf("late mounts: bind %s at %s: %w", src, target, err)
 		}
@@ -295,7 +295,7 @@ func (l lateMounts) applyIn(pidfd int, binds []lateBind) error {
 	if err := unix.Chmod(shm, 0o1777); err != nil {
 		return fmt.Errorf("chmod %s: %w", shm, err)
 	}
-	fd, err := cloneMount(unix.AT_FDCWD, shm, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	fd, err := cloneMount(shm, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", shm, err)
 	}
@@ -308,8 +308,8 @@ func (l lateMounts) applyIn(pidfd int, binds []lateBind) error {
 
 // cloneMount is a detached bind of path (open_tree OPEN_TREE_CLONE),
 // private, with attrs set.
-func cloneMount(dirfd int, path string, attrs uint64) (int, error) {
-	fd, err := unix.OpenTree(dirfd, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+func cloneMount(path string, attrs uint64) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree: %w", err)
 	}
