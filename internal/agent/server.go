@@ -46,6 +46,7 @@ import (
 	"github.com/cubesandbox/cube/internal/agent/fsfreeze"
 	"github.com/cubesandbox/cube/internal/agent/fsys"
 	"github.com/cubesandbox/cube/internal/agent/identity"
+	"github.com/cubesandbox/cube/internal/agent/idlemem"
 	"github.com/cubesandbox/cube/internal/agent/logring"
 	"github.com/cubesandbox/cube/internal/agent/procs"
 	"github.com/cubesandbox/cube/internal/agent/rpcerr"
@@ -182,7 +183,9 @@ func New(cfg Config) *Server {
 	s.fs = fsys.New(cfg.Users, s.state, log)
 	mux := http.NewServeMux()
 	s.routes(mux)
-	s.handler = s.withAuth(mux)
+	// Outermost, so that every request, refused ones too, counts as
+	// activity: the agent's free memory goes back once it is quiet.
+	s.handler = idlemem.New(idlemem.DefaultIdle, idlemem.DefaultMin).Wrap(s.withAuth(mux))
 	return s
 }
 
