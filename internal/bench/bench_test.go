@@ -52,7 +52,7 @@ func TestScenariosTiny(t *testing.T) {
 	bin := cubelettest.Binaries(t)
 	o := report.DefaultOptions()
 	o.N1, o.N50, o.Concurrency, o.MaxLive = 3, 3, 2, 2 // create-c50: two rounds
-	o.DensityN, o.DensityConcurrency, o.DensitySettle = 3, 3, 100*time.Millisecond
+	o.DensityN, o.DensityConcurrency, o.DensitySettle, o.DensityUse = 3, 3, 100*time.Millisecond, 2
 	o.SnapshotN, o.CloneCount = 2, 2
 	o.ProfileDir, o.ProfileWindow = t.TempDir(), time.Second
 	runID := NewRunID()
@@ -151,6 +151,11 @@ func TestScenariosTiny(t *testing.T) {
 	if d != nil && (len(d.Growth) != 3 || d.Growth[0].Sandboxes != 1 || d.Growth[1].Sandboxes != 2 || d.Growth[0].Total <= 0 ||
 		d.Growth[0].CubeletRSS <= 0 || !d.Growth[2].Settled || d.Growth[2].Total != d.Total.Avg || d.Growth[2].Measured != 3) {
 		t.Errorf("density growth: %+v", d.Growth)
+	}
+	// Each ran its commands through the proxy first (a failure fails the
+	// scenario), and the report says the figures are of used sandboxes.
+	if r := byName["density"]; !slices.ContainsFunc(r.Notes, func(n string) bool { return strings.Contains(n, "ran `true` 2 times") }) {
+		t.Errorf("density notes: %q, want the commands run in each sandbox", r.Notes)
 	}
 	// Each of them answered /health through the proxy.
 	if d != nil && (d.Health == nil || d.Health.Asked != 3 || d.Health.Failed != 0 || d.Health.Late != 0 || d.Health.Latency.Min <= 0) {

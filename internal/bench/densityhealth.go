@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -48,23 +49,14 @@ func (r nodeResolver) Resolve(ctx context.Context, id string) (*proxy.Target, er
 // the proxy's idle upstream connection is closed, so no agent is left
 // holding one.
 func (e *Env) healthThroughProxy(ctx context.Context, ids []string) (*report.HealthCheck, error) {
-	h := proxy.New(proxy.Config{Resolver: nodeResolver{c: e.Client}, Log: e.Log, NoRetry: true})
-	defer h.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	px, err := e.startProxy(ctx)
 	if err != nil {
 		return nil, err
 	}
-	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	served := make(chan error, 1)
-	go func() { served <- h.Serve(sctx, ln) }()
-	defer func() {
-		stop()
-		if err := <-served; err != nil && e.Log != nil {
-			e.Log.Debug("density: proxy listener", "err", err)
-		}
-	}()
+	defer px.stop()
+	h := px.h
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	url := "http://" + ln.Addr().String() + "/health"
+	url := px.base + "/health"
 	port := strconv.Itoa(agentproto.Port)
 
 	res := &report.HealthCheck{Within: healthWithin}
@@ -115,4 +107,58 @@ func askHealth(hc *http.Client, req *http.Request) error {
 		return fmt.Errorf("envd /health: %s", resp.Status)
 	}
 	return nil
+}
+
+// loopbackProxy is the sandbox proxy served on a loopback listener.
+type loopbackProxy struct {
+	h    *proxy.Handler
+	base string // http://127.0.0.1:port
+	stop func()
+}
+
+func (e *Env) startProxy(ctx context.Context) (*loopbackProxy, error) {
+	h := proxy.New(proxy.Config{Resolver: nodeResolver{c: e.Client}, Log: e.Log, NoRetry: true})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	served := make(chan error, 1)
+	go func() { served <- h.Serve(sctx, ln) }()
+	return &loopbackProxy{h: h, base: "http://" + ln.Addr().String(), stop: func() {
+		stop()
+		if err := <-served; err != nil && e.Log != nil {
+			e.Log.Debug("density: proxy listener", "err", err)
+		}
+		h.Close()
+	}}, nil
+}
+
+// useThroughProxy has every sandbox run `true` n times through the proxy,
+// c sandboxes at a time: sandboxes that were used, for density to measure
+// once they are idle again.
+func (e *Env) useThroughProxy(ctx context.Context, ids []string, n, c int) error {
+	px, err := e.startProxy(ctx)
+	if err != nil {
+		return err
+	}
+	defer px.stop()
+	port := strconv.Itoa(agentproto.Port)
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c}}
+	defer hc.CloseIdleConnections()
+	e.Progress.Start(fmt.Sprintf("density: %d commands in each sandbox", n), len(ids))
+	d := drive(ctx, e.Progress, len(ids), c, func(ctx context.Context, i int) (time.Duration, error) {
+		for range n {
+			if err := envdTrue(ctx, hc, px.base, ids[i], port); err != nil {
+				return 0, fmt.Errorf("sandbox %s: %w", ids[i], err)
+			}
+		}
+		return 0, nil
+	})
+	e.Progress.Finish()
+	if d.failed > 0 {
+		return fmt.Errorf("density: commands failed in %d of %d sandboxes: %w", d.failed, len(ids), errors.Join(d.errs...))
+	}
+	return ctx.Err()
 }

@@ -458,10 +458,16 @@ func (b *benchE2B) health(ctx context.Context, hc *http.Client, id string) error
 
 // runTrue has envd run `true` and waits for its end event.
 func (b *benchE2B) runTrue(ctx context.Context, hc *http.Client, id string) error {
-	c := processconnect.NewProcessClient(hc, b.route)
+	return envdTrue(ctx, hc, b.route, id, clusterEnvdPort)
+}
+
+// envdTrue has sandbox id's envd run `true` through the proxy at route
+// and waits for its end event.
+func envdTrue(ctx context.Context, hc *http.Client, route, id, port string) error {
+	c := processconnect.NewProcessClient(hc, route)
 	req := connect.NewRequest(&envdpb.StartRequest{Process: &envdpb.ProcessConfig{Cmd: "/bin/true"}})
 	req.Header().Set(proxy.HeaderSandboxID, id)
-	req.Header().Set(proxy.HeaderSandboxPort, clusterEnvdPort)
+	req.Header().Set(proxy.HeaderSandboxPort, port)
 	s, err := c.Start(ctx, req)
 	if err != nil {
 		return fmt.Errorf("envd process.Start: %w", err)

@@ -30,6 +30,11 @@ type Options struct {
 	// DensitySettle is how long density waits once every sandbox is up, so
 	// agents finish starting (GC, lazy init) before memory is read.
 	DensitySettle time.Duration
+	// DensityUse is how many commands (envd process.Start of `true`)
+	// each density sandbox runs through the proxy once all are up,
+	// before the settle: the figures are then of sandboxes idle after
+	// use. 0 leaves them as created.
+	DensityUse int
 	// DensityNet runs a private node's network-agent as its own process
 	// for runc too, so every density sandbox gets a network slot, and
 	// reports the agent's RSS.
@@ -84,6 +89,9 @@ func (o Options) Validate() error {
 		if f.v < 1 {
 			return fmt.Errorf("--%s %d: must be at least 1", f.name, f.v)
 		}
+	}
+	if o.DensityUse < 0 {
+		return fmt.Errorf("--density-use %d: must not be negative", o.DensityUse)
 	}
 	if o.BaselineN < 0 {
 		return fmt.Errorf("--baseline-n %d: must not be negative", o.BaselineN)
