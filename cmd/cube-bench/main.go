@@ -59,7 +59,7 @@ func main() {
 	flag.IntVar(&o.DensityN, "density-n", o.DensityN, "idle sandboxes in the density scenario")
 	flag.IntVar(&o.DensityConcurrency, "density-concurrency", o.DensityConcurrency, "creates in flight while filling the node")
 	flag.BoolVar(&o.DensityNet, "density-net", o.DensityNet, "private node: run network-agent as its own process for runc too (every sandbox gets a slot); density reports its RSS")
-	flag.IntVar(&o.DensityUse, "density-use", o.DensityUse, "commands each density sandbox runs through the proxy before the settle (0: idle as created); settle past the agent's 30 s quiet period to see what a used sandbox keeps")
+	flag.IntVar(&o.DensityUse, "density-use", o.DensityUse, "commands each density sandbox runs through the proxy before the settle (0: idle as created); settle past the agent's 30 s quiet period to see what a used sandbox keeps (a use phase longer than that releases the first sandboxes' memory early)")
 	flag.DurationVar(&o.DensitySettle, "density-settle", o.DensitySettle, "wait after the last density sandbox is up, before measuring")
 	flag.IntVar(&o.SnapshotN, "snapshot-n", o.SnapshotN, "samples of snapshot and clone-1")
 	flag.IntVar(&o.CloneCount, "clone-count", o.CloneCount, "sandboxes per CloneSandbox call in clone-n")

@@ -59,6 +59,7 @@ type Releaser struct {
 	due      time.Time
 	last     uint64 // allocs after the last release
 	releases int
+	stopped  bool
 }
 
 // New returns a Releaser that releases after idle without requests, when
@@ -104,23 +105,45 @@ func (r *Releaser) end() {
 	}
 }
 
+// Stop ends the releaser: no release follows.
+func (r *Releaser) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
+	r.timer.Stop()
+}
+
 func (r *Releaser) armLocked() {
+	if r.stopped {
+		return
+	}
 	r.due = r.now().Add(r.idle)
 	r.timer.Reset(r.idle)
 }
 
-// fire runs when the quiet period is over. A timer that fires long after
-// it was due means the process was stopped meanwhile (a paused sandbox
-// thawed, a warm-pool entry claimed, a snapshot restored): whatever woke
-// it is about to use it, and a collection now would delay exactly that,
-// so the quiet period starts over instead.
+// lateBy is how late a timer may fire before fire takes the process to
+// have been stopped meanwhile.
+const lateBy = 2 * time.Second
+
+// fire runs when the quiet period is over. A timer more than lateBy late
+// means the process was stopped meanwhile (a paused runc sandbox thawed,
+// a warm-pool entry claimed, a snapshot restored): whatever woke it is
+// about to use it, and a collection now would delay exactly that, so the
+// quiet period starts over instead. (A VM's guest clock stops with the
+// guest, so there the timer is never late: a release may follow a resume
+// at once, if one was due.) After a release it checks once more a quiet
+// period later: with no request in flight the agent may still allocate,
+// copying a detached process's output into the sandbox's log.
 func (r *Releaser) fire() {
 	r.mu.Lock()
-	if r.active > 0 {
+	now := r.now()
+	switch {
+	case r.stopped || r.active > 0 || now.Before(r.due):
+		// A request began since the timer was set, or one began and
+		// ended while this call waited for the lock and set a new due.
 		r.mu.Unlock()
 		return
-	}
-	if late := r.now().Sub(r.due); late > r.idle/2 {
+	case now.Sub(r.due) > lateBy:
 		r.armLocked()
 		r.mu.Unlock()
 		return
@@ -135,6 +158,9 @@ func (r *Releaser) fire() {
 	r.mu.Lock()
 	r.last = after
 	r.releases++
+	if r.active == 0 {
+		r.armLocked()
+	}
 	r.mu.Unlock()
 }
 
