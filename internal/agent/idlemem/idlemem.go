@@ -11,7 +11,8 @@
 // thousands of idle sandboxes that is most of their memory.
 //
 // A Releaser watches the agent's requests and, once none has been in
-// flight for Idle, collects and returns free pages (debug.FreeOSMemory),
+// flight for a quiet period (DefaultIdle in the agent), collects and
+// returns free pages (debug.FreeOSMemory),
 // when enough was allocated since the last release to be worth it: a
 // first collection costs its own metadata (~0.4 MiB), more than a fresh
 // agent's garbage. A release is at most one per quiet period and costs a
