@@ -72,6 +72,9 @@ type Driver struct {
 	// freezers caches each container's cgroup paths for freeze (id ->
 	// map[string]string).
 	freezers sync.Map
+	// launch is the mount namespace runc starts from (launchns.go); nil
+	// when it could not be made, and runc starts from this process's.
+	launch *launchNS
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -101,7 +104,16 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	keep := []string{path, cfg.Root}
+	if !uns.cfg.Disabled {
+		keep = append(keep, uns.cfg.MountDir)
+	}
+	launch, err := newLaunchNS(keep, log)
+	if err != nil {
+		log.Warn("runc starts from this process's mount namespace: creates slow down as the host's mounts grow", "error", err)
+	}
 	return &Driver{
+		launch: launch,
 		rc: &gorunc.Runc{
 			Command: path,
 			Root:    cfg.Root,
@@ -182,6 +194,21 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	if d.specHook != nil {
 		d.specHook(spec)
 	}
+	if err := os.MkdirAll(s.BundleDir, 0o700); err != nil {
+		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
+	}
+	var launch *launchPlan
+	if d.launch != nil {
+		var why string
+		launch, why, err = d.launch.plan(spec, filepath.Join(maskDir, "launch"), []string{d.rc.Command, d.rc.Root, s.BundleDir})
+		if err != nil {
+			return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
+		}
+		if why != "" {
+			d.log.WarnContext(ctx, "runc starts from this process's mount namespace", "id", s.ID, "reason", why)
+		}
+		defer launch.close()
+	}
 	if err := writeBundle(s.BundleDir, spec); err != nil {
 		return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 	}
@@ -211,11 +238,14 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 		})
 		return err
 	}
-	if prep.netns != "" {
+	switch {
+	case launch != nil:
+		err = launch.run(prep.netns, run)
+	case prep.netns != "":
 		// runc and the sandbox get the network namespace by birth
 		// (prepare says why runc cannot join it).
 		err = inNetNS(prep.netns, run)
-	} else {
+	default:
 		err = run()
 	}
 	var pid int
@@ -264,7 +294,7 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 		if !errors.Is(err, errNoFreezer) {
 			return fmt.Errorf("pause %s: %w", id, err)
 		}
-		if err := d.rc.Pause(ctx, id); err != nil {
+		if err := d.launch.in(func() error { return d.rc.Pause(ctx, id) }); err != nil {
 			return d.classify(ctx, "pause", id, err, "")
 		}
 	}
@@ -277,7 +307,7 @@ var _ runtime.LimitUpdater = (*Driver)(nil)
 // UpdateLimits sets a running or frozen sandbox's CPU, memory and PID
 // limits (runc update): its cgroup takes them at once.
 func (d *Driver) UpdateLimits(ctx context.Context, id string, l runtime.Limits) error {
-	if err := d.rc.Update(ctx, id, ocispec.Limits(l)); err != nil {
+	if err := d.launch.in(func() error { return d.rc.Update(ctx, id, ocispec.Limits(l)) }); err != nil {
 		return d.classify(ctx, "update", id, err, "")
 	}
 	return nil
@@ -290,7 +320,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 		if !errors.Is(err, errNoFreezer) {
 			return fmt.Errorf("resume %s: %w", id, err)
 		}
-		if err := d.rc.Resume(ctx, id); err != nil {
+		if err := d.launch.in(func() error { return d.rc.Resume(ctx, id) }); err != nil {
 			return d.classify(ctx, "resume", id, err, "")
 		}
 	}
@@ -304,7 +334,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	begin := time.Now()
 	d.forgetFreezer(id)
-	c, err := d.rc.State(ctx, id)
+	c, err := d.state(ctx, id)
 	if err != nil {
 		err = d.classify(ctx, "state", id, err, "")
 		if !errdefs.IsNotFound(err) {
@@ -313,7 +343,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		// runc cannot see a container whose create was interrupted
 		// before state.json was written, yet its directory blocks the
 		// ID; delete --force clears it and is a no-op otherwise.
-		if derr := d.rc.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); derr != nil {
+		if derr := d.delete(ctx, id); derr != nil {
 			return d.classify(ctx, "delete", id, derr, "")
 		}
 		return d.uns.release(ctx, id)
@@ -329,7 +359,9 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 			defer unix.Close(fd)
 		}
 	}
-	if err := d.rc.Kill(ctx, id, int(unix.SIGKILL), &gorunc.KillOpts{All: true}); err != nil {
+	if err := d.launch.in(func() error {
+		return d.rc.Kill(ctx, id, int(unix.SIGKILL), &gorunc.KillOpts{All: true})
+	}); err != nil {
 		if err := d.classify(ctx, "kill", id, err, ""); !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -351,7 +383,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 
 // destroy removes runc's state for id and then cgroupPath everywhere.
 func (d *Driver) destroy(ctx context.Context, id, cgroupPath string) error {
-	if err := d.rc.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil {
+	if err := d.delete(ctx, id); err != nil {
 		if err := d.classify(ctx, "delete", id, err, ""); !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -369,9 +401,21 @@ func (d *Driver) destroy(ctx context.Context, id, cgroupPath string) error {
 	return nil
 }
 
+func (d *Driver) state(ctx context.Context, id string) (c *gorunc.Container, err error) {
+	err = d.launch.in(func() error {
+		c, err = d.rc.State(ctx, id)
+		return err
+	})
+	return c, err
+}
+
+func (d *Driver) delete(ctx context.Context, id string) error {
+	return d.launch.in(func() error { return d.rc.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}) })
+}
+
 // State implements runtime.Driver.
 func (d *Driver) State(ctx context.Context, id string) (runtime.State, error) {
-	c, err := d.rc.State(ctx, id)
+	c, err := d.state(ctx, id)
 	if err != nil {
 		return runtime.State{}, d.classify(ctx, "state", id, err, "")
 	}
@@ -381,7 +425,11 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.State, error) {
 // List implements runtime.Driver. It reads runc's root, so it also returns
 // sandboxes started by other processes sharing Config.Root.
 func (d *Driver) List(ctx context.Context) ([]runtime.State, error) {
-	cs, err := d.rc.List(ctx)
+	var cs []*gorunc.Container
+	err := d.launch.in(func() (err error) {
+		cs, err = d.rc.List(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, d.classify(ctx, "list", "", err, "")
 	}

@@ -451,6 +451,11 @@ func (u *usernsState) release(ctx context.Context, id string) error {
 	if err := os.Remove(filepath.Join(dir, "masked")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("runc: %w", err))
 	}
+	// Entries a start mounted clones on in its launch namespace, left by a
+	// process that died during it; nothing is mounted on them here.
+	if err := os.RemoveAll(filepath.Join(dir, "launch")); err != nil {
+		errs = append(errs, fmt.Errorf("runc: %w", err))
+	}
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("runc: %w", err))
 	}
