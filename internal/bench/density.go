@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	pb "github.com/cubesandbox/cube/api/cubelet/v1"
@@ -142,16 +143,24 @@ func runDensity(ctx context.Context, e *Env, p report.Params, scenario, tmpl str
 		fill   []time.Duration
 		ids    []string
 		growth []report.DensityPoint
+		// pace: how the creates went in each tenth, as the node
+		// filled (what the sandboxes already up cost a create).
+		pace []string
 	)
 	steps := split(p.N, densitySteps)
 	for i, n := range steps {
 		var lat []time.Duration
+		begin := time.Now()
 		part, err := e.fillTimed(ctx, tmpl, warm, fmt.Sprintf("%s: start %d/%d", scenario, i+1, len(steps)), n, p.Concurrency, &lat)
 		fill = append(fill, lat...)
 		if err != nil {
 			return nil, errors.Join(err, e.deleteAll(ctx, scenario+": cleanup", ids, p.Concurrency))
 		}
 		ids = append(ids, part...)
+		if len(lat) > 0 {
+			pace = append(pace, fmt.Sprintf("%d: %.1f/s, p50 %s", len(ids),
+				float64(len(part))/time.Since(begin).Seconds(), report.Summarize(lat).P50.Round(100*time.Microsecond)))
+		}
 		if i == len(steps)-1 {
 			break
 		}
@@ -235,6 +244,10 @@ func runDensity(ctx context.Context, e *Env, p report.Params, scenario, tmpl str
 		return nil, err
 	}
 	r := &report.Result{Scenario: scenario, Kind: report.KindCube, Params: p, Density: rep}
+	if len(pace) > 1 {
+		r.Notes = append(r.Notes, fmt.Sprintf("fill by tenths (sandboxes up after it: creates/s at %d in flight, p50 create): %s",
+			p.Concurrency, strings.Join(pace, "; ")))
+	}
 	if use := e.Opts.DensityUse; use > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("idle after use: each sandbox ran `true` %d times through the proxy (envd process.Start), then the node settled %s before it was measured", use, e.Opts.DensitySettle))
 	}

@@ -13,6 +13,7 @@ package userns
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -52,8 +54,11 @@ type Range struct {
 func (r Range) Contains(id uint32) bool { return id >= r.HostID && id-r.HostID < r.Size }
 
 func (r Range) overlaps(o Range) bool {
-	return uint64(r.HostID) < uint64(o.HostID)+uint64(o.Size) && uint64(o.HostID) < uint64(r.HostID)+uint64(r.Size)
+	return uint64(r.HostID) < o.end() && uint64(o.HostID) < r.end()
 }
+
+// end is one past r's last host ID.
+func (r Range) end() uint64 { return uint64(r.HostID) + uint64(r.Size) }
 
 // Allocator hands out Ranges by sandbox ID within a scope (a runc root:
 // sandbox IDs are unique only within one). Its state is one JSON file
@@ -65,6 +70,14 @@ type Allocator struct {
 	scope      string
 	first      uint32
 	count      int
+
+	// last is the file's content as this allocator last read or wrote
+	// it, and what it parsed to: a read that finds the same bytes skips
+	// the JSON decoding, which with thousands of sandboxes up was most of
+	// a create's time in here.
+	lastMu sync.Mutex
+	last   []byte
+	parsed hostState
 }
 
 // DefaultFile is the host's allocation file. It is on /run: allocations
@@ -119,14 +132,14 @@ func (a *Allocator) Import(old string) error {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return fmt.Errorf("userns: %s: %w: %w", old, errdefs.ErrInternal, err)
 	}
-	err = a.update(func(all hostState) error {
+	err = a.update(func(all hostState) (changed bool, err error) {
 		mine := all.scope(a.scope)
 		for id, r := range m {
 			if _, ok := mine[id]; !ok {
-				mine[id] = r
+				mine[id], changed = r, true
 			}
 		}
-		return nil
+		return changed, nil
 	})
 	if err != nil {
 		return err
@@ -137,6 +150,14 @@ func (a *Allocator) Import(old string) error {
 // hostState is the file's content: ranges by sandbox ID by scope.
 type hostState map[string]map[string]Range
 
+func (h hostState) clone() hostState {
+	c := make(hostState, len(h))
+	for s, m := range h {
+		c[s] = maps.Clone(m)
+	}
+	return c
+}
+
 func (h hostState) scope(s string) map[string]Range {
 	m, ok := h[s]
 	if !ok {
@@ -146,13 +167,43 @@ func (h hostState) scope(s string) map[string]Range {
 	return m
 }
 
-func (h hostState) overlapsAny(r Range) bool {
+// taken returns every range in use on the host, in every scope, for
+// checking blocks against: with thousands of sandboxes up, checking each
+// candidate block against every allocation made a create's Acquire
+// quadratic in them.
+func (h hostState) taken() taken {
+	var t taken
 	for _, m := range h {
-		if overlapsAny(r, m) {
-			return true
+		for _, r := range m {
+			t.ranges = append(t.ranges, r)
 		}
 	}
-	return false
+	slices.SortFunc(t.ranges, func(a, b Range) int { return cmp.Compare(a.HostID, b.HostID) })
+	t.maxEnd = make([]uint64, len(t.ranges))
+	var end uint64
+	for i, r := range t.ranges {
+		end = max(end, r.end())
+		t.maxEnd[i] = end
+	}
+	return t
+}
+
+// taken is a set of ranges sorted by HostID, with the highest end of each
+// prefix: the ranges need not be disjoint or of one size (an imported or
+// hand-edited file).
+type taken struct {
+	ranges []Range
+	maxEnd []uint64
+}
+
+// overlaps reports whether r overlaps any range of t. The ranges that
+// start before r ends are a prefix; one of them overlaps r if and only if
+// the highest end among them lies past r's start.
+func (t taken) overlaps(r Range) bool {
+	i, _ := slices.BinarySearchFunc(t.ranges, r.end(), func(o Range, end uint64) int {
+		return cmp.Compare(uint64(o.HostID), end)
+	})
+	return i > 0 && t.maxEnd[i-1] > uint64(r.HostID)
 }
 
 // Acquire returns id's range, allocating a free block when id has none
@@ -161,27 +212,28 @@ func (h hostState) overlapsAny(r Range) bool {
 // else the lowest.
 func (a *Allocator) Acquire(id string, prefer ...uint32) (Range, error) {
 	var got Range
-	err := a.update(func(all hostState) error {
+	err := a.update(func(all hostState) (bool, error) {
 		m := all.scope(a.scope)
 		if r, ok := m[id]; ok {
 			got = r
-			return nil
+			return false, nil
 		}
+		t := all.taken()
 		for _, h := range prefer {
 			r := Range{HostID: h, Size: Size}
-			if a.inBounds(r) && !all.overlapsAny(r) {
+			if a.inBounds(r) && !t.overlaps(r) {
 				m[id], got = r, r
-				return nil
+				return true, nil
 			}
 		}
 		for i := range a.count {
 			r := Range{HostID: a.first + uint32(i)*Size, Size: Size}
-			if !all.overlapsAny(r) {
+			if !t.overlaps(r) {
 				m[id], got = r, r
-				return nil
+				return true, nil
 			}
 		}
-		return fmt.Errorf("userns: all %d ID ranges are in use: %w", a.count, errdefs.ErrResourceExhausted)
+		return false, fmt.Errorf("userns: all %d ID ranges are in use: %w", a.count, errdefs.ErrResourceExhausted)
 	})
 	return got, err
 }
@@ -197,9 +249,10 @@ func (a *Allocator) Free(n int) ([]Range, error) {
 		return nil, err
 	}
 	var out []Range
+	t := all.taken()
 	for i := 0; i < a.count && len(out) < n; i++ {
 		r := Range{HostID: a.first + uint32(i)*Size, Size: Size}
-		if !all.overlapsAny(r) {
+		if !t.overlaps(r) {
 			out = append(out, r)
 		}
 	}
@@ -213,9 +266,10 @@ func (a *Allocator) inBounds(r Range) bool {
 
 // Release frees id's range; releasing an id without one is a no-op.
 func (a *Allocator) Release(id string) error {
-	return a.update(func(all hostState) error {
+	return a.update(func(all hostState) (bool, error) {
+		_, ok := all[a.scope][id]
 		delete(all[a.scope], id)
-		return nil
+		return ok, nil
 	})
 }
 
@@ -249,27 +303,23 @@ func (a *Allocator) IDs() ([]string, error) {
 	return slices.Sorted(maps.Keys(m)), nil
 }
 
-func overlapsAny(r Range, m map[string]Range) bool {
-	for _, o := range m {
-		if r.overlaps(o) {
-			return true
-		}
-	}
-	return false
-}
-
-func (a *Allocator) update(fn func(hostState) error) error {
+// update runs fn on the host's allocations, under the lock, and writes
+// them back if fn changed them.
+func (a *Allocator) update(fn func(hostState) (changed bool, err error)) error {
 	return a.locked(unix.LOCK_EX, func() error {
 		all, err := a.read()
 		if err != nil {
 			return err
 		}
-		before, err := json.Marshal(all)
+		changed, err := fn(all)
 		if err != nil {
 			return err
 		}
-		if err := fn(all); err != nil {
-			return err
+		if !changed {
+			// Nothing changed (releasing an ID that has no range, as an
+			// undo after a failed Acquire does): no write, so it cannot
+			// fail on a full run dir.
+			return nil
 		}
 		for s, m := range all {
 			if len(m) == 0 {
@@ -279,12 +329,6 @@ func (a *Allocator) update(fn func(hostState) error) error {
 		b, err := json.Marshal(all)
 		if err != nil {
 			return err
-		}
-		if bytes.Equal(before, b) {
-			// Nothing changed (releasing an ID that has no range, as an
-			// undo after a failed Acquire does): no write, so it cannot
-			// fail on a full run dir.
-			return nil
 		}
 		// Written aside and renamed: a crash mid-write never leaves a
 		// truncated file that would forget every allocation.
@@ -302,6 +346,7 @@ func (a *Allocator) update(fn func(hostState) error) error {
 			_ = os.Remove(tmp)
 			return fmt.Errorf("userns: %w", err)
 		}
+		a.remember(b, all)
 		return nil
 	})
 }
@@ -338,20 +383,42 @@ func (a *Allocator) overwrite(b []byte) error {
 	return nil
 }
 
-// read returns the host's allocations, less those of scopes whose
-// directory is gone (a test harness's removed root, a driver moved
-// elsewhere) and under whose IDs no process runs.
-func (a *Allocator) read() (hostState, error) {
-	all := hostState{}
+// parse reads and decodes the file (an absent file is no allocations).
+func (a *Allocator) parse() (hostState, error) {
 	b, err := os.ReadFile(a.file)
 	if errors.Is(err, os.ErrNotExist) {
-		return all, nil
+		return hostState{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("userns: %w", err)
 	}
+	a.lastMu.Lock()
+	defer a.lastMu.Unlock()
+	if a.parsed != nil && bytes.Equal(b, a.last) {
+		return a.parsed.clone(), nil
+	}
+	all := hostState{}
 	if err := json.Unmarshal(b, &all); err != nil {
 		return nil, fmt.Errorf("userns: %s: %w: %w", a.file, errdefs.ErrInternal, err)
+	}
+	a.last, a.parsed = b, all.clone()
+	return all, nil
+}
+
+// remember records that the file now holds b, which is all.
+func (a *Allocator) remember(b []byte, all hostState) {
+	a.lastMu.Lock()
+	defer a.lastMu.Unlock()
+	a.last, a.parsed = b, all.clone()
+}
+
+// read returns the host's allocations, less those of scopes whose
+// directory is gone (a test harness's removed root, a driver moved
+// elsewhere) and under whose IDs no process runs.
+func (a *Allocator) read() (hostState, error) {
+	all, err := a.parse()
+	if err != nil {
+		return nil, err
 	}
 	for s := range all {
 		if s == a.scope {
