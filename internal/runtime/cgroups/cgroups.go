@@ -401,52 +401,84 @@ type Stats struct {
 func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 	var st Stats
 	found := false
+	holds := controllersByPath()
 	for _, m := range mounts {
 		d := filepath.Join(m, cgroupPath)
 		if d == m {
 			continue
 		}
+		// A v1 hierarchy holds only its controllers' files: on a hybrid
+		// host, looking for all of them in all dozen hierarchies was
+		// ~130 lookups per cgroup, most of them failing, on every
+		// sample of every sandbox. A path that is not a known mount
+		// (a caller's own list) is looked through for all of them.
+		has := func(string) bool { return true }
+		if h, ok := holds[m]; ok && !h.v2 {
+			opts := strings.Split(h.opts, ",")
+			has = func(c string) bool { return slices.Contains(opts, c) }
+		}
 		if _, err := os.Stat(d); err != nil {
 			continue
 		}
 		found = true
-		// cgroup v2: cpu.stat's usage_usec exists in every cgroup, with
-		// or without the cpu controller.
-		if kv := ReadKV(filepath.Join(d, "cpu.stat")); kv != nil {
-			st.CPU = max(st.CPU, time.Duration(kv["usage_usec"])*time.Microsecond)
-		}
-		if n, ok := ReadInt(filepath.Join(d, "cpuacct.usage")); ok {
-			st.CPU = max(st.CPU, time.Duration(n))
-		}
-		for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
-			if n, ok := ReadInt(filepath.Join(d, f)); ok {
-				st.Memory = max(st.Memory, n)
+		if has("cpuacct") {
+			// cgroup v2: cpu.stat's usage_usec exists in every cgroup,
+			// with or without the cpu controller.
+			if kv := ReadKV(filepath.Join(d, "cpu.stat")); kv != nil {
+				st.CPU = max(st.CPU, time.Duration(kv["usage_usec"])*time.Microsecond)
+			}
+			if n, ok := ReadInt(filepath.Join(d, "cpuacct.usage")); ok {
+				st.CPU = max(st.CPU, time.Duration(n))
 			}
 		}
-		if kv := ReadKV(filepath.Join(d, "memory.stat")); kv != nil {
-			// v2: anon and file; v1: total_rss and total_cache (with the
-			// cgroups below), else rss and cache.
-			st.RSS = max(st.RSS, kv["anon"], kv["total_rss"], kv["rss"])
-			st.Cache = max(st.Cache, kv["file"], kv["total_cache"], kv["cache"])
-			st.Shmem = max(st.Shmem, kv["shmem"], kv["total_shmem"])
-		}
-		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
-			// v2 writes "max" for none (readInt fails); v1 a page-rounded
-			// int64 maximum.
-			if n, ok := ReadInt(filepath.Join(d, f)); ok && n < 1<<62 {
-				if st.MemoryLimit == 0 || n < st.MemoryLimit {
-					st.MemoryLimit = n
+		if has("memory") {
+			for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
+				if n, ok := ReadInt(filepath.Join(d, f)); ok {
+					st.Memory = max(st.Memory, n)
+				}
+			}
+			if kv := ReadKV(filepath.Join(d, "memory.stat")); kv != nil {
+				// v2: anon and file; v1: total_rss and total_cache (with
+				// the cgroups below), else rss and cache.
+				st.RSS = max(st.RSS, kv["anon"], kv["total_rss"], kv["rss"])
+				st.Cache = max(st.Cache, kv["file"], kv["total_cache"], kv["cache"])
+				st.Shmem = max(st.Shmem, kv["shmem"], kv["total_shmem"])
+			}
+			for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
+				// v2 writes "max" for none (readInt fails); v1 a
+				// page-rounded int64 maximum.
+				if n, ok := ReadInt(filepath.Join(d, f)); ok && n < 1<<62 {
+					if st.MemoryLimit == 0 || n < st.MemoryLimit {
+						st.MemoryLimit = n
+					}
 				}
 			}
 		}
-		if n, ok := ReadInt(filepath.Join(d, "pids.current")); ok {
-			st.Pids = max(st.Pids, n)
+		if has("pids") {
+			if n, ok := ReadInt(filepath.Join(d, "pids.current")); ok {
+				st.Pids = max(st.Pids, n)
+			}
 		}
 	}
 	if !found {
 		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupPath, fs.ErrNotExist)
 	}
 	return st, nil
+}
+
+// controllersByPath returns the cgroup hierarchies this process sees, by
+// mount point (none when they cannot be read: every path then counts as
+// holding every controller).
+func controllersByPath() map[string]hierarchy {
+	ms, err := cachedMounts()
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]hierarchy, len(ms))
+	for _, m := range ms {
+		out[m.path] = m
+	}
+	return out
 }
 
 // ReadInt reads a control file that holds one integer.
