@@ -39,9 +39,10 @@ const (
 	// systemd reserves for containers (524288-1879048191) and far above
 	// every regular, system and dynamic user.
 	DefaultFirst uint32 = 1 << 30
-	// DefaultCount blocks of Size end at host ID 1342177279, still
-	// inside that range.
-	DefaultCount = 4096
+	// DefaultCount blocks of Size end at host ID 1879048191, the top of
+	// that range: one per runc sandbox, so they bound how many a host
+	// runs (12,288).
+	DefaultCount = 12288
 )
 
 // Range is one sandbox's block: container ID 0 is host ID HostID.

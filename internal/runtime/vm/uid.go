@@ -20,10 +20,10 @@ import (
 // each other and open each other's /proc/<pid>/fd, so one compromised
 // QEMU would reach every other VM's disk through its neighbour's open
 // descriptors. The range lies above the container user-namespace blocks
-// (host IDs 1<<30 up to 1342177279, internal/runtime/userns) and below
+// (host IDs 1<<30 up to 1879048191, internal/runtime/userns) and below
 // 2^31, so it overlaps neither them nor ordinary accounts.
 const (
-	DefaultUIDBase  = 0x54000000 // 1409286144
+	DefaultUIDBase  = 0x70000000 // 1879048192
 	DefaultUIDCount = 65536
 )
 
