@@ -408,8 +408,8 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 			continue
 		}
 		// A v1 hierarchy holds only its controllers' files: on a hybrid
-		// host, looking for all of them in all dozen hierarchies was
-		// ~130 lookups per cgroup, most of them failing, on every
+		// host, looking for all of them in all dozen hierarchies would
+		// be ~130 lookups per cgroup, most of them failing, on every
 		// sample of every sandbox. A path that is not a known mount
 		// (a caller's own list) is looked through for all of them.
 		has := func(string) bool { return true }

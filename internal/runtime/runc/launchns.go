@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -25,11 +26,10 @@ import (
 // several times (cgroup v1 hierarchies, /proc checks) and detaches the
 // old root after pivot_root: all of it in proportion to the mounts there.
 // On the host, every running sandbox adds its disk and its idmapped view
-// (and with a network slot its sysfs), so a create got slower the fuller
-// the node: with 6,000 host mounts a bare `runc run` took ~95 ms more
-// (docs/operating-cubelet.md, "Many sandboxes on one node"). Started
-// from a copy of this namespace, runc sees a few dozen mounts however
-// many sandboxes run.
+// (and with a network slot its sysfs): with 6,000 host mounts a bare
+// `runc run` takes ~95 ms more than with 20 (docs/operating-cubelet.md,
+// "Many sandboxes on one node"). Started from a copy of this namespace,
+// runc sees a few dozen mounts however many sandboxes run.
 //
 // The base namespace keeps the chain of mounts down to each of a few
 // paths (the runc binary, runc's root, the sandboxes' mount directory)
@@ -42,15 +42,24 @@ import (
 // the mounts of the sandbox's own sources (its root, sysfs, host mounts,
 // volumes) that the base lacks, and runs runc there; the copy goes with
 // the thread.
+//
+// The kept paths are checked before every use (device and inode, host
+// against base): a base that no longer shows them as the host does (a
+// mount replaced on the host since) is dropped for good, with a warning,
+// and every runc command runs in this process's namespace from then on,
+// so Start and Stop never look at two different runc roots.
 type launchNS struct {
-	ns   int // the base namespace (nsfs)
-	root int // its root directory (O_PATH): looks paths up in its tree from any thread
-	log  *slog.Logger
+	ns      int // the base namespace (nsfs)
+	root    int // its root directory (O_PATH): looks paths up in its tree from any thread
+	keep    []string
+	log     *slog.Logger
+	stale   atomic.Bool
+	cleanup goruntime.Cleanup
 }
 
 // newLaunchNS builds the base namespace, keeping what keep's paths are on.
 func newLaunchNS(keep []string, log *slog.Logger) (*launchNS, error) {
-	l := &launchNS{ns: -1, root: -1, log: log}
+	l := &launchNS{ns: -1, root: -1, keep: keep, log: log}
 	err := onThrowawayThread(func() error {
 		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
 			return fmt.Errorf("unshare: %w", err)
@@ -72,7 +81,7 @@ func newLaunchNS(keep []string, log *slog.Logger) (*launchNS, error) {
 		l.close()
 		return nil, fmt.Errorf("runc: launch namespace: %w", err)
 	}
-	goruntime.AddCleanup(l, func(fds [2]int) {
+	l.cleanup = goruntime.AddCleanup(l, func(fds [2]int) {
 		unix.Close(fds[0])
 		unix.Close(fds[1])
 	}, [2]int{l.ns, l.root})
@@ -80,11 +89,33 @@ func newLaunchNS(keep []string, log *slog.Logger) (*launchNS, error) {
 }
 
 func (l *launchNS) close() {
+	l.cleanup.Stop()
 	for _, fd := range []int{l.ns, l.root} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
+	l.ns, l.root = -1, -1
+}
+
+// usable reports whether the base still shows the kept paths as the host
+// does, and drops it for good (logging why) the first time it does not.
+func (l *launchNS) usable() bool {
+	if l == nil || l.stale.Load() {
+		return false
+	}
+	for _, p := range l.keep {
+		var st unix.Stat_t
+		if unix.Stat(p, &st) == nil && l.sameIn(p, &st) {
+			continue
+		}
+		if l.stale.CompareAndSwap(false, true) {
+			l.log.Warn("runc runs in this process's mount namespace from now on: the launch namespace no longer shows "+p+" as the host does",
+				"path", p)
+		}
+		return false
+	}
+	return true
 }
 
 // keptSubtrees are kept whole: runc and the kernel interfaces it uses
@@ -134,7 +165,7 @@ func trimMounts(keep []string) error {
 		if kept[m.ID] {
 			continue
 		}
-		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil &&
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil &&
 			!errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("detach %s: %w", m.Mountpoint, err)
 		}
@@ -147,6 +178,10 @@ func trimMounts(keep []string) error {
 		if !kept[m.ID] {
 			return fmt.Errorf("mount %s (%s) is still there after its detach", m.Mountpoint, m.FSType)
 		}
+		delete(kept, m.ID)
+	}
+	if len(kept) > 0 {
+		return fmt.Errorf("%d mounts meant to be kept are gone", len(kept))
 	}
 	return nil
 }
@@ -172,9 +207,9 @@ func mountID(path string) (int, error) {
 	return int(st.Mnt_id), nil
 }
 
-// sameIn reports whether path names the same file on the host as in the
-// base namespace (device and inode). A path the base lacks is not the
-// same; an error is an error of the host's lookup.
+// sameIn reports whether path names the same file in the base namespace
+// as host does on the host (device and inode). A path the base lacks is
+// not the same.
 func (l *launchNS) sameIn(path string, host *unix.Stat_t) bool {
 	fd, err := unix.Openat2(l.root, strings.TrimPrefix(filepath.Clean(path), "/"), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_CLOEXEC,
@@ -195,6 +230,7 @@ func (l *launchNS) sameIn(path string, host *unix.Stat_t) bool {
 type launchPlan struct {
 	l      *launchNS
 	clones []launchClone
+	fds    []int    // namespaces the spec names through this process's fds
 	staged []string // files and directories made to mount clones on; removed by close
 }
 
@@ -203,15 +239,21 @@ type launchClone struct {
 	at   string // where it goes in the copy
 }
 
-// plan prepares spec's start from a copy of the base namespace: every
-// source of spec (root and bind mounts) that is not the same file there
-// as on the host is cloned from the host, to go at the same path, or,
-// where the base has no such path, at a new entry of stage (which must
+// plan prepares spec's start from a copy of the base namespace. Every
+// directory spec binds (its root among them) is cloned from the host, with
+// its submounts and flags as the host has them; a file only when the base
+// does not show the same one. A clone goes at the source's own path or,
+// where the base lacks its directory, at a new entry of stage (which must
 // lie on a kept mount and be reachable by the sandbox's root) with spec
-// pointing there. infra are paths runc itself uses (its binary, root,
-// the bundle): the base must show them as the host does. A nil plan
-// means: start runc from the host's namespace (reason says why).
+// pointing there. A namespace spec joins by a path the base does not show
+// as the host does is named by an open descriptor instead. infra are
+// paths runc itself uses (the bundle): the base must show them as the
+// host does. A nil plan means: start runc from this process's namespace
+// (reason says why).
 func (l *launchNS) plan(spec *specs.Spec, stage string, infra []string) (p *launchPlan, reason string, err error) {
+	if !l.usable() {
+		return nil, "the launch namespace is stale", nil
+	}
 	for _, path := range infra {
 		var st unix.Stat_t
 		if err := unix.Stat(path, &st); err != nil {
@@ -221,31 +263,44 @@ func (l *launchNS) plan(spec *specs.Spec, stage string, infra []string) (p *laun
 			return nil, path + " differs in the launch namespace", nil
 		}
 	}
+	// Entries a start that died left behind: nothing is mounted on them
+	// here (they are mount points in launch copies only).
+	if err := os.RemoveAll(stage); err != nil {
+		return nil, "", fmt.Errorf("runc: %w", err)
+	}
 	p = &launchPlan{l: l}
 	defer func() {
-		if p == nil || err != nil {
+		if p == nil || err != nil || reason != "" {
 			p.close()
 			p = nil
 		}
 	}()
 	sources := []*string{&spec.Root.Path}
 	for i := range spec.Mounts {
-		if spec.Mounts[i].Type == "bind" {
+		if isBind(spec.Mounts[i]) {
 			sources = append(sources, &spec.Mounts[i].Source)
 		}
 	}
+	placed := map[string]string{} // host source -> where its clone goes
 	for _, src := range sources {
+		if at, ok := placed[*src]; ok {
+			*src = at
+			continue
+		}
 		var st unix.Stat_t
 		if err := unix.Stat(*src, &st); err != nil {
 			return p, "", fmt.Errorf("runc: %w", err)
 		}
-		if l.sameIn(*src, &st) {
+		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		if !isDir && l.sameIn(*src, &st) {
+			placed[*src] = *src
 			continue
 		}
 		at := *src
 		if !l.sameParent(at) {
-			if at, err = p.stageEntry(stage, st.Mode&unix.S_IFMT == unix.S_IFDIR); err != nil {
-				return p, "", err
+			var ok bool
+			if at, ok, err = p.stageEntry(stage, isDir); err != nil || !ok {
+				return p, stage + " is not on a mount the launch namespace keeps", err
 			}
 		}
 		tree, err := unix.OpenTree(unix.AT_FDCWD, *src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
@@ -253,9 +308,36 @@ func (l *launchNS) plan(spec *specs.Spec, stage string, infra []string) (p *laun
 			return p, "", fmt.Errorf("runc: open_tree %s: %w", *src, err)
 		}
 		p.clones = append(p.clones, launchClone{tree: tree, at: at})
+		placed[*src] = at
 		*src = at
 	}
+	if spec.Linux != nil {
+		for i, ns := range spec.Linux.Namespaces {
+			if ns.Path == "" || strings.HasPrefix(ns.Path, "/proc/") {
+				continue
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(ns.Path, &st); err != nil {
+				return p, "", fmt.Errorf("runc: %w", err)
+			}
+			if l.sameIn(ns.Path, &st) {
+				continue
+			}
+			fd, err := unix.Open(ns.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return p, "", fmt.Errorf("runc: %w", err)
+			}
+			p.fds = append(p.fds, fd)
+			spec.Linux.Namespaces[i].Path = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
+		}
+	}
 	return p, "", nil
+}
+
+// isBind reports whether runc binds m (type "bind", or any type with a
+// bind option).
+func isBind(m specs.Mount) bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
 // sameParent reports whether path's directory is the same in the base as
@@ -269,16 +351,19 @@ func (l *launchNS) sameParent(path string) bool {
 }
 
 // stageEntry makes an empty directory or file under stage to mount a
-// clone on.
-func (p *launchPlan) stageEntry(stage string, dir bool) (string, error) {
+// clone on; ok is false when the base does not show it.
+func (p *launchPlan) stageEntry(stage string, dir bool) (at string, ok bool, err error) {
 	if len(p.staged) == 0 {
-		if err := os.Mkdir(stage, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
-			return "", fmt.Errorf("runc: %w", err)
+		if err := os.Mkdir(stage, 0o711); err != nil {
+			return "", false, fmt.Errorf("runc: %w", err)
 		}
 		p.staged = append(p.staged, stage)
+		// Whatever the umask: the sandbox's root passes through it.
+		if err := os.Chmod(stage, 0o711); err != nil {
+			return "", false, fmt.Errorf("runc: %w", err)
+		}
 	}
-	at := filepath.Join(stage, strconv.Itoa(len(p.staged)))
-	var err error
+	at = filepath.Join(stage, strconv.Itoa(len(p.staged)))
 	if dir {
 		err = os.Mkdir(at, 0o700)
 	} else {
@@ -288,14 +373,14 @@ func (p *launchPlan) stageEntry(stage string, dir bool) (string, error) {
 		}
 	}
 	if err != nil {
-		return "", fmt.Errorf("runc: %w", err)
+		return "", false, fmt.Errorf("runc: %w", err)
 	}
 	p.staged = append(p.staged, at)
 	var st unix.Stat_t
-	if err := unix.Stat(at, &st); err != nil || !p.l.sameIn(at, &st) {
-		return "", fmt.Errorf("runc: %s is not on a mount the launch namespace keeps", stage)
+	if err := unix.Stat(at, &st); err != nil {
+		return "", false, fmt.Errorf("runc: %w", err)
 	}
-	return at, nil
+	return at, p.l.sameIn(at, &st), nil
 }
 
 // run runs start (which forks runc) on a throwaway thread in a fresh copy
@@ -343,18 +428,22 @@ func (p *launchPlan) close() {
 	for _, c := range p.clones {
 		unix.Close(c.tree)
 	}
+	for _, fd := range p.fds {
+		unix.Close(fd)
+	}
 	for _, s := range slices.Backward(p.staged) {
 		_ = os.Remove(s)
 	}
-	p.clones, p.staged = nil, nil
+	p.clones, p.fds, p.staged = nil, nil, nil
 }
 
 // in runs f (which forks runc) on a throwaway thread in the base
 // namespace itself: runc's commands on an existing container (state,
-// kill, delete, update) read mountinfo as `runc run` does and need none
-// of a sandbox's mounts. On a nil launchNS f runs where it is called.
+// kill, delete, update, list, pause, resume) read mountinfo as `runc run`
+// does and need none of a sandbox's mounts. On a nil or stale launchNS f
+// runs where it is called.
 func (l *launchNS) in(f func() error) error {
-	if l == nil {
+	if !l.usable() {
 		return f()
 	}
 	return onThrowawayThread(func() error {

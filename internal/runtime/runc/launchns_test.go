@@ -3,6 +3,7 @@ package runc
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/runtime"
+	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // tmpfsAt mounts a tmpfs at dir (made if missing), detached with
@@ -176,5 +178,74 @@ func TestRuncStartsFromLaunchNamespace(t *testing.T) {
 				t.Errorf("the staging directory outlived the start: %v", err)
 			}
 		})
+	}
+}
+
+// TestNetNSPathOutsideLaunchNamespace starts a sandbox without a user
+// namespace that joins a network namespace bound under /run/netns, a
+// mount the launch namespace does not keep: runc joins it through this
+// process's descriptor of it.
+func TestNetNSPathOutsideLaunchNamespace(t *testing.T) {
+	requireRoot(t)
+	testenv.RequireBinary(t, "ip", "iproute2")
+	name := "cube-launch-" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	d := newTestDriverWith(t, UserNS{Disabled: true})
+	if d.launch == nil {
+		t.Fatal("the driver made no launch namespace")
+	}
+	spec := sleepSpec(t, cgroupParent(t), "launch-netns")
+	spec.NetNSPath = "/run/netns/" + name
+	st := startSleep(t, d, spec)
+	want, err := os.Readlink(spec.NetNSPath)
+	if err != nil {
+		var s unix.Stat_t
+		if err := unix.Stat(spec.NetNSPath, &s); err != nil {
+			t.Fatal(err)
+		}
+		want = "net:[" + strconv.FormatUint(s.Ino, 10) + "]"
+	}
+	got, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(st.PID), "ns/net"))
+	if err != nil || got != want {
+		t.Fatalf("the sandbox's network namespace is %q (%v), want %s's %q", got, err, spec.NetNSPath, want)
+	}
+}
+
+// TestStaleLaunchNamespaceIsDropped replaces runc's root on the host
+// after the driver started (a mount over it): the launch namespace no
+// longer shows it, and every runc command, not just the start, goes to
+// this process's namespace, so Stop finds what Start made.
+func TestStaleLaunchNamespaceIsDropped(t *testing.T) {
+	requireRoot(t)
+	d := newTestDriver(t)
+	if d.launch == nil {
+		t.Fatal("the driver made no launch namespace")
+	}
+	tmpfsAt(t, d.rc.Root)
+	spec := sleepSpec(t, cgroupParent(t), "launch-stale")
+	st, err := d.Start(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.launch.stale.Load() {
+		t.Error("the launch namespace is still in use with runc's root replaced on the host")
+	}
+	if _, err := os.Stat(filepath.Join(d.rc.Root, spec.ID)); err != nil {
+		t.Errorf("runc's state is not under the host's root: %v", err)
+	}
+	if err := d.Stop(context.Background(), spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(st.PID), "stat")); err == nil && !strings.Contains(string(b), ") Z ") {
+		t.Errorf("PID 1 (%d) still runs after Stop: %s", st.PID, b)
+	}
+	if _, err := os.Stat(filepath.Join(d.rc.Root, spec.ID)); !os.IsNotExist(err) {
+		t.Errorf("runc's state outlived Stop: %v", err)
+	}
+	if _, ok, _ := d.uns.alloc.Get(spec.ID); ok {
+		t.Error("the sandbox's ID range is still taken after Stop")
 	}
 }

@@ -18,6 +18,8 @@
 //	/run/cube/userns.json          the host's blocks in use, by runc root and sandbox ID
 //	<Root>-userns/<id>/rootfs      idmapped view of Spec.RootFS (runc's root.path)
 //	<Root>-userns/<id>/sys         sysfs of Spec.NetNSPath's network namespace
+//	<Root>-userns/<id>/launch/<n>  during a start only: where a bind source the
+//	                               launch namespace lacks is mounted there (launchns.go)
 package runc
 
 import (
@@ -92,6 +94,11 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runc: %w: %w", errdefs.ErrUnavailable, err)
 	}
+	// Absolute: runc runs with / as its working directory in the launch
+	// namespace.
+	if path, err = filepath.Abs(path); err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("runc: create root: %w", err)
 	}
@@ -109,6 +116,13 @@ func New(cfg Config) (*Driver, error) {
 		keep = append(keep, uns.cfg.MountDir)
 	}
 	launch, err := newLaunchNS(keep, log)
+	if err == nil {
+		// runc's libraries may lie on a mount the namespace does not keep.
+		if verr := launch.in(exec.Command(path, "--version").Run); verr != nil {
+			launch.close()
+			launch, err = nil, fmt.Errorf("runc --version there: %w", verr)
+		}
+	}
 	if err != nil {
 		log.Warn("runc starts from this process's mount namespace: creates slow down as the host's mounts grow", "error", err)
 	}
@@ -200,7 +214,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (st runtime.State, e
 	var launch *launchPlan
 	if d.launch != nil {
 		var why string
-		launch, why, err = d.launch.plan(spec, filepath.Join(maskDir, "launch"), []string{d.rc.Command, d.rc.Root, s.BundleDir})
+		launch, why, err = d.launch.plan(spec, filepath.Join(maskDir, "launch"), []string{s.BundleDir})
 		if err != nil {
 			return runtime.State{}, fmt.Errorf("runc start %s: %w", s.ID, err)
 		}

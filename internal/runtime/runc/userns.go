@@ -39,7 +39,8 @@ type UserNS struct {
 	// hand out the same IDs.
 	AllocFile string
 	// MountDir holds each sandbox's idmapped root filesystem and sysfs:
-	// <MountDir>/<id>/{rootfs,sys}. Default: Root + "-userns". Every
+	// <MountDir>/<id>/{rootfs,sys}, and during a start the entries its
+	// launch namespace mounts bind sources on (<id>/launch). Default: Root + "-userns". Every
 	// directory above it must be searchable by other users (the
 	// sandbox's root is one, on the host), MountDir itself is made 0711
 	// (no listing) and <id> 0700 owned by the sandbox's range.

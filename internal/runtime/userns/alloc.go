@@ -40,9 +40,15 @@ const (
 	// every regular, system and dynamic user.
 	DefaultFirst uint32 = 1 << 30
 	// DefaultCount blocks of Size end at host ID 1879048191, the top of
-	// that range: one per runc sandbox, so they bound how many a host
-	// runs (12,288).
+	// that range. One holds the VM runtime's uids (VMUIDBase); the
+	// others, one per runc sandbox, bound how many a host runs (12,287).
 	DefaultCount = 12288
+
+	// VMUIDBase and VMUIDCount are the host IDs the VM runtime runs its
+	// QEMUs as, one each (internal/runtime/vm): inside the blocks' span,
+	// so no block that overlaps them is handed out.
+	VMUIDBase  uint32 = 0x54000000 // 1409286144
+	VMUIDCount uint32 = 65536
 )
 
 // Range is one sandbox's block: container ID 0 is host ID HostID.
@@ -74,8 +80,8 @@ type Allocator struct {
 
 	// last is the file's content as this allocator last read or wrote
 	// it, and what it parsed to: a read that finds the same bytes skips
-	// the JSON decoding, which with thousands of sandboxes up was most of
-	// a create's time in here.
+	// the JSON decoding, most of an Acquire's time with thousands of
+	// sandboxes up.
 	lastMu sync.Mutex
 	last   []byte
 	parsed hostState
@@ -168,12 +174,11 @@ func (h hostState) scope(s string) map[string]Range {
 	return m
 }
 
-// taken returns every range in use on the host, in every scope, for
-// checking blocks against: with thousands of sandboxes up, checking each
-// candidate block against every allocation made a create's Acquire
-// quadratic in them.
+// taken returns every range in use on the host, in every scope, and the
+// VM runtime's uids, sorted for checking blocks against by binary search
+// (a node runs thousands of sandboxes, and every create looks for one).
 func (h hostState) taken() taken {
-	var t taken
+	t := taken{ranges: []Range{{HostID: VMUIDBase, Size: VMUIDCount}}}
 	for _, m := range h {
 		for _, r := range m {
 			t.ranges = append(t.ranges, r)

@@ -93,3 +93,20 @@ func BenchmarkAcquireAmong2000(b *testing.B) {
 		}
 	}
 }
+
+// TestVMUIDBlockNeverHandedOut fills the blocks below the VM runtime's
+// uids: the next one is past them.
+func TestVMUIDBlockNeverHandedOut(t *testing.T) {
+	vmBlock := int((VMUIDBase - DefaultFirst) / Size)
+	a := manyTaken(t, t.TempDir(), vmBlock)
+	r, err := a.Acquire("after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.overlaps(Range{HostID: VMUIDBase, Size: VMUIDCount}) || r.HostID != DefaultFirst+uint32(vmBlock+1)*Size {
+		t.Fatalf("Acquire = %+v, want block %d, past the VM uids at %d", r, vmBlock+1, VMUIDBase)
+	}
+	if free, err := a.Free(1); err != nil || len(free) != 1 || free[0].HostID != DefaultFirst+uint32(vmBlock+2)*Size {
+		t.Fatalf("Free(1) = %+v, %v", free, err)
+	}
+}

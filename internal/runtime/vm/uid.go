@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cubesandbox/cube/internal/errdefs"
+	"github.com/cubesandbox/cube/internal/runtime/userns"
 )
 
 // Every running VM's QEMU has a uid (and a gid of the same number) of its
@@ -19,12 +20,13 @@ import (
 // shared uid would not do: processes of one uid may signal and ptrace
 // each other and open each other's /proc/<pid>/fd, so one compromised
 // QEMU would reach every other VM's disk through its neighbour's open
-// descriptors. The range lies above the container user-namespace blocks
-// (host IDs 1<<30 up to 1879048191, internal/runtime/userns) and below
-// 2^31, so it overlaps neither them nor ordinary accounts.
+// descriptors. The range lies within the span of the container
+// user-namespace blocks (host IDs 1<<30 up to 1879048191), which hands out
+// no block that overlaps it (internal/runtime/userns), and below 2^31, so
+// it overlaps neither them nor ordinary accounts.
 const (
-	DefaultUIDBase  = 0x70000000 // 1879048192
-	DefaultUIDCount = 65536
+	DefaultUIDBase  = userns.VMUIDBase // 1409286144
+	DefaultUIDCount = userns.VMUIDCount
 )
 
 // DefaultUIDDir holds the allocation files: DefaultUIDDir/<uid> names
