@@ -396,11 +396,8 @@ func (p *launchPlan) run(netns string, start func() error) error {
 		defer unix.Close(netfd)
 	}
 	return onThrowawayThread(func() error {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return fmt.Errorf("unshare: %w", err)
-		}
-		if err := unix.Setns(p.l.ns, unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("setns launch namespace: %w", err)
+		if err := p.l.enter(); err != nil {
+			return err
 		}
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 			return fmt.Errorf("unshare: %w", err)
@@ -447,12 +444,22 @@ func (l *launchNS) in(f func() error) error {
 		return f()
 	}
 	return onThrowawayThread(func() error {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return fmt.Errorf("unshare: %w", err)
-		}
-		if err := unix.Setns(l.ns, unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("setns launch namespace: %w", err)
+		if err := l.enter(); err != nil {
+			return err
 		}
 		return f()
 	})
+}
+
+// enter moves the calling thread, which must be a throwaway one, into the
+// base namespace (a thread that shares its filesystem context with the
+// process may not change mount namespace).
+func (l *launchNS) enter() error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare: %w", err)
+	}
+	if err := unix.Setns(l.ns, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("setns launch namespace: %w", err)
+	}
+	return nil
 }

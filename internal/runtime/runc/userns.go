@@ -40,10 +40,11 @@ type UserNS struct {
 	AllocFile string
 	// MountDir holds each sandbox's idmapped root filesystem and sysfs:
 	// <MountDir>/<id>/{rootfs,sys}, and during a start the entries its
-	// launch namespace mounts bind sources on (<id>/launch). Default: Root + "-userns". Every
-	// directory above it must be searchable by other users (the
-	// sandbox's root is one, on the host), MountDir itself is made 0711
-	// (no listing) and <id> 0700 owned by the sandbox's range.
+	// launch namespace mounts bind sources on (<id>/launch). Default:
+	// Root + "-userns". Every directory above it must be searchable by
+	// other users (the sandbox's root is one, on the host), MountDir
+	// itself is made 0711 (no listing) and <id> 0700 owned by the
+	// sandbox's range.
 	MountDir string
 	// InotifyInstances and InotifyWatches are the per-user inotify
 	// limits set inside every sandbox's namespace (user.max_inotify_*);
