@@ -67,8 +67,7 @@ func v1MountIn(ms []hierarchy, controllers string) (V1Mount, bool) {
 		if m.v2 {
 			continue
 		}
-		opts := strings.Split(m.opts, ",")
-		if !slices.ContainsFunc(want, func(c string) bool { return !slices.Contains(opts, c) }) {
+		if !slices.ContainsFunc(want, func(c string) bool { return !m.holds(c) }) {
 			return V1Mount{Path: m.path, Root: m.root}, true
 		}
 	}
@@ -103,6 +102,12 @@ type hierarchy struct {
 	opts string
 	// root is the cgroup mounted at path (mountinfo's root field).
 	root string
+}
+
+// holds reports whether the hierarchy has controller c's files: a v1
+// hierarchy only its own controllers', cgroup2 every one's.
+func (h hierarchy) holds(c string) bool {
+	return h.v2 || slices.Contains(strings.Split(h.opts, ","), c)
 }
 
 // The cgroup hierarchies are mounted at boot and practically never
@@ -401,7 +406,7 @@ type Stats struct {
 func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 	var st Stats
 	found := false
-	holds := controllersByPath()
+	known, _ := cachedMounts() // none: every path holds every controller
 	for _, m := range mounts {
 		d := filepath.Join(m, cgroupPath)
 		if d == m {
@@ -413,9 +418,8 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 		// sample of every sandbox. A path that is not a known mount
 		// (a caller's own list) is looked through for all of them.
 		has := func(string) bool { return true }
-		if h, ok := holds[m]; ok && !h.v2 {
-			opts := strings.Split(h.opts, ",")
-			has = func(c string) bool { return slices.Contains(opts, c) }
+		if i := slices.IndexFunc(known, func(h hierarchy) bool { return h.path == m }); i >= 0 {
+			has = known[i].holds
 		}
 		if _, err := os.Stat(d); err != nil {
 			continue
@@ -464,21 +468,6 @@ func ReadStats(mounts []string, cgroupPath string) (Stats, error) {
 		return Stats{}, fmt.Errorf("cgroup %s: %w", cgroupPath, fs.ErrNotExist)
 	}
 	return st, nil
-}
-
-// controllersByPath returns the cgroup hierarchies this process sees, by
-// mount point (none when they cannot be read: every path then counts as
-// holding every controller).
-func controllersByPath() map[string]hierarchy {
-	ms, err := cachedMounts()
-	if err != nil {
-		return nil
-	}
-	out := make(map[string]hierarchy, len(ms))
-	for _, m := range ms {
-		out[m.path] = m
-	}
-	return out
 }
 
 // ReadInt reads a control file that holds one integer.

@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,19 @@ func requireRoot(t *testing.T) {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		testenv.Missing(t, "needs /bin/busybox (busybox-static) for the test rootfs")
 	}
+}
+
+// namedNetNS adds a network namespace bound under /run/netns (as `ip
+// netns add` makes them), deleted when the test ends, and returns its name.
+func namedNetNS(tb testing.TB, prefix string) string {
+	tb.Helper()
+	testenv.RequireBinary(tb, "ip", "iproute2")
+	name := prefix + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		tb.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return name
 }
 
 type tWriter struct{ t *testing.T }

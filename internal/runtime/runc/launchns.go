@@ -110,7 +110,7 @@ func (l *launchNS) usable() bool {
 			continue
 		}
 		if l.stale.CompareAndSwap(false, true) {
-			l.log.Warn("runc runs in this process's mount namespace from now on: the launch namespace no longer shows "+p+" as the host does",
+			l.log.Warn("runc runs in this process's mount namespace from now on: the launch namespace no longer shows a kept path as the host does",
 				"path", p)
 		}
 		return false

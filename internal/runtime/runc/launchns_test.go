@@ -3,7 +3,6 @@ package runc
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubesandbox/cube/internal/runtime"
-	"github.com/cubesandbox/cube/internal/testenv"
 )
 
 // tmpfsAt mounts a tmpfs at dir (made if missing), detached with
@@ -187,12 +185,7 @@ func TestRuncStartsFromLaunchNamespace(t *testing.T) {
 // process's descriptor of it.
 func TestNetNSPathOutsideLaunchNamespace(t *testing.T) {
 	requireRoot(t)
-	testenv.RequireBinary(t, "ip", "iproute2")
-	name := "cube-launch-" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	name := namedNetNS(t, "cube-launch-")
 	d := newTestDriverWith(t, UserNS{Disabled: true})
 	if d.launch == nil {
 		t.Fatal("the driver made no launch namespace")

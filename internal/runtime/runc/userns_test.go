@@ -409,12 +409,7 @@ func TestNoNestedUserNS(t *testing.T) {
 // and ping stays open to all its groups.
 func TestSysfsOfJoinedNetNS(t *testing.T) {
 	requireRoot(t)
-	testenv.RequireBinary(t, "ip", "iproute2")
-	name := "cube-uns-" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	name := namedNetNS(t, "cube-uns-")
 	for _, args := range [][]string{{"link", "add", "cubedummy0", "type", "veth", "peer", "name", "cubedummy1"}, {"link", "set", "lo", "up"}} {
 		if out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
@@ -464,11 +459,7 @@ func TestSysfsOfJoinedNetNS(t *testing.T) {
 //	go test -run XXX -bench StartUserNS -count 5 ./internal/runtime/runc/
 func BenchmarkStartUserNS(b *testing.B) {
 	testenv.RequireRoot(b, "runc creates namespaces and cgroups")
-	name := "cube-unsb-" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		b.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	b.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	name := namedNetNS(b, "cube-unsb-")
 	for _, v := range []struct {
 		name string
 		u    UserNS
